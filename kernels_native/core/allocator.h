@@ -1,0 +1,46 @@
+// The caching allocator: one per device. Freed blocks go back to a per-device pool, keyed by
+// rounded size, and are handed out again before the backend is asked for more. Backends
+// register their raw allocate / free / memset / copy functions at start-up; the CPU backend is
+// always there, CUDA registers itself when the CUDA backend was built and a GPU is present.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "core/status.h"
+#include "core/tensor.h"
+
+namespace surogate {
+
+struct DeviceHooks {
+  Status (*raw_alloc)(int device_index, size_t bytes, void** out) = nullptr;
+  void (*raw_free)(int device_index, void* p) = nullptr;
+  Status (*memset_zero)(int device_index, void* p, size_t bytes) = nullptr;
+  // Copy `bytes` between two devices of which at least one is this backend's.
+  Status (*copy)(const Device& dst_dev, void* dst, const Device& src_dev, const void* src, size_t bytes) = nullptr;
+};
+
+void register_device_hooks(DeviceType type, const DeviceHooks& hooks);
+const DeviceHooks* device_hooks(DeviceType type);
+
+struct AllocatorStats {
+  size_t allocated_bytes = 0;   // handed out to callers now
+  size_t reserved_bytes = 0;    // held from the backend (allocated + cached)
+  size_t peak_allocated_bytes = 0;
+  uint64_t num_allocs = 0;      // calls to allocate()
+  uint64_t num_backend_allocs = 0;  // of which went to the backend
+};
+
+// Allocate `bytes` on `dev`. The returned pointer's deleter gives the block back to the cache.
+Status allocate(const Device& dev, size_t bytes, std::shared_ptr<void>* out);
+AllocatorStats allocator_stats(const Device& dev);
+void reset_peak_stats(const Device& dev);
+// Return every cached (unused) block of `dev` to its backend.
+void empty_cache(const Device& dev);
+
+Status fill_zero(const Tensor& t);
+// Copy between two tensors of the same dtype and numel, both contiguous, any devices.
+Status copy_tensor(const Tensor& src, const Tensor& dst);
+
+}  // namespace surogate

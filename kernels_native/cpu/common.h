@@ -1,0 +1,35 @@
+// Helpers shared by the CPU kernels: dtype dispatch and argument checks.
+#pragma once
+
+#include <cstring>
+
+#include "core/allocator.h"
+#include "core/dtype.h"
+#include "core/status.h"
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+#include "runtime/op_registry.h"
+
+namespace surogate::cpu {
+
+// Run `body` with `T` bound to the storage type of `dt` (float, bf16_t or f16_t); any other
+// dtype returns kDTypeUnsupported naming `op`.
+#define SG_DISPATCH_FLOAT(op, dt, T, ...)                                                          \
+  switch (dt) {                                                                                    \
+    case ::surogate::DType::kF32: { using T = float; __VA_ARGS__; break; }                         \
+    case ::surogate::DType::kBF16: { using T = ::surogate::bf16_t; __VA_ARGS__; break; }           \
+    case ::surogate::DType::kF16: { using T = ::surogate::f16_t; __VA_ARGS__; break; }             \
+    default:                                                                                       \
+      return SG_ERROR(::surogate::StatusCode::kDTypeUnsupported,                                   \
+                      ::surogate::str_cat(op, ": no CPU kernel for ", ::surogate::dtype_name(dt)), \
+                      "use float32, bfloat16 or float16");                                         \
+  }
+
+// Register helper: OpDef with a fixed number of inputs.
+// min_out: outputs from this index on are optional (-1: all required).
+inline void add_op(OpRegistry& reg, const char* name, int min_in, int max_in, int n_out, OpFn fn, const char* doc,
+                   int min_out = -1) {
+  reg.add(OpDef{name, DeviceType::kCPU, min_in, max_in, n_out, fn, doc, min_out});
+}
+
+}  // namespace surogate::cpu

@@ -1,0 +1,100 @@
+// Elementwise CPU ops: fill, cast, copy, add, scale. Outputs may alias inputs (y = x + y).
+#include "cpu/common.h"
+
+namespace surogate::cpu {
+
+namespace {
+
+constexpr int64_t kGrain = 1 << 14;
+
+// fill: () -> (y); attrs: value (default 0)
+Status fill(const OpArgs& a) {
+  const Tensor& y = a.out(0);
+  SG_RETURN_IF_ERROR(check_contiguous("fill", "y", y));
+  const float v = static_cast<float>(a.attr().get_float("value", 0.0));
+  if (v == 0.0f) {
+    std::memset(y.data, 0, y.nbytes());
+    return Status::OK();
+  }
+  SG_DISPATCH_FLOAT("fill", y.dtype, T, {
+    T* p = y.ptr<T>();
+    const T sv = store<T>(v);
+    parallel_for(0, y.numel(), kGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) p[i] = sv;
+    });
+  });
+  return Status::OK();
+}
+
+// cast: (x) -> (y); any float dtype to any float dtype, same numel.
+Status cast(const OpArgs& a) {
+  const Tensor& x = a.in(0);
+  const Tensor& y = a.out(0);
+  SG_RETURN_IF_ERROR(check_contiguous("cast", "x", x));
+  SG_RETURN_IF_ERROR(check_contiguous("cast", "y", y));
+  SG_CHECK_SHAPE(x.numel() == y.numel(), str_cat("cast: x ", x.shape_str(), " and y ", y.shape_str(),
+                                                 " have different element counts"));
+  SG_CHECK(dtype_is_float(x.dtype) && dtype_is_float(y.dtype), StatusCode::kDTypeUnsupported,
+           str_cat("cast: ", dtype_name(x.dtype), " -> ", dtype_name(y.dtype), " is not a float conversion"), "");
+  const size_t xs = dtype_size(x.dtype), ys = dtype_size(y.dtype);
+  parallel_for(0, x.numel(), kGrain, [&](int64_t lo, int64_t hi) {
+    convert(static_cast<const char*>(x.data) + lo * xs, x.dtype, static_cast<char*>(y.data) + lo * ys, y.dtype,
+            hi - lo);
+  });
+  return Status::OK();
+}
+
+// copy: (x) -> (y); same dtype and numel.
+Status copy(const OpArgs& a) { return copy_tensor(a.in(0), a.out(0)); }
+
+// add: (a, b) -> (y); y = alpha * a + beta * b, all the same shape and dtype.
+Status add(const OpArgs& args) {
+  const Tensor& x = args.in(0);
+  const Tensor& z = args.in(1);
+  const Tensor& y = args.out(0);
+  SG_RETURN_IF_ERROR(check_same_shape("add", "a", x, "b", z));
+  SG_RETURN_IF_ERROR(check_same_shape("add", "a", x, "y", y));
+  SG_CHECK(x.dtype == z.dtype && x.dtype == y.dtype, StatusCode::kDTypeUnsupported,
+           str_cat("add: dtypes differ (", dtype_name(x.dtype), ", ", dtype_name(z.dtype), ", ", dtype_name(y.dtype),
+                   ")"), "cast first");
+  const float alpha = static_cast<float>(args.attr().get_float("alpha", 1.0));
+  const float beta = static_cast<float>(args.attr().get_float("beta", 1.0));
+  SG_DISPATCH_FLOAT("add", x.dtype, T, {
+    const T* pa = x.ptr<T>();
+    const T* pb = z.ptr<T>();
+    T* py = y.ptr<T>();
+    parallel_for(0, x.numel(), kGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) py[i] = store<T>(alpha * load(pa[i]) + beta * load(pb[i]));
+    });
+  });
+  return Status::OK();
+}
+
+// scale: (x) -> (y); y = alpha * x.
+Status scale(const OpArgs& args) {
+  const Tensor& x = args.in(0);
+  const Tensor& y = args.out(0);
+  SG_RETURN_IF_ERROR(check_same_shape("scale", "x", x, "y", y));
+  SG_CHECK(x.dtype == y.dtype, StatusCode::kDTypeUnsupported, "scale: x and y dtypes differ", "cast first");
+  const float alpha = static_cast<float>(args.attr().get_float("alpha", 1.0));
+  SG_DISPATCH_FLOAT("scale", x.dtype, T, {
+    const T* px = x.ptr<T>();
+    T* py = y.ptr<T>();
+    parallel_for(0, x.numel(), kGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) py[i] = store<T>(alpha * load(px[i]));
+    });
+  });
+  return Status::OK();
+}
+
+}  // namespace
+
+void register_cpu_elementwise(OpRegistry& reg) {
+  add_op(reg, "fill", 0, 0, 1, fill, "() -> (y); attrs: value");
+  add_op(reg, "cast", 1, 1, 1, cast, "(x) -> (y) any float dtypes");
+  add_op(reg, "copy", 1, 1, 1, copy, "(x) -> (y) same dtype");
+  add_op(reg, "add", 2, 2, 1, add, "(a, b) -> (y = alpha*a + beta*b); attrs: alpha, beta");
+  add_op(reg, "scale", 1, 1, 1, scale, "(x) -> (y = alpha*x); attrs: alpha");
+}
+
+}  // namespace surogate::cpu

@@ -1,0 +1,30 @@
+// One place that lists every group of CPU kernels. Each group's file defines its
+// register_cpu_<group>() function next to its kernels.
+#include "runtime/op_registry.h"
+
+namespace surogate {
+namespace cpu {
+void register_cpu_elementwise(OpRegistry& reg);
+void register_cpu_matmul(OpRegistry& reg);
+void register_cpu_norm(OpRegistry& reg);
+void register_cpu_embedding(OpRegistry& reg);
+void register_cpu_rope(OpRegistry& reg);
+void register_cpu_activation(OpRegistry& reg);
+void register_cpu_attention(OpRegistry& reg);
+void register_cpu_cross_entropy(OpRegistry& reg);
+void register_cpu_optimizer(OpRegistry& reg);
+}  // namespace cpu
+
+void register_cpu_ops(OpRegistry& reg) {
+  cpu::register_cpu_elementwise(reg);
+  cpu::register_cpu_matmul(reg);
+  cpu::register_cpu_norm(reg);
+  cpu::register_cpu_embedding(reg);
+  cpu::register_cpu_rope(reg);
+  cpu::register_cpu_activation(reg);
+  cpu::register_cpu_attention(reg);
+  cpu::register_cpu_cross_entropy(reg);
+  cpu::register_cpu_optimizer(reg);
+}
+
+}  // namespace surogate

@@ -1,0 +1,89 @@
+// Program: the flat list of op instructions over typed buffers that the Python compiler emits
+// and the native runtime executes with no Python in between.
+//
+// Buffers are of three kinds. Internal buffers are allocated by prepare(): either on their own
+// or, when the compiler planned them (liveness-based reuse), at a byte offset inside one arena.
+// External buffers (weights, inputs, gradients the caller keeps) are bound to caller memory
+// with bind(). Views alias a range of another buffer under a new shape. Each instruction names
+// its op, input and output buffer ids (-1 for an absent optional input) and its attributes; the
+// op's kernel is resolved when the instruction is added, so running is a loop of calls.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "runtime/attrs.h"
+#include "runtime/op_registry.h"
+
+namespace surogate {
+
+class Program {
+ public:
+  explicit Program(Device device) : device_(device) {}
+
+  const Device& device() const { return device_; }
+
+  // arena_offset < 0: a buffer of its own. Otherwise a byte offset inside the shared arena.
+  Status add_buffer(const std::string& name, const std::vector<int64_t>& shape, DType dtype, int64_t arena_offset,
+                    int* id);
+  Status add_external(const std::string& name, const std::vector<int64_t>& shape, DType dtype, int* id);
+  // A view of `base` starting `offset` elements in, with its own shape (and the base's dtype).
+  Status add_view(const std::string& name, int base, const std::vector<int64_t>& shape, int64_t offset, int* id);
+  Status add_instr(const std::string& op, const std::vector<int>& inputs, const std::vector<int>& outputs,
+                   const Attrs& attrs);
+
+  Status bind(int id, const Tensor& t);
+  Status prepare();
+  // Run instructions [begin, end); end < 0 means to the last one.
+  Status run(int begin = 0, int end = -1);
+
+  Status buffer(int id, Tensor* out) const;
+  int find_buffer(const std::string& name) const;
+  int num_buffers() const { return static_cast<int>(buffers_.size()); }
+  int num_instrs() const { return static_cast<int>(instrs_.size()); }
+  size_t arena_bytes() const { return arena_bytes_; }
+  std::string instr_to_string(int i) const;
+
+  // Per-op timing, accumulated over run() calls when enabled.
+  void set_profiling(bool on) { profiling_ = on; }
+  std::vector<std::pair<std::string, double>> profile_seconds() const;  // by op name
+  void reset_profile() { op_seconds_.assign(instrs_.size(), 0.0); }
+
+ private:
+  enum class Kind { kInternal, kExternal, kView };
+  struct Buffer {
+    std::string name;
+    std::vector<int64_t> shape;
+    DType dtype = DType::kF32;
+    Kind kind = Kind::kInternal;
+    int64_t arena_offset = -1;
+    int base = -1;
+    int64_t view_offset = 0;
+    Tensor tensor;  // resolved memory (after prepare / bind)
+    bool bound = false;
+  };
+  struct Instr {
+    const OpDef* def;
+    std::vector<int> inputs, outputs;
+    Attrs attrs;
+    std::vector<Tensor> in_t, out_t;  // resolved views, refreshed when bindings change
+  };
+
+  Status check_id(int id, const char* what) const;
+  Status resolve_views();
+  Status resolve_instrs();
+  size_t buffer_bytes(const Buffer& b) const;
+
+  Device device_;
+  std::vector<Buffer> buffers_;
+  std::vector<Instr> instrs_;
+  std::shared_ptr<void> arena_;
+  size_t arena_bytes_ = 0;
+  bool prepared_ = false;
+  bool dirty_ = true;
+  bool profiling_ = false;
+  std::vector<double> op_seconds_;
+};
+
+}  // namespace surogate

@@ -1,0 +1,16 @@
+"""Surogate: train and serve large language models on one native C++/CUDA engine.
+
+Importing this package is cheap: it loads the native module's BLAS but neither the UI
+(textual) nor the server (granian), and wandb only when a run asks for it.
+"""
+
+from __future__ import annotations
+
+from surogate import _blas
+from surogate.errors import SurogateError
+
+__version__ = "0.1.0"
+
+_blas.preload()
+
+__all__ = ["SurogateError", "__version__"]

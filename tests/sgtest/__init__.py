@@ -1,0 +1,1 @@
+"""Shared helpers for surogate's tests (on sys.path through pytest's `pythonpath`)."""

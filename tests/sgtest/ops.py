@@ -1,0 +1,80 @@
+"""Run native ops from tests: allocate outputs, call, compare, take finite differences."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import ml_dtypes
+import numpy as np
+
+from surogate import _native
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F16 = np.dtype(np.float16)
+F32 = np.dtype(np.float32)
+
+# (rtol, atol) for comparing an op's output in a storage dtype against an f32/f64 reference.
+TOLERANCE = {
+    "float32": (1e-5, 1e-5),
+    "float16": (5e-3, 5e-3),
+    "bfloat16": (2e-2, 2e-2),
+}
+
+
+def as_dtype(x: np.ndarray, dtype: str | np.dtype) -> np.ndarray:
+    """x converted to a numpy dtype given by name ('float32', 'bfloat16', 'float16', ...)."""
+    dt = np.dtype(getattr(ml_dtypes, dtype)) if dtype in ("bfloat16", "float8_e4m3fn", "float8_e5m2") else np.dtype(dtype)
+    return np.ascontiguousarray(x).astype(dt)
+
+
+def run_op(name: str, inputs: Sequence, outputs: Sequence, **attrs) -> list[np.ndarray]:
+    """Call op `name`. Each output is an array (written in place) or a (shape, dtype) pair to
+    allocate, zero-filled. Returns the output arrays."""
+    outs = []
+    for o in outputs:
+        if isinstance(o, np.ndarray):
+            outs.append(o)
+        else:
+            shape, dtype = o
+            outs.append(np.zeros(shape, dtype=as_dtype(np.zeros(0), dtype).dtype))
+    _native.call_op(name, list(inputs), outs, attrs)
+    return outs
+
+
+def f32(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x, dtype=np.float32)
+
+
+def assert_close(actual, expected, dtype: str = "float32", rtol: float | None = None, atol: float | None = None):
+    r, a = TOLERANCE[dtype]
+    np.testing.assert_allclose(
+        np.asarray(actual, dtype=np.float64),
+        np.asarray(expected, dtype=np.float64),
+        rtol=r if rtol is None else rtol,
+        atol=a if atol is None else atol,
+    )
+
+
+def finite_difference(f: Callable[[np.ndarray], float], x: np.ndarray, eps: float = 1e-3,
+                      indices: Sequence[tuple] | None = None) -> np.ndarray:
+    """Central differences of scalar f at x (float32 array), at `indices` (all when None).
+    Returns an array shaped like x with NaN where not evaluated."""
+    g = np.full(x.shape, np.nan, dtype=np.float64)
+    idx = list(np.ndindex(x.shape)) if indices is None else indices
+    for i in idx:
+        orig = x[i]
+        x[i] = orig + eps
+        fp = f(x)
+        x[i] = orig - eps
+        fm = f(x)
+        x[i] = orig
+        g[i] = (fp - fm) / (2 * eps)
+    return g
+
+
+def sample_indices(shape: tuple, n: int, seed: int = 0) -> list[tuple]:
+    """n distinct random positions of an array of `shape` (all when it has fewer)."""
+    total = int(np.prod(shape))
+    rng = np.random.default_rng(seed)
+    flat = rng.choice(total, size=min(n, total), replace=False)
+    return [tuple(int(v) for v in np.unravel_index(i, shape)) for i in flat]
