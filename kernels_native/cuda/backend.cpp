@@ -1,0 +1,94 @@
+#include "cuda/backend.h"
+
+#include <cuda_runtime.h>
+
+#include "core/allocator.h"
+
+namespace surogate::cuda {
+
+namespace {
+
+Status cuda_raw_alloc(int device, size_t bytes, void** out) {
+  cudaError_t err = cudaSetDevice(device);
+  if (err == cudaSuccess) err = cudaMalloc(out, bytes);
+  if (err == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // clear the sticky-free error state
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    return Status(StatusCode::kOutOfMemory,
+                  str_cat("CUDA out of memory on cuda:", device, ": asked for ", bytes >> 20, " MiB, ", free_b >> 20,
+                          " MiB free of ", total_b >> 20, " MiB"),
+                  __FILE__, __LINE__, "lower the batch size or sequence length, or turn on recompute");
+  }
+  if (err != cudaSuccess) {
+    return Status(StatusCode::kDeviceError, str_cat("cudaMalloc: ", cudaGetErrorString(err)), __FILE__, __LINE__,
+                  "run `surogate doctor` to check the driver");
+  }
+  return Status::OK();
+}
+
+void cuda_raw_free(int device, void* p) {
+  cudaSetDevice(device);
+  cudaFree(p);
+}
+
+Status cuda_memset(int device, void* p, size_t bytes) {
+  cudaError_t err = cudaSetDevice(device);
+  if (err == cudaSuccess) err = cudaMemset(p, 0, bytes);
+  if (err != cudaSuccess) {
+    return Status(StatusCode::kDeviceError, str_cat("cudaMemset: ", cudaGetErrorString(err)), __FILE__, __LINE__, "");
+  }
+  return Status::OK();
+}
+
+Status cuda_copy(const Device& dd, void* dst, const Device& sd, const void* src, size_t bytes) {
+  cudaMemcpyKind kind = dd.is_cpu() ? (sd.is_cpu() ? cudaMemcpyHostToHost : cudaMemcpyDeviceToHost)
+                                    : (sd.is_cpu() ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice);
+  cudaError_t err = cudaSetDevice(dd.is_cpu() ? sd.index : dd.index);
+  if (err == cudaSuccess) err = cudaMemcpy(dst, src, bytes, kind);
+  if (err != cudaSuccess) {
+    return Status(StatusCode::kDeviceError, str_cat("cudaMemcpy: ", cudaGetErrorString(err)), __FILE__, __LINE__, "");
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+std::vector<DeviceInfo> devices() {
+  std::vector<DeviceInfo> out;
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return out;
+  }
+  int driver = 0;
+  cudaDriverGetVersion(&driver);
+  for (int i = 0; i < n; ++i) {
+    cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) continue;
+    DeviceInfo d;
+    d.index = i;
+    d.name = prop.name;
+    d.cc_major = prop.major;
+    d.cc_minor = prop.minor;
+    d.total_memory = prop.totalGlobalMem;
+    d.multiprocessors = prop.multiProcessorCount;
+    d.driver_version = str_cat(driver / 1000, ".", (driver % 1000) / 10);
+    out.push_back(d);
+  }
+  return out;
+}
+
+std::string runtime_version() {
+  int v = 0;
+  cudaRuntimeGetVersion(&v);
+  return str_cat(v / 1000, ".", (v % 1000) / 10);
+}
+
+void register_backend() {
+  register_device_hooks(DeviceType::kCUDA, DeviceHooks{cuda_raw_alloc, cuda_raw_free, cuda_memset, cuda_copy});
+  OpRegistry& reg = OpRegistry::global();
+  register_cuda_elementwise(reg);
+}
+
+}  // namespace surogate::cuda
