@@ -340,11 +340,12 @@ PYBIND11_MODULE(_native, m) {
              return id;
            }, py::arg("name"), py::arg("shape"), py::arg("dtype"))
       .def("view", [](Program& p, const std::string& name, int base, const std::vector<int64_t>& shape,
-                      int64_t offset) {
+                      int64_t offset, const std::vector<int64_t>& strides) {
              int id;
-             check(p.add_view(name, base, shape, offset, &id));
+             check(p.add_view(name, base, shape, offset, &id, strides));
              return id;
-           }, py::arg("name"), py::arg("base"), py::arg("shape"), py::arg("offset") = 0)
+           }, py::arg("name"), py::arg("base"), py::arg("shape"), py::arg("offset") = 0,
+           py::arg("strides") = std::vector<int64_t>{})
       .def("op", [](Program& p, const std::string& name, const std::vector<int>& inputs, const std::vector<int>& outputs,
                     py::dict attrs) { check(p.add_instr(name, inputs, outputs, attrs_from_dict(attrs))); },
            py::arg("name"), py::arg("inputs"), py::arg("outputs"), py::arg("attrs") = py::dict())

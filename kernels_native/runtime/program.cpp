@@ -55,16 +55,33 @@ Status Program::add_external(const std::string& name, const std::vector<int64_t>
 }
 
 Status Program::add_view(const std::string& name, int base, const std::vector<int64_t>& shape, int64_t offset,
-                         int* id) {
+                         int* id, const std::vector<int64_t>& strides) {
   SG_RETURN_IF_ERROR(check_id(base, "add_view"));
   SG_RETURN_IF_ERROR(check_shape(name, shape));
   const Buffer& bb = buffers_[base];
-  SG_CHECK_SHAPE(offset >= 0 && offset + numel_of(shape) <= numel_of(bb.shape),
-                 str_cat("view '", name, "' of '", bb.name, "': elements [", offset, ", ", offset + numel_of(shape),
-                         ") exceed its ", numel_of(bb.shape), " elements"));
+  SG_CHECK_ARG(strides.empty() || strides.size() == shape.size(),
+               str_cat("view '", name, "': ", strides.size(), " strides for ", shape.size(), " dims"));
+  // The furthest element the view reaches must lie inside the base.
+  int64_t last = offset;
+  bool empty_view = false;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == 0) empty_view = true;
+    int64_t stride = 1;
+    if (strides.empty()) {
+      for (size_t j = i + 1; j < shape.size(); ++j) stride *= shape[j];
+    } else {
+      stride = strides[i];
+      SG_CHECK_ARG(stride >= 0, str_cat("view '", name, "': negative stride"));
+    }
+    last += (shape[i] - 1) * stride;
+  }
+  SG_CHECK_SHAPE(offset >= 0 && (empty_view || last < numel_of(bb.shape)),
+                 str_cat("view '", name, "' of '", bb.name, "': reaches element ", last, " of a buffer of ",
+                         numel_of(bb.shape), " elements"));
   Buffer b{name, shape, bb.dtype, Kind::kView};
   b.base = base;
   b.view_offset = offset;
+  b.view_strides = strides;
   buffers_.push_back(std::move(b));
   *id = static_cast<int>(buffers_.size()) - 1;
   dirty_ = true;
@@ -158,6 +175,7 @@ Status Program::resolve_views() {
     }
     char* p = static_cast<char*>(base.tensor.data) + b.view_offset * static_cast<int64_t>(dtype_size(b.dtype));
     b.tensor = Tensor::view_of(p, b.dtype, b.shape, device_, base.tensor.owner);
+    for (size_t i = 0; i < b.view_strides.size(); ++i) b.tensor.strides[i] = b.view_strides[i];
     b.bound = true;
   }
   return Status::OK();

@@ -29,7 +29,10 @@ class Program {
                     int* id);
   Status add_external(const std::string& name, const std::vector<int64_t>& shape, DType dtype, int* id);
   // A view of `base` starting `offset` elements in, with its own shape (and the base's dtype).
-  Status add_view(const std::string& name, int base, const std::vector<int64_t>& shape, int64_t offset, int* id);
+  // `strides` (in elements) default to contiguous; a 2-D view with a row stride wider than its
+  // rows is how a column slice of a matrix is addressed (LoRA on a fused projection).
+  Status add_view(const std::string& name, int base, const std::vector<int64_t>& shape, int64_t offset, int* id,
+                  const std::vector<int64_t>& strides = {});
   Status add_instr(const std::string& op, const std::vector<int>& inputs, const std::vector<int>& outputs,
                    const Attrs& attrs);
 
@@ -60,6 +63,7 @@ class Program {
     int64_t arena_offset = -1;
     int base = -1;
     int64_t view_offset = 0;
+    std::vector<int64_t> view_strides;  // empty: contiguous
     Tensor tensor;  // resolved memory (after prepare / bind)
     bool bound = false;
   };

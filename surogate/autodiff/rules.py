@@ -1,0 +1,169 @@
+"""One derivative rule per forward op, in one table.
+
+A rule gets the forward node and the gradients of its outputs (None where an output received
+none) and adds backward nodes to the graph; it returns the gradients of the node's inputs
+(None where not needed). Parameter gradients are not returned: rules write them into the
+parameter's accumulator (`Graph.grad_buffer`) with ``accumulate=1``, so a parameter used twice
+(tied embeddings) simply receives both contributions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from surogate.dsl.graph import Graph, Node, Value
+
+
+class RuleContext:
+    def __init__(self, graph: Graph, needs_grad: set[Value]):
+        self.g = graph
+        self.needs_grad = needs_grad
+
+    def needs(self, v: Value | None) -> bool:
+        return v is not None and v in self.needs_grad
+
+    def grad_spec(self, v: Value) -> tuple | None:
+        """Output spec for the gradient of activation v, or None when v needs none."""
+        if not self.needs(v) or v.kind != "act":
+            return None
+        return (v.name + ".grad", v.shape, v.dtype)
+
+    def param_grad(self, p: Value | None) -> Value | None:
+        if p is None or p.kind != "param" or not p.trainable:
+            return None
+        return self.g.grad_buffer(p)
+
+
+Rule = Callable[[RuleContext, Node, list], list]
+RULES: dict[str, Rule] = {}
+
+
+def rule(op: str):
+    def deco(fn: Rule) -> Rule:
+        RULES[op] = fn
+        return fn
+    return deco
+
+
+@rule("embedding_fwd")
+def _embedding(c: RuleContext, n: Node, gy: list) -> list:
+    ids, table = n.inputs
+    dtable = c.param_grad(table)
+    if dtable is not None and gy[0] is not None:
+        c.g.node("embedding_bwd", [ids, gy[0]], [dtable], accumulate=1)
+    return [None, None]
+
+
+@rule("rmsnorm_fwd")
+def _rmsnorm(c: RuleContext, n: Node, gy: list) -> list:
+    x, w = n.inputs
+    _, rstd = n.outputs
+    dx_spec, dw = c.grad_spec(x), c.param_grad(w)
+    if dx_spec is None and dw is None:
+        return [None, None]
+    # dx is the op's required output: when x needs no gradient it is computed and dropped.
+    dx, _ = c.g.node("rmsnorm_bwd", [gy[0], x, w, rstd], [dx_spec or (x.name + ".grad_unused", x.shape, x.dtype), dw],
+                     accumulate=1, **n.attrs)
+    return [dx if dx_spec else None, None]
+
+
+@rule("add_rmsnorm_fwd")
+def _add_rmsnorm(c: RuleContext, n: Node, gy: list) -> list:
+    x, res, w = n.inputs
+    _, h, rstd = n.outputs
+    dw = c.param_grad(w)
+    need_in = c.needs(x) or c.needs(res)
+    if not need_in and dw is None:
+        return [None, None, None]
+    dh, _ = c.g.node("add_rmsnorm_bwd", [gy[0], gy[1], h, w, rstd], [(h.name + ".grad", h.shape, h.dtype), dw],
+                     accumulate=1, **n.attrs)
+    # h = x + residual: both receive the same gradient.
+    return [dh if c.needs(x) else None, dh if c.needs(res) else None, None]
+
+
+@rule("linear")
+def _linear(c: RuleContext, n: Node, gy: list) -> list:
+    x, w, b = n.inputs[:3]
+    lora_ab = n.inputs[3:]
+    ts = n.outputs[1:]
+    dx_spec = c.grad_spec(x)
+    outs: list = [dx_spec, c.param_grad(w), c.param_grad(b)]
+    for i in range(0, len(lora_ab), 2):
+        outs += [c.param_grad(lora_ab[i]), c.param_grad(lora_ab[i + 1])]
+    if all(o is None for o in outs):
+        return [None] * len(n.inputs)
+    res = c.g.node("linear_bwd", [gy[0], x, w, *lora_ab, *ts], outs, **n.attrs)
+    return [res[0]] + [None] * (len(n.inputs) - 1)
+
+
+@rule("view")
+def _view(c: RuleContext, n: Node, gy: list) -> list:
+    (x,) = n.inputs
+    if c.grad_spec(x) is None:
+        return [None]
+    (dx,) = c.g.node("view", [gy[0]], [c.grad_spec(x)])
+    return [dx]
+
+
+@rule("rope_fwd")
+def _rope(c: RuleContext, n: Node, gy: list) -> list:
+    x, pos = n.inputs
+    if c.grad_spec(x) is None:
+        return [None, None]
+    (dx,) = c.g.node("rope_bwd", [gy[0], pos], [c.grad_spec(x)], **n.attrs)
+    return [dx, None]
+
+
+@rule("qk_norm_rope_fwd")
+def _qk_norm_rope(c: RuleContext, n: Node, gy: list) -> list:
+    x, w, pos = n.inputs
+    _, rstd = n.outputs
+    dx_spec, dw = c.grad_spec(x), c.param_grad(w)
+    if dx_spec is None and dw is None:
+        return [None, None, None]
+    dx, _ = c.g.node("qk_norm_rope_bwd", [gy[0], x, w, rstd, pos],
+                     [dx_spec or (x.name + ".grad_unused", x.shape, x.dtype), dw], accumulate=1, **n.attrs)
+    return [dx if dx_spec else None, None, None]
+
+
+@rule("attention_fwd")
+def _attention(c: RuleContext, n: Node, gy: list) -> list:
+    q, k, v, cu = n.inputs
+    out, lse = n.outputs
+    specs = [c.grad_spec(t) or (t.name + ".grad_unused", t.shape, t.dtype) for t in (q, k, v)]
+    if not any(c.needs(t) for t in (q, k, v)):
+        return [None] * 4
+    dq, dk, dv = c.g.node("attention_bwd", [gy[0], q, k, v, out, lse, cu], specs, **n.attrs)
+    return [dq if c.needs(q) else None, dk if c.needs(k) else None, dv if c.needs(v) else None, None]
+
+
+def _glu(bwd_op: str):
+    def fn(c: RuleContext, n: Node, gy: list) -> list:
+        (gu,) = n.inputs
+        if c.grad_spec(gu) is None:
+            return [None]
+        (dgu,) = c.g.node(bwd_op, [gy[0], gu], [c.grad_spec(gu)])
+        return [dgu]
+    return fn
+
+
+RULES["swiglu_fwd"] = _glu("swiglu_bwd")
+RULES["geglu_fwd"] = _glu("geglu_bwd")
+
+
+@rule("add")
+def _add(c: RuleContext, n: Node, gy: list) -> list:
+    a, b = n.inputs
+    return [gy[0] if c.needs(a) else None, gy[0] if c.needs(b) else None]
+
+
+@rule("lm_head_ce_fwd")
+def _lm_head_ce(c: RuleContext, n: Node, gy: list) -> list:
+    h, w, targets = n.inputs
+    _, lse = n.outputs
+    dh_spec, dw = c.grad_spec(h), c.param_grad(w)
+    if dh_spec is None and dw is None:
+        return [None, None, None]
+    dh, _ = c.g.node("lm_head_ce_bwd", [h, w, targets, lse, gy[0]],
+                     [dh_spec or (h.name + ".grad_unused", h.shape, h.dtype), dw], accumulate=1, **n.attrs)
+    return [dh if dh_spec else None, None, None]

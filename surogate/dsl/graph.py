@@ -1,0 +1,160 @@
+"""The symbolic graph: tensors with shapes, nodes with ops. Building a graph computes nothing.
+
+A `Graph` is an ordered list of `Node`s (topological by construction: a node only consumes
+values that exist). Each `Value` has a shape made of ints and symbolic `Dim`s (the token count
+`N` of a step, bound when the graph is compiled), a dtype name and a kind:
+
+- ``param``: a weight the model owns (trainable or frozen),
+- ``input``: fed per step (token ids, positions, targets, cu_seqlens, the loss seed),
+- ``act``: produced by a node.
+
+Shape letters used throughout the DSL: N tokens of a packed step, C model width, H heads,
+D head dim, F MLP width, V vocabulary, R LoRA rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Dim:
+    """A symbolic dimension, bound to an int at compile time."""
+
+    name: str
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+Shape = tuple[int | Dim, ...]
+
+
+def bind_shape(shape: Shape, dims: dict[str, int]) -> tuple[int, ...]:
+    out = []
+    for d in shape:
+        if isinstance(d, Dim):
+            if d.name not in dims:
+                raise KeyError(f"symbolic dimension {d.name} is not bound (bound: {sorted(dims)})")
+            out.append(dims[d.name])
+        else:
+            out.append(int(d))
+    return tuple(out)
+
+
+@dataclass(eq=False)
+class Value:
+    graph: Graph
+    name: str
+    shape: Shape
+    dtype: str
+    kind: str  # "param" | "input" | "act" | "grad"
+    producer: Node | None = None
+    trainable: bool = False  # params only: gets a gradient
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return f"{self.name}: {self.dtype}{list(self.shape)}"
+
+
+@dataclass(eq=False)
+class Node:
+    op: str
+    inputs: list[Value | None]
+    outputs: list[Value | None]
+    attrs: dict[str, Any]
+
+    def __repr__(self) -> str:
+        ins = ", ".join(v.name if v is not None else "-" for v in self.inputs)
+        outs = ", ".join(v.name if v is not None else "-" for v in self.outputs)
+        return f"{self.op}({ins}) -> ({outs}) {self.attrs or ''}"
+
+
+class Graph:
+    def __init__(self, name: str = "graph"):
+        self.name = name
+        self.nodes: list[Node] = []
+        self.values: dict[str, Value] = {}
+        self.outputs: dict[str, Value] = {}
+        self._scope: list[str] = []
+
+    # ---- naming ---------------------------------------------------------------------------
+    def scoped(self, name: str) -> str:
+        return ".".join([*self._scope, name]) if self._scope else name
+
+    def unique(self, name: str) -> str:
+        if name not in self.values:
+            return name
+        i = 1
+        while f"{name}#{i}" in self.values:
+            i += 1
+        return f"{name}#{i}"
+
+    class _Scope:
+        def __init__(self, g: Graph, name: str):
+            self.g, self.name = g, name
+
+        def __enter__(self):
+            self.g._scope.append(self.name)
+
+        def __exit__(self, *exc):
+            self.g._scope.pop()
+
+    def scope(self, name: str) -> Graph._Scope:
+        return Graph._Scope(self, name)
+
+    # ---- values ---------------------------------------------------------------------------
+    def _add_value(self, name: str, shape: Shape, dtype: str, kind: str, **kw) -> Value:
+        v = Value(self, self.unique(name), tuple(shape), dtype, kind, **kw)
+        self.values[v.name] = v
+        return v
+
+    def param(self, name: str, shape: Shape, dtype: str, trainable: bool = True, **meta) -> Value:
+        full = self.scoped(name)
+        if full in self.values:
+            raise ValueError(f"parameter {full} declared twice")
+        return self._add_value(full, shape, dtype, "param", trainable=trainable, meta=dict(meta))
+
+    def input(self, name: str, shape: Shape, dtype: str) -> Value:
+        return self._add_value(name, shape, dtype, "input")
+
+    def grad_buffer(self, param: Value, dtype: str = "float32") -> Value:
+        """The gradient accumulator of a parameter: written (accumulated) by every backward node
+        that touches the parameter, zeroed by the trainer between optimizer steps."""
+        name = "grad." + param.name
+        if name in self.values:
+            return self.values[name]
+        return self._add_value(name, param.shape, dtype, "grad", meta={"param": param.name})
+
+    def node(self, op: str, inputs: list[Value | None], out_specs: list[tuple[str, Shape, str] | Value | None],
+             **attrs) -> list[Value | None]:
+        """Add a node. Each output spec is (name, shape, dtype) for a new value, None for an absent
+        optional output, or an existing Value the node writes into (a gradient accumulator)."""
+        for v in inputs:
+            if v is not None and v.graph is not self:
+                raise ValueError(f"{op}: input {v.name} belongs to another graph")
+        n = Node(op, list(inputs), [], attrs)
+        for spec in out_specs:
+            if spec is None or isinstance(spec, Value):
+                n.outputs.append(spec)
+                continue
+            name, shape, dtype = spec
+            n.outputs.append(self._add_value(self.scoped(name), shape, dtype, "act", producer=n))
+        self.nodes.append(n)
+        return n.outputs
+
+    def mark_output(self, key: str, v: Value) -> None:
+        self.outputs[key] = v
+
+    # ---- queries --------------------------------------------------------------------------
+    def params(self) -> list[Value]:
+        return [v for v in self.values.values() if v.kind == "param"]
+
+    def inputs(self) -> list[Value]:
+        return [v for v in self.values.values() if v.kind == "input"]
+
+    def __repr__(self) -> str:
+        lines = [f"Graph {self.name}: {len(self.nodes)} nodes"]
+        lines += [f"  {n}" for n in self.nodes]
+        return "\n".join(lines)

@@ -1,0 +1,194 @@
+"""Modules: Embedding, RMSNorm, Linear (with LoRA slices), Attention, MLP, Block, CausalLM.
+
+A module holds configuration; calling it inside a graph declares its parameters (named like
+the HF checkpoint's tensors, so that name tables stay short) and adds its nodes. Building a
+graph computes nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from surogate.dsl import ops
+from surogate.dsl.graph import Dim, Graph, Value
+
+N = Dim("N")  # tokens in one packed step
+
+
+@dataclass
+class LoRAConfig:
+    rank: int = 16
+    alpha: float = 32.0
+    # HF module names: q_proj k_proj v_proj o_proj gate_proj up_proj down_proj.
+    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    use_rslora: bool = False
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / (math.sqrt(self.rank) if self.use_rslora else self.rank)
+
+
+@dataclass
+class ModelSpec:
+    """The architecture facts a CausalLM needs, normalized from an HF config."""
+
+    family: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float = 1e-6
+    rope: dict = field(default_factory=lambda: {"theta": 10000.0, "rope_type": "default"})
+    rotary_dim: int | None = None
+    tie_word_embeddings: bool = False
+    qk_norm: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    activation: str = "silu"  # silu -> swiglu, gelu_pytorch_tanh -> geglu
+    sliding_windows: list[int] = field(default_factory=list)  # per layer, 0 = full attention
+    attn_softcap: float = 0.0
+    final_softcap: float = 0.0
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+
+    def window(self, layer: int) -> int:
+        return self.sliding_windows[layer] if self.sliding_windows else 0
+
+    def rope_attrs(self) -> dict:
+        attrs = dict(self.rope)
+        attrs["rotary_dim"] = self.rotary_dim or self.head_dim
+        return attrs
+
+
+class Linear:
+    """y = x @ W.T (+ b). `parts` names the HF projections fused into W, in order, with their
+    output widths (one part for an unfused projection); a LoRA slice goes on each targeted part."""
+
+    def __init__(self, name: str, in_features: int, parts: list[tuple[str, int]], bias: bool = False):
+        self.name, self.in_features, self.parts, self.bias = name, in_features, parts, bias
+        self.out_features = sum(size for _, size in parts)
+
+    def __call__(self, g: Graph, x: Value, dtype: str, lora: LoRAConfig | None) -> Value:
+        w = g.param(f"{self.name}.weight", (self.out_features, self.in_features), dtype, trainable=lora is None)
+        b = g.param(f"{self.name}.bias", (self.out_features,), dtype, trainable=lora is None) if self.bias else None
+        slices = []
+        offset = 0
+        for part, size in self.parts:
+            if lora is not None and part in lora.targets:
+                prefix = self.name.rsplit(".", 1)[0] + "." + part if len(self.parts) > 1 else self.name
+                A = g.param(f"{prefix}.lora_A", (lora.rank, self.in_features), dtype, lora="A", init="kaiming")
+                B = g.param(f"{prefix}.lora_B", (size, lora.rank), dtype, lora="B", init="zeros")
+                slices.append(ops.LoRASlice(part, A, B, lora.scale, offset, size))
+            offset += size
+        return ops.linear(x, w, b, slices, name=g.scoped(self.name))
+
+
+class Attention:
+    def __init__(self, spec: ModelSpec, layer: int):
+        self.spec, self.layer = spec, layer
+        C, Hq, Hkv, D = spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim
+        self.q = Linear("self_attn.q_proj", C, [("q_proj", Hq * D)], spec.attention_bias)
+        self.k = Linear("self_attn.k_proj", C, [("k_proj", Hkv * D)], spec.attention_bias)
+        self.v = Linear("self_attn.v_proj", C, [("v_proj", Hkv * D)], spec.attention_bias)
+        self.o = Linear("self_attn.o_proj", Hq * D, [("o_proj", C)], False)
+
+    def __call__(self, g: Graph, x: Value, pos: Value, cu: Value, dtype: str, lora: LoRAConfig | None) -> Value:
+        s = self.spec
+        Hq, Hkv, D = s.num_heads, s.num_kv_heads, s.head_dim
+        n = x.shape[0]
+        q = ops.view(self.q(g, x, dtype, lora), (n, Hq, D))
+        k = ops.view(self.k(g, x, dtype, lora), (n, Hkv, D))
+        v = ops.view(self.v(g, x, dtype, lora), (n, Hkv, D))
+        rope = s.rope_attrs()
+        if s.qk_norm:
+            qn = g.param("self_attn.q_norm.weight", (D,), dtype, trainable=lora is None)
+            kn = g.param("self_attn.k_norm.weight", (D,), dtype, trainable=lora is None)
+            q = ops.qk_norm_rope(q, qn, pos, s.rms_norm_eps, rope, name=g.scoped("q_rope"))
+            k = ops.qk_norm_rope(k, kn, pos, s.rms_norm_eps, rope, name=g.scoped("k_rope"))
+        else:
+            q = ops.rope(q, pos, rope, name=g.scoped("q_rope"))
+            k = ops.rope(k, pos, rope, name=g.scoped("k_rope"))
+        o = ops.attention(q, k, v, cu, causal=True, window=s.window(self.layer), softcap=s.attn_softcap,
+                          name=g.scoped("attn"))
+        o = ops.view(o, (n, Hq * D))
+        return self.o(g, o, dtype, lora)
+
+
+class MLP:
+    def __init__(self, spec: ModelSpec):
+        self.spec = spec
+        C, F = spec.hidden_size, spec.intermediate_size
+        self.gate_up = Linear("mlp.gate_up_proj", C, [("gate_proj", F), ("up_proj", F)], spec.mlp_bias)
+        self.down = Linear("mlp.down_proj", F, [("down_proj", C)], spec.mlp_bias)
+
+    def __call__(self, g: Graph, x: Value, dtype: str, lora: LoRAConfig | None) -> Value:
+        gu = self.gate_up(g, x, dtype, lora)
+        if self.spec.activation == "silu":
+            a = ops.swiglu(gu, name=g.scoped("mlp.act"))
+        else:
+            a = ops.geglu(gu, name=g.scoped("mlp.act"))
+        return self.down(g, a, dtype, lora)
+
+
+class Block:
+    """Pre-norm decoder block. Returns (delta, residual): the residual add is folded into the
+    next norm (add_rmsnorm), as the fused kernels want."""
+
+    def __init__(self, spec: ModelSpec, layer: int):
+        self.spec, self.layer = spec, layer
+        self.attn = Attention(spec, layer)
+        self.mlp = MLP(spec)
+
+    def __call__(self, g: Graph, x: Value, residual: Value | None, pos: Value, cu: Value, dtype: str,
+                 lora: LoRAConfig | None) -> tuple[Value, Value]:
+        eps = self.spec.rms_norm_eps
+        ln1 = g.param("input_layernorm.weight", (self.spec.hidden_size,), dtype, trainable=lora is None)
+        ln2 = g.param("post_attention_layernorm.weight", (self.spec.hidden_size,), dtype, trainable=lora is None)
+        if residual is None:
+            y, h = ops.rmsnorm(x, ln1, eps, name=g.scoped("ln1")), x
+        else:
+            y, h = ops.add_rmsnorm(x, residual, ln1, eps, name=g.scoped("ln1"))
+        a = self.attn(g, y, pos, cu, dtype, lora)
+        y2, h2 = ops.add_rmsnorm(a, h, ln2, eps, name=g.scoped("ln2"))
+        return self.mlp(g, y2, dtype, lora), h2
+
+
+class CausalLM:
+    """Embedding, blocks, final norm and head. `build` traces a graph for training (per-token
+    loss, fused with the head) or for logits (inference and tests)."""
+
+    def __init__(self, spec: ModelSpec):
+        self.spec = spec
+        self.blocks = [Block(spec, i) for i in range(spec.num_layers)]
+
+    def build(self, *, mode: str = "train", dtype: str = "float32", lora: LoRAConfig | None = None,
+              ce_chunk: int = 4096) -> Graph:
+        if mode not in ("train", "logits"):
+            raise ValueError(f"mode must be 'train' or 'logits', got {mode!r}")
+        s = self.spec
+        g = Graph(f"{s.family}-{mode}")
+        ids = g.input("input_ids", (N,), "int32")
+        pos = g.input("position_ids", (N,), "int32")
+        cu = g.input("cu_seqlens", (Dim("S1"),), "int32")
+        emb = g.param("embed_tokens.weight", (s.vocab_size, s.hidden_size), dtype, trainable=lora is None)
+        x = ops.embedding(ids, emb, name="embed")
+        residual = None
+        for i, block in enumerate(self.blocks):
+            with g.scope(f"layers.{i}"):
+                x, residual = block(g, x, residual, pos, cu, dtype, lora)
+        fn = g.param("norm.weight", (s.hidden_size,), dtype, trainable=lora is None)
+        y, _ = ops.add_rmsnorm(x, residual, fn, s.rms_norm_eps, name="final_norm")
+        head = emb if s.tie_word_embeddings else g.param("lm_head.weight", (s.vocab_size, s.hidden_size), dtype,
+                                                         trainable=lora is None)
+        if mode == "train":
+            targets = g.input("targets", (N,), "int32")
+            loss = ops.lm_head_ce(y, head, targets, softcap=s.final_softcap, chunk=ce_chunk, name="loss")
+            g.mark_output("loss", loss)
+        else:
+            logits = ops.linear(y, head, name="logits")
+            g.mark_output("logits", logits)
+        return g

@@ -1,0 +1,158 @@
+"""DSL ops: each function adds one node to the graph with its output shapes and dtypes.
+
+Forward ops carry the native op name they lower to (``rmsnorm_fwd``...), except the compound
+``linear`` (a projection with optional bias and LoRA slices), which `surogate.compile` lowers
+to several matmuls, and ``view`` (a reshape that costs nothing). Backward ops are added by
+`surogate.autodiff`, never by model code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from surogate.dsl.graph import Dim, Graph, Shape, Value
+
+
+def _g(*vals: Value | None) -> Graph:
+    for v in vals:
+        if v is not None:
+            return v.graph
+    raise ValueError("op needs at least one tensor input")
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+def _same(a: int | Dim, b: int | Dim) -> bool:
+    return a == b
+
+
+# ---- embedding ------------------------------------------------------------------------------
+def embedding(ids: Value, table: Value, name: str = "embed") -> Value:
+    (N,) = ids.shape
+    V, C = table.shape
+    (y,) = _g(ids).node("embedding_fwd", [ids, table], [(name, (N, C), table.dtype)])
+    return y
+
+
+# ---- norms ----------------------------------------------------------------------------------
+def rmsnorm(x: Value, w: Value, eps: float, name: str = "norm", weight_offset: float = 0.0) -> Value:
+    N, C = x.shape
+    _check(w.shape == (C,), f"rmsnorm {name}: weight {w.shape} does not match width {C}")
+    y, _ = _g(x).node("rmsnorm_fwd", [x, w], [(name, (N, C), x.dtype), (name + ".rstd", (N,), "float32")],
+                      eps=float(eps), weight_offset=float(weight_offset))
+    return y
+
+
+def add_rmsnorm(x: Value, residual: Value, w: Value, eps: float, name: str = "norm",
+                weight_offset: float = 0.0) -> tuple[Value, Value]:
+    """(norm(x + residual), x + residual): the residual add folded into the next norm."""
+    N, C = x.shape
+    _check(residual.shape == x.shape, f"add_rmsnorm {name}: residual {residual.shape} != {x.shape}")
+    y, h, _ = _g(x).node("add_rmsnorm_fwd", [x, residual, w],
+                         [(name, (N, C), x.dtype), (name + ".residual", (N, C), x.dtype),
+                          (name + ".rstd", (N,), "float32")],
+                         eps=float(eps), weight_offset=float(weight_offset))
+    return y, h
+
+
+# ---- projections ----------------------------------------------------------------------------
+@dataclass
+class LoRASlice:
+    """An adapter on the output columns [offset, offset + size) of a (possibly fused) linear:
+    y[:, offset:offset+size] += scale * (x @ A.T) @ B.T, A [R, Cin], B [size, R]."""
+
+    name: str
+    A: Value
+    B: Value
+    scale: float
+    offset: int
+    size: int
+
+
+def linear(x: Value, w: Value, bias: Value | None = None, lora: list[LoRASlice] | None = None,
+           name: str = "linear") -> Value:
+    """y = x @ w.T (+ bias) (+ LoRA slices). w is [Cout, Cin] (the HF layout)."""
+    N, Cin = x.shape
+    Cout, Cin_w = w.shape
+    _check(Cin == Cin_w, f"linear {name}: input width {Cin} != weight {w.name} {w.shape}")
+    lora = lora or []
+    inputs: list[Value | None] = [x, w, bias]
+    outs: list = [(name, (N, Cout), x.dtype)]
+    slices = []
+    for s in lora:
+        R = s.A.shape[0]
+        _check(s.A.shape == (R, Cin), f"linear {name}: LoRA A {s.A.shape} != ({R}, {Cin})")
+        _check(s.B.shape == (s.size, R), f"linear {name}: LoRA B {s.B.shape} != ({s.size}, {R})")
+        _check(0 <= s.offset and s.offset + s.size <= Cout, f"linear {name}: LoRA slice out of range")
+        inputs += [s.A, s.B]
+        outs.append((f"{name}.lora_{s.name}.t", (N, R), x.dtype))
+        slices.append({"name": s.name, "scale": float(s.scale), "offset": int(s.offset), "size": int(s.size)})
+    y, *_ = _g(x).node("linear", inputs, outs, lora=slices)
+    return y
+
+
+def view(x: Value, shape: Shape, name: str | None = None) -> Value:
+    (y,) = _g(x).node("view", [x], [(name or x.name + ".view", tuple(shape), x.dtype)])
+    return y
+
+
+# ---- positions ------------------------------------------------------------------------------
+def rope(x: Value, pos: Value, rope_attrs: dict, name: str = "rope") -> Value:
+    (y,) = _g(x).node("rope_fwd", [x, pos], [(name, x.shape, x.dtype)], **rope_attrs)
+    return y
+
+
+def qk_norm_rope(x: Value, w: Value, pos: Value, eps: float, rope_attrs: dict, name: str = "qk") -> Value:
+    N, H, D = x.shape
+    y, _ = _g(x).node("qk_norm_rope_fwd", [x, w, pos],
+                      [(name, x.shape, x.dtype), (name + ".rstd", (N, H), "float32")],
+                      eps=float(eps), **rope_attrs)
+    return y
+
+
+# ---- attention ------------------------------------------------------------------------------
+def attention(q: Value, k: Value, v: Value, cu_seqlens: Value, *, causal: bool = True, scale: float = 0.0,
+              window: int = 0, softcap: float = 0.0, name: str = "attn") -> Value:
+    N, Hq, D = q.shape
+    _, Hkv, Dk = k.shape
+    _check(D == Dk and v.shape == k.shape, f"attention {name}: q {q.shape}, k {k.shape}, v {v.shape}")
+    _check(Hq % Hkv == 0, f"attention {name}: {Hq} query heads are not a multiple of {Hkv} kv heads")
+    out, _ = _g(q).node("attention_fwd", [q, k, v, cu_seqlens],
+                        [(name, (N, Hq, D), q.dtype), (name + ".lse", (N, Hq), "float32")],
+                        causal=int(causal), scale=float(scale), window=int(window), softcap=float(softcap))
+    return out
+
+
+# ---- activations ----------------------------------------------------------------------------
+def swiglu(gu: Value, name: str = "act") -> Value:
+    N, F2 = gu.shape
+    (y,) = _g(gu).node("swiglu_fwd", [gu], [(name, (N, F2 // 2), gu.dtype)])
+    return y
+
+
+def geglu(gu: Value, name: str = "act") -> Value:
+    N, F2 = gu.shape
+    (y,) = _g(gu).node("geglu_fwd", [gu], [(name, (N, F2 // 2), gu.dtype)])
+    return y
+
+
+def add(a: Value, b: Value, name: str = "add") -> Value:
+    _check(a.shape == b.shape, f"add {name}: {a.shape} != {b.shape}")
+    (y,) = _g(a).node("add", [a, b], [(name, a.shape, a.dtype)])
+    return y
+
+
+# ---- loss -----------------------------------------------------------------------------------
+def lm_head_ce(h: Value, w: Value, targets: Value, *, ignore_index: int = -100, label_smoothing: float = 0.0,
+               softcap: float = 0.0, chunk: int = 4096, name: str = "loss") -> Value:
+    """Per-token cross-entropy of softmax(h @ w.T) against targets, fused and chunked over the
+    vocabulary: the [N, V] logits are never stored."""
+    N, C = h.shape
+    loss, _ = _g(h).node("lm_head_ce_fwd", [h, w, targets],
+                         [(name, (N,), "float32"), (name + ".lse", (N,), "float32")],
+                         ignore_index=int(ignore_index), label_smoothing=float(label_smoothing),
+                         softcap=float(softcap), chunk=int(chunk))
+    return loss
