@@ -7,4 +7,4 @@ from surogate.cli.not_built import not_built
 
 def bench() -> None:
     """Benchmark kernels and a training step on this machine."""
-    not_built("bench", 'benchmarks: issue "surogate bench"')
+    not_built("bench", 'benchmarks: issues #4 CUDA training speed and #6 inference engine')

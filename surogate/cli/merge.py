@@ -23,4 +23,4 @@ def merge(
     ] = None,
 ) -> None:
     """Merge a LoRA adapter into its base model (HF checkpoint)."""
-    not_built("merge", 'export: issue "surogate merge"')
+    not_built("merge", 'training: issue #5 sft/pt, merge')

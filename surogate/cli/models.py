@@ -7,4 +7,4 @@ from surogate.cli.not_built import not_built
 
 def models() -> None:
     """List supported model families and the models on this machine."""
-    not_built("models", 'models: issue "surogate models"')
+    not_built("models", 'models: issue #10 default model')

@@ -14,4 +14,4 @@ def pt(
     config: Annotated[Path, typer.Argument(metavar="CONFIG", help="The run's YAML config.", show_default=False)],
 ) -> None:
     """Continued pretraining on raw text."""
-    not_built("pt", 'training: issue "surogate sft / surogate pt"')
+    not_built("pt", 'training: issue #5 sft/pt')

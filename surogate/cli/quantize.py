@@ -16,4 +16,4 @@ def quantize(
     type_: Annotated[str, typer.Option("--type", help="GGUF quantization type, e.g. Q8_0, Q4_K_M.")] = "Q8_0",
 ) -> None:
     """Quantize a model to a GGUF file."""
-    not_built("quantize", 'export: issue "surogate quantize"')
+    not_built("quantize", 'GGUF: issue #8')

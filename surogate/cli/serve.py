@@ -21,4 +21,4 @@ def serve(
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
 ) -> None:
     """Serve models over OpenAI- and Anthropic-compatible HTTP APIs."""
-    not_built("serve", 'serving: issue "surogate serve"')
+    not_built("serve", 'serving: issue #7 gateway')

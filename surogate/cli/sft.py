@@ -14,4 +14,4 @@ def sft(
     config: Annotated[Path, typer.Argument(metavar="CONFIG", help="The run's YAML config.", show_default=False)],
 ) -> None:
     """Supervised fine-tuning (LoRA, QLoRA or full weights)."""
-    not_built("sft", 'training: issue "surogate sft / surogate pt"')
+    not_built("sft", 'training: issue #5 sft/pt')

@@ -10,4 +10,4 @@ from surogate.cli.not_built import not_built
 
 def tui() -> None:
     """Terminal dashboard: launch and watch runs, chat with models."""
-    not_built("tui", 'terminal UI: issue "surogate tui"')
+    not_built("tui", 'terminal UI: issue #9')
