@@ -14,4 +14,4 @@ def distill(
     config: Annotated[Path, typer.Argument(metavar="CONFIG", help="The run's YAML config.", show_default=False)],
 ) -> None:
     """Distill a teacher model into a student (top-k logits)."""
-    not_built("distill", 'training: distillation, after #5 sft/pt')
+    not_built("distill", 'training: distillation, after issue #5 sft/pt')

@@ -14,4 +14,4 @@ def dpo(
     config: Annotated[Path, typer.Argument(metavar="CONFIG", help="The run's YAML config.", show_default=False)],
 ) -> None:
     """Preference tuning (DPO) on chosen / rejected pairs."""
-    not_built("dpo", 'training: DPO, after #5 sft/pt')
+    not_built("dpo", 'training: DPO, after issue #5 sft/pt')

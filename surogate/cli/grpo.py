@@ -14,4 +14,4 @@ def grpo(
     config: Annotated[Path, typer.Argument(metavar="CONFIG", help="The run's YAML config.", show_default=False)],
 ) -> None:
     """Reinforcement learning with GRPO: sample, reward, update."""
-    not_built("grpo", 'training: GRPO, after #5 sft/pt')
+    not_built("grpo", 'training: GRPO, after issue #5 sft/pt')
