@@ -13,4 +13,12 @@ __version__ = "0.1.0"
 
 _blas.preload()
 
-__all__ = ["SurogateError", "__version__"]
+
+def load_model(path_or_id, device: str = "cpu", dtype: str = "float32", **kw):
+    """Load a Hugging Face model folder (or cached hub id); see surogate.model.load_model."""
+    from surogate.model import load_model as _load
+
+    return _load(path_or_id, device=device, dtype=dtype, **kw)
+
+
+__all__ = ["SurogateError", "__version__", "load_model"]

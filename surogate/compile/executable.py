@@ -1,0 +1,104 @@
+"""A compiled graph bound to memory: the native Program plus the names to reach its buffers.
+
+`Executable` is what the rest of the product runs: bind parameters and gradient accumulators
+(caller-owned numpy arrays, shared without copies), feed step inputs, run, read results.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from surogate.compile.buffers import Buf
+from surogate.compile.lower import Lowered, lower, to_program
+from surogate.dsl.graph import Graph, Value
+from surogate.errors import InvalidArgumentError, NotFoundError
+
+
+@dataclass
+class MemoryReport:
+    """Bytes the program needs, by kind. Optimizer state is the trainer's (reported there)."""
+
+    weights: int
+    gradients: int
+    inputs: int
+    activations: int  # the arena (planned, with reuse)
+    activations_unplanned: int  # what the same buffers would take without reuse
+
+    def total(self) -> int:
+        return self.weights + self.gradients + self.inputs + self.activations
+
+    def __str__(self) -> str:
+        mib = 1 << 20
+        return (f"weights {self.weights / mib:.1f} MiB, gradients {self.gradients / mib:.1f} MiB, "
+                f"inputs {self.inputs / mib:.2f} MiB, activations {self.activations / mib:.1f} MiB "
+                f"(unplanned {self.activations_unplanned / mib:.1f} MiB)")
+
+
+class Executable:
+    def __init__(self, g: Graph, dims: dict[str, int], device: str = "cpu", keep: list[Value] = ()):
+        self.graph = g
+        self.device = device
+        self.lowered: Lowered = lower(g, dims, keep)
+        self.program = to_program(self.lowered, device)
+        self._bound: dict[str, object] = {}
+
+    # ---- buffers ----------------------------------------------------------------------------
+    def buf(self, name: str) -> Buf:
+        b = self.lowered.by_value.get(name)
+        if b is None:
+            raise NotFoundError(f"no buffer named {name!r} in {self.graph.name}",
+                                hint="names are those of the graph's values, e.g. 'input_ids' or a parameter name")
+        return b
+
+    def external_names(self, kind: str | None = None) -> list[str]:
+        """Names of external buffers; kind filters by graph value kind (param, input, grad)."""
+        out = []
+        for name, b in self.lowered.by_value.items():
+            if b.kind != "external":
+                continue
+            v = self.graph.values.get(name)
+            if kind is None or (v is not None and v.kind == kind):
+                out.append(name)
+        return out
+
+    def bind(self, name: str, array) -> None:
+        b = self.buf(name)
+        if b.kind != "external":
+            raise InvalidArgumentError(f"{name} is computed by the program and cannot be bound")
+        arr = array
+        if isinstance(array, np.ndarray):
+            if tuple(array.shape) != b.shape:
+                raise InvalidArgumentError(f"{name}: expected shape {b.shape}, got {tuple(array.shape)}")
+            if str(array.dtype) != b.dtype:
+                raise InvalidArgumentError(f"{name}: expected dtype {b.dtype}, got {array.dtype}")
+            arr = np.ascontiguousarray(array)
+        self.program.bind(b.native_id, arr)
+        self._bound[name] = arr  # the native side holds a reference too; this one is for readers
+
+    def bound(self, name: str):
+        return self._bound[name]
+
+    def run(self) -> None:
+        self.program.run()
+
+    def read(self, name: str) -> np.ndarray:
+        """A numpy view of a buffer (valid until the next run)."""
+        return self.program.get(self.buf(name).native_id).numpy()
+
+    # ---- reports ----------------------------------------------------------------------------
+    def memory(self) -> MemoryReport:
+        sizes = {"param": 0, "grad": 0, "input": 0}
+        internal = 0
+        for name, b in self.lowered.by_value.items():
+            v = self.graph.values.get(name)
+            if b.kind == "external" and v is not None:
+                sizes[v.kind] = sizes.get(v.kind, 0) + b.nbytes
+        for b in self.lowered.bufs:
+            if b.kind == "internal":
+                internal += b.nbytes
+        return MemoryReport(sizes["param"], sizes["grad"], sizes["input"], self.lowered.arena_bytes, internal)
+
+    def listing(self) -> str:
+        return "\n".join(f"{i:4d}  {self.program.instr(i)}" for i in range(self.program.num_instrs))

@@ -1,0 +1,154 @@
+"""Lower a graph to a flat instruction list over buffers, then to a native `Program`.
+
+Forward and backward ops map one to one onto native ops. ``view`` becomes a buffer view (no
+instruction). ``linear`` / ``linear_bwd`` expand to matmuls: the base projection, then each
+LoRA slice as two skinny matmuls whose result is accumulated (beta = 1) into its column slice
+of the output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from surogate import _native
+from surogate.compile.buffers import Buf, Instr
+from surogate.compile.planner import plan
+from surogate.dsl.graph import Graph, Node, Value, bind_shape
+
+
+@dataclass
+class Lowered:
+    instrs: list[Instr]
+    bufs: list[Buf]  # creation order: a view always after its base
+    by_value: dict[str, Buf]
+    arena_bytes: int = 0
+    dims: dict[str, int] = field(default_factory=dict)
+
+
+class _Lowering:
+    def __init__(self, g: Graph, dims: dict[str, int]):
+        self.g, self.dims = g, dims
+        self.instrs: list[Instr] = []
+        self.bufs: list[Buf] = []
+        self.by_value: dict[str, Buf] = {}
+        self.ntemp = 0
+
+    def new_buf(self, b: Buf) -> Buf:
+        self.bufs.append(b)
+        return b
+
+    def buf(self, v: Value | None) -> Buf | None:
+        if v is None:
+            return None
+        b = self.by_value.get(v.name)
+        if b is None:
+            kind = "internal" if v.kind == "act" else "external"
+            b = self.new_buf(Buf(v.name, bind_shape(v.shape, self.dims), v.dtype, kind))
+            self.by_value[v.name] = b
+        return b
+
+    def temp(self, name: str, shape: tuple[int, ...], dtype: str) -> Buf:
+        self.ntemp += 1
+        return self.new_buf(Buf(f"{name}~{self.ntemp}", shape, dtype, "internal"))
+
+    def columns(self, b: Buf, offset: int, size: int) -> Buf:
+        """Columns [offset, offset + size) of a 2-D buffer: itself or a strided view."""
+        rows, cols = b.shape
+        if offset == 0 and size == cols:
+            return b
+        return self.new_buf(Buf(f"{b.name}[:, {offset}:{offset + size}]", (rows, size), b.dtype, "view", base=b,
+                                offset=offset, strides=(cols, 1)))
+
+    def emit(self, op: str, ins: list, outs: list, node: Node, **attrs) -> None:
+        self.instrs.append(Instr(op, ins, outs, attrs, node=repr(node)[:200]))
+
+    # ---- nodes ------------------------------------------------------------------------------
+    def node(self, n: Node) -> None:
+        if n.op == "view":
+            (x,), (y,) = n.inputs, n.outputs
+            base = self.buf(x)
+            b = self.new_buf(Buf(y.name, bind_shape(y.shape, self.dims), y.dtype, "view", base=base))
+            self.by_value[y.name] = b
+        elif n.op == "linear":
+            self.linear(n)
+        elif n.op == "linear_bwd":
+            self.linear_bwd(n)
+        else:
+            self.emit(n.op, [self.buf(v) for v in n.inputs], [self.buf(v) for v in n.outputs], n, **n.attrs)
+
+    def linear(self, n: Node) -> None:
+        x, w, bias = (self.buf(v) for v in n.inputs[:3])
+        ab = [self.buf(v) for v in n.inputs[3:]]
+        y, *ts = (self.buf(v) for v in n.outputs)
+        self.emit("matmul", [x, w, bias], [y], n, trans_b=1)
+        for i, s in enumerate(n.attrs["lora"]):
+            A, B, t = ab[2 * i], ab[2 * i + 1], ts[i]
+            self.emit("matmul", [x, A], [t], n, trans_b=1)
+            self.emit("matmul", [t, B], [self.columns(y, s["offset"], s["size"])], n, trans_b=1, alpha=s["scale"],
+                      beta=1.0)
+
+    def linear_bwd(self, n: Node) -> None:
+        slices = n.attrs["lora"]
+        k = len(slices)
+        dy, x, w = (self.buf(v) for v in n.inputs[:3])
+        ab = [self.buf(v) for v in n.inputs[3:3 + 2 * k]]
+        ts = [self.buf(v) for v in n.inputs[3 + 2 * k:]]
+        dx, dw, db = (self.buf(v) for v in n.outputs[:3])
+        dab = [self.buf(v) for v in n.outputs[3:]]
+        if dx is not None:
+            self.emit("matmul", [dy, w], [dx], n)
+        if dw is not None:
+            self.emit("matmul", [dy, x], [dw], n, trans_a=1, beta=1.0)
+        if db is not None:
+            N, Cout = dy.shape
+            ones = self.temp("ones", (1, N), dy.dtype)
+            self.emit("fill", [], [ones], n, value=1.0)
+            db2 = self.new_buf(Buf(db.name + ".2d", (1, Cout), db.dtype, "view", base=db))
+            self.emit("matmul", [ones, dy], [db2], n, beta=1.0)
+        for i, s in enumerate(slices):
+            A, B, t = ab[2 * i], ab[2 * i + 1], ts[i]
+            dA, dB = dab[2 * i], dab[2 * i + 1]
+            if dx is None and dA is None and dB is None:
+                continue
+            dys = self.columns(dy, s["offset"], s["size"])
+            if dB is not None:
+                self.emit("matmul", [dys, t], [dB], n, trans_a=1, alpha=s["scale"], beta=1.0)
+            if dA is not None or dx is not None:
+                dt = self.temp(f"{x.name}.lora_{s['name']}.dt", t.shape, t.dtype)
+                self.emit("matmul", [dys, B], [dt], n, alpha=s["scale"])
+                if dA is not None:
+                    self.emit("matmul", [dt, x], [dA], n, trans_a=1, beta=1.0)
+                if dx is not None:
+                    self.emit("matmul", [dt, A], [dx], n, beta=1.0)
+
+
+def lower(g: Graph, dims: dict[str, int], keep: list[Value] = ()) -> Lowered:
+    """Lower every node of g with symbolic dims bound; `keep` values stay alive to the end."""
+    lw = _Lowering(g, dims)
+    for n in g.nodes:
+        lw.node(n)
+    pinned = []
+    for v in keep:
+        b = lw.buf(v).root()
+        b.pinned = True
+        pinned.append(b)
+    arena = plan(lw.instrs, pinned)
+    return Lowered(lw.instrs, lw.bufs, lw.by_value, arena, dict(dims))
+
+
+def to_program(lowered: Lowered, device: str = "cpu") -> _native.Program:
+    p = _native.Program(device)
+    for b in lowered.bufs:
+        if b.kind == "external":
+            b.native_id = p.external(b.name, list(b.shape), b.dtype)
+        elif b.kind == "internal":
+            if b.arena_offset < 0:  # touched by no instruction: give it memory of its own
+                b.native_id = p.buffer(b.name, list(b.shape), b.dtype)
+            else:
+                b.native_id = p.buffer(b.name, list(b.shape), b.dtype, b.arena_offset)
+        else:
+            b.native_id = p.view(b.name, b.base.native_id, list(b.shape), b.offset, list(b.strides or ()))
+    for ins in lowered.instrs:
+        p.op(ins.op, [b.native_id if b is not None else -1 for b in ins.inputs],
+             [b.native_id if b is not None else -1 for b in ins.outputs], ins.attrs)
+    return p

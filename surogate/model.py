@@ -1,0 +1,190 @@
+"""The public model API: `load_model` and the `Model` it returns.
+
+A Model holds the architecture spec, the weights (numpy arrays, by our parameter names, in
+the chosen dtype) and the tokenizer. Each call compiles (once per shape, cached) a forward or
+training Program from the model's DSL graph and runs it natively.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from surogate.autodiff import backward
+from surogate.compile import Executable
+from surogate.dsl.nn import CausalLM, LoRAConfig, ModelSpec
+from surogate.errors import InvalidArgumentError, UnsupportedError
+from surogate.models import Family, family_for
+
+DTYPES = ("float32", "bfloat16")
+
+
+def _np_dtype(name: str) -> np.dtype:
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+
+
+def pack(sequences: Sequence[Sequence[int]] | np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(input_ids, position_ids, cu_seqlens) for one sequence or several packed documents."""
+    if isinstance(sequences, np.ndarray) and sequences.ndim == 1:
+        sequences = [sequences]
+    elif sequences and np.isscalar(sequences[0]):
+        sequences = [sequences]
+    docs = [np.asarray(s, dtype=np.int64).reshape(-1) for s in sequences]
+    if not docs or any(len(d) == 0 for d in docs):
+        raise InvalidArgumentError("token_ids must hold at least one token per sequence")
+    ids = np.concatenate(docs).astype(np.int32)
+    pos = np.concatenate([np.arange(len(d), dtype=np.int32) for d in docs])
+    cu = np.zeros(len(docs) + 1, dtype=np.int32)
+    cu[1:] = np.cumsum([len(d) for d in docs])
+    return ids, pos, cu
+
+
+def shift_labels(sequences_labels: list[np.ndarray], ignore_index: int = -100) -> np.ndarray:
+    """HF causal-LM semantics: token t predicts label t + 1; the last token of each document
+    predicts nothing."""
+    out = []
+    for lab in sequences_labels:
+        t = np.full(len(lab), ignore_index, dtype=np.int32)
+        t[:-1] = lab[1:]
+        out.append(t)
+    return np.concatenate(out)
+
+
+class Model:
+    def __init__(self, spec: ModelSpec, family: Family, params: dict[str, np.ndarray], *, dtype: str = "float32",
+                 device: str = "cpu", config: dict | None = None, tokenizer=None, path: str | None = None):
+        if dtype not in DTYPES:
+            raise InvalidArgumentError(f"dtype {dtype!r} is not supported", hint=f"use one of {', '.join(DTYPES)}")
+        self.spec, self.family, self.params = spec, family, params
+        self.dtype, self.device = dtype, device
+        self.config = config or {}
+        self.tokenizer = tokenizer
+        self.path = path
+        self.arch = CausalLM(spec)
+        self._cache: dict[tuple, Executable] = {}
+
+    # ---- compilation ------------------------------------------------------------------------
+    def executable(self, mode: str, n_tokens: int, n_docs: int, lora: LoRAConfig | None = None,
+                   grads: bool = False) -> Executable:
+        key = (mode, n_tokens, n_docs, None if lora is None else (lora.rank, lora.alpha, lora.targets), grads)
+        exe = self._cache.get(key)
+        if exe is None:
+            g = self.arch.build(mode=mode, dtype=self.dtype, lora=lora)
+            keep = [g.outputs["loss" if mode == "train" else "logits"]]
+            if grads:
+                backward(g, g.outputs["loss"])
+            exe = Executable(g, {"N": n_tokens, "S1": n_docs + 1}, self.device, keep=keep)
+            for name in exe.external_names("param"):
+                if name in self.params:
+                    exe.bind(name, self.params[name])
+            self._cache[key] = exe
+        return exe
+
+    def _feed(self, exe: Executable, ids, pos, cu, lora_params: dict | None = None) -> None:
+        exe.bind("input_ids", ids)
+        exe.bind("position_ids", pos)
+        exe.bind("cu_seqlens", cu)
+        for name, arr in (lora_params or {}).items():
+            exe.bind(name, np.ascontiguousarray(arr.astype(_np_dtype(self.dtype))))
+
+    # ---- inference --------------------------------------------------------------------------
+    def forward(self, token_ids) -> np.ndarray:
+        """Logits [T, V] (float32) for one sequence, or for several packed documents (each
+        attends only to itself), in order."""
+        ids, pos, cu = pack(token_ids)
+        self._check_ids(ids)
+        exe = self.executable("logits", len(ids), len(cu) - 1)
+        self._feed(exe, ids, pos, cu)
+        exe.run()
+        return np.array(exe.read("logits"), dtype=np.float32)
+
+    def loss(self, token_ids, labels=None) -> float:
+        """Mean next-token cross-entropy, HF semantics (labels default to the inputs; -100 is
+        ignored; the shift happens here)."""
+        value, _ = self._train_step(token_ids, labels, grads=False)
+        return value
+
+    def loss_and_grads(self, token_ids, labels=None, lora: LoRAConfig | None = None,
+                       lora_params: dict[str, np.ndarray] | None = None) -> tuple[float, dict[str, np.ndarray]]:
+        """Loss and the gradient of every trainable parameter (all weights for a full fine-tune,
+        the LoRA A/B matrices with `lora`), by our parameter names."""
+        return self._train_step(token_ids, labels, grads=True, lora=lora, lora_params=lora_params)
+
+    def _train_step(self, token_ids, labels, grads: bool, lora=None, lora_params=None):
+        ids, pos, cu = pack(token_ids)
+        self._check_ids(ids)
+        docs = np.split(ids, cu[1:-1])
+        if labels is None:
+            label_docs = docs
+        else:
+            _, _, lcu = pack(labels)
+            if not np.array_equal(lcu, cu):
+                raise InvalidArgumentError("labels must have the same lengths as token_ids")
+            label_docs = np.split(np.concatenate([np.asarray(x).reshape(-1) for x in
+                                                  ([labels] if np.isscalar(labels[0]) else labels)]), cu[1:-1])
+        targets = shift_labels(label_docs)
+        valid = targets != -100
+        n_valid = int(valid.sum())
+        exe = self.executable("train", len(ids), len(cu) - 1, lora=lora, grads=grads)
+        self._feed(exe, ids, pos, cu, lora_params)
+        exe.bind("targets", targets)
+        out = {}
+        if grads:
+            exe.bind("dloss", np.where(valid, 1.0 / max(n_valid, 1), 0.0).astype(np.float32))
+            for name in exe.external_names("grad"):
+                arr = np.zeros(exe.buf(name).shape, np.float32)
+                exe.bind(name, arr)
+                out[name[len("grad."):]] = arr
+        exe.run()
+        per_token = exe.read("loss")
+        return float(per_token[valid].sum() / max(n_valid, 1)), out
+
+    def _check_ids(self, ids: np.ndarray) -> None:
+        if ids.min() < 0 or ids.max() >= self.spec.vocab_size:
+            bad = int(ids[(ids < 0) | (ids >= self.spec.vocab_size)][0])
+            raise InvalidArgumentError(f"token id {bad} is outside the vocabulary (size {self.spec.vocab_size})")
+
+    # ---- names ------------------------------------------------------------------------------
+    def to_hf(self, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Our parameter-named tensors (weights or gradients) under the checkpoint's names."""
+        F = self.spec.intermediate_size
+        return self.family.name_table().export(tensors, lambda name, r: [F, F])
+
+    def __repr__(self) -> str:
+        s = self.spec
+        return (f"Model({s.family}, layers={s.num_layers}, hidden={s.hidden_size}, heads={s.num_heads}/"
+                f"{s.num_kv_heads}, vocab={s.vocab_size}, dtype={self.dtype}, device={self.device})")
+
+
+def load_model(path_or_id: str | Path, device: str = "cpu", dtype: str = "float32", *,
+               download: bool = False) -> Model:
+    """Load a Hugging Face model folder (or a hub id found in the local cache)."""
+    from surogate.io import ModelFolder, Tokenizer, resolve_model_path
+
+    if device != "cpu" and not device.startswith("cuda"):
+        raise InvalidArgumentError(f"unknown device {device!r}", hint="use 'cpu' or 'cuda'")
+    if dtype not in DTYPES:
+        raise InvalidArgumentError(f"dtype {dtype!r} is not supported", hint=f"use one of {', '.join(DTYPES)}")
+    folder = ModelFolder(resolve_model_path(path_or_id, download=download))
+    config = folder.config
+    family = family_for(config, source=str(Path(folder.path) / "config.json"))
+    spec = family.spec_from_config(config)
+    g = CausalLM(spec).build(mode="logits", dtype=dtype)
+    names = [p.name for p in g.params()]
+    weights = folder.open_weights()
+    target = _np_dtype(dtype)
+    params = family.name_table().load(names, lambda hf: np.ascontiguousarray(weights.get(hf).astype(target)))
+    tokenizer = None
+    try:
+        tokenizer = Tokenizer(folder)
+    except Exception:  # a weights-only folder still loads; tokenizer-less use is fine
+        tokenizer = None
+    if device != "cpu":
+        raise UnsupportedError("the CUDA model runtime lands with the CUDA backend issue",
+                               hint="use device='cpu' for now")
+    return Model(spec, family, params, dtype=dtype, device=device, config=config, tokenizer=tokenizer,
+                 path=str(folder.path))

@@ -1,0 +1,39 @@
+import pytest
+
+from surogate.autodiff import backward, needs_grad
+from surogate.dsl import Graph
+from surogate.dsl.nn import CausalLM, LoRAConfig, ModelSpec
+from surogate.errors import NotFoundError
+
+
+def spec():
+    return ModelSpec(family="llama", vocab_size=50, hidden_size=16, num_layers=2, num_heads=2, num_kv_heads=1,
+                     head_dim=8, intermediate_size=24)
+
+
+def test_full_finetune_gives_every_param_a_gradient():
+    g = CausalLM(spec()).build(mode="train")
+    grads = backward(g, g.outputs["loss"])
+    assert set(grads) == {p.name for p in g.params()}
+    ops = [n.op for n in g.nodes]
+    assert "embedding_bwd" in ops and "lm_head_ce_bwd" in ops and "attention_bwd" in ops
+
+
+def test_lora_leaves_base_weights_without_gradients_but_flows_through_them():
+    g = CausalLM(spec()).build(mode="train", lora=LoRAConfig(rank=2, alpha=4))
+    grads = backward(g, g.outputs["loss"])
+    assert all(".lora_" in name for name in grads)
+    ops = [n.op for n in g.nodes]
+    assert "embedding_bwd" not in ops  # the frozen embedding gets nothing
+    # the first block's q/k/v LoRA gradients need the input gradient of attention
+    assert "attention_bwd" in ops
+    need = needs_grad(g)
+    assert g.values["embed"] not in need
+
+
+def test_missing_rule_names_the_op():
+    g = Graph()
+    w = g.param("w", (4,), "float32")
+    (y,) = g.node("mystery_op", [w], [("y", (4,), "float32")])
+    with pytest.raises(NotFoundError, match="mystery_op"):
+        backward(g, y)
