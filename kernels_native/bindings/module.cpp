@@ -114,6 +114,8 @@ Tensor tensor_from_array(const py::array& arr) {
     }
     t.strides[i] = arr.strides(i) / isz;
   }
+  // numpy gives an empty array all-zero strides; an empty tensor is contiguous, so say so.
+  if (arr.size() == 0) t = Tensor::view_of(t.data, dt, t.shape_vec());
   t.readonly = !arr.writeable();
   // Hold a reference to the array; dropping it may happen off the Python thread.
   auto* ref = new py::object(arr);
