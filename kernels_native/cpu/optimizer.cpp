@@ -149,15 +149,19 @@ void adamw_block(P* param, float* master, const G* grad, float* m, float* v, int
   // base + coeff*(g - m), which keeps the loop free of branches.
   const bool small = std::fabs(s.w1) < 0.5f;
   const float coeff = small ? s.w1 : s.w1 - 1.0f;
+  // Locals, not s.*: the stores below could alias `s` as far as the compiler knows, and
+  // reloading it every iteration keeps the loop from vectorizing.
+  const float clip = s.clip, beta2 = s.beta2, c2 = s.c2, bc2_sqrt = s.bc2_sqrt, eps = s.eps;
+  const float neg_step_size = s.neg_step_size;
   for (int64_t i = lo; i < hi; ++i) {
-    const float g = load(grad[i]) * s.clip;
+    const float g = load(grad[i]) * clip;
     float w = kHasMaster ? master[i] : load(param[i]);
     w = w * decay;
     const float mi = (small ? m[i] : g) + coeff * (g - m[i]);
-    float vi = v[i] * s.beta2;
-    vi = vi + s.c2 * g * g;
-    const float denom = std::sqrt(vi) / s.bc2_sqrt + s.eps;
-    w = w + s.neg_step_size * mi / denom;
+    float vi = v[i] * beta2;
+    vi = vi + c2 * g * g;
+    const float denom = std::sqrt(vi) / bc2_sqrt + eps;
+    w = w + neg_step_size * mi / denom;
     m[i] = mi;
     v[i] = vi;
     if constexpr (kHasMaster) master[i] = w;
@@ -244,10 +248,13 @@ Status adamw(const OpArgs& a) {
   SG_CHECK_ARG(max_norm >= 0.0f, str_cat("adamw: max_grad_norm ", max_norm, " must be >= 0 (0: no clipping)"));
 
   AdamScalars s;
-  if (a.has_in(1) && max_norm > 0.0f) {
+  if (a.has_in(1)) {
     const Tensor& n = a.in(1);
     SG_CHECK(n.dtype == DType::kF32 && n.numel() == 1, StatusCode::kShapeMismatch,
              str_cat("adamw: norm must be float32[1], got ", n.describe()), "pass global_norm's output");
+  }
+  if (a.has_in(1) && max_norm > 0.0f) {
+    const Tensor& n = a.in(1);
     // clip_grad_norm_: clip_coef = max_norm / (total_norm + 1e-6), clamped to 1. A NaN stays NaN.
     const float coef = max_norm / (*n.ptr<const float>() + 1e-6f);
     s.clip = coef > 1.0f ? 1.0f : coef;
