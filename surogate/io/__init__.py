@@ -1,0 +1,18 @@
+"""Model files in and out: safetensors, Hugging Face model folders, tokenizers and chat templates.
+
+A leaf package: it imports nothing else from surogate but ``errors``, and never torch or
+transformers (they are test-only references).
+"""
+
+from __future__ import annotations
+
+from surogate.io.safetensors import (
+    DTYPES,
+    SafetensorsFile,
+    ShardedCheckpoint,
+    TensorInfo,
+    open_safetensors,
+    save_safetensors,
+)
+
+__all__ = ["DTYPES", "SafetensorsFile", "ShardedCheckpoint", "TensorInfo", "open_safetensors", "save_safetensors"]
