@@ -6,6 +6,7 @@ transformers (they are test-only references).
 
 from __future__ import annotations
 
+from surogate.io.hf_folder import ModelFolder, resolve_model_path
 from surogate.io.safetensors import (
     DTYPES,
     SafetensorsFile,
@@ -15,4 +16,5 @@ from surogate.io.safetensors import (
     save_safetensors,
 )
 
-__all__ = ["DTYPES", "SafetensorsFile", "ShardedCheckpoint", "TensorInfo", "open_safetensors", "save_safetensors"]
+__all__ = ["DTYPES", "ModelFolder", "SafetensorsFile", "ShardedCheckpoint", "TensorInfo", "open_safetensors", "resolve_model_path",
+           "save_safetensors"]
