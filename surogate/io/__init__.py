@@ -6,6 +6,7 @@ transformers (they are test-only references).
 
 from __future__ import annotations
 
+from surogate.io.chat_template import ChatTemplate
 from surogate.io.hf_folder import ModelFolder, resolve_model_path
 from surogate.io.safetensors import (
     DTYPES,
@@ -15,6 +16,17 @@ from surogate.io.safetensors import (
     open_safetensors,
     save_safetensors,
 )
+from surogate.io.tokenizer import Tokenizer
 
-__all__ = ["DTYPES", "ModelFolder", "SafetensorsFile", "ShardedCheckpoint", "TensorInfo", "open_safetensors", "resolve_model_path",
-           "save_safetensors"]
+__all__ = [
+    "DTYPES",
+    "ChatTemplate",
+    "ModelFolder",
+    "SafetensorsFile",
+    "ShardedCheckpoint",
+    "TensorInfo",
+    "Tokenizer",
+    "open_safetensors",
+    "resolve_model_path",
+    "save_safetensors",
+]
