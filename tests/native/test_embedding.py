@@ -51,7 +51,7 @@ def test_embedding_bwd_half_dtypes(dtype):
 
 def test_embedding_bwd_one_hot_id_dominates():
     # Most tokens share one id (padding): the column-block split must still sum every one.
-    n, v, c = 2000, 4, 1100
+    n, v, c = 600, 4, 1100
     ids = np.zeros(n, np.int32)
     ids[::50] = 3
     dy = np.random.default_rng(3).standard_normal((n, c)).astype(np.float32)
