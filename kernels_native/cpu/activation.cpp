@@ -32,7 +32,9 @@ namespace surogate::cpu {
 
 namespace {
 
-#define SG_HOT __attribute__((target_clones("avx512f", "avx2", "default")))
+// Hot row loops are built for x86-64-v4 (AVX-512), v3 (AVX2, FMA, F16C) and the portable
+// baseline, picked at load time; v3 / v4 also turn f16 conversions into F16C instructions.
+#define SG_HOT __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 
 inline int32_t as_int(float f) { int32_t i; std::memcpy(&i, &f, 4); return i; }
 inline float as_float(int32_t i) { float f; std::memcpy(&f, &i, 4); return f; }
