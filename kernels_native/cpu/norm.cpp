@@ -3,7 +3,8 @@
 //
 // Shapes: N rows (tokens), C channels. x, y, h, dy, dx, dh: [N, C] in one storage dtype T
 // (f32, bf16 or f16); w: [C] in any of those; rstd: [N] f32; dw: [C], f32 or w's dtype.
-// Attrs: eps (1e-6), weight_offset (0; Gemma's `1 + w` is weight_offset = 1), accumulate (bwd).
+// Attrs: eps (forward, 1e-6); weight_offset (0; Gemma's `1 + w` is weight_offset = 1; give the
+// backward the forward's value); accumulate (backward, dw only).
 //
 // Forward, one row, in f32 (o = weight_offset):
 //   rstd = 1 / sqrt(sum_j x_j^2 / C + eps)
@@ -14,6 +15,8 @@
 // multiplies by `1 + w.float()` in f32 and rounds once. For T = f32 both are the same formula.
 // With those orders our bf16 output equals HF's bit for bit except where rstd differs in its
 // last f32 bit (a different summation order of sum x^2) and that flips a bf16 rounding.
+// Sums run over 16 fixed lanes, so they do not depend on the thread count; the FMA of the
+// x86-64-v3/v4 builds may move rstd by one bit against the baseline build.
 // (OLMo-2 style, offset 0 with a single rounding, is not offered: the offset picks the order.)
 //
 // add_rmsnorm_fwd: h_j = T(x_j + residual_j), then the rows of h are normalized as above.
