@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from sgtest.ops import as_dtype, assert_close, f32, finite_difference, run_op, sample_indices
+from surogate import _native
 from surogate.errors import DTypeError, InvalidArgumentError, ShapeError
 
 
@@ -109,3 +110,17 @@ def test_shape_and_dtype_errors_name_the_op():
         run_op("embedding_bwd", [ids, dy[:, :4].copy()], [((5, 8), "float32")])
     with pytest.raises(DTypeError, match="embedding_bwd.*dtable"):
         run_op("embedding_bwd", [ids, as_dtype(dy, "bfloat16")], [((5, 8), "float16")])
+
+
+def test_embedding_bwd_is_bitwise_independent_of_thread_count():
+    n, v, c = 1000, 20, 600
+    ids, _, dy = case(n, v, c, "float32", seed=6)
+    before = _native.num_threads()
+    try:
+        results = []
+        for threads in (1, 3):
+            _native.set_num_threads(threads)
+            results.append(run_op("embedding_bwd", [ids, dy], [((v, c), "float32")])[0])
+    finally:
+        _native.set_num_threads(before)
+    assert np.array_equal(results[0], results[1])

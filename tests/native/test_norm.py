@@ -249,3 +249,18 @@ def test_errors_name_the_op():
         run_op("add_rmsnorm_fwd", [x, x[:2].copy(), w], [((4, 8), "float32")] * 2 + [((4,), "float32")])
     with pytest.raises(InvalidArgumentError, match="add_rmsnorm_bwd"):
         _native.call_op("add_rmsnorm_bwd", [dy, None, None, w, rstd], [np.zeros((4, 8), np.float32), None], {})
+
+
+def test_backward_is_bitwise_independent_of_thread_count():
+    n, c = 1000, 300
+    x, w, dy = inputs(n, c, "float32", seed=10)
+    _, rstd = fwd(x, w)
+    before = _native.num_threads()
+    try:
+        results = []
+        for threads in (1, 3):
+            _native.set_num_threads(threads)
+            results.append(bwd(dy, x, w, rstd))
+    finally:
+        _native.set_num_threads(before)
+    assert all(np.array_equal(a, b) for a, b in zip(*results))
