@@ -100,7 +100,7 @@ def test_lora_grads_match_peft(checkpoint, key):
     for name, p in pm.named_parameters():
         if "lora_" in name:
             # base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight
-            inner = name.split("model.model.", 1)[1].replace(".default.weight", "")
+            inner = name.removeprefix("base_model.model.model.").replace(".default.weight", "")
             lora_params[inner] = p.detach().numpy().copy()
     ids = tokens(ours.spec.vocab_size, 19, seed=2)
     loss, grads = ours.loss_and_grads(ids, lora=LoRAConfig(rank=4, alpha=8, targets=tuple(targets)),
@@ -109,7 +109,7 @@ def test_lora_grads_match_peft(checkpoint, key):
     out = pm(input_ids=t, labels=t)
     out.loss.backward()
     assert loss == pytest.approx(out.loss.item(), rel=1e-5)
-    ref_grads = {name.split("model.model.", 1)[1].replace(".default.weight", ""): p.grad.numpy()
+    ref_grads = {name.removeprefix("base_model.model.model.").replace(".default.weight", ""): p.grad.numpy()
                  for name, p in pm.named_parameters() if "lora_" in name}
     assert set(grads) == set(ref_grads)
     for name, g in grads.items():
