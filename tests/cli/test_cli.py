@@ -19,13 +19,12 @@ NOT_BUILT = {
     "dpo": ["dpo", "config.yaml"],
     "grpo": ["grpo", "config.yaml"],
     "distill": ["distill", "config.yaml"],
-    "merge": ["merge", "adapter/", "merged/"],
     "quantize": ["quantize", "some/model", "model.gguf", "--type", "Q4_K_M"],
     "tui": ["tui"],
     "models": ["models"],
     "bench": ["bench"],
 }
-COMMANDS = [*NOT_BUILT, "doctor"]
+COMMANDS = [*NOT_BUILT, "doctor", "merge"]
 
 
 def run(*args: str, code: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:
