@@ -317,24 +317,24 @@ def _value_at(data: Any, path: str) -> Any:
 
 
 def _describe(info) -> str:
-    I = msgspec.inspect
+    T = msgspec.inspect
     if info is None:
         return "a value"
-    if isinstance(info, I.UnionType):
+    if isinstance(info, T.UnionType):
         return " or ".join(_describe(t) for t in info.types)
-    if isinstance(info, I.LiteralType):
+    if isinstance(info, T.LiteralType):
         return "one of: " + ", ".join(map(str, info.values))
-    if isinstance(info, I.ListType):
+    if isinstance(info, T.ListType):
         item = info.item_type
-        if isinstance(item, I.LiteralType):
+        if isinstance(item, T.LiteralType):
             return f"a list of values, each {_describe(item)}"
-        if isinstance(item, I.StructType):
+        if isinstance(item, T.StructType):
             return f"a list of mappings (keys: {', '.join(f.name for f in item.fields)})"
         return f"a list of {_describe(item).removeprefix('a ').removeprefix('an ')}s"
-    if isinstance(info, I.StructType):
+    if isinstance(info, T.StructType):
         return f"a mapping (keys: {', '.join(f.name for f in info.fields)})"
-    return {I.IntType: "an integer", I.FloatType: "a number", I.BoolType: "true or false", I.StrType: "a string",
-            I.NoneType: "null"}.get(type(info), type(info).__name__)
+    return {T.IntType: "an integer", T.FloatType: "a number", T.BoolType: "true or false", T.StrType: "a string",
+            T.NoneType: "null"}.get(type(info), type(info).__name__)
 
 
 def _yaml_type(value: Any) -> str:

@@ -56,7 +56,9 @@ def test_defaults() -> None:
     assert (c.train_on, c.skip_bad_rows, c.merge_adapter) == ("assistant", False, False)
     assert c.eval_split_ratio == 0.1
     d = c.datasets[0]
-    assert (d.type, d.split, d.subset, d.samples, d.text_field, d.train_on) == ("auto", "train", None, None, "text", None)
+    assert (d.type, d.split, d.subset, d.samples, d.train_on) == ("auto", "train", None, None, None)
+    fields = (d.messages_field, d.text_field, d.instruction_field, d.output_field)
+    assert fields == (None, "text", "instruction", "output")
 
 
 def test_yaml_file_with_floats_written_without_a_dot(tmp_path: Path) -> None:
