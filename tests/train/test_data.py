@@ -28,7 +28,7 @@ CHAT = [{"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Hello world!"},
         {"role": "assistant", "content": "Hello! What is the weather like today?"},
         {"role": "user", "content": "What is 12 + 30?"},
-        {"role": "assistant", "content": "The answer is 42."}]
+        {"role": "assistant", "content": "The answer is 42 🙂 (中文字符)."}]
 
 
 def style(tokenizer) -> str:
@@ -108,8 +108,9 @@ def test_folder_split_and_subset(tmp_path: Path) -> None:
     plain.mkdir()
     write_jsonl(plain / "a.jsonl", [{"text": "x"}])
     assert len(resolve_files(DatasetConfig(path=str(plain)))) == 1  # no split names: all files are train
-    with pytest.raises(NotFoundError):
-        resolve_files(DatasetConfig(path=str(tmp_path / "missing.jsonl")))
+    for missing in (str(tmp_path / "missing.jsonl"), "data/missing.jsonl"):  # never looked up on the hub
+        with pytest.raises(NotFoundError, match="dataset not found"):
+            resolve_files(DatasetConfig(path=missing))
 
 
 def test_malformed_rows_name_file_and_line(tmp_path: Path, llama3) -> None:
@@ -139,6 +140,15 @@ def test_missing_field_hint_names_the_dataset_key(tmp_path: Path, llama3) -> Non
         build_datasets(config(tmp_path, [{"path": str(data), "type": "instruction"}]), llama3)
     assert "line 1: no 'instruction' field (fields: prompt, text)" in info.value.message
     assert "datasets[0].instruction_field" in info.value.hint
+
+
+def test_csv_row_with_too_many_fields(tmp_path: Path) -> None:
+    (tmp_path / "d.csv").write_text("text\nfine\n\"a\",b\n")
+    with pytest.raises(FileFormatError, match=r"d.csv line 3: has more fields than the header's 1"):
+        list(read_rows([tmp_path / "d.csv"], RowErrors(False)))
+    skipping = RowErrors(True)
+    assert [r.record for r in read_rows([tmp_path / "d.csv"], skipping)] == [{"text": "fine"}]
+    assert skipping.count == 1
 
 
 def test_skip_bad_rows_counts_them(tmp_path: Path, llama3) -> None:
@@ -216,7 +226,7 @@ def test_qwen3_template_is_not_prefix_stable_and_masks_are_still_right(tokenizer
     assert not tok.apply_chat_template(CHAT, tokenize=False).startswith(prefix)
     encoded = ChatEncoder(tok).encode(Conversation(CHAT), "assistant")
     runs = trained_runs(tok, encoded)
-    assert runs == ["Hello! What is the weather like today?<|im_end|>", "The answer is 42.<|im_end|>"]
+    assert runs == ["Hello! What is the weather like today?<|im_end|>", "The answer is 42 🙂 (中文字符).<|im_end|>"]
 
 
 def test_reasoning_in_the_last_turn_is_trained_on(tokenizers_by_style) -> None:

@@ -56,7 +56,8 @@ def resolve_files(dataset: DatasetConfig) -> list[Path]:
     """The local files holding a dataset's rows; a hub id is downloaded (or found in the HF cache) first."""
     path = Path(dataset.path).expanduser()
     if not path.exists():
-        if not _REPO_ID.match(dataset.path) or dataset.path.startswith((".", "/", "~")):
+        if (not _REPO_ID.match(dataset.path) or dataset.path.startswith((".", "/", "~"))
+                or path.suffix.lower() in EXTENSIONS):
             raise NotFoundError(f"dataset not found: {dataset.path}",
                                 hint="give a local file or folder, or a Hugging Face dataset id (org/name)")
         path = _download(dataset.path)
