@@ -12,7 +12,7 @@ namespace surogate::cpu {
 
 namespace {
 
-constexpr int64_t kSerialMNK = int64_t{1} << 21;  // below: ~4 MFLOP, tens of microseconds on one core
+constexpr double kSerialMNK = 1 << 21;  // m*n*k below: ~4 MFLOP, tens of microseconds on one core
 std::mutex g_blas_threads_mu;
 
 }  // namespace
@@ -41,14 +41,15 @@ Status gemm_f32(const char* op, bool trans_a, bool trans_b, int64_t M, int64_t N
                       static_cast<blasint>(M), static_cast<blasint>(N), static_cast<blasint>(K), alpha, A,
                       static_cast<blasint>(lda), B, static_cast<blasint>(ldb), beta, C, static_cast<blasint>(ldc));
   };
-  if (M * N * K >= kSerialMNK) {
+  if (static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) >= kSerialMNK) {
     sgemm();
     return Status::OK();
   }
   // OpenBLAS threads every GEMM above m*n*k = 2^18; for one this small, waking its workers
-  // costs as much as the work, and far more when the cores are shared (a loaded CI runner:
-  // 0.4 ms became 130 ms for a 129 x 256 x 64 chunk). Run it on this thread. The thread count
-  // is process-wide: a large GEMM that another thread starts meanwhile runs single-threaded.
+  // costs as much as the work, and far more when the cores are shared (two busy shared cores:
+  // 0.4 ms became 130 ms for the chunks of a 97 x 1000 x 64 lm_head_ce_fwd). Run it on this
+  // thread. The thread count is process-wide: a large GEMM that another thread starts
+  // meanwhile runs single-threaded.
   std::lock_guard<std::mutex> lock(g_blas_threads_mu);
   const int threads = scipy_openblas_get_num_threads();
   if (threads > 1) scipy_openblas_set_num_threads(1);

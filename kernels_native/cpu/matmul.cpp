@@ -8,6 +8,7 @@
 // (rows of op(A), columns of op(B), at most kPanelElems elements each), multiplied with sgemm and
 // rounded once into C. Any mix of f32 / bf16 / f16 is accepted, so bf16 inputs can accumulate
 // into an f32 C (beta = 1) for gradient accumulation. beta == 0 ignores C's old contents.
+// C must not overlap A, B or bias.
 #include <algorithm>
 #include <vector>
 
