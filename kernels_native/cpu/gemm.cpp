@@ -6,8 +6,16 @@
 
 #include <climits>
 #include <cstring>
+#include <mutex>
 
 namespace surogate::cpu {
+
+namespace {
+
+constexpr double kSerialMNK = 1 << 21;  // m*n*k below: ~4 MFLOP, tens of microseconds on one core
+std::mutex g_blas_threads_mu;
+
+}  // namespace
 
 Status gemm_f32(const char* op, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                 const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
@@ -28,9 +36,25 @@ Status gemm_f32(const char* op, bool trans_a, bool trans_b, int64_t M, int64_t N
     }
     return Status::OK();
   }
-  scipy_cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-                    static_cast<blasint>(M), static_cast<blasint>(N), static_cast<blasint>(K), alpha, A,
-                    static_cast<blasint>(lda), B, static_cast<blasint>(ldb), beta, C, static_cast<blasint>(ldc));
+  auto sgemm = [&] {
+    scipy_cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+                      static_cast<blasint>(M), static_cast<blasint>(N), static_cast<blasint>(K), alpha, A,
+                      static_cast<blasint>(lda), B, static_cast<blasint>(ldb), beta, C, static_cast<blasint>(ldc));
+  };
+  if (static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) >= kSerialMNK) {
+    sgemm();
+    return Status::OK();
+  }
+  // OpenBLAS threads every GEMM above m*n*k = 2^18; for one this small, waking its workers
+  // costs as much as the work, and far more when the cores are shared (two busy shared cores:
+  // 0.4 ms became 130 ms for the chunks of a 97 x 1000 x 64 lm_head_ce_fwd). Run it on this
+  // thread. The thread count is process-wide: a large GEMM that another thread starts
+  // meanwhile runs single-threaded.
+  std::lock_guard<std::mutex> lock(g_blas_threads_mu);
+  const int threads = scipy_openblas_get_num_threads();
+  if (threads > 1) scipy_openblas_set_num_threads(1);
+  sgemm();
+  if (threads > 1) scipy_openblas_set_num_threads(threads);
   return Status::OK();
 }
 

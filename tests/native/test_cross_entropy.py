@@ -16,6 +16,16 @@ from surogate.errors import InvalidArgumentError, ShapeError
 IGNORE = -100
 
 
+@pytest.fixture(autouse=True, scope="module")
+def torch_single_thread():
+    # The float64 references are tiny; torch's thread pool only adds wake-ups to them (hundreds
+    # of milliseconds each when the cores are shared).
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def make_case(N, C, V, dtype="float32", seed=0, ignore_every=4, scale=1.0):
     rng = np.random.default_rng(seed)
     h = as_dtype(scale * rng.standard_normal((N, C)), dtype)
