@@ -62,8 +62,10 @@ Status check_matmul(const OpArgs& a, bool ta, bool tb, Dims* d) {
   const Tensor& C = a.out(0);
   for (auto [name, t] : {std::pair<const char*, const Tensor*>{"A", &A}, {"B", &B}, {"C", &C}}) {
     SG_RETURN_IF_ERROR(check_dtype("matmul", name, *t, {DType::kF32, DType::kBF16, DType::kF16}));
-    // numpy hands empty arrays over with zero strides, which is_contiguous rejects
-    if (t->numel() > 0) SG_RETURN_IF_ERROR(check_contiguous("matmul", name, *t));
+    // 2-D operands may be row-strided (a column slice of a wider matrix: LoRA on a fused
+    // projection); anything else must be contiguous. Empty arrays pass (numpy: zero strides).
+    const bool row_strided = t->ndim == 2 && t->strides[1] == 1 && t->strides[0] >= t->shape[1];
+    if (t->numel() > 0 && !row_strided) SG_RETURN_IF_ERROR(check_contiguous("matmul", name, *t));
   }
   SG_CHECK_SHAPE(A.ndim == 2 || (A.ndim == 3 && !ta),
                  str_cat("matmul: A must be 2-D [M, K] (or 3-D [B, T, K] without trans_a), got ", A.describe(),
@@ -114,16 +116,19 @@ Status matmul(const OpArgs& a) {
     bias = bias_buf.ptr<float>();
   }
 
+  // Row strides in elements (the leading dimensions BLAS takes).
+  const int64_t sa = A.ndim == 2 ? A.strides[0] : K;
+  const int64_t sb = B.strides[0];
+  const int64_t sc = C.ndim == 2 ? C.strides[0] : N;
   const bool wide_a = A.dtype == DType::kF32, wide_b = B.dtype == DType::kF32, wide_c = C.dtype == DType::kF32;
   if (wide_a && wide_b && wide_c) {
     float* c = C.ptr<float>();
     float gemm_beta = beta;
     if (bias) {
-      prefill_rows(c, N, M, N, beta, bias);
+      prefill_rows(c, sc, M, N, beta, bias);
       gemm_beta = 1.0f;
     }
-    return gemm_f32("matmul", ta, tb, M, N, K, alpha, A.ptr<float>(), ta ? M : K, B.ptr<float>(), tb ? K : N,
-                    gemm_beta, c, N);
+    return gemm_f32("matmul", ta, tb, M, N, K, alpha, A.ptr<float>(), sa, B.ptr<float>(), sb, gemm_beta, c, sc);
   }
 
   // Panels: nb columns of op(B) and mb rows of op(A) at a time, each widened only if not f32.
@@ -138,7 +143,7 @@ Status matmul(const OpArgs& a) {
 
   float gemm_beta = beta;
   if (wide_c && bias) {
-    prefill_rows(C.ptr<float>(), N, M, N, beta, bias);
+    prefill_rows(C.ptr<float>(), sc, M, N, beta, bias);
     gemm_beta = 1.0f;
   } else if (!wide_c) {
     gemm_beta = (beta != 0.0f || bias) ? 1.0f : 0.0f;  // the C panel is prefilled below
@@ -150,39 +155,39 @@ Status matmul(const OpArgs& a) {
     const float* bp;
     int64_t ldb;
     if (wide_b) {
-      bp = B.ptr<float>() + (tb ? n0 * K : n0);
-      ldb = tb ? K : N;
+      bp = B.ptr<float>() + (tb ? n0 * sb : n0);
+      ldb = sb;
     } else {
       bp = b_buf.ptr<float>();
       ldb = tb ? K : nn;
-      if (tb) widen_block(B.data, B.dtype, K, n0, 0, nn, K, b_buf.ptr<float>());
-      else widen_block(B.data, B.dtype, N, 0, n0, K, nn, b_buf.ptr<float>());
+      if (tb) widen_block(B.data, B.dtype, sb, n0, 0, nn, K, b_buf.ptr<float>());
+      else widen_block(B.data, B.dtype, sb, 0, n0, K, nn, b_buf.ptr<float>());
     }
     for (int64_t m0 = 0; m0 < M; m0 += mb) {
       const int64_t mm = std::min(mb, M - m0);
       const float* ap;
       int64_t lda;
       if (wide_a) {
-        ap = A.ptr<float>() + (ta ? m0 : m0 * K);
-        lda = ta ? M : K;
+        ap = A.ptr<float>() + (ta ? m0 : m0 * sa);
+        lda = sa;
       } else {
         ap = a_buf.ptr<float>();
         lda = ta ? mm : K;
-        if (ta) widen_block(A.data, A.dtype, M, 0, m0, K, mm, a_buf.ptr<float>());
-        else widen_block(A.data, A.dtype, K, m0, 0, mm, K, a_buf.ptr<float>());
+        if (ta) widen_block(A.data, A.dtype, sa, 0, m0, K, mm, a_buf.ptr<float>());
+        else widen_block(A.data, A.dtype, sa, m0, 0, mm, K, a_buf.ptr<float>());
       }
       if (wide_c) {
         SG_RETURN_IF_ERROR(
-            gemm_f32("matmul", ta, tb, mm, nn, K, alpha, ap, lda, bp, ldb, gemm_beta, C.ptr<float>() + m0 * N + n0, N));
+            gemm_f32("matmul", ta, tb, mm, nn, K, alpha, ap, lda, bp, ldb, gemm_beta, C.ptr<float>() + m0 * sc + n0, sc));
         continue;
       }
       float* cp = c_buf.ptr<float>();
-      if (beta != 0.0f) widen_block(C.data, C.dtype, N, m0, n0, mm, nn, cp);
+      if (beta != 0.0f) widen_block(C.data, C.dtype, sc, m0, n0, mm, nn, cp);
       if (beta != 0.0f || bias) prefill_rows(cp, nn, mm, nn, beta, bias ? bias + n0 : nullptr);
       SG_RETURN_IF_ERROR(gemm_f32("matmul", ta, tb, mm, nn, K, alpha, ap, lda, bp, ldb, gemm_beta, cp, nn));
       char* cdst = static_cast<char*>(C.data);
       parallel_for(0, mm, row_grain(nn), [&](int64_t lo, int64_t hi) {
-        for (int64_t i = lo; i < hi; ++i) from_f32(cp + i * nn, cdst + ((m0 + i) * N + n0) * c_es, C.dtype, nn);
+        for (int64_t i = lo; i < hi; ++i) from_f32(cp + i * nn, cdst + ((m0 + i) * sc + n0) * c_es, C.dtype, nn);
       });
     }
   }
