@@ -31,7 +31,7 @@ namespace surogate::cpu {
 
 namespace {
 
-constexpr int64_t kLogitsElems = int64_t{1} << 20;  // logits scratch per row block: 4 MiB of f32
+constexpr int64_t kLogitsElems = int64_t{1} << 21;  // logits per row block: 8 MiB of f32, 512 rows at chunk 4096
 constexpr int64_t kMinRows = 16;
 constexpr int64_t kGrainElems = 1 << 16;  // elements per parallel_for task: >= ~10 us, well above a wake-up
 constexpr int kLanes = 16;  // independent accumulators: reductions vectorize without reassociation
