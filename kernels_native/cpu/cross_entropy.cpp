@@ -18,6 +18,9 @@
 // Loop order: vocab chunks outside, row blocks inside. Each W chunk is widened to f32 once,
 // the online-logsumexp state is O(N) and h blocks are re-widened per chunk, which costs
 // C element copies per row against 2 * chunk * C GEMM flops.
+//
+// Just over 400 lines: forward and backward stay together, as they share the row kernels
+// (exp, tanh, online logsumexp), the argument checks and the operand widening.
 #include <algorithm>
 #include <bit>
 #include <cmath>
