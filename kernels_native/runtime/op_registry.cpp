@@ -65,9 +65,14 @@ Status check_op_args(const OpDef& def, const Tensor* in, int n_in, const Tensor*
 
 Status OpRegistry::call(const std::string& name, const std::vector<Tensor>& inputs,
                         const std::vector<Tensor>& outputs, const Attrs& attrs) const {
+  // The op runs where its tensors are: the first present input, else the first output.
   DeviceType backend = DeviceType::kCPU;
+  bool found = false;
   for (const auto& t : inputs) {
-    if (t.data) { backend = t.device.type; break; }
+    if (t.data) { backend = t.device.type; found = true; break; }
+  }
+  for (size_t i = 0; !found && i < outputs.size(); ++i) {
+    if (outputs[i].data) { backend = outputs[i].device.type; found = true; }
   }
   const OpDef* def = find(name, backend);
   SG_CHECK(def, StatusCode::kNotFound, str_cat("no op '", name, "' for ", Device{backend, 0}.to_string()),

@@ -110,10 +110,12 @@ def test_f32_to_narrow_matches_torch(name):
     ours, theirs = cast(X32, NARROW[name][0]), torch_cast(X32, name)
     bad = mismatches(ours, theirs)
     if name == "float8_e4m3fn":
-        # The one documented disagreement: torch saturates overflow, OCP (and we) give NaN.
+        # Overflow: OCP's non-saturating mode (and we) give NaN. torch's CPU cast saturates to
+        # +-448 in 2.13 but gives NaN in 2.11 (the GPU box): accept either from torch.
         overflow = np.abs(X32.astype(np.float64)) > 464
         assert np.isnan(ours[overflow].astype(np.float32)).all()
-        assert (np.abs(theirs[overflow & ~np.isnan(X32)].astype(np.float32)) == 448).all()
+        t = np.abs(theirs[overflow & ~np.isnan(X32)].astype(np.float32))
+        assert ((t == 448) | np.isnan(t)).all()
         bad &= ~overflow
     assert_same(ours[bad], theirs[bad], X32[bad], f"float32 -> {name} vs torch")
 
