@@ -31,6 +31,7 @@
 #include "core/cpu_features.h"
 #include "core/gguf_types.h"
 #include "cpu/common.h"
+#include "cpu/gguf_dot.h"
 
 namespace surogate::cpu {
 
@@ -39,7 +40,6 @@ using gguf::GgmlType;
 namespace {
 
 constexpr int kChunk = 256;               // weights decoded at a time (one K super-block)
-constexpr int64_t kMaxDotRows = 8;        // N at or below which the integer dot path runs
 constexpr int64_t kPanelBytes = 2 << 20;   // f32 weight panel on the sgemm path
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -280,14 +280,14 @@ bool dot_type(GgmlType t, DotType* out) {
 
 // ---- activations -------------------------------------------------------------------------------
 
-// x rows quantized for the dot: q [N, K] int8, d [N, K/32] (group scale), s16 [N, K/16]
-// (group scale times the sum of the 16 quants: what a min multiplies).
-struct QuantizedX {
+// Storage behind a QuantizedX (cpu/gguf_dot.h).
+struct QuantizedXBuffers {
   std::vector<int8_t> q;
-  std::vector<float> d, s16;
+  std::vector<float> d, s16, s32;
+  QuantizedX view(int64_t K) const { return {q.data(), d.data(), s16.data(), s32.data(), K}; }
 };
 
-void quantize_x_row(const float* x, int64_t K, int8_t* q, float* d, float* s16) {
+void quantize_x_row(const float* x, int64_t K, int8_t* q, float* d, float* s16, float* s32) {
   for (int64_t g = 0; g < K / 32; ++g) {
     const float* xg = x + 32 * g;
     float amax = 0;
@@ -303,6 +303,7 @@ void quantize_x_row(const float* x, int64_t K, int8_t* q, float* d, float* s16) 
     d[g] = dg;
     s16[2 * g] = dg * static_cast<float>(sum[0]);
     s16[2 * g + 1] = dg * static_cast<float>(sum[1]);
+    s32[g] = dg * static_cast<float>(sum[0] + sum[1]);
   }
 }
 
@@ -387,9 +388,30 @@ void dot_path(const DotType& dt, int block_size, int type_size, const uint8_t* W
       for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
         const int n = static_cast<int>(std::min<int64_t>(kChunk, K - k0));
         dt.unpack(wrow + k0 / block_size * type_size, n, &chunk);
-        dot(chunk, n / 32, dt.has_min, xq.q.data() + k0, xq.d.data() + k0 / 32, xq.s16.data() + k0 / 16, K, N, acc);
+        dot(chunk, n / 32, dt.has_min, xq.q + k0, xq.d + k0 / 32, xq.s16 + k0 / 16, K, N, acc);
       }
       for (int64_t i = 0; i < N; ++i) y[i * M + m] = store<Ty>(acc[i]);
+    }
+  });
+}
+
+// The AVX2 kernels of cpu/gguf_dot_avx2.cpp, split over output rows.
+template <typename Ty>
+void dot_path_avx2(GgmlType t, const uint8_t* W, int64_t row_bytes, const QuantizedX& xq, int64_t N, int64_t K,
+                   int64_t M, Ty* y) {
+  const int64_t grain = std::max<int64_t>(4, (1 << 16) / K);
+  parallel_for(0, M, grain, [&](int64_t lo, int64_t hi) {
+    if constexpr (std::is_same_v<Ty, float>) {
+      dot_avx2_rows(t, W, row_bytes, xq, N, lo, hi, y, M);
+    } else {
+      for (int64_t m0 = lo; m0 < hi; m0 += 64) {  // f32 results of 64 rows, then rounded into y
+        const int64_t p = std::min<int64_t>(64, hi - m0);
+        float buf[kMaxDotRows * 64];
+        dot_avx2_rows(t, W + m0 * row_bytes, row_bytes, xq, N, 0, p, buf, 64);
+        for (int64_t i = 0; i < N; ++i) {
+          for (int64_t r = 0; r < p; ++r) y[i * M + m0 + r] = store<Ty>(buf[i * 64 + r]);
+        }
+      }
     }
   });
 }
@@ -401,6 +423,7 @@ template <typename Ty>
 Status sgemm_path(GgmlType t, const uint8_t* W, int64_t row_bytes, const float* x, int64_t N, int64_t K, int64_t M,
                   Ty* y) {
   constexpr bool kF32Out = std::is_same_v<Ty, float>;
+  const bool avx2 = dot_avx2_supported(t);
   const int64_t panel = std::min(M, std::max<int64_t>(16, kPanelBytes / (K * 4)));
   Tensor wf, yp;
   SG_RETURN_IF_ERROR(empty({panel * K}, DType::kF32, Device{}, &wf));
@@ -409,7 +432,11 @@ Status sgemm_path(GgmlType t, const uint8_t* W, int64_t row_bytes, const float* 
   for (int64_t m0 = 0; m0 < M; m0 += panel) {
     const int64_t p = std::min(panel, M - m0);
     parallel_for(0, p, std::max<int64_t>(1, (1 << 16) / K), [&](int64_t lo, int64_t hi) {
-      (void)gguf::dequantize_row(t, W + (m0 + lo) * row_bytes, w + lo * K, (hi - lo) * K);
+      if (avx2) {
+        decode_avx2(t, W + (m0 + lo) * row_bytes, w + lo * K, (hi - lo) * K);
+      } else {
+        (void)gguf::dequantize_row(t, W + (m0 + lo) * row_bytes, w + lo * K, (hi - lo) * K);
+      }
     });
     if constexpr (kF32Out) {
       scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, p, K, 1.0f, x, K, w, K, 0.0f, y + m0, M);
@@ -463,18 +490,26 @@ Status gguf_matmul(const OpArgs& a) {
   const uint8_t* W = Wq.ptr<uint8_t>();
 
   DotType dt;
-  if (N <= kMaxDotRows && K % 32 == 0 && dot_type(t, &dt)) {
-    QuantizedX xq;
-    xq.q.resize(N * K);
-    xq.d.resize(N * K / 32);
-    xq.s16.resize(N * K / 16);
+  const bool avx2 = dot_avx2_supported(t);
+  if (N <= kMaxDotRows && K % 32 == 0 && (avx2 || dot_type(t, &dt))) {
+    QuantizedXBuffers xb;
+    xb.q.resize(N * K);
+    xb.d.resize(N * K / 32);
+    xb.s16.resize(N * K / 16);
+    xb.s32.resize(N * K / 32);
     std::vector<float> row(K);
     for (int64_t i = 0; i < N; ++i) {
       SG_DISPATCH_FLOAT("gguf_matmul", x.dtype, Tx, to_f32(x.ptr<Tx>() + i * K, K, row.data()));
-      quantize_x_row(row.data(), K, xq.q.data() + i * K, xq.d.data() + i * K / 32, xq.s16.data() + i * K / 16);
+      quantize_x_row(row.data(), K, xb.q.data() + i * K, xb.d.data() + i * K / 32, xb.s16.data() + i * K / 16,
+                     xb.s32.data() + i * K / 32);
     }
-    SG_DISPATCH_FLOAT("gguf_matmul", y.dtype, Ty,
-                      dot_path(dt, info->block_size, info->type_size, W, row_bytes, xq, N, K, M, y.ptr<Ty>()));
+    const QuantizedX xq = xb.view(K);
+    if (avx2) {
+      SG_DISPATCH_FLOAT("gguf_matmul", y.dtype, Ty, dot_path_avx2(t, W, row_bytes, xq, N, K, M, y.ptr<Ty>()));
+    } else {
+      SG_DISPATCH_FLOAT("gguf_matmul", y.dtype, Ty,
+                        dot_path(dt, info->block_size, info->type_size, W, row_bytes, xq, N, K, M, y.ptr<Ty>()));
+    }
     return Status::OK();
   }
 

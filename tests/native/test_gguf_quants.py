@@ -6,6 +6,10 @@ accurate as llama.cpp's reference quantizers for the K types; gguf_matmul must m
 matmul of the gguf-py-decoded weight.
 """
 
+import os
+import subprocess
+import sys
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -210,7 +214,7 @@ def test_matmul_matches_float64_of_gguf_py_weights(name):
     for K, M in shapes:
         q = random_blocks(name, M, K, rng, finite=True, scale=0.02)
         w = reference_dequantize(q, name) if name not in ("F32", "F16", "BF16") else dequantize(q, name, K)
-        for N in (1, 3, 17, 64):
+        for N in (1, 3, 6, 17, 64):
             x = rng.standard_normal((N, K), dtype=np.float32)
             (y,) = run_op("gguf_matmul", [x, q], [((N, M), "float32")], type=int(T[name]))
             check_matmul(y, x, w)
@@ -234,6 +238,15 @@ def test_matmul_quantized_real_weights_decode_and_prefill_agree():
     (big,) = run_op("gguf_matmul", [x, q], [((16, 64), "float32")], type=int(T.Q6_K))
     (small,) = run_op("gguf_matmul", [x[:1], q], [((1, 64), "float32")], type=int(T.Q6_K))
     assert np.max(np.abs(small[0] - big[0])) < 1e-2 * np.abs(big[0]).max()
+
+
+def test_portable_path_without_avx2():
+    """The same decoding and matmul checks on the portable (non-AVX2) kernels."""
+    env = dict(os.environ, SUROGATE_GGUF_NO_AVX2="1")
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+            "bit_for_bit and not legacy or matmul_matches and (Q4_K or Q6_K or Q4_0 or Q5_1 or Q3_K or IQ4_XS)"]
+    r = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
 
 # ---- errors --------------------------------------------------------------------------------------
