@@ -7,7 +7,7 @@
 
 namespace surogate::cpu {
 
-constexpr int64_t kMaxDotRows = 16;  // N at or below which gguf_matmul takes the integer dot path
+constexpr int64_t kMaxDotRows = 32;  // N at or below which gguf_matmul takes the integer dot path
 
 // x[N, K] quantized for the dot: per 32 values a scale d = amax/127 and int8 q = round(x / d);
 // s16 / s32: d times the sum of each 16 / 32 quants (what a weight block's min multiplies).
@@ -26,6 +26,11 @@ bool dot_avx2_supported(gguf::GgmlType t);
 // of `row_bytes` raw blocks of type `t`.
 void dot_avx2_rows(gguf::GgmlType t, const uint8_t* W, int64_t row_bytes, const QuantizedX& x, int64_t N,
                    int64_t m_lo, int64_t m_hi, float* y, int64_t ldy);
+
+// The same on any CPU (cpu/gguf_dot_portable.cpp), for every type with a decoder.
+bool dot_portable_supported(gguf::GgmlType t);
+void dot_portable_rows(gguf::GgmlType t, const uint8_t* W, int64_t row_bytes, const QuantizedX& x, int64_t N,
+                       int64_t m_lo, int64_t m_hi, float* y, int64_t ldy);
 
 // n values (whole blocks) of type `t` to f32, equal to gguf::dequantize_row; only where
 // dot_avx2_supported(t).

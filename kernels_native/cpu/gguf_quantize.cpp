@@ -15,6 +15,7 @@
 //   - Q3_K: symmetric per 16 values, x^2-weighted least squares refined by coordinate descent
 //     on single quants (make_q3_quants), 6-bit scales.
 // Q8_K: llama.cpp's quantize_row_q8_K_ref (scale -max/127, bsums per 16).
+// Past 400 lines on purpose: the three scale searches are shared by the K quantizers below them.
 #include <algorithm>
 #include <cmath>
 
