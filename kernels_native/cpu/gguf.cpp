@@ -61,7 +61,7 @@ Status gguf_dequantize(const OpArgs& a) {
                                            " bytes, q ", q.shape_str(), " has ", q.size(1)));
   const uint8_t* src = q.ptr<uint8_t>();
   // The AVX2 decoders give the same bits as dequantize_row, faster.
-  const bool avx2 = dot_avx2_supported(t);
+  const bool avx2 = decode_avx2_supported(t);
   auto decode = [&](const uint8_t* b, float* out, int64_t n) {
     if (avx2) {
       decode_avx2(t, b, out, n);

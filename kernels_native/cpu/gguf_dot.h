@@ -32,8 +32,9 @@ bool dot_portable_supported(gguf::GgmlType t);
 void dot_portable_rows(gguf::GgmlType t, const uint8_t* W, int64_t row_bytes, const QuantizedX& x, int64_t N,
                        int64_t m_lo, int64_t m_hi, float* y, int64_t ldy);
 
-// n values (whole blocks) of type `t` to f32, equal to gguf::dequantize_row; only where
-// dot_avx2_supported(t).
+// n values (whole blocks) of type `t` to f32, equal to gguf::dequantize_row (NaN payloads
+// aside); only where decode_avx2_supported(t): the quantized types and F16, BF16.
+bool decode_avx2_supported(gguf::GgmlType t);
 void decode_avx2(gguf::GgmlType t, const uint8_t* src, float* y, int64_t n);
 
 }  // namespace surogate::cpu

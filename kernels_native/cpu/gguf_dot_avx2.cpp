@@ -396,10 +396,28 @@ void decode_rows(const uint8_t* b, int64_t n_blocks, float* y) {
   for (int64_t i = 0; i < n_blocks; ++i) decode_block<D>(b + i * D::kBytes, y + i * D::kValues);
 }
 
+// Plain float types: F16 through F16C (exact), BF16 by a shift.
+void decode_f16(const uint8_t* b, int64_t n, float* y) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_cvtph_ps(load128(b + 2 * i)));
+  for (; i < n; ++i) y[i] = gguf::half_to_float(gguf::load_u16(b + 2 * i));
+}
+
+void decode_bf16(const uint8_t* b, int64_t n, float* y) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i v = _mm256_slli_epi32(_mm256_cvtepu16_epi32(load128(b + 2 * i)), 16);
+    _mm256_storeu_ps(y + i, _mm256_castsi256_ps(v));
+  }
+  for (; i < n; ++i) y[i] = bits_f32(static_cast<uint32_t>(gguf::load_u16(b + 2 * i)) << 16);
+}
+
 using DecodeFn = void (*)(const uint8_t*, int64_t, float*);
 
 DecodeFn decode_fn(GgmlType t) {
   switch (t) {
+    case GgmlType::F16: return decode_f16;
+    case GgmlType::BF16: return decode_bf16;
     case GgmlType::Q4_0: return decode_rows<DecQ4_0>;
     case GgmlType::Q4_1: return decode_rows<DecQ4_1>;
     case GgmlType::Q5_0: return decode_rows<DecQ5_0>;
@@ -453,14 +471,17 @@ RowsFn rows_fn(GgmlType t, int64_t n) {
 
 #pragma GCC pop_options
 
-bool dot_avx2_supported(GgmlType t) {
+bool avx2_enabled() {
   static const bool enabled = [] {
     const CpuFeatures& f = cpu_features();
     const char* off = std::getenv("SUROGATE_GGUF_NO_AVX2");  // debug switch: test the portable path
     return f.avx2 && f.fma && f.f16c && !(off && *off && *off != '0');
   }();
-  return enabled && rows_fn(t, 1) != nullptr;
+  return enabled;
 }
+
+bool dot_avx2_supported(GgmlType t) { return avx2_enabled() && rows_fn(t, 1) != nullptr; }
+bool decode_avx2_supported(GgmlType t) { return avx2_enabled() && decode_fn(t) != nullptr; }
 
 void decode_avx2(GgmlType t, const uint8_t* src, float* y, int64_t n) {
   const DecodeFn fn = decode_fn(t);
@@ -483,6 +504,7 @@ void dot_avx2_rows(GgmlType t, const uint8_t* W, int64_t row_bytes, const Quanti
 #else
 
 bool dot_avx2_supported(GgmlType) { return false; }
+bool decode_avx2_supported(GgmlType) { return false; }
 void decode_avx2(GgmlType, const uint8_t*, float*, int64_t) {}
 void dot_avx2_rows(GgmlType, const uint8_t*, int64_t, const QuantizedX&, int64_t, int64_t, int64_t, float*, int64_t) {}
 

@@ -22,6 +22,7 @@
 // F32 / F16 / BF16 weights always take the sgemm path (no int8 rounding of x for them).
 // Threads split the output rows M.
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <type_traits>
 #include <vector>
@@ -101,7 +102,14 @@ template <typename Ty>
 Status sgemm_path(GgmlType t, const uint8_t* W, int64_t row_bytes, const float* x, int64_t N, int64_t K, int64_t M,
                   Ty* y) {
   constexpr bool kF32Out = std::is_same_v<Ty, float>;
-  const bool avx2 = dot_avx2_supported(t);
+  if constexpr (kF32Out) {
+    if (t == GgmlType::F32) {  // nothing to decode
+      scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, M, K, 1.0f, x, K,
+                        reinterpret_cast<const float*>(W), K, 0.0f, y, M);
+      return Status::OK();
+    }
+  }
+  const bool avx2 = decode_avx2_supported(t);
   const int64_t panel = std::min(M, std::max<int64_t>(16, kPanelBytes / (K * 4)));
   Tensor wf, yp;
   SG_RETURN_IF_ERROR(empty({panel * K}, DType::kF32, Device{}, &wf));
@@ -164,6 +172,9 @@ Status gguf_matmul(const OpArgs& a) {
   SG_CHECK_SHAPE(y.size(0) == N && y.size(1) == M,
                  str_cat("gguf_matmul: y ", y.shape_str(), " should be [", N, ", ", M, "] for x ", x.shape_str(),
                          " and ", info->name, " Wq ", Wq.shape_str()));
+  SG_CHECK(N <= INT_MAX && M <= INT_MAX && K <= INT_MAX, StatusCode::kInvalidArgument,
+           str_cat("gguf_matmul: x ", x.shape_str(), " and Wq ", Wq.shape_str(), " have a size over 2^31 - 1"),
+           "the CPU backend's OpenBLAS uses 32-bit indices; split the operands");
   if (N == 0 || M == 0) return Status::OK();
   const uint8_t* W = Wq.ptr<uint8_t>();
 
