@@ -322,17 +322,20 @@ inline float hsum(__m256 v) {
 }
 
 // kN (1..4) rows of x against weight rows [m_lo, m_hi): the accumulators stay in registers.
+// kA accumulators per row, used round-robin over the groups of 32, so that few rows still
+// keep several FMA chains in flight (one chain waits ~4 cycles per group).
 template <class D, int kN>
 void rows(const uint8_t* W, int64_t row_bytes, const QuantizedX& x, int64_t m_lo, int64_t m_hi, float* y,
           int64_t ldy) {
   constexpr int64_t N = kN;
+  constexpr int kA = kN == 1 ? 4 : kN == 2 ? 2 : 1;
   const int64_t K = x.K, G = K / 32;
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t m = m_lo; m < m_hi; ++m) {
-    __m256 acc[kN];
+    __m256 acc[kN][kA];
     float macc[kN];
     for (int64_t n = 0; n < N; ++n) {
-      acc[n] = _mm256_setzero_ps();
+      for (int a = 0; a < kA; ++a) acc[n][a] = _mm256_setzero_ps();
       macc[n] = 0.0f;
     }
     const uint8_t* b = W + m * row_bytes;
@@ -343,26 +346,32 @@ void rows(const uint8_t* W, int64_t row_bytes, const QuantizedX& x, int64_t m_lo
         const __m256i w = dec.group(g);
         const __m256 s = dec.scale(g);
         const __m256i wu = D::kSigned ? _mm256_sign_epi8(w, w) : w;
+        const int a_i = static_cast<int>((g0 + g) % kA);
         for (int64_t n = 0; n < N; ++n) {
           __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + n * K + 32 * (g0 + g)));
           if constexpr (D::kSigned) a = _mm256_sign_epi8(a, w);
           const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(wu, a), ones));
-          acc[n] = _mm256_fmadd_ps(p, _mm256_mul_ps(s, _mm256_broadcast_ss(x.d + n * G + g0 + g)), acc[n]);
+          acc[n][a_i] = _mm256_fmadd_ps(p, _mm256_mul_ps(s, _mm256_broadcast_ss(x.d + n * G + g0 + g)), acc[n][a_i]);
         }
       }
+      const int a_m = static_cast<int>(g0 % kA);
       for (int64_t n = 0; n < N; ++n) {
         if constexpr (D::kMin == Min::kPer32) {
-          acc[n] = _mm256_fmadd_ps(_mm256_load_ps(dec.mn), _mm256_loadu_ps(x.s32 + n * G + g0), acc[n]);
+          acc[n][a_m] = _mm256_fmadd_ps(_mm256_load_ps(dec.mn), _mm256_loadu_ps(x.s32 + n * G + g0), acc[n][a_m]);
         } else if constexpr (D::kMin == Min::kPer16) {
           const float* s16 = x.s16 + n * 2 * G + 2 * g0;
-          acc[n] = _mm256_fmadd_ps(_mm256_load_ps(dec.mn), _mm256_loadu_ps(s16), acc[n]);
-          acc[n] = _mm256_fmadd_ps(_mm256_load_ps(dec.mn + 8), _mm256_loadu_ps(s16 + 8), acc[n]);
+          acc[n][a_m] = _mm256_fmadd_ps(_mm256_load_ps(dec.mn), _mm256_loadu_ps(s16), acc[n][a_m]);
+          acc[n][a_m] = _mm256_fmadd_ps(_mm256_load_ps(dec.mn + 8), _mm256_loadu_ps(s16 + 8), acc[n][a_m]);
         } else if constexpr (D::kMin == Min::kPerBlock) {
           macc[n] += dec.mn[0] * x.s32[n * G + g0];
         }
       }
     }
-    for (int64_t n = 0; n < N; ++n) y[n * ldy + m] = hsum(acc[n]) + macc[n];
+    for (int64_t n = 0; n < N; ++n) {
+      __m256 sum = acc[n][0];
+      for (int a = 1; a < kA; ++a) sum = _mm256_add_ps(sum, acc[n][a]);
+      y[n * ldy + m] = hsum(sum) + macc[n];
+    }
   }
 }
 

@@ -155,14 +155,17 @@ Status gguf_matmul(const OpArgs& a) {
   const gguf::TypeInfo* info = gguf::type_info(t);
   SG_CHECK_ARG(info, str_cat("gguf_matmul: unknown GGUF type id ", static_cast<int>(t)));
   SG_CHECK(info->dequantize, StatusCode::kUnsupported, str_cat("gguf_matmul: unsupported GGUF type ", info->name),
-           "dequantize the weight to f16/f32 at load time, or requantize it to a K type");
+           "supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q8_K, IQ4_NL, IQ4_XS; requantize the "
+           "weight to one of them");
   SG_RETURN_IF_ERROR(check_ndim("gguf_matmul", "x", x, 2));
   SG_RETURN_IF_ERROR(check_ndim("gguf_matmul", "Wq", Wq, 2));
   SG_RETURN_IF_ERROR(check_ndim("gguf_matmul", "y", y, 2));
   SG_RETURN_IF_ERROR(check_dtype("gguf_matmul", "Wq", Wq, {DType::kU8}));
   SG_RETURN_IF_ERROR(check_dtype("gguf_matmul", "x", x, {DType::kF32, DType::kBF16, DType::kF16}));
   SG_RETURN_IF_ERROR(check_dtype("gguf_matmul", "y", y, {DType::kF32, DType::kBF16, DType::kF16}));
-  for (const Tensor* p : {&x, &Wq, &y}) SG_RETURN_IF_ERROR(check_contiguous("gguf_matmul", "operand", *p));
+  SG_RETURN_IF_ERROR(check_contiguous("gguf_matmul", "x", x));
+  SG_RETURN_IF_ERROR(check_contiguous("gguf_matmul", "Wq", Wq));
+  SG_RETURN_IF_ERROR(check_contiguous("gguf_matmul", "y", y));
   const int64_t N = x.size(0), K = x.size(1), M = Wq.size(0);
   SG_CHECK_SHAPE(K % info->block_size == 0, str_cat("gguf_matmul: K = ", K, " is not a multiple of the ", info->name,
                                                     " block size ", info->block_size));
