@@ -39,7 +39,9 @@ using gguf::GgmlType;
 
 namespace {
 
-constexpr int64_t kPanelBytes = 2 << 20;  // f32 weight panel on the sgemm path
+// f32 weight panel on the sgemm path: 512 rows at K = 4096. Its size does not change the CPU time
+// (measured 2 vs 8 MiB); larger panels mean fewer handoffs between our pool and OpenBLAS's.
+constexpr int64_t kPanelBytes = 8 << 20;
 
 // ---- activations -------------------------------------------------------------------------------
 
