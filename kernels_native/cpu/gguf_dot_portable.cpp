@@ -2,8 +2,8 @@
 // for CPUs without AVX2 and as the plain statement of what cpu/gguf_dot_avx2.cpp computes.
 //
 // Each weight row is decoded 256 values at a time into a Chunk in L1: int8 quants, a scale per
-// 16 values (8 lanes per 32 as the AVX2 kernels lay them out) and, for types with a min, an
-// additive term per 16; value = scale * q + min. The chunk is dotted with every row of x.
+// 16 values and, for types with a min, an additive term per 16; value = scale * q + min. The
+// chunk is dotted with every row of x.
 #include <algorithm>
 #include <cstring>
 
@@ -26,20 +26,17 @@ constexpr int kChunk = 256;  // weights decoded at a time (one K super-block)
 
 // ---- weight chunks ---------------------------------------------------------------------------
 
-// Up to 256 weights of one row: value = sc * w + mn. sc has 8 lanes per 32 values (lanes 0-3
-// scale values 0-15, lanes 4-7 values 16-31: the int32 lanes of the AVX2 dot); mn one entry
-// per 16 values.
+// Up to 256 weights of one row: value = sc * w + mn, sc and mn one entry per 16 values.
 struct Chunk {
   alignas(32) int8_t w[kChunk];
-  alignas(32) float sc[kChunk / 4];
+  alignas(32) float sc[kChunk / 16];
   alignas(32) float mn[kChunk / 16];
 };
 
+// Scales of the 32 values of group g: s0 for values 0-15, s1 for 16-31.
 inline void set_scales(Chunk* c, int g, float s0, float s1) {
-  for (int l = 0; l < 4; ++l) {
-    c->sc[8 * g + l] = s0;
-    c->sc[8 * g + 4 + l] = s1;
-  }
+  c->sc[2 * g] = s0;
+  c->sc[2 * g + 1] = s1;
 }
 
 using Unpack = void (*)(const uint8_t* b, int n, Chunk* c);  // n: a multiple of the block size, <= 256
@@ -256,7 +253,7 @@ bool dot_type(GgmlType t, DotType* out) {
 // ---- the dot of one chunk with N quantized rows: out[n] += sum over the chunk -----------------
 
 void chunk_dot(const Chunk& c, int groups, bool has_min, const int8_t* xq, const float* xd, const float* xs16,
-                      int64_t K, int64_t N, float* out) {
+               int64_t K, int64_t N, float* out) {
   for (int64_t n = 0; n < N; ++n) {
     const int8_t* q = xq + n * K;
     float acc = 0;
@@ -266,7 +263,7 @@ void chunk_dot(const Chunk& c, int groups, bool has_min, const int8_t* xq, const
         s0 += c.w[32 * g + l] * q[32 * g + l];
         s1 += c.w[32 * g + 16 + l] * q[32 * g + 16 + l];
       }
-      acc += xd[n * (K / 32) + g] * (c.sc[8 * g] * static_cast<float>(s0) + c.sc[8 * g + 4] * static_cast<float>(s1));
+      acc += xd[n * (K / 32) + g] * (c.sc[2 * g] * static_cast<float>(s0) + c.sc[2 * g + 1] * static_cast<float>(s1));
     }
     if (has_min) {
       for (int h = 0; h < 2 * groups; ++h) acc += c.mn[h] * xs16[n * (K / 16) + h];
