@@ -27,6 +27,11 @@ bool dot_avx2_supported(gguf::GgmlType t);
 void dot_avx2_rows(gguf::GgmlType t, const uint8_t* W, int64_t row_bytes, const QuantizedX& x, int64_t N,
                    int64_t m_lo, int64_t m_hi, float* y, int64_t ldy);
 
+// F16 / BF16 weights against f32 x[N, K] (no rounding of x): the same contract, for small N.
+bool dot_float_avx2_supported(gguf::GgmlType t);
+void dot_float_avx2_rows(gguf::GgmlType t, const uint8_t* W, const float* x, int64_t K, int64_t N, int64_t m_lo,
+                         int64_t m_hi, float* y, int64_t ldy);
+
 // The same on any CPU (cpu/gguf_dot_portable.cpp), for every type with a decoder.
 bool dot_portable_supported(gguf::GgmlType t);
 void dot_portable_rows(gguf::GgmlType t, const uint8_t* W, int64_t row_bytes, const QuantizedX& x, int64_t N,

@@ -444,6 +444,50 @@ DecodeFn decode_fn(GgmlType t) {
   }
 }
 
+// ---- F16 / BF16 weights: f32 dot products, each 8 weights widened in a register ------------------
+
+inline __m256 widen8(const uint8_t* p, bool bf16) {
+  return bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(load128(p)), 16))
+              : _mm256_cvtph_ps(load128(p));
+}
+
+template <bool kBF16, int kN>
+void float_rows(const uint8_t* W, int64_t K, const float* x, int64_t m_lo, int64_t m_hi, float* y, int64_t ldy) {
+  for (int64_t m = m_lo; m < m_hi; ++m) {
+    const uint8_t* w = W + m * K * 2;
+    __m256 acc[kN][2];
+    for (int n = 0; n < kN; ++n) acc[n][0] = acc[n][1] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+      const __m256 w0 = widen8(w + 2 * k, kBF16), w1 = widen8(w + 2 * k + 16, kBF16);
+      for (int n = 0; n < kN; ++n) {
+        acc[n][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + n * K + k), acc[n][0]);
+        acc[n][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + n * K + k + 8), acc[n][1]);
+      }
+    }
+    for (int n = 0; n < kN; ++n) {
+      float tail = 0.0f;
+      for (int64_t j = k; j < K; ++j) {
+        const uint16_t h = gguf::load_u16(w + 2 * j);
+        tail += (kBF16 ? bits_f32(static_cast<uint32_t>(h) << 16) : gguf::half_to_float(h)) * x[n * K + j];
+      }
+      y[n * ldy + m] = hsum(_mm256_add_ps(acc[n][0], acc[n][1])) + tail;
+    }
+  }
+}
+
+using FloatRowsFn = void (*)(const uint8_t*, int64_t, const float*, int64_t, int64_t, float*, int64_t);
+
+template <bool kBF16>
+FloatRowsFn pick_float(int64_t n) {
+  switch (n) {
+    case 1: return float_rows<kBF16, 1>;
+    case 2: return float_rows<kBF16, 2>;
+    case 3: return float_rows<kBF16, 3>;
+    default: return float_rows<kBF16, 4>;
+  }
+}
+
 using RowsFn = void (*)(const uint8_t*, int64_t, const QuantizedX&, int64_t, int64_t, float*, int64_t);
 
 template <class D>
@@ -492,6 +536,19 @@ bool avx2_enabled() {
 bool dot_avx2_supported(GgmlType t) { return avx2_enabled() && rows_fn(t, 1) != nullptr; }
 bool decode_avx2_supported(GgmlType t) { return avx2_enabled() && decode_fn(t) != nullptr; }
 
+bool dot_float_avx2_supported(GgmlType t) {
+  return avx2_enabled() && (t == GgmlType::F16 || t == GgmlType::BF16);
+}
+
+void dot_float_avx2_rows(GgmlType t, const uint8_t* W, const float* x, int64_t K, int64_t N, int64_t m_lo, int64_t m_hi,
+                         float* y, int64_t ldy) {
+  for (int64_t n0 = 0; n0 < N; n0 += 4) {
+    const int64_t n = std::min<int64_t>(4, N - n0);
+    const FloatRowsFn fn = t == GgmlType::BF16 ? pick_float<true>(n) : pick_float<false>(n);
+    fn(W, K, x + n0 * K, m_lo, m_hi, y + n0 * ldy, ldy);
+  }
+}
+
 void decode_avx2(GgmlType t, const uint8_t* src, float* y, int64_t n) {
   const DecodeFn fn = decode_fn(t);
   const gguf::TypeInfo* info = gguf::type_info(t);
@@ -514,6 +571,8 @@ void dot_avx2_rows(GgmlType t, const uint8_t* W, int64_t row_bytes, const Quanti
 
 bool dot_avx2_supported(GgmlType) { return false; }
 bool decode_avx2_supported(GgmlType) { return false; }
+bool dot_float_avx2_supported(GgmlType) { return false; }
+void dot_float_avx2_rows(GgmlType, const uint8_t*, const float*, int64_t, int64_t, int64_t, int64_t, float*, int64_t) {}
 void decode_avx2(GgmlType, const uint8_t*, float*, int64_t) {}
 void dot_avx2_rows(GgmlType, const uint8_t*, int64_t, const QuantizedX&, int64_t, int64_t, int64_t, float*, int64_t) {}
 

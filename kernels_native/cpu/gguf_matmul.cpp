@@ -19,7 +19,8 @@
 // Why 32: on a Zen 4 core at K = M = 2048 the integer path costs ~0.11 ms per row of x and
 // the sgemm path ~0.5 ms + 0.12 ms per row (OpenBLAS is slow for few rows): they meet near
 // N = 64. A CPU with a faster sgemm moves that down; 32 keeps prefill chunks exact f32.
-// F32 / F16 / BF16 weights always take the sgemm path (no int8 rounding of x for them).
+// F16 / BF16 weights never round x: few rows take f32 FMA dot products on the 16-bit weights
+// widened in registers (AVX2), more rows the sgemm path; F32 weights go to sgemm as they are.
 // Threads split the output rows M.
 #include <algorithm>
 #include <climits>
@@ -89,6 +90,27 @@ void dot_path(GgmlType t, bool avx2, const uint8_t* W, int64_t row_bytes, const 
       for (int64_t m0 = lo; m0 < hi; m0 += kRows) {
         const int64_t p = std::min(kRows, hi - m0);
         rows(t, W + m0 * row_bytes, row_bytes, xq, N, 0, p, buf, kRows);
+        for (int64_t i = 0; i < N; ++i) {
+          for (int64_t r = 0; r < p; ++r) y[i * M + m0 + r] = store<Ty>(buf[i * kRows + r]);
+        }
+      }
+    }
+  });
+}
+
+// F16 / BF16 weights and few rows of x: f32 dot products straight from the 16-bit weights.
+template <typename Ty>
+void float_dot_path(GgmlType t, const uint8_t* W, const float* x, int64_t N, int64_t K, int64_t M, Ty* y) {
+  const int64_t grain = std::max<int64_t>(4, (1 << 16) / K);
+  parallel_for(0, M, grain, [&](int64_t lo, int64_t hi) {
+    if constexpr (std::is_same_v<Ty, float>) {
+      dot_float_avx2_rows(t, W, x, K, N, lo, hi, y, M);
+    } else {
+      constexpr int64_t kRows = 16;
+      float buf[kMaxDotRows * kRows];
+      for (int64_t m0 = lo; m0 < hi; m0 += kRows) {
+        const int64_t p = std::min(kRows, hi - m0);
+        dot_float_avx2_rows(t, W + m0 * K * 2, x, K, N, 0, p, buf, kRows);
         for (int64_t i = 0; i < N; ++i) {
           for (int64_t r = 0; r < p; ++r) y[i * M + m0 + r] = store<Ty>(buf[i * kRows + r]);
         }
@@ -206,6 +228,10 @@ Status gguf_matmul(const OpArgs& a) {
     SG_RETURN_IF_ERROR(empty({N * K}, DType::kF32, Device{}, &xf));
     SG_DISPATCH_FLOAT("gguf_matmul", x.dtype, Tx, to_f32(x.ptr<Tx>(), N * K, xf.ptr<float>()));
     xp = xf.ptr<float>();
+  }
+  if (N <= kMaxDotRows && dot_float_avx2_supported(t)) {  // F16 / BF16 weights, few rows: f32 FMA
+    SG_DISPATCH_FLOAT("gguf_matmul", y.dtype, Ty, float_dot_path(t, W, xp, N, K, M, y.ptr<Ty>()));
+    return Status::OK();
   }
   SG_DISPATCH_FLOAT("gguf_matmul", y.dtype, Ty,
                     SG_RETURN_IF_ERROR(sgemm_path(t, W, row_bytes, xp, N, K, M, y.ptr<Ty>())));
