@@ -8,8 +8,9 @@
 // book) use |w| and sign(x, w). The 32 quants are decoded once and dotted with all N rows.
 //
 // Compiled for AVX2+FMA+F16C only; dot_avx2_supported() checks the CPU at run time.
-// Past 400 lines on purpose: thirteen small decoders and the two loops that use them (the dot
-// and the exact f32 decode) read best side by side, one block layout per struct.
+// Also here: the exact f32 decode of whole blocks (sgemm panels, gguf_dequantize) and f32 dot
+// products for F16 / BF16 weights. Past 400 lines on purpose: thirteen small decoders and the
+// loops that use them read best side by side, one block layout per struct.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
