@@ -311,7 +311,8 @@ Status read_config(const char* op, const OpArgs& a, const Tensor& q, const Tenso
 // Each direction first copies the operands its inner loop re-reads into f32, in layouts where a
 // tile is one contiguous block the micro-kernel reads in place: bf16 / f16 are converted once,
 // not once per tile pair, and no tile is gathered from rows Hq * D apart.
-//   forward:  K^T tiles [Hkv][tile][D][kBlockK] (a tile: kBlockK keys of one document), V [Hkv][N][D]
+//   forward:  K and V [Hkv][N][D]; K is stored by key tile (kBlockK keys of one document, fewer
+//             at its end) as that tile's K^T [D][nk], so the tiles pack into N rows exactly
 //   backward: scale * Q and dO [Hkv][N][G][D] (the G query heads of a kv head, token after token),
 //             lse and Delta [Hkv][N][G], dQ accumulators [chunk][Hkv][N][G][D]
 // The price is scratch the size of k and v (forward) or a few times q (backward).
@@ -325,34 +326,27 @@ struct Scratch {
   Scratch& operator=(const Scratch&) = delete;
 };
 
-// The key blocks of all documents, numbered document after document.
-struct KeyBlocks {
-  std::vector<int64_t> first;                       // [S + 1]: number of document s's block 0
-  std::vector<std::pair<int64_t, int64_t>> blocks;  // (document, block within it)
-};
-
-KeyBlocks key_blocks(const AttnConfig& c, const int32_t* cu) {
-  KeyBlocks kb;
-  kb.first.push_back(0);
+// The key tiles of all documents: (document, tile within it).
+std::vector<std::pair<int64_t, int64_t>> key_tiles(const AttnConfig& c, const int32_t* cu) {
+  std::vector<std::pair<int64_t, int64_t>> tiles;
   for (int64_t s = 0; s < c.S; ++s) {
-    const int64_t nb = (cu[s + 1] - cu[s] + kBlockK - 1) / kBlockK;
-    for (int64_t b = 0; b < nb; ++b) kb.blocks.emplace_back(s, b);
-    kb.first.push_back(kb.first.back() + nb);
+    for (int64_t b = 0; b * kBlockK < cu[s + 1] - cu[s]; ++b) tiles.emplace_back(s, b);
   }
-  return kb;
+  return tiles;
 }
 
-// Tokens [tok, tok + n) of kv head h as rows [n][D] and/or columns [D][kBlockK] (K^T, V^T: the
-// B operand of Q K^T and dO V^T).
+// Tokens [tok, tok + n) of kv head h as rows [n][D] and/or columns [D][ld] (K^T, V^T: the B
+// operand of Q K^T and dO V^T).
 template <typename T>
-void load_kv(const T* x, int64_t H, int64_t D, int64_t tok, int64_t n, int64_t h, float* rows, float* cols) {
+void load_kv(const T* x, int64_t H, int64_t D, int64_t tok, int64_t n, int64_t h, float* rows, float* cols,
+             int64_t ld) {
   for (int64_t j = 0; j < n; ++j) {
     const T* src = x + ((tok + j) * H + h) * D;
     if (rows) {
       for (int64_t d = 0; d < D; ++d) rows[j * D + d] = load(src[d]);
     }
     if (cols) {
-      for (int64_t d = 0; d < D; ++d) cols[d * kBlockK + j] = load(src[d]);
+      for (int64_t d = 0; d < D; ++d) cols[d * ld + j] = load(src[d]);
     }
   }
 }
@@ -437,20 +431,21 @@ template <typename T>
 Status attention_fwd_impl(const AttnConfig& c, const T* q, const T* k, const T* v, const int32_t* cu, T* out,
                           float* lse) {
   const int64_t N = c.N, D = c.D, G = c.G, Bt = c.tile_tokens, R_max = Bt * G;
-  const KeyBlocks kb = key_blocks(c, cu);
-  const int64_t n_kb = static_cast<int64_t>(kb.blocks.size());
+  const auto tiles = key_tiles(c, cu);
+  const int64_t n_tiles = static_cast<int64_t>(tiles.size());
   Tensor kt_t, v_t;
-  SG_RETURN_IF_ERROR(empty({c.Hkv, std::max<int64_t>(n_kb, 1), D, kBlockK}, DType::kF32, Device{}, &kt_t));
+  SG_RETURN_IF_ERROR(empty({c.Hkv, std::max<int64_t>(N, 1), D}, DType::kF32, Device{}, &kt_t));
   SG_RETURN_IF_ERROR(empty({c.Hkv, std::max<int64_t>(N, 1), D}, DType::kF32, Device{}, &v_t));
   float* kt_all = kt_t.ptr<float>();
   float* v_all = v_t.ptr<float>();
-  parallel_for(0, c.Hkv * n_kb, 4, [&](int64_t lo, int64_t hi) {
+  parallel_for(0, c.Hkv * n_tiles, 4, [&](int64_t lo, int64_t hi) {
     for (int64_t it = lo; it < hi; ++it) {
-      const int64_t kvh = it / n_kb;
-      const auto [s, b] = kb.blocks[it % n_kb];
+      const int64_t kvh = it / n_tiles;
+      const auto [s, b] = tiles[it % n_tiles];
       const int64_t k0 = cu[s] + b * kBlockK, nk = std::min<int64_t>(kBlockK, cu[s + 1] - k0);
-      load_kv(k, c.Hkv, D, k0, nk, kvh, nullptr, kt_all + it * D * kBlockK);
-      load_kv(v, c.Hkv, D, k0, nk, kvh, v_all + (kvh * N + k0) * D, nullptr);
+      const int64_t at = (kvh * N + k0) * D;
+      load_kv(k, c.Hkv, D, k0, nk, kvh, nullptr, kt_all + at, nk);
+      load_kv(v, c.Hkv, D, k0, nk, kvh, v_all + at, nullptr, 0);
     }
   });
 
@@ -480,10 +475,10 @@ Status attention_fwd_impl(const AttnConfig& c, const T* q, const T* k, const T* 
       const int64_t b_end = (c.key_hi(t0 + nt - 1, L) + kBlockK - 1) / kBlockK;
       for (int64_t b = c.key_lo(t0) / kBlockK; b < b_end; ++b) {
         const int64_t k0 = b * kBlockK, nk = std::min<int64_t>(kBlockK, L - k0);
-        const float* kt = kt_all + (kvh * n_kb + kb.first[s] + b) * D * kBlockK;
+        const float* kt = kt_all + (kvh * N + base + k0) * D;  // [D][nk]
         const float* vr = v_all + (kvh * N + base + k0) * D;
         tile_columns(c, L, t0, nt, k0, nk, col_lo.data(), col_hi.data());
-        gemm_tile(sc.p, kBlockK, qf.p, D, kt, kBlockK, R, nk, D, false);  // S = scale Q K^T
+        gemm_tile(sc.p, kBlockK, qf.p, D, kt, nk, R, nk, D, false);  // S = scale Q K^T
         softmax_tile(sc.p, kBlockK, nk, R, G, col_lo.data(), col_hi.data(), c.softcap, m.p, l.p, o.p, D);
         gemm_tile(o.p, D, sc.p, kBlockK, vr, D, R, D, nk, true);  // O += P V
       }
@@ -617,8 +612,8 @@ Status attention_bwd_impl(const AttnConfig& c, const T* dout, const T* q, const 
       float* dq_d = dq_acc + (w.chunk * c.Hkv * N * G + row0) * D;
       for (int64_t b = w.kb0; b < w.kb1; ++b) {
         const int64_t k0 = b * kBlockK, nk = std::min<int64_t>(kBlockK, L - k0);
-        load_kv(k, c.Hkv, D, base + k0, nk, kvh, kf.p, kt.p);
-        load_kv(v, c.Hkv, D, base + k0, nk, kvh, nullptr, vt.p);
+        load_kv(k, c.Hkv, D, base + k0, nk, kvh, kf.p, kt.p, kBlockK);
+        load_kv(v, c.Hkv, D, base + k0, nk, kvh, nullptr, vt.p, kBlockK);
         std::fill(dk_acc.p, dk_acc.p + nk * D, 0.0f);
         std::fill(dv_acc.p, dv_acc.p + nk * D, 0.0f);
         int64_t q0, q1;
