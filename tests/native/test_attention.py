@@ -63,8 +63,8 @@ def reference(q, k, v, cu, dout, causal=True, window=0, softcap=0.0, scale=None,
 
 def run_fwd(q, k, v, cu, **attrs):
     N, Hq, D = q.shape
-    return run_op("attention_fwd", [q, k, v, np.asarray(cu, np.int32)], [((N, Hq, D), q.dtype.name), ((N, Hq), "float32")],
-                  **attrs)
+    return run_op("attention_fwd", [q, k, v, np.asarray(cu, np.int32)],
+                  [((N, Hq, D), q.dtype.name), ((N, Hq), "float32")], **attrs)
 
 
 def run_bwd(dout, q, k, v, out, lse, cu, **attrs):
