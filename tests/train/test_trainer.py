@@ -61,7 +61,6 @@ def greedy(model, prompt_ids, n=8, eos=None):
     return ids[len(prompt_ids):]
 
 
-@pytest.mark.slow
 def test_lora_memorizes_and_outputs_load_in_peft_and_transformers(base, data, tmp_path):
     cfg = config(base, data, tmp_path / "run", max_steps=40, lr_scheduler_type="cosine", warmup_steps=2,
                  merge_adapter=True, per_device_train_batch_size=4, gradient_accumulation_steps=1)
