@@ -30,6 +30,7 @@
 #include <cstring>
 
 #include "cpu/common.h"
+#include "cpu/vec_math.h"
 
 namespace surogate::cpu {
 
@@ -37,7 +38,6 @@ namespace {
 
 // Hot row loops are built for x86-64-v4 (AVX-512), v3 (AVX2, FMA, F16C) and the portable
 // baseline, picked at load time; v3 / v4 also turn f16 conversions into F16C instructions.
-#define SG_HOT __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 
 inline int32_t as_int(float f) { int32_t i; std::memcpy(&i, &f, 4); return i; }
 inline float as_float(int32_t i) { float f; std::memcpy(&f, &i, 4); return f; }
@@ -117,12 +117,12 @@ struct GeluTanh {
 };
 
 template <typename Act, typename T>
-SG_HOT void gated_fwd_row(const T* gate, const T* up, T* y, int64_t F) {
+SG_CPU_CLONES void gated_fwd_row(const T* gate, const T* up, T* y, int64_t F) {
   for (int64_t j = 0; j < F; ++j) y[j] = store<T>(round_to<T>(Act::act(load(gate[j]))) * load(up[j]));
 }
 
 template <typename Act, typename T>
-SG_HOT void gated_bwd_row(const T* dy, const T* gate, const T* up, T* dgate, T* dup, int64_t F) {
+SG_CPU_CLONES void gated_bwd_row(const T* dy, const T* gate, const T* up, T* dgate, T* dup, int64_t F) {
   for (int64_t j = 0; j < F; ++j) {
     const float d = load(dy[j]), u = load(up[j]);
     float a;

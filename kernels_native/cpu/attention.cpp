@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "cpu/common.h"
+#include "cpu/vec_math.h"
 
 namespace surogate::cpu {
 
@@ -54,56 +55,6 @@ namespace {
 
 constexpr int kBlockK = 64;    // keys per tile
 constexpr int kTileRows = 64;  // query rows (token x head) per tile, at least G
-
-// The softmax tile loops, compiled once per x86-64 level and picked at load time.
-#if defined(__x86_64__) && !defined(__clang__)
-#define SG_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define SG_SIMD_CLONES
-#endif
-
-// ---- scalar math the vectorizer can take: no libm calls in the hot loops -----------------
-
-// a < b ? x : y with bit operations. Under the default -ftrapping-math GCC does not if-convert a
-// float comparison, and the conditional expression would keep the AVX2 and baseline clones of
-// the loops around it scalar.
-inline float select_lt(float a, float b, float x, float y) {
-  const int32_t m = -static_cast<int32_t>(a < b);
-  return std::bit_cast<float>((std::bit_cast<int32_t>(x) & m) | (std::bit_cast<int32_t>(y) & ~m));
-}
-
-// exp(x): Cephes' expf polynomial after x = n ln2 + r, |r| <= ln2/2 (about 1 ulp). Rounding to
-// n uses the 1.5 * 2^23 trick instead of nearbyint so that the baseline clone vectorizes too.
-// x is clamped to [-87, 88]: below, the result is ~1e-38 instead of 0, which no softmax notices.
-inline float exp_approx(float x) {
-  x = select_lt(x, -87.0f, -87.0f, x);
-  x = select_lt(88.0f, x, 88.0f, x);
-  const float t = x * 1.44269504088896341f + 12582912.0f;
-  const float n = t - 12582912.0f;
-  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-  float y = 1.9875691500e-4f;
-  y = y * r + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * r * r + r + 1.0f;
-  const int32_t ni = std::bit_cast<int32_t>(t) - 0x4B400000;
-  return y * std::bit_cast<float>((ni + 127) << 23);
-}
-
-// tanh(x): Cephes' odd polynomial for |x| < 0.625 (where 1 - e loses digits), else
-// (1 - e) / (1 + e) with e = exp(-2|x|). Both are computed and one is selected, branch free.
-inline float tanh_approx(float x) {
-  const float ax = std::fabs(x);
-  const float e = exp_approx(-2.0f * ax);
-  const float big = (1.0f - e) / (1.0f + e);
-  const float z = x * x;
-  const float small =
-      ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z - 5.37397155531e-2f) * z + 1.33314422036e-1f) * z -
-       3.33332819422e-1f) * z * ax + ax;
-  return std::copysign(select_lt(ax, 0.625f, small, big), x);
-}
 
 // ---- the micro-kernel: C[M][W] (+)= op(A)[M][K] B[K][W], f32, row-major with leading dims ---
 // op(A) = A[M][K], or A^T for A stored [K][M] (kTransA: dV = P^T dO and dK = dS^T Q read P and
@@ -398,7 +349,7 @@ inline float row_sum(const float* x, int n) {
 // One key tile of the online softmax for R rows: scores S[R][ldS] (visible columns
 // [lo, hi) per token, row r = token r / G) become probabilities relative to the running max m;
 // the running sum l and the output accumulator O[R][D] are rescaled when the max moves.
-SG_SIMD_CLONES
+SG_CPU_CLONES
 void softmax_tile(float* S, int64_t ldS, int nk, int R, int G, const int* lo, const int* hi, float softcap, float* m,
                   float* l, float* O, int64_t D) {
   for (int r = 0; r < R; ++r) {
@@ -518,7 +469,7 @@ Status attention_fwd(const OpArgs& a) {
 // One (query tile, key tile) pair: from the scores S (scaled, not capped) recompute
 // P = exp(s - lse) and turn dP (= dO V^T) into dS = P (dP - Delta) [(1 - tanh^2)], the
 // gradient with respect to the scaled score.
-SG_SIMD_CLONES
+SG_CPU_CLONES
 void softmax_grad_tile(const float* S, float* P, float* dP, int64_t ld, int nk, int R, int G, const int* lo,
                        const int* hi, const float* lse, const float* delta, float softcap) {
   const float inv = softcap > 0.0f ? 1.0f / softcap : 0.0f;

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "cpu/common.h"
+#include "cpu/vec_math.h"
 #include "cpu/gemm.h"
 
 namespace surogate::cpu {
@@ -52,34 +53,6 @@ constexpr float from_order_key(int32_t k) { return std::bit_cast<float>(k ^ ((k 
 inline int32_t max_i(int32_t a, int32_t b) { return a > b ? a : b; }
 inline int32_t min_i(int32_t a, int32_t b) { return a < b ? a : b; }
 
-// e^x to ~1 ulp (Cephes expf) in plain arithmetic, so loops over it vectorize. Inputs are
-// clamped to [-87, 88]: results below e^-87 come out as ~1e-38 instead of 0, harmless in sums.
-inline float exp_approx(float x) {
-  constexpr int32_t lo = order_key(-87.0f), hi = order_key(88.0f);
-  x = from_order_key(min_i(max_i(order_key(x), lo), hi));
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x / ln 2)
-  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;               // x - n ln 2, two steps
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.0f;
-  return p * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
-}
-
-// tanh from exp_approx; below |x| = 0.125, where 1 - e^-2|x| would cancel, its Taylor series.
-inline float tanh_approx(float x) {
-  const float ax = std::fabs(x);
-  const float e = exp_approx(-2.0f * ax);
-  const float big = (1.0f - e) / (1.0f + e);
-  const float x2 = x * x;
-  const float small =
-      ax * (1.0f + x2 * (-1.0f / 3 + x2 * (2.0f / 15 + x2 * (-17.0f / 315 + x2 * (62.0f / 2835)))));
-  constexpr int32_t cut = order_key(0.125f);
-  return std::copysign(order_key(ax) < cut ? small : big, x);
-}
 
 SG_CPU_CLONES void softcap_row(float* z, int64_t n, float cap) {
   const float inv = 1.0f / cap;

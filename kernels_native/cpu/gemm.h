@@ -10,13 +10,7 @@
 #include "core/dtype.h"
 #include "core/status.h"
 
-// Compile a hot loop once per x86-64 level (AVX-512, AVX2+FMA+F16C, SSE2) and pick one at load
-// time: the binary stays portable (no -march=native) and still runs wide vectors where it can.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-#define SG_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define SG_CPU_CLONES
-#endif
+#include "cpu/vec_math.h"  // SG_CPU_CLONES
 
 namespace surogate::cpu {
 
