@@ -15,7 +15,7 @@ import numpy as np
 from surogate.autodiff import backward
 from surogate.compile import Executable
 from surogate.dsl.nn import CausalLM, LoRAConfig, ModelSpec
-from surogate.errors import InvalidArgumentError, UnsupportedError
+from surogate.errors import FileFormatError, InvalidArgumentError, UnsupportedError
 from surogate.models import Family, family_for
 
 DTYPES = ("float32", "bfloat16")
@@ -181,6 +181,11 @@ def load_model(path_or_id: str | Path, device: str = "cpu", dtype: str = "float3
     weights = folder.open_weights()
     target = _np_dtype(dtype)
     params = family.name_table().load(names, lambda hf: np.ascontiguousarray(weights.get(hf).astype(target)))
+    for p in g.params():
+        if params[p.name].shape != p.shape:
+            raise FileFormatError(
+                f"{folder.path}: tensor for {p.name} has shape {params[p.name].shape}, but config.json implies "
+                f"{p.shape}", hint="the weights and config.json do not belong together")
     # A weights-only folder still loads (token ids in, logits out); a damaged tokenizer does not.
     tokenizer = Tokenizer.from_folder(folder) if (folder.path / "tokenizer.json").is_file() else None
     if device != "cpu":

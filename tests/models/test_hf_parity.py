@@ -127,14 +127,40 @@ def test_packed_documents_equal_each_document_alone(checkpoint):
 
 
 def test_bf16_agrees_with_f32(checkpoint):
-    """bf16 storage with f32 accumulation: logits within 3e-2 of f32 (relative to the logits'
-    spread), loss within 1%, the same top-1 token almost everywhere."""
+    """bf16 storage with f32 accumulation. Documented tolerance: the largest logit difference is
+    at most 5% of the f32 logits' standard deviation (measured 2.4% on this model), the loss
+    agrees to 0.1%, and the top-1 token agrees on at least 95% of positions (measured 100%)."""
     path = checkpoint("llama-gqa2-untied")
     f32 = surogate.load_model(path)
     bf16 = surogate.load_model(path, dtype="bfloat16")
     ids = tokens(f32.spec.vocab_size, 31, seed=4)
     a, b = f32.forward(ids), bf16.forward(ids)
-    spread = a.std()
-    assert np.abs(a - b).max() / spread < 3e-2 * 10
-    assert (a.argmax(-1) == b.argmax(-1)).mean() > 0.9
-    assert bf16.loss(ids) == pytest.approx(f32.loss(ids), rel=1e-2)
+    assert np.abs(a - b).max() / a.std() < 0.05
+    assert (a.argmax(-1) == b.argmax(-1)).mean() >= 0.95
+    assert bf16.loss(ids) == pytest.approx(f32.loss(ids), rel=1e-3)
+
+
+def test_weights_that_do_not_match_the_config_name_file_and_tensor(tmp_path):
+    import json
+
+    from surogate.errors import FileFormatError
+
+    path = make_llama(tmp_path / "m")
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["intermediate_size"] = 96  # the checkpoint has 128
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(FileFormatError, match=r"gate_up_proj\.weight.*\(256, 64\).*\(192, 64\)"):
+        surogate.load_model(path)
+
+
+def test_unsupported_architecture_lists_the_supported_ones(tmp_path):
+    import json
+
+    from surogate.errors import UnsupportedError
+
+    path = make_llama(tmp_path / "m")
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["architectures"] = ["MambaForCausalLM"]
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedError, match="(?s)MambaForCausalLM.*LlamaForCausalLM.*Qwen3ForCausalLM"):
+        surogate.load_model(path)
