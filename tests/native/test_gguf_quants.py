@@ -243,7 +243,8 @@ def test_matmul_quantized_real_weights_decode_and_prefill_agree():
 def test_portable_path_without_avx2():
     """The same decoding and matmul checks on the portable (non-AVX2) kernels."""
     env = dict(os.environ, SUROGATE_GGUF_NO_AVX2="1")
-    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+    # -P: the installed surogate, not the source folder of the current directory.
+    args = [sys.executable, "-P", "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
             "bit_for_bit and not legacy or matmul_matches and (Q4_K or Q6_K or Q4_0 or Q5_1 or Q3_K or IQ4_XS)"]
     r = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
