@@ -3,7 +3,10 @@ terminal (a progress line with ETA and tokens/s on a TTY, plain lines otherwise)
 
 JSONL lines: ``{"type": "step", "step", "loss", "lr", "grad_norm", "tokens_per_second",
 "epoch", "elapsed", ...}``, ``{"type": "eval", "step", "eval_loss", ...}``, and
-``{"type": "start" | "end", ...}`` framing a run. Each line is flushed as it is written.
+``{"type": "gpu", "gpus": [{"index", "name", "utilization", "memory_used_mib", ...}]}`` every
+`gpu_interval` seconds when an NVIDIA GPU is present, and ``{"type": "start" | "end", ...}``
+framing a run. Each line is flushed as it is written (under a lock: the GPU sampler writes from
+its own thread).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -19,7 +23,7 @@ from typing import IO, Any
 class MetricsFeed:
     def __init__(self, path: str | Path | None, *, wandb_project: str | None = None, wandb_name: str | None = None,
                  use_wandb: bool = False, config: dict | None = None, resume_id_file: Path | None = None,
-                 stream: IO[str] | None = None, total_steps: int = 0):
+                 stream: IO[str] | None = None, total_steps: int = 0, gpu_interval: float = 10.0):
         self.path = Path(path) if path else None
         self._f = None
         if self.path is not None:
@@ -29,6 +33,14 @@ class MetricsFeed:
         self.tty = self.stream.isatty()
         self.total_steps = total_steps
         self.t0 = time.monotonic()
+        self._lock = threading.Lock()
+        self._gpu = None
+        if self._f is not None and gpu_interval > 0:
+            from surogate.train.gpu_monitor import GPUSampler
+
+            self._gpu = GPUSampler(lambda gpus: self.write({"type": "gpu", "gpus": gpus}), gpu_interval)
+            if not self._gpu.start():
+                self._gpu = None
         self._wandb = None
         if use_wandb:
             import wandb  # only now: it takes most of a second to import
@@ -44,8 +56,9 @@ class MetricsFeed:
 
     def write(self, record: dict[str, Any]) -> None:
         record = {"time": round(time.time(), 3), **record}
-        if self._f is not None:
-            self._f.write(json.dumps(record) + "\n")
+        with self._lock:
+            if self._f is not None:
+                self._f.write(json.dumps(record) + "\n")
         if self._wandb is not None and record.get("type") in ("step", "eval"):
             data = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k not in ("step", "time")}
             self._wandb.log(data, step=record["step"])
@@ -78,11 +91,15 @@ class MetricsFeed:
         self.stream.flush()
 
     def close(self) -> None:
+        if self._gpu is not None:
+            self._gpu.stop()
+            self._gpu = None
         if self.tty:
             self.stream.write("\n")
-        if self._f is not None:
-            self._f.close()
-            self._f = None
+        with self._lock:
+            if self._f is not None:
+                self._f.close()
+                self._f = None
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
