@@ -328,10 +328,10 @@ void Engine::collect_finished() {
   counters_.num_finished += static_cast<int64_t>(finished_.size());
   for (Sequence* seq : finished_) sequences_.erase(seq->id);
   finished_.clear();
+  publish_stats();  // first: whoever reads these outputs sees stats that include them
   outputs_.push(std::move(step_outputs_));
   step_outputs_.clear();
   step_output_index_.clear();
-  publish_stats();
 }
 
 void Engine::abort_all() {
