@@ -8,7 +8,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <mutex>
 #include <random>
+#include <unordered_set>
 
 #include "bindings/errors.h"
 #include "serve/engine.h"
@@ -202,6 +204,10 @@ class PyModelRunner : public ModelRunner {
   int vocab_size() const override { return vocab_size_; }
 
   Status run(const StepInput& in, Tensor* logits_out) override {
+    if (!Py_IsInitialized()) {
+      return SG_ERROR(StatusCode::kInternal, "the Python model runner outlived the interpreter",
+                      "shut the engine down (EngineClient.close()) before the interpreter exits");
+    }
     py::gil_scoped_acquire gil;
     try {
       py::object result = fn_(py::cast(in, py::return_value_policy::copy));  // Python may keep it
@@ -227,15 +233,33 @@ class PyModelRunner : public ModelRunner {
   std::vector<float> logits_;
 };
 
+// Engines whose thread was started. At interpreter exit (atexit, before finalization) they are
+// shut down, since their thread may be about to call a Python runner.
+std::mutex g_live_mu;
+std::unordered_set<Engine*> g_live_engines;
+
+void shutdown_live_engines() {
+  py::gil_scoped_release nogil;
+  std::lock_guard<std::mutex> lock(g_live_mu);
+  for (Engine* e : g_live_engines) e->shutdown();
+}
+
 // Dropping the last reference to an engine joins its thread, which may be waiting for the GIL
 // inside a PyModelRunner: release it first.
 struct EngineDeleter {
   void operator()(Engine* e) const {
+    auto drop = [e] {
+      {
+        std::lock_guard<std::mutex> lock(g_live_mu);
+        g_live_engines.erase(e);
+      }
+      delete e;
+    };
     if (Py_IsInitialized() && PyGILState_Check()) {
       py::gil_scoped_release nogil;
-      delete e;
+      drop();
     } else {
-      delete e;
+      drop();
     }
   }
 };
@@ -321,7 +345,11 @@ void bind_serve(py::module_& parent) {
            },
            py::arg("prompt_ids"), py::arg("params"), py::arg("adapter_id") = -1)
       .def("abort", &Engine::abort, py::arg("request_id"))
-      .def("start", [](Engine& e) { check(e.start()); })
+      .def("start", [](Engine& e) {
+        check(e.start());
+        std::lock_guard<std::mutex> lock(g_live_mu);
+        g_live_engines.insert(&e);
+      })
       .def("shutdown", &Engine::shutdown, py::call_guard<py::gil_scoped_release>())
       .def("step", [](Engine& e) {
         Status st;
@@ -348,6 +376,8 @@ void bind_serve(py::module_& parent) {
       .def_property_readonly("running", &Engine::running)
       .def_property_readonly("vocab_size", &Engine::vocab_size)
       .def_property_readonly("max_model_len", [](const Engine& e) { return e.config().max_model_len; });
+
+  py::module_::import("atexit").attr("register")(py::cpp_function(&shutdown_live_engines));
 
   // The sampler on one logits row, for tests and offline checks.
   m.def("apply_penalties", [](py::array_t<float, py::array::c_style | py::array::forcecast> logits, py::handle params,

@@ -115,6 +115,7 @@ Status Engine::start() {
   SG_CHECK(!shut_down_, StatusCode::kUnsupported, "the engine is shut down", "create a new engine");
   SG_CHECK(!thread_.joinable(), StatusCode::kInvalidArgument, "the engine is already running", "");
   thread_ = std::thread([this] { loop(); });
+  running_ = true;
   return Status::OK();
 }
 
@@ -127,12 +128,13 @@ void Engine::shutdown() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  running_ = false;
   abort_all();  // the engine thread is gone: this thread owns the state now
   outputs_.close();
 }
 
 Status Engine::step() {
-  SG_CHECK(!thread_.joinable(), StatusCode::kInvalidArgument, "step() while the engine thread is running",
+  SG_CHECK(!running_, StatusCode::kInvalidArgument, "step() while the engine thread is running",
            "use either start() and poll(), or step() alone");
   {
     std::lock_guard<std::mutex> lock(mu_);

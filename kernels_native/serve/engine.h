@@ -75,7 +75,7 @@ class Engine {
   Status start();
   // Stop the engine thread after its current step; requests still in flight finish as "abort".
   void shutdown();
-  bool running() const { return thread_.joinable(); }
+  bool running() const { return running_.load(); }
   // One iteration on the calling thread; only while the engine thread is not running.
   Status step();
 
@@ -128,6 +128,7 @@ class Engine {
   uint64_t seed_base_ = 0;
   std::atomic<uint64_t> seed_counter_{0};
   std::thread thread_;
+  std::atomic<bool> running_{false};
 
   mutable std::mutex stats_mu_;
   EngineStats stats_;

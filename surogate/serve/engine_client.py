@@ -10,8 +10,10 @@ channel with the GIL released and hands each output to its request's stream.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import collections
 import threading
+import weakref
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -20,6 +22,15 @@ from surogate.errors import InvalidArgumentError, NotFoundError
 from surogate.serve.types import EngineConfig, EngineStats, RequestOutput, SamplingParams
 
 _POLL_SECONDS = 0.05
+# Clients still open at exit are closed before the interpreter goes away: their engine thread may
+# be about to call a Python runner, which must not happen during finalization.
+_OPEN_CLIENTS: weakref.WeakSet[EngineClient] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_clients() -> None:
+    for client in list(_OPEN_CLIENTS):
+        client.close()
 
 
 class _Stream:
@@ -75,6 +86,7 @@ class EngineClient:
         self._engine.start()
         self._poller = threading.Thread(target=self._poll_loop, name="surogate-engine-poller", daemon=True)
         self._poller.start()
+        _OPEN_CLIENTS.add(self)
 
     @property
     def vocab_size(self) -> int:
@@ -144,6 +156,7 @@ class EngineClient:
         with self._lock:
             self._closed = True
         self._poller.join()
+        _OPEN_CLIENTS.discard(self)
 
     def __enter__(self) -> EngineClient:
         return self
@@ -166,7 +179,7 @@ class EngineClient:
     def _poll_loop(self) -> None:
         while True:
             raw = self._engine.poll(_POLL_SECONDS)
-            if not raw and self._closed:
+            if not raw and (self._closed or not self._engine.running):
                 return
             for t in raw:
                 out = RequestOutput.from_native(t)

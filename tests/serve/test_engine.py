@@ -261,6 +261,34 @@ def test_prefix_shared_with_a_running_request_and_its_outputs():
     assert res[second]["outputs"][0][8] == (len(second_prompt) - 1) // 4 * 4
 
 
+def test_a_prefix_still_being_prefilled_is_only_reused_where_computed():
+    # Blocks join the prefix cache once their KV is computed, never at allocation: a request
+    # sharing the prompt of one in mid chunked prefill reuses only the chunks already done.
+    engine, _ = make_engine(num_blocks=64, block_size=4, max_num_batched_tokens=12)
+    p = prompts(1, 40, 40, seed=13)[0]
+    first = engine.submit(p, greedy(4))
+    for _ in range(3):
+        engine.step()  # tokens 0..35 computed; the next step computes 36..39
+    second = engine.submit(p + [5], greedy(4))
+    res = run_to_end(engine)
+    assert (res[first]["tokens"], res[first]["finish"]) == reference(p, 4)
+    assert (res[second]["tokens"], res[second]["finish"]) == reference(p + [5], 4)
+    assert res[second]["outputs"][0][8] == 36
+
+
+def test_equal_blocks_after_different_prefixes_are_not_shared():
+    engine, _ = make_engine(num_blocks=64, block_size=4)
+    tail = [7, 7, 7, 7, 9, 9, 9, 9, 3]
+    a, b = [1, 2, 3, 4] + tail, [5, 6, 7, 8] + tail
+    ra = engine.submit(a, greedy(5))
+    res = run_to_end(engine)
+    rb = engine.submit(b, greedy(5))
+    res.update(run_to_end(engine))
+    assert (res[ra]["tokens"], res[ra]["finish"]) == reference(a, 5)
+    assert (res[rb]["tokens"], res[rb]["finish"]) == reference(b, 5)
+    assert res[rb]["outputs"][0][8] == 0
+
+
 def test_cached_blocks_are_evicted_lru_when_memory_is_needed():
     engine, _ = make_engine(num_blocks=12, block_size=4)
     ps = prompts(8, 12, 16, seed=6)
