@@ -3,7 +3,8 @@
 // (surogate.serve.types' msgspec Structs), outputs come back as tuples in
 // surogate.serve.types.RequestOutput's field order. The engine thread never holds the GIL;
 // PyModelRunner takes it only around its Python call, and every call that may wait on the engine
-// (step, poll, shutdown, dropping the engine) releases it.
+// (step, poll, shutdown, dropping the engine) releases it. Past 400 lines because the field-by-
+// field conversions of the wire types sit next to the classes that use them.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>

@@ -7,6 +7,7 @@ read back through ``block_tables`` / ``context_lens``. The next-token logits of 
 every (token, position) the engine claims is in the cache for that sequence, so a wrong slot, a
 wrong block table, a prefix-cache hit on the wrong block or a bad recompute after preemption
 all change the generated tokens; ``reference`` computes what they must be from plain token lists.
+(One file past 400 lines: every test here shares the toy runner and the reference.)
 """
 
 from __future__ import annotations
