@@ -131,6 +131,7 @@ class EngineClient:
         finally:
             if not finished:
                 self.abort(request_id)
+                self._forget(request_id)  # nobody reads the "abort" output
 
     def wait(self, request_id: int, timeout: float | None = None) -> list[RequestOutput]:
         """Block until the request finishes; all its outputs, in order."""

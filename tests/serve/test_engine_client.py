@@ -69,6 +69,7 @@ def test_leaving_the_stream_early_aborts_and_frees_blocks():
                 break
             time.sleep(0.01)
         assert stats.num_running == 0 and stats.blocks_used == 0 and stats.num_finished == 1
+        assert client._streams == {}
 
 
 def test_abort_by_id_ends_the_stream_with_abort():
