@@ -26,6 +26,8 @@ using surogate::bindings::throw_status;
 
 namespace surogate::bindings {
 
+void bind_serve(py::module_& m);  // bindings/serve.cpp
+
 void register_error_translator(py::module_& m) {
   py::register_exception_translator([](std::exception_ptr p) {
     try {
@@ -413,4 +415,5 @@ PYBIND11_MODULE(_native, m) {
         py::arg("device") = "cpu");
   m.def("reset_peak_stats", [](const std::string& device) { reset_peak_stats(parse_device(device)); },
         py::arg("device") = "cpu");
+  bindings::bind_serve(m);
 }

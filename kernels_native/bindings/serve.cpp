@@ -1,0 +1,435 @@
+// _native.serve: the continuous-batching engine as Python sees it. Requests cross as plain
+// fields: sampling parameters and the engine config are read by attribute name from any object
+// (surogate.serve.types' msgspec Structs), outputs come back as tuples in
+// surogate.serve.types.RequestOutput's field order. The engine thread never holds the GIL;
+// PyModelRunner takes it only around its Python call, and every call that may wait on the engine
+// (step, poll, shutdown, dropping the engine) releases it. Past 400 lines because the field-by-
+// field conversions of the wire types sit next to the classes that use them.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <mutex>
+#include <random>
+#include <unordered_set>
+
+#include "bindings/errors.h"
+#include "serve/engine.h"
+
+namespace py = pybind11;
+
+namespace surogate::bindings {
+
+namespace {
+
+using namespace surogate::serve;
+
+[[noreturn]] void bad_field(const char* owner, const char* field, const std::string& what, const std::string& hint) {
+  throw_status(Status(StatusCode::kInvalidArgument, str_cat(owner, " '", field, "' ", what), __FILE__, __LINE__, hint));
+}
+
+std::string type_name(py::handle h) { return py::str(py::type::handle_of(h).attr("__name__")); }
+
+py::object field(py::handle obj, const char* owner, const char* name) {
+  if (!py::hasattr(obj, name)) bad_field(owner, name, "is missing", str_cat("pass a ", owner, " with every field"));
+  return obj.attr(name);
+}
+
+int64_t as_int(py::handle v, const char* owner, const char* name, int64_t lo, int64_t hi) {
+  if (py::isinstance<py::bool_>(v) || !(py::isinstance<py::int_>(v) || py::hasattr(v, "__index__"))) {
+    bad_field(owner, name, str_cat("must be an integer, not ", type_name(v)), "");
+  }
+  const py::int_ i = py::reinterpret_borrow<py::object>(v).attr("__index__")();
+  int overflow = 0;
+  const long long x = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
+  if (overflow != 0 || x < lo || x > hi) bad_field(owner, name, str_cat("is out of range [", lo, ", ", hi, "]"), "");
+  return x;
+}
+
+double as_float(py::handle v, const char* owner, const char* name) {
+  if (py::isinstance<py::bool_>(v) || !(py::isinstance<py::float_>(v) || py::isinstance<py::int_>(v))) {
+    bad_field(owner, name, str_cat("must be a number, not ", type_name(v)), "");
+  }
+  return v.cast<double>();
+}
+
+bool as_bool(py::handle v, const char* owner, const char* name) {
+  if (!py::isinstance<py::bool_>(v)) bad_field(owner, name, str_cat("must be true or false, not ", type_name(v)), "");
+  return v.cast<bool>();
+}
+
+std::vector<int32_t> as_token_ids(py::handle v, const char* owner, const char* name) {
+  std::vector<int32_t> out;
+  if (v.is_none()) return out;
+  if (py::isinstance<py::array>(v)) {
+    auto arr = py::reinterpret_borrow<py::array>(v);
+    if (arr.dtype().kind() != 'i' && arr.dtype().kind() != 'u') {
+      bad_field(owner, name, "must hold integers", "pass a list of token ids or an int array");
+    }
+    auto a = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(arr);
+    if (a.ndim() != 1) bad_field(owner, name, "must be one-dimensional", "");
+    out.reserve(a.size());
+    for (py::ssize_t i = 0; i < a.size(); ++i) {
+      const int64_t x = a.data()[i];
+      if (x < INT32_MIN || x > INT32_MAX) bad_field(owner, name, str_cat("[", i, "] = ", x, " is not a token id"), "");
+      out.push_back(static_cast<int32_t>(x));
+    }
+    return out;
+  }
+  if (!py::isinstance<py::sequence>(v) || py::isinstance<py::str>(v)) {
+    bad_field(owner, name, str_cat("must be a list of token ids, not ", type_name(v)), "");
+  }
+  for (py::handle item : py::reinterpret_borrow<py::sequence>(v)) {
+    out.push_back(static_cast<int32_t>(as_int(item, owner, name, INT32_MIN, INT32_MAX)));
+  }
+  return out;
+}
+
+// None -> `none`; otherwise an int in [lo, hi].
+int32_t as_optional_int(py::handle v, const char* owner, const char* name, int32_t none, int64_t lo, int64_t hi) {
+  return v.is_none() ? none : static_cast<int32_t>(as_int(v, owner, name, lo, hi));
+}
+
+SamplingParams sampling_params_from(py::handle obj) {
+  const char* o = "sampling parameter";
+  SamplingParams p;
+  p.temperature = static_cast<float>(as_float(field(obj, o, "temperature"), o, "temperature"));
+  p.top_k = static_cast<int32_t>(as_int(field(obj, o, "top_k"), o, "top_k", INT32_MIN, INT32_MAX));
+  p.top_p = static_cast<float>(as_float(field(obj, o, "top_p"), o, "top_p"));
+  p.min_p = static_cast<float>(as_float(field(obj, o, "min_p"), o, "min_p"));
+  p.repetition_penalty = static_cast<float>(as_float(field(obj, o, "repetition_penalty"), o, "repetition_penalty"));
+  p.presence_penalty = static_cast<float>(as_float(field(obj, o, "presence_penalty"), o, "presence_penalty"));
+  p.frequency_penalty = static_cast<float>(as_float(field(obj, o, "frequency_penalty"), o, "frequency_penalty"));
+  py::object seed = field(obj, o, "seed");
+  if (!seed.is_none()) {
+    as_int(seed, o, "seed", INT64_MIN, INT64_MAX);  // type check; any 64-bit value is a seed
+    p.has_seed = true;
+    p.seed = PyLong_AsUnsignedLongLongMask(seed.ptr());
+  }
+  p.max_tokens = as_optional_int(field(obj, o, "max_tokens"), o, "max_tokens", -1, 1, INT32_MAX);
+  p.min_tokens = static_cast<int32_t>(as_int(field(obj, o, "min_tokens"), o, "min_tokens", 0, INT32_MAX));
+  p.stop_token_ids = as_token_ids(field(obj, o, "stop_token_ids"), o, "stop_token_ids");
+  p.eos_token_ids = as_token_ids(field(obj, o, "eos_token_ids"), o, "eos_token_ids");
+  p.ignore_eos = as_bool(field(obj, o, "ignore_eos"), o, "ignore_eos");
+  p.logprobs = as_optional_int(field(obj, o, "logprobs"), o, "logprobs", -1, 0, kMaxLogprobs);
+  p.prompt_logprobs = as_optional_int(field(obj, o, "prompt_logprobs"), o, "prompt_logprobs", -1, 0, kMaxLogprobs);
+  return p;
+}
+
+EngineConfig engine_config_from(py::handle obj) {
+  const char* o = "engine config";
+  EngineConfig c;
+  c.block_size = static_cast<int>(as_int(field(obj, o, "block_size"), o, "block_size", 1, 1 << 20));
+  c.num_blocks = static_cast<int>(as_int(field(obj, o, "num_blocks"), o, "num_blocks", 1, INT32_MAX));
+  c.max_num_seqs = static_cast<int>(as_int(field(obj, o, "max_num_seqs"), o, "max_num_seqs", 1, INT32_MAX));
+  c.max_num_batched_tokens = static_cast<int>(
+      as_int(field(obj, o, "max_num_batched_tokens"), o, "max_num_batched_tokens", 1, INT32_MAX));
+  c.max_model_len = as_optional_int(field(obj, o, "max_model_len"), o, "max_model_len", 0, 1, INT32_MAX);
+  c.enable_prefix_caching = as_bool(field(obj, o, "enable_prefix_caching"), o, "enable_prefix_caching");
+  c.eos_token_ids = as_token_ids(field(obj, o, "eos_token_ids"), o, "eos_token_ids");
+  py::object seed = field(obj, o, "seed");
+  if (!seed.is_none()) {
+    as_int(seed, o, "seed", INT64_MIN, INT64_MAX);
+    c.has_seed = true;
+    c.seed = PyLong_AsUnsignedLongLongMask(seed.ptr());
+  }
+  return c;
+}
+
+py::tuple logprob_tuple(const TokenLogprob& lp) {
+  py::list top;
+  for (size_t i = 0; i < lp.top_ids.size(); ++i) top.append(py::make_tuple(lp.top_ids[i], lp.top_logprobs[i]));
+  return py::make_tuple(lp.token_id, lp.logprob, lp.rank, top);
+}
+
+// In surogate.serve.types.RequestOutput's field order.
+py::tuple output_tuple(const RequestOutput& o) {
+  py::object logprobs = py::none();
+  if (!o.logprobs.empty()) {
+    py::list l;
+    for (const TokenLogprob& lp : o.logprobs) l.append(logprob_tuple(lp));
+    logprobs = l;
+  }
+  py::object prompt_logprobs = py::none();
+  if (o.has_prompt_logprobs) {
+    py::list l;
+    l.append(py::none());  // the first prompt token has no logprob (as in vLLM)
+    for (const TokenLogprob& lp : o.prompt_logprobs) l.append(logprob_tuple(lp));
+    prompt_logprobs = l;
+  }
+  py::object reason = o.finish_reason == FinishReason::kNone ? py::object(py::none())
+                                                              : py::object(py::str(finish_reason_name(o.finish_reason)));
+  py::object message = o.finish_message.empty() ? py::object(py::none()) : py::object(py::str(o.finish_message));
+  py::object stop = o.stop_token_id < 0 ? py::object(py::none()) : py::object(py::int_(o.stop_token_id));
+  return py::make_tuple(o.request_id, py::cast(o.new_token_ids), logprobs, prompt_logprobs, reason, message, stop,
+                        o.num_prompt_tokens, o.num_cached_tokens, o.num_output_tokens);
+}
+
+py::dict stats_dict(const EngineStats& s) {
+  py::dict d;
+  d["num_running"] = s.num_running;
+  d["num_waiting"] = s.num_waiting;
+  d["num_blocks"] = s.blocks.num_blocks;
+  d["blocks_used"] = s.blocks.used;
+  d["blocks_free"] = s.blocks.free;
+  d["blocks_cached"] = s.blocks.cached;
+  d["kv_usage"] = s.blocks.kv_usage;
+  d["prefix_cache_queries"] = s.blocks.prefix_cache_queries;
+  d["prefix_cache_hits"] = s.blocks.prefix_cache_hits;
+  d["prompt_tokens"] = s.prompt_tokens;
+  d["generation_tokens"] = s.generation_tokens;
+  d["num_preemptions"] = s.num_preemptions;
+  d["num_steps"] = s.num_steps;
+  d["num_finished"] = s.num_finished;
+  d["last_error"] = s.last_error.empty() ? py::object(py::none()) : py::object(py::str(s.last_error));
+  return d;
+}
+
+py::array_t<int32_t> int32_array(const std::vector<int32_t>& v, std::vector<py::ssize_t> shape) {
+  return py::array_t<int32_t>(shape, v.data());  // copies
+}
+
+// A ModelRunner that calls fn(step: StepInput) -> float32 array [R, V] in Python.
+class PyModelRunner : public ModelRunner {
+ public:
+  PyModelRunner(py::function fn, int vocab_size) : fn_(std::move(fn)), vocab_size_(vocab_size) {}
+  ~PyModelRunner() override {
+    if (!Py_IsInitialized()) {
+      fn_.release();  // the interpreter is gone: leak rather than touch it
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    fn_ = py::object();
+  }
+
+  int vocab_size() const override { return vocab_size_; }
+
+  Status run(const StepInput& in, Tensor* logits_out) override {
+    if (!Py_IsInitialized()) {
+      return SG_ERROR(StatusCode::kInternal, "the Python model runner outlived the interpreter",
+                      "shut the engine down (EngineClient.close()) before the interpreter exits");
+    }
+    py::gil_scoped_acquire gil;
+    try {
+      py::object result = fn_(py::cast(in, py::return_value_policy::copy));  // Python may keep it
+      auto a = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(result);
+      if (!a) {
+        PyErr_Clear();
+        return SG_ERROR(StatusCode::kInvalidArgument,
+                        str_cat("the Python model runner returned ", type_name(result), ", not an array"),
+                        "return a float32 numpy array [len(step.logits_rows), vocab_size]");
+      }
+      std::vector<int64_t> shape(a.shape(), a.shape() + a.ndim());
+      logits_.assign(a.data(), a.data() + a.size());
+      *logits_out = Tensor::view_of(logits_.data(), DType::kF32, shape);
+      return Status::OK();
+    } catch (py::error_already_set& e) {
+      return SG_ERROR(StatusCode::kInternal, str_cat("the Python model runner raised ", e.what()), "");
+    }
+  }
+
+ private:
+  py::object fn_;
+  int vocab_size_;
+  std::vector<float> logits_;
+};
+
+// Engines whose thread was started. At interpreter exit (atexit, before finalization) they are
+// shut down, since their thread may be about to call a Python runner.
+std::mutex g_live_mu;
+std::unordered_set<Engine*> g_live_engines;
+
+void shutdown_live_engines() {
+  py::gil_scoped_release nogil;
+  std::lock_guard<std::mutex> lock(g_live_mu);
+  for (Engine* e : g_live_engines) e->shutdown();
+}
+
+// Dropping the last reference to an engine joins its thread, which may be waiting for the GIL
+// inside a PyModelRunner: release it first.
+struct EngineDeleter {
+  void operator()(Engine* e) const {
+    auto drop = [e] {
+      {
+        std::lock_guard<std::mutex> lock(g_live_mu);
+        g_live_engines.erase(e);
+      }
+      delete e;
+    };
+    if (Py_IsInitialized() && PyGILState_Check()) {
+      py::gil_scoped_release nogil;
+      drop();
+    } else {
+      drop();
+    }
+  }
+};
+
+std::vector<float> row_from(const py::array_t<float, py::array::c_style | py::array::forcecast>& a, int* vocab) {
+  if (a.ndim() != 1 || a.size() == 0) {
+    throw_status(SG_ERROR(StatusCode::kShapeMismatch, "logits must be a non-empty 1-D float array [V]", ""));
+  }
+  *vocab = static_cast<int>(a.size());
+  return std::vector<float>(a.data(), a.data() + a.size());
+}
+
+std::vector<int32_t> context_of(py::handle prompt, py::handle output, int* num_prompt) {
+  std::vector<int32_t> ids = as_token_ids(prompt, "argument", "prompt_ids");
+  *num_prompt = static_cast<int>(ids.size());
+  std::vector<int32_t> out = as_token_ids(output, "argument", "output_ids");
+  ids.insert(ids.end(), out.begin(), out.end());
+  return ids;
+}
+
+}  // namespace
+
+void bind_serve(py::module_& parent) {
+  py::module_ m = parent.def_submodule("serve", "The continuous-batching inference engine");
+
+  py::class_<StepInput>(m, "StepInput", "One step's work for the model runner (see serve/model_runner.h).")
+      .def_readonly("block_size", &StepInput::block_size)
+      .def_readonly("num_tokens", &StepInput::num_tokens)
+      .def_readonly("num_seqs", &StepInput::num_seqs)
+      .def_readonly("max_blocks_per_seq", &StepInput::max_blocks_per_seq)
+      .def_readonly("max_query_len", &StepInput::max_query_len)
+      .def_readonly("max_context_len", &StepInput::max_context_len)
+      .def_property_readonly("token_ids", [](const StepInput& s) { return int32_array(s.token_ids, {s.num_tokens}); })
+      .def_property_readonly("positions", [](const StepInput& s) { return int32_array(s.positions, {s.num_tokens}); })
+      .def_property_readonly("slot_mapping",
+                             [](const StepInput& s) { return int32_array(s.slot_mapping, {s.num_tokens}); })
+      .def_property_readonly("cu_q", [](const StepInput& s) { return int32_array(s.cu_q, {s.num_seqs + 1}); })
+      .def_property_readonly("context_lens",
+                             [](const StepInput& s) { return int32_array(s.context_lens, {s.num_seqs}); })
+      .def_property_readonly("block_tables", [](const StepInput& s) {
+        return int32_array(s.block_tables, {s.num_seqs, s.max_blocks_per_seq});
+      })
+      .def_property_readonly("logits_rows",
+                             [](const StepInput& s) { return int32_array(s.logits_rows, {s.num_logits_rows()}); })
+      .def_property_readonly("adapter_ids", [](const StepInput& s) { return int32_array(s.adapter_ids, {s.num_seqs}); })
+      .def_property_readonly("request_ids", [](const StepInput& s) {
+        return py::array_t<int64_t>({static_cast<py::ssize_t>(s.num_seqs)}, s.request_ids.data());
+      })
+      .def("__repr__", [](const StepInput& s) {
+        return str_cat("StepInput(tokens=", s.num_tokens, ", seqs=", s.num_seqs, ", logits_rows=", s.num_logits_rows(),
+                       ")");
+      });
+
+  py::class_<ModelRunner, std::shared_ptr<ModelRunner>>(m, "ModelRunner",
+                                                         "A model as the engine drives it; see PyModelRunner.")
+      .def_property_readonly("vocab_size", &ModelRunner::vocab_size);
+
+  py::class_<PyModelRunner, ModelRunner, std::shared_ptr<PyModelRunner>>(
+      m, "PyModelRunner", "A ModelRunner calling fn(step: StepInput) -> float32 [R, V] logits, with the GIL held.")
+      .def(py::init([](py::function fn, int vocab_size) {
+             if (vocab_size <= 0) {
+               throw_status(SG_ERROR(StatusCode::kInvalidArgument, str_cat("vocab_size is ", vocab_size), ""));
+             }
+             return std::make_shared<PyModelRunner>(std::move(fn), vocab_size);
+           }),
+           py::arg("fn"), py::arg("vocab_size"));
+
+  py::class_<Engine, std::unique_ptr<Engine, EngineDeleter>>(m, "Engine")
+      .def(py::init([](std::shared_ptr<ModelRunner> runner, py::handle config) {
+             std::unique_ptr<Engine> e;
+             check(Engine::create(engine_config_from(config), std::move(runner), &e));
+             return e.release();
+           }),
+           py::arg("runner"), py::arg("config"))
+      .def("submit", [](Engine& e, py::handle prompt_ids, py::handle params, int adapter_id) {
+             Request r;
+             r.prompt_token_ids = as_token_ids(prompt_ids, "argument", "prompt_ids");
+             r.params = sampling_params_from(params);
+             r.adapter_id = adapter_id;
+             uint64_t id = 0;
+             check(e.submit(std::move(r), &id));
+             return id;
+           },
+           py::arg("prompt_ids"), py::arg("params"), py::arg("adapter_id") = -1)
+      .def("abort", &Engine::abort, py::arg("request_id"))
+      .def("start", [](Engine& e) {
+        check(e.start());
+        std::lock_guard<std::mutex> lock(g_live_mu);
+        g_live_engines.insert(&e);
+      })
+      .def("shutdown", &Engine::shutdown, py::call_guard<py::gil_scoped_release>())
+      .def("step", [](Engine& e) {
+        Status st;
+        {
+          py::gil_scoped_release nogil;
+          st = e.step();
+        }
+        check(st);
+      })
+      .def("poll", [](Engine& e, double timeout) {
+             std::vector<RequestOutput> outs;
+             {
+               py::gil_scoped_release nogil;
+               outs = e.poll(timeout);
+             }
+             py::list l;
+             for (const RequestOutput& o : outs) l.append(output_tuple(o));
+             return l;
+           },
+           py::arg("timeout") = 0.0,
+           "Outputs queued since the last poll, as RequestOutput field tuples; waits up to `timeout` seconds "
+           "(< 0: until some arrive) when there are none.")
+      .def("stats", [](const Engine& e) { return stats_dict(e.stats()); })
+      .def_property_readonly("running", &Engine::running)
+      .def_property_readonly("vocab_size", &Engine::vocab_size)
+      .def_property_readonly("max_model_len", [](const Engine& e) { return e.config().max_model_len; });
+
+  py::module_::import("atexit").attr("register")(py::cpp_function(&shutdown_live_engines));
+
+  // The sampler on one logits row, for tests and offline checks.
+  m.def("apply_penalties", [](py::array_t<float, py::array::c_style | py::array::forcecast> logits, py::handle params,
+                              py::handle prompt_ids, py::handle output_ids) {
+          int V = 0, P = 0;
+          std::vector<float> row = row_from(logits, &V);
+          std::vector<int32_t> ids = context_of(prompt_ids, output_ids, &P);
+          SamplingParams p = sampling_params_from(params);
+          check(p.validate(V));
+          for (size_t i = 0; i < ids.size(); ++i) {
+            if (ids[i] < 0 || ids[i] >= V) bad_field("argument", "token ids", str_cat(ids[i], " is out of range"), "");
+          }
+          Sampler(V).apply_penalties(row.data(), p, ids, P);
+          return py::array_t<float>({static_cast<py::ssize_t>(V)}, row.data());
+        },
+        py::arg("logits"), py::arg("params"), py::arg("prompt_ids"), py::arg("output_ids"),
+        "The row after min_tokens masking and the repetition / frequency / presence penalties.");
+  m.def("sample", [](py::array_t<float, py::array::c_style | py::array::forcecast> logits, py::handle params,
+                     py::handle prompt_ids, py::handle output_ids, int n) {
+          int V = 0, P = 0;
+          std::vector<float> row = row_from(logits, &V);
+          std::vector<int32_t> ids = context_of(prompt_ids, output_ids, &P);
+          SamplingParams p = sampling_params_from(params);
+          check(p.validate(V));
+          for (size_t i = 0; i < ids.size(); ++i) {
+            if (ids[i] < 0 || ids[i] >= V) bad_field("argument", "token ids", str_cat(ids[i], " is out of range"), "");
+          }
+          std::mt19937_64 rng(p.seed);
+          std::vector<int32_t> out(std::max(n, 0));
+          Sampler sampler(V);
+          Status st;
+          {
+            py::gil_scoped_release nogil;
+            for (int32_t& t : out) {
+              st = sampler.sample(row.data(), p, ids, P, rng, &t);
+              if (!st.ok()) break;
+            }
+          }
+          check(st);
+          return py::array_t<int32_t>({static_cast<py::ssize_t>(out.size())}, out.data());
+        },
+        py::arg("logits"), py::arg("params"), py::arg("prompt_ids"), py::arg("output_ids"), py::arg("n") = 1,
+        "n draws from one row with one generator seeded from params.seed (0 when unset).");
+  m.def("logprob", [](py::array_t<float, py::array::c_style | py::array::forcecast> logits, int token, int top_n) {
+          int V = 0;
+          std::vector<float> row = row_from(logits, &V);
+          if (token < 0 || token >= V) bad_field("argument", "token", str_cat(token, " is out of range"), "");
+          return logprob_tuple(Sampler(V).logprob(row.data(), token, top_n));
+        },
+        py::arg("logits"), py::arg("token"), py::arg("top_n") = 0,
+        "(token, logprob, rank, [(id, logprob), ...]) under log_softmax(logits).");
+}
+
+}  // namespace surogate::bindings

@@ -1,0 +1,177 @@
+#include "serve/block_manager.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cstring>
+
+namespace surogate::serve {
+
+namespace {
+
+uint64_t mix64(uint64_t x) {  // splitmix64's finalizer
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  x ^= x >> 31;
+  return x;
+}
+
+uint64_t block_hash(uint64_t parent, const int32_t* tokens, int n) {
+  uint64_t h = mix64(parent + 0x9e3779b97f4a7c15ULL);
+  for (int i = 0; i < n; ++i) h = mix64(h ^ (static_cast<uint64_t>(static_cast<uint32_t>(tokens[i])) + 0x632be59bd9b4e019ULL));
+  return h;
+}
+
+constexpr uint64_t kRootHash = 0x5eed5eed5eed5eedULL;
+
+}  // namespace
+
+BlockManager::BlockManager(int num_blocks, int block_size, bool enable_prefix_caching)
+    : block_size_(block_size), enable_prefix_caching_(enable_prefix_caching), blocks_(num_blocks) {
+  assert(num_blocks > 0 && block_size > 0);
+  free_.reserve(num_blocks);
+  for (int i = num_blocks - 1; i >= 0; --i) free_.push_back(i);  // hand out block 0 first
+}
+
+void BlockManager::hash_full_blocks(Sequence& seq) const {
+  const int full = seq.num_tokens() / block_size_;
+  auto& hashes = seq.block_hashes;
+  while (static_cast<int>(hashes.size()) < full) {
+    const int i = static_cast<int>(hashes.size());
+    const uint64_t parent = i == 0 ? kRootHash : hashes[i - 1];
+    hashes.push_back(block_hash(parent, seq.token_ids.data() + static_cast<size_t>(i) * block_size_, block_size_));
+  }
+}
+
+std::vector<int> BlockManager::find_cached_prefix(Sequence& seq) {
+  std::vector<int> hits;
+  if (!enable_prefix_caching_ || seq.wants_prompt_logprobs()) return hits;  // those rows must be computed
+  hash_full_blocks(seq);
+  const int max_blocks = (seq.num_tokens() - 1) / block_size_;
+  for (int i = 0; i < max_blocks; ++i) {
+    auto it = cached_.find(seq.block_hashes[i]);
+    if (it == cached_.end()) break;
+    const Block& b = blocks_[it->second];
+    const uint64_t parent = i == 0 ? kRootHash : seq.block_hashes[i - 1];
+    const int32_t* tokens = seq.token_ids.data() + static_cast<size_t>(i) * block_size_;
+    if (b.parent_hash != parent || std::memcmp(b.tokens.data(), tokens, sizeof(int32_t) * block_size_) != 0) break;
+    hits.push_back(it->second);
+  }
+  return hits;
+}
+
+bool BlockManager::can_allocate(Sequence& seq) {
+  int hits_in_use = 0;
+  for (int b : find_cached_prefix(seq)) hits_in_use += blocks_[b].ref_count > 0;
+  return blocks_for(seq.num_tokens()) - hits_in_use <= num_free();
+}
+
+void BlockManager::allocate(Sequence& seq) {
+  assert(seq.block_table.empty());
+  const std::vector<int> hits = find_cached_prefix(seq);
+  for (int b : hits) {  // claim the hits first, so that taking fresh blocks cannot evict them
+    claim(b);
+    seq.block_table.push_back(b);
+  }
+  const int needed = blocks_for(seq.num_tokens());
+  while (static_cast<int>(seq.block_table.size()) < needed) seq.block_table.push_back(take_free_block());
+  seq.num_registered_blocks = static_cast<int>(hits.size());
+  seq.num_cached_tokens = static_cast<int>(hits.size()) * block_size_;
+  seq.num_computed_tokens = seq.num_cached_tokens;
+  if (enable_prefix_caching_) {
+    queries_ += seq.num_tokens();
+    hits_ += seq.num_cached_tokens;
+  }
+}
+
+bool BlockManager::can_append(const Sequence& seq) const {
+  return blocks_for(seq.num_tokens()) - static_cast<int>(seq.block_table.size()) <= num_free();
+}
+
+void BlockManager::may_append(Sequence& seq) {
+  while (static_cast<int>(seq.block_table.size()) < blocks_for(seq.num_tokens())) {
+    seq.block_table.push_back(take_free_block());
+  }
+}
+
+void BlockManager::cache_computed_blocks(Sequence& seq) {
+  if (!enable_prefix_caching_) return;
+  const int full = std::min(seq.num_computed_tokens / block_size_, static_cast<int>(seq.block_table.size()));
+  if (full <= seq.num_registered_blocks) return;
+  hash_full_blocks(seq);
+  for (int i = seq.num_registered_blocks; i < full; ++i) {
+    const uint64_t h = seq.block_hashes[i];
+    // Another sequence computed the same block first (both prefilled at once): keep that one,
+    // this copy is freed without a hash.
+    if (cached_.count(h)) continue;
+    Block& b = blocks_[seq.block_table[i]];
+    assert(!b.has_hash && b.ref_count > 0);
+    b.has_hash = true;
+    b.hash = h;
+    b.parent_hash = i == 0 ? kRootHash : seq.block_hashes[i - 1];
+    const int32_t* tokens = seq.token_ids.data() + static_cast<size_t>(i) * block_size_;
+    b.tokens.assign(tokens, tokens + block_size_);
+    cached_.emplace(h, seq.block_table[i]);
+  }
+  seq.num_registered_blocks = full;
+}
+
+void BlockManager::deallocate(Sequence& seq) {
+  // Last blocks first: a sequence's tail is evicted before the prefix other requests may share.
+  for (auto it = seq.block_table.rbegin(); it != seq.block_table.rend(); ++it) {
+    Block& b = blocks_[*it];
+    assert(b.ref_count > 0);
+    if (--b.ref_count > 0) continue;
+    --num_used_;
+    if (b.has_hash) {
+      b.lru_pos = evictable_.insert(evictable_.end(), *it);
+    } else {
+      free_.push_back(*it);
+    }
+  }
+  seq.block_table.clear();
+  seq.num_registered_blocks = 0;
+}
+
+void BlockManager::claim(int block_id) {
+  Block& b = blocks_[block_id];
+  if (b.ref_count++ == 0) {
+    evictable_.erase(b.lru_pos);
+    ++num_used_;
+  }
+}
+
+int BlockManager::take_free_block() {
+  int id;
+  if (!free_.empty()) {
+    id = free_.back();
+    free_.pop_back();
+  } else {
+    assert(!evictable_.empty() && "take_free_block without a can_allocate / can_append check");
+    id = evictable_.front();
+    evictable_.pop_front();
+    Block& b = blocks_[id];
+    cached_.erase(b.hash);
+    b.has_hash = false;
+    b.tokens.clear();
+  }
+  assert(blocks_[id].ref_count == 0);
+  blocks_[id].ref_count = 1;
+  ++num_used_;
+  return id;
+}
+
+BlockManagerStats BlockManager::stats() const {
+  BlockManagerStats s;
+  s.num_blocks = num_blocks();
+  s.used = num_used_;
+  s.free = num_free();
+  s.cached = static_cast<int>(evictable_.size());
+  s.kv_usage = static_cast<double>(num_used_) / num_blocks();
+  s.prefix_cache_queries = queries_;
+  s.prefix_cache_hits = hits_;
+  return s;
+}
+
+}  // namespace surogate::serve

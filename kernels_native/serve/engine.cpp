@@ -1,0 +1,354 @@
+#include "serve/engine.h"
+
+#include <algorithm>
+#include <cassert>
+
+#include "core/thread_pool.h"
+
+namespace surogate::serve {
+
+namespace {
+
+Status config_error(const char* field, const std::string& what, const std::string& hint) {
+  return Status(StatusCode::kInvalidArgument, str_cat("engine config '", field, "' ", what), __FILE__, __LINE__,
+                hint);
+}
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+SchedulerConfig scheduler_config(const EngineConfig& c) {
+  SchedulerConfig s;
+  s.max_num_seqs = c.max_num_seqs;
+  s.max_num_batched_tokens = c.max_num_batched_tokens;
+  s.max_model_len = c.max_model_len;
+  return s;
+}
+
+}  // namespace
+
+Status Engine::create(const EngineConfig& config, std::shared_ptr<ModelRunner> runner, std::unique_ptr<Engine>* out) {
+  EngineConfig c = config;
+  if (!runner) return SG_ERROR(StatusCode::kInvalidArgument, "the engine needs a model runner", "");
+  const int V = runner->vocab_size();
+  if (V <= 0) return SG_ERROR(StatusCode::kInvalidArgument, str_cat("model runner reports vocab_size ", V), "");
+  if (c.block_size <= 0) return config_error("block_size", str_cat("is ", c.block_size), "use a positive size, e.g. 16");
+  if (c.num_blocks <= 0) {
+    return config_error("num_blocks", str_cat("is ", c.num_blocks), "size the KV cache: at least one block");
+  }
+  if (c.max_num_seqs <= 0) return config_error("max_num_seqs", str_cat("is ", c.max_num_seqs), "use e.g. 128");
+  if (c.max_num_batched_tokens <= 0) {
+    return config_error("max_num_batched_tokens", str_cat("is ", c.max_num_batched_tokens), "use e.g. 8192");
+  }
+  const int64_t capacity = static_cast<int64_t>(c.num_blocks) * c.block_size;
+  if (capacity > INT32_MAX) return config_error("num_blocks", "x block_size overflows 32-bit slot ids", "");
+  if (c.max_model_len < 0 || c.max_model_len > capacity) {
+    return config_error("max_model_len", str_cat("is ", c.max_model_len, " but the KV cache holds ", capacity, " tokens"),
+                        "lower max_model_len (0 = the cache's capacity) or add KV blocks");
+  }
+  if (c.max_model_len == 0) c.max_model_len = static_cast<int>(capacity);
+  for (size_t i = 0; i < c.eos_token_ids.size(); ++i) {
+    if (c.eos_token_ids[i] < 0 || c.eos_token_ids[i] >= V) {
+      return config_error("eos_token_ids", str_cat("[", i, "] = ", c.eos_token_ids[i], " is not a token id"),
+                          str_cat("token ids are in [0, ", V, ")"));
+    }
+  }
+  out->reset(new Engine(c, std::move(runner)));
+  return Status::OK();
+}
+
+Engine::Engine(const EngineConfig& config, std::shared_ptr<ModelRunner> runner)
+    : config_(config), runner_(std::move(runner)),
+      block_manager_(config.num_blocks, config.block_size, config.enable_prefix_caching),
+      scheduler_(scheduler_config(config), &block_manager_), sampler_(runner_->vocab_size()) {
+  seed_base_ = config.has_seed ? config.seed : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+  publish_stats();
+}
+
+Engine::~Engine() { shutdown(); }
+
+// ---- the caller's side -------------------------------------------------------------------
+
+Status Engine::submit(Request req, uint64_t* id) {
+  const int V = sampler_.vocab_size();
+  SG_CHECK_ARG(!req.prompt_token_ids.empty(), "the prompt is empty: a request needs at least one token");
+  for (size_t i = 0; i < req.prompt_token_ids.size(); ++i) {
+    const int32_t t = req.prompt_token_ids[i];
+    SG_CHECK(t >= 0 && t < V, StatusCode::kInvalidArgument,
+             str_cat("prompt token [", i, "] = ", t, " is not a token id"), str_cat("token ids are in [0, ", V, ")"));
+  }
+  SG_CHECK(req.adapter_id >= -1, StatusCode::kInvalidArgument, str_cat("adapter id ", req.adapter_id, " is invalid"),
+           "use -1 for the base model or an adapter slot id");
+  if (req.params.eos_token_ids.empty()) req.params.eos_token_ids = config_.eos_token_ids;
+  SG_RETURN_IF_ERROR(req.params.validate(V));
+
+  const uint64_t rng_seed =
+      req.params.has_seed ? req.params.seed : splitmix64(seed_base_ ^ splitmix64(seed_counter_.fetch_add(1)));
+  const uint64_t seq_id = next_id_.fetch_add(1);
+  auto seq = std::make_unique<Sequence>(seq_id, std::move(req.prompt_token_ids), std::move(req.params),
+                                        req.adapter_id, rng_seed);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    SG_CHECK(!shut_down_, StatusCode::kUnsupported, "the engine is shut down", "create a new engine");
+    inbox_.push_back({std::move(seq), 0});
+  }
+  cv_.notify_one();
+  *id = seq_id;
+  return Status::OK();
+}
+
+void Engine::abort(uint64_t id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shut_down_) return;
+    inbox_.push_back({nullptr, id});
+  }
+  cv_.notify_one();
+}
+
+Status Engine::start() {
+  std::lock_guard<std::mutex> lock(mu_);
+  SG_CHECK(!shut_down_, StatusCode::kUnsupported, "the engine is shut down", "create a new engine");
+  SG_CHECK(!thread_.joinable(), StatusCode::kInvalidArgument, "the engine is already running", "");
+  thread_ = std::thread([this] { loop(); });
+  running_ = true;
+  return Status::OK();
+}
+
+void Engine::shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  running_ = false;
+  abort_all();  // the engine thread is gone: this thread owns the state now
+  outputs_.close();
+}
+
+Status Engine::step() {
+  SG_CHECK(!running_, StatusCode::kInvalidArgument, "step() while the engine thread is running",
+           "use either start() and poll(), or step() alone");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    SG_CHECK(!shut_down_, StatusCode::kUnsupported, "the engine is shut down", "create a new engine");
+  }
+  step_once();
+  return Status::OK();
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  return stats_;
+}
+
+// ---- the engine thread -------------------------------------------------------------------
+
+void Engine::loop() {
+  bool busy = false;
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || busy || !inbox_.empty(); });
+      if (stop_) return;
+    }
+    // A step that scheduled nothing while work is queued cannot happen (an idle cache fits any
+    // admissible prompt); waiting for the inbox then avoids spinning should it ever.
+    busy = step_once() && scheduler_.has_unfinished();
+  }
+}
+
+bool Engine::step_once() {
+  drain_inbox();
+  StepPlan plan = scheduler_.schedule();
+  for (Sequence* seq : plan.rejected) {
+    output_for(*seq);
+    finished_.push_back(seq);
+  }
+  if (!plan.empty()) {
+    Tensor logits;
+    const Status st = run(plan, &logits);
+    if (st.ok()) {
+      postprocess(plan, logits);
+    } else {
+      counters_.last_error = st.to_string();
+      for (const ScheduledSeq& ss : plan.seqs) {
+        finish(*ss.seq, FinishReason::kError, str_cat("model runner failed: ", st.to_string()));
+      }
+    }
+    ++counters_.num_steps;
+    counters_.num_preemptions += plan.num_preempted;
+  }
+  collect_finished();
+  return !plan.empty() || !plan.rejected.empty();
+}
+
+void Engine::drain_inbox() {
+  std::vector<Command> commands;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    commands.swap(inbox_);
+  }
+  for (Command& c : commands) {
+    if (c.seq) {
+      Sequence* seq = c.seq.get();
+      sequences_.emplace(seq->id, std::move(c.seq));
+      scheduler_.add(seq);
+      continue;
+    }
+    auto it = sequences_.find(c.abort_id);
+    if (it == sequences_.end() || it->second->is_finished()) continue;
+    finish(*it->second, FinishReason::kAbort, "");
+  }
+}
+
+Status Engine::run(const StepPlan& plan, Tensor* logits) {
+  SG_RETURN_IF_ERROR(runner_->run(plan.input, logits));
+  const int64_t R = plan.input.num_logits_rows(), V = sampler_.vocab_size();
+  const Tensor& t = *logits;
+  SG_CHECK(t.device.is_cpu() && t.dtype == DType::kF32 && t.ndim == 2 && t.shape[0] == R && t.shape[1] == V &&
+               (R == 0 || (t.data != nullptr && t.strides[1] == 1 && t.strides[0] >= V)),
+           StatusCode::kShapeMismatch,
+           str_cat("model runner returned logits ", t.describe(), "; expected float32[", R, ", ", V, "] on cpu"),
+           "return one row per StepInput.logits_rows entry, with contiguous rows");
+  return Status::OK();
+}
+
+void Engine::postprocess(const StepPlan& plan, const Tensor& logits) {
+  scheduler_.update(plan);
+  const float* base = logits.ptr<float>();
+  const int64_t stride = logits.ndim == 2 ? logits.strides[0] : 0;
+  auto row = [&](int r) { return base + r * stride; };
+
+  // Prompt logprobs of this chunk.
+  for (const ScheduledSeq& ss : plan.seqs) {
+    Sequence& seq = *ss.seq;
+    for (int j = 0; j < ss.num_prompt_lp_rows; ++j) {
+      const int pos = ss.prompt_lp_pos + j;
+      seq.prompt_logprobs.push_back(
+          sampler_.logprob(row(ss.prompt_lp_row + j), seq.token_ids[pos + 1], seq.params.prompt_logprobs));
+    }
+    if (ss.num_prompt_lp_rows > 0) seq.prompt_logprobs_next = ss.prompt_lp_pos + ss.num_prompt_lp_rows;
+  }
+
+  // Sampling is independent per sequence (each has its own generator): spread it over the pool.
+  std::vector<const ScheduledSeq*> to_sample;
+  for (const ScheduledSeq& ss : plan.seqs) {
+    if (ss.sample_row >= 0) to_sample.push_back(&ss);
+  }
+  std::vector<int32_t> tokens(to_sample.size(), -1);
+  std::vector<TokenLogprob> lps(to_sample.size());
+  std::vector<Status> errors(to_sample.size());
+  const int64_t grain = std::max<int64_t>(1, 65536 / std::max(1, sampler_.vocab_size()));
+  parallel_for(0, static_cast<int64_t>(to_sample.size()), grain, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      Sequence& seq = *to_sample[i]->seq;
+      const float* r = row(to_sample[i]->sample_row);
+      errors[i] = sampler_.sample(r, seq, &tokens[i]);
+      if (errors[i].ok() && seq.params.logprobs >= 0) lps[i] = sampler_.logprob(r, tokens[i], seq.params.logprobs);
+    }
+  });
+
+  for (size_t i = 0; i < to_sample.size(); ++i) {
+    Sequence& seq = *to_sample[i]->seq;
+    if (!errors[i].ok()) {
+      counters_.last_error = errors[i].to_string();
+      finish(seq, FinishReason::kError, errors[i].message());
+      continue;
+    }
+    if (seq.num_output_tokens() == 0) counters_.prompt_tokens += seq.num_prompt_tokens;
+    ++counters_.generation_tokens;
+    seq.token_ids.push_back(tokens[i]);
+    RequestOutput& out = output_for(seq);
+    out.new_token_ids.push_back(tokens[i]);
+    if (seq.params.logprobs >= 0) out.logprobs.push_back(std::move(lps[i]));
+    check_stop(seq, tokens[i]);
+  }
+}
+
+void Engine::check_stop(Sequence& seq, int32_t token) {
+  const SamplingParams& p = seq.params;
+  const bool past_min = seq.num_output_tokens() >= p.min_tokens;
+  auto contains = [token](const std::vector<int32_t>& ids) {
+    return std::find(ids.begin(), ids.end(), token) != ids.end();
+  };
+  if (past_min && ((!p.ignore_eos && contains(p.eos_token_ids)) || contains(p.stop_token_ids))) {
+    seq.stop_token_id = token;
+    finish(seq, FinishReason::kStop, "");
+  } else if (p.max_tokens > 0 && seq.num_output_tokens() >= p.max_tokens) {
+    finish(seq, FinishReason::kLength, "");
+  } else if (seq.num_tokens() >= config_.max_model_len) {
+    finish(seq, FinishReason::kLength,
+         str_cat("reached the context limit of ", config_.max_model_len, " tokens (max_model_len)"));
+  }
+}
+
+// Finish a sequence for any reason: out of the queues, blocks freed, an output that says why;
+// erased at the end of the step.
+void Engine::finish(Sequence& seq, FinishReason reason, std::string message) {
+  if (seq.is_finished()) return;
+  scheduler_.finish(&seq, reason, std::move(message));
+  output_for(seq);
+  finished_.push_back(&seq);
+}
+
+RequestOutput& Engine::output_for(Sequence& seq) {
+  auto [it, inserted] = step_output_index_.emplace(seq.id, step_outputs_.size());
+  if (inserted) {
+    RequestOutput o;
+    o.request_id = seq.id;
+    step_outputs_.push_back(std::move(o));
+  }
+  return step_outputs_[it->second];
+}
+
+void Engine::collect_finished() {
+  for (RequestOutput& out : step_outputs_) {
+    Sequence& seq = *sequences_.at(out.request_id);
+    out.num_prompt_tokens = seq.num_prompt_tokens;
+    out.num_cached_tokens = seq.num_cached_tokens;
+    out.num_output_tokens = seq.num_output_tokens();
+    if (seq.params.prompt_logprobs >= 0 && !seq.prompt_logprobs_sent &&
+        (!out.new_token_ids.empty() || seq.is_finished())) {
+      out.has_prompt_logprobs = true;
+      out.prompt_logprobs = std::move(seq.prompt_logprobs);
+      seq.prompt_logprobs_sent = true;
+    }
+    if (seq.is_finished()) {
+      out.finish_reason = seq.finish_reason;
+      out.finish_message = seq.finish_message;
+      out.stop_token_id = seq.stop_token_id;
+    }
+  }
+  counters_.num_finished += static_cast<int64_t>(finished_.size());
+  for (Sequence* seq : finished_) sequences_.erase(seq->id);
+  finished_.clear();
+  publish_stats();  // first: whoever reads these outputs sees stats that include them
+  outputs_.push(std::move(step_outputs_));
+  step_outputs_.clear();
+  step_output_index_.clear();
+}
+
+void Engine::abort_all() {
+  drain_inbox();
+  for (auto& [id, seq] : sequences_) finish(*seq, FinishReason::kAbort, "the engine shut down");
+  collect_finished();
+}
+
+void Engine::publish_stats() {
+  EngineStats s = counters_;
+  s.num_running = scheduler_.num_running();
+  s.num_waiting = scheduler_.num_waiting();
+  s.blocks = block_manager_.stats();
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_ = s;
+}
+
+}  // namespace surogate::serve

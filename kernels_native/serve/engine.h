@@ -1,0 +1,137 @@
+// Engine: one model's continuous-batching loop. Requests come in through submit() and abort()
+// from any thread (an inbox under a mutex); the engine thread owns everything else (sequences,
+// scheduler, block manager) and runs step() until shutdown:
+//
+//   plan = scheduler.schedule();         // which tokens run, where their KV goes
+//   runner.run(plan.input, &logits);     // the model
+//   postprocess(plan, logits);           // sample, append, check stop conditions
+//   collect_finished();                  // free finished sequences, push outputs to the channel
+//
+// Outputs go to an OutputChannel that consumers poll. The engine never touches Python: a
+// runner that calls Python (PyModelRunner) takes the GIL only inside its run().
+// Without start(), step() drives the same loop from the caller's thread (tests, offline use).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "serve/block_manager.h"
+#include "serve/model_runner.h"
+#include "serve/output_channel.h"
+#include "serve/sampler.h"
+#include "serve/scheduler.h"
+
+namespace surogate::serve {
+
+struct EngineConfig {
+  int block_size = 16;
+  int num_blocks = 0;                // KV cache size, in blocks (the runner allocates the memory)
+  int max_num_seqs = 128;
+  int max_num_batched_tokens = 8192;
+  int max_model_len = 0;             // prompt + output per request; 0 = what the cache holds
+  bool enable_prefix_caching = true;
+  std::vector<int32_t> eos_token_ids;  // the model's; used by requests that name none
+  bool has_seed = false;             // base of the generators of requests without a seed
+  uint64_t seed = 0;
+};
+
+struct Request {
+  std::vector<int32_t> prompt_token_ids;
+  SamplingParams params;
+  int32_t adapter_id = -1;
+};
+
+struct EngineStats {
+  int num_running = 0;
+  int num_waiting = 0;
+  BlockManagerStats blocks;
+  int64_t prompt_tokens = 0;      // prompts of requests that reached their first token
+  int64_t generation_tokens = 0;  // tokens sampled
+  int64_t num_preemptions = 0;
+  int64_t num_steps = 0;
+  int64_t num_finished = 0;       // requests finished for any reason (aborts and errors included)
+  std::string last_error;         // the last runner / sampling failure, if any
+};
+
+class Engine {
+ public:
+  // Validates the config against the runner (vocab size) and builds the engine, not started.
+  static Status create(const EngineConfig& config, std::shared_ptr<ModelRunner> runner,
+                       std::unique_ptr<Engine>* out);
+  ~Engine();
+
+  // Queue a request; its id is written to *id. Bad input (empty prompt, token ids outside the
+  // vocabulary, sampling parameters out of range) is an error naming the field.
+  Status submit(Request request, uint64_t* id);
+  // Finish a request now ("abort"): its blocks are freed before the next step. Unknown or
+  // already finished ids are ignored.
+  void abort(uint64_t id);
+
+  Status start();
+  // Stop the engine thread after its current step; requests still in flight finish as "abort".
+  void shutdown();
+  bool running() const { return running_.load(); }
+  // One iteration on the calling thread; only while the engine thread is not running.
+  Status step();
+
+  std::vector<RequestOutput> poll(double timeout_s) { return outputs_.poll(timeout_s); }
+  EngineStats stats() const;
+  const EngineConfig& config() const { return config_; }
+  int vocab_size() const { return sampler_.vocab_size(); }
+
+ private:
+  Engine(const EngineConfig& config, std::shared_ptr<ModelRunner> runner);
+
+  struct Command {
+    std::unique_ptr<Sequence> seq;  // a submission, or
+    uint64_t abort_id = 0;          // an abort when seq is null
+  };
+
+  void loop();
+  bool step_once();  // true when it scheduled anything
+  void drain_inbox();
+  Status run(const StepPlan& plan, Tensor* logits);
+  void postprocess(const StepPlan& plan, const Tensor& logits);
+  void check_stop(Sequence& seq, int32_t token);
+  void finish(Sequence& seq, FinishReason reason, std::string message);
+  void collect_finished();
+  void abort_all();
+  RequestOutput& output_for(Sequence& seq);
+  void publish_stats();
+
+  EngineConfig config_;
+  std::shared_ptr<ModelRunner> runner_;
+  BlockManager block_manager_;
+  Scheduler scheduler_;
+  Sampler sampler_;
+  OutputChannel outputs_;
+
+  // Engine-thread state.
+  std::unordered_map<uint64_t, std::unique_ptr<Sequence>> sequences_;
+  std::vector<RequestOutput> step_outputs_;
+  std::unordered_map<uint64_t, size_t> step_output_index_;
+  std::vector<Sequence*> finished_;
+  EngineStats counters_;
+
+  // Shared with submitters.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Command> inbox_;
+  bool stop_ = false;
+  bool shut_down_ = false;
+  std::atomic<uint64_t> next_id_{1};
+  uint64_t seed_base_ = 0;
+  std::atomic<uint64_t> seed_counter_{0};
+  std::thread thread_;
+  std::atomic<bool> running_{false};
+
+  mutable std::mutex stats_mu_;
+  EngineStats stats_;
+};
+
+}  // namespace surogate::serve

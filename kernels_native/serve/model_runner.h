@@ -1,0 +1,75 @@
+// ModelRunner: what the engine asks of a model, once per step. The engine decides which tokens
+// of which sequences run and where their KV goes; the runner computes the KV of those tokens into
+// its paged cache and the logits of the rows the engine asks for. The real runner (a native
+// Program over the paged KV cache) implements this interface; PyModelRunner (bindings) calls a
+// Python callable instead, for tests and as a bridge.
+//
+// Shape letters: T tokens in the step, S sequences, B max_blocks_per_seq, R logits rows, V vocab.
+// Every array is host int32, row-major, flattened in sequence order (the tokens of sequence s are
+// [cu_q[s], cu_q[s+1])).
+//
+//   token_ids     [T]     input token of each row
+//   positions     [T]     its position in its sequence (0-based), for rope
+//   slot_mapping  [T]     where its K/V go: block * block_size + offset in the block
+//   cu_q          [S+1]   query start of each sequence (cu_seqlens_q); cu_q[S] = T
+//   context_lens  [S]     tokens of the sequence in the cache after this step (cached prefix +
+//                         earlier chunks + this step's tokens); each query row at position p
+//                         attends causally to positions 0..p of its own sequence
+//   block_tables  [S, B]  the blocks holding positions 0..context_len-1, padded with -1;
+//                         position p is in slot block_tables[s, p / block_size] * block_size + p % block_size
+//   logits_rows   [R]     rows (indices into T, increasing) whose logits the engine needs: the last
+//                         token of a sequence whose prompt is complete (or decoding), and every
+//                         prompt row of a request that asked for prompt_logprobs
+//   adapter_ids   [S]     LoRA adapter slot per sequence, -1 = the base model
+//   request_ids   [S]     (int64) the engine's request ids, for logging and per-request state
+//
+// Writes to the cache happen before attention reads it (as in a layer: store K/V, then attend),
+// so a sequence's query rows see this step's own tokens. Blocks shared between sequences (prefix
+// cache hits) are only read: slot_mapping never points into a block another sequence holds.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/status.h"
+#include "core/tensor.h"
+
+namespace surogate::serve {
+
+struct StepInput {
+  int32_t block_size = 0;
+  int32_t num_tokens = 0;          // T
+  int32_t num_seqs = 0;            // S
+  int32_t max_blocks_per_seq = 0;  // B
+  int32_t max_query_len = 0;       // max over sequences of cu_q[s+1] - cu_q[s]
+  int32_t max_context_len = 0;     // max of context_lens
+  std::vector<int32_t> token_ids;
+  std::vector<int32_t> positions;
+  std::vector<int32_t> slot_mapping;
+  std::vector<int32_t> cu_q;
+  std::vector<int32_t> context_lens;
+  std::vector<int32_t> block_tables;
+  std::vector<int32_t> logits_rows;
+  std::vector<int32_t> adapter_ids;
+  std::vector<int64_t> request_ids;
+
+  int32_t num_logits_rows() const { return static_cast<int32_t>(logits_rows.size()); }  // R
+  bool is_decode_only() const { return num_tokens == num_seqs; }
+
+  // A Tensor view (no copy) of one of the arrays above, e.g. int32_view(slot_mapping, {T}).
+  static Tensor int32_view(const std::vector<int32_t>& v, const std::vector<int64_t>& shape) {
+    return Tensor::view_of(const_cast<int32_t*>(v.data()), DType::kI32, shape);
+  }
+};
+
+class ModelRunner {
+ public:
+  virtual ~ModelRunner() = default;
+  // Compute the KV of in's tokens into the cache and the logits of in.logits_rows. On success
+  // *logits_out is a host float32 [R, V] tensor with contiguous rows (its row stride may exceed
+  // V); it may be the runner's own memory, read by the engine before the next run().
+  virtual Status run(const StepInput& in, Tensor* logits_out) = 0;
+  virtual int vocab_size() const = 0;
+};
+
+}  // namespace surogate::serve

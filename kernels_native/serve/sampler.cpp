@@ -1,0 +1,204 @@
+#include "serve/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+namespace surogate::serve {
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Scratch reused across calls on one thread (sampling runs on the engine thread or its pool).
+struct Scratch {
+  std::vector<float> row;
+  std::vector<int32_t> counts;  // per token id, zero between calls
+  std::vector<int32_t> order;
+};
+
+Scratch& scratch(int vocab_size) {
+  thread_local Scratch s;
+  if (static_cast<int>(s.row.size()) < vocab_size) {
+    s.row.resize(vocab_size);
+    s.counts.assign(vocab_size, 0);
+  }
+  return s;
+}
+
+// A double in [0, 1) from the top 53 bits of one draw.
+double uniform01(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
+
+// "a before b" in the order: larger value first, then lower id.
+struct ByValueDesc {
+  const float* v;
+  bool operator()(int32_t a, int32_t b) const { return v[a] > v[b] || (v[a] == v[b] && a < b); }
+};
+
+}  // namespace
+
+void Sampler::apply_penalties(float* logits, const SamplingParams& p, const std::vector<int32_t>& token_ids,
+                              int num_prompt) const {
+  const int num_output = static_cast<int>(token_ids.size()) - num_prompt;
+  if (num_output < p.min_tokens) {
+    for (int32_t t : p.stop_token_ids) logits[t] = kNegInf;
+    if (!p.ignore_eos) {
+      for (int32_t t : p.eos_token_ids) logits[t] = kNegInf;
+    }
+  }
+  std::vector<int32_t>& seen = scratch(vocab_size_).counts;
+  if (p.repetition_penalty != 1.0f) {
+    const float r = p.repetition_penalty;
+    for (int32_t t : token_ids) {
+      if (seen[t]++ == 0) logits[t] = logits[t] > 0.0f ? logits[t] / r : logits[t] * r;
+    }
+    for (int32_t t : token_ids) seen[t] = 0;
+  }
+  if (p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f) {
+    const auto out_begin = token_ids.begin() + num_prompt;
+    for (auto it = out_begin; it != token_ids.end(); ++it) ++seen[*it];
+    for (auto it = out_begin; it != token_ids.end(); ++it) {
+      const int32_t t = *it;
+      if (seen[t] == 0) continue;  // already done
+      logits[t] -= p.frequency_penalty * static_cast<float>(seen[t]) + p.presence_penalty;
+      seen[t] = 0;
+    }
+  }
+}
+
+Status Sampler::sample(const float* logits, const SamplingParams& p, const std::vector<int32_t>& token_ids,
+                       int num_prompt, std::mt19937_64& rng, int32_t* token) const {
+  const int V = vocab_size_;
+  Scratch& s = scratch(V);
+  float* x = s.row.data();
+  for (int i = 0; i < V; ++i) {
+    if (std::isnan(logits[i]) || logits[i] == std::numeric_limits<float>::infinity()) {
+      return SG_ERROR(StatusCode::kInternal, str_cat("the model produced a non-finite logit (", logits[i],
+                                                     ") for token ", i),
+                      "check the model's weights and dtype; NaN logits usually mean an overflow");
+    }
+    x[i] = logits[i];
+  }
+  apply_penalties(x, p, token_ids, num_prompt);
+
+  int32_t best = 0;
+  for (int i = 1; i < V; ++i) best = x[i] > x[best] ? i : best;
+  if (x[best] == kNegInf) {
+    return SG_ERROR(StatusCode::kInvalidArgument, "every token is masked: nothing left to sample",
+                    "min_tokens masks eos and stop_token_ids; check that they do not cover the vocabulary");
+  }
+  if (p.greedy()) {
+    *token = best;
+    return Status::OK();
+  }
+
+  // Unnormalized probabilities relative to the most likely token (e[best] = 1).
+  const float inv_t = 1.0f / p.temperature;
+  const float m = x[best] * inv_t;
+  double total = 0.0;
+  for (int i = 0; i < V; ++i) {
+    x[i] = x[i] == kNegInf ? 0.0f : std::exp(x[i] * inv_t - m);
+    total += x[i];
+  }
+
+  // Candidates: all ids in id order, or the kept ones most likely first.
+  std::vector<int32_t>& cand = s.order;
+  const bool use_top_k = p.top_k > 0 && p.top_k < V;
+  const bool use_top_p = p.top_p < 1.0f;
+  if (use_top_k || use_top_p) {
+    cand.resize(V);
+    std::iota(cand.begin(), cand.end(), 0);
+    ByValueDesc by{x};
+    int keep = use_top_k ? p.top_k : V;
+    if (use_top_p) {
+      // Sort a head that is likely to hold top_p of the mass; sort everything when it does not.
+      int head = std::min(keep, std::max(256, p.top_k));
+      std::partial_sort(cand.begin(), cand.begin() + head, cand.end(), by);
+      double kept_mass = 0.0;
+      if (use_top_k) {
+        for (int i = 0; i < keep; ++i) kept_mass += x[cand[i]];
+      } else {
+        kept_mass = total;
+      }
+      const double target = static_cast<double>(p.top_p) * kept_mass;
+      double acc = 0.0;
+      int n = 0;
+      while (n < keep && acc < target) {
+        if (n == head) {  // the head was not enough: sort the rest of the kept range
+          std::sort(cand.begin() + head, cand.begin() + keep, by);
+          head = keep;
+        }
+        acc += x[cand[n++]];
+      }
+      keep = std::max(n, 1);
+    } else {
+      std::partial_sort(cand.begin(), cand.begin() + keep, cand.end(), by);
+    }
+    cand.resize(keep);
+  } else {
+    cand.clear();
+  }
+
+  // min-p keeps e >= min_p * e_max, and e_max = 1 (the most likely token survives every filter).
+  const float min_e = p.min_p;
+  auto weight = [&](int32_t i) { return x[i] >= min_e ? static_cast<double>(x[i]) : 0.0; };
+  double mass = 0.0;
+  if (cand.empty()) {
+    for (int i = 0; i < V; ++i) mass += weight(i);
+  } else {
+    for (int32_t i : cand) mass += weight(i);
+  }
+  const double u = uniform01(rng) * mass;
+  double acc = 0.0;
+  int32_t chosen = best;
+  auto pick = [&](int32_t i) {
+    const double w = weight(i);
+    if (w == 0.0) return false;
+    chosen = i;
+    acc += w;
+    return acc > u;
+  };
+  if (cand.empty()) {
+    for (int i = 0; i < V; ++i) {
+      if (pick(i)) break;
+    }
+  } else {
+    for (int32_t i : cand) {
+      if (pick(i)) break;
+    }
+  }
+  *token = chosen;
+  return Status::OK();
+}
+
+TokenLogprob Sampler::logprob(const float* logits, int32_t token, int top_n) const {
+  const int V = vocab_size_;
+  float m = kNegInf;
+  for (int i = 0; i < V; ++i) m = std::max(m, logits[i]);
+  double sum = 0.0;
+  for (int i = 0; i < V; ++i) sum += std::exp(static_cast<double>(logits[i]) - m);
+  const double lse = m + std::log(sum);
+
+  TokenLogprob out;
+  out.token_id = token;
+  out.logprob = static_cast<float>(logits[token] - lse);
+  ByValueDesc by{logits};
+  int rank = 1;
+  for (int i = 0; i < V; ++i) rank += by(i, token);
+  out.rank = rank;
+  if (top_n > 0) {
+    std::vector<int32_t>& ids = scratch(V).order;
+    ids.resize(V);
+    std::iota(ids.begin(), ids.end(), 0);
+    const int n = std::min(top_n, V);
+    std::partial_sort(ids.begin(), ids.begin() + n, ids.end(), by);
+    for (int i = 0; i < n; ++i) {
+      out.top_ids.push_back(ids[i]);
+      out.top_logprobs.push_back(static_cast<float>(logits[ids[i]] - lse));
+    }
+  }
+  return out;
+}
+
+}  // namespace surogate::serve

@@ -1,0 +1,170 @@
+#include "serve/scheduler.h"
+
+#include <algorithm>
+#include <cassert>
+
+namespace surogate::serve {
+
+Scheduler::Scheduler(const SchedulerConfig& config, BlockManager* block_manager)
+    : config_(config), block_manager_(block_manager) {
+  assert(config_.max_num_seqs > 0 && config_.max_num_batched_tokens > 0 && config_.max_model_len > 0);
+}
+
+void Scheduler::add(Sequence* seq) {
+  seq->status = SequenceStatus::kWaiting;
+  waiting_.push_back(seq);
+}
+
+StepPlan Scheduler::schedule() {
+  StepPlan plan;
+  int budget = config_.max_num_batched_tokens;
+  BlockManager& bm = *block_manager_;
+
+  // 1. Decodes. Victims come from the back of running_, never from the part already scheduled.
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    Sequence* seq = running_[i];
+    if (!seq->is_decoding()) {
+      ++i;
+      continue;
+    }
+    bool self_preempted = false;
+    while (!bm.can_append(*seq)) {
+      Sequence* victim = running_.back();
+      running_.pop_back();
+      preempt(victim);
+      ++plan.num_preempted;
+      if (victim == seq) {
+        self_preempted = true;
+        break;
+      }
+    }
+    if (self_preempted) break;  // seq was the last one: nothing after it is left
+    bm.may_append(*seq);
+    plan.seqs.push_back({seq, seq->num_computed_tokens, 1});
+    --budget;
+    ++i;
+  }
+
+  // 2. Prefill chunks of sequences admitted earlier.
+  for (Sequence* seq : running_) {
+    if (budget == 0) break;
+    if (seq->is_decoding()) continue;
+    const int len = std::min(seq->num_uncomputed_tokens(), budget);
+    plan.seqs.push_back({seq, seq->num_computed_tokens, len});
+    budget -= len;
+  }
+
+  // 3. Admissions.
+  const int capacity = bm.num_blocks() * bm.block_size();
+  while (!waiting_.empty() && plan.num_preempted == 0 && budget > 0 &&
+         static_cast<int>(running_.size()) < config_.max_num_seqs) {
+    Sequence* seq = waiting_.front();
+    if (seq->num_tokens() > config_.max_model_len || seq->num_tokens() > capacity) {
+      waiting_.pop_front();
+      const bool by_len = config_.max_model_len < capacity;
+      seq->status = SequenceStatus::kFinished;
+      seq->finish_reason = FinishReason::kError;
+      seq->finish_message =
+          by_len ? str_cat("prompt of ", seq->num_tokens(), " tokens is longer than max_model_len (",
+                           config_.max_model_len, " tokens)")
+                 : str_cat("prompt of ", seq->num_tokens(), " tokens can never fit in the KV cache (",
+                           bm.num_blocks(), " blocks of ", bm.block_size(), " tokens = ", capacity, " tokens)");
+      plan.rejected.push_back(seq);
+      continue;
+    }
+    if (!bm.can_allocate(*seq)) break;  // FIFO: later requests do not overtake it
+    waiting_.pop_front();
+    bm.allocate(*seq);
+    seq->status = SequenceStatus::kRunning;
+    running_.push_back(seq);
+    const int len = std::min(seq->num_uncomputed_tokens(), budget);
+    plan.seqs.push_back({seq, seq->num_computed_tokens, len});
+    budget -= len;
+  }
+
+  if (!plan.empty()) build_input(plan);
+  return plan;
+}
+
+void Scheduler::build_input(StepPlan& plan) const {
+  const int bs = block_manager_->block_size();
+  StepInput& in = plan.input;
+  in.block_size = bs;
+  in.num_seqs = static_cast<int32_t>(plan.seqs.size());
+  in.cu_q.push_back(0);
+  for (const ScheduledSeq& ss : plan.seqs) {
+    in.max_blocks_per_seq = std::max(in.max_blocks_per_seq, block_manager_->blocks_for(ss.start + ss.len));
+  }
+  in.block_tables.assign(static_cast<size_t>(in.num_seqs) * in.max_blocks_per_seq, -1);
+
+  for (size_t s = 0; s < plan.seqs.size(); ++s) {
+    ScheduledSeq& ss = plan.seqs[s];
+    Sequence& seq = *ss.seq;
+    const int end = ss.start + ss.len;
+    assert(end <= seq.num_tokens() && ss.start == seq.num_computed_tokens);
+    const int row0 = static_cast<int>(in.token_ids.size());
+    for (int p = ss.start; p < end; ++p) {
+      in.token_ids.push_back(seq.token_ids[p]);
+      in.positions.push_back(p);
+      in.slot_mapping.push_back(seq.block_table[p / bs] * bs + p % bs);
+    }
+    in.cu_q.push_back(static_cast<int32_t>(in.token_ids.size()));
+    in.context_lens.push_back(end);
+    std::copy_n(seq.block_table.begin(), block_manager_->blocks_for(end),
+                in.block_tables.begin() + static_cast<ptrdiff_t>(s) * in.max_blocks_per_seq);
+    in.adapter_ids.push_back(seq.adapter_id);
+    in.request_ids.push_back(static_cast<int64_t>(seq.id));
+    in.max_query_len = std::max(in.max_query_len, ss.len);
+    in.max_context_len = std::max(in.max_context_len, end);
+
+    if (seq.wants_prompt_logprobs()) {
+      const int lo = std::max(ss.start, seq.prompt_logprobs_next);
+      const int hi = std::min(end, seq.num_prompt_tokens - 1);
+      if (lo < hi) {
+        ss.prompt_lp_row = in.num_logits_rows();
+        ss.prompt_lp_pos = lo;
+        ss.num_prompt_lp_rows = hi - lo;
+        for (int p = lo; p < hi; ++p) in.logits_rows.push_back(row0 + (p - ss.start));
+      }
+    }
+    if (end == seq.num_tokens()) {
+      ss.sample_row = in.num_logits_rows();
+      in.logits_rows.push_back(row0 + ss.len - 1);
+    }
+  }
+  in.num_tokens = static_cast<int32_t>(in.token_ids.size());
+}
+
+void Scheduler::update(const StepPlan& plan) {
+  for (const ScheduledSeq& ss : plan.seqs) {
+    Sequence& seq = *ss.seq;
+    if (seq.is_finished()) continue;  // failed or aborted while the step ran
+    seq.num_computed_tokens = ss.start + ss.len;
+    block_manager_->cache_computed_blocks(seq);
+  }
+}
+
+void Scheduler::finish(Sequence* seq, FinishReason reason, std::string message) {
+  if (seq->status == SequenceStatus::kRunning) {
+    running_.erase(std::find(running_.begin(), running_.end(), seq));
+    block_manager_->deallocate(*seq);
+  } else if (seq->status == SequenceStatus::kWaiting) {
+    auto it = std::find(waiting_.begin(), waiting_.end(), seq);
+    if (it != waiting_.end()) waiting_.erase(it);
+  }
+  seq->status = SequenceStatus::kFinished;
+  seq->finish_reason = reason;
+  seq->finish_message = std::move(message);
+}
+
+void Scheduler::preempt(Sequence* seq) {
+  block_manager_->deallocate(*seq);
+  seq->status = SequenceStatus::kWaiting;
+  seq->num_computed_tokens = 0;
+  seq->num_cached_tokens = 0;
+  ++seq->num_preemptions;
+  ++num_preemptions_;
+  waiting_.push_front(seq);
+}
+
+}  // namespace surogate::serve

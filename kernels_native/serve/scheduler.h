@@ -1,0 +1,81 @@
+// Scheduler: decides, each step, which tokens of which sequences run. Two queues: waiting (FIFO;
+// preempted sequences go back to its front) and running (admission order; a running sequence
+// holds KV blocks for all its tokens).
+//
+// One step, in this order, under a token budget (max_num_batched_tokens) and max_num_seqs:
+//   1. decodes: every running sequence with one token left gets it. When its next block cannot be
+//      had, the most recently admitted running sequence not yet scheduled is preempted (blocks
+//      freed, back to the front of waiting, recomputed later); if there is none, the sequence
+//      itself is. Nothing is ever truncated or dropped.
+//   2. prefill chunks of running sequences admitted in an earlier step.
+//   3. admissions from waiting, in order, while blocks, the budget and max_num_seqs allow (none
+//      in a step that preempted). A prompt longer than the budget is split across steps (chunked
+//      prefill). A prompt that can never fit (more tokens than max_model_len or the whole cache)
+//      finishes with an error instead of waiting forever.
+// The result is a StepPlan: each sequence's token span and logits rows, plus the flattened
+// StepInput for the runner.
+#pragma once
+
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "serve/block_manager.h"
+#include "serve/model_runner.h"
+#include "serve/sequence.h"
+
+namespace surogate::serve {
+
+struct SchedulerConfig {
+  int max_num_seqs = 128;
+  int max_num_batched_tokens = 8192;
+  int max_model_len = 0;  // tokens per sequence (prompt + output); the engine resolves it
+};
+
+// One sequence's share of a step: positions [start, start + len) are computed.
+struct ScheduledSeq {
+  Sequence* seq = nullptr;
+  int start = 0;
+  int len = 0;
+  int sample_row = -1;        // logits row (in [0, R)) to sample the next token from; -1: mid-prompt chunk
+  int prompt_lp_row = -1;     // first logits row of this chunk's prompt-logprob rows
+  int prompt_lp_pos = 0;      // the prompt position of that row
+  int num_prompt_lp_rows = 0;
+};
+
+struct StepPlan {
+  std::vector<ScheduledSeq> seqs;
+  StepInput input;
+  std::vector<Sequence*> rejected;  // finished by admission control in this step
+  int num_preempted = 0;
+  bool empty() const { return seqs.empty(); }
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerConfig& config, BlockManager* block_manager);
+
+  void add(Sequence* seq);
+  bool has_unfinished() const { return !waiting_.empty() || !running_.empty(); }
+  int num_waiting() const { return static_cast<int>(waiting_.size()); }
+  int num_running() const { return static_cast<int>(running_.size()); }
+  int64_t num_preemptions() const { return num_preemptions_; }
+
+  StepPlan schedule();
+  // After the runner: the step's tokens are in the cache; full blocks become findable.
+  void update(const StepPlan& plan);
+  // Take a sequence out of the queues and free its blocks.
+  void finish(Sequence* seq, FinishReason reason, std::string message = {});
+
+ private:
+  void preempt(Sequence* seq);
+  void build_input(StepPlan& plan) const;
+
+  SchedulerConfig config_;
+  BlockManager* block_manager_;
+  std::deque<Sequence*> waiting_;
+  std::vector<Sequence*> running_;
+  int64_t num_preemptions_ = 0;
+};
+
+}  // namespace surogate::serve

@@ -1,0 +1,89 @@
+// Sequence: one request inside the engine. Its tokens (prompt, then output), where their KV
+// lives (block table), how far the KV is computed, its sampling parameters and random
+// generator, and the logprobs waiting to be sent.
+//
+// Token accounting (the scheduler's whole state per sequence):
+//   num_tokens()          prompt + output tokens; the last one has no KV yet (it is the next input)
+//   num_computed_tokens   tokens whose KV is in the cache; prefill chunks and decodes advance it
+//   num_cached_tokens     of those, how many came from the prefix cache at admission
+// A sequence is "prefilling" while num_tokens() - num_computed_tokens > 1 and "decoding" when
+// exactly one token is left; preemption resets num_computed_tokens to 0 (recompute).
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "serve/sampling_params.h"
+
+namespace surogate::serve {
+
+enum class SequenceStatus : uint8_t { kWaiting, kRunning, kFinished };
+
+enum class FinishReason : uint8_t { kNone, kStop, kLength, kAbort, kError };
+
+inline const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kAbort: return "abort";
+    case FinishReason::kError: return "error";
+    default: return "";
+  }
+}
+
+// The logprob of one token at one position, its rank in the distribution (1 = most likely) and
+// the top-N (id, logprob) pairs, most likely first.
+struct TokenLogprob {
+  int32_t token_id = -1;
+  float logprob = 0.0f;
+  int32_t rank = 0;
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_logprobs;
+};
+
+class Sequence {
+ public:
+  Sequence(uint64_t id, std::vector<int32_t> prompt, SamplingParams params, int32_t adapter_id, uint64_t rng_seed)
+      : id(id), token_ids(std::move(prompt)), num_prompt_tokens(static_cast<int>(token_ids.size())),
+        params(std::move(params)), rng(rng_seed), adapter_id(adapter_id) {}
+
+  int num_tokens() const { return static_cast<int>(token_ids.size()); }
+  int num_output_tokens() const { return num_tokens() - num_prompt_tokens; }
+  int num_uncomputed_tokens() const { return num_tokens() - num_computed_tokens; }
+  bool is_decoding() const { return num_uncomputed_tokens() == 1; }
+  bool is_finished() const { return status == SequenceStatus::kFinished; }
+  int32_t output_token(int i) const { return token_ids[num_prompt_tokens + i]; }
+  // Prompt positions whose logits feed prompt_logprobs: 0 .. P-2 (the row at P-1 is sampled).
+  bool wants_prompt_logprobs() const {
+    return params.prompt_logprobs >= 0 && prompt_logprobs_next < num_prompt_tokens - 1;
+  }
+
+  const uint64_t id;
+  std::vector<int32_t> token_ids;
+  const int num_prompt_tokens;
+  SequenceStatus status = SequenceStatus::kWaiting;
+  FinishReason finish_reason = FinishReason::kNone;
+  std::string finish_message;  // for kError: what went wrong
+  int32_t stop_token_id = -1;  // the eos / stop token that finished it
+
+  std::vector<int32_t> block_table;
+  std::vector<uint64_t> block_hashes;  // chained hashes of the full blocks of token_ids
+  int num_registered_blocks = 0;       // leading blocks already offered to the prefix cache
+  int num_cached_tokens = 0;
+  int num_computed_tokens = 0;
+
+  SamplingParams params;
+  std::mt19937_64 rng;
+  const int32_t adapter_id;  // LoRA adapter slot, -1 = base model
+
+  // Prompt logprobs computed so far (position 0 has none and is not stored); sent once, with
+  // the first generated token. prompt_logprobs_next is the next prompt position whose row is due.
+  std::vector<TokenLogprob> prompt_logprobs;
+  int prompt_logprobs_next = 0;
+  bool prompt_logprobs_sent = false;
+  int num_preemptions = 0;
+};
+
+}  // namespace surogate::serve

@@ -1,0 +1,127 @@
+"""The native sampler on given logits rows: penalties against the HF / OpenAI formulas, the
+filters, the temperature distribution, seeds and logprobs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from surogate import _native
+from surogate.serve import SamplingParams
+
+serve = _native.serve
+
+
+def test_repetition_penalty_follows_hf_over_prompt_and_output():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=50).astype(np.float32) * 3
+    prompt, output = [1, 2, 2, 7, 9], [9, 11, 11, 11]
+    got = serve.apply_penalties(logits, SamplingParams(repetition_penalty=1.3), prompt, output)
+    want = logits.copy()
+    for t in set(prompt + output):  # once per distinct token, however often it occurs
+        want[t] = want[t] / 1.3 if want[t] > 0 else want[t] * 1.3
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_frequency_and_presence_penalties_follow_openai_over_output_only():
+    rng = np.random.default_rng(1)
+    logits = rng.normal(size=50).astype(np.float32)
+    prompt, output = [3, 4, 5], [5, 6, 6, 6, 8]
+    params = SamplingParams(frequency_penalty=0.5, presence_penalty=0.25)
+    got = serve.apply_penalties(logits, params, prompt, output)
+    want = logits.copy()
+    counts = np.bincount(output, minlength=50)
+    want -= counts * 0.5 + (counts > 0) * 0.25  # prompt tokens 3, 4 are not penalized
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_penalties_combine_repetition_first():
+    logits = np.array([1.0, -1.0, 2.0, 0.5], np.float32)
+    params = SamplingParams(repetition_penalty=2.0, frequency_penalty=0.1, presence_penalty=0.2)
+    got = serve.apply_penalties(logits, params, [0], [1, 1, 2])
+    np.testing.assert_allclose(got, [0.5, -2.0 - 0.2 - 0.2, 1.0 - 0.1 - 0.2, 0.5], rtol=1e-6)
+
+
+def test_min_tokens_masks_eos_and_stop_tokens_until_reached():
+    logits = np.zeros(8, np.float32)
+    params = SamplingParams(min_tokens=2, eos_token_ids=[0], stop_token_ids=[5])
+    assert np.isneginf(serve.apply_penalties(logits, params, [1], [3])[[0, 5]]).all()
+    assert np.isfinite(serve.apply_penalties(logits, params, [1], [3, 4])).all()
+    ignore = SamplingParams(min_tokens=2, eos_token_ids=[0], stop_token_ids=[5], ignore_eos=True)
+    masked = serve.apply_penalties(logits, ignore, [1], [])
+    assert np.isfinite(masked[0]) and np.isneginf(masked[5])
+
+
+def test_greedy_takes_the_lowest_id_on_ties():
+    logits = np.array([0.0, 3.0, 1.0, 3.0], np.float32)
+    assert serve.sample(logits, SamplingParams(temperature=0.0), [0], [], n=5).tolist() == [1] * 5
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 2.0])
+def test_temperature_distribution(temperature):
+    logits = np.array([2.0, 1.0, 0.0, -1.0, 0.5], np.float32)
+    n = 20_000
+    draws = serve.sample(logits, SamplingParams(temperature=temperature, seed=7), [0], [], n=n)
+    freq = np.bincount(draws, minlength=5) / n
+    p = np.exp(logits / temperature) / np.exp(logits / temperature).sum()
+    # sd of a frequency is <= 0.0036 here; 0.015 is a loose, deterministic (seeded) bound
+    np.testing.assert_allclose(freq, p, atol=0.015)
+
+
+def test_top_k_top_p_min_p_keep_only_their_tokens():
+    logits = np.log(np.array([0.40, 0.25, 0.15, 0.10, 0.06, 0.04], np.float32))
+    n = 5000
+
+    def kept(**kw):
+        draws = serve.sample(logits, SamplingParams(seed=3, **kw), [0], [], n=n)
+        return np.bincount(draws, minlength=6) / n
+
+    f = kept(top_k=2)
+    assert f[2:].sum() == 0 and f[0] == pytest.approx(0.40 / 0.65, abs=0.03)
+    f = kept(top_p=0.7)  # 0.40 + 0.25 < 0.7 <= 0.80: three tokens
+    assert f[3:].sum() == 0 and f[2] == pytest.approx(0.15 / 0.80, abs=0.03)
+    f = kept(min_p=0.3)  # p >= 0.3 * 0.40 = 0.12: three tokens
+    assert f[3:].sum() == 0 and f[0] == pytest.approx(0.40 / 0.80, abs=0.03)
+    f = kept(top_k=4, top_p=0.7, min_p=0.5)  # top-k then top-p (3 left), then min-p (p >= 0.2): two
+    assert f[2:].sum() == 0
+    assert kept(top_p=1e-6)[0] == 1.0  # always at least the most likely token
+    assert kept(top_k=1, temperature=3.0)[0] == 1.0
+
+
+def test_top_p_over_a_large_vocabulary():
+    # More than the sorted head (256) of candidates is needed to reach top_p.
+    logits = np.zeros(5000, np.float32)
+    logits[:10] = 1.0
+    draws = serve.sample(logits, SamplingParams(seed=4, top_p=0.5), [0], [], n=4000)
+    assert draws.max() >= 256 and np.unique(draws).size > 500
+    p = np.exp(1.0) / (10 * np.exp(1.0) + 4990)
+    # kept: 10 high tokens then low ones in id order until half of the mass
+    kept_mass = 10 * p
+    n_low = int(np.ceil((0.5 - kept_mass) * (10 * np.exp(1.0) + 4990)))
+    assert draws.max() <= 10 + n_low
+
+
+def test_same_seed_same_draws():
+    logits = np.random.default_rng(5).normal(size=100).astype(np.float32)
+    a = serve.sample(logits, SamplingParams(seed=11), [0], [], n=50)
+    b = serve.sample(logits, SamplingParams(seed=11), [0], [], n=50)
+    c = serve.sample(logits, SamplingParams(seed=12), [0], [], n=50)
+    assert a.tolist() == b.tolist() != c.tolist()
+
+
+def test_masked_tokens_are_never_drawn():
+    logits = np.zeros(4, np.float32)
+    draws = serve.sample(logits, SamplingParams(seed=1, min_tokens=5, eos_token_ids=[0], stop_token_ids=[2]),
+                         [1], [], n=2000)
+    assert set(draws.tolist()) == {1, 3}
+
+
+def test_logprob_is_log_softmax_with_rank_and_top():
+    logits = np.array([0.5, 2.0, -1.0, 2.0, 0.0], np.float32)
+    token, lp, rank, top = serve.logprob(logits, 3, top_n=3)
+    ref = logits - np.logaddexp.reduce(logits.astype(np.float64))
+    assert token == 3 and lp == pytest.approx(ref[3], abs=1e-6)
+    assert rank == 2  # tie with token 1, which ranks first (lower id)
+    assert [t for t, _ in top] == [1, 3, 0]
+    assert [v for _, v in top] == pytest.approx(ref[[1, 3, 0]], abs=1e-6)
+    assert serve.logprob(logits, 2)[2:] == (5, [])
