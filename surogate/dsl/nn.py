@@ -64,6 +64,23 @@ class ModelSpec:
         return attrs
 
 
+@dataclass
+class KVCache:
+    """Serving: the paged KV cache (per layer [num_blocks, block_size, Hkv, D]) and the step's
+    cache addressing, all graph inputs."""
+
+    num_blocks: int
+    block_size: int
+    slots: Value | None = None
+    block_tables: Value | None = None
+    cu_q: Value | None = None
+    context_lens: Value | None = None
+
+    def layer(self, g: Graph, spec: ModelSpec, dtype: str) -> tuple[Value, Value]:
+        shape = (self.num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim)
+        return g.input(g.scoped("k_cache"), shape, dtype), g.input(g.scoped("v_cache"), shape, dtype)
+
+
 class Linear:
     """y = x @ W.T (+ b). `parts` names the HF projections fused into W, in order, with their
     output widths (one part for an unfused projection); a LoRA slice goes on each targeted part."""
@@ -96,7 +113,8 @@ class Attention:
         self.v = Linear("self_attn.v_proj", C, [("v_proj", Hkv * D)], spec.attention_bias)
         self.o = Linear("self_attn.o_proj", Hq * D, [("o_proj", C)], False)
 
-    def __call__(self, g: Graph, x: Value, pos: Value, cu: Value, dtype: str, lora: LoRAConfig | None) -> Value:
+    def __call__(self, g: Graph, x: Value, pos: Value, cu: Value, dtype: str, lora: LoRAConfig | None,
+                 kv: KVCache | None = None) -> Value:
         s = self.spec
         Hq, Hkv, D = s.num_heads, s.num_kv_heads, s.head_dim
         n = x.shape[0]
@@ -112,8 +130,14 @@ class Attention:
         else:
             q = ops.rope(q, pos, rope, name="q_rope")
             k = ops.rope(k, pos, rope, name="k_rope")
-        o = ops.attention(q, k, v, cu, causal=True, window=s.window(self.layer), softcap=s.attn_softcap,
-                          name="attn")
+        if kv is None:
+            o = ops.attention(q, k, v, cu, causal=True, window=s.window(self.layer), softcap=s.attn_softcap,
+                              name="attn")
+        else:
+            k_cache, v_cache = kv.layer(g, s, dtype)
+            ops.kv_cache_write(k, v, kv.slots, k_cache, v_cache)
+            o = ops.paged_attention(q, k_cache, v_cache, kv.block_tables, kv.cu_q, kv.context_lens,
+                                    window=s.window(self.layer), softcap=s.attn_softcap, name="attn")
         o = ops.view(o, (n, Hq * D))
         return self.o(g, o, dtype, lora)
 
@@ -144,7 +168,7 @@ class Block:
         self.mlp = MLP(spec)
 
     def __call__(self, g: Graph, x: Value, residual: Value | None, pos: Value, cu: Value, dtype: str,
-                 lora: LoRAConfig | None) -> tuple[Value, Value]:
+                 lora: LoRAConfig | None, kv: KVCache | None = None) -> tuple[Value, Value]:
         eps = self.spec.rms_norm_eps
         ln1 = g.param("input_layernorm.weight", (self.spec.hidden_size,), dtype, trainable=lora is None)
         ln2 = g.param("post_attention_layernorm.weight", (self.spec.hidden_size,), dtype, trainable=lora is None)
@@ -152,7 +176,7 @@ class Block:
             y, h = ops.rmsnorm(x, ln1, eps, name="ln1"), x
         else:
             y, h = ops.add_rmsnorm(x, residual, ln1, eps, name="ln1")
-        a = self.attn(g, y, pos, cu, dtype, lora)
+        a = self.attn(g, y, pos, cu, dtype, lora, kv)
         y2, h2 = ops.add_rmsnorm(a, h, ln2, eps, name="ln2")
         return self.mlp(g, y2, dtype, lora), h2
 
@@ -166,21 +190,36 @@ class CausalLM:
         self.blocks = [Block(spec, i) for i in range(spec.num_layers)]
 
     def build(self, *, mode: str = "train", dtype: str = "float32", lora: LoRAConfig | None = None,
-              ce_chunk: int = 4096) -> Graph:
-        if mode not in ("train", "logits"):
-            raise ValueError(f"mode must be 'train' or 'logits', got {mode!r}")
+              ce_chunk: int = 4096, kv: KVCache | None = None) -> Graph:
+        """mode: "train" (per-token loss fused with the head), "logits" (every row's logits) or
+        "serve" (over the paged KV cache `kv`; logits only for the rows in `logits_rows`)."""
+        if mode not in ("train", "logits", "serve"):
+            raise ValueError(f"mode must be 'train', 'logits' or 'serve', got {mode!r}")
+        if (mode == "serve") != (kv is not None):
+            raise ValueError("mode 'serve' and a KV cache go together")
         s = self.spec
         g = Graph(f"{s.family}-{mode}")
         ids = g.input("input_ids", (N,), "int32")
         pos = g.input("position_ids", (N,), "int32")
-        cu = g.input("cu_seqlens", (Dim("S1"),), "int32")
+        if kv is not None:
+            kv.slots = g.input("slot_mapping", (N,), "int32")
+            kv.block_tables = g.input("block_tables", (Dim("S"), Dim("B")), "int32")
+            kv.cu_q = g.input("cu_q", (Dim("S1"),), "int32")
+            kv.context_lens = g.input("context_lens", (Dim("S"),), "int32")
+            cu = kv.cu_q
+        else:
+            cu = g.input("cu_seqlens", (Dim("S1"),), "int32")
         emb = g.param("embed_tokens.weight", (s.vocab_size, s.hidden_size), dtype, trainable=lora is None)
         x = ops.embedding(ids, emb, name="embed")
         residual = None
         for i, block in enumerate(self.blocks):
             with g.scope(f"layers.{i}"):
-                x, residual = block(g, x, residual, pos, cu, dtype, lora)
+                x, residual = block(g, x, residual, pos, cu, dtype, lora, kv)
         fn = g.param("norm.weight", (s.hidden_size,), dtype, trainable=lora is None)
+        if mode == "serve":  # only the rows that need logits go through the final norm and head
+            rows = g.input("logits_rows", (Dim("R"),), "int32")
+            x = ops.embedding(rows, x, name="x_rows")
+            residual = ops.embedding(rows, residual, name="residual_rows")
         y, _ = ops.add_rmsnorm(x, residual, fn, s.rms_norm_eps, name="final_norm")
         head = emb if s.tie_word_embeddings else g.param("lm_head.weight", (s.vocab_size, s.hidden_size), dtype,
                                                          trainable=lora is None)

@@ -95,7 +95,11 @@ def linear(x: Value, w: Value, bias: Value | None = None, lora: list[LoRASlice] 
 
 
 def view(x: Value, shape: Shape, name: str | None = None) -> Value:
-    (y,) = _g(x).node("view", [x], [(name or x.name + ".view", tuple(shape), x.dtype)])
+    g = _g(x)
+    if name is None:  # x.name is already scoped; node() scopes again, so strip our scope
+        prefix = g.scoped("")
+        name = (x.name[len(prefix):] if prefix and x.name.startswith(prefix) else x.name) + ".view"
+    (y,) = g.node("view", [x], [(name, tuple(shape), x.dtype)])
     return y
 
 
@@ -123,6 +127,26 @@ def attention(q: Value, k: Value, v: Value, cu_seqlens: Value, *, causal: bool =
     out, _ = _g(q).node("attention_fwd", [q, k, v, cu_seqlens],
                         [(name, (N, Hq, D), q.dtype), (name + ".lse", (N, Hq), "float32")],
                         causal=int(causal), scale=float(scale), window=int(window), softcap=float(softcap))
+    return out
+
+
+def kv_cache_write(k: Value, v: Value, slots: Value, k_cache: Value, v_cache: Value) -> None:
+    """Store this step's K/V rows at their cache slots (slot -1: skip). The caches are graph
+    inputs the node writes into."""
+    _g(k).node("kv_cache_write", [k, v, slots], [k_cache, v_cache])
+
+
+def paged_attention(q: Value, k_cache: Value, v_cache: Value, block_tables: Value, cu_q: Value,
+                    context_lens: Value, *, scale: float = 0.0, window: int = 0, softcap: float = 0.0,
+                    name: str = "attn") -> Value:
+    """Attention of this step's queries over each sequence's cached context (decode, prefill
+    chunks and mixed batches alike)."""
+    N, Hq, D = q.shape
+    attrs = {"window": int(window), "softcap": float(softcap)}
+    if scale > 0:  # absent: the kernel's default, 1/sqrt(D)
+        attrs["scale"] = float(scale)
+    out, _ = _g(q).node("paged_attention", [q, k_cache, v_cache, block_tables, cu_q, context_lens],
+                        [(name, (N, Hq, D), q.dtype), None], **attrs)
     return out
 
 
