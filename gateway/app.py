@@ -127,6 +127,8 @@ class GatewayApp:
         route, params = self._route(path, method)
         try:
             await self._handle(scope, receive, send, ctx, route, params)
+        except OSError:  # the connection closed under a send: the client is gone
+            ctx.disconnected = True
         except Exception:  # a bug: say so without a traceback to the client; the log has it
             log.exception("request %s: unhandled error", request_id)
             ctx.error = "internal"

@@ -55,6 +55,7 @@ class GatewayConfig(msgspec.Struct, kw_only=True, frozen=True):
     max_logprobs: int = 20
     max_n: int = 16
     log_requests: bool = True  # one JSON line per request on the "surogate.gateway.access" logger
+    sse_ping_seconds: float = 15.0  # keep-alive in quiet streams; 0: never
 
     def __post_init__(self):
         if self.reasoning_field not in ("reasoning_content", "reasoning", "both"):

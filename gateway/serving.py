@@ -3,10 +3,11 @@ lookup, and the processors that turn engine output into deltas."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import aclosing
+from contextlib import aclosing, suppress
 from dataclasses import dataclass, field
 
 import msgspec
@@ -19,7 +20,7 @@ from .context import RequestContext
 from .engine import EngineStep
 from .errors import ApiError
 from .models import GatewayConfig, ModelTable, ServedModel
-from .sse import Ids
+from .sse import PING, Ids
 
 log = logging.getLogger("surogate.gateway")
 
@@ -87,13 +88,20 @@ StepFn = Callable[[int, ChoiceDelta, EngineStep | None], bytes | None]
 
 
 async def streamed(ctx: RequestContext, run: AsyncIterator, head: Callable[[], bytes], step: StepFn,
-                   tail: Callable[[], bytes], fail: Callable[[ApiError], bytes]) -> AsyncIterator[bytes]:
+                   tail: Callable[[], bytes], fail: Callable[[ApiError], bytes], *, ping: bytes = PING,
+                   ping_every: float = 0) -> AsyncIterator[bytes]:
     """An SSE body: ``head``, each step's bytes, ``tail``. An engine failure after the 200 header
-    can only be told in the stream, in the API's own error event."""
+    can only be told in the stream, in the API's own error event. While nothing comes for
+    ``ping_every`` seconds (a long prefill, a long queue) ``ping`` is sent, so proxies and clients
+    do not drop a quiet connection (llama.cpp's ``--sse-ping-interval``)."""
     yield head()
     try:
         async with aclosing(run) as outputs:
-            async for i, delta, engine_step in outputs:
+            async for item in _with_pings(outputs, ping_every):
+                if item is None:
+                    yield ping
+                    continue
+                i, delta, engine_step = item
                 _note(ctx, delta)
                 chunk = step(i, delta, engine_step)
                 if chunk:
@@ -104,6 +112,34 @@ async def streamed(ctx: RequestContext, run: AsyncIterator, head: Callable[[], b
         yield fail(errors.from_exception(e))
         return
     yield tail()
+
+
+async def _with_pings(outputs: AsyncIterator, every: float) -> AsyncIterator:
+    """The items of ``outputs``, with a None whenever ``every`` seconds pass without one."""
+    if not every:
+        async for item in outputs:
+            yield item
+        return
+    pending = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(outputs))
+            done, _ = await asyncio.wait({pending}, timeout=every)
+            if not done:
+                yield None
+                continue
+            task, pending = pending, None
+            try:
+                item = task.result()
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        if pending is not None:  # stopped while waiting: let the read finish its cancellation first
+            pending.cancel()
+            with suppress(BaseException):
+                await pending
 
 
 async def collected(ctx: RequestContext, run: AsyncIterator, step: StepFn) -> None:

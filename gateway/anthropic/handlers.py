@@ -7,11 +7,13 @@ from ..errors import ApiError
 from ..generate import fan_out, start
 from ..http import JSONReply, StreamReply
 from ..serving import Gateway, collected, ready, streamed, totals
+from ..sse import event
 from . import convert
 from . import protocol as a
 from .stream import MessageStream
 
 Reply = JSONReply | StreamReply | ApiError
+PING_EVENT = event("ping", a.PingEvent())
 
 
 async def messages(gw: Gateway, ctx: RequestContext, req: a.MessagesRequest) -> Reply:
@@ -36,7 +38,8 @@ async def messages(gw: Gateway, ctx: RequestContext, req: a.MessagesRequest) -> 
         return proc.finish_reason, proc.stop_reason, proc.num_tokens
 
     if req.stream:
-        return StreamReply(streamed(ctx, run, out.start, step, lambda: out.end(*ending()), out.error))
+        return StreamReply(streamed(ctx, run, out.start, step, lambda: out.end(*ending()), out.error,
+                                    ping=PING_EVENT, ping_every=gw.config.sse_ping_seconds))
     await collected(ctx, run, step)
     return JSONReply(out.message(*ending()))
 

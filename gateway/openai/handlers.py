@@ -40,7 +40,7 @@ async def chat_completions(gw: Gateway, ctx: RequestContext, req: p.ChatCompleti
 
     if req.stream:
         return StreamReply(streamed(ctx, run, out.start, lambda i, d, _: out.delta(i, d),
-                                    lambda: out.end(final_usage()), out.error))
+                                    lambda: out.end(final_usage()), out.error, ping_every=gw.config.sse_ping_seconds))
     await collected(ctx, run, lambda i, d, _: out.delta(i, d))
     return JSONReply(out.completion(final_usage()))
 
@@ -82,7 +82,8 @@ async def completions(gw: Gateway, ctx: RequestContext, req: p.CompletionRequest
         return usage(ctx.prompt_tokens, completion, ctx.cached_tokens)
 
     if req.stream:
-        return StreamReply(streamed(ctx, run, lambda: b"", step, lambda: out.end(final_usage()), out.error))
+        return StreamReply(streamed(ctx, run, lambda: b"", step, lambda: out.end(final_usage()), out.error,
+                                    ping_every=gw.config.sse_ping_seconds))
     await collected(ctx, run, step)
     return JSONReply(out.completion(final_usage()))
 
@@ -117,7 +118,7 @@ async def responses(gw: Gateway, ctx: RequestContext, req: p.ResponsesRequest) -
 
     if req.stream:
         return StreamReply(streamed(ctx, run, out.start, lambda i, d, _: out.delta(d), lambda: out.end(*ending()),
-                                    out.error))
+                                    out.error, ping_every=gw.config.sse_ping_seconds))
     await collected(ctx, run, lambda i, d, _: out.delta(d))
     return JSONReply(out.response(*ending()))
 

@@ -345,8 +345,10 @@ class _Client:
     ("/v1/messages", {"model": "qwen-tiny", "max_tokens": 9, "messages": MESSAGES}),
 ], ids=["chat", "completions", "responses", "messages"])
 def test_client_disconnect_aborts_engine_requests(tiny_tokenizers, path, body, stream):
+    """Streaming or not, a client that leaves gets its engine requests aborted. A quiet stream
+    (here: one that never gets a token) carries keep-alive pings in the meantime."""
     engine = IdleEngine()
-    app = make_app(tiny_tokenizers, engine)
+    app = make_app(tiny_tokenizers, engine, sse_ping_seconds=0.02)
 
     async def check():
         client = _Client(app, path, {**body, "stream": stream})
@@ -359,6 +361,12 @@ def test_client_disconnect_aborts_engine_requests(tiny_tokenizers, path, body, s
         assert engine.submitted and not engine.aborted
         if stream:
             assert client.sent[0]["status"] == 200  # the stream had started
+            ping = b"event: ping\ndata: {\"type\":\"ping\"}\n\n" if path == "/v1/messages" else b": ping\n\n"
+            for _ in range(200):
+                if any(m.get("body") == ping for m in client.sent):
+                    break
+                await asyncio.sleep(0.01)
+            assert any(m.get("body") == ping for m in client.sent)
         client.gone.set()
         await asyncio.wait_for(task, 5)
         assert sorted(engine.aborted) == sorted(r[0] for r in engine.submitted)

@@ -43,9 +43,10 @@ ANSWER_TEXT = "<think>\nEasy: 12 + 30 = 42.\n</think>\n\nThe answer is 42 🙂. 
 
 def golden(name: str, data: bytes) -> None:
     path = GOLDEN / name
-    if os.environ.get("SUROGATE_UPDATE_GOLDEN") == "1" or not path.exists():
+    if os.environ.get("SUROGATE_UPDATE_GOLDEN") == "1":
         GOLDEN.mkdir(exist_ok=True)
         path.write_bytes(data)
+    assert path.exists(), f"no golden {name}: run with SUROGATE_UPDATE_GOLDEN=1 to write it"
     assert data == path.read_bytes(), f"{name} changed; rerun with SUROGATE_UPDATE_GOLDEN=1 if intended"
 
 
