@@ -234,7 +234,9 @@ def responses_messages(req: p.ResponsesRequest) -> list[dict]:
             output = item.output if isinstance(item.output, str) else _input_text(item.output or [], f"{where}.output")
             out.append({"role": "tool", "tool_call_id": item.call_id, "content": output})
         elif item.type == "reasoning":
-            texts = [c.text for c in item.summary or []]
+            # Our own reasoning items carry the text as reasoning_text content; OpenAI's, as a summary.
+            parts = item.content if isinstance(item.content, list) else []
+            texts = [c.text or "" for c in parts if c.type == "reasoning_text"] or [c.text for c in item.summary or []]
             reasoning = "\n".join(texts)
         else:
             raise RequestError(f"Input items of type {item.type!r} are not supported", param=f"{where}.type")

@@ -127,6 +127,12 @@ def test_responses_conversion(gw, tiny_tokenizers):
         [*expected[:2], {**expected[2], "tool_calls": [{**expected[2]["tool_calls"][0], "function": {
             "name": "get_weather", "arguments": {"city": "Paris"}}}]}, *expected[3:]],
         tools=[TOOL], add_generation_prompt=True, reasoning_effort="high")
+    # A reasoning item as this server streams it (text in reasoning_text content) goes back the same way.
+    ours = decode(p.ResponsesRequest, {"model": "qwen", "input": [
+        {"role": "user", "content": "hi"},
+        {"type": "reasoning", "id": "rs_2", "summary": [], "content": [{"type": "reasoning_text", "text": "Hmm."}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello."}]}]})
+    assert responses_messages(ours)[1] == {"role": "assistant", "content": "Hello.", "reasoning_content": "Hmm."}
     bad = responses_job(gw, decode(p.ResponsesRequest, {"model": "qwen", "input": [{"role": "tool",
                                                                                     "content": "x"}]}))
     assert isinstance(bad, ApiError) and bad.param == "input[0].role"
