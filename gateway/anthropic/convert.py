@@ -1,0 +1,156 @@
+"""Anthropic Messages requests -> ``Job``s, in the template's terms.
+
+- ``system`` (a string or text blocks) becomes the system message.
+- Roles: ``user`` and ``assistant``; Claude Code's ``ctx`` / ``msg`` count as ``user`` and a
+  ``system`` role as system (vLLM #44000). Anything else is a 400 naming ``messages.i.role``.
+- ``tool_result`` blocks (inside user turns) become ``tool`` messages, before the turn's text,
+  as llama.cpp does; ``tool_use`` blocks become the assistant's ``tool_calls``; ``thinking`` blocks
+  become its ``reasoning_content`` (a 400 on thinking history was a real complaint: llm-scaler
+  #341); ``redacted_thinking`` is dropped.
+- ``thinking: {type: enabled}`` / ``disabled`` set ``enable_thinking`` for the template.
+- ``tool_choice: any`` / ``tool`` would need constrained decoding: refused. ``none`` hides the
+  tools; ``disable_parallel_tool_use`` keeps one call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from surogate.serve.frontend import (
+    Prompt,
+    RequestError,
+    SamplingOptions,
+    check_sampling,
+    fit_to_context,
+    render_chat,
+    template_kwargs,
+)
+
+from .. import errors
+from ..errors import ApiError
+from ..serving import Gateway, Job
+from . import protocol as a
+
+ROLE_ALIASES = {"ctx": "user", "msg": "user"}
+
+
+def messages_job(gw: Gateway, req: a.MessagesRequest | a.CountTokensRequest) -> Job | ApiError:
+    found = gw.find(req.model)
+    if isinstance(found, ApiError):
+        return found
+    model, adapter = found
+    choice = req.tool_choice
+    if isinstance(choice, (a.ToolChoiceAny, a.ToolChoiceTool)):
+        return errors.unsupported("tool_choice", f"tool_choice {type(choice).__struct_config__.tag!r} (forcing a tool "
+                                  "call needs constrained decoding, which)")
+    try:
+        offer = bool(req.tools) and not isinstance(choice, a.ToolChoiceNone)
+        tools = [_tool(t, i) for i, t in enumerate(req.tools)] if offer else None
+        thinking = req.thinking
+        enable = True if isinstance(thinking, a.ThinkingEnabled) else False if isinstance(
+            thinking, a.ThinkingDisabled) else None
+        kwargs = template_kwargs(model.template_defaults, chat_template_kwargs=req.chat_template_kwargs,
+                                 enable_thinking=enable)
+        prompt: Prompt = render_chat(model.tokenizer, anthropic_messages(req.system, req.messages), tools,
+                                     kwargs=kwargs, chat_template=model.chat_template)
+        if isinstance(req, a.CountTokensRequest):
+            return Job(model, adapter, prompt, SamplingOptions())
+        opts = SamplingOptions(
+            max_tokens=req.max_tokens, temperature=_or(req.temperature, 1.0), top_p=_or(req.top_p, 1.0),
+            top_k=_or(req.top_k, 0), min_p=_or(req.min_p, 0.0), repetition_penalty=_or(req.repetition_penalty, 1.0),
+            seed=req.seed, stop=list(req.stop_sequences or []))
+        limits = gw.models.limits(model, gw.config)
+        check_sampling(opts, limits, {"stop": "stop_sequences"})
+        opts = fit_to_context(opts, len(prompt.token_ids), limits, prompt_param="messages",
+                              max_tokens_param="max_tokens")
+    except (RequestError, errors.ApiErrorException) as e:
+        return errors.from_exception(e)
+    one = isinstance(choice, a.ToolChoiceAuto) and bool(choice.disable_parallel_tool_use)
+    return Job(model, adapter, prompt, opts, tools=offer, max_tool_calls=1 if one else None)
+
+
+def anthropic_messages(system: str | list[a.TextBlockParam] | None, messages: Sequence[a.MessageParam]) -> list[dict]:
+    out: list[dict] = []
+    if system:
+        out.append({"role": "system", "content": system if isinstance(system, str) else
+                    "\n".join(b.text for b in system)})
+    for i, m in enumerate(messages):
+        role = ROLE_ALIASES.get(m.role, m.role)
+        if role not in ("user", "assistant", "system"):
+            raise RequestError(f"Unknown role {m.role!r}: use user or assistant", param=f"messages.{i}.role")
+        if isinstance(m.content, str):
+            out.append({"role": role, "content": m.content})
+        elif role == "assistant":
+            out.append(_assistant(m.content, i))
+        else:
+            out.extend(_user(role, m.content, i))
+    return out
+
+
+def _user(role: str, blocks: Sequence, i: int) -> list[dict]:
+    out, texts = [], []
+    for j, b in enumerate(blocks):
+        where = f"messages.{i}.content.{j}"
+        if isinstance(b, a.TextBlockParam):
+            texts.append(b.text)
+        elif isinstance(b, a.ToolResultBlockParam):
+            content = _result_text(b.content, f"{where}.content")
+            out.append({"role": "tool", "tool_call_id": b.tool_use_id,
+                        "content": f"Error: {content}" if b.is_error else content})
+        else:
+            raise RequestError(_refusal(b), param=f"{where}.type")
+    if texts or not out:
+        out.append({"role": role, "content": "\n".join(texts)})
+    return out
+
+
+def _assistant(blocks: Sequence, i: int) -> dict:
+    texts, reasoning, calls = [], [], []
+    for j, b in enumerate(blocks):
+        if isinstance(b, a.TextBlockParam):
+            texts.append(b.text)
+        elif isinstance(b, a.ThinkingBlockParam):
+            reasoning.append(b.thinking)
+        elif isinstance(b, a.RedactedThinkingBlockParam):
+            continue
+        elif isinstance(b, a.ToolUseBlockParam):
+            calls.append({"id": b.id, "type": "function", "function": {"name": b.name, "arguments": b.input}})
+        else:
+            raise RequestError(_refusal(b), param=f"messages.{i}.content.{j}.type")
+    message: dict = {"role": "assistant", "content": "".join(texts)}
+    if reasoning:
+        message["reasoning_content"] = "\n".join(reasoning)
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def _result_text(content, param: str) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for k, b in enumerate(content):
+        if not isinstance(b, a.TextBlockParam):
+            raise RequestError(_refusal(b), param=f"{param}.{k}.type")
+        texts.append(b.text)
+    return "\n".join(texts)
+
+
+def _tool(t: a.Tool, i: int) -> dict:
+    if t.type not in (None, "custom"):
+        raise RequestError(f"Server tool {t.type!r} is not supported; only client tools (name, description, "
+                           "input_schema) are.", param=f"tools.{i}.type")
+    schema = t.input_schema if t.input_schema is not None else {"type": "object", "properties": {}}
+    fn = {"name": t.name, "description": t.description, "parameters": schema}
+    return {"type": "function", "function": {k: v for k, v in fn.items() if v is not None}}
+
+
+def _refusal(block) -> str:
+    kind = type(block).__struct_config__.tag
+    if kind in ("image", "document"):
+        return f"{kind.capitalize()} blocks are not supported: this model reads text only."
+    return f"A {kind!r} block cannot appear here."
+
+
+def _or(value, default):
+    return default if value is None else value

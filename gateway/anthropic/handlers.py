@@ -1,0 +1,52 @@
+"""Anthropic endpoints: /v1/messages (JSON or stream) and /v1/messages/count_tokens."""
+
+from __future__ import annotations
+
+from ..context import RequestContext
+from ..errors import ApiError
+from ..generate import fan_out, start
+from ..http import JSONReply, StreamReply
+from ..serving import Gateway, collected, ready, streamed, totals
+from ..sse import event
+from . import convert
+from . import protocol as a
+from .stream import MessageStream
+
+Reply = JSONReply | StreamReply | ApiError
+PING_EVENT = event("ping", a.PingEvent())
+
+
+async def messages(gw: Gateway, ctx: RequestContext, req: a.MessagesRequest) -> Reply:
+    job = convert.messages_job(gw, req)
+    if isinstance(job, ApiError):
+        return job
+    ctx.model, ctx.prompt_tokens, ctx.max_tokens, ctx.stream = (req.model, len(job.prompt.token_ids),
+                                                                 job.opts.max_tokens, bool(req.stream))
+    if (err := ready(job)) is not None:
+        return err
+    processors = job.processors()
+    run = await start(ctx, job.model.engine, fan_out(job.prompt.token_ids, job.opts), processors, job.adapter)
+    out = MessageStream(id=gw.ids.new("msg_"), model=req.model, input_tokens=ctx.prompt_tokens, ids=gw.ids)
+    proc = processors[0]
+
+    def step(i, d, _):
+        return out.delta(d)
+
+    def ending():
+        totals(ctx, processors)
+        out.cached_tokens = ctx.cached_tokens
+        return proc.finish_reason, proc.stop_reason, proc.num_tokens
+
+    if req.stream:
+        return StreamReply(streamed(ctx, run, out.start, step, lambda: out.end(*ending()), out.error,
+                                    ping=PING_EVENT, ping_every=gw.config.sse_ping_seconds))
+    await collected(ctx, run, step)
+    return JSONReply(out.message(*ending()))
+
+
+async def count_tokens(gw: Gateway, ctx: RequestContext, req: a.CountTokensRequest) -> Reply:
+    job = convert.messages_job(gw, req)
+    if isinstance(job, ApiError):
+        return job
+    ctx.model = req.model
+    return JSONReply(a.CountTokensResponse(input_tokens=len(job.prompt.token_ids)))

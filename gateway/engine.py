@@ -1,0 +1,98 @@
+"""The engine as the gateway sees it: the narrow ``EngineClient`` protocol, and the two adapters
+that are the only code to touch when the real client (``surogate.serve.engine_client``) is wired.
+
+What the gateway needs from an engine, per named model:
+
+- ``submit(prompt_ids, params, adapter=None) -> request_id``: queue one sequence. ``params`` is
+  the engine's SamplingParams, built from the frontend's ``SamplingOptions`` by
+  ``sampling_params`` below (one sequence per submit: the gateway fans ``n`` out itself);
+- ``stream(request_id)``: an async iterator of ``RequestOutput`` for that request, ending after
+  the output that carries a ``finish_reason``;
+- ``abort(request_id)``: stop it and free its KV blocks now (client gone, stop string matched);
+  idempotent, and harmless for a finished request;
+- ``stats()``: the gauges and counters /metrics exports.
+
+``submit`` and ``abort`` may be plain or async methods; the gateway awaits whatever they return
+when it is awaitable, so either shape wires without a wrapper.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import msgspec
+
+from surogate.serve.frontend import SamplingOptions
+
+
+class RequestOutput(Protocol):
+    """One engine step's news for one request."""
+
+    new_token_ids: Sequence[int]
+    # Per new token: (logprob of the chosen token, [(token_id, logprob), ...] top-N), or None
+    # when the request asked for no logprobs.
+    logprobs: Sequence[tuple[float, Sequence[tuple[int, float]]]] | None
+    finish_reason: str | None  # None while running; "stop" (EOS / stop token), "length", "abort"
+    num_cached_tokens: int  # prompt tokens served from the prefix cache
+    # Same shape as logprobs, one entry per prompt token (None for the first), on the first output only.
+    prompt_logprobs: Sequence[tuple[float, Sequence[tuple[int, float]]] | None] | None
+
+
+class EngineStats(Protocol):
+    num_requests_running: int
+    num_requests_waiting: int
+    kv_cache_usage: float  # 0..1
+    num_preemptions: int  # counters from here on: totals since start
+    prefix_cache_queries: int  # tokens looked up
+    prefix_cache_hits: int  # tokens found
+
+
+@runtime_checkable
+class EngineClient(Protocol):
+    def submit(self, prompt_ids: Sequence[int], params: Any, adapter: str | None = None) -> str: ...
+
+    def stream(self, request_id: str) -> AsyncIterator[RequestOutput]: ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    def stats(self) -> EngineStats: ...
+
+
+class EngineStep(msgspec.Struct):
+    """A ``RequestOutput`` read into the gateway's own type (so the engine's may differ in detail)."""
+
+    token_ids: list[int]
+    logprobs: list | None
+    finish_reason: str | None
+    num_cached_tokens: int = 0
+    prompt_logprobs: list | None = None
+
+
+# -- the two integration adapters ------------------------------------------------------------------
+
+
+def sampling_params(opts: SamplingOptions) -> Any:
+    """The engine's SamplingParams for one sequence (``opts.n`` is already 1, the seed already
+    offset per sequence). INTEGRATION: build ``surogate.serve.types.SamplingParams`` here; until
+    the engine lands, the frontend's options are passed through unchanged."""
+    return opts
+
+
+def read_output(out: RequestOutput) -> EngineStep:
+    """INTEGRATION: map the engine's ``RequestOutput`` field names here if they differ."""
+    logprobs = getattr(out, "logprobs", None)
+    prompt_logprobs = getattr(out, "prompt_logprobs", None)
+    return EngineStep(
+        token_ids=list(out.new_token_ids),
+        logprobs=list(logprobs) if logprobs is not None else None,
+        finish_reason=out.finish_reason,
+        num_cached_tokens=int(getattr(out, "num_cached_tokens", 0) or 0),
+        prompt_logprobs=list(prompt_logprobs) if prompt_logprobs is not None else None,
+    )
+
+
+async def resolve(value):
+    """Await ``value`` if it is awaitable: lets ``submit`` / ``abort`` be plain or async."""
+    return await value if inspect.isawaitable(value) else value

@@ -1,0 +1,81 @@
+"""The models a gateway serves, by the names clients use in ``model``.
+
+A ``ServedModel`` is a tokenizer (enough for templates, /tokenize and count_tokens) plus the
+engine that generates for it, which is None while the model loads: generation then answers 503
+(OpenAI) / 529 (Anthropic) with ``Retry-After``, and /health reports ``loading``. LoRA adapters
+are served under their own names and resolve to (base model, adapter name).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from surogate.io import Tokenizer
+from surogate.serve.frontend import Limits
+from surogate.serve.parsers import ParserChoice, resolve_parsers
+
+from .engine import EngineClient
+
+
+@dataclass
+class ServedModel:
+    name: str
+    tokenizer: Tokenizer
+    engine: EngineClient | None
+    max_model_len: int
+    parsers: ParserChoice = field(default_factory=ParserChoice)
+    adapters: tuple[str, ...] = ()
+    template_defaults: dict[str, Any] = field(default_factory=dict)  # like vLLM's --default-chat-template-kwargs
+    chat_template: str | None = None  # a template name or text; None: the model's own
+    owned_by: str = "surogate"
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @classmethod
+    def from_tokenizer(cls, name: str, tokenizer: Tokenizer, engine: EngineClient | None, max_model_len: int, *,
+                       model_type: str | None = None, reasoning_parser: str = "auto", tool_parser: str = "auto",
+                       **kw) -> ServedModel:
+        """Parsers detected from the tokenizer's chat template (or named: ``hermes``, ``none``, ...)."""
+        parsers = resolve_parsers(tokenizer.chat_template, model_type, reasoning=reasoning_parser, tool=tool_parser)
+        return cls(name, tokenizer, engine, max_model_len, parsers=parsers, **kw)
+
+    @property
+    def status(self) -> str:
+        return "loaded" if self.engine is not None else "loading"
+
+
+class GatewayConfig(msgspec.Struct, kw_only=True, frozen=True):
+    api_keys: tuple[str, ...] = ()  # empty: no auth
+    max_body_bytes: int = 32 * 1024 * 1024
+    reasoning_field: str = "reasoning_content"  # or "reasoning" (vLLM's new name) or "both"
+    metrics_need_key: bool = True  # /metrics behind the keys too (only /health is always open)
+    max_logprobs: int = 20
+    max_n: int = 16
+    log_requests: bool = True  # one JSON line per request on the "surogate.gateway.access" logger
+    sse_ping_seconds: float = 15.0  # keep-alive in quiet streams; 0: never
+
+    def __post_init__(self):
+        if self.reasoning_field not in ("reasoning_content", "reasoning", "both"):
+            raise ValueError("reasoning_field must be reasoning_content, reasoning or both")
+
+
+class ModelTable:
+    def __init__(self, models: list[ServedModel]):
+        self.models = {m.name: m for m in models}
+        self._adapters = {a: m for m in models for a in m.adapters}
+
+    def lookup(self, name: str) -> tuple[ServedModel, str | None] | None:
+        if name in self.models:
+            return self.models[name], None
+        if name in self._adapters:
+            return self._adapters[name], name
+        return None
+
+    def limits(self, model: ServedModel, config: GatewayConfig) -> Limits:
+        return Limits(max_model_len=model.max_model_len, max_logprobs=config.max_logprobs, max_n=config.max_n)
+
+    def __iter__(self):
+        return iter(self.models.values())

@@ -1,0 +1,295 @@
+"""OpenAI requests -> ``Job``s (prompt ids, sampling options, tool and reasoning settings).
+
+Each function returns a Job or an ApiError naming the request field in OpenAI's spelling
+(``messages[2].content[0].type``, ``max_completion_tokens``). Features that need machinery the
+engine does not have (structured output, forced tool calls, audio, images) are refused with a
+400 that says so, instead of being ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from surogate.serve.frontend import (
+    Prompt,
+    RequestError,
+    SamplingOptions,
+    check_sampling,
+    encode_prompt,
+    fit_to_context,
+    render_chat,
+    template_kwargs,
+)
+
+from .. import errors
+from ..errors import ApiError
+from ..serving import Gateway, Job, parse_logit_bias, parse_stop
+from . import protocol as p
+
+_PART_NAMES = {"image_url": "Image input", "input_audio": "Audio input", "file": "File input"}
+
+
+def chat_job(gw: Gateway, req: p.ChatCompletionRequest) -> Job | ApiError:
+    found = gw.find(req.model)
+    if isinstance(found, ApiError):
+        return found
+    model, adapter = found
+    refused = _refuse_chat(req)
+    if refused is not None:
+        return refused
+    try:
+        messages = chat_messages(req.messages)
+        offer_tools = bool(req.tools) and req.tool_choice != "none"
+        tools = [{"type": "function", "function": _function(t.function)} for t in req.tools] if offer_tools else None
+        kwargs = template_kwargs(model.template_defaults, chat_template_kwargs=req.chat_template_kwargs,
+                                 reasoning_effort=req.reasoning_effort)
+        continue_final = bool(req.continue_final_message)
+        add_prompt = req.add_generation_prompt if req.add_generation_prompt is not None else not continue_final
+        prompt = render_chat(model.tokenizer, messages, tools, kwargs=kwargs, add_generation_prompt=add_prompt,
+                             continue_final_message=continue_final, chat_template=model.chat_template,
+                             documents=req.documents)
+        max_name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        if req.top_logprobs is not None and not req.logprobs:
+            return errors.invalid("`top_logprobs` needs `logprobs: true`", param="top_logprobs")
+        opts = _sampling(req, model.tokenizer.vocab_size, max_tokens=req.max_completion_tokens or req.max_tokens,
+                         logprobs=(req.top_logprobs or 0) if req.logprobs else None)
+        limits = gw.models.limits(model, gw.config)
+        check_sampling(opts, limits, {"max_tokens": max_name, "logprobs": "top_logprobs"})
+        opts = fit_to_context(opts, len(prompt.token_ids), limits, prompt_param="messages", max_tokens_param=max_name)
+    except (RequestError, errors.ApiErrorException) as e:
+        return errors.from_exception(e)
+    return Job(model, adapter, prompt, opts, tools=offer_tools,
+               max_tool_calls=1 if req.parallel_tool_calls is False else None)
+
+
+def chat_messages(messages: Sequence[p.ChatMessage]) -> list[dict]:
+    """Wire messages -> template messages (``developer`` is ``system`` to a template)."""
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if isinstance(m, (p.SystemMessage, p.DeveloperMessage)):
+            out.append({"role": "system", "content": text_of(m.content, f"{where}.content")})
+        elif isinstance(m, p.UserMessage):
+            out.append({"role": "user", "content": text_of(m.content, f"{where}.content")})
+        elif isinstance(m, p.AssistantMessage):
+            message = {"role": "assistant",
+                       "content": text_of(m.content, f"{where}.content") if m.content is not None else ""}
+            if m.tool_calls:
+                message["tool_calls"] = [{"id": c.id, "type": "function",
+                                          "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                                         for c in m.tool_calls]
+            reasoning = m.reasoning_content if m.reasoning_content is not None else m.reasoning
+            if reasoning is not None:
+                message["reasoning_content"] = reasoning
+            out.append(message)
+        elif isinstance(m, p.ToolMessage):
+            out.append({"role": "tool", "content": text_of(m.content, f"{where}.content"),
+                        "tool_call_id": m.tool_call_id})
+        else:
+            raise RequestError("The deprecated `function` role is not supported; send tool results with the "
+                               "`tool` role.", param=f"{where}.role")
+    return out
+
+
+def text_of(content: str | list, param: str) -> str:
+    """A message's text: a string, or text parts joined by newlines (vLLM's rule)."""
+    if isinstance(content, str):
+        return content
+    texts = []
+    for j, part in enumerate(content):
+        if isinstance(part, p.TextPart):
+            texts.append(part.text)
+        elif isinstance(part, p.RefusalPart):
+            texts.append(part.refusal)
+        else:
+            kind = type(part).__struct_config__.tag
+            raise RequestError(f"{_PART_NAMES.get(kind, kind)} is not supported: this model reads text only.",
+                               param=f"{param}[{j}].type")
+    return "\n".join(texts)
+
+
+def completion_jobs(gw: Gateway, req: p.CompletionRequest) -> list[Job] | ApiError:
+    """One Job per prompt (a list of prompts gives choices ``prompt * n + i``)."""
+    found = gw.find(req.model)
+    if isinstance(found, ApiError):
+        return found
+    model, adapter = found
+    if req.suffix:
+        return errors.unsupported("suffix", "`suffix` (fill-in-the-middle)")
+    if req.best_of is not None and req.best_of != (req.n or 1):
+        return errors.unsupported("best_of", "`best_of` other than `n`")
+    try:
+        prompts = completion_prompts(model.tokenizer, req.prompt, add_special_tokens=req.add_special_tokens)
+        opts = _sampling(req, model.tokenizer.vocab_size, max_tokens=req.max_tokens, logprobs=req.logprobs)
+        if req.echo and req.logprobs is not None:
+            opts.prompt_logprobs = req.logprobs
+        limits = gw.models.limits(model, gw.config)
+        check_sampling(opts, limits)
+        jobs = []
+        for prompt in prompts:
+            fitted = fit_to_context(opts, len(prompt.token_ids), limits, prompt_param="prompt",
+                                    max_tokens_param="max_tokens")
+            jobs.append(Job(model, adapter, prompt, fitted))
+    except (RequestError, errors.ApiErrorException) as e:
+        return errors.from_exception(e)
+    return jobs
+
+
+def completion_prompts(tokenizer, prompt, *, add_special_tokens: bool | None = None) -> list[Prompt]:
+    """``prompt``: a string, strings, token ids, or lists of token ids."""
+    add = True if add_special_tokens is None else add_special_tokens
+    if isinstance(prompt, str):
+        return [encode_prompt(tokenizer, prompt, add_special_tokens=add)]
+    if not prompt:
+        raise RequestError("`prompt` is empty", param="prompt")
+    if all(isinstance(x, int) for x in prompt):
+        return [encode_prompt(tokenizer, prompt)]
+    out = []
+    for i, item in enumerate(prompt):
+        if isinstance(item, int):
+            raise RequestError("`prompt` mixes token ids with strings or lists", param=f"prompt[{i}]")
+        out.append(encode_prompt(tokenizer, item, add_special_tokens=add, param=f"prompt[{i}]"))
+    return out
+
+
+def responses_job(gw: Gateway, req: p.ResponsesRequest) -> Job | ApiError:
+    found = gw.find(req.model)
+    if isinstance(found, ApiError):
+        return found
+    model, adapter = found
+    if req.previous_response_id:
+        return errors.unsupported("previous_response_id", "`previous_response_id` (this server stores no responses; "
+                                  "send the whole conversation in `input`)")
+    if req.background:
+        return errors.unsupported("background", "`background` mode")
+    if req.text and req.text.format and req.text.format.type != "text":
+        return errors.unsupported("text.format", "Structured output (json_object / json_schema)")
+    if req.tool_choice is not None and (req.tool_choice == "required" or not isinstance(req.tool_choice, str)):
+        return errors.unsupported("tool_choice", "Forcing a tool call (`required` or a named tool) needs constrained "
+                                  "decoding, which")
+    try:
+        messages = responses_messages(req)
+        tools = None
+        if req.tools and req.tool_choice != "none":
+            tools = []
+            for i, t in enumerate(req.tools):
+                if t.type != "function" or not t.name:
+                    raise RequestError(f"Tools of type {t.type!r} are not supported; only function tools are.",
+                                       param=f"tools[{i}].type")
+                tools.append({"type": "function", "function": _drop_none(
+                    {"name": t.name, "description": t.description, "parameters": t.parameters})})
+        effort = req.reasoning.effort if req.reasoning else None
+        kwargs = template_kwargs(model.template_defaults, chat_template_kwargs=req.chat_template_kwargs,
+                                 reasoning_effort=effort)
+        prompt = render_chat(model.tokenizer, messages, tools, kwargs=kwargs, chat_template=model.chat_template)
+        opts = _sampling(req, model.tokenizer.vocab_size, max_tokens=req.max_output_tokens,
+                         logprobs=req.top_logprobs)
+        limits = gw.models.limits(model, gw.config)
+        check_sampling(opts, limits, {"max_tokens": "max_output_tokens", "logprobs": "top_logprobs"})
+        opts = fit_to_context(opts, len(prompt.token_ids), limits, prompt_param="input",
+                              max_tokens_param="max_output_tokens")
+    except (RequestError, errors.ApiErrorException) as e:
+        return errors.from_exception(e)
+    return Job(model, adapter, prompt, opts, tools=tools is not None,
+               max_tool_calls=1 if req.parallel_tool_calls is False else req.max_tool_calls)
+
+
+def responses_messages(req: p.ResponsesRequest) -> list[dict]:
+    """``instructions`` + ``input`` items -> template messages. Function calls join the assistant
+    turn before them; their outputs become tool messages; a reasoning item becomes the next
+    assistant turn's ``reasoning_content``."""
+    out: list[dict] = []
+    if req.instructions:
+        out.append({"role": "system", "content": req.instructions})
+    if isinstance(req.input, str):
+        out.append({"role": "user", "content": req.input})
+        return out
+    reasoning: str | None = None
+    for i, item in enumerate(req.input):
+        where = f"input[{i}]"
+        if item.type == "message":
+            role = {"developer": "system"}.get(item.role or "", item.role)
+            if role not in ("system", "user", "assistant"):
+                raise RequestError(f"Unknown role {item.role!r}", param=f"{where}.role")
+            message = {"role": role, "content": _input_text(item.content, f"{where}.content")}
+            if role == "assistant" and reasoning is not None:
+                message["reasoning_content"], reasoning = reasoning, None
+            out.append(message)
+        elif item.type == "function_call":
+            if not item.call_id or not item.name:
+                raise RequestError("A function_call item needs `call_id` and `name`",
+                                   param=f"{where}.{'call_id' if not item.call_id else 'name'}")
+            call = {"id": item.call_id, "type": "function",
+                    "function": {"name": item.name, "arguments": item.arguments or "{}"}}
+            if out and out[-1]["role"] == "assistant" and reasoning is None:
+                out[-1].setdefault("tool_calls", []).append(call)
+            else:
+                message = {"role": "assistant", "content": "", "tool_calls": [call]}
+                if reasoning is not None:
+                    message["reasoning_content"], reasoning = reasoning, None
+                out.append(message)
+        elif item.type == "function_call_output":
+            if not item.call_id:
+                raise RequestError("A function_call_output item needs `call_id`", param=f"{where}.call_id")
+            output = item.output if isinstance(item.output, str) else _input_text(item.output or [], f"{where}.output")
+            out.append({"role": "tool", "tool_call_id": item.call_id, "content": output})
+        elif item.type == "reasoning":
+            # Our own reasoning items carry the text as reasoning_text content; OpenAI's, as a summary.
+            parts = item.content if isinstance(item.content, list) else []
+            texts = [c.text or "" for c in parts if c.type == "reasoning_text"] or [c.text for c in item.summary or []]
+            reasoning = "\n".join(texts)
+        else:
+            raise RequestError(f"Input items of type {item.type!r} are not supported", param=f"{where}.type")
+    return out
+
+
+def _input_text(content, param: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    texts = []
+    for j, part in enumerate(content):
+        if part.type in ("input_text", "output_text", "text"):
+            texts.append(part.text or "")
+        else:
+            raise RequestError(f"Content of type {part.type!r} is not supported: this model reads text only.",
+                               param=f"{param}[{j}].type")
+    return "\n".join(texts)
+
+
+def _refuse_chat(req: p.ChatCompletionRequest) -> ApiError | None:
+    if req.functions or req.function_call is not None:
+        return errors.unsupported("functions", "The deprecated `functions` / `function_call` (use `tools`)")
+    if req.audio is not None or (req.modalities and "audio" in req.modalities):
+        return errors.unsupported("modalities", "Audio output")
+    if req.prediction is not None:
+        return errors.unsupported("prediction", "Predicted outputs")
+    if req.response_format is not None and req.response_format.type != "text":
+        return errors.unsupported("response_format", "Structured output (json_object / json_schema)")
+    if req.tool_choice is not None and (req.tool_choice == "required" or not isinstance(req.tool_choice, str)):
+        return errors.unsupported("tool_choice", "Forcing a tool call (`required` or a named tool) needs constrained "
+                                  "decoding, which")
+    return None
+
+
+def _sampling(req, vocab_size: int, *, max_tokens: int | None, logprobs: int | None) -> SamplingOptions:
+    """The sampling fields every OpenAI endpoint shares (extensions included when the request has them)."""
+    get = lambda name, default: default if getattr(req, name, None) is None else getattr(req, name)  # noqa: E731
+    return SamplingOptions(
+        n=get("n", 1), max_tokens=max_tokens, min_tokens=get("min_tokens", 0),
+        temperature=get("temperature", 1.0), top_p=get("top_p", 1.0), top_k=get("top_k", 0), min_p=get("min_p", 0.0),
+        presence_penalty=get("presence_penalty", 0.0), frequency_penalty=get("frequency_penalty", 0.0),
+        repetition_penalty=get("repetition_penalty", 1.0), seed=get("seed", None), stop=parse_stop(get("stop", None)),
+        stop_token_ids=list(get("stop_token_ids", [])),
+        include_stop_str_in_output=get("include_stop_str_in_output", False), ignore_eos=get("ignore_eos", False),
+        logprobs=logprobs, skip_special_tokens=get("skip_special_tokens", True),
+        logit_bias=parse_logit_bias(get("logit_bias", None), vocab_size))
+
+
+def _function(fn: p.FunctionDefinition) -> dict:
+    return _drop_none({"name": fn.name, "description": fn.description, "parameters": fn.parameters})
+
+
+def _drop_none(d: dict) -> dict:
+    return {k: v for k, v in d.items() if v is not None}

@@ -1,0 +1,148 @@
+"""OpenAI endpoints: convert (first line), submit to the engine, reply as JSON or as a stream.
+
+Every generation handler has the same shape: ``convert`` gives a Job or an error value; a model
+still loading is a 503; the engine requests are submitted before the reply starts; then the
+stream module's encoder turns deltas into chunks, or collects them into the final object.
+"""
+
+from __future__ import annotations
+
+from surogate.serve.frontend import prompt_logprobs_entries
+
+from ..context import RequestContext
+from ..errors import ApiError
+from ..generate import fan_out, start
+from ..http import JSONReply, StreamReply
+from ..serving import Gateway, collected, ready, streamed, totals
+from . import convert
+from . import protocol as p
+from .stream import ChatStream, CompletionStream, ResponsesStream, usage
+
+Reply = JSONReply | StreamReply | ApiError
+
+
+async def chat_completions(gw: Gateway, ctx: RequestContext, req: p.ChatCompletionRequest) -> Reply:
+    job = convert.chat_job(gw, req)
+    if isinstance(job, ApiError):
+        return job
+    _note(ctx, req.model, job.prompt.token_ids, job.opts, bool(req.stream))
+    if (err := ready(job)) is not None:
+        return err
+    processors = job.processors()
+    run = await start(ctx, job.model.engine, fan_out(job.prompt.token_ids, job.opts), processors, job.adapter)
+    out = ChatStream(id=gw.ids.new("chatcmpl-"), created=int(gw.clock()), model=req.model, n=job.opts.n,
+                     include_usage=bool(req.stream_options and req.stream_options.include_usage),
+                     reasoning_field=gw.config.reasoning_field, logprobs=job.opts.logprobs is not None, ids=gw.ids)
+
+    def final_usage() -> p.Usage:
+        completion, reasoning = totals(ctx, processors)
+        return usage(ctx.prompt_tokens, completion, ctx.cached_tokens, reasoning)
+
+    if req.stream:
+        return StreamReply(streamed(ctx, run, out.start, lambda i, d, _: out.delta(i, d),
+                                    lambda: out.end(final_usage()), out.error, ping_every=gw.config.sse_ping_seconds))
+    await collected(ctx, run, lambda i, d, _: out.delta(i, d))
+    return JSONReply(out.completion(final_usage()))
+
+
+async def completions(gw: Gateway, ctx: RequestContext, req: p.CompletionRequest) -> Reply:
+    jobs = convert.completion_jobs(gw, req)
+    if isinstance(jobs, ApiError):
+        return jobs
+    first = jobs[0]
+    _note(ctx, req.model, [t for j in jobs for t in j.prompt.token_ids], first.opts, bool(req.stream))
+    if (err := ready(first)) is not None:
+        return err
+    n = first.opts.n
+    processors = [proc for job in jobs for proc in job.processors()]
+    requests = [r for job in jobs for r in fan_out(job.prompt.token_ids, job.opts)]
+    run = await start(ctx, first.model.engine, requests, processors, first.adapter)
+    want_logprobs = first.opts.logprobs is not None
+    out = CompletionStream(id=gw.ids.new("cmpl-"), created=int(gw.clock()), model=req.model,
+                           num_choices=len(processors),
+                           include_usage=bool(req.stream_options and req.stream_options.include_usage),
+                           logprobs=want_logprobs)
+    echoed: set[int] = set()
+
+    def step(i, d, engine_step) -> bytes:
+        head = b""
+        if req.echo and i not in echoed:
+            echoed.add(i)
+            job = jobs[i // n]
+            text = job.prompt.text if job.prompt.text is not None else job.model.tokenizer.decode(job.prompt.token_ids)
+            entries = []
+            if want_logprobs and engine_step is not None and engine_step.prompt_logprobs is not None:
+                entries = prompt_logprobs_entries(job.model.tokenizer, job.prompt.token_ids,
+                                                  engine_step.prompt_logprobs)
+            head = out.echo(i, text, entries)
+        return head + out.delta(i, d)
+
+    def final_usage() -> p.Usage:
+        completion, _ = totals(ctx, processors)
+        return usage(ctx.prompt_tokens, completion, ctx.cached_tokens)
+
+    if req.stream:
+        return StreamReply(streamed(ctx, run, lambda: b"", step, lambda: out.end(final_usage()), out.error,
+                                    ping_every=gw.config.sse_ping_seconds))
+    await collected(ctx, run, step)
+    return JSONReply(out.completion(final_usage()))
+
+
+async def responses(gw: Gateway, ctx: RequestContext, req: p.ResponsesRequest) -> Reply:
+    job = convert.responses_job(gw, req)
+    if isinstance(job, ApiError):
+        return job
+    _note(ctx, req.model, job.prompt.token_ids, job.opts, bool(req.stream))
+    if (err := ready(job)) is not None:
+        return err
+    processors = job.processors()
+    run = await start(ctx, job.model.engine, fan_out(job.prompt.token_ids, job.opts), processors, job.adapter)
+    base = p.Response(id=gw.ids.new("resp_"), created_at=int(gw.clock()), instructions=req.instructions,
+                      metadata=req.metadata or {}, model=req.model, status="in_progress",
+                      parallel_tool_calls=req.parallel_tool_calls is not False, temperature=req.temperature,
+                      tool_choice=req.tool_choice or "auto", tools=list(req.tools or []), top_p=req.top_p,
+                      max_output_tokens=req.max_output_tokens, reasoning=req.reasoning, text=req.text,
+                      top_logprobs=req.top_logprobs, user=req.user)
+    out = ResponsesStream(base, gw.ids)
+
+    def ending() -> tuple[str, p.ResponseUsage, str | None]:
+        completion, reasoning = totals(ctx, processors)
+        final = p.ResponseUsage(input_tokens=ctx.prompt_tokens,
+                                input_tokens_details=p.InputTokensDetails(cached_tokens=ctx.cached_tokens),
+                                output_tokens=completion,
+                                output_tokens_details=p.OutputTokensDetails(reasoning_tokens=reasoning),
+                                total_tokens=ctx.prompt_tokens + completion)
+        if processors[0].finish_reason == "length":
+            return "incomplete", final, "max_output_tokens"
+        return "completed", final, None
+
+    if req.stream:
+        return StreamReply(streamed(ctx, run, out.start, lambda i, d, _: out.delta(d), lambda: out.end(*ending()),
+                                    out.error, ping_every=gw.config.sse_ping_seconds))
+    await collected(ctx, run, lambda i, d, _: out.delta(d))
+    return JSONReply(out.response(*ending()))
+
+
+async def list_models(gw: Gateway, ctx: RequestContext) -> Reply:
+    data = []
+    for m in gw.models:
+        data.append(p.Model(id=m.name, created=m.created, owned_by=m.owned_by, root=m.name, parent=None,
+                            max_model_len=m.max_model_len))
+        data.extend(p.Model(id=a, created=m.created, owned_by=m.owned_by, root=a, parent=m.name,
+                            max_model_len=m.max_model_len) for a in m.adapters)
+    return JSONReply(p.ModelList(data=data))
+
+
+async def get_model(gw: Gateway, ctx: RequestContext, name: str) -> Reply:
+    found = gw.find(name)
+    if isinstance(found, ApiError):
+        return found
+    model, adapter = found
+    return JSONReply(p.Model(id=name, created=model.created, owned_by=model.owned_by, root=name,
+                             parent=model.name if adapter else None, max_model_len=model.max_model_len))
+
+
+def _note(ctx: RequestContext, model: str, prompt_ids, opts, stream: bool) -> None:
+    ctx.model, ctx.prompt_tokens, ctx.stream = model, len(prompt_ids), stream
+    ctx.n, ctx.max_tokens = opts.n, opts.max_tokens
+

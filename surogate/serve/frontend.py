@@ -1,0 +1,338 @@
+"""The serving frontend: requests become prompt ids and sampling options; token ids become text.
+
+In: the API layer (surogate.gateway) maps each API's request onto the neutral pieces here
+(template-format messages and tools, ``SamplingOptions``); this module renders the chat template
+with the thinking controls, tokenizes, and checks the numbers against the model (context length,
+logprob and ``n`` limits), raising ``RequestError`` naming the API's own field.
+
+Out: ``OutputProcessor`` turns one sequence's engine outputs (new token ids, logprobs, finish
+reason) into ``ChoiceDelta``s: incremental detokenization, stop strings held back and cut,
+then the reasoning and tool-call parsers. It is the same pipeline for streaming and
+non-streaming answers; a non-streaming answer is the sum of its deltas.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from surogate.errors import InvalidArgumentError
+from surogate.io import Tokenizer
+from surogate.serve.detokenizer import IncrementalDetokenizer
+from surogate.serve.parsers import OutputParser, ToolCallDelta
+from surogate.serve.stop import StopMatcher
+
+
+class RequestError(InvalidArgumentError):
+    """A request the model cannot serve as asked. ``param`` is the request field, in the API's spelling."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None, hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.param = param
+        self.code = code
+
+
+# -- requests -------------------------------------------------------------------------------------
+
+class SamplingOptions(msgspec.Struct, kw_only=True):
+    """One request's sampling settings, resolved. ``stop`` strings are applied here, in the
+    frontend; everything else is the engine's (its SamplingParams takes these fields)."""
+
+    n: int = 1
+    max_tokens: int | None = None  # None: whatever the context leaves
+    min_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 (or -1): off
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: list[str] = msgspec.field(default_factory=list)
+    stop_token_ids: list[int] = msgspec.field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    logprobs: int | None = None  # alternatives per generated token; None: no logprobs, 0: the chosen token's
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+    logit_bias: dict[int, float] | None = None
+
+
+class Prompt(msgspec.Struct):
+    token_ids: list[int]
+    text: str | None = None  # the rendered text, when it came from text (the reasoning parser reads its end)
+
+
+class Limits(msgspec.Struct, frozen=True):
+    max_model_len: int
+    max_logprobs: int = 20
+    max_n: int = 16
+    max_stop: int = 16
+
+
+def check_sampling(opts: SamplingOptions, limits: Limits, names: Mapping[str, str] | None = None) -> None:
+    """Ranges, in the API's field names (``names`` maps ours to theirs)."""
+    names = names or {}
+
+    def need(ok: bool, field: str, what: str) -> None:
+        if not ok:
+            name = names.get(field, field)
+            raise RequestError(f"`{name}` {what}", param=name)
+
+    need(1 <= opts.n <= limits.max_n, "n", f"must be between 1 and {limits.max_n}, got {opts.n}")
+    need(opts.max_tokens is None or opts.max_tokens >= 1, "max_tokens", f"must be at least 1, got {opts.max_tokens}")
+    need(opts.min_tokens >= 0, "min_tokens", "must not be negative")
+    need(opts.max_tokens is None or opts.min_tokens <= opts.max_tokens, "min_tokens",
+         "must not exceed the maximum number of tokens")
+    need(opts.temperature >= 0, "temperature", f"must be at least 0, got {opts.temperature}")
+    need(0 < opts.top_p <= 1, "top_p", f"must be in (0, 1], got {opts.top_p}")
+    need(opts.top_k >= -1, "top_k", f"must be -1 (off), 0 (off) or positive, got {opts.top_k}")
+    need(0 <= opts.min_p <= 1, "min_p", f"must be in [0, 1], got {opts.min_p}")
+    need(-2 <= opts.presence_penalty <= 2, "presence_penalty", f"must be in [-2, 2], got {opts.presence_penalty}")
+    need(-2 <= opts.frequency_penalty <= 2, "frequency_penalty", f"must be in [-2, 2], got {opts.frequency_penalty}")
+    need(opts.repetition_penalty > 0, "repetition_penalty", f"must be positive, got {opts.repetition_penalty}")
+    need(len(opts.stop) <= limits.max_stop, "stop", f"takes at most {limits.max_stop} strings")
+    for field in ("logprobs", "prompt_logprobs"):
+        value = getattr(opts, field)
+        need(value is None or 0 <= value <= limits.max_logprobs, field,
+             f"must be between 0 and {limits.max_logprobs}, got {value}")
+
+
+def fit_to_context(opts: SamplingOptions, prompt_len: int, limits: Limits, *, prompt_param: str,
+                   max_tokens_param: str) -> SamplingOptions:
+    """Fill in ``max_tokens`` from the context left, or refuse a request that cannot fit."""
+    room = limits.max_model_len - prompt_len
+    if room <= 0:
+        raise RequestError(f"This model's maximum context length is {limits.max_model_len} tokens. However, your "
+                           f"prompt has {prompt_len} tokens. Please shorten it.",
+                           param=prompt_param, code="context_length_exceeded")
+    if opts.max_tokens is None:
+        return msgspec.structs.replace(opts, max_tokens=room)
+    if opts.max_tokens > room:
+        raise RequestError(f"This model's maximum context length is {limits.max_model_len} tokens. However, you "
+                           f"requested {prompt_len + opts.max_tokens} tokens ({prompt_len} in the prompt, "
+                           f"{opts.max_tokens} for the completion). Please reduce `{max_tokens_param}` to at most "
+                           f"{room}, or shorten the prompt.", param=max_tokens_param, code="context_length_exceeded")
+    return opts
+
+
+def template_kwargs(defaults: Mapping[str, Any] | None = None, *, chat_template_kwargs: Mapping[str, Any] | None = None,
+                    enable_thinking: bool | None = None, reasoning_effort: str | None = None) -> dict[str, Any]:
+    """The variables a chat template sees for the thinking controls. ``reasoning_effort`` reaches
+    the template as is (gpt-oss and others read it) and ``"none"`` turns thinking off (llama.cpp's
+    rule); an explicit ``enable_thinking`` (Anthropic's ``thinking``) wins over that, and
+    ``chat_template_kwargs`` win over everything. ``thinking`` is set alongside ``enable_thinking``
+    for the templates that read that name (Granite 3.2, DeepSeek-V3.1)."""
+    kw = dict(defaults or {})
+    if reasoning_effort is not None:
+        kw["reasoning_effort"] = reasoning_effort
+        if reasoning_effort == "none":
+            kw["enable_thinking"] = kw["thinking"] = False
+    if enable_thinking is not None:
+        kw["enable_thinking"] = kw["thinking"] = enable_thinking
+    kw.update(chat_template_kwargs or {})
+    return kw
+
+
+def render_chat(tokenizer: Tokenizer, messages: Sequence[Mapping], tools: Sequence[Mapping] | None = None, *,
+                kwargs: Mapping[str, Any] | None = None, add_generation_prompt: bool = True,
+                continue_final_message: bool = False, chat_template: str | None = None,
+                documents: Sequence[Mapping] | None = None) -> Prompt:
+    """The conversation through the model's chat template: prompt ids and text. Tool-call
+    arguments given as JSON strings (the OpenAI wire form) become objects, which is what
+    templates expect (``tool_call.arguments | tojson``)."""
+    chat = [_template_message(m) for m in messages]
+    try:
+        text = tokenizer.apply_chat_template(
+            chat, tools=list(tools) if tools else None, add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message, tokenize=False, chat_template=chat_template,
+            documents=documents, **dict(kwargs or {}))
+    except InvalidArgumentError as e:
+        raise RequestError(e.message, param="messages", hint=e.hint) from None
+    return Prompt(tokenizer.encode(text, add_special_tokens=False), text)
+
+
+def encode_prompt(tokenizer: Tokenizer, prompt: str | Sequence[int], *, add_special_tokens: bool = True,
+                  param: str = "prompt") -> Prompt:
+    """A completion prompt: text (tokenized) or token ids (checked against the vocabulary)."""
+    if isinstance(prompt, str):
+        return Prompt(tokenizer.encode(prompt, add_special_tokens=add_special_tokens), prompt)
+    ids = list(prompt)
+    vocab = tokenizer.vocab_size
+    bad = next((i for i in ids if not 0 <= i < vocab), None)
+    if bad is not None:
+        raise RequestError(f"token id {bad} is outside the vocabulary (0..{vocab - 1})", param=param)
+    if not ids:
+        raise RequestError("the prompt is empty", param=param)
+    return Prompt(ids, None)
+
+
+def _template_message(message: Mapping) -> dict:
+    message = dict(message)
+    calls = message.get("tool_calls")
+    if calls:
+        fixed = []
+        for call in calls:
+            call = dict(call)
+            fn = call.get("function")
+            if isinstance(fn, Mapping) and isinstance(fn.get("arguments"), str):
+                try:
+                    args = json.loads(fn["arguments"])
+                except ValueError:
+                    args = None
+                if isinstance(args, dict):
+                    call["function"] = {**fn, "arguments": args}
+            fixed.append(call)
+        message["tool_calls"] = fixed
+    return message
+
+
+# -- outputs --------------------------------------------------------------------------------------
+
+class TopLogprob(msgspec.Struct, frozen=True):
+    token_id: int
+    token: str
+    bytes: list[int]
+    logprob: float
+
+
+class TokenLogprob(msgspec.Struct, frozen=True):
+    token_id: int
+    token: str
+    bytes: list[int]
+    logprob: float
+    top: list[TopLogprob]
+
+
+class ChoiceDelta(msgspec.Struct):
+    """What one engine step added to one answer, after every frontend stage."""
+
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[ToolCallDelta] = msgspec.field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: str | None = None  # stop | length | tool_calls | abort, on the last delta
+    stop_reason: str | int | None = None  # the stop string or stop token id that ended it (None for EOS)
+    num_tokens: int = 0  # tokens this step generated
+
+
+class OutputProcessor:
+    """One answer's pipeline: detokenize, stop strings, parsers. Feed ``step`` each engine output;
+    when ``stopped_by_string`` turns true the engine request must be aborted (the engine knows
+    only stop tokens)."""
+
+    def __init__(self, tokenizer: Tokenizer, opts: SamplingOptions, parser: OutputParser | None = None):
+        self.tokenizer = tokenizer
+        self.opts = opts
+        self.parser = parser
+        self._detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=opts.skip_special_tokens)
+        self._stop = StopMatcher(opts.stop, opts.include_stop_str_in_output)
+        self._stop_ids = frozenset(opts.stop_token_ids)
+        self._eos_ids = frozenset(tokenizer.eos_token_ids) if not opts.ignore_eos else frozenset()
+        self.num_tokens = 0
+        self.reasoning_tokens = 0
+        self.finish_reason: str | None = None
+        self.stop_reason: str | int | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def stopped_by_string(self) -> bool:
+        return self._stop.matched is not None
+
+    @property
+    def num_tool_calls(self) -> int:
+        return self.parser.num_tool_calls if self.parser is not None else 0
+
+    def step(self, token_ids: Sequence[int], logprobs: Sequence | None = None,
+             finish_reason: str | None = None) -> ChoiceDelta:
+        """``logprobs``: per new token, ``(logprob, [(token_id, logprob), ...])``.
+        ``finish_reason`` from the engine: stop (EOS or a stop token), length or abort."""
+        if self.finished:  # outputs still in flight after a stop string: dropped
+            return ChoiceDelta()
+        ids = list(token_ids)
+        out = ChoiceDelta(num_tokens=len(ids))
+        if self.parser is not None and self.parser.in_reasoning:
+            self.reasoning_tokens += len(ids)
+        self.num_tokens += len(ids)
+        if logprobs is not None:
+            out.logprobs = [token_logprob(self.tokenizer, t, lp) for t, lp in zip(ids, logprobs)]
+        visible = ids
+        if finish_reason == "stop" and ids and ids[-1] in self._stop_ids | self._eos_ids:
+            if ids[-1] in self._stop_ids and ids[-1] not in self._eos_ids:
+                out.stop_reason = ids[-1]
+            if not self.opts.include_stop_str_in_output:
+                visible = ids[:-1]
+        text = self._detok.push(visible)
+        if finish_reason is not None:
+            text += self._detok.flush()
+        text = self._stop.push(text)
+        if self._stop.matched is not None:
+            finish_reason, out.stop_reason = "stop", self._stop.matched
+        elif finish_reason is not None:
+            text += self._stop.flush()
+        if self.parser is None:
+            out.content = text
+        else:
+            parsed = self.parser.feed(text) if text else None
+            if finish_reason is not None:
+                tail = self.parser.finish()
+                if parsed is None:
+                    parsed = tail
+                else:
+                    parsed.extend(tail)
+            if parsed is not None:
+                out.content, out.reasoning, out.tool_calls = parsed.content, parsed.reasoning, parsed.tool_calls
+        if finish_reason is not None:
+            if finish_reason == "stop" and self.num_tool_calls:
+                finish_reason = "tool_calls"
+            self.finish_reason = out.finish_reason = finish_reason
+            self.stop_reason = out.stop_reason
+        return out
+
+
+def token_logprob(tokenizer: Tokenizer, token_id: int, entry) -> TokenLogprob:
+    """``entry``: ``(logprob, [(token_id, logprob), ...])`` as the engine reports it."""
+    logprob, top = entry
+    return TokenLogprob(token_id, *token_text(tokenizer, token_id), float(logprob),
+                        [TopLogprob(t, *token_text(tokenizer, t), float(lp)) for t, lp in top])
+
+
+def token_text(tokenizer: Tokenizer, token_id: int) -> tuple[str, list[int]]:
+    """A token's text and its UTF-8 bytes. A token that holds part of a character decodes to
+    U+FFFD; its bytes then come from the byte-level vocabulary, so clients can join them."""
+    text = tokenizer.decode([token_id])
+    if "\ufffd" in text:
+        piece = tokenizer.id_to_token(token_id) or ""
+        if piece and all(c in _BYTE_DECODER for c in piece):
+            return text, [_BYTE_DECODER[c] for c in piece]
+    return text, list(text.encode("utf-8"))
+
+
+def prompt_logprobs_entries(tokenizer: Tokenizer, prompt_ids: Sequence[int],
+                            entries: Iterable | None) -> list[TokenLogprob | None]:
+    """Prompt logprobs from the engine (``None`` for the first token, which has no context)."""
+    return [None if entry is None else token_logprob(tokenizer, token_id, entry)
+            for token_id, entry in zip(prompt_ids, entries or ())]
+
+
+def _bytes_to_unicode() -> dict[str, int]:
+    # GPT-2's byte-level alphabet: printable bytes map to themselves, the rest to U+0100 onwards.
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, n = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + n)] = b
+            n += 1
+    return chars
+
+
+_BYTE_DECODER = _bytes_to_unicode()

@@ -1,0 +1,35 @@
+"""Output parsers: reasoning (``<think>``) and tool calls (Hermes / Qwen, Llama 3 JSON), incremental.
+
+``make_output_parser(resolve_parsers(template, model_type), prompt_text, tools=True)`` gives the
+parser for one answer; feed it text deltas, then ``finish()``.
+"""
+
+from __future__ import annotations
+
+from surogate.serve.parsers.base import OutputParser, ParsedDelta, ToolCallDelta
+from surogate.serve.parsers.reasoning import ThinkReasoningParser, initial_state
+from surogate.serve.parsers.registry import (
+    REASONING_PARSERS,
+    TOOL_PARSERS,
+    ParserChoice,
+    detect_parsers,
+    make_output_parser,
+    resolve_parsers,
+)
+from surogate.serve.parsers.tool_calls import HermesToolParser, Llama3JsonToolParser
+
+__all__ = [
+    "REASONING_PARSERS",
+    "TOOL_PARSERS",
+    "HermesToolParser",
+    "Llama3JsonToolParser",
+    "OutputParser",
+    "ParsedDelta",
+    "ParserChoice",
+    "ThinkReasoningParser",
+    "ToolCallDelta",
+    "detect_parsers",
+    "initial_state",
+    "make_output_parser",
+    "resolve_parsers",
+]

@@ -1,0 +1,84 @@
+"""Which parsers a model gets: detected from its chat template and model type, overridable by name.
+
+Detection reads what the template writes, since that is what the model was trained to answer
+in: a template that renders ``<tool_call>`` gets the Hermes parser, one that speaks of
+``<|python_tag|>`` / ``"parameters"`` under Llama 3 headers gets Llama 3 JSON, one that writes
+``<think>`` gets the reasoning parser. The names are vLLM's and SGLang's, so a flag copied from
+their documentation works here (``--reasoning-parser qwen3 --tool-call-parser hermes``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import msgspec
+
+from surogate.errors import NotFoundError
+from surogate.serve.parsers.base import OutputParser, ReasoningParser, ToolParser
+from surogate.serve.parsers.reasoning import ThinkReasoningParser
+from surogate.serve.parsers.tool_calls import HermesToolParser, Llama3JsonToolParser
+
+# name -> factory(prompt_text) ; deepseek_r1 starts in reasoning even when the prompt did not open it
+REASONING_PARSERS: dict[str, Callable[[str | None], ReasoningParser]] = {
+    "qwen3": lambda prompt: ThinkReasoningParser.for_prompt(prompt),
+    "think": lambda prompt: ThinkReasoningParser.for_prompt(prompt),
+    "glm45": lambda prompt: ThinkReasoningParser.for_prompt(prompt),
+    "deepseek_r1": lambda prompt: ThinkReasoningParser.for_prompt(prompt, force_reasoning=True),
+}
+TOOL_PARSERS: dict[str, Callable[[], ToolParser]] = {
+    "hermes": HermesToolParser,
+    "qwen3": HermesToolParser,
+    "qwen25": HermesToolParser,
+    "llama3_json": Llama3JsonToolParser,
+    "llama3": Llama3JsonToolParser,
+}
+
+
+class ParserChoice(msgspec.Struct, frozen=True):
+    reasoning: str | None = None
+    tool: str | None = None
+
+
+def detect_parsers(chat_template: str | None, model_type: str | None = None) -> ParserChoice:
+    text = chat_template or ""
+    mtype = (model_type or "").lower()
+    reasoning = "qwen3" if "<think>" in text or "</think>" in text else None
+    if "<tool_call>" in text:
+        tool = "hermes"
+    elif "<|python_tag|>" in text or ("<|start_header_id|>" in text and '"parameters"' in text):
+        tool = "llama3_json"
+    elif mtype.startswith(("qwen2", "qwen3")) and "tools" in text:
+        tool = "hermes"
+    else:
+        tool = None
+    return ParserChoice(reasoning=reasoning, tool=tool)
+
+
+def resolve_parsers(chat_template: str | None, model_type: str | None = None, *,
+                    reasoning: str = "auto", tool: str = "auto") -> ParserChoice:
+    """``auto`` detects, ``none`` turns the parser off, a name picks one."""
+    detected = detect_parsers(chat_template, model_type)
+    return ParserChoice(reasoning=_pick(reasoning, detected.reasoning, REASONING_PARSERS, "reasoning"),
+                        tool=_pick(tool, detected.tool, TOOL_PARSERS, "tool-call"))
+
+
+def make_output_parser(choice: ParserChoice, prompt_text: str | None, *, tools: bool, reasoning: bool = True,
+                       max_tool_calls: int | None = None) -> OutputParser | None:
+    """The parser for one generated answer, or None when nothing is to be parsed. ``tools`` says
+    whether the request offered tools (no tools, no tool parsing: vLLM does the same)."""
+    r = REASONING_PARSERS[choice.reasoning](prompt_text) if reasoning and choice.reasoning else None
+    t = TOOL_PARSERS[choice.tool]() if tools and choice.tool else None
+    if r is None and t is None:
+        return None
+    return OutputParser(r, t, max_tool_calls=max_tool_calls)
+
+
+def _pick(name: str, detected: str | None, table: dict, what: str) -> str | None:
+    if name == "auto":
+        return detected
+    if name in ("none", ""):
+        return None
+    if name not in table:
+        raise NotFoundError(f"no {what} parser named {name!r}",
+                            hint=f"choose one of {sorted(table)}, 'auto' or 'none'")
+    return name

@@ -1,0 +1,262 @@
+"""Reasoning and tool-call parsers: the right answer all at once, and the same answer however the
+text is chunked (per character, per token of a real tokenizer, random cuts with a fixed seed),
+with the OpenAI streaming invariants on the way (a call's name exactly once and first, indices
+0, 1, ... in order, arguments that join into JSON)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from sgtest import tiny_models
+
+from surogate.io import Tokenizer
+from surogate.serve.detokenizer import IncrementalDetokenizer
+from surogate.serve.parsers import (
+    HermesToolParser,
+    Llama3JsonToolParser,
+    OutputParser,
+    ParserChoice,
+    ThinkReasoningParser,
+    detect_parsers,
+    initial_state,
+    make_output_parser,
+    resolve_parsers,
+)
+from surogate.serve.parsers.json_call import JsonCallScanner
+
+SEED = 1234
+
+
+@pytest.fixture(scope="module")
+def tokenizers(tmp_path_factory):
+    return {style: Tokenizer.from_folder(tiny_models.make_tokenizer(tmp_path_factory.mktemp(style), style))
+            for style in ("chatml", "llama3")}
+
+
+def collect(parser: OutputParser, chunks) -> dict:
+    """Feed ``chunks``, then finish; the joined result, with the stream invariants checked."""
+    content, reasoning, calls, order = [], [], {}, []
+    for delta in [*(parser.feed(c) for c in chunks), parser.finish()]:
+        content.append(delta.content)
+        reasoning.append(delta.reasoning)
+        for call in delta.tool_calls:
+            if call.index not in calls:
+                assert call.name is not None, "a call's first delta names it"
+                assert call.index == len(order), "indices count 0, 1, ... in order"
+                calls[call.index] = [call.name, call.arguments]
+                order.append(call.index)
+            else:
+                assert call.name is None, "the name comes once"
+                assert call.index == order[-1], "deltas of an earlier call after a later one started"
+                calls[call.index][1] += call.arguments
+    return {"content": "".join(content), "reasoning": "".join(reasoning),
+            "calls": [tuple(calls[i]) for i in order]}
+
+
+def chunkings(text: str, tokenizer: Tokenizer | None = None, skip_special_tokens: bool = True):
+    yield "whole", [text]
+    yield "chars", list(text)
+    rng = random.Random(SEED)
+    for k in range(20):
+        cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 12)))) if len(text) > 1 else []
+        yield f"random{k}", [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+    if tokenizer is not None:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=skip_special_tokens)
+        yield "tokens", [detok.push([i]) for i in ids] + [detok.flush()]
+
+
+def check_all_ways(make, text, expected, tokenizer=None, skip_special_tokens=True):
+    for name, chunks in chunkings(text, tokenizer, skip_special_tokens):
+        assert collect(make(), chunks) == expected, f"chunking {name!r}: {chunks!r}"
+
+
+def calls(*pairs):
+    return [(name, json.dumps(args) if not isinstance(args, str) else args) for name, args in pairs]
+
+
+# -- reasoning ------------------------------------------------------------------------------------
+
+REASONING_CASES = [
+    # (initial state, generated text, reasoning, content)
+    ("detect", "<think>\nLet me think: 12 + 30.\n</think>\n\nThe answer is 42.", "Let me think: 12 + 30.",
+     "The answer is 42."),
+    ("reasoning", "Let me think.\nStill 🙂 thinking.\n</think>\n\nHello world!", "Let me think.\nStill 🙂 thinking.",
+     "Hello world!"),
+    ("content", "The answer is 42.", "", "The answer is 42."),
+    ("content", "<think>not a block here</think> text", "", "<think>not a block here</think> text"),
+    ("detect", "<think>\n\n</think>\n\nHi", "", "Hi"),
+    ("detect", "Hello <think> world", "", "Hello <think> world"),
+    ("detect", "<think>\ncut off while thinking", "cut off while thinking", ""),
+    ("detect", "  \n ", "", "  \n "),
+    ("detect", "<thi", "", "<thi"),
+    ("detect", "<thinking>not the tag</thinking>", "", "<thinking>not the tag</thinking>"),
+    ("reasoning", "a </thin b </think> c", "a </thin b", "c"),
+]
+
+
+@pytest.mark.parametrize("state,text,reasoning,content", REASONING_CASES)
+def test_reasoning_parser_all_chunkings(state, text, reasoning, content, tokenizers):
+    expected = {"content": content, "reasoning": reasoning, "calls": []}
+    check_all_ways(lambda: OutputParser(ThinkReasoningParser(state)), text, expected, tokenizers["chatml"])
+
+
+def test_initial_state_reads_the_end_of_the_prompt(tokenizers):
+    tok = tokenizers["chatml"]
+    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "<think>\nx\n</think>\n\nhello"},
+               {"role": "user", "content": "again"}]
+    thinking_off = tok.apply_chat_template(history, add_generation_prompt=True, tokenize=False, enable_thinking=False)
+    assert thinking_off.endswith("<think>\n\n</think>\n\n")
+    assert initial_state(thinking_off) == "content"
+    default = tok.apply_chat_template(history, add_generation_prompt=True, tokenize=False)
+    assert initial_state(default) == "detect"  # earlier turns' closed blocks do not count
+    assert initial_state(default + "<think>\n") == "reasoning"  # a template that opens the block (R1-0528 style)
+    assert initial_state(None) == "detect"
+    assert initial_state(default, force_reasoning=True) == "reasoning"
+    assert initial_state(thinking_off, force_reasoning=True) == "content"
+
+
+def test_prompt_closing_the_block_keeps_the_answer_in_content():
+    """vLLM #17349 / #53284: with enable_thinking=false the whole answer landed in reasoning."""
+    parser = make_output_parser(ParserChoice("qwen3", None), "<|im_start|>assistant\n<think>\n\n</think>\n\n",
+                                tools=False)
+    assert collect(parser, ["The answer ", "is 42."]) == {"content": "The answer is 42.", "reasoning": "",
+                                                          "calls": []}
+    forced = make_output_parser(ParserChoice("deepseek_r1", None), "<|im_start|>assistant\n", tools=False)
+    assert collect(forced, ["Thinking", "</think>", "Answer"]) == {"content": "Answer", "reasoning": "Thinking",
+                                                                   "calls": []}
+
+
+# -- Hermes / Qwen tool calls ------------------------------------------------------------------------
+
+WEATHER = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+
+HERMES_CASES = [
+    ("single call after text",
+     f"I'll check.\n<tool_call>\n{WEATHER}\n</tool_call>",
+     "I'll check.", calls(("get_weather", {"city": "Paris"}))),
+    ("parallel calls",
+     f'<tool_call>\n{WEATHER}\n</tool_call>\n<tool_call>\n{{"name": "get_time", "arguments": {{"tz": "CET"}}}}\n'
+     "</tool_call>",
+     "", calls(("get_weather", {"city": "Paris"}), ("get_time", {"tz": "CET"}))),
+    ("text around calls",
+     f"Before.\n\n<tool_call>\n{WEATHER}\n</tool_call>\n\nAfter the call.\n",
+     "Before.After the call.", calls(("get_weather", {"city": "Paris"}))),
+    ("arguments before the name",
+     '<tool_call>{"arguments": {"a": [1, 2, {"b": null}]}, "name": "f"}</tool_call>',
+     "", calls(("f", '{"a": [1, 2, {"b": null}]}'))),
+    ("braces and quotes inside strings",
+     '<tool_call>{"name": "run", "arguments": {"code": "if (x) { print(\\"}\\") }", "n": -1.5e3}}</tool_call>',
+     "", calls(("run", '{"code": "if (x) { print(\\"}\\") }", "n": -1.5e3}'))),
+    ("unicode arguments",
+     '<tool_call>\n{"name": "translate", "arguments": {"text": "Ünïcödé 中文 🙂"}}\n</tool_call>',
+     "", calls(("translate", '{"text": "Ünïcödé 中文 🙂"}'))),
+    ("arguments as a JSON string",
+     '<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>',
+     "", calls(("f", '{"a": 1}'))),
+    ("no arguments",
+     '<tool_call>{"name": "now"}</tool_call>',
+     "", calls(("now", "{}"))),
+    ("not JSON: given back as text",
+     "Text <tool_call>not json at all</tool_call> more",
+     "Text<tool_call>not json at all</tool_call> more", []),
+    ("cut off inside the arguments (max_tokens)",
+     '<tool_call>\n{"name": "f", "arguments": {"city": "Par',
+     "", calls(("f", '{"city": "Par'))),
+    ("a tag that never completes",
+     "use the <tool_ca",
+     "use the <tool_ca", []),
+    ("no calls: whitespace kept",
+     "Just text.\n\n",
+     "Just text.\n\n", []),
+]
+
+
+@pytest.mark.parametrize("name,text,content,expected_calls", HERMES_CASES, ids=[c[0] for c in HERMES_CASES])
+def test_hermes_parser_all_chunkings(name, text, content, expected_calls, tokenizers):
+    check_all_ways(lambda: OutputParser(None, HermesToolParser()), text,
+                   {"content": content, "reasoning": "", "calls": expected_calls}, tokenizers["chatml"])
+
+
+def test_tool_calls_inside_reasoning_are_reasoning(tokenizers):
+    text = (f"<think>\nMaybe <tool_call>{WEATHER}</tool_call>?\n</think>\n\nSure.\n<tool_call>\n{WEATHER}\n"
+            "</tool_call>")
+    expected = {"content": "Sure.", "reasoning": f"Maybe <tool_call>{WEATHER}</tool_call>?",
+                "calls": calls(("get_weather", {"city": "Paris"}))}
+    check_all_ways(lambda: make_output_parser(ParserChoice("qwen3", "hermes"), None, tools=True), text, expected,
+                   tokenizers["chatml"])
+
+
+def test_parallel_tool_calls_false_keeps_the_first():
+    text = f"<tool_call>{WEATHER}</tool_call><tool_call>{WEATHER}</tool_call>"
+    parser = make_output_parser(ParserChoice(None, "hermes"), None, tools=True, max_tool_calls=1)
+    assert collect(parser, list(text))["calls"] == calls(("get_weather", {"city": "Paris"}))
+
+
+def test_streamed_arguments_are_raw_text_not_healed_json():
+    """vLLM #10395: bracket-healing partial JSON corrupted streamed arguments. Fragments here
+    are exactly the characters the model wrote, so every prefix is a prefix of the final JSON."""
+    parser = HermesToolParser()
+    text = '<tool_call>{"name": "f", "arguments": {"a": "x", "b": [1, 2]}}</tool_call>'
+    sent = ""
+    for ch in text:
+        _, deltas = parser.feed(ch)
+        for d in deltas:
+            sent += d.arguments
+            assert '{"a": "x", "b": [1, 2]}'.startswith(sent)
+    assert sent == '{"a": "x", "b": [1, 2]}'
+
+
+# -- Llama 3 JSON tool calls ------------------------------------------------------------------------
+
+LLAMA_CASES = [
+    ("python tag", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}', "",
+     calls(("get_weather", {"city": "Paris"}))),
+    ("bare JSON", '{"name": "get_weather", "parameters": {"city": "Paris"}}', "",
+     calls(("get_weather", {"city": "Paris"}))),
+    ("leading whitespace and type", '\n {"type": "function", "name": "f", "parameters": {}}', "", calls(("f", "{}"))),
+    ("several, separated by ;", '{"name": "a", "parameters": {"x": 1}}; {"name": "b", "parameters": {"y": [2]}}', "",
+     calls(("a", {"x": 1}), ("b", {"y": [2]}))),
+    ("arguments key", '{"name": "a", "arguments": {"x": "}"}}', "", calls(("a", '{"x": "}"}'))),
+    ("plain answer", "The weather in Paris is sunny.", "The weather in Paris is sunny.", []),
+    ("JSON answer, not a call", '{"answer": 42, "name": "x"}', '{"answer": 42, "name": "x"}', []),
+    ("object without a name", '{"parameters": {"x": 1}}', '{"parameters": {"x": 1}}', []),
+    ("text after the call", '{"name": "a", "parameters": {}} and then text', "and then text", calls(("a", "{}"))),
+    ("cut off", '{"name": "a", "parameters": {"q": "lon', "", calls(("a", '{"q": "lon'))),
+]
+
+
+@pytest.mark.parametrize("name,text,content,expected_calls", LLAMA_CASES, ids=[c[0] for c in LLAMA_CASES])
+@pytest.mark.parametrize("skip_special_tokens", [True, False])
+def test_llama3_parser_all_chunkings(name, text, content, expected_calls, skip_special_tokens, tokenizers):
+    check_all_ways(lambda: OutputParser(None, Llama3JsonToolParser()), text,
+                   {"content": content, "reasoning": "", "calls": expected_calls}, tokenizers["llama3"],
+                   skip_special_tokens)
+
+
+def test_json_call_scanner_reports_progress():
+    s = JsonCallScanner()
+    assert s.feed('{"name": "f", "arguments": {"a": ') == 33
+    assert s.name == "f" and s.args_raw == '{"a": ' and not s.done
+    assert s.feed('1}} trailing') == 3
+    assert s.done and s.args_text == '{"a": 1}'
+    bad = JsonCallScanner()
+    bad.feed("[1, 2]")
+    assert bad.failed
+
+
+# -- registry -------------------------------------------------------------------------------------
+
+
+def test_registry_detects_families_from_the_chat_template(tokenizers):
+    assert detect_parsers(tokenizers["chatml"].chat_template) == ParserChoice("qwen3", "hermes")
+    assert detect_parsers(tokenizers["llama3"].chat_template) == ParserChoice(None, "llama3_json")
+    assert detect_parsers(None) == ParserChoice(None, None)
+    assert resolve_parsers(tokenizers["chatml"].chat_template, tool="none") == ParserChoice("qwen3", None)
+    assert resolve_parsers(None, reasoning="deepseek_r1", tool="llama3") == ParserChoice("deepseek_r1", "llama3")
+    with pytest.raises(LookupError, match="no tool-call parser named 'mistral'"):
+        resolve_parsers(None, tool="mistral")
+    assert make_output_parser(ParserChoice("qwen3", "hermes"), None, tools=False).tools is None
+    assert make_output_parser(ParserChoice(None, "hermes"), None, tools=False) is None
