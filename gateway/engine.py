@@ -70,27 +70,73 @@ class EngineStep(msgspec.Struct):
     prompt_logprobs: list | None = None
 
 
-# -- the two integration adapters ------------------------------------------------------------------
+# -- the adapters onto surogate's native engine (surogate.serve.engine_client) ----------------------
 
 
 def sampling_params(opts: SamplingOptions) -> Any:
     """The engine's SamplingParams for one sequence (``opts.n`` is already 1, the seed already
-    offset per sequence). INTEGRATION: build ``surogate.serve.types.SamplingParams`` here; until
-    the engine lands, the frontend's options are passed through unchanged."""
-    return opts
+    offset per sequence). Stop strings stay here in the frontend; stop token ids go native."""
+    from surogate.serve.types import SamplingParams
+
+    return SamplingParams(
+        temperature=opts.temperature, top_k=opts.top_k, top_p=opts.top_p, min_p=opts.min_p,
+        repetition_penalty=opts.repetition_penalty, presence_penalty=opts.presence_penalty,
+        frequency_penalty=opts.frequency_penalty, seed=opts.seed, max_tokens=opts.max_tokens,
+        min_tokens=opts.min_tokens, stop_token_ids=list(opts.stop_token_ids), ignore_eos=opts.ignore_eos,
+        logprobs=opts.logprobs, prompt_logprobs=opts.prompt_logprobs,
+    )
+
+
+def _logprob_pair(lp) -> tuple[float, list[tuple[int, float]]] | None:
+    if lp is None:
+        return None
+    return (float(lp.logprob), [(int(t), float(v)) for t, v in lp.top])
 
 
 def read_output(out: RequestOutput) -> EngineStep:
-    """INTEGRATION: map the engine's ``RequestOutput`` field names here if they differ."""
+    """The native engine's RequestOutput in the gateway's terms (logprobs as (chosen, top-N))."""
     logprobs = getattr(out, "logprobs", None)
     prompt_logprobs = getattr(out, "prompt_logprobs", None)
     return EngineStep(
         token_ids=list(out.new_token_ids),
-        logprobs=list(logprobs) if logprobs is not None else None,
-        finish_reason=out.finish_reason,
+        logprobs=[_logprob_pair(lp) for lp in logprobs] if logprobs is not None else None,
+        finish_reason=out.finish_reason if out.finish_reason != "error" else "abort",
         num_cached_tokens=int(getattr(out, "num_cached_tokens", 0) or 0),
-        prompt_logprobs=list(prompt_logprobs) if prompt_logprobs is not None else None,
+        prompt_logprobs=[_logprob_pair(lp) for lp in prompt_logprobs] if prompt_logprobs is not None else None,
     )
+
+
+class NativeEngine:
+    """surogate.serve.engine_client.EngineClient behind the gateway's protocol (string request
+    ids, idempotent abort, the gauge names /metrics reads)."""
+
+    def __init__(self, client: Any):
+        self.client = client
+
+    def submit(self, prompt_ids: Sequence[int], params: Any, adapter: str | None = None) -> str:
+        return str(self.client.submit(list(prompt_ids), params))
+
+    def stream(self, request_id: str) -> AsyncIterator[RequestOutput]:
+        return self.client.stream(int(request_id))
+
+    def abort(self, request_id: str) -> None:
+        try:
+            self.client.abort(int(request_id))
+        except Exception:  # already finished and forgotten: aborting is a no-op
+            pass
+
+    def stats(self) -> Any:
+        s = self.client.stats()
+
+        class Stats:
+            num_requests_running = s.num_running
+            num_requests_waiting = s.num_waiting
+            kv_cache_usage = s.kv_usage
+            num_preemptions = s.num_preemptions
+            prefix_cache_queries = s.prefix_cache_queries
+            prefix_cache_hits = s.prefix_cache_hits
+
+        return Stats()
 
 
 async def resolve(value):

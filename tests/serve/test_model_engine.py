@@ -29,7 +29,9 @@ def family(request, tmp_path_factory):
 
 def hf_greedy(ref, prompt: list[int], n: int) -> list[int]:
     with torch.no_grad():
-        out = ref.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n, min_new_tokens=n,
+        ids = torch.tensor([prompt])
+        # an explicit mask: generate would take pad_token_id (0) in the prompt for padding
+        out = ref.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n, min_new_tokens=n,
                            eos_token_id=None, pad_token_id=0)
     return out[0, len(prompt):].tolist()
 

@@ -1,0 +1,51 @@
+"""Start serving a model: load it, size its KV cache, start its engine, describe it for the
+gateway. `surogate serve` and the TUI call this; tests can too."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from surogate.errors import InvalidArgumentError
+from surogate.model import Model, load_model
+from surogate.serve.engine_client import EngineClient
+from surogate.serve.model_runner import ProgramRunner
+from surogate.serve.types import EngineConfig
+
+
+@dataclass
+class Launched:
+    name: str
+    model: Model
+    client: EngineClient
+    max_model_len: int
+
+
+def launch(source: str, *, name: str | None = None, dtype: str = "float32", kv_cache_tokens: int = 16384,
+           block_size: int = 16, max_num_seqs: int = 128, max_num_batched_tokens: int = 2048,
+           max_model_len: int | None = None, seed: int | None = None) -> Launched:
+    if kv_cache_tokens < block_size:
+        raise InvalidArgumentError(f"--kv-cache-tokens {kv_cache_tokens} is less than one block ({block_size})")
+    model = load_model(source, dtype=dtype)
+    if model.tokenizer is None:
+        raise InvalidArgumentError(f"{source} has no tokenizer", hint="serve a folder with tokenizer.json")
+    num_blocks = kv_cache_tokens // block_size
+    limit = int(model.config.get("max_position_embeddings") or num_blocks * block_size)
+    limit = min(limit, num_blocks * block_size)
+    if max_model_len is not None:
+        limit = min(limit, max_model_len)
+    runner = ProgramRunner(model, num_blocks=num_blocks, block_size=block_size)
+    client = EngineClient(runner, EngineConfig(
+        num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens, max_model_len=limit,
+        eos_token_ids=list(model.tokenizer.eos_token_ids), seed=seed))
+    served_name = name or _default_name(source)
+    return Launched(served_name, model, client, limit)
+
+
+def _default_name(source: str) -> str:
+    from pathlib import Path
+
+    p = Path(str(source))
+    if p.exists():
+        return p.stem if p.suffix == ".gguf" else p.name
+    return str(source)
