@@ -310,9 +310,12 @@ def test_chat_request_reaches_the_engine_as_the_template_renders_it(tiny_tokeniz
         assert ids == ids2 == tok.apply_chat_template(MESSAGES, tools=[tool], add_generation_prompt=True,
                                                       enable_thinking=False)
         assert adapter == "qwen-tiny-lora"
-        assert (params.n, params.seed, params2.seed) == (1, 7, 8)  # one sequence each, different seeds
-        assert (params.max_tokens, params.temperature, params.top_k, params.stop, params.logprobs) == (
-            30, 0.2, 5, ["\n\n"], 3)
+        # One engine sequence each (n is the gateway's fan-out), with different seeds; stop strings
+        # stay in the frontend, the rest reaches the engine's SamplingParams.
+        from surogate.serve.types import SamplingParams
+
+        assert isinstance(params, SamplingParams) and (params.seed, params2.seed) == (7, 8)
+        assert (params.max_tokens, params.temperature, params.top_k, params.logprobs) == (30, 0.2, 5, 3)
     run(check())
 
 
