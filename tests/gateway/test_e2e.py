@@ -114,3 +114,30 @@ def test_wrong_key_and_unknown_model_get_the_apis_errors(server):
     with pytest.raises(anthropic.AuthenticationError):
         anthropic.Anthropic(base_url=base, api_key="nope").messages.create(
             model="tiny", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+
+
+def _gauge(base: str, name: str) -> float:
+    text = httpx.get(f"{base}/metrics", headers={"Authorization": "Bearer sk-test"}, timeout=5).text
+    for line in text.splitlines():
+        if line.startswith(f"surogate:{name}{{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no surogate:{name} in /metrics")
+
+
+def test_client_disconnect_aborts_and_frees_kv_blocks(server):
+    base, _ = server
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Tell me a long story."}],
+            "max_tokens": 200, "temperature": 0, "stream": True, "ignore_eos": True}
+    with httpx.Client(timeout=30) as http:
+        with http.stream("POST", f"{base}/v1/chat/completions", json=body,
+                         headers={"Authorization": "Bearer sk-test"}) as r:
+            assert r.status_code == 200
+            for _ in r.iter_lines():
+                break  # one event, then hang up
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        if _gauge(base, "num_requests_running") == 0 and _gauge(base, "kv_cache_usage_perc") == 0:
+            break
+        time.sleep(0.1)
+    assert _gauge(base, "num_requests_running") == 0
+    assert _gauge(base, "kv_cache_usage_perc") == 0
