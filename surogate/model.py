@@ -178,11 +178,8 @@ def load_model(path_or_id: str | Path, device: str = "cpu", dtype: str = "float3
     weights = folder.open_weights()
     target = _np_dtype(dtype)
     params = family.name_table().load(names, lambda hf: np.ascontiguousarray(weights.get(hf).astype(target)))
-    tokenizer = None
-    try:
-        tokenizer = Tokenizer(folder)
-    except Exception:  # a weights-only folder still loads; tokenizer-less use is fine
-        tokenizer = None
+    # A weights-only folder still loads (token ids in, logits out); a damaged tokenizer does not.
+    tokenizer = Tokenizer.from_folder(folder) if (folder.path / "tokenizer.json").is_file() else None
     if device != "cpu":
         raise UnsupportedError("the CUDA model runtime lands with the CUDA backend issue",
                                hint="use device='cpu' for now")

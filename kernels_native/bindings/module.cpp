@@ -114,6 +114,8 @@ Tensor tensor_from_array(const py::array& arr) {
     }
     t.strides[i] = arr.strides(i) / isz;
   }
+  // numpy gives an empty array all-zero strides; an empty tensor is contiguous, so say so.
+  if (arr.size() == 0) t = Tensor::view_of(t.data, dt, t.shape_vec());
   t.readonly = !arr.writeable();
   // Hold a reference to the array; dropping it may happen off the Python thread.
   auto* ref = new py::object(arr);
@@ -375,7 +377,13 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("num_buffers", &Program::num_buffers)
       .def_property_readonly("num_instrs", &Program::num_instrs)
       .def_property_readonly("arena_bytes", &Program::arena_bytes)
-      .def("instr", &Program::instr_to_string)
+      .def("instr", [](const Program& p, int i) {
+        if (i < 0 || i >= p.num_instrs()) {
+          throw_status(SG_ERROR(StatusCode::kInvalidArgument,
+                                str_cat("no instruction ", i, " (program has ", p.num_instrs(), ")"), ""));
+        }
+        return p.instr_to_string(i);
+      })
       .def("set_profiling", &Program::set_profiling)
       .def("profile", &Program::profile_seconds)
       .def("reset_profile", &Program::reset_profile);

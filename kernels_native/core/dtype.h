@@ -3,8 +3,9 @@
 // f32, f16 (IEEE binary16), bf16 (upper half of binary32), fp8 e4m3fn and e5m2 (OCP 8-bit
 // floating point spec). Every narrowing conversion rounds to nearest, ties to even, as the
 // IEEE / OCP definitions ask; subnormals are kept. Overflow: f16, bf16 and e5m2 go to
-// infinity; e4m3fn has no infinity and goes to NaN (the same result as torch and ml_dtypes),
-// or to +-448 with the `_sat` variant that FP8 training recipes use.
+// infinity; e4m3fn has no infinity and goes to NaN (OCP's non-saturating mode, as ml_dtypes
+// does; torch's CPU cast saturates instead), or to +-448 with the `_sat` variant that FP8
+// training recipes use.
 #pragma once
 
 #include <cstdint>

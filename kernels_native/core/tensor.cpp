@@ -17,6 +17,7 @@ int64_t Tensor::numel() const {
 }
 
 bool Tensor::is_contiguous() const {
+  if (numel() == 0) return true;  // no elements: any strides (numpy gives zeros) address nothing
   int64_t expect = 1;
   for (int i = ndim - 1; i >= 0; --i) {
     if (shape[i] != 1 && strides[i] != expect) return false;

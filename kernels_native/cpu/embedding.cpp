@@ -1,8 +1,158 @@
-// CPU ops: embedding. (Kernels land here; see kernels_native/README-dev.md for the op conventions.)
+// Token embedding CPU ops, forward and backward: embedding_fwd / embedding_bwd.
+//
+// Shapes: N tokens, V vocabulary rows, C channels. ids: [N] int32; table, dtable: [V, C];
+// y, dy: [N, C]. Storage f32, bf16 or f16; dtable is f32 or dy's dtype.
+//
+//   embedding_fwd:  y[n, :] = table[ids[n], :]                       (a copy: no rounding)
+//   embedding_bwd:  dtable[v, :] = sum over n with ids[n] == v of dy[n, :]
+//                   (+ dtable[v, :] when accumulate; rows no token uses are 0, or kept)
+// Every id must lie in [0, V); the first one that does not is reported with its position
+// before anything is written.
+//
+// The backward is a scatter-add. It is made race-free and deterministic by a stable counting
+// sort of the token positions by id: each (vocabulary row, block of columns) is then one task
+// that sums its tokens' gradients in token order, in f32, and stores the row once. Splitting
+// rows into column blocks keeps the threads busy when one id (a padding or BOS token) is most
+// of the batch.
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
 #include "cpu/common.h"
 
 namespace surogate::cpu {
 
-void register_cpu_embedding(OpRegistry& reg) { (void)reg; }
+namespace {
+
+constexpr int64_t kColumnBlock = 512;
+
+// ids [N] int32 with every id in [0, V).
+Status check_ids(const char* op, const Tensor& ids, int64_t V) {
+  SG_RETURN_IF_ERROR(check_ndim(op, "ids", ids, 1));
+  SG_RETURN_IF_ERROR(check_contiguous(op, "ids", ids));
+  SG_RETURN_IF_ERROR(check_dtype(op, "ids", ids, {DType::kI32}));
+  const int32_t* p = ids.ptr<int32_t>();
+  for (int64_t n = 0; n < ids.shape[0]; ++n) {
+    SG_CHECK(p[n] >= 0 && p[n] < V, StatusCode::kInvalidArgument,
+             str_cat(op, ": ids[", n, "] = ", p[n], " is out of range for a table of ", V, " rows"),
+             "token ids must be below the model's vocab_size; check the tokenizer against the model");
+  }
+  return Status::OK();
+}
+
+// t is [rows, C] of a float storage dtype, contiguous.
+Status check_rows(const char* op, const char* name, const Tensor& t, int64_t rows, int64_t C) {
+  SG_RETURN_IF_ERROR(check_ndim(op, name, t, 2));
+  SG_RETURN_IF_ERROR(check_contiguous(op, name, t));
+  SG_RETURN_IF_ERROR(check_dtype(op, name, t, {DType::kF32, DType::kBF16, DType::kF16}));
+  SG_CHECK_SHAPE(t.shape[0] == rows && t.shape[1] == C,
+                 str_cat(op, ": ", name, " is ", t.shape_str(), ", expected [", rows, ", ", C, "]"));
+  return Status::OK();
+}
+
+Status embedding_fwd(const OpArgs& a) {
+  const char* op = "embedding_fwd";
+  const Tensor &ids = a.in(0), &table = a.in(1), &y = a.out(0);
+  SG_RETURN_IF_ERROR(check_ndim(op, "table", table, 2));
+  const int64_t V = table.shape[0], C = table.shape[1];
+  SG_RETURN_IF_ERROR(check_rows(op, "table", table, V, C));
+  SG_RETURN_IF_ERROR(check_ids(op, ids, V));
+  const int64_t N = ids.shape[0];
+  SG_RETURN_IF_ERROR(check_rows(op, "y", y, N, C));
+  SG_CHECK(y.dtype == table.dtype, StatusCode::kDTypeUnsupported,
+           str_cat(op, ": y is ", dtype_name(y.dtype), " but table is ", dtype_name(table.dtype)),
+           "allocate y in the table's dtype");
+  const size_t row_bytes = static_cast<size_t>(C) * dtype_size(table.dtype);
+  const int32_t* id = ids.ptr<int32_t>();
+  const char* src = static_cast<const char*>(table.data);
+  char* dst = static_cast<char*>(y.data);
+  parallel_for(0, N, std::max<int64_t>(1, (64 << 10) / std::max<size_t>(row_bytes, 1)), [&](int64_t lo, int64_t hi) {
+    for (int64_t n = lo; n < hi; ++n) std::memcpy(dst + n * row_bytes, src + id[n] * row_bytes, row_bytes);
+  });
+  return Status::OK();
+}
+
+// Scatter-add of dy rows into dtable through the sorted token positions of each id.
+template <typename T, typename W>
+void scatter_rows(const int32_t* order, const int32_t* offsets, const std::vector<int32_t>& used, const T* dy, W* dt,
+                  int64_t C, bool accumulate) {
+  const int64_t blocks = (C + kColumnBlock - 1) / kColumnBlock;
+  const int64_t tasks = static_cast<int64_t>(used.size()) * blocks;
+  parallel_for(0, tasks, 4, [&](int64_t lo, int64_t hi) {
+    float acc[kColumnBlock];
+    for (int64_t t = lo; t < hi; ++t) {
+      const int64_t v = used[t / blocks];
+      const int64_t c0 = (t % blocks) * kColumnBlock, width = std::min(kColumnBlock, C - c0);
+      W* out = dt + v * C + c0;
+      for (int64_t j = 0; j < width; ++j) acc[j] = accumulate ? load(out[j]) : 0.0f;
+      for (int32_t k = offsets[v]; k < offsets[v + 1]; ++k) {
+        const T* g = dy + static_cast<int64_t>(order[k]) * C + c0;
+        for (int64_t j = 0; j < width; ++j) acc[j] += load(g[j]);
+      }
+      for (int64_t j = 0; j < width; ++j) out[j] = store<W>(acc[j]);
+    }
+  });
+}
+
+Status embedding_bwd(const OpArgs& a) {
+  const char* op = "embedding_bwd";
+  const Tensor &ids = a.in(0), &dy = a.in(1), &dtable = a.out(0);
+  SG_RETURN_IF_ERROR(check_ndim(op, "dtable", dtable, 2));
+  const int64_t V = dtable.shape[0], C = dtable.shape[1];
+  SG_RETURN_IF_ERROR(check_ids(op, ids, V));
+  const int64_t N = ids.shape[0];
+  SG_RETURN_IF_ERROR(check_rows(op, "dy", dy, N, C));
+  SG_RETURN_IF_ERROR(check_rows(op, "dtable", dtable, V, C));
+  SG_CHECK(dtable.dtype == DType::kF32 || dtable.dtype == dy.dtype, StatusCode::kDTypeUnsupported,
+           str_cat(op, ": dtable is ", dtype_name(dtable.dtype), ", expected float32 or dy's ",
+                   dtype_name(dy.dtype)),
+           "keep the embedding gradient in float32 or in the activations' dtype");
+  SG_CHECK_ARG(N < INT32_MAX, str_cat(op, ": ", N, " tokens; at most 2^31 - 2 in one call"));
+  const bool accumulate = a.attr().get_bool("accumulate", false);
+
+  // Stable counting sort: order[offsets[v] .. offsets[v + 1]) are the positions of id v, ascending.
+  Tensor offsets_t, order_t;
+  SG_RETURN_IF_ERROR(zeros({V + 1}, DType::kI32, Device{}, &offsets_t));
+  SG_RETURN_IF_ERROR(empty({std::max<int64_t>(N, 1)}, DType::kI32, Device{}, &order_t));
+  int32_t* offsets = offsets_t.ptr<int32_t>();
+  int32_t* order = order_t.ptr<int32_t>();
+  const int32_t* id = ids.ptr<int32_t>();
+  for (int64_t n = 0; n < N; ++n) ++offsets[id[n] + 1];
+  std::vector<int32_t> used;
+  for (int64_t v = 0; v < V; ++v) {
+    if (offsets[v + 1] > 0) used.push_back(static_cast<int32_t>(v));
+    offsets[v + 1] += offsets[v];
+  }
+  {
+    std::vector<int32_t> next(offsets, offsets + V);
+    for (int64_t n = 0; n < N; ++n) order[next[id[n]]++] = static_cast<int32_t>(n);
+  }
+
+  if (!accumulate) {  // rows no token uses get 0
+    const size_t row_bytes = static_cast<size_t>(C) * dtype_size(dtable.dtype);
+    char* base = static_cast<char*>(dtable.data);
+    parallel_for(0, V, std::max<int64_t>(1, (256 << 10) / std::max<size_t>(row_bytes, 1)), [&](int64_t lo, int64_t hi) {
+      for (int64_t v = lo; v < hi; ++v) {
+        if (offsets[v + 1] == offsets[v]) std::memset(base + v * row_bytes, 0, row_bytes);
+      }
+    });
+  }
+  SG_DISPATCH_FLOAT(op, dy.dtype, T, {
+    if (dtable.dtype == DType::kF32) {
+      scatter_rows<T, float>(order, offsets, used, dy.ptr<T>(), dtable.ptr<float>(), C, accumulate);
+    } else {
+      scatter_rows<T, T>(order, offsets, used, dy.ptr<T>(), dtable.ptr<T>(), C, accumulate);
+    }
+  });
+  return Status::OK();
+}
+
+}  // namespace
+
+void register_cpu_embedding(OpRegistry& reg) {
+  add_op(reg, "embedding_fwd", 2, 2, 1, embedding_fwd, "(ids[N] int32, table[V,C]) -> (y[N,C])");
+  add_op(reg, "embedding_bwd", 2, 2, 1, embedding_bwd,
+         "(ids[N] int32, dy[N,C]) -> (dtable[V,C], f32 or dy's dtype); attrs: accumulate");
+}
 
 }  // namespace surogate::cpu

@@ -1,8 +1,342 @@
-// CPU ops: norm. (Kernels land here; see kernels_native/README-dev.md for the op conventions.)
+// RMSNorm CPU ops, forward and backward: rmsnorm_fwd / rmsnorm_bwd and the fused residual
+// add + norm of a pre-norm block, add_rmsnorm_fwd / add_rmsnorm_bwd.
+//
+// Shapes: N rows (tokens), C channels. x, y, h, dy, dx, dh: [N, C] in one storage dtype T
+// (f32, bf16 or f16); w: [C] in any of those; rstd: [N] f32; dw: [C], f32 or w's dtype.
+// Attrs: eps (forward, 1e-6); weight_offset (0; Gemma's `1 + w` is weight_offset = 1; give the
+// backward the forward's value); accumulate (backward, dw only).
+//
+// Forward, one row, in f32 (o = weight_offset):
+//   rstd = 1 / sqrt(sum_j x_j^2 / C + eps)
+//   o == 0 (Llama, Qwen, Mistral: LlamaRMSNorm):  y_j = T(w_j * float(T(x_j * rstd)))
+//   o != 0 (Gemma, Qwen3-Next: GemmaRMSNorm):     y_j = T(x_j * rstd * (w_j + o))
+// The two rounding orders are HF's own. LlamaRMSNorm computes `x * rstd` in f32, casts it to
+// the input dtype and only then multiplies by the weight (a second rounding); GemmaRMSNorm
+// multiplies by `1 + w.float()` in f32 and rounds once. For T = f32 both are the same formula.
+// With those orders our bf16 output equals HF's bit for bit except where rstd differs in its
+// last f32 bit (a different summation order of sum x^2) and that flips a bf16 rounding.
+// Sums run over 16 fixed lanes, so they do not depend on the thread count; the FMA of the
+// x86-64-v3/v4 builds may move rstd by one bit against the baseline build.
+// (OLMo-2 style, offset 0 with a single rounding, is not offered: the offset picks the order.)
+//
+// add_rmsnorm_fwd: h_j = T(x_j + residual_j), then the rows of h are normalized as above.
+// Outputs may alias inputs (h onto residual, y onto x): every row is read before it is written.
+//
+// Backward of y = x * rstd * (w + o), one row, in f32 (rounding of the forward ignored):
+//   g_j   = dy_j * (w_j + o)
+//   dx_j  = rstd * g_j - x_j * rstd^3 * (sum_k g_k x_k) / C          [+ dh_j]
+//   dw_j  = sum over rows of dy_j * x_j * rstd                        [+ dw_j when accumulate]
+// add_rmsnorm_bwd takes h in place of x and adds dh (the gradient reaching h from the residual
+// stream, optional). Since h = x + residual, its dx is the gradient of both x and residual.
+// dw is summed over blocks of rows into f32 partials that are then added in a fixed order, so
+// the result does not depend on the thread count; dw may be absent (frozen weight).
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
 #include "cpu/common.h"
 
 namespace surogate::cpu {
 
-void register_cpu_norm(OpRegistry& reg) { (void)reg; }
+namespace {
+
+// Hot row loops are built for x86-64-v4 (AVX-512), v3 (AVX2, FMA, F16C) and the portable
+// baseline, picked at load time; v3 / v4 also turn f16 conversions into F16C instructions.
+#define SG_HOT __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+
+// ---- row helpers ----------------------------------------------------------------------------
+
+// A row as f32: the row itself when T is float, else converted into `buf`.
+template <typename T>
+const float* row_f32(const T* src, float* buf, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    return src;
+  } else {
+    for (int64_t j = 0; j < n; ++j) buf[j] = load(src[j]);
+    return buf;
+  }
+}
+
+template <typename T> float round_to(float v) { return load(store<T>(v)); }
+
+// Sum of a[j] * b[j] over 16 independent lanes (vectorizable without reassociating floats,
+// and the same order on every ISA), lanes added pairwise at the end.
+SG_HOT float dot(const float* a, const float* b, int64_t n) {
+  constexpr int kLanes = 16;
+  float acc[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += a[j + l] * b[j + l];
+  for (int l = 0; j < n; ++j, ++l) acc[l] += a[j] * b[j];
+  for (int w = kLanes / 2; w > 0; w /= 2)
+    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
+  return acc[0];
+}
+
+// y = x * r * w, rounded as in the file header.
+template <typename T>
+SG_HOT void scale_row(const float* x, float r, const float* w, bool round_normed, T* y, int64_t n) {
+  if (round_normed) {
+    for (int64_t j = 0; j < n; ++j) y[j] = store<T>(w[j] * round_to<T>(x[j] * r));
+  } else {
+    for (int64_t j = 0; j < n; ++j) y[j] = store<T>(x[j] * r * w[j]);
+  }
+}
+
+// First backward pass of a row, one sweep over dy and x: g = dy * w, dw_part += dy * x * r;
+// returns sum g * x (16 lanes, as in dot). dw_part is updated here, before dx is written, so
+// that dx may alias dy.
+SG_HOT float grad_row(const float* dy, const float* x, const float* w, float r, float* g, float* dw_part,
+                      int64_t n) {
+  constexpr int kLanes = 16;
+  float acc[kLanes] = {};
+  int64_t j = 0;
+  if (dw_part) {
+    for (; j + kLanes <= n; j += kLanes) {
+      for (int l = 0; l < kLanes; ++l) {
+        g[j + l] = dy[j + l] * w[j + l];
+        acc[l] += g[j + l] * x[j + l];
+        dw_part[j + l] += dy[j + l] * x[j + l] * r;
+      }
+    }
+  } else {
+    for (; j + kLanes <= n; j += kLanes) {
+      for (int l = 0; l < kLanes; ++l) {
+        g[j + l] = dy[j + l] * w[j + l];
+        acc[l] += g[j + l] * x[j + l];
+      }
+    }
+  }
+  for (int l = 0; j < n; ++j, ++l) {
+    g[j] = dy[j] * w[j];
+    acc[l] += g[j] * x[j];
+    if (dw_part) dw_part[j] += dy[j] * x[j] * r;
+  }
+  for (int h = kLanes / 2; h > 0; h /= 2)
+    for (int l = 0; l < h; ++l) acc[l] += acc[l + h];
+  return acc[0];
+}
+
+// dx = r * g - k * x (+ dh).
+template <typename T>
+SG_HOT void dx_row(const float* g, const float* x, const float* dh, float r, float k, T* dx, int64_t n) {
+  if (dh) {
+    for (int64_t j = 0; j < n; ++j) dx[j] = store<T>(r * g[j] - k * x[j] + dh[j]);
+  } else {
+    for (int64_t j = 0; j < n; ++j) dx[j] = store<T>(r * g[j] - k * x[j]);
+  }
+}
+
+// ---- argument checks ------------------------------------------------------------------------
+
+Status check_like(const char* op, const char* name, const Tensor& t, const char* ref_name, const Tensor& ref) {
+  SG_RETURN_IF_ERROR(check_same_shape(op, name, t, ref_name, ref));
+  SG_CHECK(t.dtype == ref.dtype, StatusCode::kDTypeUnsupported,
+           str_cat(op, ": ", name, " is ", dtype_name(t.dtype), " but ", ref_name, " is ", dtype_name(ref.dtype)),
+           "give the activations and their gradients one dtype");
+  return check_contiguous(op, name, t);
+}
+
+// x [N, C] (the tensor that sets N and C), w [C], rstd [N] f32.
+Status check_norm_args(const char* op, const char* x_name, const Tensor& x, const Tensor& w, const Tensor& rstd) {
+  SG_RETURN_IF_ERROR(check_ndim(op, x_name, x, 2));
+  SG_RETURN_IF_ERROR(check_contiguous(op, x_name, x));
+  SG_RETURN_IF_ERROR(check_dtype(op, x_name, x, {DType::kF32, DType::kBF16, DType::kF16}));
+  SG_CHECK_ARG(x.shape[1] > 0, str_cat(op, ": ", x_name, " ", x.shape_str(), " has no channels"));
+  SG_RETURN_IF_ERROR(check_ndim(op, "w", w, 1));
+  SG_RETURN_IF_ERROR(check_contiguous(op, "w", w));
+  SG_RETURN_IF_ERROR(check_dtype(op, "w", w, {DType::kF32, DType::kBF16, DType::kF16}));
+  SG_CHECK_SHAPE(w.shape[0] == x.shape[1],
+                 str_cat(op, ": w ", w.shape_str(), " does not match the ", x.shape[1], " channels of ", x_name, " ",
+                         x.shape_str()));
+  SG_RETURN_IF_ERROR(check_ndim(op, "rstd", rstd, 1));
+  SG_RETURN_IF_ERROR(check_contiguous(op, "rstd", rstd));
+  SG_RETURN_IF_ERROR(check_dtype(op, "rstd", rstd, {DType::kF32}));
+  SG_CHECK_SHAPE(rstd.shape[0] == x.shape[0],
+                 str_cat(op, ": rstd ", rstd.shape_str(), " must have one entry per row of ", x_name, " ",
+                         x.shape_str()));
+  return Status::OK();
+}
+
+// w + offset as f32.
+std::vector<float> weight_f32(const Tensor& w, float offset) {
+  std::vector<float> wf(static_cast<size_t>(w.shape[0]));
+  convert(w.data, w.dtype, wf.data(), DType::kF32, w.shape[0]);
+  if (offset != 0.0f) {
+    for (float& v : wf) v += offset;
+  }
+  return wf;
+}
+
+// ---- forward --------------------------------------------------------------------------------
+
+// Normalizes the rows of x, or of h = T(x + residual) when residual is given (h then written).
+template <typename T>
+void forward(const T* x, const T* residual, const float* w, float eps, bool round_normed, T* y, T* h, float* rstd,
+             int64_t N, int64_t C) {
+  parallel_for(0, N, std::max<int64_t>(1, 4096 / C), [&](int64_t lo, int64_t hi) {
+    std::vector<float> buf(static_cast<size_t>(C));
+    for (int64_t i = lo; i < hi; ++i) {
+      const T* xi = x + i * C;
+      const float* xr;
+      if (residual) {
+        const T* ri = residual + i * C;
+        T* hi_row = h + i * C;
+        for (int64_t j = 0; j < C; ++j) buf[j] = round_to<T>(load(xi[j]) + load(ri[j]));
+        for (int64_t j = 0; j < C; ++j) hi_row[j] = store<T>(buf[j]);
+        xr = buf.data();
+      } else {
+        xr = row_f32(xi, buf.data(), C);
+      }
+      const float r = 1.0f / std::sqrt(dot(xr, xr, C) / static_cast<float>(C) + eps);
+      rstd[i] = r;
+      scale_row<T>(xr, r, w, round_normed, y + i * C, C);
+    }
+  });
+}
+
+Status rmsnorm_fwd(const OpArgs& a) {
+  const char* op = "rmsnorm_fwd";
+  const Tensor &x = a.in(0), &w = a.in(1), &y = a.out(0), &rstd = a.out(1);
+  SG_RETURN_IF_ERROR(check_norm_args(op, "x", x, w, rstd));
+  SG_RETURN_IF_ERROR(check_like(op, "y", y, "x", x));
+  const float eps = static_cast<float>(a.attr().get_float("eps", 1e-6));
+  const float offset = static_cast<float>(a.attr().get_float("weight_offset", 0.0));
+  const std::vector<float> wf = weight_f32(w, offset);
+  SG_DISPATCH_FLOAT(op, x.dtype, T, {
+    forward<T>(x.ptr<T>(), nullptr, wf.data(), eps, offset == 0.0f, y.ptr<T>(), nullptr, rstd.ptr<float>(),
+               x.shape[0], x.shape[1]);
+  });
+  return Status::OK();
+}
+
+Status add_rmsnorm_fwd(const OpArgs& a) {
+  const char* op = "add_rmsnorm_fwd";
+  const Tensor &x = a.in(0), &res = a.in(1), &w = a.in(2), &y = a.out(0), &h = a.out(1), &rstd = a.out(2);
+  SG_RETURN_IF_ERROR(check_norm_args(op, "x", x, w, rstd));
+  SG_RETURN_IF_ERROR(check_like(op, "residual", res, "x", x));
+  SG_RETURN_IF_ERROR(check_like(op, "y", y, "x", x));
+  SG_RETURN_IF_ERROR(check_like(op, "h", h, "x", x));
+  const float eps = static_cast<float>(a.attr().get_float("eps", 1e-6));
+  const float offset = static_cast<float>(a.attr().get_float("weight_offset", 0.0));
+  const std::vector<float> wf = weight_f32(w, offset);
+  SG_DISPATCH_FLOAT(op, x.dtype, T, {
+    forward<T>(x.ptr<T>(), res.ptr<T>(), wf.data(), eps, offset == 0.0f, y.ptr<T>(), h.ptr<T>(), rstd.ptr<float>(),
+               x.shape[0], x.shape[1]);
+  });
+  return Status::OK();
+}
+
+// ---- backward -------------------------------------------------------------------------------
+
+// dx (+ dh) for every row and, when dw is given, dw summed over rows (or added to it).
+template <typename T>
+Status backward(const char* op, const T* dy, const T* dh, const T* x, const float* w, const float* rstd, T* dx,
+                const Tensor& dw, bool accumulate, int64_t N, int64_t C) {
+  // Fixed blocks of rows, independent of the thread count: each block owns one f32 partial of dw.
+  const int64_t rows_per_block = std::max<int64_t>(32, (N + 255) / 256);
+  const int64_t blocks = (N + rows_per_block - 1) / rows_per_block;
+  const bool want_dw = dw.data != nullptr;
+  Tensor partial;
+  if (want_dw && blocks > 0) SG_RETURN_IF_ERROR(empty({blocks, C}, DType::kF32, Device{}, &partial));
+
+  parallel_for(0, blocks, 1, [&](int64_t lo, int64_t hi) {
+    std::vector<float> buf(static_cast<size_t>(4 * C));
+    float *dyb = buf.data(), *xb = dyb + C, *dhb = xb + C, *g = dhb + C;
+    for (int64_t b = lo; b < hi; ++b) {
+      float* part = want_dw ? partial.ptr<float>() + b * C : nullptr;
+      if (part) std::fill(part, part + C, 0.0f);
+      for (int64_t i = b * rows_per_block; i < std::min(N, (b + 1) * rows_per_block); ++i) {
+        const float* dyr = row_f32(dy + i * C, dyb, C);
+        const float* xr = row_f32(x + i * C, xb, C);
+        const float* dhr = dh ? row_f32(dh + i * C, dhb, C) : nullptr;
+        const float r = rstd[i];
+        const float s = grad_row(dyr, xr, w, r, g, part, C);
+        dx_row<T>(g, xr, dhr, r, r * r * r * s / static_cast<float>(C), dx + i * C, C);
+      }
+    }
+  });
+  if (!want_dw) return Status::OK();
+
+  SG_DISPATCH_FLOAT(op, dw.dtype, W, {
+    W* out = dw.ptr<W>();
+    const float* p = partial.ptr<float>();
+    parallel_for(0, C, 1024, [&](int64_t lo, int64_t hi) {
+      std::vector<float> acc(static_cast<size_t>(hi - lo), 0.0f);
+      if (accumulate) {
+        for (int64_t c = lo; c < hi; ++c) acc[c - lo] = load(out[c]);
+      }
+      for (int64_t b = 0; b < blocks; ++b) {
+        const float* pb = p + b * C;
+        for (int64_t c = lo; c < hi; ++c) acc[c - lo] += pb[c];
+      }
+      for (int64_t c = lo; c < hi; ++c) out[c] = store<W>(acc[c - lo]);
+    });
+  });
+  return Status::OK();
+}
+
+Status check_dw(const char* op, const OpArgs& a, int slot, const Tensor& w) {
+  if (!a.has_out(slot)) return Status::OK();
+  const Tensor& dw = a.out(slot);
+  SG_RETURN_IF_ERROR(check_same_shape(op, "dw", dw, "w", w));
+  SG_RETURN_IF_ERROR(check_contiguous(op, "dw", dw));
+  SG_CHECK(dw.dtype == DType::kF32 || dw.dtype == w.dtype, StatusCode::kDTypeUnsupported,
+           str_cat(op, ": dw is ", dtype_name(dw.dtype), ", expected float32 or w's ", dtype_name(w.dtype)),
+           "keep weight gradients in float32 or in the weight's dtype");
+  return Status::OK();
+}
+
+Status rmsnorm_bwd(const OpArgs& a) {
+  const char* op = "rmsnorm_bwd";
+  const Tensor &dy = a.in(0), &x = a.in(1), &w = a.in(2), &rstd = a.in(3), &dx = a.out(0);
+  SG_RETURN_IF_ERROR(check_norm_args(op, "x", x, w, rstd));
+  SG_RETURN_IF_ERROR(check_like(op, "dy", dy, "x", x));
+  SG_RETURN_IF_ERROR(check_like(op, "dx", dx, "x", x));
+  SG_RETURN_IF_ERROR(check_dw(op, a, 1, w));
+  const float offset = static_cast<float>(a.attr().get_float("weight_offset", 0.0));
+  const std::vector<float> wf = weight_f32(w, offset);
+  SG_DISPATCH_FLOAT(op, x.dtype, T, {
+    return backward<T>(op, dy.ptr<T>(), nullptr, x.ptr<T>(), wf.data(), rstd.ptr<float>(), dx.ptr<T>(),
+                       a.has_out(1) ? a.out(1) : Tensor{}, a.attr().get_bool("accumulate", false), x.shape[0],
+                       x.shape[1]);
+  });
+  return Status::OK();
+}
+
+Status add_rmsnorm_bwd(const OpArgs& a) {
+  const char* op = "add_rmsnorm_bwd";
+  // Inputs (dy, [dh], h, w, rstd): dh sits in the middle, so the registry sees inputs 1..4 as
+  // optional and the required ones are checked here.
+  SG_CHECK_ARG(a.num_inputs == 5 && a.has_in(2) && a.has_in(3) && a.has_in(4),
+               str_cat(op, ": takes (dy, [dh], h, w, rstd); h, w and rstd are required"));
+  const Tensor &dy = a.in(0), &h = a.in(2), &w = a.in(3), &rstd = a.in(4), &dx = a.out(0);
+  SG_RETURN_IF_ERROR(check_norm_args(op, "h", h, w, rstd));
+  SG_RETURN_IF_ERROR(check_like(op, "dy", dy, "h", h));
+  if (a.has_in(1)) SG_RETURN_IF_ERROR(check_like(op, "dh", a.in(1), "h", h));
+  SG_RETURN_IF_ERROR(check_like(op, "dx", dx, "h", h));
+  SG_RETURN_IF_ERROR(check_dw(op, a, 1, w));
+  const float offset = static_cast<float>(a.attr().get_float("weight_offset", 0.0));
+  const std::vector<float> wf = weight_f32(w, offset);
+  SG_DISPATCH_FLOAT(op, h.dtype, T, {
+    return backward<T>(op, dy.ptr<T>(), a.has_in(1) ? a.in(1).ptr<T>() : nullptr, h.ptr<T>(), wf.data(),
+                       rstd.ptr<float>(), dx.ptr<T>(), a.has_out(1) ? a.out(1) : Tensor{},
+                       a.attr().get_bool("accumulate", false), h.shape[0], h.shape[1]);
+  });
+  return Status::OK();
+}
+
+}  // namespace
+
+void register_cpu_norm(OpRegistry& reg) {
+  add_op(reg, "rmsnorm_fwd", 2, 2, 2, rmsnorm_fwd,
+         "(x[N,C], w[C]) -> (y[N,C], rstd[N] f32); attrs: eps, weight_offset");
+  add_op(reg, "rmsnorm_bwd", 4, 4, 2, rmsnorm_bwd,
+         "(dy, x, w, rstd) -> (dx, [dw]); attrs: weight_offset, accumulate", 1);
+  add_op(reg, "add_rmsnorm_fwd", 3, 3, 3, add_rmsnorm_fwd,
+         "(x[N,C], residual[N,C], w[C]) -> (y, h = x + residual, rstd[N] f32); attrs: eps, weight_offset");
+  add_op(reg, "add_rmsnorm_bwd", 1, 5, 2, add_rmsnorm_bwd,
+         "(dy, [dh], h, w, rstd) -> (dx = d residual, [dw]); attrs: weight_offset, accumulate", 1);
+}
 
 }  // namespace surogate::cpu

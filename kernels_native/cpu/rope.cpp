@@ -1,8 +1,479 @@
-// CPU ops: rope. (Kernels land here; see kernels_native/README-dev.md for the op conventions.)
+// Rotary position embedding (RoPE) and the fused per-head RMSNorm + RoPE of Qwen3's q_norm /
+// k_norm, forward and backward, matching HF transformers (modeling_rope_utils.py, LlamaRotaryEmbedding,
+// apply_rotary_pos_emb, Qwen3RMSNorm).
+//
+// N tokens, H heads, D head dim, R = rotary_dim (even, <= D, default D), half = R / 2, p = pos[n].
+// Layout is HF's non-interleaved "rotate_half": dims i and i + half form a pair (i < half) and
+// dims [R, D) pass through unchanged (HF's partial rotary: q[..., :R] rotates, q[..., R:] does not).
+//   y[i]        = x[i] cos(p f_i) - x[i + half] sin(p f_i)
+//   y[i + half] = x[i + half] cos(p f_i) + x[i] sin(p f_i)
+// rope_bwd applies the rotation by -angle (the transpose).
+//
+// inv_freq f_i, float32 like HF, in HF's order of float32 operations (rope_type attr):
+//   default: f_i = 1 / theta^(f32(2i) / f32(R))
+//   linear:  f_i / factor (HF scales inv_freq rather than positions; equal up to rounding, we follow HF)
+//   llama3:  _compute_llama3_parameters with factor, low_freq_factor, high_freq_factor and
+//            original_max_position (= original_max_position_embeddings); all four are required.
+// attention_factor (default 1, which is what HF uses for these three types) scales cos and sin.
+//
+// Rounding order (T = storage dtype; for f32 every "round to T" is a no-op):
+//   1. theta^e is computed in f64 and rounded once to f32 (correctly rounded). torch on CPU uses
+//      SLEEF's powf (1 ulp), which differs in ~1% of (theta, R, i) entries (e.g. theta 1e6, R 128,
+//      i 37); at such an entry the angle differs by ~1 ulp, so large positions can differ from
+//      HF-on-CPU by about |angle| * 2^-24 there. All entries for theta 1e4 / 5e5 and R 64, 80, 128 agree.
+//   2. angle = f32(p) * f_i in f32 (exact HF); cos and sin of that f32 angle are evaluated in f64
+//      and rounded to f32, times attention_factor in f32, then rounded to T (HF's cos.to(x.dtype)).
+//   3. y = T(T(x * cos) + T(rotate_half(x) * sin)): each product rounded to T, then the sum, as
+//      torch's elementwise bf16/f16 ops do. rope_bwd uses the same order, which is also the order of
+//      torch autograd through apply_rotary_pos_emb, so bf16 forward and backward are HF's bit for
+//      bit except where a cos/sin value differs by an ulp before its rounding to T.
+//   qk_norm_rope_fwd (Qwen3RMSNorm, then RoPE): rstd = 1 / sqrt(sum(x^2) / D + eps) in f32,
+//      n = T(w * T(x * rstd)), y = rope(n) as above. rstd [N, H] is saved in f32.
+//   qk_norm_rope_bwd works in f32 and rounds once at the store: g = rope_bwd(dy) (unrounded, with
+//      the T-rounded cos/sin of the forward), xhat = x rstd,
+//      dx = rstd (g w - xhat mean(g w xhat)), dw = sum over tokens and heads of g xhat.
+//
+// cos/sin come from a per-call table: one row per position of [min pos, max pos] when that range
+// is shorter than N (packed documents restarting at 0, batches of equal sequences), else one row
+// per token. Positions are arbitrary int32 per token.
+//
+// Past 400 lines because the four ops share the inv_freq, cos/sin table and rounding helpers;
+// the rnd<bf16_t> / rnd<f16_t> bit tricks were checked equal to load(store<T>(x)) on all 2^32 floats.
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <string>
+#include <vector>
+
 #include "cpu/common.h"
+
+// inv_freq must be HF's float32 value to the bit: at p ~ 1e5 an ulp of f_i moves the angle by an
+// ulp of the angle (~1e-2). Fused multiply-adds would change the llama3 smoothing's rounding.
+#if defined(__clang__)
+#define SG_NO_FP_CONTRACT
+#define SG_FP_CONTRACT_OFF_BODY _Pragma("clang fp contract(off)")
+#elif defined(__GNUC__)
+#define SG_NO_FP_CONTRACT __attribute__((optimize("fp-contract=off")))
+#define SG_FP_CONTRACT_OFF_BODY
+#else
+#define SG_NO_FP_CONTRACT
+#define SG_FP_CONTRACT_OFF_BODY
+#endif
 
 namespace surogate::cpu {
 
-void register_cpu_rope(OpRegistry& reg) { (void)reg; }
+namespace {
+
+constexpr int64_t kGrainElems = 1 << 14;  // elements of work per parallel chunk, at least
+constexpr int64_t kDwBlock = 32;          // tokens per dw partial sum (fixed: results do not depend on threads)
+
+// x rounded to T and back (no-op for float). bf16 stays in 32-bit lanes (same bits as
+// load(store<bf16_t>(x)), NaN included) so that the loops using it vectorize without packing.
+template <typename T> inline float rnd(float x) { return load(store<T>(x)); }
+template <> inline float rnd<bf16_t>(float x) {
+  const uint32_t u = f32_bits(x);
+  const uint32_t r = (u & 0x7fffffffu) > 0x7f800000u ? u | 0x400000u : u + 0x7fffu + ((u >> 16) & 1u);
+  return bits_f32(r & 0xffff0000u);
+}
+// f16 the same way (without F16C, _Float16 conversions are library calls): 13 mantissa bits
+// dropped for normal values, the 2^-24 grid below 2^-14 (f32 add of 0.75, whose ulp is 2^-24),
+// beyond 65504 infinity, NaN quieted as f32 -> f16 -> f32 does.
+template <> inline float rnd<f16_t>(float x) {
+  const uint32_t u = f32_bits(x);
+  const uint32_t a = u & 0x7fffffffu, sign = u & 0x80000000u;
+  uint32_t normal = (a + 0xfffu + ((a >> 13) & 1u)) & 0xffffe000u;
+  normal = normal > 0x477fe000u ? 0x7f800000u : normal;
+  const uint32_t sub = f32_bits((bits_f32(a) + 0.75f) - 0.75f);
+  const uint32_t r = a > 0x7f800000u ? (a | 0x400000u) & 0xffffe000u : a < 0x38800000u ? sub : normal;
+  return bits_f32(r | sign);
+}
+
+struct RopeConfig {
+  int64_t rotary_dim = 0;
+  std::vector<float> inv_freq;  // [rotary_dim / 2]
+  float attention_factor = 1.0f;
+};
+
+SG_NO_FP_CONTRACT
+void compute_inv_freq(RopeConfig* cfg, const std::string& type, float theta, float factor, double low_freq_factor,
+                      double high_freq_factor, double original_max_position) {
+  SG_FP_CONTRACT_OFF_BODY
+  const int64_t half = cfg->rotary_dim / 2;
+  const float dim = static_cast<float>(cfg->rotary_dim);
+  cfg->inv_freq.resize(half);
+  for (int64_t i = 0; i < half; ++i) {
+    const float e = static_cast<float>(2 * i) / dim;
+    const float p = static_cast<float>(std::pow(static_cast<double>(theta), static_cast<double>(e)));
+    float f = 1.0f / p;
+    if (type == "linear") {
+      f = f / factor;
+    } else if (type == "llama3") {
+      // HF: wavelen = 2*pi / inv_freq is reciprocal(inv_freq) * f32(2 pi); comparisons against
+      // python floats happen in f32.
+      const float low_freq_wavelen = static_cast<float>(original_max_position / low_freq_factor);
+      const float high_freq_wavelen = static_cast<float>(original_max_position / high_freq_factor);
+      const float wavelen = (1.0f / f) * static_cast<float>(2.0 * std::numbers::pi);
+      const float llama = wavelen > low_freq_wavelen ? f / factor : f;
+      if (!(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen)) {
+        const float smooth =
+            ((1.0f / wavelen) * static_cast<float>(original_max_position) - static_cast<float>(low_freq_factor)) /
+            static_cast<float>(high_freq_factor - low_freq_factor);
+        const float a = (1.0f - smooth) * llama / factor;
+        const float b = smooth * llama;
+        f = a + b;
+      } else {
+        f = llama;
+      }
+    }
+    cfg->inv_freq[i] = f;
+  }
+}
+
+Status parse_rope(const char* op, const Attrs& at, int64_t D, RopeConfig* cfg) {
+  const int64_t R = at.get_int("rotary_dim", D);
+  SG_CHECK_ARG(R > 0 && R % 2 == 0 && R <= D,
+               str_cat(op, ": rotary_dim ", R, " must be even and in (0, D = ", D, "]"));
+  cfg->rotary_dim = R;
+  const double theta = at.get_float("theta", 10000.0);
+  SG_CHECK_ARG(theta > 0, str_cat(op, ": theta must be > 0, got ", theta));
+  cfg->attention_factor = static_cast<float>(at.get_float("attention_factor", 1.0));
+
+  const std::string type = at.get_str("rope_type", "default");
+  float factor = 1.0f;
+  double low = 0.0, high = 0.0, omp = 0.0;
+  if (type == "linear" || type == "llama3") {
+    SG_CHECK(at.has("factor"), StatusCode::kInvalidArgument, str_cat(op, ": rope_type ", type, " needs attr factor"),
+             "pass rope_scaling's factor");
+    factor = static_cast<float>(at.get_float("factor", 1.0));
+    SG_CHECK_ARG(factor > 0, str_cat(op, ": factor must be > 0, got ", factor));
+  }
+  if (type == "llama3") {
+    SG_CHECK(at.has("low_freq_factor") && at.has("high_freq_factor") && at.has("original_max_position"),
+             StatusCode::kInvalidArgument,
+             str_cat(op, ": rope_type llama3 needs attrs low_freq_factor, high_freq_factor, original_max_position"),
+             "take them from rope_scaling (original_max_position = original_max_position_embeddings)");
+    low = at.get_float("low_freq_factor", 0.0);
+    high = at.get_float("high_freq_factor", 0.0);
+    omp = at.get_float("original_max_position", 0.0);
+    SG_CHECK_ARG(low > 0 && high > 0 && high != low && omp > 0,
+                 str_cat(op, ": llama3 needs low_freq_factor, high_freq_factor > 0, different, and "
+                             "original_max_position > 0 (got ", low, ", ", high, ", ", omp, ")"));
+  } else if (type != "default" && type != "linear") {
+    return SG_ERROR(StatusCode::kInvalidArgument, str_cat(op, ": unknown rope_type '", type, "'"),
+                    "use default, linear or llama3");
+  }
+  compute_inv_freq(cfg, type, static_cast<float>(theta), factor, low, high, omp);
+  return Status::OK();
+}
+
+// cos/sin rows, each [R]: cos[half] then sin[half], already rounded to T.
+struct CosSinTable {
+  Tensor buf;
+  int64_t first_pos = 0;
+  bool by_position = false;
+  const float* row(const float* base, int64_t n, int32_t p, int64_t R) const {
+    return base + (by_position ? p - first_pos : n) * R;
+  }
+};
+
+template <typename T>
+Status build_table(const RopeConfig& cfg, const int32_t* pos, int64_t N, CosSinTable* t) {
+  const int64_t R = cfg.rotary_dim, half = R / 2;
+  int64_t lo = 0, hi = -1;
+  if (N > 0) {
+    lo = hi = pos[0];
+    for (int64_t n = 1; n < N; ++n) {
+      lo = std::min<int64_t>(lo, pos[n]);
+      hi = std::max<int64_t>(hi, pos[n]);
+    }
+  }
+  t->by_position = hi - lo + 1 < N;
+  t->first_pos = lo;
+  const int64_t rows = t->by_position ? hi - lo + 1 : N;
+  SG_RETURN_IF_ERROR(empty({std::max<int64_t>(rows, 1), R}, DType::kF32, Device{}, &t->buf));
+  float* base = t->buf.ptr<float>();
+  const float* f = cfg.inv_freq.data();
+  const float af = cfg.attention_factor;
+  const bool by_pos = t->by_position;
+  parallel_for(0, rows, std::max<int64_t>(1, kGrainElems / (8 * R)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float p = static_cast<float>(by_pos ? lo + r : pos[r]);
+      float* c = base + r * R;
+      float* s = c + half;
+      for (int64_t i = 0; i < half; ++i) {
+        const double angle = static_cast<double>(p * f[i]);  // the f32 product, as HF
+        c[i] = rnd<T>(static_cast<float>(std::cos(angle)) * af);
+        s[i] = rnd<T>(static_cast<float>(std::sin(angle)) * af);
+      }
+    }
+  });
+  return Status::OK();
+}
+
+// y1 = T(T(a c) - T(b s)), y2 = T(T(b c) + T(a s)) with s = sign * sin: the rotation of the pair
+// (a, b) in HF's rounding order. y1, y2 do not overlap a, b (callers stage inputs in scratch).
+template <typename T>
+inline void rotate_pairs(const float* __restrict a, const float* __restrict b, const float* __restrict c,
+                         const float* __restrict s, float sign, T* __restrict y1, T* __restrict y2, int64_t half) {
+  for (int64_t i = 0; i < half; ++i) {
+    const float sn = sign * s[i];
+    y1[i] = store<T>(rnd<T>(a[i] * c[i]) - rnd<T>(b[i] * sn));
+    y2[i] = store<T>(rnd<T>(b[i] * c[i]) + rnd<T>(a[i] * sn));
+  }
+}
+
+template <typename T>
+inline void load_row(const T* __restrict x, float* __restrict v, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) v[i] = load(x[i]);
+}
+
+inline float sum_squares(const float* __restrict v, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int k = 0; k < 8; ++k) acc[k] += v[i + k] * v[i + k];
+  }
+  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; i < n; ++i) s += v[i] * v[i];
+  return s;
+}
+
+inline float dot(const float* __restrict a, const float* __restrict b, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int k = 0; k < 8; ++k) acc[k] += a[i + k] * b[i + k];
+  }
+  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+Status check_pos(const char* op, const Tensor& pos, int64_t N) {
+  SG_RETURN_IF_ERROR(check_dtype(op, "pos", pos, {DType::kI32}));
+  SG_RETURN_IF_ERROR(check_contiguous(op, "pos", pos));
+  SG_CHECK_SHAPE(pos.ndim == 1 && pos.shape[0] == N,
+                 str_cat(op, ": pos ", pos.shape_str(), " must be [N] = [", N, "], one position per token"));
+  return Status::OK();
+}
+
+Status check_x(const char* op, const char* name, const Tensor& x) {
+  SG_RETURN_IF_ERROR(check_ndim(op, name, x, 3));
+  SG_RETURN_IF_ERROR(check_contiguous(op, name, x));
+  return check_dtype(op, name, x, {DType::kF32, DType::kBF16, DType::kF16});
+}
+
+Status check_like(const char* op, const char* a_name, const Tensor& a, const char* b_name, const Tensor& b) {
+  SG_RETURN_IF_ERROR(check_same_shape(op, a_name, a, b_name, b));
+  SG_RETURN_IF_ERROR(check_contiguous(op, b_name, b));
+  SG_CHECK(a.dtype == b.dtype, StatusCode::kDTypeUnsupported,
+           str_cat(op, ": ", b_name, " is ", dtype_name(b.dtype), " but ", a_name, " is ", dtype_name(a.dtype)),
+           "cast first");
+  return Status::OK();
+}
+
+Status check_weight(const char* op, const char* name, const Tensor& w, const Tensor& x) {
+  SG_CHECK_SHAPE(w.ndim == 1 && w.shape[0] == x.shape[2],
+                 str_cat(op, ": ", name, " ", w.shape_str(), " must be [D] = [", x.shape[2], "]"));
+  SG_RETURN_IF_ERROR(check_contiguous(op, name, w));
+  SG_CHECK(w.dtype == x.dtype, StatusCode::kDTypeUnsupported,
+           str_cat(op, ": ", name, " is ", dtype_name(w.dtype), " but x is ", dtype_name(x.dtype)), "cast first");
+  return Status::OK();
+}
+
+// rope_fwd / rope_bwd: (x[N,H,D], pos[N]) -> (y[N,H,D]); y may alias x.
+Status rope_apply(const OpArgs& a, const char* op, float sign) {
+  const Tensor& x = a.in(0);
+  const Tensor& y = a.out(0);
+  SG_RETURN_IF_ERROR(check_x(op, "x", x));
+  SG_RETURN_IF_ERROR(check_like(op, "x", x, "y", y));
+  const int64_t N = x.shape[0], H = x.shape[1], D = x.shape[2];
+  SG_RETURN_IF_ERROR(check_pos(op, a.in(1), N));
+  RopeConfig cfg;
+  SG_RETURN_IF_ERROR(parse_rope(op, a.attr(), D, &cfg));
+  const int64_t R = cfg.rotary_dim, half = R / 2;
+  const int32_t* pos = a.in(1).ptr<int32_t>();
+  SG_DISPATCH_FLOAT(op, x.dtype, T, {
+    CosSinTable table;
+    SG_RETURN_IF_ERROR(build_table<T>(cfg, pos, N, &table));
+    const float* cs_base = table.buf.ptr<float>();
+    const T* px = x.ptr<T>();
+    T* py = y.ptr<T>();
+    const bool copy_pass = R < D && px != py;
+    parallel_for(0, N, std::max<int64_t>(1, kGrainElems / (H * D)), [&](int64_t n0, int64_t n1) {
+      std::vector<float> buf(R);
+      for (int64_t n = n0; n < n1; ++n) {
+        const float* c = table.row(cs_base, n, pos[n], R);
+        for (int64_t h = 0; h < H; ++h) {
+          const T* xr = px + (n * H + h) * D;
+          T* yr = py + (n * H + h) * D;
+          load_row(xr, buf.data(), R);
+          rotate_pairs(buf.data(), buf.data() + half, c, c + half, sign, yr, yr + half, half);
+          if (copy_pass) std::memcpy(yr + R, xr + R, (D - R) * sizeof(T));
+        }
+      }
+    });
+  });
+  return Status::OK();
+}
+
+Status rope_fwd(const OpArgs& a) { return rope_apply(a, "rope_fwd", 1.0f); }
+Status rope_bwd(const OpArgs& a) { return rope_apply(a, "rope_bwd", -1.0f); }
+
+// qk_norm_rope_fwd: (x[N,H,D], w[D], pos[N]) -> (y[N,H,D], rstd[N,H] f32); y may alias x.
+Status qk_norm_rope_fwd(const OpArgs& a) {
+  const char* op = "qk_norm_rope_fwd";
+  const Tensor& x = a.in(0);
+  const Tensor& w = a.in(1);
+  const Tensor& y = a.out(0);
+  const Tensor& rstd = a.out(1);
+  SG_RETURN_IF_ERROR(check_x(op, "x", x));
+  SG_RETURN_IF_ERROR(check_like(op, "x", x, "y", y));
+  SG_RETURN_IF_ERROR(check_weight(op, "w", w, x));
+  const int64_t N = x.shape[0], H = x.shape[1], D = x.shape[2];
+  SG_RETURN_IF_ERROR(check_pos(op, a.in(2), N));
+  SG_RETURN_IF_ERROR(check_dtype(op, "rstd", rstd, {DType::kF32}));
+  SG_RETURN_IF_ERROR(check_contiguous(op, "rstd", rstd));
+  SG_CHECK_SHAPE(rstd.ndim == 2 && rstd.shape[0] == N && rstd.shape[1] == H,
+                 str_cat(op, ": rstd ", rstd.shape_str(), " must be [N, H] = [", N, ", ", H, "]"));
+  RopeConfig cfg;
+  SG_RETURN_IF_ERROR(parse_rope(op, a.attr(), D, &cfg));
+  const float eps = static_cast<float>(a.attr().get_float("eps", 1e-6));
+  const int64_t R = cfg.rotary_dim, half = R / 2;
+  const int32_t* pos = a.in(2).ptr<int32_t>();
+  SG_DISPATCH_FLOAT(op, x.dtype, T, {
+    CosSinTable table;
+    SG_RETURN_IF_ERROR(build_table<T>(cfg, pos, N, &table));
+    const float* cs_base = table.buf.ptr<float>();
+    std::vector<float> wf(D);
+    load_row(w.ptr<T>(), wf.data(), D);
+    const T* px = x.ptr<T>();
+    T* py = y.ptr<T>();
+    float* pr = rstd.ptr<float>();
+    parallel_for(0, N, std::max<int64_t>(1, kGrainElems / (H * D)), [&](int64_t n0, int64_t n1) {
+      std::vector<float> xs(D), nb(D);
+      for (int64_t n = n0; n < n1; ++n) {
+        const float* c = table.row(cs_base, n, pos[n], R);
+        for (int64_t h = 0; h < H; ++h) {
+          const T* xr = px + (n * H + h) * D;
+          T* yr = py + (n * H + h) * D;
+          load_row(xr, xs.data(), D);
+          const float r = 1.0f / std::sqrt(sum_squares(xs.data(), D) / static_cast<float>(D) + eps);
+          pr[n * H + h] = r;
+          float* __restrict nv = nb.data();
+          const float* __restrict xv = xs.data();
+          const float* __restrict wv = wf.data();
+          for (int64_t j = 0; j < D; ++j) nv[j] = rnd<T>(rnd<T>(xv[j] * r) * wv[j]);
+          rotate_pairs(nv, nv + half, c, c + half, 1.0f, yr, yr + half, half);
+          for (int64_t j = R; j < D; ++j) yr[j] = store<T>(nv[j]);
+        }
+      }
+    });
+  });
+  return Status::OK();
+}
+
+// qk_norm_rope_bwd: (dy, x, w, rstd, pos) -> (dx, [dw]); attrs: accumulate (dw += instead of =).
+Status qk_norm_rope_bwd(const OpArgs& a) {
+  const char* op = "qk_norm_rope_bwd";
+  const Tensor& dy = a.in(0);
+  const Tensor& x = a.in(1);
+  const Tensor& w = a.in(2);
+  const Tensor& rstd = a.in(3);
+  const Tensor& dx = a.out(0);
+  SG_RETURN_IF_ERROR(check_x(op, "x", x));
+  SG_RETURN_IF_ERROR(check_like(op, "x", x, "dy", dy));
+  SG_RETURN_IF_ERROR(check_like(op, "x", x, "dx", dx));
+  SG_RETURN_IF_ERROR(check_weight(op, "w", w, x));
+  const int64_t N = x.shape[0], H = x.shape[1], D = x.shape[2];
+  SG_RETURN_IF_ERROR(check_pos(op, a.in(4), N));
+  SG_RETURN_IF_ERROR(check_dtype(op, "rstd", rstd, {DType::kF32}));
+  SG_RETURN_IF_ERROR(check_contiguous(op, "rstd", rstd));
+  SG_CHECK_SHAPE(rstd.ndim == 2 && rstd.shape[0] == N && rstd.shape[1] == H,
+                 str_cat(op, ": rstd ", rstd.shape_str(), " must be [N, H] = [", N, ", ", H, "]"));
+  const bool want_dw = a.has_out(1);
+  if (want_dw) SG_RETURN_IF_ERROR(check_like(op, "w", w, "dw", a.out(1)));
+  const bool accumulate = a.attr().get_bool("accumulate", false);
+  RopeConfig cfg;
+  SG_RETURN_IF_ERROR(parse_rope(op, a.attr(), D, &cfg));
+  const int64_t R = cfg.rotary_dim, half = R / 2;
+  const int32_t* pos = a.in(4).ptr<int32_t>();
+  const int64_t blocks = (N + kDwBlock - 1) / kDwBlock;
+  SG_DISPATCH_FLOAT(op, x.dtype, T, {
+    CosSinTable table;
+    SG_RETURN_IF_ERROR(build_table<T>(cfg, pos, N, &table));
+    const float* cs_base = table.buf.ptr<float>();
+    Tensor partial;  // [blocks, D]: dw summed over the tokens of each block
+    if (want_dw) SG_RETURN_IF_ERROR(empty({std::max<int64_t>(blocks, 1), D}, DType::kF32, Device{}, &partial));
+    float* part = want_dw ? partial.ptr<float>() : nullptr;
+    std::vector<float> wf(D);
+    load_row(w.ptr<T>(), wf.data(), D);
+    const T* pdy = dy.ptr<T>();
+    const T* px = x.ptr<T>();
+    T* pdx = dx.ptr<T>();
+    const float* pr = rstd.ptr<float>();
+    const float inv_d = 1.0f / static_cast<float>(D);
+    parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+      std::vector<float> gv(D), xs(D), gw(D);
+      for (int64_t b = b0; b < b1; ++b) {
+        float* __restrict acc = part ? part + b * D : nullptr;
+        if (acc) std::fill(acc, acc + D, 0.0f);
+        for (int64_t n = b * kDwBlock; n < std::min(N, (b + 1) * kDwBlock); ++n) {
+          const float* __restrict c = table.row(cs_base, n, pos[n], R);
+          const float* __restrict s = c + half;
+          for (int64_t h = 0; h < H; ++h) {
+            const int64_t off = (n * H + h) * D;
+            float* __restrict g = gv.data();
+            float* __restrict xh = xs.data();
+            float* __restrict q = gw.data();
+            load_row(pdy + off, g, D);
+            load_row(px + off, xh, D);
+            for (int64_t i = 0; i < half; ++i) {  // g = rotation of dy by -angle
+              const float g1 = g[i], g2 = g[i + half];
+              g[i] = g1 * c[i] + g2 * s[i];
+              g[i + half] = g2 * c[i] - g1 * s[i];
+            }
+            const float r = pr[n * H + h];
+            for (int64_t j = 0; j < D; ++j) {
+              xh[j] *= r;
+              q[j] = g[j] * wf[j];
+            }
+            const float m = dot(q, xh, D) * inv_d;
+            T* dxr = pdx + off;
+            for (int64_t j = 0; j < D; ++j) dxr[j] = store<T>(r * (q[j] - xh[j] * m));
+            if (acc) {
+              for (int64_t j = 0; j < D; ++j) acc[j] += g[j] * xh[j];
+            }
+          }
+        }
+      }
+    });
+    if (want_dw) {
+      std::vector<float> sum(D, 0.0f);
+      for (int64_t b = 0; b < blocks; ++b) {
+        const float* p = part + b * D;
+        for (int64_t j = 0; j < D; ++j) sum[j] += p[j];
+      }
+      T* pdw = a.out(1).ptr<T>();
+      for (int64_t j = 0; j < D; ++j) pdw[j] = store<T>(accumulate ? load(pdw[j]) + sum[j] : sum[j]);
+    }
+  });
+  return Status::OK();
+}
+
+}  // namespace
+
+void register_cpu_rope(OpRegistry& reg) {
+  const char* attrs = "theta, rotary_dim, rope_type (default|linear|llama3), factor, low_freq_factor, "
+                      "high_freq_factor, original_max_position, attention_factor";
+  add_op(reg, "rope_fwd", 2, 2, 1, rope_fwd, (std::string("(x[N,H,D], pos[N] i32) -> (y); attrs: ") + attrs).c_str());
+  add_op(reg, "rope_bwd", 2, 2, 1, rope_bwd,
+         (std::string("(dy[N,H,D], pos[N] i32) -> (dx), rotation by -angle; attrs: ") + attrs).c_str());
+  add_op(reg, "qk_norm_rope_fwd", 3, 3, 2, qk_norm_rope_fwd,
+         (std::string("(x[N,H,D], w[D], pos[N]) -> (y, rstd[N,H] f32); attrs: eps, ") + attrs).c_str());
+  add_op(reg, "qk_norm_rope_bwd", 5, 5, 2, qk_norm_rope_bwd,
+         (std::string("(dy, x, w, rstd, pos) -> (dx, [dw]); attrs: eps, accumulate, ") + attrs).c_str(),
+         /*min_out=*/1);
+}
 
 }  // namespace surogate::cpu

@@ -176,6 +176,7 @@ Status Program::resolve_views() {
     char* p = static_cast<char*>(base.tensor.data) + b.view_offset * static_cast<int64_t>(dtype_size(b.dtype));
     b.tensor = Tensor::view_of(p, b.dtype, b.shape, device_, base.tensor.owner);
     for (size_t i = 0; i < b.view_strides.size(); ++i) b.tensor.strides[i] = b.view_strides[i];
+    b.tensor.readonly = base.tensor.readonly;
     b.bound = true;
   }
   return Status::OK();
@@ -183,14 +184,22 @@ Status Program::resolve_views() {
 
 Status Program::resolve_instrs() {
   SG_RETURN_IF_ERROR(resolve_views());
-  for (auto& ins : instrs_) {
+  for (size_t k = 0; k < instrs_.size(); ++k) {
+    Instr& ins = instrs_[k];
     ins.in_t.assign(ins.inputs.size(), Tensor{});
     ins.out_t.assign(ins.outputs.size(), Tensor{});
     for (size_t i = 0; i < ins.inputs.size(); ++i) {
       if (ins.inputs[i] >= 0) ins.in_t[i] = buffers_[ins.inputs[i]].tensor;
     }
     for (size_t i = 0; i < ins.outputs.size(); ++i) {
-      if (ins.outputs[i] >= 0) ins.out_t[i] = buffers_[ins.outputs[i]].tensor;
+      if (ins.outputs[i] < 0) continue;
+      const Buffer& b = buffers_[ins.outputs[i]];
+      // A read-only binding (a frozen array, an mmapped file) may be read, never written.
+      SG_CHECK(!b.tensor.readonly, StatusCode::kInvalidArgument,
+               str_cat("instruction ", k, " (", instr_to_string(static_cast<int>(k)), ") writes buffer '", b.name,
+                       "', which is bound to read-only memory"),
+               "bind a writeable array (np.array(x) makes a writeable copy)");
+      ins.out_t[i] = b.tensor;
     }
   }
   dirty_ = false;
@@ -224,7 +233,8 @@ Status Program::run(int begin, int end) {
 Status Program::buffer(int id, Tensor* out) const {
   SG_RETURN_IF_ERROR(check_id(id, "buffer"));
   const Buffer& b = buffers_[id];
-  if (b.kind == Kind::kView && !b.bound) {
+  // A view follows its base: re-resolve when a binding changed since (dirty_), not only once.
+  if (b.kind == Kind::kView && (dirty_ || !b.bound)) {
     SG_RETURN_IF_ERROR(const_cast<Program*>(this)->resolve_views());
   }
   SG_CHECK(b.bound, StatusCode::kInvalidArgument, str_cat("buffer '", b.name, "' has no memory yet"),

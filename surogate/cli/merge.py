@@ -1,4 +1,4 @@
-"""`surogate merge ADAPTER OUTPUT`: fold a LoRA adapter into its base model's weights."""
+"""`surogate merge --adapter DIR --output DIR [--base MODEL]`: fold a LoRA adapter into its base."""
 
 from __future__ import annotations
 
@@ -7,20 +7,18 @@ from typing import Annotated
 
 import typer
 
-from surogate.cli.not_built import not_built
-
 
 def merge(
-    adapter: Annotated[
-        Path, typer.Argument(metavar="ADAPTER", help="PEFT-format adapter directory.", show_default=False)
-    ],
-    output: Annotated[
-        Path, typer.Argument(metavar="OUTPUT", help="Directory for the merged HF checkpoint.", show_default=False)
-    ],
+    adapter: Annotated[Path, typer.Option(help="PEFT-format adapter folder.", show_default=False)],
+    output: Annotated[Path, typer.Option(help="Folder for the merged HF checkpoint.", show_default=False)],
     base: Annotated[
         str | None,
-        typer.Option(help="Base model (HF id or path); default: the one the adapter names.", show_default=False),
+        typer.Option(help="Base model (HF folder or cached hub id); default: the one the adapter names.",
+                     show_default=False),
     ] = None,
 ) -> None:
     """Merge a LoRA adapter into its base model (HF checkpoint)."""
-    not_built("merge", 'training: issue #5 sft/pt, merge')
+    from surogate.train.export import merge_adapter
+
+    out = merge_adapter(base, adapter, output)
+    typer.echo(f"merged {adapter} into {out}")

@@ -7,11 +7,11 @@ from typing import Annotated
 
 import typer
 
-from surogate.cli.not_built import not_built
-
 
 def pt(
     config: Annotated[Path, typer.Argument(metavar="CONFIG", help="The run's YAML config.", show_default=False)],
 ) -> None:
     """Continued pretraining on raw text."""
-    not_built("pt", 'training: issue #5 sft/pt')
+    from surogate.train.run import run
+
+    run(config, "pt")

@@ -7,11 +7,11 @@ from typing import Annotated
 
 import typer
 
-from surogate.cli.not_built import not_built
-
 
 def sft(
     config: Annotated[Path, typer.Argument(metavar="CONFIG", help="The run's YAML config.", show_default=False)],
 ) -> None:
     """Supervised fine-tuning (LoRA, QLoRA or full weights)."""
-    not_built("sft", 'training: issue #5 sft/pt')
+    from surogate.train.run import run
+
+    run(config, "sft")

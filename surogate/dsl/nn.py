@@ -84,7 +84,7 @@ class Linear:
                 B = g.param(f"{prefix}.lora_B", (size, lora.rank), dtype, lora="B", init="zeros")
                 slices.append(ops.LoRASlice(part, A, B, lora.scale, offset, size))
             offset += size
-        return ops.linear(x, w, b, slices, name=g.scoped(self.name))
+        return ops.linear(x, w, b, slices, name=self.name)
 
 
 class Attention:
@@ -107,13 +107,13 @@ class Attention:
         if s.qk_norm:
             qn = g.param("self_attn.q_norm.weight", (D,), dtype, trainable=lora is None)
             kn = g.param("self_attn.k_norm.weight", (D,), dtype, trainable=lora is None)
-            q = ops.qk_norm_rope(q, qn, pos, s.rms_norm_eps, rope, name=g.scoped("q_rope"))
-            k = ops.qk_norm_rope(k, kn, pos, s.rms_norm_eps, rope, name=g.scoped("k_rope"))
+            q = ops.qk_norm_rope(q, qn, pos, s.rms_norm_eps, rope, name="q_rope")
+            k = ops.qk_norm_rope(k, kn, pos, s.rms_norm_eps, rope, name="k_rope")
         else:
-            q = ops.rope(q, pos, rope, name=g.scoped("q_rope"))
-            k = ops.rope(k, pos, rope, name=g.scoped("k_rope"))
+            q = ops.rope(q, pos, rope, name="q_rope")
+            k = ops.rope(k, pos, rope, name="k_rope")
         o = ops.attention(q, k, v, cu, causal=True, window=s.window(self.layer), softcap=s.attn_softcap,
-                          name=g.scoped("attn"))
+                          name="attn")
         o = ops.view(o, (n, Hq * D))
         return self.o(g, o, dtype, lora)
 
@@ -128,9 +128,9 @@ class MLP:
     def __call__(self, g: Graph, x: Value, dtype: str, lora: LoRAConfig | None) -> Value:
         gu = self.gate_up(g, x, dtype, lora)
         if self.spec.activation == "silu":
-            a = ops.swiglu(gu, name=g.scoped("mlp.act"))
+            a = ops.swiglu(gu, name="mlp.act")
         else:
-            a = ops.geglu(gu, name=g.scoped("mlp.act"))
+            a = ops.geglu(gu, name="mlp.act")
         return self.down(g, a, dtype, lora)
 
 
@@ -149,11 +149,11 @@ class Block:
         ln1 = g.param("input_layernorm.weight", (self.spec.hidden_size,), dtype, trainable=lora is None)
         ln2 = g.param("post_attention_layernorm.weight", (self.spec.hidden_size,), dtype, trainable=lora is None)
         if residual is None:
-            y, h = ops.rmsnorm(x, ln1, eps, name=g.scoped("ln1")), x
+            y, h = ops.rmsnorm(x, ln1, eps, name="ln1"), x
         else:
-            y, h = ops.add_rmsnorm(x, residual, ln1, eps, name=g.scoped("ln1"))
+            y, h = ops.add_rmsnorm(x, residual, ln1, eps, name="ln1")
         a = self.attn(g, y, pos, cu, dtype, lora)
-        y2, h2 = ops.add_rmsnorm(a, h, ln2, eps, name=g.scoped("ln2"))
+        y2, h2 = ops.add_rmsnorm(a, h, ln2, eps, name="ln2")
         return self.mlp(g, y2, dtype, lora), h2
 
 

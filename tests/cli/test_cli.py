@@ -14,18 +14,15 @@ from surogate.cli import doctor
 
 NOT_BUILT = {
     "serve": ["serve", "some/model", "--host", "0.0.0.0", "--port", "9000"],
-    "sft": ["sft", "config.yaml"],
-    "pt": ["pt", "config.yaml"],
     "dpo": ["dpo", "config.yaml"],
     "grpo": ["grpo", "config.yaml"],
     "distill": ["distill", "config.yaml"],
-    "merge": ["merge", "adapter/", "merged/"],
     "quantize": ["quantize", "some/model", "model.gguf", "--type", "Q4_K_M"],
     "tui": ["tui"],
     "models": ["models"],
     "bench": ["bench"],
 }
-COMMANDS = [*NOT_BUILT, "doctor"]
+COMMANDS = [*NOT_BUILT, "doctor", "merge", "sft", "pt"]
 
 
 def run(*args: str, code: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:

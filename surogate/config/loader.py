@@ -1,0 +1,342 @@
+"""YAML -> a validated config Struct, or a ConfigError that names the key, the line and the fix.
+
+Checks run in this order, all before any work starts: YAML syntax (file and line), duplicate
+keys, unknown keys (with close matches and the allowed keys), values that are recognised but not
+supported yet, types and enums (msgspec), then ranges and cross-field rules. The first failure
+is raised. Key paths read like the YAML: ``datasets[0].type``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import yaml
+
+from surogate.config.sft import CONFIG_KINDS, SFTConfig
+from surogate.errors import ConfigError
+
+# Keys of the original Surogate (and of other trainers) that have another name here.
+_RENAMED = {
+    "loss_scale": "train_on",
+    "train_seed": "seed",
+    "eval_seed": "seed",
+    "surogate_metrics_path": "metrics_path",
+    "num_train_epochs": "num_epochs",
+    "micro_batch_size": "per_device_train_batch_size",
+    "lr": "learning_rate",
+    "base_model": "model",
+    "max_seq_length": "sequence_len",
+    "lora_r": "lora_rank",
+}
+# Values of known keys that name features this version does not have.
+_NOT_YET = {"recipe": {"fp8", "fp8_hybrid", "fp8-hybrid", "nvfp4", "fp4", "nvfp4_quartet"}}
+
+
+def load_config(source: str | os.PathLike | Mapping[str, Any], kind: str = "sft") -> SFTConfig:
+    """The config in a YAML file (or an already-parsed mapping), validated. ``kind``: "sft" or "pt"."""
+    if kind not in CONFIG_KINDS:
+        raise ConfigError(f"unknown config kind {kind!r}", hint=f"use one of: {', '.join(CONFIG_KINDS)}")
+    cls = CONFIG_KINDS[kind]
+    if isinstance(source, Mapping):
+        data, where = dict(source), _Where(None, {})
+    else:
+        data, where = _read_yaml(Path(source))
+    _check_keys(data, msgspec.inspect.type_info(cls), "", where)
+    _check_not_yet(data, where)
+    try:
+        config = msgspec.convert(data, cls)
+    except msgspec.ValidationError as e:
+        raise _from_validation_error(e, data, cls, where) from None
+    _check_values(config, where)
+    if config.metrics_path is None:
+        config = msgspec.structs.replace(config, metrics_path=str(Path(config.output_dir) / "metrics.jsonl"))
+    return config
+
+
+class _Where:
+    """Where a key path sits: the file and its 1-based line, for messages."""
+
+    def __init__(self, origin: str | None, lines: dict[str, int]):
+        self.origin = origin
+        self.lines = lines
+
+    def __call__(self, key: str) -> str | None:
+        if self.origin is None:
+            return None
+        # The nearest enclosing key that has a line ("datasets[0]" for a missing "datasets[0].path").
+        while key and key not in self.lines:
+            key = re.sub(r"(\.[^.\[\]]+|\[\d+\])$", "", key) if re.search(r"[.\[]", key) else ""
+        line = self.lines.get(key)
+        return f"{self.origin} line {line}" if line else self.origin
+
+
+# -- YAML --
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that also reads 2e-4 as a float (YAML 1.1 wants 2.0e-4, and people write 2e-4)."""
+
+
+_Loader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                  |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                  |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+                  |[-+]?\.(?:inf|Inf|INF)
+                  |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."))
+
+
+def _read_yaml(path: Path) -> tuple[dict, _Where]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}", hint="check the path") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read config file {path}: {e}") from None
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        at = f"{path} line {mark.line + 1}, column {mark.column + 1}" if mark else str(path)
+        problem = " ".join(p for p in (e.context, e.problem) if p)
+        raise ConfigError(f"invalid YAML: {problem}", where=at,
+                          hint="check the indentation and quoting around that line") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"invalid YAML: {e}", where=str(path)) from None
+    finally:
+        loader.dispose()
+    if not isinstance(data, dict):
+        found = "an empty file" if data is None else f"a {type(data).__name__}"
+        raise ConfigError(f"a config must be a mapping of keys to values, found {found}", where=str(path),
+                          hint="write one `key: value` per line, starting with `model:` and `datasets:`")
+    lines: dict[str, int] = {}
+    _index_lines(node, "", lines, str(path))
+    return data, _Where(str(path), lines)
+
+
+def _index_lines(node: yaml.Node, key: str, lines: dict[str, int], origin: str) -> None:
+    lines[key] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for k, v in node.value:
+            name = str(k.value)
+            line = k.start_mark.line + 1
+            if name in seen:
+                raise ConfigError(f"duplicate key {_join(key, name)!r} (lines {seen[name]} and {line})",
+                                  where=f"{origin} line {line}", hint="keep one of them")
+            seen[name] = line
+            _index_lines(v, _join(key, name), lines, origin)
+            lines[_join(key, name)] = line
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _index_lines(item, f"{key}[{i}]", lines, origin)
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+# -- checks --
+
+def _check_keys(data: Any, info: msgspec.inspect.Type, key: str, where: _Where) -> None:
+    """Unknown keys anywhere in the tree, with the close matches and the allowed keys."""
+    info = _unwrap(info)
+    if isinstance(info, msgspec.inspect.StructType) and isinstance(data, dict):
+        fields = {f.name: f for f in info.fields}
+        for name, value in data.items():
+            path = _join(key, str(name))
+            if name not in fields:
+                raise _unknown_key(str(name), path, list(fields), where)
+            _check_keys(value, fields[name].type, path, where)
+    elif isinstance(info, msgspec.inspect.ListType) and isinstance(data, list):
+        for i, item in enumerate(data):
+            _check_keys(item, info.item_type, f"{key}[{i}]", where)
+
+
+def _unknown_key(name: str, path: str, allowed: list[str], where: _Where) -> ConfigError:
+    hint = ""
+    if name in _RENAMED and _RENAMED[name] in allowed:
+        hint = f"this key is called {_RENAMED[name]!r} here. "
+    else:
+        close = difflib.get_close_matches(name, allowed, n=3, cutoff=0.6)
+        if close:
+            hint = f"did you mean {' or '.join(map(repr, close))}? "
+    hint += f"Allowed keys{' here' if '.' in path or '[' in path else ''}: {', '.join(allowed)}"
+    return ConfigError(f"unknown key {path!r}", hint=hint, where=where(path))
+
+
+def _check_not_yet(data: dict, where: _Where) -> None:
+    for key, values in _NOT_YET.items():
+        value = data.get(key)
+        if isinstance(value, str) and value in values:
+            raise ConfigError(f"{key}: {value!r} is not supported yet", where=where(key),
+                              hint=f"use {key}: bf16 on a GPU, or fp32 on the CPU")
+
+
+def _from_validation_error(e: msgspec.ValidationError, data: dict, cls: type, where: _Where) -> ConfigError:
+    # msgspec says e.g. "Invalid enum value 'x' - at `$.datasets[0].type`".
+    match = re.fullmatch(r"(?s)(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?", str(e))
+    message, path = match["msg"], (match["path"] or "").lstrip(".")
+    missing = re.fullmatch(r"Object missing required field `(.+)`", message)
+    if missing:
+        key = _join(path, missing[1])
+        return ConfigError(f"missing required key {key!r}", where=where(path),
+                           hint=f"add `{missing[1]}:` ({_describe(_type_at(cls, key))})")
+    info = _type_at(cls, path)
+    value = _value_at(data, path)
+    expected = _describe(info) if info is not None else None
+    if message.startswith("Invalid enum value") or isinstance(_unwrap(info), msgspec.inspect.LiteralType):
+        return ConfigError(f"{path}: {value!r} is not an allowed value", where=where(path),
+                           hint=f"use {expected}" if expected else None)
+    if message.startswith("Expected") and expected:
+        hint = "write it as a YAML list of mappings:  - path: ..." if path.endswith("datasets") else None
+        return ConfigError(f"{path}: expected {expected}, got {value!r} ({_yaml_type(value)})",
+                           where=where(path), hint=hint)
+    return ConfigError(f"{path}: {message}", where=where(path))
+
+
+def _check_values(c: SFTConfig, where: _Where) -> None:
+    def fail(key: str, problem: str, hint: str | None = None):
+        raise ConfigError(f"{key}: {problem}", hint=hint, where=where(key))
+
+    if not c.datasets:
+        fail("datasets", "no datasets given", "list at least one: datasets: [{path: data/train.jsonl}]")
+    for group in ("datasets", "validation_datasets"):
+        for i, d in enumerate(getattr(c, group)):
+            if not d.path.strip():
+                fail(f"{group}[{i}].path", "empty path", "a local file or folder, or a hub dataset id (org/name)")
+            if d.samples is not None and d.samples < 1:
+                fail(f"{group}[{i}].samples", f"must be at least 1, got {d.samples}", "remove it to read every row")
+            if c.kind == "pt" and d.train_on not in (None, "all"):
+                fail(f"{group}[{i}].train_on", f"pretraining trains on every token, got {d.train_on!r}",
+                     "remove it (surogate pt always uses all)")
+    if c.validation_datasets and c.validation_split_ratio:
+        fail("validation_split_ratio", "set together with validation_datasets",
+             "use one: validation_datasets, or a split of the training data")
+    if c.validation_split_ratio is not None and not 0 <= c.validation_split_ratio < 1:
+        fail("validation_split_ratio", f"must be in [0, 1), got {c.validation_split_ratio}", "0.1 holds out 10%")
+    if c.sequence_len < 16:
+        fail("sequence_len", f"must be at least 16, got {c.sequence_len}", "typical values: 1024 to 8192")
+    for key in ("per_device_train_batch_size", "gradient_accumulation_steps", "logging_steps"):
+        if getattr(c, key) < 1:
+            fail(key, f"must be at least 1, got {getattr(c, key)}")
+    if c.max_steps == 0 or c.max_steps < -1:
+        fail("max_steps", f"must be positive, or -1 to let num_epochs decide; got {c.max_steps}")
+    if c.max_steps == -1 and c.num_epochs < 1:
+        fail("num_epochs", f"must be at least 1 when max_steps is -1, got {c.num_epochs}",
+             "set num_epochs, or max_steps to a number of optimizer steps")
+    if c.num_epochs < 0:
+        fail("num_epochs", f"must not be negative, got {c.num_epochs}")
+    if not c.learning_rate > 0:
+        fail("learning_rate", f"must be positive, got {c.learning_rate}", "LoRA typically uses 1e-4 to 3e-4")
+    if c.warmup_steps < 0:
+        fail("warmup_steps", f"must not be negative, got {c.warmup_steps}")
+    if not 0 <= c.warmup_ratio < 1:
+        fail("warmup_ratio", f"must be in [0, 1), got {c.warmup_ratio}", "0.05 warms up over 5% of the steps")
+    if c.warmup_steps and c.warmup_ratio:
+        fail("warmup_ratio", "set together with warmup_steps", "use one of warmup_steps and warmup_ratio")
+    if not 0 < c.wsd_decay_steps_fraction <= 1:
+        fail("wsd_decay_steps_fraction", f"must be in (0, 1], got {c.wsd_decay_steps_fraction}")
+    if not 0 <= c.final_lr_fraction <= 1:
+        fail("final_lr_fraction", f"must be in [0, 1], got {c.final_lr_fraction}")
+    if c.weight_decay < 0:
+        fail("weight_decay", f"must not be negative, got {c.weight_decay}")
+    if c.max_grad_norm < 0:
+        fail("max_grad_norm", f"must not be negative, got {c.max_grad_norm}", "0 disables clipping")
+    for key in ("adamw_beta1", "adamw_beta2"):
+        if not 0 <= getattr(c, key) < 1:
+            fail(key, f"must be in [0, 1), got {getattr(c, key)}")
+    if not c.adamw_epsilon > 0:
+        fail("adamw_epsilon", f"must be positive, got {c.adamw_epsilon}")
+    if c.lora_rank <= 0:
+        fail("lora_rank", f"must be positive, got {c.lora_rank}", "typical values: 8 to 64")
+    if not c.lora_alpha > 0:
+        fail("lora_alpha", f"must be positive, got {c.lora_alpha}", "often twice lora_rank")
+    if not 0 <= c.lora_dropout < 1:
+        fail("lora_dropout", f"must be in [0, 1), got {c.lora_dropout}")
+    targets = c.lora_target_modules
+    if not targets:
+        fail("lora_target_modules", "empty list", 'use ["all"] or names such as q_proj, v_proj')
+    if "all" in targets and len(targets) > 1:
+        fail("lora_target_modules", '"all" together with other names', 'use ["all"] alone, or list the names')
+    if len(set(targets)) != len(targets):
+        fail("lora_target_modules", "a name is listed twice")
+    for key in ("save_steps", "save_total_limit", "eval_steps"):
+        if getattr(c, key) < 0:
+            fail(key, f"must not be negative, got {getattr(c, key)}")
+    if isinstance(c.resume_from_checkpoint, str) and not c.resume_from_checkpoint.strip():
+        fail("resume_from_checkpoint", "empty path", "true resumes from the latest checkpoint in output_dir")
+    if len(set(c.report_to)) != len(c.report_to):
+        fail("report_to", "a reporter is listed twice")
+
+
+# -- type descriptions for messages --
+
+def _unwrap(info):
+    # `X | None`: describe and walk X.
+    if isinstance(info, msgspec.inspect.UnionType):
+        rest = [t for t in info.types if not isinstance(t, msgspec.inspect.NoneType)]
+        if len(rest) == 1:
+            return rest[0]
+    return info
+
+
+def _type_at(cls: type, path: str):
+    info = msgspec.inspect.type_info(cls)
+    for part in re.findall(r"[^.\[\]]+|\[\d+\]", path):
+        info = _unwrap(info)
+        if part.startswith("["):
+            if not isinstance(info, msgspec.inspect.ListType):
+                return None
+            info = info.item_type
+        elif isinstance(info, msgspec.inspect.StructType):
+            info = next((f.type for f in info.fields if f.name == part), None)
+            if info is None:
+                return None
+        else:
+            return None
+    return info
+
+
+def _value_at(data: Any, path: str) -> Any:
+    for part in re.findall(r"[^.\[\]]+|\[\d+\]", path):
+        try:
+            data = data[int(part[1:-1])] if part.startswith("[") else data[part]
+        except (KeyError, IndexError, TypeError, ValueError):
+            return None
+    return data
+
+
+def _describe(info) -> str:
+    T = msgspec.inspect
+    if info is None:
+        return "a value"
+    if isinstance(info, T.UnionType):
+        return " or ".join(_describe(t) for t in info.types)
+    if isinstance(info, T.LiteralType):
+        return "one of: " + ", ".join(map(str, info.values))
+    if isinstance(info, T.ListType):
+        item = info.item_type
+        if isinstance(item, T.LiteralType):
+            return f"a list of values, each {_describe(item)}"
+        if isinstance(item, T.StructType):
+            return f"a list of mappings (keys: {', '.join(f.name for f in item.fields)})"
+        return f"a list of {_describe(item).removeprefix('a ').removeprefix('an ')}s"
+    if isinstance(info, T.StructType):
+        return f"a mapping (keys: {', '.join(f.name for f in info.fields)})"
+    return {T.IntType: "an integer", T.FloatType: "a number", T.BoolType: "true or false", T.StrType: "a string",
+            T.NoneType: "null"}.get(type(info), type(info).__name__)
+
+
+def _yaml_type(value: Any) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
+            dict: "a mapping", type(None): "null"}.get(type(value), type(value).__name__)

@@ -1,0 +1,140 @@
+"""The config tree of `surogate sft` and `surogate pt`: one frozen msgspec Struct per YAML mapping.
+
+Field order follows the YAML reference (run and IO, data, batch, optimization, LoRA, precision,
+checkpoints and logging). Defaults are those of the original Surogate where it had one. Types
+and enums are checked by msgspec; ranges and cross-field rules by ``surogate.config.loader``,
+so every failure names its key. ``load_config`` is the way in; building a Struct by hand skips
+those checks.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+import msgspec
+
+DatasetType = Literal["auto", "messages", "instruction", "text"]
+TrainOn = Literal["assistant", "last_turn", "all"]
+LoRATarget = Literal["all", "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+# The projections LoRA adapts when lora_target_modules is ["all"].
+ALL_LORA_TARGETS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class DatasetConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """One source of rows: a local file or folder, or a Hugging Face dataset repo id."""
+
+    path: str
+    # auto picks per row: messages/conversations -> messages, instruction+output -> instruction, text -> text.
+    type: DatasetType = "auto"
+    split: str = "train"  # which files of a folder or hub repo (names containing the split)
+    subset: str | None = None  # a hub dataset's config name: files under a folder of that name
+    samples: int | None = None  # read at most this many rows (the first ones, in file order)
+    # Field names. messages_field None looks for "messages", then "conversations", then "conversation".
+    messages_field: str | None = None
+    text_field: str = "text"
+    instruction_field: str = "instruction"
+    input_field: str = "input"
+    output_field: str = "output"
+    system_field: str = "system"  # a per-row system prompt, when the row has it
+    system_prompt: str | None = None  # a fixed system prompt for rows without one
+    tools_field: str = "tools"
+    train_on: TrainOn | None = None  # overrides the run's train_on for this dataset
+
+
+class SFTConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """`surogate sft`: supervised fine-tuning on chat, instruction or text rows."""
+
+    kind: ClassVar[str] = "sft"
+
+    # -- run and IO --
+    model: str  # a local HF model folder or a hub id; need not exist when the config is loaded
+    output_dir: str = "output"
+    chat_template: str | None = None  # a template name of the model, or a whole Jinja template
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    seed: int = 1234
+
+    # -- data --
+    datasets: list[DatasetConfig]
+    validation_datasets: list[DatasetConfig] = []
+    # Share of the training documents held out for evaluation; None means 0.1, or 0 when
+    # validation_datasets are given. Setting both is an error.
+    validation_split_ratio: float | None = None
+    sequence_len: int = 1024
+    sample_packing: bool = True
+    train_on: TrainOn = "assistant"
+    skip_bad_rows: bool = False  # false: a malformed row stops the run; true: it is skipped and counted
+
+    # -- batch and length --
+    per_device_train_batch_size: int = 2
+    gradient_accumulation_steps: int = 4
+    num_epochs: int = 3
+    max_steps: int = -1  # -1: num_epochs decides; > 0 wins over num_epochs
+
+    # -- optimization --
+    optimizer: Literal["adamw", "adamw_8bit"] = "adamw"
+    learning_rate: float = 2e-4
+    lr_scheduler_type: Literal["constant", "linear", "cosine", "wsd"] = "linear"
+    warmup_steps: int = 0
+    warmup_ratio: float = 0.0  # of the total steps; set warmup_steps or warmup_ratio, not both
+    wsd_decay_steps_fraction: float = 0.1  # wsd: the share of steps spent decaying at the end
+    final_lr_fraction: float = 0.0  # linear / cosine / wsd decay to learning_rate * this
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0  # 0 disables clipping
+    adamw_beta1: float = 0.9
+    adamw_beta2: float = 0.999
+    adamw_epsilon: float = 1e-8
+
+    # -- LoRA --
+    lora: bool = True  # false: full fine-tuning
+    lora_rank: int = 16
+    lora_alpha: float = 32
+    lora_dropout: float = 0.0
+    lora_target_modules: list[LoRATarget] = msgspec.field(default_factory=lambda: ["all"])
+
+    # -- precision and memory --
+    recipe: Literal["bf16", "fp32"] = "bf16"  # fp32 for CPU runs and tests
+    recompute: bool = False
+
+    # -- checkpoints, evaluation, logging --
+    save_steps: int = 50  # 0: save only at the end
+    save_total_limit: int = 5  # checkpoints kept; 0 keeps all
+    resume_from_checkpoint: bool | str = False  # true: the latest in output_dir; a string: that checkpoint
+    merge_adapter: bool = False  # also write the base model with the adapter merged in
+    eval_steps: int = 100  # 0 disables evaluation (and the validation split)
+    logging_steps: int = 1
+    report_to: list[Literal["jsonl", "wandb"]] = msgspec.field(default_factory=lambda: ["jsonl"])
+    wandb_project: str | None = None
+    wandb_name: str | None = None
+    metrics_path: str | None = None  # load_config fills in <output_dir>/metrics.jsonl
+
+    @property
+    def dtype(self) -> str:
+        """The dtype of weights and activations the recipe implies."""
+        return {"bf16": "bfloat16", "fp32": "float32"}[self.recipe]
+
+    @property
+    def eval_split_ratio(self) -> float:
+        """The validation_split_ratio in effect (0 when evaluation is off or has its own datasets)."""
+        if self.eval_steps == 0 or self.validation_datasets:
+            return 0.0
+        return 0.1 if self.validation_split_ratio is None else self.validation_split_ratio
+
+    @property
+    def lora_targets(self) -> tuple[str, ...]:
+        """lora_target_modules with "all" expanded."""
+        return ALL_LORA_TARGETS if "all" in self.lora_target_modules else tuple(self.lora_target_modules)
+
+    def dataset_train_on(self, dataset: DatasetConfig) -> str:
+        return dataset.train_on or self.train_on
+
+
+class PTConfig(SFTConfig, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """`surogate pt`: (continued) pretraining. Every token is trained on, so train_on is "all"."""
+
+    kind: ClassVar[str] = "pt"
+
+    train_on: Literal["all"] = "all"
+
+
+CONFIG_KINDS: dict[str, type[SFTConfig]] = {"sft": SFTConfig, "pt": PTConfig}

@@ -1,0 +1,70 @@
+"""Write models as Hugging Face folders: full checkpoints and merged LoRA fine-tunes.
+
+A folder is assembled under a temp name beside the destination and renamed into place, so a
+crash never leaves a half-written model where a user (or `surogate serve`) would load it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from surogate.errors import FileFormatError, NotFoundError
+from surogate.io import ModelFolder, resolve_model_path, save_safetensors
+from surogate.train.lora import _replace_dir, load_peft_adapter, merge_into_hf
+
+# Files that travel with the weights: tokenizer, chat template, generation defaults.
+SIDECAR_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                 "chat_template.json", "generation_config.json", "tokenizer.model", "vocab.json", "merges.txt")
+
+
+def read_hf_tensors(folder: ModelFolder) -> dict[str, np.ndarray]:
+    weights = folder.open_weights()
+    return {name: np.asarray(weights.get(name)) for name in weights.keys()}
+
+
+def save_hf_folder(out: str | Path, tensors: dict[str, np.ndarray], config: dict, source: ModelFolder | None = None,
+                   dtype: str | None = None) -> Path:
+    """config.json + model.safetensors (+ the source folder's tokenizer and template files)."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        cfg = dict(config)
+        if dtype is not None:
+            cfg["torch_dtype"] = dtype
+            cfg["dtype"] = dtype
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        save_safetensors(tmp / "model.safetensors", tensors, metadata={"format": "pt"})
+        if source is not None:
+            for name in SIDECAR_FILES:
+                f = source.path / name
+                if f.is_file():
+                    shutil.copy2(f, tmp / name)
+        _replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def merge_adapter(base: str | Path | None, adapter: str | Path, output: str | Path) -> Path:
+    """Fold a PEFT LoRA adapter into its base model and write the merged HF folder."""
+    adapter = Path(adapter)
+    cfg, params = load_peft_adapter(adapter)
+    if base is None:
+        meta = json.loads((adapter / "adapter_config.json").read_text())
+        base = meta.get("base_model_name_or_path")
+        if not base:
+            raise NotFoundError(f"{adapter}/adapter_config.json names no base model", hint="pass --base MODEL")
+    folder = ModelFolder(resolve_model_path(base))
+    tensors = read_hf_tensors(folder)
+    if "lm_head.weight" not in tensors and not folder.config.get("tie_word_embeddings", False):
+        raise FileFormatError(f"{folder.path}: no lm_head.weight and embeddings are not tied")
+    merged = merge_into_hf(tensors, params, cfg)
+    dtype = str(next(iter(tensors.values())).dtype)
+    return save_hf_folder(output, merged, folder.config, source=folder, dtype=dtype)

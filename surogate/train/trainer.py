@@ -1,0 +1,255 @@
+"""The trainer: `surogate sft` / `surogate pt` from a validated config to an adapter or model.
+
+One optimizer step is `gradient_accumulation_steps` micro-batches through the native training
+Program (forward + backward, gradients accumulating in f32), then the Program's optimizer part
+(global grad norm, clipping, AdamW, zeroing the accumulators). Python only feeds inputs and
+reads the loss between those calls. The loss is the mean over every target token of the step:
+each micro-batch's loss seed is 1 / (target tokens in the whole step).
+
+Everything that decides the numbers is a function of the config and the seed (LoRA init, data
+order, kernels with a fixed reduction order), so a run resumed from a checkpoint reproduces the
+uninterrupted loss curve.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from surogate.config import SFTConfig
+from surogate.dsl.nn import LoRAConfig
+from surogate.errors import ConfigError, UnsupportedError
+from surogate.model import Model, _np_dtype, load_model
+from surogate.train.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
+from surogate.train.data import Batch, build_datasets
+from surogate.train.export import save_hf_folder
+from surogate.train.lora import init_lora, merge_into_hf, save_peft_adapter
+from surogate.train.metrics import MetricsFeed
+from surogate.train.optimizer import AdamW, AdamWParams
+from surogate.train.schedule import Schedule
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    final_loss: float
+    eval_loss: float | None
+    output: Path  # the adapter or model folder written
+    merged: Path | None = None
+
+
+class Trainer:
+    def __init__(self, cfg: SFTConfig, model: Model | None = None, stream=None):
+        self.cfg = cfg
+        if cfg.optimizer != "adamw":
+            raise ConfigError(f"optimizer {cfg.optimizer!r} is not built yet", where="optimizer",
+                              hint="use optimizer: adamw")
+        if cfg.lora and cfg.lora_dropout > 0:
+            raise ConfigError("lora_dropout > 0 is not built yet", where="lora_dropout", hint="set lora_dropout: 0")
+        if cfg.recompute:
+            raise ConfigError("recompute is not built yet", where="recompute", hint="set recompute: false")
+        device = "cpu" if cfg.device in ("auto", "cpu") else cfg.device
+        if device != "cpu":
+            raise UnsupportedError("training on CUDA lands with the CUDA backend issue", hint="set device: cpu")
+        self.out = Path(cfg.output_dir)
+        self.model = model or load_model(cfg.model, dtype=cfg.dtype)
+        if self.model.tokenizer is None:
+            raise ConfigError(f"{cfg.model} has no tokenizer.json", where="model",
+                              hint="training needs the model's tokenizer")
+        self.train_data, self.eval_data = build_datasets(cfg, self.model.tokenizer)
+        self.B = cfg.per_device_train_batch_size
+        self.N = self.B * cfg.sequence_len
+        per_epoch = math.ceil(self.train_data.num_batches(self.B) / cfg.gradient_accumulation_steps)
+        self.total_steps = cfg.max_steps if cfg.max_steps > 0 else max(1, per_epoch * cfg.num_epochs)
+        self.steps_per_epoch = per_epoch
+        warmup = cfg.warmup_steps or int(round(cfg.warmup_ratio * self.total_steps))
+        self.schedule = Schedule(cfg.lr_scheduler_type, cfg.learning_rate, self.total_steps, warmup,
+                                 cfg.final_lr_fraction, cfg.wsd_decay_steps_fraction)
+        self.lora = LoRAConfig(cfg.lora_rank, float(cfg.lora_alpha), tuple(cfg.lora_targets)) if cfg.lora else None
+        self._build()
+        self.feed = MetricsFeed(cfg.metrics_path if "jsonl" in cfg.report_to else None,
+                                use_wandb="wandb" in cfg.report_to, wandb_project=cfg.wandb_project,
+                                wandb_name=cfg.wandb_name, config=_jsonable(cfg),
+                                resume_id_file=self.out / "wandb_id.txt", stream=stream,
+                                total_steps=self.total_steps)
+
+    # ---- setup ------------------------------------------------------------------------------
+    def _build(self) -> None:
+        m = self.model
+        self.exe = m.executable("train", self.N, self.N, lora=self.lora, grads=True)
+        storage = _np_dtype(m.dtype)
+        if self.lora is not None:
+            g = self.exe.graph
+            self.masters = init_lora(g, self.cfg.seed)  # f32
+            self.trainable = {n: np.ascontiguousarray(a.astype(storage)) for n, a in self.masters.items()}
+            for n, a in self.trainable.items():
+                self.exe.bind(n, a)
+        else:
+            self.trainable = {n: m.params[n] for n in self.exe.external_names("param")}
+        self.grads = {}
+        for name in self.exe.external_names("grad"):
+            arr = np.zeros(self.exe.buf(name).shape, np.float32)
+            self.exe.bind(name, arr)
+            self.grads[name] = arr
+        c = self.cfg
+        self.opt = AdamW(self.exe, self.trainable, AdamWParams(c.learning_rate, c.adamw_beta1, c.adamw_beta2,
+                                                               c.adamw_epsilon, c.weight_decay, c.max_grad_norm))
+        # Persistent input arrays: refilled in place each micro-batch, bound once.
+        self.inputs = {"input_ids": np.zeros(self.N, np.int32), "position_ids": np.zeros(self.N, np.int32),
+                       "cu_seqlens": np.zeros(self.N + 1, np.int32), "targets": np.zeros(self.N, np.int32),
+                       "dloss": np.zeros(self.N, np.float32)}
+        for n, a in self.inputs.items():
+            self.exe.bind(n, a)
+        self.eval_exe = None
+        if self.eval_data is not None:
+            self.eval_exe = m.executable("train", self.N, self.N, lora=self.lora, grads=False)
+            for n, a in self.trainable.items() if self.lora is not None else ():
+                self.eval_exe.bind(n, a)
+            for n in ("input_ids", "position_ids", "cu_seqlens", "targets"):
+                self.eval_exe.bind(n, self.inputs[n])
+
+    def fingerprint(self) -> str:
+        c = self.cfg
+        key = [c.model, c.sequence_len, c.per_device_train_batch_size, c.gradient_accumulation_steps, c.seed,
+               c.lora, c.lora_rank, c.lora_alpha, sorted(c.lora_targets), c.recipe,
+               [d.path for d in c.datasets], self.train_data.num_rows]
+        return hashlib.sha256(json.dumps(key, default=str).encode()).hexdigest()[:16]
+
+    # ---- one step ---------------------------------------------------------------------------
+    def _load_batch(self, b: Batch) -> None:
+        s = len(b.cu_seqlens)
+        self.inputs["input_ids"][:] = b.input_ids
+        self.inputs["position_ids"][:] = b.position_ids
+        cu = self.inputs["cu_seqlens"]
+        cu[:s] = b.cu_seqlens
+        cu[s:] = self.N  # empty documents fill the fixed-size boundary list
+        self.inputs["targets"][:] = b.targets
+
+    def _step(self, batches: list[Batch]) -> tuple[float, int]:
+        total = sum(b.num_target_tokens for b in batches)
+        seed = 1.0 / max(total, 1)
+        loss_sum = 0.0
+        for b in batches:
+            self._load_batch(b)
+            valid = b.targets != -100
+            self.inputs["dloss"][:] = np.where(valid, seed, 0.0)
+            self.exe.program.run(0, self.opt.begin)
+            loss_sum += float(self.exe.read("loss")[valid].sum(dtype=np.float64))
+        return loss_sum / max(total, 1), total
+
+    def evaluate(self) -> float | None:
+        if self.eval_exe is None:
+            return None
+        loss_sum, count = 0.0, 0
+        for b in self.eval_data.batches(self.B, shuffle=False):
+            self._load_batch(b)
+            self.eval_exe.run()
+            valid = b.targets != -100
+            loss_sum += float(self.eval_exe.read("loss")[valid].sum(dtype=np.float64))
+            count += int(valid.sum())
+        return loss_sum / max(count, 1)
+
+    # ---- checkpoints ------------------------------------------------------------------------
+    def _trainable_state(self) -> dict[str, np.ndarray]:
+        return {n: self.opt.master.get(n, self.trainable[n]) for n in self.trainable}
+
+    def _restore(self, path: Path) -> TrainerState:
+        state, trainable, opt_state = load_checkpoint(path)
+        if state.fingerprint and state.fingerprint != self.fingerprint():
+            raise ConfigError(f"checkpoint {path} was written by a different run setup",
+                              where="resume_from_checkpoint",
+                              hint="resume with the same model, data, batch geometry and LoRA settings")
+        for n, a in self.trainable.items():
+            a[...] = trainable[n].astype(a.dtype)
+        self.opt.load_state(opt_state)
+        return state
+
+    # ---- the loop ---------------------------------------------------------------------------
+    def train(self) -> TrainResult:
+        c = self.cfg
+        ckpt_root = self.out / "checkpoints"
+        state = TrainerState(fingerprint=self.fingerprint())
+        if c.resume_from_checkpoint:
+            path = latest_checkpoint(ckpt_root) if c.resume_from_checkpoint is True else Path(
+                c.resume_from_checkpoint)
+            if path is None:
+                self.feed.message(f"no checkpoint under {ckpt_root}: starting from scratch")
+            else:
+                state = self._restore(path)
+                self.feed.message(f"resumed from {path} at step {state.step}")
+        it = self.train_data.iterator(self.B, position=(state.epoch, state.batch_index))
+        start = state.step
+        self.feed.write({"type": "start", "total_steps": self.total_steps, "start_step": start,
+                         "tokens_per_step": self.N * c.gradient_accumulation_steps,
+                         "memory": str(self.exe.memory()), "output_dir": str(self.out)})
+        eval_loss = None
+        loss = float("nan")
+        try:
+            while state.step < self.total_steps:
+                t0 = time.perf_counter()
+                batches = [next(it) for _ in range(c.gradient_accumulation_steps)]
+                loss, targets = self._step(batches)
+                lr = self.schedule.lr_at(state.step + 1)
+                norm = self.opt.apply(lr)
+                dt = time.perf_counter() - t0
+                state.step += 1
+                state.epoch, state.batch_index = it.position
+                state.tokens_seen += self.N * len(batches)
+                state.losses.append(loss)
+                if not math.isfinite(loss):
+                    raise FloatingPointError(f"loss is {loss} at step {state.step}")
+                if state.step % max(c.logging_steps, 1) == 0 or state.step == self.total_steps:
+                    self.feed.step(state.step, loss=loss, lr=lr, grad_norm=norm, start_step=start,
+                                   tokens_per_second=self.N * len(batches) / dt, target_tokens=targets,
+                                   epoch=state.step / self.steps_per_epoch, step_time=dt,
+                                   elapsed=round(time.monotonic() - self.feed.t0, 3))
+                if c.eval_steps > 0 and self.eval_exe is not None and state.step % c.eval_steps == 0:
+                    eval_loss = self.evaluate()
+                    self.feed.eval(state.step, eval_loss=eval_loss)
+                if c.save_steps > 0 and state.step % c.save_steps == 0 and state.step < self.total_steps:
+                    save_checkpoint(ckpt_root, state, self._trainable_state(), self.opt.state(), c.save_total_limit)
+            if self.eval_exe is not None and (c.eval_steps == 0 or self.total_steps % c.eval_steps != 0):
+                eval_loss = self.evaluate()
+                self.feed.eval(state.step, eval_loss=eval_loss)
+            save_checkpoint(ckpt_root, state, self._trainable_state(), self.opt.state(), c.save_total_limit)
+            output, merged = self.save_outputs()
+            self.feed.write({"type": "end", "step": state.step, "loss": loss, "eval_loss": eval_loss,
+                             "output": str(output)})
+        finally:
+            self.feed.close()
+        return TrainResult(state.step, loss, eval_loss, output, merged)
+
+    def save_outputs(self) -> tuple[Path, Path | None]:
+        m, c = self.model, self.cfg
+        from surogate.io import ModelFolder
+
+        source = ModelFolder(m.path) if m.path else None
+        if self.lora is not None:
+            adapter = save_peft_adapter(self.out / "adapter", self._trainable_state(), self.lora, base_model=c.model)
+            if source is not None:  # a tokenizer beside the adapter, as peft users expect
+                for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                             "chat_template.jinja"):
+                    f = source.path / name
+                    if f.is_file():
+                        (adapter / name).write_bytes(f.read_bytes())
+            merged = None
+            if c.merge_adapter:
+                hf = m.to_hf(m.params)
+                merged = save_hf_folder(self.out / "merged", merge_into_hf(hf, self._trainable_state(), self.lora),
+                                        m.config, source=source, dtype=m.dtype)
+            return adapter, merged
+        full = {n: self.opt.master.get(n, a) for n, a in m.params.items()}
+        return save_hf_folder(self.out / "model", m.to_hf(full), m.config, source=source,
+                              dtype="float32" if self.opt.master else m.dtype), None
+
+
+def _jsonable(cfg) -> dict:
+    import msgspec
+
+    return json.loads(msgspec.json.encode(cfg))

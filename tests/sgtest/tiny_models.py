@@ -1,0 +1,325 @@
+"""Tiny Hugging Face model folders built offline, laid out like the real ones on the Hub.
+
+``make_tokenizer`` writes a byte-level BPE tokenizer trained on a few sentences, in the style of
+Llama 3 (post-processor adds ``<|begin_of_text|>``, header-id chat template with tools) or of
+Qwen3 (ChatML, no BOS, ``<think>`` and tool-call tokens, ``enable_thinking``). The files are
+written the way those repositories ship them: tokenizer.json, a tokenizer_config.json with
+``added_tokens_decoder`` and an inline ``chat_template``, generation_config.json with several
+eos ids. ``make_llama`` / ``make_qwen3`` add a randomly initialised transformers model (needs
+torch) saved with ``save_pretrained``, sharded when ``max_shard_size`` is given.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+CORPUS = [
+    "Hello world! This is a tiny tokenizer for tests.",
+    "The quick brown fox jumps over the lazy dog, again and again.",
+    "You are a helpful assistant. What is the weather like today?",
+    "Let me think about it: 12 + 30 = 42, so the answer is 42.",
+    "def add(a, b):\n    return a + b\n",
+    "Ünïcödé text, emoji 🙂 and 中文字符 should round-trip.",
+    '{"name": "get_weather", "arguments": {"city": "Paris"}}',
+]
+
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+# Llama 3.2's template, shortened: system header with dates, custom tools in the first user turn.
+LLAMA3_TEMPLATE = """{{- bos_token }}
+{%- if custom_tools is defined %}
+    {%- set tools = custom_tools %}
+{%- endif %}
+{%- if not tools_in_user_message is defined %}
+    {%- set tools_in_user_message = true %}
+{%- endif %}
+{%- if not date_string is defined %}
+    {%- set date_string = strftime_now("%d %b %Y") %}
+{%- endif %}
+{%- if not tools is defined %}
+    {%- set tools = none %}
+{%- endif %}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+{{- "<|start_header_id|>system<|end_header_id|>\\n\\n" }}
+{%- if tools is not none %}
+    {{- "Environment: ipython\\n" }}
+{%- endif %}
+{{- "Cutting Knowledge Date: December 2023\\n" }}
+{{- "Today Date: " + date_string + "\\n\\n" }}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+{%- if tools_in_user_message and not tools is none %}
+    {%- if messages | length != 0 %}
+        {%- set first_user_message = messages[0]['content']|trim %}
+        {%- set messages = messages[1:] %}
+    {%- else %}
+        {{- raise_exception("Cannot put tools in the first user message when there's no first user message!") }}
+    {%- endif %}
+    {{- '<|start_header_id|>user<|end_header_id|>\\n\\n' -}}
+    {{- "Given the following functions, please respond with a JSON for a function call " }}
+    {{- "with its proper arguments that best answers the given prompt.\\n\\n" }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {{- "Do not use variables.\\n\\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\\n\\n" }}
+    {%- endfor %}
+    {{- first_user_message + "<|eot_id|>"}}
+{%- endif %}
+{%- for message in messages %}
+    {%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in message) %}
+        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' }}
+    {%- elif 'tool_calls' in message %}
+        {%- if not message.tool_calls|length == 1 %}
+            {{- raise_exception("This model only supports single tool-calls at once!") }}
+        {%- endif %}
+        {%- set tool_call = message.tool_calls[0].function %}
+        {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}
+        {{- '{"name": "' + tool_call.name + '", ' }}
+        {{- '"parameters": ' }}
+        {{- tool_call.arguments | tojson }}
+        {{- "}" }}
+        {{- "<|eot_id|>" }}
+    {%- elif message.role == "tool" or message.role == "ipython" %}
+        {{- "<|start_header_id|>ipython<|end_header_id|>\\n\\n" }}
+        {%- if message.content is mapping or message.content is iterable %}
+            {{- message.content | tojson }}
+        {%- else %}
+            {{- message.content }}
+        {%- endif %}
+        {{- "<|eot_id|>" }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
+{%- endif %}
+"""
+
+# Qwen3's template: ChatML, tools in the system turn, <think> blocks kept only after the last query.
+CHATML_TEMPLATE = """{%- if tools %}
+    {{- '<|im_start|>system\\n' }}
+    {%- if messages[0].role == 'system' %}
+        {{- messages[0].content + '\\n\\n' }}
+    {%- endif %}
+    {{- "# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}
+{%- else %}
+    {%- if messages[0].role == 'system' %}
+        {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
+    {%- endif %}
+{%- endif %}
+{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+    {%- set index = (messages|length - 1) - loop.index0 %}
+    {%- if ns.multi_step_tool and message.role == "user" and message.content is string and not(message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}
+        {%- set ns.multi_step_tool = false %}
+        {%- set ns.last_query_index = index %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- if message.content is string %}
+        {%- set content = message.content %}
+    {%- else %}
+        {%- set content = '' %}
+    {%- endif %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>' + '\\n' }}
+    {%- elif message.role == "assistant" %}
+        {%- set reasoning_content = '' %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning_content = message.reasoning_content %}
+        {%- else %}
+            {%- if '</think>' in content %}
+                {%- set reasoning_content = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}
+                {%- set content = content.split('</think>')[-1].lstrip('\\n') %}
+            {%- endif %}
+        {%- endif %}
+        {%- if loop.index0 > ns.last_query_index %}
+            {%- if loop.last or (not loop.last and reasoning_content) %}
+                {{- '<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') }}
+            {%- else %}
+                {{- '<|im_start|>' + message.role + '\\n' + content }}
+            {%- endif %}
+        {%- else %}
+            {{- '<|im_start|>' + message.role + '\\n' + content }}
+        {%- endif %}
+        {%- if message.tool_calls %}
+            {%- for tool_call in message.tool_calls %}
+                {%- if (loop.first and content) or (not loop.first) %}
+                    {{- '\\n' }}
+                {%- endif %}
+                {%- if tool_call.function %}
+                    {%- set tool_call = tool_call.function %}
+                {%- endif %}
+                {{- '<tool_call>\\n{"name": "' }}
+                {{- tool_call.name }}
+                {{- '", "arguments": ' }}
+                {%- if tool_call.arguments is string %}
+                    {{- tool_call.arguments }}
+                {%- else %}
+                    {{- tool_call.arguments | tojson }}
+                {%- endif %}
+                {{- '}\\n</tool_call>' }}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\\n<tool_response>\\n' }}
+        {{- content }}
+        {{- '\\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\\n\\n</think>\\n\\n' }}
+    {%- endif %}
+{%- endif %}
+"""
+
+STYLES = {
+    "llama3": dict(
+        pattern=LLAMA3_PATTERN,
+        special=["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+                 "<|eot_id|>", "<|python_tag|>", "<|finetune_right_pad_id|>"],
+        plain=[],
+        config=dict(bos_token="<|begin_of_text|>", eos_token="<|eot_id|>", tokenizer_class="PreTrainedTokenizerFast",
+                    clean_up_tokenization_spaces=True, model_input_names=["input_ids", "attention_mask"]),
+        eos=["<|end_of_text|>", "<|eot_id|>"],
+        template=LLAMA3_TEMPLATE,
+    ),
+    "chatml": dict(
+        pattern=QWEN_PATTERN,
+        special=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        # Qwen3 adds these as ordinary (non-special) tokens: decode(skip_special_tokens=True) keeps them.
+        plain=["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"],
+        config=dict(bos_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>", unk_token=None,
+                    tokenizer_class="Qwen2Tokenizer", clean_up_tokenization_spaces=False, errors="replace",
+                    split_special_tokens=False),
+        eos=["<|im_end|>", "<|endoftext|>"],
+        template=CHATML_TEMPLATE,
+    ),
+}
+
+
+def build_tokenizer(style: str = "llama3") -> Tokenizer:
+    """The `tokenizers` object alone: byte-level BPE with the style's split regex and added tokens."""
+    s = STYLES[style]
+    tok = Tokenizer(models.BPE())
+    if style == "chatml":
+        tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(s["pattern"]), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, min_frequency=1, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS, trainer)
+    if style == "llama3":
+        tok.model.ignore_merges = True  # as in Llama 3's tokenizer.json
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in s["special"]])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in s["plain"]])
+    if style == "llama3":
+        bos = s["special"][0]
+        tok.post_processor = processors.Sequence([
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
+                                          special_tokens=[(bos, tok.token_to_id(bos))]),
+        ])
+    else:
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    return tok
+
+
+def make_tokenizer(path: str | Path, style: str = "llama3") -> Path:
+    """Write tokenizer.json, tokenizer_config.json and generation_config.json into ``path``."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    s = STYLES[style]
+    tok = build_tokenizer(style)
+    tok.save(str(path / "tokenizer.json"))
+    added = {
+        str(tok.token_to_id(t)): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
+                                  "single_word": False, "special": t in s["special"]}
+        for t in s["special"] + s["plain"]
+    }
+    config = {"added_tokens_decoder": added, **s["config"], "chat_template": s["template"],
+              "model_max_length": 131072}
+    _write_json(path / "tokenizer_config.json", config)
+    generation = {"eos_token_id": [tok.token_to_id(t) for t in s["eos"]]}
+    if style == "llama3":
+        generation["bos_token_id"] = tok.token_to_id("<|begin_of_text|>")
+    gen_path = path / "generation_config.json"
+    if gen_path.exists():  # keep what save_pretrained wrote, with our eos ids
+        generation = {**json.loads(gen_path.read_text()), **generation}
+    _write_json(gen_path, generation)
+    return path
+
+
+def make_llama(path: str | Path, *, max_shard_size: int | str | None = None, dtype: str = "float32",
+               seed: int = 0, **overrides) -> Path:
+    """A 2-layer Llama with grouped-query attention and a Llama-3-style tokenizer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = build_tokenizer("llama3")
+    config = LlamaConfig(**{
+        "vocab_size": tok.get_vocab_size(), "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+        "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+        "bos_token_id": tok.token_to_id("<|begin_of_text|>"), "eos_token_id": tok.token_to_id("<|eot_id|>"),
+        **overrides})
+    return _save_model(path, LlamaForCausalLM, config, "llama3", max_shard_size, dtype, seed)
+
+
+def make_qwen3(path: str | Path, *, max_shard_size: int | str | None = None, dtype: str = "float32",
+               seed: int = 0, **overrides) -> Path:
+    """A 2-layer Qwen3 (q/k norms, tied embeddings, vocab padded past the tokenizer) with a ChatML tokenizer."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    tok = build_tokenizer("chatml")
+    config = Qwen3Config(**{
+        "vocab_size": -(-tok.get_vocab_size() // 64) * 64, "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "max_position_embeddings": 256, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+        "bos_token_id": tok.token_to_id("<|endoftext|>"), "eos_token_id": tok.token_to_id("<|im_end|>"),
+        **overrides})
+    return _save_model(path, Qwen3ForCausalLM, config, "chatml", max_shard_size, dtype, seed)
+
+
+def _save_model(path, model_class, config, style, max_shard_size, dtype, seed) -> Path:
+    import torch
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    path = Path(path)
+    torch.manual_seed(seed)
+    model = model_class(config).to(getattr(torch, dtype))
+    kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
+    model.save_pretrained(path, **kwargs)
+    return make_tokenizer(path, style)
+
+
+def _write_json(path: Path, value) -> None:
+    path.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
