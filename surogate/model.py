@@ -69,15 +69,16 @@ class Model:
 
     # ---- compilation ------------------------------------------------------------------------
     def executable(self, mode: str, n_tokens: int, n_docs: int, lora: LoRAConfig | None = None,
-                   grads: bool = False) -> Executable:
-        key = (mode, n_tokens, n_docs, None if lora is None else (lora.rank, lora.alpha, lora.targets), grads)
+                   grads: bool = False, recompute: bool = False) -> Executable:
+        key = (mode, n_tokens, n_docs, None if lora is None else (lora.rank, lora.alpha, lora.targets), grads,
+               recompute)
         exe = self._cache.get(key)
         if exe is None:
             g = self.arch.build(mode=mode, dtype=self.dtype, lora=lora)
             keep = [g.outputs["loss" if mode == "train" else "logits"]]
             if grads:
                 backward(g, g.outputs["loss"])
-            exe = Executable(g, {"N": n_tokens, "S1": n_docs + 1}, self.device, keep=keep)
+            exe = Executable(g, {"N": n_tokens, "S1": n_docs + 1}, self.device, keep=keep, recompute=recompute)
             for name in exe.external_names("param"):
                 if name in self.params:
                     exe.bind(name, self.params[name])
@@ -109,12 +110,14 @@ class Model:
         return value
 
     def loss_and_grads(self, token_ids, labels=None, lora: LoRAConfig | None = None,
-                       lora_params: dict[str, np.ndarray] | None = None) -> tuple[float, dict[str, np.ndarray]]:
+                       lora_params: dict[str, np.ndarray] | None = None,
+                       recompute: bool = False) -> tuple[float, dict[str, np.ndarray]]:
         """Loss and the gradient of every trainable parameter (all weights for a full fine-tune,
         the LoRA A/B matrices with `lora`), by our parameter names."""
-        return self._train_step(token_ids, labels, grads=True, lora=lora, lora_params=lora_params)
+        return self._train_step(token_ids, labels, grads=True, lora=lora, lora_params=lora_params,
+                                recompute=recompute)
 
-    def _train_step(self, token_ids, labels, grads: bool, lora=None, lora_params=None):
+    def _train_step(self, token_ids, labels, grads: bool, lora=None, lora_params=None, recompute=False):
         ids, pos, cu = pack(token_ids)
         self._check_ids(ids)
         docs = np.split(ids, cu[1:-1])
@@ -129,7 +132,7 @@ class Model:
         targets = shift_labels(label_docs)
         valid = targets != -100
         n_valid = int(valid.sum())
-        exe = self.executable("train", len(ids), len(cu) - 1, lora=lora, grads=grads)
+        exe = self.executable("train", len(ids), len(cu) - 1, lora=lora, grads=grads, recompute=recompute)
         self._feed(exe, ids, pos, cu, lora_params)
         exe.bind("targets", targets)
         out = {}

@@ -1,8 +1,661 @@
-// CPU ops: attention. (Kernels land here; see kernels_native/README-dev.md for the op conventions.)
+// CPU attention over packed variable-length documents: attention_fwd and attention_bwd.
+//
+// Shapes: N tokens (all documents of a batch, packed), Hq query heads, Hkv key/value heads,
+// D head dim, G = Hq / Hkv query heads per kv head (GQA: query head h reads kv head h / G).
+// cu_seqlens[S+1] (int32, cu[0] = 0, cu[S] = N) delimits the documents; attention never
+// crosses a document. Positions i (query) and j (key) below are counted from the document start.
+//
+//   s_ij = scale * q_i . k_j                      scale defaults to 1/sqrt(D) (attr <= 0: default)
+//   s_ij = softcap * tanh(s_ij / softcap)         when softcap > 0 (Gemma 2)
+//   out_i = sum_j softmax_j(s_ij) v_j,  lse_i = log sum_j exp(s_ij)   over the visible keys j
+//
+// Visible keys, matching transformers' masking_utils (the mask its sdpa path builds):
+//   causal,  window = 0: j <= i
+//   causal,  window = W: i - W < j <= i          (sliding_window_overlay: a token sees itself
+//                                                  and the W-1 before it; Mistral, Qwen2, Gemma 2)
+//   !causal, window = 0: every key of the document
+//   !causal, window = W: |i - j| <= W            (sliding_window_bidirectional_overlay)
+// Every query sees at least itself, so no row of the softmax is empty.
+//
+// Backward (FlashAttention-2): with P = exp(s - lse) recomputed tile by tile and
+// Delta_i = dout_i . out_i,
+//   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - Delta) [* (1 - tanh^2) under softcap],
+//   dQ = scale * dS K,  dK = scale * dS^T Q.
+//
+// How it runs. Both directions work on tiles of up to kTileRows query rows (a row is one
+// (token, query head) pair; the G heads that share a kv head sit in the same tile so each K/V
+// tile is converted to f32 once for all of them) against kBlockK keys. Scores live only per
+// tile: the forward keeps a running max and sum per row (online softmax), never an N x N matrix.
+// Every product of two tiles goes through one register-blocked micro-kernel (gemm_tile) whose
+// inner loop runs over contiguous output columns, so GCC vectorizes it without -ffast-math;
+// target_clones compiles it (and the softmax tile loops) for AVX-512, AVX2 and baseline x86-64.
+//   forward:  parallel over (document, kv head, query block).
+//   backward: parallel over (document, kv head, key chunk). An item owns dK and dV of its keys,
+//             so those need no synchronization; dQ goes to an f32 accumulator per key chunk
+//             (one chunk unless there are too few (document, kv head) pairs to fill the
+//             threads), summed into dq at the end.
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <vector>
+
 #include "cpu/common.h"
 
 namespace surogate::cpu {
 
-void register_cpu_attention(OpRegistry& reg) { (void)reg; }
+namespace {
+
+constexpr int kBlockK = 64;    // keys per tile
+constexpr int kTileRows = 64;  // query rows (token x head) per tile, at least G
+
+#if defined(__x86_64__) && !defined(__clang__)
+#define SG_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define SG_SIMD_CLONES
+#endif
+
+// ---- scalar math the vectorizer can take: no libm calls in the hot loops -----------------
+
+// a < b ? x : y with bit operations. Under the default -ftrapping-math GCC does not if-convert a
+// float comparison, and the conditional expression would keep the AVX2 and baseline clones of
+// the loops around it scalar.
+inline float select_lt(float a, float b, float x, float y) {
+  const int32_t m = -static_cast<int32_t>(a < b);
+  return std::bit_cast<float>((std::bit_cast<int32_t>(x) & m) | (std::bit_cast<int32_t>(y) & ~m));
+}
+
+// exp(x): Cephes' expf polynomial after x = n ln2 + r, |r| <= ln2/2 (about 1 ulp). Rounding to
+// n uses the 1.5 * 2^23 trick instead of nearbyint so that the baseline clone vectorizes too.
+// x is clamped to [-87, 88]: below, the result is ~1e-38 instead of 0, which no softmax notices.
+inline float exp_approx(float x) {
+  x = select_lt(x, -87.0f, -87.0f, x);
+  x = select_lt(88.0f, x, 88.0f, x);
+  const float t = x * 1.44269504088896341f + 12582912.0f;
+  const float n = t - 12582912.0f;
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  float y = 1.9875691500e-4f;
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * r * r + r + 1.0f;
+  const int32_t ni = std::bit_cast<int32_t>(t) - 0x4B400000;
+  return y * std::bit_cast<float>((ni + 127) << 23);
+}
+
+// tanh(x): Cephes' odd polynomial for |x| < 0.625 (where 1 - e loses digits), else
+// (1 - e) / (1 + e) with e = exp(-2|x|). Both are computed and one is selected, branch free.
+inline float tanh_approx(float x) {
+  const float ax = std::fabs(x);
+  const float e = exp_approx(-2.0f * ax);
+  const float big = (1.0f - e) / (1.0f + e);
+  const float z = x * x;
+  const float small =
+      ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z - 5.37397155531e-2f) * z + 1.33314422036e-1f) * z -
+       3.33332819422e-1f) * z * ax + ax;
+  return std::copysign(select_lt(ax, 0.625f, small, big), x);
+}
+
+// ---- the micro-kernel: C[M][W] (+)= op(A)[M][K] B[K][W], f32, row-major with leading dims ---
+// op(A) = A[M][K], or A^T for A stored [K][M] (kTransA: dV = P^T dO and dK = dS^T Q read P and
+// dS as they are, no transposed copy).
+
+// NR rows of C times NW columns held in accumulators while k runs: each B row loaded once feeds
+// NR FMAs. 4 x 16 (4 zmm, 8 ymm) measured fastest for both AVX-512 and AVX2 at these tile sizes;
+// wider blocks spill under AVX2.
+template <bool kTransA, int NR, int NW>
+inline __attribute__((always_inline)) void gemm_block(float* __restrict C, int64_t ldc, const float* __restrict A,
+                                                      int64_t lda, const float* __restrict B, int64_t ldb, int K,
+                                                      bool acc) {
+  float c[NR][NW];
+  for (int i = 0; i < NR; ++i) {
+    for (int j = 0; j < NW; ++j) c[i][j] = acc ? C[i * ldc + j] : 0.0f;
+  }
+#pragma GCC unroll 1
+  for (int k = 0; k < K; ++k) {
+    const float* b = B + k * ldb;
+    float x[NR];
+    for (int i = 0; i < NR; ++i) x[i] = kTransA ? A[k * lda + i] : A[i * lda + k];
+    for (int j = 0; j < NW; ++j) {
+      for (int i = 0; i < NR; ++i) c[i][j] += x[i] * b[j];
+    }
+  }
+  for (int i = 0; i < NR; ++i) {
+    for (int j = 0; j < NW; ++j) C[i * ldc + j] = c[i][j];
+  }
+}
+
+template <bool kTransA, int NR>
+inline __attribute__((always_inline)) void gemm_strip(float* C, int64_t ldc, const float* A, int64_t lda,
+                                                      const float* B, int64_t ldb, int W, int K, bool acc) {
+  int j = 0;
+  for (; j + 16 <= W; j += 16) gemm_block<kTransA, NR, 16>(C + j, ldc, A, lda, B + j, ldb, K, acc);
+  for (; j + 4 <= W; j += 4) gemm_block<kTransA, NR, 4>(C + j, ldc, A, lda, B + j, ldb, K, acc);
+  for (; j < W; ++j) gemm_block<kTransA, NR, 1>(C + j, ldc, A, lda, B + j, ldb, K, acc);
+}
+
+template <bool kTransA>
+inline __attribute__((always_inline)) void gemm_rows(float* C, int64_t ldc, const float* A, int64_t lda,
+                                                     const float* B, int64_t ldb, int M, int W, int K, bool acc) {
+  int r = 0;
+  for (; r + 4 <= M; r += 4) gemm_strip<kTransA, 4>(C + r * ldc, ldc, kTransA ? A + r : A + r * lda, lda, B, ldb, W, K, acc);
+  for (; r < M; ++r) gemm_strip<kTransA, 1>(C + r * ldc, ldc, kTransA ? A + r : A + r * lda, lda, B, ldb, W, K, acc);
+}
+
+SG_SIMD_CLONES
+void gemm_tile(float* C, int64_t ldc, const float* A, int64_t lda, const float* B, int64_t ldb, int M, int W, int K,
+               bool acc) {
+  gemm_rows<false>(C, ldc, A, lda, B, ldb, M, W, K, acc);
+}
+
+SG_SIMD_CLONES
+void gemm_tile_ta(float* C, int64_t ldc, const float* A, int64_t lda, const float* B, int64_t ldb, int M, int W,
+                  int K, bool acc) {
+  gemm_rows<true>(C, ldc, A, lda, B, ldb, M, W, K, acc);
+}
+
+// ---- masks -------------------------------------------------------------------------------
+
+struct AttnConfig {
+  int64_t N = 0, Hq = 0, Hkv = 0, D = 0, G = 1, S = 0;
+  bool causal = true;
+  int64_t window = 0;
+  float scale = 1.0f, softcap = 0.0f;
+  int64_t tile_tokens = 1;  // query tokens per tile: kTileRows / G, at least 1
+
+  // Keys [key_lo(i), key_hi(i)) are visible to query i of a document of length L; both bounds
+  // are nondecreasing in i, which the tile loops below rely on.
+  int64_t key_lo(int64_t i) const {
+    if (window <= 0) return 0;
+    return std::max<int64_t>(0, causal ? i - window + 1 : i - window);
+  }
+  int64_t key_hi(int64_t i, int64_t L) const {
+    if (causal) return i + 1;
+    return window > 0 ? std::min(L, i + window + 1) : L;
+  }
+  // The queries that see at least one key of [k0, k1): the inverse of the two bounds above.
+  void query_range(int64_t k0, int64_t k1, int64_t L, int64_t* q0, int64_t* q1) const {
+    if (causal) {
+      *q0 = k0;
+      *q1 = window > 0 ? std::min(L, k1 + window - 1) : L;
+    } else if (window > 0) {
+      *q0 = std::max<int64_t>(0, k0 - window);
+      *q1 = std::min(L, k1 + window);
+    } else {
+      *q0 = 0;
+      *q1 = L;
+    }
+  }
+};
+
+// Per token of a query tile, the visible columns [lo, hi) of the key tile [k0, k0 + nk).
+void tile_columns(const AttnConfig& c, int64_t L, int64_t t0, int64_t nt, int64_t k0, int64_t nk, int* lo, int* hi) {
+  for (int64_t ti = 0; ti < nt; ++ti) {
+    lo[ti] = static_cast<int>(std::clamp<int64_t>(c.key_lo(t0 + ti) - k0, 0, nk));
+    hi[ti] = static_cast<int>(std::clamp<int64_t>(c.key_hi(t0 + ti, L) - k0, 0, nk));
+  }
+}
+
+// ---- validation --------------------------------------------------------------------------
+
+Status check_float_like(const char* op, const char* arg, const Tensor& t, const Tensor& like, const char* like_name) {
+  SG_RETURN_IF_ERROR(check_same_shape(op, arg, t, like_name, like));
+  SG_CHECK(t.dtype == like.dtype, StatusCode::kDTypeUnsupported,
+           str_cat(op, ": ", arg, " is ", dtype_name(t.dtype), " but ", like_name, " is ", dtype_name(like.dtype)),
+           "attention takes q, k, v and their gradients in one dtype; cast first");
+  return check_contiguous(op, arg, t);
+}
+
+Status read_config(const char* op, const OpArgs& a, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const Tensor& cu, AttnConfig* c) {
+  SG_RETURN_IF_ERROR(check_ndim(op, "q", q, 3));
+  SG_RETURN_IF_ERROR(check_ndim(op, "k", k, 3));
+  SG_RETURN_IF_ERROR(check_dtype(op, "q", q, {DType::kF32, DType::kBF16, DType::kF16}));
+  SG_RETURN_IF_ERROR(check_contiguous(op, "q", q));
+  SG_CHECK(k.dtype == q.dtype, StatusCode::kDTypeUnsupported,
+           str_cat(op, ": k is ", dtype_name(k.dtype), " but q is ", dtype_name(q.dtype)),
+           "attention takes q, k and v in one dtype; cast first");
+  SG_RETURN_IF_ERROR(check_contiguous(op, "k", k));
+  SG_RETURN_IF_ERROR(check_float_like(op, "v", v, k, "k"));
+  c->N = q.shape[0];
+  c->Hq = q.shape[1];
+  c->D = q.shape[2];
+  c->Hkv = k.shape[1];
+  SG_CHECK_SHAPE(k.shape[0] == c->N && k.shape[2] == c->D,
+                 str_cat(op, ": k ", k.shape_str(), " does not fit q ", q.shape_str(),
+                         " (want [N, Hkv, D] with the same N tokens and head dim D)"));
+  SG_CHECK_SHAPE(c->D > 0 && c->Hq > 0 && c->Hkv > 0,
+                 str_cat(op, ": q ", q.shape_str(), " and k ", k.shape_str(), " need D > 0 and at least one head"));
+  SG_CHECK(c->Hq % c->Hkv == 0, StatusCode::kShapeMismatch,
+           str_cat(op, ": Hq = ", c->Hq, " query heads is not a multiple of Hkv = ", c->Hkv, " kv heads"),
+           "grouped-query attention shares each kv head among Hq / Hkv query heads");
+  c->G = c->Hq / c->Hkv;
+  c->tile_tokens = std::max<int64_t>(1, kTileRows / c->G);
+
+  SG_RETURN_IF_ERROR(check_ndim(op, "cu_seqlens", cu, 1));
+  SG_RETURN_IF_ERROR(check_dtype(op, "cu_seqlens", cu, {DType::kI32}));
+  SG_RETURN_IF_ERROR(check_contiguous(op, "cu_seqlens", cu));
+  SG_CHECK_SHAPE(cu.shape[0] >= 1, str_cat(op, ": cu_seqlens must hold S+1 >= 1 offsets, got ", cu.shape_str()));
+  c->S = cu.shape[0] - 1;
+  const int32_t* cs = cu.ptr<int32_t>();
+  SG_CHECK(cs[0] == 0, StatusCode::kInvalidArgument, str_cat(op, ": cu_seqlens[0] is ", cs[0], ", must be 0"),
+           "cu_seqlens holds document start offsets: [0, len0, len0 + len1, ..., N]");
+  for (int64_t s = 0; s < c->S; ++s) {
+    SG_CHECK(cs[s + 1] >= cs[s], StatusCode::kInvalidArgument,
+             str_cat(op, ": cu_seqlens is not nondecreasing (cu_seqlens[", s, "] = ", cs[s], ", cu_seqlens[", s + 1,
+                     "] = ", cs[s + 1], ")"),
+             "cu_seqlens holds cumulative document lengths");
+  }
+  SG_CHECK(cs[c->S] == c->N, StatusCode::kInvalidArgument,
+           str_cat(op, ": cu_seqlens ends at ", cs[c->S], " but q has N = ", c->N, " tokens"),
+           "the last offset of cu_seqlens is the total token count");
+
+  const Attrs& at = a.attr();
+  c->causal = at.get_bool("causal", true);
+  c->window = at.get_int("window", 0);
+  SG_CHECK_ARG(c->window >= 0, str_cat(op, ": window = ", c->window, " must be >= 0 (0: no sliding window)"));
+  const double sc = at.get_float("scale", 0.0);
+  c->scale = sc > 0.0 ? static_cast<float>(sc) : static_cast<float>(1.0 / std::sqrt(static_cast<double>(c->D)));
+  const double cap = at.get_float("softcap", 0.0);
+  SG_CHECK_ARG(cap >= 0.0, str_cat(op, ": softcap = ", cap, " must be >= 0 (0: none)"));
+  c->softcap = static_cast<float>(cap);
+  return Status::OK();
+}
+
+// ---- operands in f32 ----------------------------------------------------------------------
+// Each direction first copies the operands its inner loop re-reads into f32, in layouts where a
+// tile is one contiguous block the micro-kernel reads in place: bf16 / f16 are converted once,
+// not once per tile pair, and no tile is gathered from rows Hq * D apart.
+//   forward:  K^T tiles [Hkv][tile][D][kBlockK] (a tile: kBlockK keys of one document), V [Hkv][N][D]
+//   backward: scale * Q and dO [Hkv][N][G][D] (the G query heads of a kv head, token after token),
+//             lse and Delta [Hkv][N][G], dQ accumulators [chunk][Hkv][N][G][D]
+// The price is scratch the size of k and v (forward) or a few times q (backward).
+
+// 64-byte aligned f32 scratch owned by one worker.
+struct Scratch {
+  float* p = nullptr;
+  explicit Scratch(size_t n) : p(static_cast<float*>(std::aligned_alloc(64, ((n * 4 + 63) / 64) * 64))) {}
+  ~Scratch() { std::free(p); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+};
+
+// The key blocks of all documents, numbered document after document.
+struct KeyBlocks {
+  std::vector<int64_t> first;                       // [S + 1]: number of document s's block 0
+  std::vector<std::pair<int64_t, int64_t>> blocks;  // (document, block within it)
+};
+
+KeyBlocks key_blocks(const AttnConfig& c, const int32_t* cu) {
+  KeyBlocks kb;
+  kb.first.push_back(0);
+  for (int64_t s = 0; s < c.S; ++s) {
+    const int64_t nb = (cu[s + 1] - cu[s] + kBlockK - 1) / kBlockK;
+    for (int64_t b = 0; b < nb; ++b) kb.blocks.emplace_back(s, b);
+    kb.first.push_back(kb.first.back() + nb);
+  }
+  return kb;
+}
+
+// Tokens [tok, tok + n) of kv head h as rows [n][D] and/or columns [D][kBlockK] (K^T, V^T: the
+// B operand of Q K^T and dO V^T).
+template <typename T>
+void load_kv(const T* x, int64_t H, int64_t D, int64_t tok, int64_t n, int64_t h, float* rows, float* cols) {
+  for (int64_t j = 0; j < n; ++j) {
+    const T* src = x + ((tok + j) * H + h) * D;
+    if (rows) {
+      for (int64_t d = 0; d < D; ++d) rows[j * D + d] = load(src[d]);
+    }
+    if (cols) {
+      for (int64_t d = 0; d < D; ++d) cols[d * kBlockK + j] = load(src[d]);
+    }
+  }
+}
+
+// x[N][Hq][D] -> mul * x as y[Hkv][N][G][D]. The G heads of a token are adjacent on both sides.
+template <typename T>
+void to_group_major(const AttnConfig& c, const T* x, float mul, float* y) {
+  const int64_t N = c.N, GD = c.G * c.D;
+  parallel_for(0, N, 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t tok = lo; tok < hi; ++tok) {
+      for (int64_t kvh = 0; kvh < c.Hkv; ++kvh) {
+        const T* src = x + tok * c.Hq * c.D + kvh * GD;
+        float* dst = y + (kvh * N + tok) * GD;
+        for (int64_t e = 0; e < GD; ++e) dst[e] = load(src[e]) * mul;
+      }
+    }
+  });
+}
+
+// ---- forward -----------------------------------------------------------------------------
+
+// max and sum of x[0, n) with 16 independent lanes: a plain float reduction is a serial chain
+// the compiler may not reorder (no -ffast-math), so it would neither vectorize nor pipeline.
+inline float row_max(const float* x, int n) {
+  float lane[16];
+  for (int j = 0; j < 16; ++j) lane[j] = -std::numeric_limits<float>::infinity();
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    for (int j = 0; j < 16; ++j) lane[j] = select_lt(lane[j], x[i + j], x[i + j], lane[j]);
+  }
+  for (; i < n; ++i) lane[0] = std::max(lane[0], x[i]);
+  float mx = lane[0];
+  for (int j = 1; j < 16; ++j) mx = std::max(mx, lane[j]);
+  return mx;
+}
+
+inline float row_sum(const float* x, int n) {
+  float lane[16] = {};
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    for (int j = 0; j < 16; ++j) lane[j] += x[i + j];
+  }
+  for (; i < n; ++i) lane[0] += x[i];
+  float sum = 0.0f;
+  for (int j = 0; j < 16; ++j) sum += lane[j];
+  return sum;
+}
+
+// One key tile of the online softmax for R rows: scores S[R][ldS] (visible columns
+// [lo, hi) per token, row r = token r / G) become probabilities relative to the running max m;
+// the running sum l and the output accumulator O[R][D] are rescaled when the max moves.
+SG_SIMD_CLONES
+void softmax_tile(float* S, int64_t ldS, int nk, int R, int G, const int* lo, const int* hi, float softcap, float* m,
+                  float* l, float* O, int64_t D) {
+  for (int r = 0; r < R; ++r) {
+    float* s = S + r * ldS;
+    const int c0 = lo[r / G], c1 = hi[r / G];
+    if (c0 >= c1) {
+      for (int c = 0; c < nk; ++c) s[c] = 0.0f;
+      continue;
+    }
+    if (softcap > 0.0f) {
+      const float inv = 1.0f / softcap;
+      for (int c = c0; c < c1; ++c) s[c] = softcap * tanh_approx(s[c] * inv);
+    }
+    const float m_new = std::max(m[r], row_max(s + c0, c1 - c0));
+    const float corr = std::exp(m[r] - m_new);  // 0 on the first tile (m = -inf)
+    for (int c = 0; c < c0; ++c) s[c] = 0.0f;
+    for (int c = c0; c < c1; ++c) s[c] = exp_approx(s[c] - m_new);
+    for (int c = c1; c < nk; ++c) s[c] = 0.0f;
+    const float sum = row_sum(s + c0, c1 - c0);
+    l[r] = l[r] * corr + sum;
+    m[r] = m_new;
+    if (corr != 1.0f) {
+      float* o = O + r * D;
+      for (int64_t d = 0; d < D; ++d) o[d] *= corr;
+    }
+  }
+}
+
+template <typename T>
+Status attention_fwd_impl(const AttnConfig& c, const T* q, const T* k, const T* v, const int32_t* cu, T* out,
+                          float* lse) {
+  const int64_t N = c.N, D = c.D, G = c.G, Bt = c.tile_tokens, R_max = Bt * G;
+  const KeyBlocks kb = key_blocks(c, cu);
+  const int64_t n_kb = static_cast<int64_t>(kb.blocks.size());
+  Tensor kt_t, v_t;
+  SG_RETURN_IF_ERROR(empty({c.Hkv, std::max<int64_t>(n_kb, 1), D, kBlockK}, DType::kF32, Device{}, &kt_t));
+  SG_RETURN_IF_ERROR(empty({c.Hkv, std::max<int64_t>(N, 1), D}, DType::kF32, Device{}, &v_t));
+  float* kt_all = kt_t.ptr<float>();
+  float* v_all = v_t.ptr<float>();
+  parallel_for(0, c.Hkv * n_kb, 4, [&](int64_t lo, int64_t hi) {
+    for (int64_t it = lo; it < hi; ++it) {
+      const int64_t kvh = it / n_kb;
+      const auto [s, b] = kb.blocks[it % n_kb];
+      const int64_t k0 = cu[s] + b * kBlockK, nk = std::min<int64_t>(kBlockK, cu[s + 1] - k0);
+      load_kv(k, c.Hkv, D, k0, nk, kvh, nullptr, kt_all + it * D * kBlockK);
+      load_kv(v, c.Hkv, D, k0, nk, kvh, v_all + (kvh * N + k0) * D, nullptr);
+    }
+  });
+
+  // Work items (document, query block), the last blocks of a document first (under a causal
+  // mask they see the most keys, and should not end up alone at the tail); times Hkv.
+  std::vector<std::pair<int64_t, int64_t>> items;
+  for (int64_t s = 0; s < c.S; ++s) {
+    const int64_t L = cu[s + 1] - cu[s];
+    for (int64_t t0 = ((L - 1) / Bt) * Bt; L > 0 && t0 >= 0; t0 -= Bt) items.emplace_back(s, t0);
+  }
+  const int64_t n_items = static_cast<int64_t>(items.size()) * c.Hkv;
+  parallel_for(0, n_items, 1, [&](int64_t lo_item, int64_t hi_item) {
+    Scratch qf(R_max * D), o(R_max * D), sc(R_max * kBlockK), m(R_max), l(R_max);
+    std::vector<int> col_lo(Bt), col_hi(Bt);
+    for (int64_t it = lo_item; it < hi_item; ++it) {
+      const auto [s, t0] = items[it / c.Hkv];
+      const int64_t kvh = it % c.Hkv, base = cu[s], L = cu[s + 1] - cu[s];
+      const int64_t nt = std::min(Bt, L - t0), R = nt * G;
+      // The scale is folded into Q once: scores come out of the product already scaled.
+      for (int64_t ti = 0; ti < nt; ++ti) {
+        const T* src = q + ((base + t0 + ti) * c.Hq + kvh * G) * D;
+        for (int64_t e = 0; e < G * D; ++e) qf.p[ti * G * D + e] = load(src[e]) * c.scale;
+      }
+      std::fill(o.p, o.p + R * D, 0.0f);
+      std::fill(m.p, m.p + R, -std::numeric_limits<float>::infinity());
+      std::fill(l.p, l.p + R, 0.0f);
+      const int64_t b_end = (c.key_hi(t0 + nt - 1, L) + kBlockK - 1) / kBlockK;
+      for (int64_t b = c.key_lo(t0) / kBlockK; b < b_end; ++b) {
+        const int64_t k0 = b * kBlockK, nk = std::min<int64_t>(kBlockK, L - k0);
+        const float* kt = kt_all + (kvh * n_kb + kb.first[s] + b) * D * kBlockK;
+        const float* vr = v_all + (kvh * N + base + k0) * D;
+        tile_columns(c, L, t0, nt, k0, nk, col_lo.data(), col_hi.data());
+        gemm_tile(sc.p, kBlockK, qf.p, D, kt, kBlockK, R, nk, D, false);  // S = scale Q K^T
+        softmax_tile(sc.p, kBlockK, nk, R, G, col_lo.data(), col_hi.data(), c.softcap, m.p, l.p, o.p, D);
+        gemm_tile(o.p, D, sc.p, kBlockK, vr, D, R, D, nk, true);  // O += P V
+      }
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t tok = base + t0 + r / G, h = kvh * G + r % G;
+        const float inv = l.p[r] > 0.0f ? 1.0f / l.p[r] : 0.0f;
+        T* dst = out + (tok * c.Hq + h) * D;
+        for (int64_t d = 0; d < D; ++d) dst[d] = store<T>(o.p[r * D + d] * inv);
+        lse[tok * c.Hq + h] = m.p[r] + std::log(l.p[r]);
+      }
+    }
+  });
+  return Status::OK();
+}
+
+// attention_fwd: (q, k, v, cu_seqlens) -> (out, lse); attrs: causal, scale, window, softcap.
+Status attention_fwd(const OpArgs& a) {
+  const char* op = "attention_fwd";
+  const Tensor &q = a.in(0), &k = a.in(1), &v = a.in(2), &cu = a.in(3);
+  const Tensor &out = a.out(0), &lse = a.out(1);
+  AttnConfig c;
+  SG_RETURN_IF_ERROR(read_config(op, a, q, k, v, cu, &c));
+  SG_RETURN_IF_ERROR(check_float_like(op, "out", out, q, "q"));
+  SG_RETURN_IF_ERROR(check_dtype(op, "lse", lse, {DType::kF32}));
+  SG_RETURN_IF_ERROR(check_contiguous(op, "lse", lse));
+  SG_CHECK_SHAPE(lse.ndim == 2 && lse.shape[0] == c.N && lse.shape[1] == c.Hq,
+                 str_cat(op, ": lse must be [N, Hq] = [", c.N, ", ", c.Hq, "], got ", lse.shape_str()));
+  SG_DISPATCH_FLOAT(op, q.dtype, T, {
+    SG_RETURN_IF_ERROR(attention_fwd_impl<T>(c, q.ptr<T>(), k.ptr<T>(), v.ptr<T>(), cu.ptr<int32_t>(), out.ptr<T>(),
+                                             lse.ptr<float>()));
+  });
+  return Status::OK();
+}
+
+// ---- backward ----------------------------------------------------------------------------
+
+// One (query tile, key tile) pair: from the scores S (scaled, not capped) recompute
+// P = exp(s - lse) and turn dP (= dO V^T) into dS = P (dP - Delta) [(1 - tanh^2)], the
+// gradient with respect to the scaled score.
+SG_SIMD_CLONES
+void softmax_grad_tile(const float* S, float* P, float* dP, int64_t ld, int nk, int R, int G, const int* lo,
+                       const int* hi, const float* lse, const float* delta, float softcap) {
+  const float inv = softcap > 0.0f ? 1.0f / softcap : 0.0f;
+  for (int r = 0; r < R; ++r) {
+    const float* s = S + r * ld;
+    float* p = P + r * ld;
+    float* ds = dP + r * ld;
+    const int c0 = lo[r / G], c1 = hi[r / G];
+    const float lr = lse[r], dr = delta[r];
+    for (int c = 0; c < c0; ++c) p[c] = ds[c] = 0.0f;
+    if (softcap > 0.0f) {
+      for (int c = c0; c < c1; ++c) {
+        const float t = tanh_approx(s[c] * inv);
+        p[c] = exp_approx(softcap * t - lr);
+        ds[c] = p[c] * (ds[c] - dr) * (1.0f - t * t);
+      }
+    } else {
+      for (int c = c0; c < c1; ++c) {
+        p[c] = exp_approx(s[c] - lr);
+        ds[c] = p[c] * (ds[c] - dr);
+      }
+    }
+    for (int c = std::max(c0, c1); c < nk; ++c) p[c] = ds[c] = 0.0f;
+  }
+}
+
+template <typename T>
+Status attention_bwd_impl(const AttnConfig& c, const T* dout, const T* q, const T* k, const T* v, const T* out,
+                          const float* lse, const int32_t* cu, T* dq, T* dk, T* dv) {
+  const int64_t N = c.N, Hq = c.Hq, D = c.D, G = c.G, Bt = c.tile_tokens;
+  if (N == 0) return Status::OK();
+
+  // Key chunks per (document, kv head): enough items for about 4 per thread, but at most one
+  // chunk per key block and a bounded dQ accumulator (chunks copies of [N, Hq, D] f32).
+  int64_t pairs = 0, max_blocks = 1;
+  for (int64_t s = 0; s < c.S; ++s) {
+    const int64_t L = cu[s + 1] - cu[s];
+    if (L > 0) pairs += c.Hkv, max_blocks = std::max(max_blocks, (L + kBlockK - 1) / kBlockK);
+  }
+  const int64_t want = 4 * static_cast<int64_t>(num_threads());
+  const int64_t acc_bytes = N * Hq * D * 4;
+  int64_t chunks = pairs >= want ? 1 : (want + pairs - 1) / pairs;
+  chunks = std::clamp<int64_t>(std::min(chunks, max_blocks), 1, std::max<int64_t>(1, (int64_t{1} << 29) / acc_bytes));
+
+  Tensor qs_t, do_t, lse_t, delta_t, dq_acc_t;
+  SG_RETURN_IF_ERROR(empty({c.Hkv, N, G, D}, DType::kF32, Device{}, &qs_t));
+  SG_RETURN_IF_ERROR(empty({c.Hkv, N, G, D}, DType::kF32, Device{}, &do_t));
+  SG_RETURN_IF_ERROR(empty({c.Hkv, N, G}, DType::kF32, Device{}, &lse_t));
+  SG_RETURN_IF_ERROR(empty({c.Hkv, N, G}, DType::kF32, Device{}, &delta_t));
+  SG_RETURN_IF_ERROR(empty({chunks, c.Hkv, N, G, D}, DType::kF32, Device{}, &dq_acc_t));
+  float *qs_all = qs_t.ptr<float>(), *do_all = do_t.ptr<float>(), *lse_all = lse_t.ptr<float>(),
+        *delta_all = delta_t.ptr<float>(), *dq_acc = dq_acc_t.ptr<float>();
+  to_group_major(c, q, c.scale, qs_all);
+  to_group_major(c, dout, 1.0f, do_all);
+  // lse regrouped; Delta_i = dout_i . out_i, once per (token, head).
+  parallel_for(0, N, 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t tok = lo; tok < hi; ++tok) {
+      for (int64_t h = 0; h < Hq; ++h) {
+        const int64_t i = tok * Hq + h, j = ((h / G) * N + tok) * G + h % G;
+        float acc = 0.0f;
+        for (int64_t d = 0; d < D; ++d) acc += load(dout[i * D + d]) * load(out[i * D + d]);
+        delta_all[j] = acc;
+        lse_all[j] = lse[i];
+      }
+    }
+  });
+  parallel_for(0, chunks * c.Hkv * N, 64, [&](int64_t lo, int64_t hi) {
+    std::fill(dq_acc + lo * G * D, dq_acc + hi * G * D, 0.0f);
+  });
+
+  struct Item { int64_t s, kb0, kb1, chunk; };  // document, key blocks [kb0, kb1), accumulator
+  std::vector<Item> items;
+  for (int64_t s = 0; s < c.S; ++s) {
+    const int64_t nb = (cu[s + 1] - cu[s] + kBlockK - 1) / kBlockK;
+    const int64_t nc = std::min(chunks, nb);
+    for (int64_t ch = 0; ch < nc; ++ch) items.push_back({s, ch * nb / nc, (ch + 1) * nb / nc, ch});
+  }
+  const int64_t n_items = static_cast<int64_t>(items.size()) * c.Hkv;
+  parallel_for(0, n_items, 1, [&](int64_t lo_item, int64_t hi_item) {
+    const int64_t R_max = Bt * G;
+    Scratch kf(kBlockK * D), kt(D * kBlockK), vt(D * kBlockK), dk_acc(kBlockK * D), dv_acc(kBlockK * D);
+    Scratch sc(R_max * kBlockK), p(R_max * kBlockK), ds(R_max * kBlockK);
+    std::vector<int> col_lo(Bt), col_hi(Bt);
+    for (int64_t it = lo_item; it < hi_item; ++it) {
+      const Item& w = items[it / c.Hkv];
+      const int64_t kvh = it % c.Hkv, base = cu[w.s], L = cu[w.s + 1] - cu[w.s];
+      // Rows of this (document, kv head) in the group-major operands: row (t, g) at (t * G + g).
+      const int64_t row0 = (kvh * N + base) * G;
+      const float *qs_d = qs_all + row0 * D, *do_d = do_all + row0 * D;
+      const float *lse_d = lse_all + row0, *delta_d = delta_all + row0;
+      float* dq_d = dq_acc + (w.chunk * c.Hkv * N * G + row0) * D;
+      for (int64_t b = w.kb0; b < w.kb1; ++b) {
+        const int64_t k0 = b * kBlockK, nk = std::min<int64_t>(kBlockK, L - k0);
+        load_kv(k, c.Hkv, D, base + k0, nk, kvh, kf.p, kt.p);
+        load_kv(v, c.Hkv, D, base + k0, nk, kvh, nullptr, vt.p);
+        std::fill(dk_acc.p, dk_acc.p + nk * D, 0.0f);
+        std::fill(dv_acc.p, dv_acc.p + nk * D, 0.0f);
+        int64_t q0, q1;
+        c.query_range(k0, k0 + nk, L, &q0, &q1);
+        for (int64_t t0 = q0; t0 < q1; t0 += Bt) {
+          const int64_t nt = std::min(Bt, q1 - t0);
+          const int R = static_cast<int>(nt * G);
+          const float *qs = qs_d + t0 * G * D, *dO = do_d + t0 * G * D;
+          tile_columns(c, L, t0, nt, k0, nk, col_lo.data(), col_hi.data());
+          gemm_tile(sc.p, kBlockK, qs, D, kt.p, kBlockK, R, nk, D, false);  // S = scale Q K^T
+          gemm_tile(ds.p, kBlockK, dO, D, vt.p, kBlockK, R, nk, D, false);  // dP = dO V^T
+          softmax_grad_tile(sc.p, p.p, ds.p, kBlockK, nk, R, G, col_lo.data(), col_hi.data(), lse_d + t0 * G,
+                            delta_d + t0 * G, c.softcap);
+          gemm_tile_ta(dv_acc.p, D, p.p, kBlockK, dO, D, nk, D, R, true);   // dV += P^T dO
+          gemm_tile_ta(dk_acc.p, D, ds.p, kBlockK, qs, D, nk, D, R, true);  // dK += dS^T (scale Q)
+          gemm_tile(dq_d + t0 * G * D, D, ds.p, kBlockK, kf.p, D, R, D, nk, true);  // dQ / scale += dS K
+        }
+        for (int64_t j = 0; j < nk; ++j) {
+          const int64_t row = ((base + k0 + j) * c.Hkv + kvh) * D;
+          for (int64_t d = 0; d < D; ++d) {
+            dk[row + d] = store<T>(dk_acc.p[j * D + d]);
+            dv[row + d] = store<T>(dv_acc.p[j * D + d]);
+          }
+        }
+      }
+    }
+  });
+
+  // dq = scale * (sum of the chunks' accumulators), back in [N][Hq][D].
+  const int64_t chunk_stride = c.Hkv * N * G * D;
+  parallel_for(0, N, 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t tok = lo; tok < hi; ++tok) {
+      for (int64_t kvh = 0; kvh < c.Hkv; ++kvh) {
+        const float* src = dq_acc + (kvh * N + tok) * G * D;
+        T* dst = dq + (tok * Hq + kvh * G) * D;
+        for (int64_t e = 0; e < G * D; ++e) {
+          float acc = src[e];
+          for (int64_t ch = 1; ch < chunks; ++ch) acc += src[ch * chunk_stride + e];
+          dst[e] = store<T>(c.scale * acc);
+        }
+      }
+    }
+  });
+  return Status::OK();
+}
+
+// attention_bwd: (dout, q, k, v, out, lse, cu_seqlens) -> (dq, dk, dv); attrs as attention_fwd.
+Status attention_bwd(const OpArgs& a) {
+  const char* op = "attention_bwd";
+  const Tensor &dout = a.in(0), &q = a.in(1), &k = a.in(2), &v = a.in(3), &out = a.in(4), &lse = a.in(5),
+               &cu = a.in(6);
+  const Tensor &dq = a.out(0), &dk = a.out(1), &dv = a.out(2);
+  AttnConfig c;
+  SG_RETURN_IF_ERROR(read_config(op, a, q, k, v, cu, &c));
+  SG_RETURN_IF_ERROR(check_float_like(op, "dout", dout, q, "q"));
+  SG_RETURN_IF_ERROR(check_float_like(op, "out", out, q, "q"));
+  SG_RETURN_IF_ERROR(check_dtype(op, "lse", lse, {DType::kF32}));
+  SG_RETURN_IF_ERROR(check_contiguous(op, "lse", lse));
+  SG_CHECK_SHAPE(lse.ndim == 2 && lse.shape[0] == c.N && lse.shape[1] == c.Hq,
+                 str_cat(op, ": lse must be [N, Hq] = [", c.N, ", ", c.Hq, "], got ", lse.shape_str()));
+  SG_RETURN_IF_ERROR(check_float_like(op, "dq", dq, q, "q"));
+  SG_RETURN_IF_ERROR(check_float_like(op, "dk", dk, k, "k"));
+  SG_RETURN_IF_ERROR(check_float_like(op, "dv", dv, v, "v"));
+  SG_DISPATCH_FLOAT(op, q.dtype, T, {
+    SG_RETURN_IF_ERROR(attention_bwd_impl<T>(c, dout.ptr<T>(), q.ptr<T>(), k.ptr<T>(), v.ptr<T>(), out.ptr<T>(),
+                                             lse.ptr<float>(), cu.ptr<int32_t>(), dq.ptr<T>(), dk.ptr<T>(),
+                                             dv.ptr<T>()));
+  });
+  return Status::OK();
+}
+
+}  // namespace
+
+void register_cpu_attention(OpRegistry& reg) {
+  add_op(reg, "attention_fwd", 4, 4, 2, attention_fwd,
+         "(q[N,Hq,D], k[N,Hkv,D], v[N,Hkv,D], cu_seqlens[S+1]) -> (out[N,Hq,D], lse[N,Hq] f32); "
+         "attrs: causal, scale, window, softcap");
+  add_op(reg, "attention_bwd", 7, 7, 3, attention_bwd,
+         "(dout, q, k, v, out, lse, cu_seqlens) -> (dq, dk, dv); attrs: causal, scale, window, softcap");
+}
 
 }  // namespace surogate::cpu

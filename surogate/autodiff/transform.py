@@ -26,6 +26,7 @@ def backward(g: Graph, loss: Value, seed_name: str = "dloss") -> dict[str, Value
     loss's shape (the trainer fills it, e.g. with 1 / number of target tokens). Returns the
     gradient accumulator of every trainable parameter, by parameter name."""
     forward_nodes = list(g.nodes)
+    g.backward_start = len(forward_nodes)  # where compile may insert recomputation
     need = needs_grad(g)
     if loss not in need:
         raise ValueError(f"{loss.name} does not depend on any trainable parameter")

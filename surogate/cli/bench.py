@@ -1,10 +1,40 @@
-"""`surogate bench`: measure this machine against the peer, as a table with ratios."""
+"""`surogate bench train|serve`: measure this machine against the peer, as a table with ratios."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
+import typer
+
 from surogate.cli.not_built import not_built
 
+app = typer.Typer(help="Benchmarks that print a table with the peer measured in the same run.",
+                  no_args_is_help=True)
 
-def bench() -> None:
-    """Benchmark kernels and a training step on this machine."""
-    not_built("bench", 'benchmarks: issues #4 CUDA training speed and #6 inference engine')
+
+@app.command()
+def train(
+    model: Annotated[str, typer.Option(help="A named shape: tiny, smollm2-135m, qwen3-0.6b, qwen3-1.7b, llama-3.2-1b.")] = "tiny",
+    batch: Annotated[int, typer.Option(help="Sequences per step.")] = 2,
+    seq: Annotated[int, typer.Option(help="Tokens per sequence.")] = 256,
+    lora_rank: Annotated[int, typer.Option(help="LoRA rank on all 7 projections; 0 = full fine-tune.")] = 16,
+    dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
+    steps: Annotated[int, typer.Option(help="Timed steps.")] = 3,
+    warmup: Annotated[int, typer.Option(help="Untimed steps first.")] = 1,
+    vs: Annotated[str | None, typer.Option(help="Peer to run in the same process: hf.")] = None,
+    device: Annotated[str, typer.Option(help="cpu (cuda lands with the CUDA backend).")] = "cpu",
+    recompute: Annotated[bool, typer.Option(help="Recompute each block's activations in backward.")] = False,
+) -> None:
+    """Training-step tokens/s: ours, and with --vs hf HF transformers (+ peft) on the same shape."""
+    if device != "cpu":
+        not_built("bench train --device cuda", "CUDA training: issue #4")
+    from surogate.bench.train import run
+
+    run(model, batch=batch, seq=seq, lora_rank=lora_rank, dtype=dtype, steps=steps, warmup=warmup, vs=vs,
+        device=device, recompute=recompute)
+
+
+@app.command()
+def serve() -> None:
+    """Serving throughput and latency against HF generate."""
+    not_built("bench serve", "inference engine: issue #6")

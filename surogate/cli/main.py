@@ -37,10 +37,11 @@ for command, panel in [
     (merge.merge, "Models"),
     (quantize.quantize, "Models"),
     (tui.tui, "Tools"),
-    (bench.bench, "Tools"),
     (doctor.doctor, "Tools"),
 ]:
     app.command(rich_help_panel=panel)(command)
+app.add_typer(bench.app, name="bench", rich_help_panel="Tools",
+              help="Benchmark a training step (or serving) against the peer, in the same run.")
 
 
 def print_version(value: bool) -> None:

@@ -37,10 +37,11 @@ class MemoryReport:
 
 
 class Executable:
-    def __init__(self, g: Graph, dims: dict[str, int], device: str = "cpu", keep: list[Value] = ()):
+    def __init__(self, g: Graph, dims: dict[str, int], device: str = "cpu", keep: list[Value] = (),
+                 recompute: bool = False):
         self.graph = g
         self.device = device
-        self.lowered: Lowered = lower(g, dims, keep)
+        self.lowered: Lowered = lower(g, dims, keep, recompute)
         self.program = to_program(self.lowered, device)
         self._bound: dict[str, object] = {}
 

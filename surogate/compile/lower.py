@@ -32,6 +32,9 @@ class _Lowering:
         self.bufs: list[Buf] = []
         self.by_value: dict[str, Buf] = {}
         self.ntemp = 0
+        # Recomputation: value name -> the buffer of its recomputed copy, consulted first.
+        self.remap: dict[str, Buf] = {}
+        self.cloning = False
 
     def new_buf(self, b: Buf) -> Buf:
         self.bufs.append(b)
@@ -40,6 +43,12 @@ class _Lowering:
     def buf(self, v: Value | None) -> Buf | None:
         if v is None:
             return None
+        if v.name in self.remap:
+            return self.remap[v.name]
+        if self.cloning and v.kind == "act" and v.producer is not None and v.producer in self.cloning:
+            b = self.new_buf(Buf(v.name + "@recompute", bind_shape(v.shape, self.dims), v.dtype, "internal"))
+            self.remap[v.name] = b
+            return b
         b = self.by_value.get(v.name)
         if b is None:
             kind = "internal" if v.kind == "act" else "external"
@@ -63,12 +72,24 @@ class _Lowering:
         self.instrs.append(Instr(op, ins, outs, attrs, node=repr(node)[:200]))
 
     # ---- nodes ------------------------------------------------------------------------------
+    def recompute(self, nodes: list[Node]) -> None:
+        """Emit `nodes` (one block's forward) again with fresh output buffers; later readers of
+        their values get the copies, so the originals die right after the forward pass."""
+        self.cloning = set(nodes)
+        for n in nodes:
+            self.node(n)
+        self.cloning = False
+
     def node(self, n: Node) -> None:
         if n.op == "view":
             (x,), (y,) = n.inputs, n.outputs
             base = self.buf(x)
-            b = self.new_buf(Buf(y.name, bind_shape(y.shape, self.dims), y.dtype, "view", base=base))
-            self.by_value[y.name] = b
+            name = y.name + ("@recompute" if self.cloning else "")
+            b = self.new_buf(Buf(name, bind_shape(y.shape, self.dims), y.dtype, "view", base=base))
+            if self.cloning:
+                self.remap[y.name] = b
+            else:
+                self.by_value[y.name] = b
         elif n.op == "linear":
             self.linear(n)
         elif n.op == "linear_bwd":
@@ -122,10 +143,41 @@ class _Lowering:
                     self.emit("matmul", [dt, A], [dx], n, beta=1.0)
 
 
-def lower(g: Graph, dims: dict[str, int], keep: list[Value] = ()) -> Lowered:
-    """Lower every node of g with symbolic dims bound; `keep` values stay alive to the end."""
+def _block_of(n: Node) -> str | None:
+    """The decoder block a forward node belongs to ("layers.3."), from its outputs' names."""
+    names = [v.name for v in n.outputs if v is not None]
+    if not names or not names[0].startswith("layers."):
+        return None
+    prefix = ".".join(names[0].split(".")[:2]) + "."
+    return prefix if all(x.startswith(prefix) for x in names) else None
+
+
+def lower(g: Graph, dims: dict[str, int], keep: list[Value] = (), recompute: bool = False) -> Lowered:
+    """Lower every node of g with symbolic dims bound; `keep` values stay alive to the end.
+
+    recompute: activation checkpointing per decoder block. Only each block's inputs stay alive
+    from the forward pass to the backward pass; the block's forward runs again right before
+    its backward (deterministic kernels: the gradients are bit-identical)."""
     lw = _Lowering(g, dims)
-    for n in g.nodes:
+    start = getattr(g, "backward_start", len(g.nodes))
+    blocks: dict[str, list[Node]] = {}
+    block_of_value: dict[str, str] = {}
+    if recompute:
+        for n in g.nodes[:start]:
+            b = _block_of(n)
+            if b is not None:
+                blocks.setdefault(b, []).append(n)
+                for v in n.outputs:
+                    if v is not None:
+                        block_of_value[v.name] = b
+    done: set[str] = set()
+    for i, n in enumerate(g.nodes):
+        if recompute and i >= start:
+            for v in n.inputs:
+                b = block_of_value.get(v.name) if v is not None else None
+                if b is not None and b not in done:
+                    done.add(b)
+                    lw.recompute(blocks[b])
         lw.node(n)
     pinned = []
     for v in keep:

@@ -52,8 +52,6 @@ class Trainer:
                               hint="use optimizer: adamw")
         if cfg.lora and cfg.lora_dropout > 0:
             raise ConfigError("lora_dropout > 0 is not built yet", where="lora_dropout", hint="set lora_dropout: 0")
-        if cfg.recompute:
-            raise ConfigError("recompute is not built yet", where="recompute", hint="set recompute: false")
         device = "cpu" if cfg.device in ("auto", "cpu") else cfg.device
         if device != "cpu":
             raise UnsupportedError("training on CUDA lands with the CUDA backend issue", hint="set device: cpu")
@@ -82,7 +80,7 @@ class Trainer:
     # ---- setup ------------------------------------------------------------------------------
     def _build(self) -> None:
         m = self.model
-        self.exe = m.executable("train", self.N, self.N, lora=self.lora, grads=True)
+        self.exe = m.executable("train", self.N, self.N, lora=self.lora, grads=True, recompute=self.cfg.recompute)
         storage = _np_dtype(m.dtype)
         if self.lora is not None:
             g = self.exe.graph

@@ -189,3 +189,34 @@ eval_steps: 0
     lines = [json.loads(x) for x in open(tmp_path / "out" / "metrics.jsonl")]
     assert [x["step"] for x in lines if x["type"] == "step"] == [1, 2, 3]
     assert "3 steps" in proc.stdout
+
+
+def test_pt_trains_on_every_token(base, tmp_path):
+    text = tmp_path / "text.jsonl"
+    with open(text, "w") as f:
+        for i in range(12):
+            f.write(json.dumps({"text": f"Line {i}: the quick brown fox jumps over the lazy dog."}) + "\n")
+    cfg = load_config({"model": str(base), "output_dir": str(tmp_path / "pt"), "datasets": [{"path": str(text)}],
+                       "sequence_len": 64, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1,
+                       "recipe": "fp32", "max_steps": 4, "save_steps": 0, "eval_steps": 0, "lora": False,
+                       "learning_rate": 1e-3}, kind="pt")
+    tr = Trainer(cfg)
+    batch = next(tr.train_data.iterator(2))
+    real = batch.input_ids != tr.train_data.pad_id
+    # every real token but the last of each document predicts the next one
+    assert batch.num_target_tokens >= real.sum() - (len(batch.cu_seqlens) - 1)
+    result = tr.train()
+    assert result.output.name == "model" and (result.output / "model.safetensors").is_file()
+
+
+def test_wandb_offline_run_logs_steps(base, data, tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = config(base, data, tmp_path / "run", max_steps=2, report_to=["jsonl", "wandb"], wandb_project="surogate-test")
+    Trainer(cfg).train()
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    assert (tmp_path / "run" / "wandb_id.txt").read_text().strip() in runs[0].name
+    assert list(runs[0].glob("*.wandb"))  # the run's history file

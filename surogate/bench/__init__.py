@@ -1,0 +1,1 @@
+"""Benchmarks: programs that print a table with the peer measured in the same run and the ratio."""
