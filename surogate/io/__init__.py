@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from surogate.io.chat_template import ChatTemplate
 from surogate.io.gguf import GGUFFile, GGUFTensor, is_gguf
+from surogate.io.gguf_tokenizer import save_hf_tokenizer
 from surogate.io.hf_folder import ModelFolder, resolve_model_path
 from surogate.io.safetensors import (
     DTYPES,
@@ -34,5 +35,6 @@ __all__ = [
     "is_gguf",
     "open_safetensors",
     "resolve_model_path",
+    "save_hf_tokenizer",
     "save_safetensors",
 ]
