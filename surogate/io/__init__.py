@@ -11,6 +11,7 @@ from __future__ import annotations
 from surogate.io.chat_template import ChatTemplate
 from surogate.io.gguf import GGUFFile, GGUFTensor, is_gguf
 from surogate.io.gguf_tokenizer import save_hf_tokenizer
+from surogate.io.gguf_writer import QUANT_TYPES, write_gguf
 from surogate.io.hf_folder import ModelFolder, resolve_model_path
 from surogate.io.safetensors import (
     DTYPES,
@@ -24,6 +25,7 @@ from surogate.io.tokenizer import Tokenizer
 
 __all__ = [
     "DTYPES",
+    "QUANT_TYPES",
     "ChatTemplate",
     "GGUFFile",
     "GGUFTensor",
@@ -37,4 +39,5 @@ __all__ = [
     "resolve_model_path",
     "save_hf_tokenizer",
     "save_safetensors",
+    "write_gguf",
 ]

@@ -5,7 +5,8 @@ through them (io/ knows no family, so they live here).
 Loading runs GGUF -> HF names (this table) -> our parameters (the family's HF name table, which
 fuses gate and up), so each recipe lives in one place: ``load_gguf_params`` dequantizes (the
 load path of ``load_model``), ``gguf_blocks_for`` keeps GGML blocks for ``gguf_matmul`` (the
-quantized path the runtime will take). Writing runs the table forwards.
+quantized path the runtime will take). Writing runs the table forwards: ``plan_gguf_tensors``
+and ``quantize_to_gguf`` (``surogate quantize``) over io/gguf_writer.py.
 
 Row order: llama.cpp rotates adjacent pairs (x0, x1), (x2, x3), ... of a Llama head, where HF
 rotates halves (x_j, x_{j+D/2}); so convert_hf_to_gguf.py reorders the rows of q_proj and k_proj
@@ -17,14 +18,24 @@ files keep HF's order (llama.cpp runs those families with NEOX rope, which rotat
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from surogate.errors import FileFormatError, UnsupportedError
-from surogate.io.gguf import GGUFFile, GGUFTensor
+from surogate.errors import FileFormatError, NotFoundError, UnsupportedError
+from surogate.io.gguf import GGUFFile, GGUFTensor, llama3_rope_factors
+from surogate.io.gguf_writer import (
+    PlannedTensor,
+    Progress,
+    check_quant_type,
+    hyperparameters,
+    tensor_type,
+    write_gguf,
+)
 from surogate.models.name_table import Direct, NameTable
 
 
@@ -187,3 +198,82 @@ def load_gguf_params(gf: GGUFFile, family: str, hf_table: NameTable, config: dic
     weights.check_supported(hf_names)
     return hf_table.load(names, lambda hf: weights.values(hf, dtype), source=str(gf.path))
 
+
+# ---- writing: an HF checkpoint -> GGUF tensors ---------------------------------------------
+
+def plan_gguf_tensors(family: str, config: dict, tensors: Mapping[str, Callable[[], np.ndarray]], qtype: str,
+                      source: str = "checkpoint") -> list[PlannedTensor]:
+    """Every GGUF tensor to write, from readers of the HF-named tensors: llama.cpp's name, the
+    recipe's type, q/k rows in llama.cpp's order; token_embd first, then the layers in order."""
+    from surogate.models.llama import rope_from_config
+
+    table = gguf_name_table(family)
+    tied = bool(config.get("tie_word_embeddings", False))
+    named = {}
+    for hf_name, read in tensors.items():
+        if hf_name.endswith("rotary_emb.inv_freq") or (tied and hf_name == "lm_head.weight"):
+            continue  # a buffer transformers recomputes; a copy of the embedding
+        g = table.to_gguf(hf_name)
+        if g is None:
+            raise UnsupportedError(f"{source}: tensor {hf_name} has no GGUF name in the {family} table",
+                                   hint="the checkpoint has a part the GGUF writer does not know; please report it")
+        named[g.gguf] = (read, g.rope_rows)
+    if not tied and "output.weight" not in named:
+        raise FileFormatError(f"{source}: no lm_head.weight, and the config does not tie the embeddings",
+                              hint="the checkpoint is incomplete")
+    plan = []
+    rope = rope_from_config(config)
+    if family == "llama" and rope["rope_type"] == "llama3":
+        # llama.cpp reads Llama 3 rope scaling from per-frequency divisors, not from metadata.
+        head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // int(config["num_attention_heads"]))
+        factors = llama3_rope_factors(rope["theta"], head_dim, rope["factor"], rope["low_freq_factor"],
+                                      rope["high_freq_factor"], rope["original_max_position"])
+        plan.append(PlannedTensor("rope_freqs.weight", "F32", factors.shape, lambda f=factors: f))
+    n_layers = int(config["num_hidden_layers"])
+    for gguf_name in sorted(named, key=_gguf_order):
+        read, rope_kind = named[gguf_name]
+        shape = tuple(np.shape(read()))  # safetensors readers are mmap views: cheap
+        if rope_kind is not None:
+            order = rope_rows(shape[0], heads_for(rope_kind, config), to_gguf=True)
+            read = (lambda r=read, order=order: np.asarray(r())[order])
+        t = tensor_type(qtype, gguf_name, shape, n_layers, has_output="output.weight" in named)
+        plan.append(PlannedTensor(gguf_name, t, shape, read))
+    return plan
+
+
+def quantize_to_gguf(model: str | os.PathLike, output: str | os.PathLike, qtype: str = "Q8_0", *,
+                     progress: Progress | None = None, download: bool = False) -> Path:
+    """``surogate quantize``: an HF model folder (or a cached hub id) -> a GGUF file."""
+    from surogate.io import ModelFolder, Tokenizer, resolve_model_path
+    from surogate.io.gguf_tokenizer import gguf_tokenizer_metadata
+    from surogate.models import family_for
+
+    qtype = check_quant_type(qtype)
+    path = resolve_model_path(model, download=download)
+    if path.is_file():
+        raise UnsupportedError(f"{path} is a file; quantize reads a Hugging Face model folder",
+                               hint="to requantize a GGUF, load it and save an HF folder first "
+                                    "(quantizing dequantized weights adds the errors of both)")
+    folder = ModelFolder(path)
+    config = folder.config
+    family = family_for(config, source=str(folder.path / "config.json"))
+    spec = family.spec_from_config(config)  # a config we cannot run fails before any work
+    weights = folder.open_weights()
+    readers = {name: (lambda n=name: weights.get(n)) for name in weights.keys()}  # noqa: SIM118 (not a dict)
+    plan = plan_gguf_tensors(family.name, config, readers, qtype, source=str(folder.path))
+    if not (folder.path / "tokenizer.json").is_file():
+        raise NotFoundError(f"no tokenizer.json in {folder.path}",
+                            hint="llama.cpp needs the vocabulary inside the GGUF; add the model's tokenizer files")
+    tokenizer = Tokenizer.from_folder(folder)
+    arch = ARCHITECTURES[family.name]
+    name = str(config.get("_name_or_path") or "").rstrip("/").split("/")[-1] or folder.path.resolve().name
+    metadata = {"general.name": name, **hyperparameters(arch, config, spec.rope),
+                **gguf_tokenizer_metadata(folder.tokenizer_file, tokenizer, spec.vocab_size)}
+    return write_gguf(output, arch, metadata, plan, qtype, progress=progress)
+
+
+def _gguf_order(name: str) -> tuple:
+    # As convert_hf_to_gguf.py writes a Llama: embedding, layers in order, final norm, head.
+    if name.startswith("blk."):
+        return (1, int(name.split(".")[1]), name)
+    return (0 if name.startswith("token_embd") else 2, name != "output_norm.weight", name)
