@@ -277,9 +277,30 @@ def llama3_rope_factors(theta: float, dim: int, factor: float, low_freq_factor: 
     return out.astype(np.float32)
 
 
-# Llama 3.1 / 3.2 / 3.3 all use low 1, high 4, original 8192; the rest covers other fine-tunes.
-_LLAMA3_CANDIDATES = [(lo, hi, orig) for orig in (8192, 4096, 2048, 16384, 32768) for lo in (1.0, 2.0)
-                      for hi in (4.0, 8.0)]
+def llama3_rope_from_factors(stored: np.ndarray, theta: float, dim: int) -> dict | None:
+    """Llama 3 rope-scaling parameters that give ``stored`` (rope_freqs.weight), or None.
+
+    Between the two wavelength thresholds a factor f satisfies 1/f = (1 - s)/factor + s with
+    s = (orig / wavelength - low) / (high - low): linear in 1/wavelength, so two such factors fix
+    orig / (high - low) and low / (high - low), which is all the factors depend on. The usual
+    low = 1, high = 4, orig = 8192 (Llama 3.1 - 3.3) is tried first, else low = 1 is fixed."""
+    stored = np.asarray(stored, np.float64).reshape(-1)
+    factor = float(stored.max())
+    if len(stored) != dim // 2 or factor <= 1.0:
+        return None
+    candidates = [(1.0, 4.0, 8192.0)]
+    wavelen = 2 * math.pi * theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    mid = (stored > 1 + 1e-6) & (stored < factor * (1 - 1e-6))
+    if mid.sum() >= 2:
+        s = (1 / stored[mid] - 1 / factor) / (1 - 1 / factor)
+        a, b = np.polyfit(1 / wavelen[mid], s, 1)
+        if b < 0:
+            candidates.append((1.0, 1 - 1 / b, round(-a / b, 3)))
+    for low, high, orig in candidates:
+        if np.allclose(llama3_rope_factors(theta, dim, factor, low, high, orig), stored, rtol=1e-4, atol=1e-6):
+            return {"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
+                    "high_freq_factor": round(high, 6), "original_max_position_embeddings": orig}
+    return None
 
 
 def _rope_scaling(gf: GGUFFile, arch: str, theta: float, dim: int) -> dict | None:
@@ -289,12 +310,11 @@ def _rope_scaling(gf: GGUFFile, arch: str, theta: float, dim: int) -> dict | Non
         # llama.cpp keeps only the per-frequency divisors of Llama 3 rope scaling; find the
         # parameters that give them, so the model runs the same rope as transformers does.
         stored = gf.tensor("rope_freqs.weight").dequantize().reshape(-1)
-        top = float(stored.max())
-        for lo, hi, orig in _LLAMA3_CANDIDATES:
-            if len(stored) == dim // 2 and np.allclose(llama3_rope_factors(theta, dim, top, lo, hi, orig), stored,
-                                                       rtol=1e-4, atol=1e-6):
-                return {"rope_type": "llama3", "factor": top, "low_freq_factor": lo, "high_freq_factor": hi,
-                        "original_max_position_embeddings": orig}
+        if np.all(stored == 1.0):
+            return None
+        scaling = llama3_rope_from_factors(stored, theta, dim)
+        if scaling is not None:
+            return scaling
         raise UnsupportedError(f"{gf.path}: rope_freqs.weight is not a Llama 3 rope scaling we recognise",
                                hint="models with custom rope frequency factors are not supported")
     if kind in (None, "none") or (kind == "linear" and factor in (None, 1.0)):

@@ -16,7 +16,8 @@ Two GGUF vocabularies exist in the families we run:
 Token types (``tokenizer.ggml.token_type``): CONTROL tokens become special added tokens and
 USER_DEFINED ones plain added tokens, both matched whole in the text as llama.cpp does. A BOS is
 added when ``tokenizer.ggml.add_bos_token`` says so (llama.cpp's defaults when the key is absent).
-Generation stops on eos and on the end-of-turn tokens llama.cpp knows (eot, eom).
+Generation stops where llama.cpp stops: on eos, eot and eom, and on control tokens whose text
+marks an end (``<|eot_id|>``, ``<|im_end|>``, ``<|endoftext|>``, ...).
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ _SPECIAL_IDS = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "unk_t
                 "pad_token": "padding_token_id", "sep_token": "seperator_token_id", "cls_token": "cls_token_id",
                 "mask_token": "mask_token_id"}
 _STOP_IDS = ("eos_token_id", "eot_token_id", "eom_token_id")
+# Control tokens llama.cpp also ends generation on, found by their text (llama-vocab.cpp's EOG list).
+_STOP_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>",
+               "_<EOT>", "<|end_of_text|>", "<end_of_utterance>")
 
 
 def byte_alphabet() -> dict[int, str]:
@@ -123,6 +127,7 @@ def build_backend(gf: GGUFFile) -> tuple[tokenizers.Tokenizer, dict, list[int]]:
     config["add_bos_token"], config["add_eos_token"] = add_bos, add_eos
     stop_ids = [_check_id(gf, k, gf.get(f"tokenizer.ggml.{k}"), len(tokens)) for k in _STOP_IDS
                 if gf.get(f"tokenizer.ggml.{k}") is not None]
+    stop_ids += [i for i, (t, ty) in enumerate(zip(tokens, types)) if ty == CONTROL and t in _STOP_TEXTS]
     return backend, config, stop_ids
 
 
