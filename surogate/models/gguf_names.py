@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from surogate.errors import FileFormatError, NotFoundError, UnsupportedError
-from surogate.io.gguf import GGUFFile, GGUFTensor, llama3_rope_factors
+from surogate.io.gguf import GGUFFile, GGUFTensor
+from surogate.io.gguf_config import llama3_rope_factors
 from surogate.io.gguf_writer import (
     PlannedTensor,
     Progress,

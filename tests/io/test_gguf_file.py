@@ -22,7 +22,7 @@ from surogate.errors import (
     UnsupportedError,
 )
 from surogate.io import GGUFFile, is_gguf
-from surogate.io.gguf import llama3_rope_factors
+from surogate.io.gguf_config import llama3_rope_factors
 from surogate.models import family_for
 
 
