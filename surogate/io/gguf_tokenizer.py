@@ -278,17 +278,23 @@ def gguf_tokenizer_metadata(tokenizer_json: str | Path, tokenizer, vocab_size: i
         raise UnsupportedError(f"{path}: only byte-level BPE tokenizers are written to GGUF so far",
                                hint="SentencePiece-style vocabularies (Llama 2, Mistral) are not supported yet")
     added = {t["id"]: t for t in spec.get("added_tokens") or []}
+    by_id = {i: t for t, i in (model.get("vocab") or {}).items()}
+    by_id.update({i: t["content"] for i, t in added.items()})
+    if by_id and max(by_id) >= vocab_size:
+        raise UnsupportedError(f"{path}: the tokenizer has token ids up to {max(by_id)}, the model's embedding "
+                               f"only {vocab_size} rows", hint="llama.cpp needs one token per embedding row")
+    # Named special tokens are special whatever their flags (transformers and our Tokenizer agree).
+    named = {t for t in (tokenizer.bos_token, tokenizer.eos_token, tokenizer.unk_token, tokenizer.pad_token) if t}
     tokens, types = [], []
-    for i in range(max(vocab_size, tokenizer.vocab_size)):
-        token = tokenizer.id_to_token(i)
-        if token is None:
+    for i in range(vocab_size):
+        if i not in by_id:
             tokens.append(f"[PAD{i}]")
             types.append(UNUSED)
-        elif i in added:
-            tokens.append(added[i]["content"])
-            types.append(CONTROL if added[i].get("special") else USER_DEFINED)
+        elif i in added or by_id[i] in named:
+            tokens.append(by_id[i])
+            types.append(CONTROL if by_id[i] in named or added[i].get("special") else USER_DEFINED)
         else:
-            tokens.append(token)
+            tokens.append(by_id[i])
             types.append(NORMAL)
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
     meta: dict = {
@@ -304,7 +310,7 @@ def gguf_tokenizer_metadata(tokenizer_json: str | Path, tokenizer, vocab_size: i
                       ("pad", "padding_token_id")):
         token_id = getattr(tokenizer, f"{name}_token_id", None) if name != "unk" else tokenizer.token_to_id(
             tokenizer.unk_token)
-        if token_id is not None:
+        if token_id is not None and token_id < vocab_size:
             meta[f"tokenizer.ggml.{key}"] = int(token_id)
     for name, text in tokenizer.chat_templates.items():
         meta["tokenizer.chat_template" if name == "default" else f"tokenizer.chat_template.{name}"] = text

@@ -124,8 +124,9 @@ def hyperparameters(arch: str, config: dict, rope: dict) -> dict[str, object]:
 
 
 def write_gguf(path: str | Path, arch: str, metadata: Mapping[str, object], plan: list[PlannedTensor],
-               file_type: str, progress: Progress | None = None) -> Path:
-    """Write the file atomically: metadata, tensor infos, then each tensor quantized in turn."""
+               qtype: str, progress: Progress | None = None) -> Path:
+    """Write the file atomically: metadata, tensor infos, then each tensor quantized in turn
+    (``qtype`` names the recipe for general.file_type; each tensor's type is in the plan)."""
     from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType
 
     path = Path(path)
@@ -133,10 +134,10 @@ def write_gguf(path: str | Path, arch: str, metadata: Mapping[str, object], plan
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp = Path(tmp_name)
+    writer = GGUFWriter(tmp, arch)
     try:
-        writer = GGUFWriter(tmp, arch)
         writer.add_type("model")
-        writer.add_file_type(int(LlamaFileType[_RECIPES[check_quant_type(file_type)][0]]))
+        writer.add_file_type(int(LlamaFileType[_RECIPES[check_quant_type(qtype)][0]]))
         writer.add_quantization_version(2)
         for key, value in metadata.items():
             _add_value(writer, key, value)
@@ -145,7 +146,8 @@ def write_gguf(path: str | Path, arch: str, metadata: Mapping[str, object], plan
             rows = int(np.prod(t.shape[:-1]))
             nbytes = rows * row_bytes(type_id, t.shape[-1])
             byte_shape = (*t.shape[:-1], nbytes // max(rows, 1))
-            writer.add_tensor_info(t.name, byte_shape, np.dtype(np.uint8), nbytes, raw_dtype=GGMLQuantizationType(type_id))
+            writer.add_tensor_info(t.name, byte_shape, np.dtype(np.uint8), nbytes,
+                                   raw_dtype=GGMLQuantizationType(type_id))
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
@@ -153,9 +155,13 @@ def write_gguf(path: str | Path, arch: str, metadata: Mapping[str, object], plan
             if progress is not None:
                 progress(i, len(plan), t.name, t.type, t.shape)
             writer.write_tensor_data(quantize(t.read(), t.type, t.name))
+        writer.flush()
+        for f in writer.fout or []:
+            os.fsync(f.fileno())
         writer.close()
         os.replace(tmp, path)
     except BaseException:
+        writer.close()
         tmp.unlink(missing_ok=True)
         raise
     return path
@@ -185,8 +191,10 @@ def _add_value(writer, key: str, value) -> None:
 
     if isinstance(value, bool):
         writer.add_bool(key, value)
+    elif isinstance(value, int) and value >= 0:
+        writer.add_uint32(key, value)
     elif isinstance(value, int):
-        writer.add_uint32(key, value) if value >= 0 else writer.add_int32(key, value)
+        writer.add_int32(key, value)
     elif isinstance(value, float):
         writer.add_float32(key, value)
     elif isinstance(value, str):
