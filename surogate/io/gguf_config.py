@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from surogate.errors import UnsupportedError
+from surogate.errors import FileFormatError, UnsupportedError
 from surogate.io.gguf import GGUFFile
 
 # general.architecture -> (HF architectures entry, HF model_type).
@@ -29,16 +29,24 @@ def hf_config(gf: GGUFFile) -> dict:
     hf_arch, model_type = ARCHITECTURES[arch]
 
     def key(name: str, default=None, required: bool = False):
-        value = gf.get(f"{arch}.{name}")
+        full = f"{arch}.{name}"
+        value = gf.get(full)
         if value is None:
             if required:
-                gf.require(f"{arch}.{name}")
+                gf.require(full)
             return default
+        if isinstance(value, list):  # some converters write one value per layer
+            value = _per_layer_constant(gf, full, value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise FileFormatError(f"{gf.path}: {full} is {value!r}, not a size or a rate", hint="the file is damaged")
         return value
 
     hidden = int(key("embedding_length", required=True))
     heads = int(key("attention.head_count", required=True))
-    kv_heads = _per_layer_constant(gf, f"{arch}.attention.head_count_kv", key("attention.head_count_kv", heads))
+    if not hidden or not heads:
+        raise FileFormatError(f"{gf.path}: {arch}.embedding_length and attention.head_count must not be 0",
+                              hint="the file is damaged")
+    kv_heads = int(key("attention.head_count_kv", heads))
     head_dim = int(key("attention.key_length", hidden // heads))
     embed = gf.tensors.get("token_embd.weight")
     vocab = embed.shape[0] if embed is not None else key("vocab_size") or len(gf.get("tokenizer.ggml.tokens") or [])
@@ -46,11 +54,10 @@ def hf_config(gf: GGUFFile) -> dict:
         "architectures": [hf_arch],
         "model_type": model_type,
         "hidden_size": hidden,
-        "intermediate_size": int(_per_layer_constant(gf, f"{arch}.feed_forward_length",
-                                                     key("feed_forward_length", required=True))),
+        "intermediate_size": int(key("feed_forward_length", required=True)),
         "num_hidden_layers": int(key("block_count", required=True)),
         "num_attention_heads": heads,
-        "num_key_value_heads": int(kv_heads),
+        "num_key_value_heads": kv_heads,
         "head_dim": head_dim,
         "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon", 1e-6)),
         "rope_theta": float(key("rope.freq_base", 10000.0)),
@@ -61,6 +68,11 @@ def hf_config(gf: GGUFFile) -> dict:
         "attention_bias": "blk.0.attn_q.bias" in gf.tensors,
         "torch_dtype": "float32",
     }
+    sizes = (config["num_hidden_layers"], config["intermediate_size"], kv_heads, head_dim, config["vocab_size"])
+    if not all(sizes) or heads % kv_heads:
+        raise FileFormatError(f"{gf.path}: hyper-parameters that do not make a model (layers, feed-forward, kv heads, "
+                              f"head dim, vocabulary = {', '.join(map(str, sizes))}; {heads} heads)",
+                              hint="the file is damaged")
     rope_dim = key("rope.dimension_count")
     if rope_dim is not None and int(rope_dim) != head_dim:
         config["partial_rotary_factor"] = int(rope_dim) / head_dim
@@ -69,8 +81,8 @@ def hf_config(gf: GGUFFile) -> dict:
         config["rope_scaling"] = scaling
     for name in ("bos", "eos", "padding"):
         token_id = gf.get(f"tokenizer.ggml.{name}_token_id")
-        if token_id is not None:
-            config["pad_token_id" if name == "padding" else f"{name}_token_id"] = int(token_id)
+        if isinstance(token_id, int) and not isinstance(token_id, bool):
+            config["pad_token_id" if name == "padding" else f"{name}_token_id"] = token_id
     return config
 
 
@@ -141,8 +153,12 @@ def _rope_scaling(gf: GGUFFile, arch: str, theta: float, dim: int) -> dict | Non
                                hint="models with custom rope frequency factors are not supported")
     if kind in (None, "none") or (kind == "linear" and factor in (None, 1.0)):
         return None
-    scaling = {"rope_type": str(kind), "factor": float(factor or 1.0)}
     original = gf.get(f"{arch}.rope.scaling.original_context_length")
+    if not isinstance(kind, str) or not isinstance(factor, (int, float, type(None))) or not isinstance(
+            original, (int, type(None))):
+        raise FileFormatError(f"{gf.path}: {arch}.rope.scaling.* hold values of the wrong type",
+                              hint="the file is damaged")
+    scaling = {"rope_type": kind, "factor": float(factor or 1.0)}
     if original is not None:
-        scaling["original_max_position_embeddings"] = int(original)
+        scaling["original_max_position_embeddings"] = original
     return scaling

@@ -91,24 +91,27 @@ def tokenizer_from_gguf(gf: GGUFFile | str | Path, cls=None):
 def build_backend(gf: GGUFFile) -> tuple[tokenizers.Tokenizer, dict, list[int]]:
     """(backend, tokenizer_config-style dict, ids generation stops on)."""
     kind = gf.get("tokenizer.ggml.model")
-    tokens = gf.get("tokenizer.ggml.tokens")
+    tokens = _list_of(gf, "tokenizer.ggml.tokens", str)
     if kind is None or tokens is None:
         raise FileFormatError(f"{gf.path}: no tokenizer in the metadata (tokenizer.ggml.model / tokens)",
                               hint="pass token ids instead, or use a GGUF converted with its tokenizer")
-    types = gf.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens)
+    types = _list_of(gf, "tokenizer.ggml.token_type", int) or [NORMAL] * len(tokens)
     if len(types) != len(tokens):
         raise FileFormatError(f"{gf.path}: {len(tokens)} tokens but {len(types)} token types",
                               hint="the file is damaged")
     pre = gf.get("tokenizer.ggml.pre")
-    if kind == "gpt2":
-        backend = _byte_level_bpe(gf, tokens, types, pre)
-        default_bos = pre in IGNORE_MERGES
-    elif kind == "llama":
-        backend = _sentencepiece_bpe(gf, tokens, types)
-        default_bos = True
-    else:
+    if kind not in ("gpt2", "llama"):
         raise UnsupportedError(f"{gf.path}: GGUF tokenizer model {kind!r} is not supported",
                                hint="supported: gpt2 (byte-level BPE), llama (SentencePiece BPE)")
+    try:
+        backend = (_byte_level_bpe(gf, tokens, types, pre) if kind == "gpt2" else
+                   _sentencepiece_bpe(gf, tokens, types))
+    except (FileFormatError, UnsupportedError):
+        raise
+    except Exception as e:  # the tokenizers library rejects the vocabulary or merges
+        raise FileFormatError(f"{gf.path}: the tokenizer in the metadata cannot be built: {e}",
+                              hint="the file is damaged") from None
+    default_bos = pre in IGNORE_MERGES if kind == "gpt2" else True
 
     # Control tokens are special, user-defined ones are added as they are: both stay whole.
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
@@ -152,7 +155,7 @@ def _byte_level_bpe(gf: GGUFFile, tokens: list[str], types: list[int], pre: str 
             # A plain token written as raw text: spell it in the byte alphabet BPE produces.
             t = "".join(spell[b] for b in t.encode("utf-8"))
         vocab[t] = i
-    merges = [_split_merge(gf, m) for m in gf.get("tokenizer.ggml.merges") or []]
+    merges = [_split_merge(gf, m) for m in _list_of(gf, "tokenizer.ggml.merges", str) or []]
     backend = tokenizers.Tokenizer(models.BPE(vocab, merges, ignore_merges=pre in IGNORE_MERGES))
     splits = PRE_SPLITS.get(pre or "", (GPT2_SPLIT,))
     if splits[-1] == GPT2_SPLIT:  # the byte-level pre-tokenizer's own regex is GPT-2's
@@ -167,12 +170,12 @@ def _byte_level_bpe(gf: GGUFFile, tokens: list[str], types: list[int], pre: str 
 
 
 def _sentencepiece_bpe(gf: GGUFFile, tokens: list[str], types: list[int]) -> tokenizers.Tokenizer:
-    scores = gf.get("tokenizer.ggml.scores")
+    scores = _list_of(gf, "tokenizer.ggml.scores", (int, float))
     if scores is None or len(scores) != len(tokens):
         raise FileFormatError(f"{gf.path}: a SentencePiece vocabulary needs one score per token "
                               "(tokenizer.ggml.scores)", hint="the file is damaged or incomplete")
     vocab = {t: i for i, t in enumerate(tokens)}
-    merges = gf.get("tokenizer.ggml.merges")
+    merges = _list_of(gf, "tokenizer.ggml.merges", str)
     merges = [_split_merge(gf, m) for m in merges] if merges else merges_from_scores(tokens, scores)
     unk_id = gf.get("tokenizer.ggml.unknown_token_id")
     unk = tokens[unk_id] if unk_id is not None and 0 <= unk_id < len(tokens) else None
@@ -198,6 +201,14 @@ def merges_from_scores(tokens: list[str], scores: list[float]) -> list[tuple[str
         found.extend((-score, -len(a), -len(b), a, b) for a, b in pairs)
     order = sorted(range(len(found)), key=lambda n: found[n][:3])
     return [(found[n][3], found[n][4]) for n in order]
+
+
+def _list_of(gf: GGUFFile, key: str, kind) -> list | None:
+    value = gf.get(key)
+    if value is not None and (not isinstance(value, list) or not all(isinstance(v, kind) for v in value)):
+        raise FileFormatError(f"{gf.path}: {key} is not an array of {getattr(kind, '__name__', 'numbers')}",
+                              hint="the file is damaged")
+    return value
 
 
 def _split_merge(gf: GGUFFile, merge: str) -> tuple[str, str]:

@@ -21,7 +21,7 @@ from surogate.errors import (
     SurogateError,
     UnsupportedError,
 )
-from surogate.io import GGUFFile, is_gguf
+from surogate.io import GGUFFile, Tokenizer, is_gguf
 from surogate.io.gguf_config import llama3_rope_factors
 from surogate.models import family_for
 
@@ -218,7 +218,8 @@ def test_random_damage_never_crashes(tmp_path):
         damaged.write_bytes(bytes(buf))
         try:
             gf = GGUFFile(damaged)
-            gf.get("tokenizer.ggml.tokens")
+            gf.hf_config  # noqa: B018
+            Tokenizer.from_gguf(gf)
             for t in gf.tensors.values():
                 t.dequantize()
         except SurogateError:
@@ -232,6 +233,17 @@ def test_missing_and_folder_paths(tmp_path):
         GGUFFile(tmp_path)
     with pytest.raises(NotFoundError, match="no such file or folder: missing.gguf"):
         surogate.load_model("missing.gguf")
+
+
+@pytest.mark.parametrize("kv", [{"llama.attention.head_count": "four"}, {"llama.attention.head_count": 0},
+                                {"llama.block_count": 0}, {"llama.attention.head_count_kv": 3},
+                                {"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": "x"}],
+                         ids=["string", "zero-heads", "zero-layers", "kv-heads-not-dividing", "bad-rope-factor"])
+def test_damaged_hyper_parameters(tmp_path, kv):
+    path = write_tiny_gguf(tmp_path / "h.gguf", kv=kv)
+    with pytest.raises(FileFormatError, match="damaged") as e:
+        surogate.load_model(path)
+    assert str(path) in e.value.message
 
 
 def test_unsupported_architecture(tmp_path):

@@ -190,4 +190,9 @@ def test_errors(tmp_path):
     with pytest.raises(FileFormatError, match="not two tokens"):
         Tokenizer.from_gguf(_file_with(tmp_path, tokenizer__ggml__model="gpt2", tokenizer__ggml__tokens=["a", "b"],
                                        tokenizer__ggml__merges=["a b c"]))
+    with pytest.raises(FileFormatError, match="tokenizer.ggml.tokens is not an array of str"):
+        Tokenizer.from_gguf(_file_with(tmp_path, tokenizer__ggml__model="gpt2", tokenizer__ggml__tokens=[1, 2]))
+    with pytest.raises(FileFormatError, match="cannot be built"):
+        Tokenizer.from_gguf(_file_with(tmp_path, tokenizer__ggml__model="gpt2", tokenizer__ggml__tokens=["a", "b"],
+                                       tokenizer__ggml__merges=["a c"]))
     assert GGUFFile(_file_with(tmp_path, tokenizer__ggml__model="gpt2", tokenizer__ggml__tokens=["a", "b"]))
