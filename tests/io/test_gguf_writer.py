@@ -303,7 +303,9 @@ def test_smollm2_round_trip_through_hf_folder_and_q8_0(smollm2, tmp_path):
                                                    add_generation_prompt=True)
     assert again.tokenizer.apply_chat_template([{"role": "user", "content": "Name a primary color."}],
                                                add_generation_prompt=True) == prompt
-    assert greedy(again, prompt, 8) == greedy(smollm2, prompt, 8)
+    new = greedy(again, prompt, 8)
+    # The original's choice at each step, on the same tokens: equal means the same greedy output.
+    assert smollm2.forward(prompt + new)[len(prompt) - 1:-1].argmax(-1).tolist() == new
 
 
 HELD_OUT = (
