@@ -71,7 +71,7 @@ def test_logits_match_transformers(ours, reference):
     logits, _ = reference
     docs = [ours.tokenizer.encode(prompt) for prompt in PROMPTS]
     packed = ours.forward(docs)  # the prompts as separate documents of one batch: one compile
-    for got, ids in zip(np.split(packed, np.cumsum([len(d) for d in docs])[:-1]), docs):
+    for got, ids in zip(np.split(packed, np.cumsum([len(d) for d in docs])[:-1]), docs, strict=True):
         want = logits(ids)
         assert np.abs(got - want).max() < 2e-3, ours.tokenizer.decode(ids)
         assert (got.argmax(-1) == want.argmax(-1)).all()

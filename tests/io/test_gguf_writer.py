@@ -20,7 +20,7 @@ from gguf.quants import dequantize as gguf_dequantize
 from sgtest import tiny_models
 
 import surogate
-from surogate.errors import FileFormatError, UnsupportedError
+from surogate.errors import FileFormatError, NotFoundError, UnsupportedError
 from surogate.io import GGUFFile, Tokenizer, save_hf_tokenizer, save_safetensors
 from surogate.io.gguf_writer import QUANT_TYPES, tensor_type, use_more_bits
 from surogate.models.gguf_names import quantize_to_gguf, rope_rows
@@ -273,7 +273,7 @@ def test_inputs_quantize_refuses(tiny, tmp_path):
     weights_only.mkdir()
     (weights_only / "config.json").write_bytes((folder / "config.json").read_bytes())
     save_safetensors(weights_only / "model.safetensors", hf_tensors(folder))
-    with pytest.raises(surogate.errors.NotFoundError, match="no tokenizer.json"):
+    with pytest.raises(NotFoundError, match="no tokenizer.json"):
         quantize_to_gguf(weights_only, tmp_path / "x.gguf", "Q8_0")
     assert not (tmp_path / "x.gguf").exists()
 
