@@ -16,12 +16,11 @@ NOT_BUILT = {
     "dpo": ["dpo", "config.yaml"],
     "grpo": ["grpo", "config.yaml"],
     "distill": ["distill", "config.yaml"],
-    "quantize": ["quantize", "some/model", "model.gguf", "--type", "Q4_K_M"],
     "tui": ["tui"],
     "models": ["models"],
     "bench": ["bench", "serve", "--device", "cuda"],
 }
-COMMANDS = [*NOT_BUILT, "doctor", "merge", "sft", "pt", "serve"]
+COMMANDS = [*NOT_BUILT, "doctor", "merge", "sft", "pt", "serve", "quantize"]
 
 
 def run(*args: str, code: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:
