@@ -1,0 +1,91 @@
+"""Decode benchmark of the CPU paged_attention op (Qwen3-0.6B-like: Hq=16, Hkv=8, D=64, bf16).
+
+For S sequences of context C, one decode step (one query row per sequence) reads S*C*Hkv*D
+K and V values from a paged cache with shuffled blocks. Printed: the op's time (median), the
+effective bandwidth of its K/V reads (bf16 bytes / time), and a numpy dense baseline: f32 K/V
+already contiguous per sequence ([S, Hkv, C, D], batched matmul + softmax + matmul, the best
+case for numpy, which has no bf16 math), with the ratio numpy time / op time.
+
+    PYTHONPATH=. python3 kernels_native/bench/paged_attention_bench.py [--threads N] [--reps R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import ml_dtypes
+import numpy as np
+
+from surogate import _native
+
+HQ, HKV, D, BS = 16, 8, 64, 16
+
+
+def timeit(fn, reps: int) -> float:
+    fn()  # warm up
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
+
+
+def bench(S: int, C: int, reps: int, rng) -> dict:
+    g = HQ // HKV
+    nblk = (C + BS - 1) // BS
+    num_blocks = S * nblk
+    tables = rng.permutation(num_blocks).astype(np.int32).reshape(S, nblk)
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    k_cache = rng.standard_normal((num_blocks, BS, HKV, D), dtype=np.float32).astype(bf16)
+    v_cache = rng.standard_normal((num_blocks, BS, HKV, D), dtype=np.float32).astype(bf16)
+    q = rng.standard_normal((S, HQ, D), dtype=np.float32).astype(bf16)
+    cu = np.arange(S + 1, dtype=np.int32)
+    ctx = np.full(S, C, np.int32)
+    out = np.empty((S, HQ, D), bf16)
+    lse = np.empty((S, HQ), np.float32)
+    inputs = [q, k_cache, v_cache, tables, cu, ctx]
+    t_op = timeit(lambda: _native.call_op("paged_attention", inputs, [out, lse], {}), reps)
+
+    # numpy dense baseline: contiguous f32 K/V per (sequence, kv head).
+    kd = k_cache[tables].reshape(S, nblk * BS, HKV, D)[:, :C].transpose(0, 2, 1, 3).astype(np.float32).copy()
+    vd = v_cache[tables].reshape(S, nblk * BS, HKV, D)[:, :C].transpose(0, 2, 1, 3).astype(np.float32).copy()
+    qd = q.astype(np.float32).reshape(S, HKV, g, D)
+    scale = 1.0 / np.sqrt(D)
+
+    def dense():
+        sc = np.matmul(qd, kd.transpose(0, 1, 3, 2)) * scale  # [S, Hkv, g, C]
+        m = sc.max(-1, keepdims=True)
+        p = np.exp(sc - m)
+        p /= p.sum(-1, keepdims=True)
+        return np.matmul(p, vd)  # [S, Hkv, g, D]
+
+    t_np = timeit(dense, reps)
+    ref = dense().reshape(S, HQ, D)
+    err = float(np.abs(out.astype(np.float32) - ref).max())
+    kv_bytes = 2 * S * C * HKV * D * 2  # K and V, bf16
+    return dict(S=S, C=C, t_op=t_op, gbs=kv_bytes / t_op / 1e9, t_np=t_np,
+                gbs_np=2 * kv_bytes / t_np / 1e9, ratio=t_np / t_op, err=err)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=0, help="pool size (0: default, every hardware thread)")
+    ap.add_argument("--reps", type=int, default=20)
+    args = ap.parse_args()
+    if args.threads:
+        _native.set_num_threads(args.threads)
+    rng = np.random.default_rng(0)
+    print(f"paged_attention decode, Hq={HQ} Hkv={HKV} D={D} block_size={BS} bf16, "
+          f"{_native.num_threads()} threads; numpy dense f32 baseline")
+    print(f"{'S':>4} {'ctx':>6} {'op ms':>9} {'op GB/s':>8} {'numpy ms':>9} {'np GB/s':>8} {'np/op':>7} {'max err':>8}")
+    for S in (1, 16, 64):
+        for C in (512, 2048):
+            r = bench(S, C, args.reps, rng)
+            print(f"{r['S']:>4} {r['C']:>6} {r['t_op'] * 1e3:>9.3f} {r['gbs']:>8.2f} {r['t_np'] * 1e3:>9.3f} "
+                  f"{r['gbs_np']:>8.2f} {r['ratio']:>6.1f}x {r['err']:>8.1e}")
+
+
+if __name__ == "__main__":
+    main()
