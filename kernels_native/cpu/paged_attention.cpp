@@ -29,17 +29,24 @@
 //   Only the blocks a query reads must be valid: with a window, entries of blocks that lie
 //   wholly before every query's window may be -1 (freed).
 //
-// Kernel. Work items are (sequence, kv head, query block, key split). An item loads each K and
-// V block row it needs once, contiguous [D] rows of the [block_size, D] slice of its kv head,
-// converted to f32 once per block, and uses it for all of its queries: the Hq / Hkv query heads
-// of the group times the item's query rows (one row for decode, up to 64 / group queries for
-// prefill). Softmax is online (running max, sum and f32 accumulator per query). Scores are
-// dot products over 16 lanes for a few queries (decode), or for many queries (prefill) a
-// register-blocked 4-query x 16-key product over a transposed copy of the K block. When the
-// items are fewer than twice the thread count (decode of few sequences), their key ranges are
-// split in block-aligned chunks of at least kMinSplitKeys keys (flash-decoding); each split
-// leaves (max, sum, accumulator) per query and a second pass combines them. The result then
-// depends on the thread count in the last bits of f32 (summation order), not otherwise.
+// Kernel. Work items are (sequence, query block, kv heads, key split). Decode has one query row
+// per sequence, prefill up to 64 / group rows per block. An item walks its keys in tiles of 64
+// positions (whatever the block size), with an online softmax per query (running max, sum and
+// f32 accumulator). Every K / V row of a tile is loaded once for the Hq / Hkv query heads of its
+// kv head (GQA) and the item's rows:
+//   - few queries per kv head (decode): the products read the contiguous [D] rows straight
+//     from the cache, widening bf16 / f16 in registers; scores are W-key x D tiles reduced
+//     across lanes by a shuffle transpose;
+//   - many (prefill): the tile is converted to f32 once (K transposed) and the products are
+//     register-blocked 4-query x W-key and 4-query x W-dim tiles.
+// Items cover all kv heads of their rows (a token's [Hkv, D] slice is contiguous, so a tile's
+// rows stream in memory order); when there are fewer than twice as many items as threads
+// (decode of few sequences), their key ranges are split in chunks of at least kMinSplitKeys
+// keys (flash-decoding: each split leaves (max, sum, accumulator) per query, a second pass
+// combines them), then, below four per thread, their kv heads. The result depends on the
+// thread count only in the last bits of f32 (summation order).
+// The item kernel is compiled for x86-64-v4 (W = 16), v3 (W = 8) and the baseline (W = 4), with
+// GNU vector extensions for the lane shuffles, and picked at run time; never -march=native.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -53,8 +60,10 @@
 
 #include "cpu/common.h"
 
-// The score tile passes GNU vectors between always-inline helpers; no ABI is involved.
+#if defined(__GNUC__) && !defined(__clang__)
+// GNU vectors pass between always-inline helpers only; no ABI is involved.
 #pragma GCC diagnostic ignored "-Wpsabi"
+#endif
 
 namespace surogate::cpu {
 
@@ -66,7 +75,7 @@ namespace {
 #define SG_INLINE inline
 #endif
 
-constexpr int64_t kLanes = 16;              // f32 lanes of the inner loops (one AVX-512 vector)
+constexpr int64_t kLanes = 16;              // the head dim is padded to a multiple of this (and of W)
 constexpr int64_t kTargetQueries = 64;      // queries (rows x group heads) per prefill item
 constexpr int64_t kTransposeMinQueries = 16;  // from this many queries per item: transposed K path
 constexpr int64_t kMinSplitKeys = 256;      // a key split reads at least this many keys
@@ -133,6 +142,23 @@ template <int W> struct Vec {
   typedef int32_t i __attribute__((vector_size(W * 4)));
 };
 template <typename V> SG_INLINE V splat(float x) { return V{} + x; }
+template <typename To, typename From>
+SG_INLINE To bitcast(const From& f) {
+  static_assert(sizeof(To) == sizeof(From));
+  To t;
+  std::memcpy(&t, &f, sizeof(To));
+  return t;
+}
+// Lanes I... of the concatenation (a, b): __builtin_shufflevector (GCC 12, Clang) or
+// __builtin_shuffle (older GCC), with compile-time lane indices either way.
+template <typename V, typename VI, int... I>
+SG_INLINE V shuffle2(const V& a, const V& b) {
+#if defined(__clang__) || __GNUC__ >= 12
+  return __builtin_shufflevector(a, b, I...);
+#else
+  return __builtin_shuffle(a, b, VI{I...});
+#endif
+}
 
 // Lane i of the concatenation (a, b) taken by one level of the transposed reduction: output
 // lanes i < W/2 come from a, the others from b; within each, runs of `run` lanes, low run of
@@ -143,7 +169,7 @@ constexpr int run_lane(int W, int run, int hi, int i) {
 }
 template <int W, int RUN, int HI, typename V, size_t... I>
 SG_INLINE V shuffle_runs(const V& a, const V& b, std::index_sequence<I...>) {
-  return __builtin_shufflevector(a, b, run_lane(W, RUN, HI, I)...);
+  return shuffle2<V, typename Vec<W>::i, run_lane(W, RUN, HI, static_cast<int>(I))...>(a, b);
 }
 // 2 RUN vectors in, RUN out; after the level with RUN = 1, acc[0][t] = sum of the lanes of the
 // original acc[t].
@@ -180,7 +206,7 @@ SG_INLINE void score_tile(const float* q, const float* K, int64_t ks, int64_t Dp
 // Lane i of v, rotated by `step` lanes (for reductions across lanes).
 template <int W, int STEP, typename V, size_t... I>
 SG_INLINE V rotate(const V& v, std::index_sequence<I...>) {
-  return __builtin_shufflevector(v, v, static_cast<int>((I + STEP) % W)...);
+  return shuffle2<V, typename Vec<W>::i, static_cast<int>((I + STEP) % W)...>(v, v);
 }
 template <int W, int STEP = W / 2, typename V>
 SG_INLINE float hmax(const V& v) {
@@ -214,7 +240,7 @@ SG_INLINE typename Vec<W>::f exp_vec(const typename Vec<W>::f& x0) {
   x = x > hi ? hi : x;
   const V t = x * kLog2e + kShift;
   const V n = t - kShift;
-  const VI ni = __builtin_bit_cast(VI, t) - as_int(kShift);
+  const VI ni = bitcast<VI>(t) - as_int(kShift);
   V r = x - n * kLn2Hi;
   r = r - n * kLn2Lo;
   V p = splat<V>(1.9875691500e-4f);
@@ -226,7 +252,7 @@ SG_INLINE typename Vec<W>::f exp_vec(const typename Vec<W>::f& x0) {
   const V e = p * (r * r) + r + 1.0f;
   const VI k = ni >> 1;
   const VI b1 = (k + 127) << 23, b2 = (ni - k + 127) << 23;
-  return e * __builtin_bit_cast(V, b1) * __builtin_bit_cast(V, b2);
+  return e * bitcast<V>(b1) * bitcast<V>(b2);
 }
 
 // One query's online softmax step over its scores s[t], t in [a, e), of a block, in tiles of W
@@ -313,12 +339,12 @@ SG_INLINE typename Vec<W>::f load_vec(const T* p) {
     std::memcpy(&h, p, sizeof(VH));
     const VI u = __builtin_convertvector(h, VI);
     if constexpr (std::is_same_v<T, bf16_t>) {
-      return __builtin_bit_cast(V, u << 16);
+      return bitcast<V>(VI(u << 16));
     } else {
       const VI em = u & 0x7fff, sign = (u & 0x8000) << 16;
-      const V mag = __builtin_bit_cast(V, em << 13) * 0x1p112f;
-      const VI bits = em >= 0x7c00 ? ((em << 13) | 0x7f800000) : __builtin_bit_cast(VI, mag);
-      return __builtin_bit_cast(V, bits | sign);
+      const V mag = bitcast<V>(VI(em << 13)) * 0x1p112f;
+      const VI bits = em >= 0x7c00 ? ((em << 13) | 0x7f800000) : bitcast<VI>(mag);
+      return bitcast<V>(VI(bits | sign));
     }
   }
 }
@@ -389,9 +415,12 @@ struct SplitGroup {
 };
 
 // Queries of an item are ordered (kv head, row, head of the group): m = (gi * rows + ri) * G + hh.
-// Workspace floats for M queries over nh kv heads, Mh = M / nh queries per kv head.
-int64_t workspace_floats(int64_t M, int64_t Mh, int64_t nh, int64_t Dp) {
-  return 2 * M * Dp + 2 * M + 2 * round_up(Mh, 4) * kKeyTile + 2 * nh * kKeyTile * Dp;
+// Workspace floats for M queries over nh kv heads, Mh = M / nh queries per kv head; the f32
+// copy of the K / V tile (the last 2 nh KT Dp) is only used when the kernel does not read them
+// straight from the cache (many queries, or a head dim that is not a multiple of 16).
+int64_t workspace_floats(int64_t M, int64_t Mh, int64_t nh, int64_t D, int64_t Dp) {
+  const bool staged = Mh >= kTransposeMinQueries || D % kLanes != 0;
+  return 2 * M * Dp + 2 * M + 2 * round_up(Mh, 4) * kKeyTile + (staged ? 2 * nh * kKeyTile * Dp : 0);
 }
 
 template <typename T, int W>
@@ -784,7 +813,7 @@ Status paged_attention(const OpArgs& a) {
     for (int64_t g0 = 0; g0 < Hkv; g0 += heads_per) {
       const int64_t g1 = std::min(Hkv, g0 + heads_per);
       const int64_t Mh = (b.r1 - b.r0) * G, M = Mh * (g1 - g0);
-      ws_floats = std::max(ws_floats, workspace_floats(M, Mh, g1 - g0, geo.Dp));
+      ws_floats = std::max(ws_floats, workspace_floats(M, Mh, g1 - g0, D, geo.Dp));
       int64_t part = -1;
       if (sp.ns > 1) {
         groups.push_back({b.s, b.r0, b.r1, static_cast<int32_t>(g0), static_cast<int32_t>(g1),
