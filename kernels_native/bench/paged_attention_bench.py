@@ -65,8 +65,8 @@ def bench(S: int, C: int, reps: int, rng) -> dict:
     ref = dense().reshape(S, HQ, D)
     err = float(np.abs(out.astype(np.float32) - ref).max())
     kv_bytes = 2 * S * C * HKV * D * 2  # K and V, bf16
-    return dict(S=S, C=C, t_op=t_op, gbs=kv_bytes / t_op / 1e9, t_np=t_np,
-                gbs_np=2 * kv_bytes / t_np / 1e9, ratio=t_np / t_op, err=err)
+    return {"S": S, "C": C, "t_op": t_op, "gbs": kv_bytes / t_op / 1e9, "t_np": t_np,
+            "gbs_np": 2 * kv_bytes / t_np / 1e9, "ratio": t_np / t_op, "err": err}
 
 
 def main() -> None:

@@ -452,8 +452,10 @@ SG_INLINE void attend_item_impl(const Geometry& geo, const Item& it, float* ws) 
   float* Vb = Kb + nh * KT * Dp;  // [KT][nh, Dp] V rows
   const int64_t rs = nh * Dp;     // row stride of Kb (not transposed) and Vb
 
-  // Pad columns [D, Dp) of Qf and of the K / V rows are zero (the workspace is reused across
-  // items; in the transposed layout Kb's pad rows are not read), so they add nothing.
+  // The workspace is reused across items and holds stale values. Qf's pad columns [D, Dp) are
+  // zeroed, and so are those of the staged K rows, so scores are exact; V's pad columns only
+  // reach O's pad columns, which are never read; lanes of a W-tile outside [tl, th) get masked
+  // scores (a select, so stale values never propagate) and P = 0.
   const T* q = static_cast<const T*>(geo.q);
   for (int64_t m = 0; m < M; ++m) {
     const int64_t gi = m / Mh, ri = (m % Mh) / G, hh = m % G;
