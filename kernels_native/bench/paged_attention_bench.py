@@ -34,26 +34,35 @@ def timeit(fn, reps: int) -> tuple[float, float]:
     return float(np.median(ts)), float(np.min(ts))
 
 
-def bench(S: int, C: int, reps: int, rng) -> dict:
-    g = HQ // HKV
+def make_case(S: int, C: int, rng) -> dict:
     nblk = (C + BS - 1) // BS
     num_blocks = S * nblk
-    tables = rng.permutation(num_blocks).astype(np.int32).reshape(S, nblk)
     bf16 = np.dtype(ml_dtypes.bfloat16)
-    k_cache = rng.standard_normal((num_blocks, BS, HKV, D), dtype=np.float32).astype(bf16)
-    v_cache = rng.standard_normal((num_blocks, BS, HKV, D), dtype=np.float32).astype(bf16)
-    q = rng.standard_normal((S, HQ, D), dtype=np.float32).astype(bf16)
-    cu = np.arange(S + 1, dtype=np.int32)
-    ctx = np.full(S, C, np.int32)
-    out = np.empty((S, HQ, D), bf16)
-    lse = np.empty((S, HQ), np.float32)
-    inputs = [q, k_cache, v_cache, tables, cu, ctx]
-    t_op, t_best = timeit(lambda: _native.call_op("paged_attention", inputs, [out, lse], {}), reps)
+    return {
+        "S": S, "C": C, "nblk": nblk,
+        "tables": rng.permutation(num_blocks).astype(np.int32).reshape(S, nblk),
+        "k_cache": rng.standard_normal((num_blocks, BS, HKV, D), dtype=np.float32).astype(bf16),
+        "v_cache": rng.standard_normal((num_blocks, BS, HKV, D), dtype=np.float32).astype(bf16),
+        "q": rng.standard_normal((S, HQ, D), dtype=np.float32).astype(bf16),
+        "out": np.empty((S, HQ, D), bf16),
+        "lse": np.empty((S, HQ), np.float32),
+    }
 
-    # numpy dense baseline: contiguous f32 K/V per (sequence, kv head).
-    kd = k_cache[tables].reshape(S, nblk * BS, HKV, D)[:, :C].transpose(0, 2, 1, 3).astype(np.float32).copy()
-    vd = v_cache[tables].reshape(S, nblk * BS, HKV, D)[:, :C].transpose(0, 2, 1, 3).astype(np.float32).copy()
-    qd = q.astype(np.float32).reshape(S, HKV, g, D)
+
+def time_op(c: dict, reps: int) -> tuple[float, float]:
+    S, C = c["S"], c["C"]
+    inputs = [c["q"], c["k_cache"], c["v_cache"], c["tables"], np.arange(S + 1, dtype=np.int32),
+              np.full(S, C, np.int32)]
+    return timeit(lambda: _native.call_op("paged_attention", inputs, [c["out"], c["lse"]], {}), reps)
+
+
+def time_numpy(c: dict, reps: int) -> tuple[float, float]:
+    """numpy dense baseline on contiguous f32 K/V per (sequence, kv head); also returns the
+    largest difference of the op's output from it."""
+    S, C, nblk = c["S"], c["C"], c["nblk"]
+    kd = c["k_cache"][c["tables"]].reshape(S, nblk * BS, HKV, D)[:, :C].transpose(0, 2, 1, 3).astype(np.float32)
+    vd = c["v_cache"][c["tables"]].reshape(S, nblk * BS, HKV, D)[:, :C].transpose(0, 2, 1, 3).astype(np.float32)
+    qd = c["q"].astype(np.float32).reshape(S, HKV, HQ // HKV, D)
     scale = 1.0 / np.sqrt(D)
 
     def dense():
@@ -64,11 +73,8 @@ def bench(S: int, C: int, reps: int, rng) -> dict:
         return np.matmul(p, vd)  # [S, Hkv, g, D]
 
     t_np, _ = timeit(dense, reps)
-    ref = dense().reshape(S, HQ, D)
-    err = float(np.abs(out.astype(np.float32) - ref).max())
-    kv_bytes = 2 * S * C * HKV * D * 2  # K and V, bf16
-    return {"S": S, "C": C, "t_op": t_op, "t_best": t_best, "gbs": kv_bytes / t_best / 1e9, "t_np": t_np,
-            "ratio": t_np / t_op, "err": err}
+    err = float(np.abs(c["out"].astype(np.float32) - dense().reshape(S, HQ, D)).max())
+    return t_np, err
 
 
 def main() -> None:
@@ -79,15 +85,19 @@ def main() -> None:
     if args.threads:
         _native.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
+    cases = [make_case(S, C, rng) for S in (1, 16, 64) for C in (512, 2048)]
+    # All op timings first: numpy's BLAS threads spin for a while after each call and would
+    # take the cores from the op.
+    ops = [time_op(c, args.reps) for c in cases]
     print(f"paged_attention decode, Hq={HQ} Hkv={HKV} D={D} block_size={BS} bf16, "
           f"{_native.num_threads()} threads; numpy dense f32 baseline")
     print(f"{'S':>4} {'ctx':>6} {'op ms med':>10} {'op ms best':>10} {'GB/s best':>9} {'numpy ms med':>12} "
           f"{'np/op':>6} {'max err':>8}")
-    for S in (1, 16, 64):
-        for C in (512, 2048):
-            r = bench(S, C, args.reps, rng)
-            print(f"{r['S']:>4} {r['C']:>6} {r['t_op'] * 1e3:>10.3f} {r['t_best'] * 1e3:>10.3f} {r['gbs']:>9.2f} "
-                  f"{r['t_np'] * 1e3:>12.3f} {r['ratio']:>5.1f}x {r['err']:>8.1e}")
+    for c, (t_op, t_best) in zip(cases, ops, strict=True):
+        t_np, err = time_numpy(c, args.reps)
+        gbs = 2 * c["S"] * c["C"] * HKV * D * 2 / t_best / 1e9  # K and V bytes (bf16) / best time
+        print(f"{c['S']:>4} {c['C']:>6} {t_op * 1e3:>10.3f} {t_best * 1e3:>10.3f} {gbs:>9.2f} "
+              f"{t_np * 1e3:>12.3f} {t_np / t_op:>5.1f}x {err:>8.1e}")
 
 
 if __name__ == "__main__":
