@@ -27,9 +27,29 @@ def read_hf_tensors(folder: ModelFolder) -> dict[str, np.ndarray]:
     return {name: np.asarray(weights.get(name)) for name in weights.keys()}
 
 
-def save_hf_folder(out: str | Path, tensors: dict[str, np.ndarray], config: dict, source: ModelFolder | None = None,
-                   dtype: str | None = None) -> Path:
-    """config.json + model.safetensors (+ the source folder's tokenizer and template files)."""
+def write_sidecars(source: ModelFolder | str | Path | None, folder: Path) -> None:
+    """The tokenizer, chat template and generation defaults of `source` (an HF folder, or a GGUF
+    file whose metadata holds them) written into `folder`."""
+    if source is None:
+        return
+    from surogate.io.gguf import is_gguf
+
+    if not isinstance(source, ModelFolder):
+        if is_gguf(source):
+            from surogate.io.gguf_tokenizer import save_hf_tokenizer
+
+            save_hf_tokenizer(source, folder)
+            return
+        source = ModelFolder(source)
+    for name in SIDECAR_FILES:
+        f = source.path / name
+        if f.is_file():
+            shutil.copy2(f, folder / name)
+
+
+def save_hf_folder(out: str | Path, tensors: dict[str, np.ndarray], config: dict,
+                   source: ModelFolder | str | Path | None = None, dtype: str | None = None) -> Path:
+    """config.json + model.safetensors (+ the source's tokenizer and template files)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -40,11 +60,7 @@ def save_hf_folder(out: str | Path, tensors: dict[str, np.ndarray], config: dict
             cfg["dtype"] = dtype
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         save_safetensors(tmp / "model.safetensors", tensors, metadata={"format": "pt"})
-        if source is not None:
-            for name in SIDECAR_FILES:
-                f = source.path / name
-                if f.is_file():
-                    shutil.copy2(f, tmp / name)
+        write_sidecars(source, tmp)
         _replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -61,7 +77,16 @@ def merge_adapter(base: str | Path | None, adapter: str | Path, output: str | Pa
         base = meta.get("base_model_name_or_path")
         if not base:
             raise NotFoundError(f"{adapter}/adapter_config.json names no base model", hint="pass --base MODEL")
-    folder = ModelFolder(resolve_model_path(base))
+    from surogate.io.gguf import is_gguf
+
+    path = resolve_model_path(base)
+    if is_gguf(path):  # a GGUF base: dequantized to f32, written out as an HF folder
+        from surogate.model import load_model
+
+        model = load_model(path)
+        merged = merge_into_hf(model.to_hf(model.params), params, cfg)
+        return save_hf_folder(output, merged, model.config, source=path, dtype="float32")
+    folder = ModelFolder(path)
     tensors = read_hf_tensors(folder)
     if "lm_head.weight" not in tensors and not folder.config.get("tie_word_embeddings", False):
         raise FileFormatError(f"{folder.path}: no lm_head.weight and embeddings are not tied")

@@ -28,7 +28,7 @@ from surogate.errors import ConfigError, UnsupportedError
 from surogate.model import Model, _np_dtype, load_model
 from surogate.train.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
 from surogate.train.data import Batch, build_datasets
-from surogate.train.export import save_hf_folder
+from surogate.train.export import save_hf_folder, write_sidecars
 from surogate.train.lora import init_lora, merge_into_hf, save_peft_adapter
 from surogate.train.metrics import MetricsFeed
 from surogate.train.optimizer import AdamW, AdamWParams
@@ -225,17 +225,10 @@ class Trainer:
 
     def save_outputs(self) -> tuple[Path, Path | None]:
         m, c = self.model, self.cfg
-        from surogate.io import ModelFolder
-
-        source = ModelFolder(m.path) if m.path else None
+        source = m.path  # an HF folder or a GGUF file: either carries the tokenizer
         if self.lora is not None:
             adapter = save_peft_adapter(self.out / "adapter", self._trainable_state(), self.lora, base_model=c.model)
-            if source is not None:  # a tokenizer beside the adapter, as peft users expect
-                for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                             "chat_template.jinja"):
-                    f = source.path / name
-                    if f.is_file():
-                        (adapter / name).write_bytes(f.read_bytes())
+            write_sidecars(source, adapter)  # a tokenizer beside the adapter, as peft users expect
             merged = None
             if c.merge_adapter:
                 hf = m.to_hf(m.params)
