@@ -37,13 +37,14 @@ serve([ServedModel.from_tokenizer("tiny", tok, None, 256)], GatewayConfig(api_ke
 
 
 def _env():
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"),
-                                                         os.environ.get("PYTHONPATH", "")])}
+    # tests/ for sgtest; surogate itself comes from the environment (installed, or the caller's
+    # PYTHONPATH in a development checkout), never from the source folder, which has no _native.
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
 
 
 def test_importing_the_app_loads_no_server():
     code = SHIM + "import sys\nimport surogate.gateway.app\nprint(sorted(m for m in ('granian',) if m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), cwd=ROOT,
+    out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, env=_env(), cwd=ROOT,
                          timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]"
@@ -53,7 +54,7 @@ def test_granian_serves_the_gateway():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-c", SERVER, str(port)], env=_env(), cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-P", "-c", SERVER, str(port)], env=_env(), cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:

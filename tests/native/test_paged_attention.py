@@ -351,6 +351,6 @@ def test_narrower_isa_builds(isa):
     env = dict(os.environ, SUROGATE_PAGED_ATTENTION_ISA=isa)
     tests_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join([tests_dir] + [p for p in [env.get("PYTHONPATH")] if p])
-    r = subprocess.run([sys.executable, "-c", _NARROW_SCRIPT, os.path.abspath(__file__)], env=env,
+    r = subprocess.run([sys.executable, "-P", "-c", _NARROW_SCRIPT, os.path.abspath(__file__)], env=env,
                        capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-4000:] + r.stderr[-4000:]
