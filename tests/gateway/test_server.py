@@ -39,7 +39,9 @@ serve([ServedModel.from_tokenizer("tiny", tok, None, 256)], GatewayConfig(api_ke
 def _env():
     # tests/ for sgtest; surogate itself comes from the environment (installed, or the caller's
     # PYTHONPATH in a development checkout), never from the source folder, which has no _native.
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    # (An empty PYTHONPATH entry would mean the current folder: leave none.)
+    paths = [str(ROOT / "tests"), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
 
 def test_importing_the_app_loads_no_server():
