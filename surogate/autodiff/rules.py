@@ -84,7 +84,9 @@ def _add_rmsnorm(c: RuleContext, n: Node, gy: list) -> list:
 @rule("linear")
 def _linear(c: RuleContext, n: Node, gy: list) -> list:
     x, w, b = n.inputs[:3]
-    lora_ab = n.inputs[3:]
+    k = len(n.attrs.get("lora", ()))
+    lora_ab = n.inputs[3:3 + 2 * k]
+    rng = n.inputs[3 + 2 * k:]  # [the LoRA dropout seed] when the node has dropout
     ts = n.outputs[1:]
     dx_spec = c.grad_spec(x)
     outs: list = [dx_spec, c.param_grad(w), c.param_grad(b)]
@@ -92,7 +94,7 @@ def _linear(c: RuleContext, n: Node, gy: list) -> list:
         outs += [c.param_grad(lora_ab[i]), c.param_grad(lora_ab[i + 1])]
     if all(o is None for o in outs):
         return [None] * len(n.inputs)
-    res = c.g.node("linear_bwd", [gy[0], x, w, *lora_ab, *ts], outs, **n.attrs)
+    res = c.g.node("linear_bwd", [gy[0], x, w, *lora_ab, *ts, *rng], outs, **n.attrs)
     return [res[0]] + [None] * (len(n.inputs) - 1)
 
 

@@ -3,7 +3,8 @@
 Forward and backward ops map one to one onto native ops. ``view`` becomes a buffer view (no
 instruction). ``linear`` / ``linear_bwd`` expand to matmuls: the base projection, then each
 LoRA slice as two skinny matmuls whose result is accumulated (beta = 1) into its column slice
-of the output.
+of the output. With LoRA dropout (training graphs only) the slices read one `dropout_fwd`
+temp of x, recomputed in `linear_bwd` (the mask is a hash of the seed, never stored).
 """
 
 from __future__ import annotations
@@ -97,14 +98,30 @@ class _Lowering:
         else:
             self.emit(n.op, [self.buf(v) for v in n.inputs], [self.buf(v) for v in n.outputs], n, **n.attrs)
 
+    def lora_dropout(self, n: Node) -> tuple[Buf | None, dict]:
+        """(the rng buffer, dropout_fwd attrs) when this linear's LoRA input is dropped out:
+        the node has dropout and the graph is lowered for training (it has a backward pass)."""
+        p = n.attrs.get("dropout", 0.0)
+        if p <= 0 or not hasattr(self.g, "backward_start"):
+            return None, {}
+        k = len(n.attrs["lora"])
+        rng_at = 3 + 2 * k if n.op == "linear" else 3 + 3 * k
+        return self.buf(n.inputs[rng_at]), {"p": p, "offset": n.attrs["dropout_offset"]}
+
     def linear(self, n: Node) -> None:
+        k = len(n.attrs["lora"])
         x, w, bias = (self.buf(v) for v in n.inputs[:3])
-        ab = [self.buf(v) for v in n.inputs[3:]]
+        ab = [self.buf(v) for v in n.inputs[3:3 + 2 * k]]
         y, *ts = (self.buf(v) for v in n.outputs)
         self.emit("matmul", [x, w, bias], [y], n, trans_b=1)
+        rng, dattrs = self.lora_dropout(n)
+        xa = x  # what the adapters read: x, or dropout(x) (one temp shared by every slice)
+        if rng is not None and k:
+            xa = self.temp(f"{x.name}.lora_dropout", x.shape, x.dtype)
+            self.emit("dropout_fwd", [x, rng], [xa], n, **dattrs)
         for i, s in enumerate(n.attrs["lora"]):
             A, B, t = ab[2 * i], ab[2 * i + 1], ts[i]
-            self.emit("matmul", [x, A], [t], n, trans_b=1)
+            self.emit("matmul", [xa, A], [t], n, trans_b=1)
             self.emit("matmul", [t, B], [self.columns(y, s["offset"], s["size"])], n, trans_b=1, alpha=s["scale"],
                       beta=1.0)
 
@@ -113,7 +130,7 @@ class _Lowering:
         k = len(slices)
         dy, x, w = (self.buf(v) for v in n.inputs[:3])
         ab = [self.buf(v) for v in n.inputs[3:3 + 2 * k]]
-        ts = [self.buf(v) for v in n.inputs[3 + 2 * k:]]
+        ts = [self.buf(v) for v in n.inputs[3 + 2 * k:3 + 3 * k]]
         dx, dw, db = (self.buf(v) for v in n.outputs[:3])
         dab = [self.buf(v) for v in n.outputs[3:]]
         if dx is not None:
@@ -126,6 +143,10 @@ class _Lowering:
             self.emit("fill", [], [ones], n, value=1.0)
             db2 = self.new_buf(Buf(db.name + ".2d", (1, Cout), db.dtype, "view", base=db))
             self.emit("matmul", [ones, dy], [db2], n, beta=1.0)
+        # With dropout the adapters read xa = dropout(x) (recomputed from the seed, not stored):
+        # dA = dt^T xa, and x's LoRA gradient is dropout(sum_i dt_i A_i) (the same mask).
+        rng, dattrs = self.lora_dropout(n)
+        xa, dxa = x, dx
         for i, s in enumerate(slices):
             A, B, t = ab[2 * i], ab[2 * i + 1], ts[i]
             dA, dB = dab[2 * i], dab[2 * i + 1]
@@ -138,9 +159,18 @@ class _Lowering:
                 dt = self.temp(f"{x.name}.lora_{s['name']}.dt", t.shape, t.dtype)
                 self.emit("matmul", [dys, B], [dt], n, alpha=s["scale"])
                 if dA is not None:
-                    self.emit("matmul", [dt, x], [dA], n, trans_a=1, beta=1.0)
+                    if rng is not None and xa is x:
+                        xa = self.temp(f"{x.name}.lora_dropout", x.shape, x.dtype)
+                        self.emit("dropout_fwd", [x, rng], [xa], n, **dattrs)
+                    self.emit("matmul", [dt, xa], [dA], n, trans_a=1, beta=1.0)
                 if dx is not None:
-                    self.emit("matmul", [dt, A], [dx], n, beta=1.0)
+                    first = rng is not None and dxa is dx
+                    if first:
+                        dxa = self.temp(f"{x.name}.lora_dropout.grad", dx.shape, dx.dtype)
+                    self.emit("matmul", [dt, A], [dxa], n, beta=0.0 if first else 1.0)
+        if dxa is not dx:
+            self.emit("dropout_fwd", [dxa, rng], [dxa], n, **dattrs)
+            self.emit("add", [dx, dxa], [dx], n)
 
 
 def _block_of(n: Node) -> str | None:

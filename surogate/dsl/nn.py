@@ -7,6 +7,7 @@ graph computes nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -14,6 +15,7 @@ from surogate.dsl import ops
 from surogate.dsl.graph import Dim, Graph, Value
 
 N = Dim("N")  # tokens in one packed step
+LORA_RNG = "lora_rng"  # int32 [2]: the LoRA dropout seed (low, high words), written every step
 
 
 @dataclass
@@ -23,6 +25,9 @@ class LoRAConfig:
     # HF module names: q_proj k_proj v_proj o_proj gate_proj up_proj down_proj.
     targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     use_rslora: bool = False
+    # peft's lora_dropout: the adapters read dropout(x) in training graphs (CausalLM.build mode
+    # "train", lowered with a backward pass); the per-step seed is the graph input `lora_rng`.
+    dropout: float = 0.0
 
     @property
     def scale(self) -> float:
@@ -101,6 +106,9 @@ class Linear:
                 B = g.param(f"{prefix}.lora_B", (size, lora.rank), dtype, lora="B", init="zeros")
                 slices.append(ops.LoRASlice(part, A, B, lora.scale, offset, size))
             offset += size
+        if slices and lora.dropout > 0:
+            rng = g.values.get(LORA_RNG) or g.input(LORA_RNG, (2,), "int32")
+            return ops.linear(x, w, b, slices, name=self.name, dropout=lora.dropout, rng=rng)
         return ops.linear(x, w, b, slices, name=self.name)
 
 
@@ -198,6 +206,8 @@ class CausalLM:
         if (mode == "serve") != (kv is not None):
             raise ValueError("mode 'serve' and a KV cache go together")
         s = self.spec
+        if lora is not None and lora.dropout > 0 and mode != "train":
+            lora = dataclasses.replace(lora, dropout=0.0)  # dropout only in training graphs
         g = Graph(f"{s.family}-{mode}")
         ids = g.input("input_ids", (N,), "int32")
         pos = g.input("position_ids", (N,), "int32")

@@ -8,6 +8,7 @@ to several matmuls, and ``view`` (a reshape that costs nothing). Backward ops ar
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 from surogate.dsl.graph import Dim, Graph, Shape, Value
@@ -73,8 +74,14 @@ class LoRASlice:
 
 
 def linear(x: Value, w: Value, bias: Value | None = None, lora: list[LoRASlice] | None = None,
-           name: str = "linear") -> Value:
-    """y = x @ w.T (+ bias) (+ LoRA slices). w is [Cout, Cin] (the HF layout)."""
+           name: str = "linear", dropout: float = 0.0, rng: Value | None = None) -> Value:
+    """y = x @ w.T (+ bias) (+ LoRA slices). w is [Cout, Cin] (the HF layout).
+
+    dropout > 0 (peft's lora_dropout): the LoRA slices read dropout(x), the base projection x.
+    The mask is `dropout_fwd`'s hash of (the seed in `rng`, an offset unique to this linear +
+    element index), never stored; `rng` (int32 [2], a graph input the trainer rewrites each
+    step) is the node's last input. Applied only when the graph is lowered with a backward
+    pass (training); a forward-only lowering (eval) ignores it."""
     N, Cin = x.shape
     Cout, Cin_w = w.shape
     _check(Cin == Cin_w, f"linear {name}: input width {Cin} != weight {w.name} {w.shape}")
@@ -90,7 +97,16 @@ def linear(x: Value, w: Value, bias: Value | None = None, lora: list[LoRASlice] 
         inputs += [s.A, s.B]
         outs.append((f"{name}.lora_{s.name}.t", (N, R), x.dtype))
         slices.append({"name": s.name, "scale": float(s.scale), "offset": int(s.offset), "size": int(s.size)})
-    y, *_ = _g(x).node("linear", inputs, outs, lora=slices)
+    attrs: dict = {"lora": slices}
+    if dropout > 0 and slices:
+        _check(0 < dropout < 1, f"linear {name}: dropout {dropout} is not in [0, 1)")
+        _check(rng is not None and rng.shape == (2,) and rng.dtype == "int32",
+               f"linear {name}: dropout needs an int32 [2] rng input")
+        inputs.append(rng)
+        # A distinct 2^32-element counter range per linear: its masks never repeat another's.
+        full = _g(x).scoped(name)
+        attrs.update(dropout=float(dropout), dropout_offset=(zlib.crc32(full.encode()) & 0x7FFFFFFF) << 32)
+    y, *_ = _g(x).node("linear", inputs, outs, **attrs)
     return y
 
 

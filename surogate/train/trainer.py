@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from surogate.config import SFTConfig
-from surogate.dsl.nn import LoRAConfig
+from surogate.dsl.nn import LORA_RNG, LoRAConfig
 from surogate.errors import ConfigError, UnsupportedError
 from surogate.model import Model, _np_dtype, load_model
 from surogate.train.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
@@ -50,8 +50,6 @@ class Trainer:
         if cfg.optimizer != "adamw":
             raise ConfigError(f"optimizer {cfg.optimizer!r} is not built yet", where="optimizer",
                               hint="use optimizer: adamw")
-        if cfg.lora and cfg.lora_dropout > 0:
-            raise ConfigError("lora_dropout > 0 is not built yet", where="lora_dropout", hint="set lora_dropout: 0")
         device = "cpu" if cfg.device in ("auto", "cpu") else cfg.device
         if device != "cpu":
             raise UnsupportedError("training on CUDA lands with the CUDA backend issue", hint="set device: cpu")
@@ -69,7 +67,8 @@ class Trainer:
         warmup = cfg.warmup_steps or int(round(cfg.warmup_ratio * self.total_steps))
         self.schedule = Schedule(cfg.lr_scheduler_type, cfg.learning_rate, self.total_steps, warmup,
                                  cfg.final_lr_fraction, cfg.wsd_decay_steps_fraction)
-        self.lora = LoRAConfig(cfg.lora_rank, float(cfg.lora_alpha), tuple(cfg.lora_targets)) if cfg.lora else None
+        self.lora = LoRAConfig(cfg.lora_rank, float(cfg.lora_alpha), tuple(cfg.lora_targets),
+                               dropout=float(cfg.lora_dropout)) if cfg.lora else None
         self._build()
         self.feed = MetricsFeed(cfg.metrics_path if "jsonl" in cfg.report_to else None,
                                 use_wandb="wandb" in cfg.report_to, wandb_project=cfg.wandb_project,
@@ -102,6 +101,8 @@ class Trainer:
         self.inputs = {"input_ids": np.zeros(self.N, np.int32), "position_ids": np.zeros(self.N, np.int32),
                        "cu_seqlens": np.zeros(self.N + 1, np.int32), "targets": np.zeros(self.N, np.int32),
                        "dloss": np.zeros(self.N, np.float32)}
+        if LORA_RNG in self.exe.lowered.by_value:  # lora_dropout: the per-micro-batch seed
+            self.inputs[LORA_RNG] = np.zeros(2, np.int32)
         for n, a in self.inputs.items():
             self.exe.bind(n, a)
         self.eval_exe = None
@@ -117,6 +118,8 @@ class Trainer:
         key = [c.model, c.sequence_len, c.per_device_train_batch_size, c.gradient_accumulation_steps, c.seed,
                c.lora, c.lora_rank, c.lora_alpha, sorted(c.lora_targets), c.recipe,
                [d.path for d in c.datasets], self.train_data.num_rows]
+        if c.lora and c.lora_dropout > 0:  # appended only when set: older fingerprints stay valid
+            key.append(c.lora_dropout)
         return hashlib.sha256(json.dumps(key, default=str).encode()).hexdigest()[:16]
 
     # ---- one step ---------------------------------------------------------------------------
@@ -129,11 +132,19 @@ class Trainer:
         cu[s:] = self.N  # empty documents fill the fixed-size boundary list
         self.inputs["targets"][:] = b.targets
 
-    def _step(self, batches: list[Batch]) -> tuple[float, int]:
+    def _dropout_seed(self, step: int, micro: int) -> None:
+        """The LoRA dropout seed of one micro-batch: a function of (cfg.seed, step, micro) only,
+        so a resumed run draws the masks the uninterrupted one drew."""
+        if LORA_RNG in self.inputs:
+            key = hashlib.sha256(f"lora_dropout:{self.cfg.seed}:{step}:{micro}".encode()).digest()[:8]
+            self.inputs[LORA_RNG].view(np.uint32)[:] = np.frombuffer(key, np.uint32)
+
+    def _step(self, batches: list[Batch], step: int = 0) -> tuple[float, int]:
         total = sum(b.num_target_tokens for b in batches)
         seed = 1.0 / max(total, 1)
         loss_sum = 0.0
-        for b in batches:
+        for micro, b in enumerate(batches):
+            self._dropout_seed(step, micro)
             self._load_batch(b)
             valid = b.targets != -100
             self.inputs["dloss"][:] = np.where(valid, seed, 0.0)
@@ -192,7 +203,7 @@ class Trainer:
             while state.step < self.total_steps:
                 t0 = time.perf_counter()
                 batches = [next(it) for _ in range(c.gradient_accumulation_steps)]
-                loss, targets = self._step(batches)
+                loss, targets = self._step(batches, state.step)
                 lr = self.schedule.lr_at(state.step + 1)
                 norm = self.opt.apply(lr)
                 dt = time.perf_counter() - t0
