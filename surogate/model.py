@@ -70,7 +70,8 @@ class Model:
     # ---- compilation ------------------------------------------------------------------------
     def executable(self, mode: str, n_tokens: int, n_docs: int, lora: LoRAConfig | None = None,
                    grads: bool = False, recompute: bool = False) -> Executable:
-        key = (mode, n_tokens, n_docs, None if lora is None else (lora.rank, lora.alpha, lora.targets), grads,
+        key = (mode, n_tokens, n_docs,
+               None if lora is None else (lora.rank, lora.alpha, lora.targets, lora.dropout), grads,
                recompute)
         exe = self._cache.get(key)
         if exe is None:
