@@ -47,9 +47,9 @@ class TrainResult:
 class Trainer:
     def __init__(self, cfg: SFTConfig, model: Model | None = None, stream=None):
         self.cfg = cfg
-        if cfg.optimizer != "adamw":
+        if cfg.optimizer not in ("adamw", "adamw_8bit"):
             raise ConfigError(f"optimizer {cfg.optimizer!r} is not built yet", where="optimizer",
-                              hint="use optimizer: adamw")
+                              hint="use optimizer: adamw or adamw_8bit")
         if cfg.lora and cfg.lora_dropout > 0:
             raise ConfigError("lora_dropout > 0 is not built yet", where="lora_dropout", hint="set lora_dropout: 0")
         device = "cpu" if cfg.device in ("auto", "cpu") else cfg.device
@@ -97,7 +97,8 @@ class Trainer:
             self.grads[name] = arr
         c = self.cfg
         self.opt = AdamW(self.exe, self.trainable, AdamWParams(c.learning_rate, c.adamw_beta1, c.adamw_beta2,
-                                                               c.adamw_epsilon, c.weight_decay, c.max_grad_norm))
+                                                               c.adamw_epsilon, c.weight_decay, c.max_grad_norm),
+                         bits=8 if c.optimizer == "adamw_8bit" else 32)
         # Persistent input arrays: refilled in place each micro-batch, bound once.
         self.inputs = {"input_ids": np.zeros(self.N, np.int32), "position_ids": np.zeros(self.N, np.int32),
                        "cu_seqlens": np.zeros(self.N + 1, np.int32), "targets": np.zeros(self.N, np.int32),
