@@ -5,6 +5,11 @@ The optimizer owns its state as numpy arrays (first and second moments, f32 mast
 for parameters stored in bf16), so a checkpoint saves and restores them directly. The
 hyper-parameters live in a small f32 buffer the trainer rewrites each step (the schedule
 changes lr without rebuilding the Program).
+
+`AdamW(..., bits=8)` (`AdamW8bit`, `optimizer: adamw_8bit`) keeps the moments as uint8 codes in
+blocks of 256 elements with one f32 scale per block (the native `adamw8` op; its header in
+kernels_native/cpu/optimizer.cpp documents the code): ~2 bytes per parameter for m and v
+together plus 8 bytes per 256 parameters, instead of 8.
 """
 
 from __future__ import annotations
@@ -14,6 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from surogate.compile import Executable
+from surogate.errors import ConfigError
+
+QBLOCK = 256  # elements per quantization block of the 8-bit states
 
 
 @dataclass
@@ -32,11 +40,23 @@ def no_decay(name: str) -> bool:
 
 
 class AdamW:
-    def __init__(self, exe: Executable, params: dict[str, np.ndarray], hp: AdamWParams):
-        self.exe, self.hp = exe, hp
+    """bits=32: f32 moments (op `adamw`); bits=8: blockwise 8-bit moments (op `adamw8`)."""
+
+    def __init__(self, exe: Executable, params: dict[str, np.ndarray], hp: AdamWParams, bits: int = 32):
+        if bits not in (8, 32):
+            raise ValueError(f"AdamW bits must be 8 or 32, got {bits}")
+        self.exe, self.hp, self.bits = exe, hp, bits
         self.names = sorted(n[len("grad."):] for n in exe.external_names("grad"))
-        self.m = {n: np.zeros(params[n].shape, np.float32) for n in self.names}
-        self.v = {n: np.zeros(params[n].shape, np.float32) for n in self.names}
+        if bits == 32:
+            self.m = {n: np.zeros(params[n].shape, np.float32) for n in self.names}
+            self.v = {n: np.zeros(params[n].shape, np.float32) for n in self.names}
+            self.m_scale, self.v_scale = {}, {}
+        else:  # codes and scales all 0: the zero state
+            self.m = {n: np.zeros(params[n].size, np.uint8) for n in self.names}
+            self.v = {n: np.zeros(params[n].size, np.uint8) for n in self.names}
+            nb = {n: -(-params[n].size // QBLOCK) for n in self.names}
+            self.m_scale = {n: np.zeros(nb[n], np.float32) for n in self.names}
+            self.v_scale = {n: np.zeros(nb[n], np.float32) for n in self.names}
         # f32 master copies of parameters stored in a narrower dtype.
         self.master = {n: params[n].astype(np.float32) for n in self.names if params[n].dtype != np.float32}
         self.hp_buf = np.zeros(8, np.float32)
@@ -54,18 +74,20 @@ class AdamW:
         nd = []
         for i, n in enumerate(self.names):
             ids = []
-            for kind, arr in (("m", self.m[n]), ("v", self.v[n]), ("master", self.master.get(n))):
+            for kind, arr in (("m", self.m[n]), ("v", self.v[n]), ("master", self.master.get(n)),
+                              ("m_scale", self.m_scale.get(n)), ("v_scale", self.v_scale.get(n))):
                 if arr is None:
                     ids.append(-1)
                     continue
                 bid = p.external(f"optimizer.{kind}.{n}", list(arr.shape), str(arr.dtype))
                 p.bind(bid, arr)
                 ids.append(bid)
-            m_id, v_id, master_id = ids
-            inputs += [exe.buf(n).native_id, master_id, exe.buf("grad." + n).native_id, m_id, v_id]
+            m_id, v_id, master_id, ms_id, vs_id = ids
+            inputs += [exe.buf(n).native_id, master_id, exe.buf("grad." + n).native_id]
+            inputs += [m_id, v_id] if bits == 32 else [m_id, ms_id, v_id, vs_id]
             if no_decay(n):
                 nd.append(i)
-        p.op("adamw", inputs, [], {"no_decay": nd})
+        p.op("adamw" if bits == 32 else "adamw8", inputs, [], {"no_decay": nd})
         # Zero the gradient accumulators for the next step's micro-batches.
         for gid in grad_ids:
             p.op("fill", [], [gid], {"value": 0.0})
@@ -80,19 +102,39 @@ class AdamW:
         return float(self.norm[0])
 
     # ---- checkpoint state -------------------------------------------------------------------
+    def _arrays(self):
+        for n in self.names:
+            yield f"m/{n}", self.m[n]
+            yield f"v/{n}", self.v[n]
+            if n in self.m_scale:
+                yield f"m_scale/{n}", self.m_scale[n]
+                yield f"v_scale/{n}", self.v_scale[n]
+            if n in self.master:
+                yield f"master/{n}", self.master[n]
+
     def state(self) -> dict[str, np.ndarray]:
         out = {"step": np.array([self.step], np.int64)}
-        for n in self.names:
-            out[f"m/{n}"] = self.m[n]
-            out[f"v/{n}"] = self.v[n]
-            if n in self.master:
-                out[f"master/{n}"] = self.master[n]
+        out.update(self._arrays())
         return out
 
     def load_state(self, state: dict[str, np.ndarray]) -> None:
+        arrays = list(self._arrays())
+        for key, arr in arrays:  # check everything before changing anything
+            got = state.get(key)
+            if got is None or got.dtype != arr.dtype or got.size != arr.size:
+                what = "missing" if got is None else f"{got.dtype}[{got.size}]"
+                raise ConfigError(f"optimizer state {key} is {what}, expected {arr.dtype}[{arr.size}]: the "
+                                  f"checkpoint was written by another optimizer setup",
+                                  where="optimizer", hint="resume with the optimizer the checkpoint was written with")
         self.step = int(state["step"][0])
-        for n in self.names:
-            self.m[n][...] = state[f"m/{n}"]
-            self.v[n][...] = state[f"v/{n}"]
-            if n in self.master:
-                self.master[n][...] = state[f"master/{n}"]
+        for key, arr in arrays:
+            arr[...] = state[key].reshape(arr.shape)
+
+    def state_nbytes(self) -> int:
+        """Bytes of moment state (m, v and their scales; master weights not counted)."""
+        return sum(a.nbytes for k, a in self._arrays() if not k.startswith("master/"))
+
+
+def AdamW8bit(exe: Executable, params: dict[str, np.ndarray], hp: AdamWParams) -> AdamW:
+    """AdamW with blockwise 8-bit moments (`optimizer: adamw_8bit`)."""
+    return AdamW(exe, params, hp, bits=8)

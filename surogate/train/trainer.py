@@ -47,9 +47,9 @@ class TrainResult:
 class Trainer:
     def __init__(self, cfg: SFTConfig, model: Model | None = None, stream=None):
         self.cfg = cfg
-        if cfg.optimizer != "adamw":
+        if cfg.optimizer not in ("adamw", "adamw_8bit"):
             raise ConfigError(f"optimizer {cfg.optimizer!r} is not built yet", where="optimizer",
-                              hint="use optimizer: adamw")
+                              hint="use optimizer: adamw or adamw_8bit")
         device = "cpu" if cfg.device in ("auto", "cpu") else cfg.device
         if device != "cpu":
             raise UnsupportedError("training on CUDA lands with the CUDA backend issue", hint="set device: cpu")
@@ -96,7 +96,8 @@ class Trainer:
             self.grads[name] = arr
         c = self.cfg
         self.opt = AdamW(self.exe, self.trainable, AdamWParams(c.learning_rate, c.adamw_beta1, c.adamw_beta2,
-                                                               c.adamw_epsilon, c.weight_decay, c.max_grad_norm))
+                                                               c.adamw_epsilon, c.weight_decay, c.max_grad_norm),
+                         bits=8 if c.optimizer == "adamw_8bit" else 32)
         # Persistent input arrays: refilled in place each micro-batch, bound once.
         self.inputs = {"input_ids": np.zeros(self.N, np.int32), "position_ids": np.zeros(self.N, np.int32),
                        "cu_seqlens": np.zeros(self.N + 1, np.int32), "targets": np.zeros(self.N, np.int32),
@@ -118,6 +119,8 @@ class Trainer:
         key = [c.model, c.sequence_len, c.per_device_train_batch_size, c.gradient_accumulation_steps, c.seed,
                c.lora, c.lora_rank, c.lora_alpha, sorted(c.lora_targets), c.recipe,
                [d.path for d in c.datasets], self.train_data.num_rows]
+        if c.optimizer != "adamw":  # (appended so that adamw runs keep their fingerprints)
+            key.append(c.optimizer)
         if c.lora and c.lora_dropout > 0:  # appended only when set: older fingerprints stay valid
             key.append(c.lora_dropout)
         return hashlib.sha256(json.dumps(key, default=str).encode()).hexdigest()[:16]
