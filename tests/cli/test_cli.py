@@ -17,11 +17,10 @@ NOT_BUILT = {
     "grpo": ["grpo", "config.yaml"],
     "distill": ["distill", "config.yaml"],
     "quantize": ["quantize", "some/model", "model.gguf", "--type", "Q4_K_M"],
-    "tui": ["tui"],
     "models": ["models"],
     "bench": ["bench", "serve"],
 }
-COMMANDS = [*NOT_BUILT, "doctor", "merge", "sft", "pt", "serve"]
+COMMANDS = [*NOT_BUILT, "doctor", "merge", "sft", "pt", "serve", "tui"]
 
 
 def run(*args: str, code: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:

@@ -1,0 +1,76 @@
+"""F1 / ?: every key of every screen, and what the command palette offers."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+SECTIONS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
+    ("Everywhere", (
+        ("1 2 3 4  F2-F5", "Library, Train, Serve, Chat (digits when no text field has focus)"),
+        ("tab  shift+tab", "move between fields and lists"),
+        ("esc", "leave a text field / close a dialog"),
+        ("ctrl+p", "command palette: every action by name"),
+        ("F1  ?", "this help"),
+        ("ctrl+q", "quit (training runs keep going; the gateway the TUI started is stopped)"),
+    )),
+    ("Library", (
+        ("enter  i", "inspect: config, tensors, chat template"),
+        ("s", "serve the model (opens Serve)"),
+        ("t", "train on it (opens Train with the model filled in)"),
+        ("m", "merge a LoRA adapter found beside it"),
+        ("k", "quantize to GGUF (surogate quantize)"),
+        ("d", "delete from disk (asks first)"),
+        ("g", "download from the Hugging Face Hub by id"),
+        ("r", "rescan the cache and folders"),
+    )),
+    ("Train", (
+        ("c  m  r", "Config, Monitor and Runs tabs"),
+        ("ctrl+s", "save the form as YAML"),
+        ("ctrl+l", "launch the config (surogate sft|pt)"),
+        ("p", "pause / resume the attached run (SIGSTOP / SIGCONT)"),
+        ("x", "stop the attached run (SIGTERM, then kill)"),
+        ("enter", "in Runs: attach the selected run"),
+    )),
+    ("Serve", (
+        ("s", "start the gateway (surogate serve MODEL --port N)"),
+        ("x", "stop it"),
+        ("c", "chat with it"),
+    )),
+    ("Chat", (
+        ("enter", "send the prompt"),
+        ("esc", "stop the answer being streamed"),
+        ("ctrl+n", "new conversation"),
+        ("ctrl+r", "refresh the model list"),
+    )),
+)
+
+
+def help_text() -> Text:
+    text = Text()
+    for title, rows in SECTIONS:
+        if text:
+            text.append("\n")
+        text.append(f"{title}\n", style="bold cyan")
+        for keys, what in rows:
+            text.append(f"  {keys:<16}", style="bold")
+            text.append(f"{what}\n")
+    return text
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,q,f1,question_mark", "close", "Close")]
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog wide"):
+            yield Static("Keys", classes="dialog-title")
+            with VerticalScroll(id="help-body"):
+                yield Static(help_text())
+            yield Static("esc closes", classes="dialog-detail")
+
+    def action_close(self) -> None:
+        self.dismiss(None)
