@@ -165,31 +165,43 @@ class Model:
 
 def load_model(path_or_id: str | Path, device: str = "cpu", dtype: str = "float32", *,
                download: bool = False) -> Model:
-    """Load a Hugging Face model folder (or a hub id found in the local cache)."""
+    """Load a Hugging Face model folder (or a hub id found in the local cache), or a GGUF file
+    (its tensors dequantized to ``dtype`` at load)."""
     from surogate.io import ModelFolder, Tokenizer, resolve_model_path
+    from surogate.io.gguf import GGUFFile, is_gguf
 
     if device != "cpu" and not device.startswith("cuda"):
         raise InvalidArgumentError(f"unknown device {device!r}", hint="use 'cpu' or 'cuda'")
     if dtype not in DTYPES:
         raise InvalidArgumentError(f"dtype {dtype!r} is not supported", hint=f"use one of {', '.join(DTYPES)}")
-    folder = ModelFolder(resolve_model_path(path_or_id, download=download))
-    config = folder.config
-    family = family_for(config, source=str(Path(folder.path) / "config.json"))
+    path = resolve_model_path(path_or_id, download=download)
+    gguf = GGUFFile(path) if is_gguf(path) else None
+    folder = None if gguf else ModelFolder(path)
+    config = gguf.hf_config if gguf else folder.config
+    family = family_for(config, source=str(path if gguf else Path(folder.path) / "config.json"))
     spec = family.spec_from_config(config)
     g = CausalLM(spec).build(mode="logits", dtype=dtype)
     names = [p.name for p in g.params()]
-    weights = folder.open_weights()
-    target = _np_dtype(dtype)
-    params = family.name_table().load(names, lambda hf: np.ascontiguousarray(weights.get(hf).astype(target)))
+    if gguf:
+        from surogate.models.gguf_names import load_gguf_params
+
+        params = load_gguf_params(gguf, family.name, family.name_table(), config, names, dtype)
+        tokenizer = Tokenizer.from_gguf(gguf) if "tokenizer.ggml.model" in gguf else None
+        source = path
+    else:
+        weights = folder.open_weights()
+        target = _np_dtype(dtype)
+        params = family.name_table().load(names, lambda hf: np.ascontiguousarray(weights.get(hf).astype(target)))
+        # A weights-only folder still loads (token ids in, logits out); a damaged tokenizer does not.
+        tokenizer = Tokenizer.from_folder(folder) if (folder.path / "tokenizer.json").is_file() else None
+        source = folder.path
     for p in g.params():
         if params[p.name].shape != p.shape:
             raise FileFormatError(
-                f"{folder.path}: tensor for {p.name} has shape {params[p.name].shape}, but config.json implies "
-                f"{p.shape}", hint="the weights and config.json do not belong together")
-    # A weights-only folder still loads (token ids in, logits out); a damaged tokenizer does not.
-    tokenizer = Tokenizer.from_folder(folder) if (folder.path / "tokenizer.json").is_file() else None
+                f"{source}: tensor for {p.name} has shape {params[p.name].shape}, but the model's config implies "
+                f"{p.shape}", hint="the weights and the config do not belong together")
     if device != "cpu":
         raise UnsupportedError("the CUDA model runtime lands with the CUDA backend issue",
                                hint="use device='cpu' for now")
     return Model(spec, family, params, dtype=dtype, device=device, config=config, tokenizer=tokenizer,
-                 path=str(folder.path))
+                 path=str(path if gguf else folder.path))

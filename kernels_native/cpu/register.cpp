@@ -14,6 +14,7 @@ void register_cpu_attention(OpRegistry& reg);
 void register_cpu_cross_entropy(OpRegistry& reg);
 void register_cpu_optimizer(OpRegistry& reg);
 void register_cpu_gguf(OpRegistry& reg);
+void register_cpu_paged_attention(OpRegistry& reg);
 }  // namespace cpu
 
 void register_cpu_ops(OpRegistry& reg) {
@@ -27,6 +28,7 @@ void register_cpu_ops(OpRegistry& reg) {
   cpu::register_cpu_cross_entropy(reg);
   cpu::register_cpu_optimizer(reg);
   cpu::register_cpu_gguf(reg);
+  cpu::register_cpu_paged_attention(reg);
 }
 
 }  // namespace surogate

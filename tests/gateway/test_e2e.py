@@ -4,10 +4,6 @@ equal HF transformers' greedy generation on the same prompt tokens."""
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 import time
 
 import httpx
@@ -19,48 +15,16 @@ openai = pytest.importorskip("openai")
 anthropic = pytest.importorskip("anthropic")
 pytest.importorskip("granian")
 
+from sgtest.server import surogate_serve  # noqa: E402
 from sgtest.tiny_models import make_qwen3  # noqa: E402
 from surogate.io import Tokenizer  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     path = make_qwen3(tmp_path_factory.mktemp("qwen3"), seed=5, initializer_range=0.2)
-    port = free_port()
-    code = ("import sys; sys.argv = ['surogate'] + sys.argv[1:]; "
-            "from surogate.cli.main import main; main()")
-    root = os.path.dirname(os.path.dirname(__file__))
-    env = dict(os.environ)
-    if "surogate.gateway" not in sys.modules:  # development layout: the conftest shim's folder
-        pass
-    proc = subprocess.Popen([sys.executable, "-P", "-c", code, "serve", f"tiny={path}", "--port", str(port),
-                             "--kv-cache-tokens", "2048", "--api-key", "sk-test"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=root)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {proc.stdout.read()[-3000:]}")
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    else:
-        proc.kill()
-        raise RuntimeError("server did not become healthy")
-    yield base, path
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    with surogate_serve(f"tiny={path}", "--kv-cache-tokens", "2048", "--api-key", "sk-test") as base:
+        yield base, path
 
 
 def hf_greedy_text(path, prompt_ids: list[int], n: int, tok: Tokenizer) -> str:

@@ -90,3 +90,16 @@ def test_abort_frees_the_blocks(family):
         assert outs[-1].finish_reason == "abort"
         assert client.stats().blocks_used == 0
         del stream_first
+
+
+def test_200_requests_against_a_cache_that_fits_10(family):
+    ours, ref = family
+    rng = np.random.default_rng(3)
+    ps = [rng.integers(3, ours.spec.vocab_size, 5).tolist() for _ in range(200)]
+    # 5 prompt + 4 output tokens = 3 blocks of 4 per request: 30 blocks hold 10 requests.
+    with engine(ours, num_blocks=30, block_size=4) as client:
+        outs = generate(client, ps, 4)
+        assert all(len(o) == 4 for o in outs)
+        assert client.stats().blocks_used == 0
+    for p, o in list(zip(ps, outs))[:5]:  # spot-check against transformers
+        assert o == hf_greedy(ref, p, 4)

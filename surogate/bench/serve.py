@@ -1,0 +1,132 @@
+"""`surogate bench serve`: offline generation throughput and latency, ours and HF generate's.
+
+N requests of `prompt_len` random tokens each ask for `output_len` tokens (ignore_eos, greedy),
+all submitted at once to the engine. Reported: output tokens/s over the whole run, time to
+first token and inter-token latency percentiles, and single-stream decode speed. The peer is HF
+transformers `generate` on the same shape and device: one batched call for all N prompts (equal
+lengths, so no padding) and one single-stream call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from surogate.bench.train import random_model
+from surogate.serve.engine_client import EngineClient
+from surogate.serve.model_runner import ProgramRunner
+from surogate.serve.types import EngineConfig, SamplingParams
+
+
+@dataclass
+class ServeResult:
+    name: str
+    output_tokens_per_s: float
+    single_stream_tokens_per_s: float
+    ttft_p50: float | None = None
+    ttft_p99: float | None = None
+    itl_p50: float | None = None
+    itl_p99: float | None = None
+
+
+def _prompts(vocab: int, n: int, length: int, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(3, vocab, length).tolist() for _ in range(n)]
+
+
+def bench_ours(model, n: int, prompt_len: int, output_len: int, block_size: int = 16) -> ServeResult:
+    tokens = n * (prompt_len + output_len) + block_size * n
+    num_blocks = -(-tokens // block_size)
+    runner = ProgramRunner(model, num_blocks=num_blocks, block_size=block_size)
+    cfg = EngineConfig(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max(n, 1),
+                       max_num_batched_tokens=max(2048, prompt_len), enable_prefix_caching=False, seed=0)
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    with EngineClient(runner, cfg) as client:
+        # Warm-up: compiles the Programs of the shapes this run will use.
+        for rid in [client.submit(p, params) for p in _prompts(model.spec.vocab_size, n, prompt_len, seed=1)]:
+            client.wait(rid, timeout=3600)
+        ttft, itl = [], []
+        total = 0
+
+        async def consume(rid: int, t0: float) -> None:
+            nonlocal total
+            last = None
+            async for out in client.stream(rid):  # timestamps as the outputs arrive
+                now = time.perf_counter()
+                k = len(out.new_token_ids)
+                if k == 0:
+                    continue
+                if last is None:
+                    ttft.append(now - t0)
+                else:
+                    itl.append((now - last) / k)
+                last = now
+                total += k
+
+        async def all_requests() -> None:
+            t0 = time.perf_counter()
+            ids = [client.submit(p, params) for p in _prompts(model.spec.vocab_size, n, prompt_len)]
+            await asyncio.gather(*(consume(rid, t0) for rid in ids))
+
+        t0 = time.perf_counter()
+        asyncio.run(all_requests())
+        elapsed = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        single = client.submit(_prompts(model.spec.vocab_size, 1, prompt_len, seed=2)[0], params)
+        client.wait(single, timeout=3600)
+        single_s = time.perf_counter() - t1
+    pct = lambda xs, q: float(np.percentile(xs, q)) if xs else None  # noqa: E731
+    return ServeResult("surogate", total / elapsed, output_len / single_s, pct(ttft, 50), pct(ttft, 99),
+                       pct(itl, 50), pct(itl, 99))
+
+
+def bench_hf(model, n: int, prompt_len: int, output_len: int, device: str) -> ServeResult:
+    import torch
+    import transformers
+
+    from surogate.bench.shapes import hf_config
+
+    spec = model.spec
+    cfg_cls = transformers.Qwen3Config if spec.family == "qwen3" else transformers.LlamaConfig
+    model_cls = transformers.Qwen3ForCausalLM if spec.family == "qwen3" else transformers.LlamaForCausalLM
+    dtype = torch.bfloat16 if model.dtype == "bfloat16" else torch.float32
+    m = model_cls(cfg_cls(**hf_config(spec))).to(device=device, dtype=dtype).eval()
+
+    def run(batch):
+        ids = torch.tensor(batch, device=device)
+        with torch.no_grad():
+            m.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=output_len,
+                       min_new_tokens=output_len, pad_token_id=0, cache_implementation="static")
+        if device != "cpu":
+            torch.cuda.synchronize()
+
+    run(_prompts(spec.vocab_size, n, prompt_len, seed=1))  # warm-up
+    t0 = time.perf_counter()
+    run(_prompts(spec.vocab_size, n, prompt_len))
+    batched = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    run(_prompts(spec.vocab_size, 1, prompt_len, seed=2))
+    single = time.perf_counter() - t1
+    return ServeResult("HF generate (static cache)", n * output_len / batched, output_len / single)
+
+
+def run(shape: str, *, n: int, prompt_len: int, output_len: int, dtype: str, vs: str | None,
+        device: str) -> list[ServeResult]:
+    model = random_model(shape, dtype)
+    results = [bench_ours(model, n, prompt_len, output_len)]
+    if vs == "hf":
+        results.append(bench_hf(model, n, prompt_len, output_len, device))
+    print(f"\n{shape}, {dtype}, {n} requests x ({prompt_len} prompt + {output_len} output tokens), {device}")
+    print(f"{'':28} {'out tok/s':>10} {'1-stream tok/s':>15} {'TTFT p50/p99 (s)':>18} {'ITL p50/p99 (ms)':>18}")
+    base = results[-1]
+    for r in results:
+        ttft = f"{r.ttft_p50:.3f}/{r.ttft_p99:.3f}" if r.ttft_p50 is not None else "-"
+        itl = f"{r.itl_p50 * 1e3:.1f}/{r.itl_p99 * 1e3:.1f}" if r.itl_p50 is not None else "-"
+        print(f"{r.name:28} {r.output_tokens_per_s:10,.1f} {r.single_stream_tokens_per_s:15,.1f} {ttft:>18} {itl:>18}")
+    if len(results) > 1:
+        print(f"{'ratio (ours / peer)':28} {results[0].output_tokens_per_s / base.output_tokens_per_s:9.2f}x "
+              f"{results[0].single_stream_tokens_per_s / base.single_stream_tokens_per_s:14.2f}x")
+    return results

@@ -1,0 +1,280 @@
+"""GGUF tensor names per family, next to the HF name tables: which GGUF tensor holds which HF
+checkpoint tensor, and in which row order llama.cpp's converter stored it; and the two trips
+through them (io/ knows no family, so they live here).
+
+Loading runs GGUF -> HF names (this table) -> our parameters (the family's HF name table, which
+fuses gate and up), so each recipe lives in one place: ``load_gguf_params`` dequantizes (the
+load path of ``load_model``), ``gguf_blocks_for`` keeps GGML blocks for ``gguf_matmul`` (the
+quantized path the runtime will take). Writing runs the table forwards: ``plan_gguf_tensors``
+and ``quantize_to_gguf`` (``surogate quantize``) over io/gguf_writer.py.
+
+Row order: llama.cpp rotates adjacent pairs (x0, x1), (x2, x3), ... of a Llama head, where HF
+rotates halves (x_j, x_{j+D/2}); so convert_hf_to_gguf.py reorders the rows of q_proj and k_proj
+(weights and biases) per head: HF row t*D/2 + j goes to GGUF row 2j + t (t in 0, 1; D the head
+dim; heads of k counted with num_key_value_heads). ``rope_rows`` undoes or redoes that as a row
+index, which works on raw blocks as well as on values (blocks never cross rows). Qwen2 / Qwen3
+files keep HF's order (llama.cpp runs those families with NEOX rope, which rotates halves).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from surogate.errors import FileFormatError, NotFoundError, UnsupportedError
+from surogate.io.gguf import GGUFFile, GGUFTensor
+from surogate.io.gguf_config import llama3_rope_factors
+from surogate.io.gguf_writer import (
+    PlannedTensor,
+    Progress,
+    check_quant_type,
+    hyperparameters,
+    tensor_type,
+    write_gguf,
+)
+from surogate.models.name_table import Direct, NameTable
+
+
+@dataclass(frozen=True)
+class GGUFName:
+    gguf: str
+    rope_rows: str | None = None  # "q" / "k": rows in llama.cpp's interleaved rope order
+
+
+class GGUFNameTable:
+    """HF checkpoint names (``{i}`` the layer) <-> GGUF tensor names."""
+
+    def __init__(self, entries: dict[str, GGUFName]):
+        self.entries = entries
+        self._forward = [(_pattern(hf), g) for hf, g in entries.items()]
+        self._backward = [(_pattern(g.gguf), hf) for hf, g in entries.items()]
+
+    def to_gguf(self, hf_name: str) -> GGUFName | None:
+        for pat, g in self._forward:
+            m = pat.match(hf_name)
+            if m:
+                return GGUFName(g.gguf.format(**m.groupdict()), g.rope_rows)
+        return None
+
+    def to_hf(self, gguf_name: str) -> str | None:
+        for pat, hf in self._backward:
+            m = pat.match(gguf_name)
+            if m:
+                return hf.format(**m.groupdict())
+        return None
+
+
+def _pattern(name: str) -> re.Pattern:
+    return re.compile("^" + re.escape(name).replace(r"\{i\}", r"(?P<i>\d+)") + "$")
+
+
+def _table(rope_permuted: bool, qk_norm: bool) -> GGUFNameTable:
+    L, B = "model.layers.{i}.", "blk.{i}."
+    e = {
+        "model.embed_tokens.weight": GGUFName("token_embd.weight"),
+        "model.norm.weight": GGUFName("output_norm.weight"),
+        "lm_head.weight": GGUFName("output.weight"),
+        L + "input_layernorm.weight": GGUFName(B + "attn_norm.weight"),
+        L + "post_attention_layernorm.weight": GGUFName(B + "ffn_norm.weight"),
+    }
+    for hf, gg in (("self_attn.q_proj", "attn_q"), ("self_attn.k_proj", "attn_k"), ("self_attn.v_proj", "attn_v"),
+                   ("self_attn.o_proj", "attn_output"), ("mlp.gate_proj", "ffn_gate"), ("mlp.up_proj", "ffn_up"),
+                   ("mlp.down_proj", "ffn_down")):
+        rope = gg[-1] if rope_permuted and gg in ("attn_q", "attn_k") else None
+        for part in ("weight", "bias"):
+            e[f"{L}{hf}.{part}"] = GGUFName(f"{B}{gg}.{part}", rope)
+    if qk_norm:
+        e[L + "self_attn.q_norm.weight"] = GGUFName(B + "attn_q_norm.weight")
+        e[L + "self_attn.k_norm.weight"] = GGUFName(B + "attn_k_norm.weight")
+    return GGUFNameTable(e)
+
+
+TABLES: dict[str, Callable[[], GGUFNameTable]] = {
+    "llama": lambda: _table(rope_permuted=True, qk_norm=False),
+    "qwen3": lambda: _table(rope_permuted=False, qk_norm=True),
+}
+# Our family name -> GGUF general.architecture.
+ARCHITECTURES = {"llama": "llama", "qwen3": "qwen3"}
+
+
+def gguf_name_table(family: str) -> GGUFNameTable:
+    if family not in TABLES:
+        raise UnsupportedError(f"no GGUF name table for the {family} family",
+                               hint="supported: " + ", ".join(sorted(TABLES)))
+    return TABLES[family]()
+
+
+def rope_rows(n_rows: int, n_heads: int, to_gguf: bool) -> np.ndarray:
+    """Row index that reorders q/k rows into llama.cpp's order (``to_gguf``) or back to HF's."""
+    d = n_rows // n_heads
+    if d * n_heads != n_rows or d % 2:
+        raise FileFormatError(f"{n_rows} q/k rows do not split into {n_heads} heads of an even size")
+    h, j, t = np.meshgrid(np.arange(n_heads), np.arange(d // 2), np.arange(2), indexing="ij")
+    hf_rows = (h * d + t * (d // 2) + j).reshape(-1)  # GGUF row h*d + 2j + t holds this HF row
+    return hf_rows if to_gguf else np.argsort(hf_rows)
+
+
+def heads_for(kind: str | None, config: dict) -> int:
+    heads = int(config["num_attention_heads"])
+    return int(config.get("num_key_value_heads") or heads) if kind == "k" else heads
+
+
+class GGUFWeights:
+    """The HF tensors of a GGUF file, by HF name, in HF row order: ``values`` dequantizes (the
+    load path), ``blocks`` keeps GGML blocks for ``gguf_matmul``."""
+
+    def __init__(self, gf: GGUFFile, family: str, config: dict):
+        self.file, self.config = gf, config
+        self.table = gguf_name_table(family)
+
+    def tensor(self, hf_name: str) -> tuple[GGUFTensor, np.ndarray | None]:
+        """The GGUF tensor behind ``hf_name`` and the row index that puts it in HF order (or None)."""
+        name = self.table.to_gguf(hf_name)
+        if name is None or name.gguf not in self.file.tensors:
+            want = name.gguf if name else "(no GGUF name)"
+            raise FileFormatError(f"{self.file.path}: no tensor {want} for {hf_name}",
+                                  hint="the file lacks a tensor this architecture needs; it may be damaged "
+                                       "or written for another architecture")
+        t = self.file.tensors[name.gguf]
+        if name.rope_rows is None:
+            return t, None
+        return t, rope_rows(t.shape[0], heads_for(name.rope_rows, self.config), to_gguf=False)
+
+    def values(self, hf_name: str, dtype: str = "float32") -> np.ndarray:
+        t, order = self.tensor(hf_name)
+        if order is None:
+            return t.dequantize(dtype)
+        if len(t.shape) == 1:  # a q/k bias: one row of blocks, reorder the values
+            return t.dequantize(dtype)[order]
+        return t.dequantize(dtype, rows=order)
+
+    def blocks(self, hf_name: str) -> GGUFTensor:
+        t, order = self.tensor(hf_name)
+        if len(t.shape) != 2:
+            raise UnsupportedError(f"{t.name}: only 2-D weights are kept as blocks", hint="dequantize it instead")
+        return t if order is None else GGUFTensor(t.name, t.type, t.shape, t.raw[order], t.source)
+
+    def check_supported(self, hf_names: list[str]) -> None:
+        for name in hf_names:
+            self.tensor(name)[0].check_supported()
+
+
+def gguf_blocks_for(weights: GGUFWeights, hf_table: NameTable, names: list[str]) -> dict[str, GGUFTensor]:
+    """Our parameters as GGML blocks (the quantized-matmul path): a fused parameter stacks the
+    rows of its parts, which must share a type."""
+    out = {}
+    for name in names:
+        r = hf_table.recipe(name)
+        if r is None:
+            raise FileFormatError(f"no checkpoint tensor is known for parameter {name}")
+        if isinstance(r, Direct):
+            out[name] = weights.blocks(r.hf)
+            continue
+        parts = [weights.blocks(h) for h in r.hf]
+        if len({p.type for p in parts}) != 1 or r.axis != 0:
+            raise UnsupportedError(f"{name}: its parts have different GGUF types "
+                                   f"({', '.join(p.type_name for p in parts)}); they cannot be stacked as blocks",
+                                   hint="dequantize this parameter instead")
+        raw = np.concatenate([p.raw for p in parts], axis=0)
+        shape = (sum(p.shape[0] for p in parts), *parts[0].shape[1:])
+        out[name] = GGUFTensor("+".join(p.name for p in parts), parts[0].type, shape, raw, parts[0].source)
+    return out
+
+
+def load_gguf_params(gf: GGUFFile, family: str, hf_table: NameTable, config: dict, names: list[str],
+                     dtype: str = "float32") -> dict[str, np.ndarray]:
+    """Our parameters ``names`` from a GGUF file, dequantized to ``dtype`` (every tensor's type
+    is checked first, so an unsupported one fails before any work)."""
+    weights = GGUFWeights(gf, family, config)
+    hf_names = []
+    for name in names:
+        r = hf_table.recipe(name)
+        if r is not None:
+            hf_names.extend([r.hf] if isinstance(r, Direct) else r.hf)
+    weights.check_supported(hf_names)
+    return hf_table.load(names, lambda hf: weights.values(hf, dtype), source=str(gf.path))
+
+
+# ---- writing: an HF checkpoint -> GGUF tensors ---------------------------------------------
+
+def plan_gguf_tensors(family: str, config: dict, tensors: Mapping[str, Callable[[], np.ndarray]], qtype: str,
+                      source: str = "checkpoint") -> list[PlannedTensor]:
+    """Every GGUF tensor to write, from readers of the HF-named tensors: llama.cpp's name, the
+    recipe's type, q/k rows in llama.cpp's order; token_embd first, then the layers in order."""
+    from surogate.models.llama import rope_from_config
+
+    table = gguf_name_table(family)
+    tied = bool(config.get("tie_word_embeddings", False))
+    named = {}
+    for hf_name, read in tensors.items():
+        if hf_name.endswith("rotary_emb.inv_freq") or (tied and hf_name == "lm_head.weight"):
+            continue  # a buffer transformers recomputes; a copy of the embedding
+        g = table.to_gguf(hf_name)
+        if g is None:
+            raise UnsupportedError(f"{source}: tensor {hf_name} has no GGUF name in the {family} table",
+                                   hint="the checkpoint has a part the GGUF writer does not know; please report it")
+        named[g.gguf] = (read, g.rope_rows)
+    if not tied and "output.weight" not in named:
+        raise FileFormatError(f"{source}: no lm_head.weight, and the config does not tie the embeddings",
+                              hint="the checkpoint is incomplete")
+    plan = []
+    rope = rope_from_config(config)
+    if family == "llama" and rope["rope_type"] == "llama3":
+        # llama.cpp reads Llama 3 rope scaling from per-frequency divisors, not from metadata.
+        head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // int(config["num_attention_heads"]))
+        factors = llama3_rope_factors(rope["theta"], head_dim, rope["factor"], rope["low_freq_factor"],
+                                      rope["high_freq_factor"], rope["original_max_position"])
+        plan.append(PlannedTensor("rope_freqs.weight", "F32", factors.shape, lambda f=factors: f))
+    n_layers = int(config["num_hidden_layers"])
+    for gguf_name in sorted(named, key=_gguf_order):
+        read, rope_kind = named[gguf_name]
+        shape = tuple(np.shape(read()))  # safetensors readers are mmap views: cheap
+        if rope_kind is not None:
+            order = rope_rows(shape[0], heads_for(rope_kind, config), to_gguf=True)
+            read = (lambda r=read, order=order: np.asarray(r())[order])
+        t = tensor_type(qtype, gguf_name, shape, n_layers, has_output="output.weight" in named)
+        plan.append(PlannedTensor(gguf_name, t, shape, read))
+    return plan
+
+
+def quantize_to_gguf(model: str | os.PathLike, output: str | os.PathLike, qtype: str = "Q8_0", *,
+                     progress: Progress | None = None, download: bool = False) -> Path:
+    """``surogate quantize``: an HF model folder (or a cached hub id) -> a GGUF file."""
+    from surogate.io import ModelFolder, Tokenizer, resolve_model_path
+    from surogate.io.gguf_tokenizer import gguf_tokenizer_metadata
+    from surogate.models import family_for
+
+    qtype = check_quant_type(qtype)
+    path = resolve_model_path(model, download=download)
+    if path.is_file():
+        raise UnsupportedError(f"{path} is a file; quantize reads a Hugging Face model folder",
+                               hint="to requantize a GGUF, load it and save an HF folder first "
+                                    "(quantizing dequantized weights adds the errors of both)")
+    folder = ModelFolder(path)
+    config = folder.config
+    family = family_for(config, source=str(folder.path / "config.json"))
+    spec = family.spec_from_config(config)  # a config we cannot run fails before any work
+    weights = folder.open_weights()
+    readers = {name: (lambda n=name: weights.get(n)) for name in weights.keys()}  # noqa: SIM118 (not a dict)
+    plan = plan_gguf_tensors(family.name, config, readers, qtype, source=str(folder.path))
+    if not (folder.path / "tokenizer.json").is_file():
+        raise NotFoundError(f"no tokenizer.json in {folder.path}",
+                            hint="llama.cpp needs the vocabulary inside the GGUF; add the model's tokenizer files")
+    tokenizer = Tokenizer.from_folder(folder)
+    arch = ARCHITECTURES[family.name]
+    name = str(config.get("_name_or_path") or "").rstrip("/").split("/")[-1] or folder.path.resolve().name
+    metadata = {"general.name": name, **hyperparameters(arch, config, spec.rope),
+                **gguf_tokenizer_metadata(folder.tokenizer_file, tokenizer, spec.vocab_size)}
+    return write_gguf(output, arch, metadata, plan, qtype, progress=progress)
+
+
+def _gguf_order(name: str) -> tuple:
+    # As convert_hf_to_gguf.py writes a Llama: embedding, layers in order, final norm, head.
+    if name.startswith("blk."):
+        return (1, int(name.split(".")[1]), name)
+    return (0 if name.startswith("token_embd") else 2, name != "output_norm.weight", name)

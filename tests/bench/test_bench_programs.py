@@ -1,0 +1,24 @@
+"""The benchmark programs run and print their tables (smallest settings; timings not checked)."""
+
+import pytest
+
+pytest.importorskip("torch")
+
+
+def test_bench_train_prints_both_rows(capsys):
+    from surogate.bench.train import run
+
+    results = run("tiny", batch=1, seq=32, lora_rank=4, dtype="float32", steps=1, warmup=0, vs="hf",
+                  device="cpu", recompute=False)
+    out = capsys.readouterr().out
+    assert "surogate" in out and "HF transformers + peft" in out and "x" in out
+    assert all(r.tokens_per_second > 0 for r in results)
+
+
+def test_bench_serve_prints_both_rows(capsys):
+    from surogate.bench.serve import run
+
+    results = run("tiny", n=2, prompt_len=8, output_len=3, dtype="float32", vs="hf", device="cpu")
+    out = capsys.readouterr().out
+    assert "HF generate" in out and "ratio" in out
+    assert results[0].ttft_p50 is not None and results[0].output_tokens_per_s > 0
