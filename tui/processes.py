@@ -9,6 +9,7 @@ call them from a worker.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -163,9 +164,9 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{port}"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "wb") as log:
-            self.popen = subprocess.Popen(
-                surogate_argv("serve", *([model] if model else []), "--port", str(port), *extra), stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            argv = surogate_argv("serve", *([model] if model else []), "--port", str(port), *extra)
+            self.popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
     @property
     def running(self) -> bool:
@@ -178,10 +179,8 @@ class ServerProcess:
     def terminate(self) -> None:
         """Ask it to stop; returns at once."""
         if self.running:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.popen.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
 
     def stop(self, grace: float = 10.0) -> int | None:
         """SIGTERM, then SIGKILL after ``grace`` seconds. Blocks: call from a worker."""
@@ -189,8 +188,6 @@ class ServerProcess:
         try:
             return self.popen.wait(timeout=grace)
         except subprocess.TimeoutExpired:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.popen.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             return self.popen.wait(timeout=5)

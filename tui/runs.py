@@ -32,11 +32,11 @@ def display_state(process_state: str | None, m: RunMetrics) -> str:
     """What the list shows: a live process's state, else what its feed and exit tell."""
     if process_state in ("running", "paused", "stopped", "failed"):
         return process_state
-    if m.ended:
+    if m.ended or process_state == "finished":
         return "finished"
-    if process_state == "finished":
-        return "finished"
-    return "exited" if m.losses else ("failed" if process_state == "exited" else "incomplete")
+    if process_state is None:
+        return "incomplete"  # found on disk, no end line: killed, crashed, or running elsewhere
+    return "failed"  # launched here and gone without an end line
 
 
 def find_runs(store: RunStore, folders: list[Path], live: dict[str, TrainProcess]) -> list[RunRow]:

@@ -52,7 +52,8 @@ class Settings:
         try:
             data = tomllib.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-            raise ConfigError(f"cannot read {path}: {e}", hint="fix the file or delete it to get the defaults") from None
+            raise ConfigError(f"cannot read {path}: {e}",
+                              hint="fix the file or delete it to get the defaults") from None
         for key, value in data.items():
             default = getattr(settings, key, None)
             if key == "path" or default is None:

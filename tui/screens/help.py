@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -37,7 +38,7 @@ SECTIONS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         ("enter", "in Runs: attach the selected run"),
     )),
     ("Serve", (
-        ("s", "start the gateway (surogate serve MODEL --port N)"),
+        ("s  enter", "start the gateway (surogate serve MODEL --port N)"),
         ("x", "stop it"),
         ("c", "chat with it"),
     )),
@@ -50,16 +51,17 @@ SECTIONS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
 )
 
 
-def help_text() -> Text:
-    text = Text()
-    for title, rows in SECTIONS:
-        if text:
-            text.append("\n")
-        text.append(f"{title}\n", style="bold cyan")
+def help_table() -> Table:
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column()
+    for i, (title, rows) in enumerate(SECTIONS):
+        table.add_row(Text(title, style="bold cyan"), "", end_section=False)
         for keys, what in rows:
-            text.append(f"  {keys:<16}", style="bold")
-            text.append(f"{what}\n")
-    return text
+            table.add_row(f"  {keys}", what)
+        if i < len(SECTIONS) - 1:
+            table.add_row("", "")
+    return table
 
 
 class HelpScreen(ModalScreen[None]):
@@ -69,7 +71,7 @@ class HelpScreen(ModalScreen[None]):
         with Vertical(classes="dialog wide"):
             yield Static("Keys", classes="dialog-title")
             with VerticalScroll(id="help-body"):
-                yield Static(help_text())
+                yield Static(help_table())
             yield Static("esc closes", classes="dialog-detail")
 
     def action_close(self) -> None:

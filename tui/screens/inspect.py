@@ -31,12 +31,13 @@ class Details:
 def load_details(entry: ModelEntry) -> Details:
     d = Details()
     if entry.format == "gguf":
-        from surogate.tui.gguf_info import read_gguf_info
+        from surogate.io import GGUFFile
 
-        info = read_gguf_info(entry.path)
-        template = info.metadata.pop("tokenizer.chat_template", "")
-        d.config = "\n".join(f"{k} = {v}" for k, v in info.metadata.items())
-        d.tensors = [(t.name, t.type, "×".join(map(str, t.shape))) for t in info.tensors]
+        gguf = GGUFFile(entry.path)
+        meta = gguf.metadata
+        template = meta.pop("tokenizer.chat_template", "")
+        d.config = "\n".join(f"{k} = {_short(v)}" for k, v in meta.items())
+        d.tensors = [(t.name, t.type_name, "×".join(map(str, t.shape))) for t in gguf.tensors.values()]
         d.template = str(template or "")
         return d
     from surogate.io import ModelFolder, open_safetensors
@@ -57,6 +58,13 @@ def load_details(entry: ModelEntry) -> Details:
     templates = ModelFolder(folder).chat_templates
     d.template = "\n\n".join(text if name == "default" else f"# {name}\n{text}" for name, text in templates.items())
     return d
+
+
+def _short(value) -> str:
+    """A metadata value for reading: long arrays (vocabularies, merges) as their length."""
+    if isinstance(value, (list, tuple)) and len(value) > 8:
+        return f"[{len(value)} items: {', '.join(map(repr, value[:3]))}, …]"
+    return repr(value) if isinstance(value, str) else str(value)
 
 
 class InspectScreen(ModalScreen[None]):

@@ -5,8 +5,6 @@ and download another by hub id. Scans, deletes, merges and quantizing run in wor
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
-
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
@@ -35,7 +33,7 @@ class LibraryScreen(Screen):
         Binding("m", "merge", "Merge"),
         Binding("k", "quantize", "Quantize", show=False),
         Binding("d", "delete", "Delete"),
-        Binding("g", "download", "Get"),
+        Binding("g", "download", "Download"),
         Binding("r", "refresh", "Rescan", show=False),
     ]
 
@@ -94,7 +92,7 @@ class LibraryScreen(Screen):
         for key, label in COLUMNS:
             table.add_column(label, key=key, width=width if key == "name" else None)
         self.entries = {e.key: e for e in message.entries}
-        for e, name in zip(message.entries, names):
+        for e, name in zip(message.entries, names, strict=True):
             table.add_row(Text(name, overflow="ellipsis", no_wrap=True), (e.architecture or "?")[:12],
                           format_params(e.params), (e.dtype or "?")[:9], format_size(e.size),
                           str(len(e.adapters)) if e.adapters else "", key=e.key)
@@ -215,28 +213,30 @@ class LibraryScreen(Screen):
         self.app.call_from_thread(self.action_refresh)
 
     def action_quantize(self) -> None:
+        from surogate.tui.screens.quantize import QuantizeScreen
+
         if (e := self._need_selection()) is None:
             return
         if e.format != "hf":
-            self.notify("Quantizing starts from an HF folder", severity="warning")
+            self.notify("Quantizing starts from an HF folder (merge an adapter first)", severity="warning")
             return
-        out = Path(e.path).parent / f"{Path(e.name).name}.Q8_0.gguf" if e.source == "folder" else \
-            Path.cwd() / f"{e.name.replace('/', '--')}.Q8_0.gguf"
-        self.quantize(e.serve_target, str(out))
+        self.app.push_screen(QuantizeScreen(e), lambda job: self.quantize(e.serve_target, *job) if job else None)
 
     @work(thread=True, group="files")
-    def quantize(self, model: str, output: str) -> None:
+    def quantize(self, model: str, qtype: str, output: str) -> None:
         from surogate.tui.processes import surogate_argv
 
+        self.app.call_from_thread(self.notify, f"Quantizing to {short_path(output)} ({qtype}) …", markup=False)
         try:
-            proc = subprocess.run(surogate_argv("quantize", model, output, "--type", "Q8_0"), capture_output=True,
-                                  text=True, timeout=3600)
+            proc = subprocess.run(surogate_argv("quantize", model, "--output", output, "--type", qtype),
+                                  capture_output=True, text=True, timeout=3600)
         except (OSError, subprocess.TimeoutExpired) as e:
             self.app.call_from_thread(notify_error, self.app, e, "Quantize failed")
             return
         err = (proc.stderr or "").strip().splitlines()
         if proc.returncode == 0:
-            self.app.call_from_thread(self.notify, f"Wrote {short_path(output)}", markup=False)
+            self.app.call_from_thread(self.notify, (proc.stdout or f"wrote {short_path(output)}").strip(),
+                                      markup=False)
             self.app.call_from_thread(self.action_refresh)
         elif proc.returncode == 2 and err and ("not built yet" in err[-1] or "No such command" in proc.stderr):
             self.app.call_from_thread(self.notify, err[-1], title="Quantize", severity="warning", markup=False,

@@ -35,6 +35,8 @@ class MergeScreen(ModalScreen[tuple[str | None, str, str] | None]):
     def compose(self) -> ComposeResult:
         e = self.entry
         base = e.base if e.format == "adapter" else e.serve_target
+        if base and Path(base).exists():
+            base = short_path(base)
         with Vertical(classes="dialog"):
             yield Static("Merge a LoRA adapter into its base", classes="dialog-title")
             with Horizontal(classes="form-row"):
@@ -51,6 +53,9 @@ class MergeScreen(ModalScreen[tuple[str | None, str, str] | None]):
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Merge", variant="primary", id="merge")
                 yield Button("Cancel", id="cancel")
+
+    def on_mount(self) -> None:
+        self.query_one("#merge-output").focus()  # enter accepts the defaults
 
     def on_select_changed(self, event: Select.Changed) -> None:
         self.query_one("#merge-output", Input).value = short_path(default_output(Path(str(event.value))))

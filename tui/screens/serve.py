@@ -147,12 +147,16 @@ class ServeScreen(Screen):
 
     def on_mount(self) -> None:
         self._show()
+        self.query_one("#serve-log").focus()  # s / x / c work at once; tab reaches the fields
         self.query_one("#serve-log", RichLog).write(Text("request log: one line per request once started",
                                                          style="dim"))
 
     def set_model(self, target: str) -> None:
         self.query_one("#serve-model", Input).value = short_path(target) if Path(target).exists() else target
-        self.query_one("#serve-port").focus()
+        self.query_one("#serve-log").focus()
+
+    def on_input_submitted(self) -> None:
+        self.action_start()
 
     def action_leave_field(self) -> None:
         if isinstance(self.focused, Input):

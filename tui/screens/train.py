@@ -48,7 +48,7 @@ def find_configs(folders: list[Path]) -> list[Path]:
 
 def summarize(cfg, path: str | None) -> str:
     steps = f"max_steps {cfg.max_steps}" if cfg.max_steps > 0 else f"{cfg.num_epochs} epochs"
-    what = "LoRA r=%d" % cfg.lora_rank if cfg.lora else "full fine-tune"
+    what = f"LoRA r={cfg.lora_rank}" if cfg.lora else "full fine-tune"
     return (f"✓ {cfg.kind} · {cfg.model or '(no model)'} · {len(cfg.datasets)} dataset(s) · {steps} · {what} · "
             f"{cfg.recipe} → {cfg.output_dir}" + (f"\nctrl+l launches {short_path(path)}" if path else ""))
 
@@ -180,16 +180,18 @@ class TrainScreen(Screen):
 
     def use_model(self, target: str) -> None:
         """Start a form with this model (from the Library)."""
-        self.query_one(ConfigForm).set("model", target)
+        form = self.query_one(ConfigForm)
+        form.set("model", short_path(target) if Path(target).exists() else target)
         self.source = "form"
         self.action_tab("tab-config")
-        self.query_one("#f-dataset_path").focus()
+        form.query_one("#f-dataset_path").focus()
+        self._status("Fill in the dataset; ctrl+s saves the config, ctrl+l saves and launches it")
 
     def on_config_form_changed(self, message: ConfigForm.Changed) -> None:
-        if self.query_one(ConfigForm).has_focus_within or self.source == "form":
+        # Only what the user typed (the form's own set-up posts changes too, with focus elsewhere).
+        if message.form.has_focus_within:
             self.source = "form"
-            form = message.form
-            self.check_mapping(form.values(), form.kind, form.save_path)
+            self.check_mapping(message.form.values(), message.form.kind, message.form.save_path)
 
     @work(thread=True, exclusive=True, group="check")
     def check_file(self, path: str, kind: str) -> None:
@@ -214,7 +216,8 @@ class TrainScreen(Screen):
         except Exception as e:
             self._post_error(e)
             return
-        self.post_message(self.Checked(True, summarize(cfg, None) + f"\nctrl+s saves {save_as}; ctrl+l saves and launches"))
+        text = summarize(cfg, None) + f"\nctrl+s saves {save_as}; ctrl+l saves and launches"
+        self.post_message(self.Checked(True, text))
 
     def _post_error(self, e: Exception) -> None:
         message, hint = describe(e)
@@ -375,8 +378,6 @@ class TrainScreen(Screen):
         was_live = self.state in ("running", "paused", "starting")
         self.metrics.extend(message.records)
         self.state = display_state(message.state, self.metrics)
-        if self.state == "exited" and message.state is None:
-            self.state = self.attached.state  # a run found on disk keeps its listed state
         monitor = self.query_one(RunMonitor)
         monitor.show(self._title(self.attached), self.metrics, self.state)
         if self.metrics.gpus:

@@ -51,7 +51,8 @@ class GPUPanel(Widget):
             text.append_text(_bar(util / 100 if isinstance(util, (int, float)) else None, 10 if wide else 6))
             text.append(f" {_num(util, '.0f', '%'):>4}  ")
             used, total = g.get("memory_used_mib"), g.get("memory_total_mib")
-            frac = used / total if isinstance(used, (int, float)) and isinstance(total, (int, float)) and total else None
+            known = isinstance(used, (int, float)) and isinstance(total, (int, float)) and total
+            frac = used / total if known else None
             text.append("mem ")
             text.append_text(_bar(frac, 10 if wide else 6))
             if isinstance(used, (int, float)) and isinstance(total, (int, float)):

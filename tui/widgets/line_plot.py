@@ -80,7 +80,7 @@ class LinePlot(Widget):
             dots = [to_dot(x, y) for x, y in pts]
             if len(dots) == 1:
                 dots = dots * 2
-            for (ax, ay), (bx, by) in zip(dots, dots[1:]):
+            for (ax, ay), (bx, by) in zip(dots, dots[1:], strict=False):
                 for px, py in _segment(ax, ay, bx, by):
                     cell = (px // 2, py // 4)
                     cells[cell] = cells.get(cell, 0) | _BITS[py % 4][px % 2]

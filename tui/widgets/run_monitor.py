@@ -9,6 +9,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Static
 
 from surogate.tui.feed import RunMetrics
+from surogate.tui.paths import short_path
 from surogate.tui.widgets.gpu_panel import GPUPanel
 from surogate.tui.widgets.line_plot import LinePlot
 from surogate.tui.widgets.run_stats import RunStats
@@ -27,7 +28,7 @@ class RunMonitor(Vertical):
         text = Text(no_wrap=True, overflow="ellipsis")
         text.append(title, style="bold")
         if m is not None and m.output:
-            text.append(f"  → {m.output}", style="dim")
+            text.append(f"  → {short_path(m.output)}", style="dim")
         self.query_one("#run-title", Static).update(text)
         plot = self.query_one(LinePlot)
         if m is None:

@@ -10,7 +10,7 @@ from textual.widget import Widget
 from surogate.tui.feed import RunMetrics, hms
 
 STATE_STYLES = {"running": "green", "paused": "yellow", "finished": "cyan", "stopped": "magenta",
-                "failed": "red", "exited": "dim", "starting": "yellow", "—": "dim"}
+                "failed": "red", "exited": "dim", "incomplete": "yellow", "starting": "yellow", "—": "dim"}
 
 
 def _g(value, fmt: str) -> str:
