@@ -62,7 +62,8 @@ class Settings:
             if isinstance(default, list) and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
                 raise ConfigError(f"{path}: {key} must be a list of strings", hint=f'{key} = ["output"]')
             if isinstance(default, (str, int)) and type(value) is not type(default):
-                raise ConfigError(f"{path}: {key} must be a {type(default).__name__}")
+                raise ConfigError(f"{path}: {key} must be {'an integer' if isinstance(default, int) else 'a string'}",
+                                  hint=f"{key} = {json.dumps(default)}")
             setattr(settings, key, value)
         return settings
 

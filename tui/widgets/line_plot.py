@@ -52,71 +52,78 @@ class LinePlot(Widget):
         return sum(len(points) for points, _ in self._series.values())
 
     def render(self) -> Text:
-        width, height = self.content_size.width, self.content_size.height
-        points = [p for pts, _ in self._series.values() for p in pts]
-        if not points or width < 12 or height < 3:
-            return Text(self.empty_text, style="dim", justify="center")
-        xs, ys = [x for x, _ in points], [y for _, y in points]
-        x0, x1 = min(xs), max(xs)
-        y0, y1 = min(ys), max(ys)
-        if y1 - y0 < 1e-12:
-            y0, y1 = y0 - 0.5, y1 + 0.5
-        else:
-            pad = (y1 - y0) * 0.05
-            y0, y1 = y0 - pad, y1 + pad
-        labels = [_fmt(y1), _fmt((y0 + y1) / 2), _fmt(y0)]
-        lw = max(len(s) for s in labels)
-        pw, ph = width - lw - 1, height - 1  # plot cells; one column for the axis, one row for x labels
-        dots_w, dots_h = pw * 2, ph * 4
+        return draw(self._series, self.content_size.width, self.content_size.height, self.empty_text)
 
-        def to_dot(x: float, y: float) -> tuple[int, int]:
-            dx = 0 if x1 == x0 else round((x - x0) / (x1 - x0) * (dots_w - 1))
-            dy = round((y1 - y) / (y1 - y0) * (dots_h - 1))
-            return dx, dy
 
-        cells: dict[tuple[int, int], int] = {}
-        owner: dict[tuple[int, int], str] = {}
-        for pts, style in self._series.values():
-            dots = [to_dot(x, y) for x, y in pts]
-            if len(dots) == 1:
-                dots = dots * 2
-            for (ax, ay), (bx, by) in zip(dots, dots[1:], strict=False):
-                for px, py in _segment(ax, ay, bx, by):
-                    cell = (px // 2, py // 4)
-                    cells[cell] = cells.get(cell, 0) | _BITS[py % 4][px % 2]
-                    owner[cell] = style
+def draw(series: dict[str, tuple[list[tuple[float, float]], str]], width: int, height: int,
+         empty_text: str = "no points yet") -> Text:
+    """The chart of ``series`` (name -> (points, style)) in a ``width`` x ``height`` cell box."""
+    points = [p for pts, _ in series.values() for p in pts]
+    if not points or width < 12 or height < 3:
+        return Text(empty_text, style="dim", justify="center")
+    xs, ys = [x for x, _ in points], [y for _, y in points]
+    x0, x1 = min(xs), max(xs)
+    y0, y1 = min(ys), max(ys)
+    if y1 - y0 < 1e-12:
+        y0, y1 = y0 - 0.5, y1 + 0.5
+    else:
+        pad = (y1 - y0) * 0.05
+        y0, y1 = y0 - pad, y1 + pad
+    labels = [_fmt(y1), _fmt((y0 + y1) / 2), _fmt(y0)]
+    lw = max(len(s) for s in labels)
+    pw, ph = width - lw - 1, height - 1  # plot cells; one column for the axis, one row for x labels
+    dots_w, dots_h = pw * 2, ph * 4
 
-        text = Text(no_wrap=True, overflow="crop")
-        label_rows = {0: labels[0], ph // 2: labels[1], ph - 1: labels[2]}
-        for row in range(ph):
-            text.append(label_rows.get(row, "").rjust(lw), style="dim")
-            text.append("┤" if row in label_rows else "│", style="dim")
-            for col in range(pw):
-                bits = cells.get((col, row))
-                if bits:
-                    text.append(chr(_BRAILLE + bits), style=owner[(col, row)])
-                else:
-                    text.append(" ")
-            text.append("\n")
-        # x axis: first and last x, the legend between them
-        left, right = _fmt_x(x0), _fmt_x(x1)
-        legend = Text()
-        for name, (pts, style) in self._series.items():
-            if pts:
-                legend.append(" ● " if legend else "● ", style=style)
-                legend.append(name, style="dim")
-        gap = pw - len(left) - len(right)
-        text.append(" " * lw + "└", style="dim")
-        text.append(left, style="dim")
-        if legend.cell_len <= gap - 2:
-            pad = gap - legend.cell_len
-            text.append(" " * (pad // 2))
-            text.append_text(legend)
-            text.append(" " * (pad - pad // 2))
-        else:
-            text.append(" " * max(gap, 1))
-        text.append(right, style="dim")
-        return text
+    def to_dot(x: float, y: float) -> tuple[int, int]:
+        dx = 0 if x1 == x0 else round((x - x0) / (x1 - x0) * (dots_w - 1))
+        dy = round((y1 - y) / (y1 - y0) * (dots_h - 1))
+        return dx, dy
+
+    cells: dict[tuple[int, int], int] = {}
+    owner: dict[tuple[int, int], str] = {}
+    for pts, style in series.values():
+        dots = [to_dot(x, y) for x, y in pts]
+        if len(dots) == 1:
+            dots = dots * 2
+        for (ax, ay), (bx, by) in zip(dots, dots[1:], strict=False):
+            for px, py in _segment(ax, ay, bx, by):
+                cell = (px // 2, py // 4)
+                cells[cell] = cells.get(cell, 0) | _BITS[py % 4][px % 2]
+                owner[cell] = style
+
+    text = Text(no_wrap=True, overflow="crop")
+    label_rows = {0: labels[0], ph // 2: labels[1], ph - 1: labels[2]}
+    for row in range(ph):
+        text.append(label_rows.get(row, "").rjust(lw), style="dim")
+        text.append("┤" if row in label_rows else "│", style="dim")
+        for col in range(pw):
+            bits = cells.get((col, row))
+            if bits:
+                text.append(chr(_BRAILLE + bits), style=owner[(col, row)])
+            else:
+                text.append(" ")
+        text.append("\n")
+    # x axis: first and last x, the legend between them
+    left, right = _fmt_x(x0), _fmt_x(x1)
+    legend = Text()
+    for name, (pts, style) in series.items():
+        if pts:
+            legend.append(" ● " if legend else "● ", style=style)
+            legend.append(name, style="dim")
+    gap = pw - len(left) - len(right)
+    text.append(" " * lw + "└", style="dim")
+    text.append(left, style="dim")
+    if legend.cell_len <= gap - 2:
+        pad = gap - legend.cell_len
+        text.append(" " * (pad // 2))
+        text.append_text(legend)
+        text.append(" " * (pad - pad // 2))
+    else:
+        text.append(" " * max(gap, 1))
+    text.append(right, style="dim")
+    return text
+
+
 
 
 def _segment(x0: int, y0: int, x1: int, y1: int):
