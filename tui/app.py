@@ -78,6 +78,8 @@ class SurogateApp(App):
         for title, help_text, mode, action in (
             ("Library: rescan", "Look for models again (HF cache, folders, default model)", "library", "refresh"),
             ("Library: download a model", "Fetch a model from the Hugging Face Hub by id", "library", "download"),
+            ("Library: add a model folder", "Scan another folder for models (saved in settings)", "library",
+             "add_folder"),
             ("Library: inspect model", "Config, tensors and chat template of the selected model", "library",
              "inspect"),
             ("Library: serve model", "Open Serve with the selected model", "library", "serve"),

@@ -7,6 +7,7 @@ Thread-safe: App.notify may be called from a worker.
 from __future__ import annotations
 
 from textual.app import App
+from textual.worker import Worker, WorkerState
 
 
 def describe(exc: BaseException) -> tuple[str, str | None]:
@@ -23,3 +24,12 @@ def notify_error(app: App, exc: BaseException, title: str = "Error") -> None:
     message, hint = describe(exc)
     body = f"{message}\nhint: {hint}" if hint else message
     app.notify(body, title=title, severity="error", timeout=12, markup=False)
+
+
+class WorkerErrors:
+    """Mixed into every screen: a worker that raises (workers run with exit_on_error=False) becomes
+    an error notification, and the app keeps running."""
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        if event.state == WorkerState.ERROR and event.worker.error is not None:
+            notify_error(self.app, event.worker.error, "Unexpected error")

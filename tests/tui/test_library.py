@@ -160,3 +160,49 @@ def test_merges_an_adapter_trained_elsewhere(world, make_app, h, tmp_path):
     h.drive(app, script)
     assert (world / "models" / "base-lora-merged" / "model.safetensors").is_file()
     del torch
+
+
+def test_download_offline_fails_with_a_hint(world, make_app, h, monkeypatch):
+    import huggingface_hub.constants
+
+    from surogate.tui.screens.download import DownloadScreen
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # as on a box with no network
+    app = make_app("library")
+
+    async def script(pilot):
+        await pilot.press("g")
+        await h.wait_for(pilot, lambda: isinstance(app.screen, DownloadScreen))
+        await pilot.press(*"org/some-model", "enter")
+        await h.wait_for(pilot, lambda: any(n.startswith("Cannot find") for n in h.notifications(app)),
+                         what="the failure")
+        [note] = h.notifications(app)
+        assert "hint: check the id and the network" in note
+        await pilot.press("escape")
+        await h.wait_for(pilot, lambda: not isinstance(app.screen, DownloadScreen))
+
+    h.drive(app, script)
+
+
+def test_add_a_model_folder_from_the_palette(world, settings, make_app, h):
+    from textual.command import CommandPalette
+    from textual.widgets import Input
+
+    h.write_fake_model(world / "elsewhere" / "found-me")
+    app = make_app("library")
+
+    async def script(pilot):
+        await h.wait_for(pilot, lambda: not app.screen_stack[0].workers)
+        assert "found-me" not in rows(app)
+        await pilot.press("ctrl+p")
+        await h.wait_for(pilot, lambda: isinstance(app.screen, CommandPalette))
+        await pilot.press(*"add a model folder")
+        await pilot.pause(0.5)
+        await pilot.press("enter")
+        await h.wait_for(pilot, lambda: app.screen.query("#ask-input"), what="the folder prompt")
+        app.screen.query_one("#ask-input", Input).value = "elsewhere"
+        await pilot.press("enter")
+        await h.wait_for(pilot, lambda: "found-me" in rows(app), what="the rescan")
+
+    h.drive(app, script)
+    assert 'model_folders = ["models", "output", "elsewhere"]' in settings.path.read_text()

@@ -191,3 +191,22 @@ def test_lists_runs_found_on_disk(world, make_app, h):
         assert got["nested/b"][1:3] == ["incomplete", "3/40"]
 
     h.drive(app, script)
+
+
+def test_a_failing_worker_is_a_notification_not_a_crash(world, make_app, h, monkeypatch):
+    from surogate.errors import NotFoundError
+    from surogate.tui.screens import train
+
+    def boom(folders):
+        raise NotFoundError("the configs folder vanished", hint="create it again")
+
+    monkeypatch.setattr(train, "find_configs", boom)
+    app = make_app("train")
+
+    async def script(pilot):
+        await h.wait_for(pilot, lambda: h.notifications(app), what="the error notification")
+        assert h.notifications(app) == ["the configs folder vanished\nhint: create it again"]
+        await pilot.press("3")  # and the app is still there
+        assert app.current_mode == "serve"
+
+    h.drive(app, script)

@@ -16,12 +16,12 @@ from textual.screen import Screen
 from textual.widgets import Footer, Input, Label, Select
 
 from surogate.tui.gateway_client import ChatDelta, ChatError, list_models, stream_chat
-from surogate.tui.notify import describe, notify_error
+from surogate.tui.notify import WorkerErrors, describe, notify_error
 from surogate.tui.widgets.chat_message import ChatMessage
 from surogate.tui.widgets.nav_bar import NavBar
 
 
-class ChatScreen(Screen):
+class ChatScreen(WorkerErrors, Screen):
     BINDINGS = [
         Binding("escape", "stop", "Stop/leave field"),
         Binding("ctrl+n", "new_chat", "New chat"),
@@ -94,7 +94,7 @@ class ChatScreen(Screen):
     def _url_entered(self) -> None:
         self.action_refresh_models()
 
-    @work(thread=True, exclusive=True, group="models")
+    @work(thread=True, exit_on_error=False, exclusive=True, group="models")
     def fetch_models(self, url: str) -> None:
         try:
             self.post_message(self.Models(list_models(url)))
@@ -154,7 +154,7 @@ class ChatScreen(Screen):
                 "top_p": read("top-p", float, "top_p", 0.0, 1.0),
                 "max_tokens": read("max-tokens", int, "max_tokens", 1, 1 << 20)}
 
-    @work(thread=True, group="chat")
+    @work(thread=True, exit_on_error=False, group="chat")
     def stream(self, url: str, model: str | None, messages: list[dict], params: dict, widget: ChatMessage) -> None:
         t0 = time.monotonic()
         finish, usage, error = None, None, None

@@ -17,7 +17,7 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, ProgressBar, Static
 
-from surogate.tui.notify import describe
+from surogate.tui.notify import WorkerErrors, describe
 
 
 class DownloadCancelled(Exception):
@@ -43,7 +43,7 @@ def _progress_class(screen: DownloadScreen, cancel: threading.Event):
     return Progress
 
 
-class DownloadScreen(ModalScreen[bool]):
+class DownloadScreen(WorkerErrors, ModalScreen[bool]):
     BINDINGS = [Binding("escape", "close", "Close / cancel")]
 
     class Progress(Message):
@@ -94,7 +94,7 @@ class DownloadScreen(ModalScreen[bool]):
         self.query_one("#download-status", Static).update(f"fetching {repo} …")
         self.fetch(repo)
 
-    @work(thread=True, group="download")
+    @work(thread=True, exit_on_error=False, group="download")
     def fetch(self, repo: str) -> None:
         from huggingface_hub import snapshot_download
 

@@ -28,6 +28,7 @@ SECTIONS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         ("d", "delete from disk (asks first)"),
         ("g", "download from the Hugging Face Hub by id"),
         ("r", "rescan the cache and folders"),
+        ("a", "add a folder to scan (saved in settings.toml)"),
     )),
     ("Train", (
         ("c  m  r", "Config, Monitor and Runs tabs"),

@@ -16,7 +16,7 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static, TabbedContent, TabPane
 
 from surogate.tui.catalog import ModelEntry, format_params, format_size
-from surogate.tui.notify import describe
+from surogate.tui.notify import WorkerErrors, describe
 from surogate.tui.paths import short_path
 
 
@@ -67,7 +67,7 @@ def _short(value) -> str:
     return repr(value) if isinstance(value, str) else str(value)
 
 
-class InspectScreen(ModalScreen[None]):
+class InspectScreen(WorkerErrors, ModalScreen[None]):
     BINDINGS = [Binding("escape,q", "close", "Close")]
 
     class Loaded(Message):
@@ -101,7 +101,7 @@ class InspectScreen(ModalScreen[None]):
         table.add_columns("Tensor", "Dtype", "Shape")
         self.load()
 
-    @work(thread=True)
+    @work(thread=True, exit_on_error=False)
     def load(self) -> None:
         try:
             details = load_details(self.entry)

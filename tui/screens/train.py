@@ -25,7 +25,7 @@ from textual.widgets.option_list import Option
 from textual.worker import get_current_worker
 
 from surogate.tui.feed import MetricsTail, RunMetrics
-from surogate.tui.notify import describe, notify_error
+from surogate.tui.notify import WorkerErrors, describe, notify_error
 from surogate.tui.paths import short_path
 from surogate.tui.processes import TrainProcess
 from surogate.tui.runs import RunRow, display_state, find_runs
@@ -53,7 +53,7 @@ def summarize(cfg, path: str | None) -> str:
             f"{cfg.recipe} → {cfg.output_dir}" + (f"\nctrl+l launches {short_path(path)}" if path else ""))
 
 
-class TrainScreen(Screen):
+class TrainScreen(WorkerErrors, Screen):
     BINDINGS = [
         Binding("ctrl+l", "launch", "Launch"),
         Binding("ctrl+s", "save", "Save"),
@@ -149,7 +149,7 @@ class TrainScreen(Screen):
 
     # -- config: files, form, validation --
 
-    @work(thread=True, exclusive=True, group="configs")
+    @work(thread=True, exit_on_error=False, exclusive=True, group="configs")
     def scan_configs(self) -> None:
         s = self.app.settings
         self.post_message(self.ConfigsFound(find_configs(s.resolve(s.config_folders))))
@@ -193,7 +193,7 @@ class TrainScreen(Screen):
             self.source = "form"
             self.check_mapping(message.form.values(), message.form.kind, message.form.save_path)
 
-    @work(thread=True, exclusive=True, group="check")
+    @work(thread=True, exit_on_error=False, exclusive=True, group="check")
     def check_file(self, path: str, kind: str) -> None:
         from surogate.config import load_config
 
@@ -204,7 +204,7 @@ class TrainScreen(Screen):
             return
         self.post_message(self.Checked(True, summarize(cfg, path)))
 
-    @work(thread=True, exclusive=True, group="check")
+    @work(thread=True, exit_on_error=False, exclusive=True, group="check")
     def check_mapping(self, data: dict, kind: str, save_as: str) -> None:
         from surogate.config import load_config
 
@@ -272,7 +272,7 @@ class TrainScreen(Screen):
         self._status(f"launching {short_path(path)} …")
         self.launch(path.absolute(), form.kind)
 
-    @work(thread=True, group="launch")
+    @work(thread=True, exit_on_error=False, group="launch")
     def launch(self, path: Path, kind: str) -> None:
         from surogate.config import load_config
 
@@ -298,7 +298,7 @@ class TrainScreen(Screen):
 
     # -- runs list, attach, watch --
 
-    @work(thread=True, exclusive=True, group="runs")
+    @work(thread=True, exit_on_error=False, exclusive=True, group="runs")
     def scan_runs(self, reattach: bool = False) -> None:
         s = self.app.settings
         try:
@@ -353,7 +353,7 @@ class TrainScreen(Screen):
         pid = f" · pid {row.process.record.pid}" if row.process is not None else ""
         return f"{row.name} · {short_path(row.metrics_path)}{pid}"
 
-    @work(thread=True, exclusive=True, group="watch")
+    @work(thread=True, exit_on_error=False, exclusive=True, group="watch")
     def watch_run(self, row: RunRow, offset: int) -> None:
         worker = get_current_worker()
         tail = MetricsTail(row.metrics_path)
@@ -432,7 +432,7 @@ class TrainScreen(Screen):
         self.app.push_screen(ConfirmScreen(f"Stop {self.attached.name}?", "SIGTERM, then kill after 10 s", "Stop"),
                              lambda yes: self.stop_run(p) if yes else None)
 
-    @work(thread=True, group="stop")
+    @work(thread=True, exit_on_error=False, group="stop")
     def stop_run(self, process: TrainProcess) -> None:
         try:
             how = process.stop(self.store)
@@ -443,7 +443,7 @@ class TrainScreen(Screen):
 
     # -- GPUs with no run attached --
 
-    @work(thread=True, group="gpus")
+    @work(thread=True, exit_on_error=False, group="gpus")
     def sample_local_gpus(self) -> None:
         from surogate.train import gpu_monitor
 
