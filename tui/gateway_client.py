@@ -80,6 +80,8 @@ class StatsPoller:
             stats.error = _describe_http(e)
             return stats
         now, m = time.monotonic(), parse_prometheus(r.text)
+        for key in ("generation_tokens", "prompt_tokens", "request_success"):
+            m.setdefault(P + key, 0.0)  # labelled counters appear only after their first request
         stats.running = m.get(P + "num_requests_running")
         stats.waiting = m.get(P + "num_requests_waiting")
         stats.kv_usage = m.get(P + "kv_cache_usage_perc")

@@ -157,7 +157,11 @@ class TrainProcess:
 
 class ServerProcess:
     """The gateway as a child process, its output in a log file the Serve screen tails.
-    An empty ``model`` serves the default model (`surogate serve` with no argument)."""
+    An empty ``model`` serves the default model (`surogate serve` with no argument).
+
+    Unlike a training run it stays in the TUI's process group: a terminal that hangs up (a
+    dropped SSH session, a killed tmux window) takes it down with the TUI instead of leaving a
+    server holding the port."""
 
     def __init__(self, model: str, port: int, log_path: Path, extra: tuple[str, ...] = ()):
         self.model, self.port, self.log_path = model, port, log_path
@@ -166,7 +170,7 @@ class ServerProcess:
         with open(log_path, "wb") as log:
             argv = surogate_argv("serve", *([model] if model else []), "--port", str(port), *extra)
             self.popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
     @property
     def running(self) -> bool:
@@ -180,7 +184,7 @@ class ServerProcess:
         """Ask it to stop; returns at once."""
         if self.running:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGTERM)
+                self.popen.terminate()
 
     def stop(self, grace: float = 10.0) -> int | None:
         """SIGTERM, then SIGKILL after ``grace`` seconds. Blocks: call from a worker."""
@@ -189,5 +193,5 @@ class ServerProcess:
             return self.popen.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.kill()
             return self.popen.wait(timeout=5)

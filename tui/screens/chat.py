@@ -62,7 +62,7 @@ class ChatScreen(WorkerErrors, Screen):
             yield Label("top_p", classes="form-label tiny")
             yield Input("1.0", id="top-p", compact=True, classes="num")
             yield Label("max", classes="form-label tiny")
-            yield Input("512", id="max-tokens", compact=True, classes="num")
+            yield Input("", placeholder="auto", id="max-tokens", compact=True, classes="num")
             yield Label("system", classes="form-label tiny")
             yield Input("", placeholder="system prompt (optional)", id="system", compact=True)
         yield VerticalScroll(id="transcript")
@@ -150,9 +150,11 @@ class ChatScreen(WorkerErrors, Screen):
                 raise ValueError(f"{name} must be between {lo} and {hi}, got {value}")
             return value
 
-        return {"temperature": read("temperature", float, "temperature", 0.0, 2.0),
-                "top_p": read("top-p", float, "top_p", 0.0, 1.0),
-                "max_tokens": read("max-tokens", int, "max_tokens", 1, 1 << 20)}
+        params = {"temperature": read("temperature", float, "temperature", 0.0, 2.0),
+                  "top_p": read("top-p", float, "top_p", 0.0, 1.0)}
+        if self.query_one("#max-tokens", Input).value.strip():  # empty: up to the model's context
+            params["max_tokens"] = read("max-tokens", int, "max_tokens", 1, 1 << 20)
+        return params
 
     @work(thread=True, exit_on_error=False, group="chat")
     def stream(self, url: str, model: str | None, messages: list[dict], params: dict, widget: ChatMessage) -> None:

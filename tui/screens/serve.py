@@ -44,7 +44,7 @@ def format_log_line(line: str) -> Text | None:
         r = None
     if not isinstance(r, dict) or "status" not in r or "path" not in r:
         return Text(line, style="dim")
-    if r["path"] in POLLED and r.get("method") == "GET" and r["status"] == 200:
+    if r["path"] in POLLED and r.get("method") == "GET":
         return None
     status = int(r.get("status", 0))
     text = Text(no_wrap=True, overflow="ellipsis")
@@ -181,6 +181,7 @@ class ServeScreen(WorkerErrors, Screen):
             return
         self.state, self.stats = "starting", None
         self._show()
+        self.query_one("#serve-log").focus()  # keys (x, c) work while it starts
         log = self.query_one("#serve-log", RichLog)
         log.clear()
         log.write(Text(f"$ surogate serve {model or '(default model)'} --port {port}", style="bold"))

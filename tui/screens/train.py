@@ -450,6 +450,9 @@ class TrainScreen(WorkerErrors, Screen):
         self.post_message(self.LocalGPUs(gpu_monitor.sample_gpus()))
 
     def on_train_screen_local_gpus(self, message: LocalGPUs) -> None:
+        form = self.query_one(ConfigForm)
+        if not message.gpus and not form.has_focus_within:
+            form.set("recipe", "fp32")  # no GPU here: bf16 is the GPU recipe
         if self.attached is None:
             self.query_one(RunMonitor).show_gpus(message.gpus, "this machine (nvidia-smi)" if message.gpus else "")
 
