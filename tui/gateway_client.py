@@ -127,14 +127,17 @@ class ChatError(Exception):
 
 
 def stream_chat(base_url: str, body: dict, api_key: str | None = None,
-                cancelled: Callable[[], bool] = lambda: False, timeout: float = 300.0) -> Iterator[ChatDelta]:
-    """POST /v1/chat/completions with stream=true and yield its deltas; stops early when ``cancelled()``."""
+                cancelled: Callable[[], bool] = lambda: False, timeout: float = 300.0,
+                client: httpx.Client | None = None) -> Iterator[ChatDelta]:
+    """POST /v1/chat/completions with stream=true and yield its deltas; stops early when ``cancelled()``
+    (closing the stream: the gateway aborts the request and frees its KV blocks)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     url = f"{base_url.rstrip('/')}/v1/chat/completions"
+    http = client or httpx
     try:
-        with httpx.stream("POST", url, json=body, headers=headers,
-                          timeout=httpx.Timeout(timeout, connect=5.0)) as r:
+        with http.stream("POST", url, json=body, headers=headers,
+                         timeout=httpx.Timeout(timeout, connect=5.0)) as r:
             if r.status_code != 200:
                 r.read()
                 raise ChatError(f"HTTP {r.status_code}: {_error_message(r)}", hint=_hint_for(r.status_code))

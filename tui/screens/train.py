@@ -395,10 +395,7 @@ class TrainScreen(WorkerErrors, Screen):
                                                                        if m.eval_loss is not None else ""),
                         markup=False)
         elif self.state == "failed":
-            tail = ""
-            if row.log_path is not None and row.log_path.is_file():
-                lines = [x for x in row.log_path.read_text(errors="replace").splitlines() if x.strip()]
-                tail = "\n".join(lines[-2:])
+            tail = "\n".join(_last_lines(row.log_path, 2)) if row.log_path is not None else ""
             self.notify(f"{row.name} failed\n{tail}", severity="error", timeout=15, markup=False)
 
     # -- pause / resume / stop --
@@ -455,6 +452,17 @@ class TrainScreen(WorkerErrors, Screen):
             form.set("recipe", "fp32")  # no GPU here: bf16 is the GPU recipe
         if self.attached is None:
             self.query_one(RunMonitor).show_gpus(message.gpus, "this machine (nvidia-smi)" if message.gpus else "")
+
+
+def _last_lines(path: Path, n: int, size: int = 4096) -> list[str]:
+    """The last ``n`` non-blank lines of a log (its last ``size`` bytes: a log may be long)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(f.seek(0, 2) - size, 0))
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    return [x for x in text.splitlines() if x.strip()][-n:]
 
 
 def _num(value: float | None) -> str:

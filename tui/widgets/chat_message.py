@@ -29,7 +29,8 @@ class ChatMessage(Vertical):
         yield Static("", classes="footer", markup=False)
 
     def on_mount(self) -> None:
-        self._refresh_parts()
+        # after the first refresh: the Collapsible sets its own title while it mounts
+        self.call_after_refresh(self._refresh_parts)
 
     def add_reasoning(self, text: str) -> None:
         self.reasoning += text
