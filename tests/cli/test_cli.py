@@ -16,11 +16,10 @@ NOT_BUILT = {
     "dpo": ["dpo", "config.yaml"],
     "grpo": ["grpo", "config.yaml"],
     "distill": ["distill", "config.yaml"],
-    "tui": ["tui"],
     "models": ["models"],
     "bench": ["bench", "serve", "--device", "cuda"],
 }
-COMMANDS = [*NOT_BUILT, "doctor", "merge", "sft", "pt", "serve", "quantize"]
+COMMANDS = [*NOT_BUILT, "doctor", "merge", "sft", "pt", "serve", "quantize", "tui"]
 
 
 def run(*args: str, code: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:

@@ -1,0 +1,70 @@
+"""Reading a run's metrics feed while another process writes it: partial last lines, a file that
+is replaced, several runs appended to one file; and what the Train screen derives from it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from surogate.tui.feed import MetricsTail, RunMetrics, read_metrics
+from surogate.tui.runs import display_state
+
+
+def append(path, *records, raw: str = "") -> None:
+    with open(path, "a") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+        f.write(raw)
+
+
+def test_tail_returns_only_complete_new_lines(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    tail = MetricsTail(path)
+    assert tail.read() == []  # not there yet
+    append(path, {"type": "start", "total_steps": 4}, raw='{"type": "step", "st')
+    assert [r["type"] for r in tail.read()] == ["start"]
+    append(path, raw='ep": 1, "loss": 2.5}\nnot json\n[1, 2]\n')
+    assert tail.read() == [{"type": "step", "step": 1, "loss": 2.5}]
+    assert tail.read() == []
+    path.write_text(json.dumps({"type": "start", "total_steps": 9}) + "\n")  # replaced by a shorter file
+    assert tail.read() == [{"type": "start", "total_steps": 9}]
+
+
+def test_metrics_follow_the_trainers_lines(tmp_path):
+    m = RunMetrics()
+    m.extend([{"type": "start", "total_steps": 10, "start_step": 0, "output_dir": "out"},
+              {"type": "step", "step": 1, "loss": 3.0, "lr": 1e-4, "grad_norm": 2.0, "tokens_per_second": 100.0,
+               "elapsed": 2.0},
+              {"type": "step", "step": 2, "loss": 2.0, "lr": 2e-4, "grad_norm": 1.0, "tokens_per_second": 120.0,
+               "elapsed": 4.0},
+              {"type": "eval", "step": 2, "eval_loss": 2.2},
+              {"type": "gpu", "gpus": [{"index": 0, "utilization": 50.0}]},
+              {"type": "mystery"}])
+    assert m.losses == [(1, 3.0), (2, 2.0)] and m.eval_losses == [(2, 2.2)]
+    assert (m.step, m.lr, m.grad_norm, m.tokens_per_second) == (2, 2e-4, 1.0, 120.0)
+    assert m.progress == pytest.approx(0.2) and m.eta == pytest.approx(16.0)  # 2 s per step, 8 to go
+    assert m.gpus == [{"index": 0, "utilization": 50.0}]
+    assert display_state(None, m) == "incomplete" and display_state("exited", m) == "failed"
+    m.apply({"type": "end", "step": 2, "output": "out/adapter"})
+    assert m.ended and m.eta is None and m.output == "out/adapter"
+    assert display_state(None, m) == "finished" and display_state("running", m) == "running"
+
+
+def test_a_resumed_run_keeps_its_curve_and_a_fresh_one_starts_over():
+    m = RunMetrics()
+    m.extend([{"type": "start", "total_steps": 4, "start_step": 0}, {"type": "step", "step": 1, "loss": 1.0},
+              {"type": "start", "total_steps": 4, "start_step": 1}, {"type": "step", "step": 2, "loss": 0.9}])
+    assert [s for s, _ in m.losses] == [1, 2]
+    m.apply({"type": "start", "total_steps": 4, "start_step": 0})
+    assert m.losses == [] and m.step == 0
+
+
+def test_read_metrics_bounds_one_run_of_a_shared_feed(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    append(path, {"type": "start", "total_steps": 2}, {"type": "step", "step": 1, "loss": 5.0})
+    middle = path.stat().st_size
+    append(path, {"type": "start", "total_steps": 3}, {"type": "step", "step": 1, "loss": 4.0})
+    assert read_metrics(path, 0, middle).losses == [(1, 5.0)]
+    assert read_metrics(path, middle).losses == [(1, 4.0)] and read_metrics(path, middle).total_steps == 3
+    assert read_metrics(tmp_path / "missing.jsonl").losses == []

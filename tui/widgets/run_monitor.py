@@ -1,0 +1,43 @@
+"""The attached run at a glance: a title line, the loss / eval-loss chart, the numbers beside it
+and the GPU panel. It shows what it is given (attributes down); the Train screen feeds it."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Static
+
+from surogate.tui.feed import RunMetrics
+from surogate.tui.paths import short_path
+from surogate.tui.widgets.gpu_panel import GPUPanel
+from surogate.tui.widgets.line_plot import LinePlot
+from surogate.tui.widgets.run_stats import RunStats
+
+
+class RunMonitor(Vertical):
+    def compose(self) -> ComposeResult:
+        yield Static("no run attached: launch one (Config tab) or pick one (Runs tab)", id="run-title",
+                     markup=False)
+        with Horizontal(id="run-main"):
+            yield LinePlot("waiting for the first step…", id="loss-plot")
+            yield RunStats(id="run-stats")
+        yield GPUPanel(id="gpu-panel")
+
+    def show(self, title: str, m: RunMetrics | None, state: str) -> None:
+        text = Text(no_wrap=True, overflow="ellipsis")
+        text.append(title, style="bold")
+        if m is not None and m.output:
+            text.append(f"  → {short_path(m.output)}", style="dim")
+        self.query_one("#run-title", Static).update(text)
+        plot = self.query_one(LinePlot)
+        if m is None:
+            plot.clear()
+        else:
+            plot.set_series("loss", m.losses, "cyan")
+            plot.set_series("eval loss", m.eval_losses, "magenta")
+        self.query_one(RunStats).show(m, state)
+        self.set_class(state in ("running", "paused"), "live")
+
+    def show_gpus(self, gpus: list[dict] | None, source: str = "") -> None:
+        self.query_one(GPUPanel).show_gpus(gpus, source)

@@ -1,0 +1,56 @@
+"""The numbers beside the loss chart: state, step and progress with ETA, loss, eval loss, learning
+rate, grad norm, throughput, epoch. Everything comes from the feed (its own clock), so a
+finished run reads the same every time it is opened."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widget import Widget
+
+from surogate.tui.feed import RunMetrics, hms
+
+STATE_STYLES = {"running": "green", "paused": "yellow", "finished": "cyan", "stopped": "magenta",
+                "failed": "red", "exited": "dim", "incomplete": "yellow", "starting": "yellow", "—": "dim"}
+
+
+def _g(value, fmt: str) -> str:
+    return f"{value:{fmt}}" if isinstance(value, (int, float)) else "—"
+
+
+class RunStats(Widget):
+    def __init__(self, *, id: str | None = None):
+        super().__init__(id=id)
+        self.metrics: RunMetrics | None = None
+        self.state = "—"
+
+    def show(self, m: RunMetrics | None, state: str = "—") -> None:
+        self.metrics, self.state = m, state
+        self.refresh()
+
+    def render(self) -> Text:
+        m, state = self.metrics, self.state
+        text = Text(no_wrap=True, overflow="ellipsis")
+        text.append("state  ")
+        text.append(state, style=f"bold {STATE_STYLES.get(state, '')}")
+        if m is None:
+            text.append("\n\nno run attached", style="dim")
+            return text
+        total = m.total_steps or 0
+        text.append(f"\nstep   {m.step}/{total or '?'}\n")
+        width = max(self.content_size.width - 5, 4)
+        filled = round(m.progress * width)
+        text.append("█" * filled, style="cyan")
+        text.append("░" * (width - filled), style="dim")
+        text.append(f"{m.progress * 100:>4.0f}%\n")
+        eta = m.eta
+        text.append(f"eta    {hms(eta) if eta is not None else '—'}\n")
+        text.append(f"elapsed {hms(m.elapsed) if m.elapsed else '—'}\n")
+        text.append("loss   ")
+        text.append(_g(m.loss, ".4f"), style="bold cyan")
+        text.append("\neval   ")
+        text.append(_g(m.eval_loss, ".4f"), style="bold magenta")
+        text.append(f"\nlr     {_g(m.lr, '.2e')}\n")
+        text.append(f"gnorm  {_g(m.grad_norm, '.3f')}\n")
+        text.append(f"tok/s  {_g(m.tokens_per_second, ',.0f')}\n")
+        text.append(f"epoch  {_g(m.epoch, '.2f')}")
+        return text
