@@ -72,8 +72,11 @@ def world(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("TZ", "UTC")
     time.tzset()
     from surogate.train import gpu_monitor
+    from surogate.tui.screens import serve, train
 
     monkeypatch.setattr(gpu_monitor, "sample_gpus", lambda timeout=5.0: None)
+    monkeypatch.setattr(serve, "POLL_SECONDS", 0.2)  # the screens' polling, quicker for tests
+    monkeypatch.setattr(train, "POLL_SECONDS", 0.2)
     yield work
     monkeypatch.delenv("TZ")
     time.tzset()

@@ -28,7 +28,7 @@ def test_serve_a_tiny_model_and_chat_with_it(world, settings, make_app, h):
         log = "\n".join(str(line.text) for line in serve.query_one("#serve-log", RichLog).lines)
         assert serve.state == "running", log
         assert serve.stats.models == {"tiny": "loaded"}
-        assert app.gateway_url == f"http://127.0.0.1:{port}"
+        await h.wait_for(pilot, lambda: app.gateway_url == f"http://127.0.0.1:{port}", what="the Ready message")
 
         await pilot.press("c")  # to Chat: it picks up the gateway's URL and models
         chat = app.screen

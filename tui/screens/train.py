@@ -5,6 +5,10 @@ Three tabs. Config: the file list and path on the left, the form on the right, a
 line that says what ctrl+l launches and what load_config thinks of it. Monitor: the attached run.
 Runs: everything launched here or found under the run folders. Validation, launching, stopping,
 scanning and tailing the feed happen in workers; each posts a message back.
+
+Longer than the house's ~400 lines because the three tabs share one state (what ctrl+l
+launches, the attached run and its process); what each tab shows is a widget (ConfigForm,
+RunMonitor), the plain-data parts are feed.py, runs.py and processes.py.
 """
 
 from __future__ import annotations
