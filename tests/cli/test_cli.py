@@ -16,10 +16,9 @@ NOT_BUILT = {
     "dpo": ["dpo", "config.yaml"],
     "grpo": ["grpo", "config.yaml"],
     "distill": ["distill", "config.yaml"],
-    "models": ["models"],
     "bench": ["bench", "serve", "--device", "cuda"],
 }
-COMMANDS = [*NOT_BUILT, "doctor", "merge", "sft", "pt", "serve", "quantize", "tui"]
+COMMANDS = [*NOT_BUILT, "doctor", "merge", "sft", "pt", "serve", "quantize", "models", "tui"]
 
 
 def run(*args: str, code: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:
@@ -177,3 +176,14 @@ def test_interrupt_exits_130_quietly() -> None:
     proc = run("fail", "interrupt", code=FAILING)
     assert proc.returncode == 130
     assert proc.stderr == ""
+
+
+def test_models_lists_the_families_and_a_model_folder(tmp_path) -> None:
+    pytest.importorskip("torch")
+    from sgtest.tiny_models import make_llama
+
+    make_llama(tmp_path / "tiny-llama")
+    proc = run("models", str(tmp_path), SUROGATE_HOME=str(tmp_path / "home"))
+    assert proc.returncode == 0, proc.stderr
+    assert "LlamaForCausalLM" in proc.stdout and "Qwen3ForCausalLM" in proc.stdout
+    assert "tiny-llama" in proc.stdout
