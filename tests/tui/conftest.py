@@ -115,7 +115,7 @@ def drive(app: SurogateApp, script: Callable[..., Awaitable[None]], size: tuple[
     asyncio.run(main())
 
 
-async def wait_for(pilot, predicate: Callable[[], bool], timeout: float = 30.0, what: str = "") -> None:
+async def wait_for(pilot, predicate: Callable[[], bool], timeout: float = 120.0, what: str = "") -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
