@@ -115,11 +115,13 @@ def drive(app: SurogateApp, script: Callable[..., Awaitable[None]], size: tuple[
     asyncio.run(main())
 
 
-async def wait_for(pilot, predicate: Callable[[], bool], timeout: float = 120.0, what: str = "") -> None:
+async def wait_for(pilot, predicate: Callable[[], bool], timeout: float = 120.0,
+                   what: str | Callable[[], str] = "") -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
             notes = [n.message for n in pilot.app._notifications]
+            what = what() if callable(what) else what
             raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}; notifications: {notes}")
         await pilot.pause(0.1)
 

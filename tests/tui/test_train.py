@@ -54,44 +54,42 @@ def test_form_shows_load_configs_error_inline(world, make_app, h):
     h.drive(app, script)
 
 
-def test_launches_a_real_run_pauses_it_and_charts_the_loss(world, make_app, h):
-    tiny_models = pytest.importorskip("sgtest.tiny_models")
+def write_qa(world) -> None:
     pytest.importorskip("transformers")
+    tiny_models = pytest.importorskip("sgtest.tiny_models")
     tiny_models.make_llama(world / "models" / "tiny", seed=2)
     with open(world / "qa.jsonl", "w") as f:
         for q, a in QA:
             f.write(json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]})
                     + "\n")
+
+
+async def launch_from_form(pilot, h, max_steps: int):
+    screen = pilot.app.screen
+    await fill(pilot, {"model": "models/tiny", "dataset_path": "qa.jsonl", "dataset_type": "messages",
+                       "output_dir": "output/tiny-run", "recipe": "fp32", "lora_rank": "8", "lora_alpha": "16",
+                       "learning_rate": "1e-2", "max_steps": str(max_steps), "sequence_len": "256",
+                       "per_device_train_batch_size": "2", "gradient_accumulation_steps": "1",
+                       "save_as": "configs/tiny.yaml"})
+    await h.wait_for(pilot, lambda: status(pilot.app).startswith("✓ sft"), what="a valid form")
+    await pilot.press("ctrl+l")
+    await h.wait_for(pilot, lambda: screen.attached is not None, what="the launch")
+    assert screen.query_one("#train-tabs").active == "tab-monitor"
+    return screen.attached.process
+
+
+def test_launches_a_real_run_and_charts_the_loss_to_the_end(world, make_app, h):
+    write_qa(world)
     app = make_app("train")
 
     async def script(pilot):
         screen = app.screen
-        await fill(pilot, {"model": "models/tiny", "dataset_path": "qa.jsonl", "dataset_type": "messages",
-                           "output_dir": "output/tiny-run", "recipe": "fp32", "lora_rank": "8", "lora_alpha": "16",
-                           "learning_rate": "1e-2", "max_steps": "5", "sequence_len": "256",
-                           "per_device_train_batch_size": "2", "gradient_accumulation_steps": "1",
-                           "save_as": "configs/tiny.yaml"})
-        await h.wait_for(pilot, lambda: status(app).startswith("✓ sft"), what="a valid form")
-        await pilot.press("ctrl+l")
-        await h.wait_for(pilot, lambda: screen.attached is not None, what="the launch")
-        assert screen.query_one("#train-tabs").active == "tab-monitor"
-        process = screen.attached.process
-        # Paused while it loads (seconds of imports and compiling): it writes nothing until resumed.
-        screen.query_one("#train-tabs Tabs").focus()
-        await pilot.press("p")
-        await h.wait_for(pilot, lambda: screen.state == "paused", what="the paused state")
-        feed = world / "output" / "tiny-run" / "metrics.jsonl"
-        size = feed.stat().st_size if feed.exists() else 0
-        await pilot.pause(1.0)
-        assert (feed.stat().st_size if feed.exists() else 0) == size
-        await pilot.press("p")
-        await h.wait_for(pilot, lambda: screen.state == "running", what="the resumed state")
+        process = await launch_from_form(pilot, h, max_steps=5)
         plot = screen.query_one("#loss-plot", LinePlot)
-        await h.wait_for(pilot, lambda: plot.point_count > 0, timeout=120, what="points on the loss chart")
-        await h.wait_for(pilot, lambda: screen.state in ("finished", "failed"), timeout=120, what="the end")
-        log = process.record.log_path
-        assert screen.state == "finished", Path(log).read_text()[-2000:]
+        await h.wait_for(pilot, lambda: screen.state in ("finished", "failed"), timeout=180, what="the end")
+        assert screen.state == "finished", Path(process.record.log_path).read_text()[-2000:]
         assert screen.metrics.step == 5 and len(screen.metrics.losses) == 5
+        assert plot.point_count >= 5  # the train losses, and the eval point
         assert "loss" in str(plot.render())  # the legend under the chart
         assert any("tiny-run finished: loss" in n for n in h.notifications(app))
         await pilot.press("r")
@@ -104,6 +102,36 @@ def test_launches_a_real_run_pauses_it_and_charts_the_loss(world, make_app, h):
     assert (world / "output" / "tiny-run" / "adapter" / "adapter_config.json").is_file()
     [record] = RunStore(app.settings.folder).load()
     assert record.kind == "sft" and record.output_dir == str(world / "output" / "tiny-run")
+
+
+def test_pauses_resumes_and_stops_a_launched_run(world, make_app, h):
+    # A run far longer than the test, so that it cannot end before the pause lands (a 5-step run
+    # on a loaded 2-core box finished before the key was handled).
+    write_qa(world)
+    app = make_app("train")
+
+    async def script(pilot):
+        screen = app.screen
+        process = await launch_from_form(pilot, h, max_steps=100_000)
+        screen.query_one("#train-tabs Tabs").focus()
+        await pilot.press("p")
+        await h.wait_for(pilot, lambda: screen.state == "paused", what=lambda: f"the paused state (now {screen.state})")
+        assert process.state == "paused"
+        feed = world / "output" / "tiny-run" / "metrics.jsonl"
+        size = feed.stat().st_size if feed.exists() else 0
+        await pilot.pause(1.0)
+        assert (feed.stat().st_size if feed.exists() else 0) == size  # stopped: it writes nothing
+        await pilot.press("p")
+        await h.wait_for(pilot, lambda: screen.state == "running", what="the resumed state")
+        plot = screen.query_one("#loss-plot", LinePlot)
+        await h.wait_for(pilot, lambda: plot.point_count > 0, timeout=180, what="points on the loss chart")
+        await pilot.press("x", "y")  # stop, and confirm
+        await h.wait_for(pilot, lambda: screen.state == "stopped", timeout=30, what="the stopped state")
+        assert process.popen.wait(timeout=10) < 0
+
+    h.drive(app, script)
+    [record] = RunStore(app.settings.folder).load()
+    assert record.stopped
 
 
 def sleeper() -> subprocess.Popen:
