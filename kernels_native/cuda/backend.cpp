@@ -89,6 +89,12 @@ void register_backend() {
   register_device_hooks(DeviceType::kCUDA, DeviceHooks{cuda_raw_alloc, cuda_raw_free, cuda_memset, cuda_copy});
   OpRegistry& reg = OpRegistry::global();
   register_cuda_elementwise(reg);
+  register_cuda_matmul(reg);
+  register_cuda_attention(reg);
+  register_cuda_norm_rope_act(reg);
+  register_cuda_embed_optim(reg);
+  register_cuda_paged_attention(reg);
+  register_cuda_gguf(reg);
 }
 
 }  // namespace surogate::cuda
