@@ -66,6 +66,18 @@ class Model:
         self.path = path
         self.arch = CausalLM(spec)
         self._cache: dict[tuple, Executable] = {}
+        self._on_device: dict[str, object] = {}  # GPU: one device copy of each weight, for every executable
+
+    def device_param(self, name: str):
+        """The device tensor mirroring params[name] (None on the CPU, where the array is the buffer)."""
+        if self.device == "cpu":
+            return None
+        t = self._on_device.get(name)
+        if t is None:
+            from surogate import _native
+
+            t = self._on_device[name] = _native.tensor(self.params[name]).to(self.device)
+        return t
 
     # ---- compilation ------------------------------------------------------------------------
     def executable(self, mode: str, n_tokens: int, n_docs: int, lora: LoRAConfig | None = None,
@@ -82,7 +94,7 @@ class Model:
             exe = Executable(g, {"N": n_tokens, "S1": n_docs + 1}, self.device, keep=keep, recompute=recompute)
             for name in exe.external_names("param"):
                 if name in self.params:
-                    exe.bind(name, self.params[name])
+                    exe.bind(name, self.params[name], self.device_param(name))
             self._cache[key] = exe
         return exe
 
@@ -144,6 +156,8 @@ class Model:
                 exe.bind(name, arr)
                 out[name[len("grad."):]] = arr
         exe.run()
+        for name in list(out):
+            out[name] = exe.pull("grad." + name)
         per_token = exe.read("loss")
         return float(per_token[valid].sum() / max(n_valid, 1)), out
 
@@ -164,6 +178,28 @@ class Model:
                 f"{s.num_kv_heads}, vocab={s.vocab_size}, dtype={self.dtype}, device={self.device})")
 
 
+def resolve_device(device: str) -> str:
+    """'cpu', 'cuda' or 'cuda:N' checked against this build and machine; 'auto' picks a GPU when
+    there is one."""
+    from surogate import _native
+
+    gpus = _native.cuda_devices() if _native.build_info()["cuda"] else []
+    if device == "auto":
+        return "cuda" if gpus else "cpu"
+    if device == "cpu":
+        return device
+    if not device.startswith("cuda"):
+        raise InvalidArgumentError(f"unknown device {device!r}", hint="use 'cpu', 'cuda', 'cuda:N' or 'auto'")
+    if not _native.build_info()["cuda"]:
+        raise UnsupportedError("this surogate was built without the CUDA backend",
+                               hint="reinstall on a machine with the CUDA toolkit (SUROGATE_CUDA=ON), or use 'cpu'")
+    index = int(device.split(":", 1)[1]) if ":" in device else 0
+    if index >= len(gpus):
+        raise UnsupportedError(f"{device}: this machine has {len(gpus)} CUDA device(s)",
+                               hint="run `surogate doctor` to see the GPUs and the driver")
+    return device
+
+
 def load_model(path_or_id: str | Path, device: str = "cpu", dtype: str = "float32", *,
                download: bool = False) -> Model:
     """Load a Hugging Face model folder (or a hub id found in the local cache), or a GGUF file
@@ -171,8 +207,7 @@ def load_model(path_or_id: str | Path, device: str = "cpu", dtype: str = "float3
     from surogate.io import ModelFolder, Tokenizer, resolve_model_path
     from surogate.io.gguf import GGUFFile, is_gguf
 
-    if device != "cpu" and not device.startswith("cuda"):
-        raise InvalidArgumentError(f"unknown device {device!r}", hint="use 'cpu' or 'cuda'")
+    device = resolve_device(device)
     if dtype not in DTYPES:
         raise InvalidArgumentError(f"dtype {dtype!r} is not supported", hint=f"use one of {', '.join(DTYPES)}")
     path = resolve_model_path(path_or_id, download=download)
@@ -201,8 +236,5 @@ def load_model(path_or_id: str | Path, device: str = "cpu", dtype: str = "float3
             raise FileFormatError(
                 f"{source}: tensor for {p.name} has shape {params[p.name].shape}, but the model's config implies "
                 f"{p.shape}", hint="the weights and the config do not belong together")
-    if device != "cpu":
-        raise UnsupportedError("the CUDA model runtime lands with the CUDA backend issue",
-                               hint="use device='cpu' for now")
     return Model(spec, family, params, dtype=dtype, device=device, config=config, tokenizer=tokenizer,
                  path=str(path if gguf else folder.path))

@@ -271,6 +271,17 @@ PYBIND11_MODULE(_native, m) {
              }
              return out;
            }, py::arg("device"))
+      .def("copy_from", [](const Tensor& t, py::handle src) {
+             Tensor s = as_tensor(src);
+             if (s.shape_vec() != t.shape_vec() || s.dtype != t.dtype) {
+               throw_status(SG_ERROR(StatusCode::kInvalidArgument,
+                                     str_cat("copy_from: source ", dtype_name(s.dtype), s.shape_str(),
+                                             " does not match ", dtype_name(t.dtype), t.shape_str()),
+                                     "convert the source to the tensor's shape and dtype first"));
+             }
+             py::gil_scoped_release nogil;
+             check(copy_tensor(s, t));
+           }, py::arg("src"), "Copy src (a numpy array or Tensor of the same shape and dtype, any device) into this tensor.")
       .def("reshape", [](const Tensor& t, const std::vector<int64_t>& shape) {
         Tensor out;
         check(t.reshape(shape, &out));

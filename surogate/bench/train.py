@@ -1,8 +1,13 @@
 """`surogate bench train`: training-step throughput, ours and the peer's in the same run.
 
 Ours: the model's training Program (forward, backward, AdamW) on random weights. The peer: HF
-transformers (+ peft for LoRA) with torch's AdamW on the same shape, tokens and device. Both
-see the same packed batch of `batch x seq` tokens (one document per row).
+transformers (+ peft for LoRA, sdpa attention, torch's fused AdamW on a GPU) with the same
+weights, tokens, labels and device, run after ours in the same process. Both see one batch of
+`batch x seq` tokens (one document per row); the first step's losses must agree.
+
+Reported per side: tokens/s and step time (median of the timed steps), peak device memory
+(our caching allocator's peak; torch's max_memory_allocated) and model FLOPs utilization
+(matmul FLOPs of the step over the chip's dense bf16 peak).
 """
 
 from __future__ import annotations
@@ -26,10 +31,37 @@ class Result:
     name: str
     tokens_per_second: float
     step_seconds: float
-    loss: float
+    loss: float  # the first step's (before any update)
+    peak_bytes: int = 0
 
 
-def random_model(shape: str, dtype: str, seed: int = 0) -> Model:
+PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # dense bf16, the vendors' datasheets
+
+
+def step_flops(model: Model, batch: int, seq: int, lora: LoRAConfig | None) -> float:
+    """Matmul FLOPs of one training step: 2 per weight per token forward, 2 more for the input
+    gradient, 2 more for the weight gradient of a full fine-tune; attention's score and value
+    products (causal: half); LoRA adapters are negligible and not counted."""
+    s = model.spec
+    n = batch * seq
+    per_layer = s.hidden_size * (s.num_heads + 2 * s.num_kv_heads) * s.head_dim \
+        + s.num_heads * s.head_dim * s.hidden_size + 3 * s.hidden_size * s.intermediate_size
+    weights = s.num_layers * per_layer + s.vocab_size * s.hidden_size
+    passes = 4 if lora is not None else 6
+    attn = 4 * s.num_layers * s.num_heads * s.head_dim * batch * seq * seq / 2  # QK^T and PV, causal
+    return passes * weights * n + 3 * attn  # attention: forward once, backward twice
+
+
+def peak_tflops(device: str) -> float | None:
+    if device == "cpu":
+        return None
+    from surogate import _native
+
+    name = _native.cuda_devices()[int(device.split(":")[1]) if ":" in device else 0]["name"]
+    return next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
+
+
+def random_model(shape: str, dtype: str, seed: int = 0, device: str = "cpu") -> Model:
     spec = spec_for(shape)
     family = FAMILIES["Qwen3ForCausalLM" if spec.family == "qwen3" else "LlamaForCausalLM"]
     probe = Model(spec, family, {}, dtype=dtype)
@@ -42,12 +74,24 @@ def random_model(shape: str, dtype: str, seed: int = 0) -> Model:
         else:
             arr = rng.standard_normal(p.shape, dtype=np.float32) * 0.02
         params[p.name] = arr.astype(_np_dtype(dtype))
-    return Model(spec, family, params, dtype=dtype)
+    return Model(spec, family, params, dtype=dtype, device=device)
+
+
+def batch_data(model: Model, batch: int, seq: int) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids and labels [batch, seq] (labels as HF takes them: shifted inside the model)."""
+    rng = np.random.default_rng(1)
+    v = model.spec.vocab_size
+    return rng.integers(0, v, (batch, seq)).astype(np.int32), rng.integers(0, v, (batch, seq)).astype(np.int32)
 
 
 def bench_ours(model: Model, batch: int, seq: int, lora: LoRAConfig | None, steps: int, warmup: int,
                recompute: bool) -> Result:
+    from surogate import _native
+
     n = batch * seq
+    on_gpu = model.device != "cpu"
+    if on_gpu:
+        _native.reset_peak_stats(model.device)
     exe = model.executable("train", n, batch, lora=lora, grads=True, recompute=recompute)
     if lora is not None:
         trainable = {k: v.astype(_np_dtype(model.dtype)) for k, v in init_lora(exe.graph, 0).items()}
@@ -58,23 +102,28 @@ def bench_ours(model: Model, batch: int, seq: int, lora: LoRAConfig | None, step
     for name in exe.external_names("grad"):
         exe.bind(name, np.zeros(exe.buf(name).shape, np.float32))
     opt = AdamW(exe, trainable, AdamWParams(lr=1e-5))
-    rng = np.random.default_rng(1)
-    exe.bind("input_ids", rng.integers(0, model.spec.vocab_size, n).astype(np.int32))
+    ids, labels = batch_data(model, batch, seq)
+    targets = np.full((batch, seq), -100, np.int32)
+    targets[:, :-1] = labels[:, 1:]  # HF's shift: token t predicts label t + 1
+    valid = targets.reshape(-1) != -100
+    exe.bind("input_ids", ids.reshape(-1))
     exe.bind("position_ids", np.tile(np.arange(seq, dtype=np.int32), batch))
     exe.bind("cu_seqlens", (np.arange(batch + 1) * seq).astype(np.int32))
-    targets = rng.integers(0, model.spec.vocab_size, n).astype(np.int32)
-    exe.bind("targets", targets)
-    exe.bind("dloss", np.full(n, 1.0 / n, np.float32))
+    exe.bind("targets", targets.reshape(-1))
+    exe.bind("dloss", np.where(valid, 1.0 / valid.sum(), 0.0).astype(np.float32))
     times = []
+    first_loss = float("nan")
     for i in range(warmup + steps):
         t0 = time.perf_counter()
         exe.program.run(0, opt.begin)
-        opt.apply(1e-5)
+        opt.apply(1e-5)  # reads the grad norm back: the step has finished on the device
         if i >= warmup:
             times.append(time.perf_counter() - t0)
-    loss = float(exe.read("loss").mean())
+        if i == 0:
+            first_loss = float(exe.read("loss")[valid].mean())
     dt = float(np.median(times))
-    return Result("surogate", n / dt, dt, loss)
+    peak = _native.allocator_stats(model.device)["peak_allocated_bytes"] if on_gpu else 0
+    return Result("surogate", n / dt, dt, first_loss, peak)
 
 
 def bench_hf(model: Model, batch: int, seq: int, lora: LoRAConfig | None, steps: int, warmup: int,
@@ -89,7 +138,13 @@ def bench_hf(model: Model, batch: int, seq: int, lora: LoRAConfig | None, steps:
     cfg = cfg_cls(**hf_config(spec))
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
-    m = model_cls(cfg).to(device=device, dtype=dtype)
+    m = model_cls(cfg)
+    hf = model.to_hf({k: np.asarray(v, np.float32) for k, v in model.params.items()})  # our random weights
+    missing, unexpected = m.load_state_dict({k: torch.from_numpy(v) for k, v in hf.items()}, strict=False)
+    assert not unexpected and all("lm_head" in k or "rotary" in k for k in missing), (missing, unexpected)
+    m = m.to(device=device, dtype=dtype)
+    if device != "cpu":
+        torch.cuda.reset_peak_memory_stats(device)
     if lora is not None:
         import peft
 
@@ -97,9 +152,9 @@ def bench_hf(model: Model, batch: int, seq: int, lora: LoRAConfig | None, steps:
                                                    target_modules=list(lora.targets), lora_dropout=0.0))
     params = [p for p in m.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-5, fused=device != "cpu")
-    rng = np.random.default_rng(1)
-    ids = torch.tensor(rng.integers(0, spec.vocab_size, (batch, seq)), device=device)
-    labels = torch.tensor(rng.integers(0, spec.vocab_size, (batch, seq)), device=device)
+    ids_np, labels_np = batch_data(model, batch, seq)
+    ids = torch.tensor(ids_np, dtype=torch.long, device=device)
+    labels = torch.tensor(labels_np, dtype=torch.long, device=device)
     times = []
     loss = float("nan")
     for i in range(warmup + steps):
@@ -114,26 +169,46 @@ def bench_hf(model: Model, batch: int, seq: int, lora: LoRAConfig | None, steps:
             torch.cuda.synchronize()
         if i >= warmup:
             times.append(time.perf_counter() - t0)
-        loss = out.loss.item()
+        if i == 0:
+            loss = out.loss.item()
     dt = float(np.median(times))
     label = "HF transformers" + (" + peft" if lora is not None else "")
-    return Result(label, batch * seq / dt, dt, loss)
+    peak = torch.cuda.max_memory_allocated(device) if device != "cpu" else 0
+    return Result(label, batch * seq / dt, dt, loss, peak)
 
 
 def run(shape: str, *, batch: int, seq: int, lora_rank: int, dtype: str, steps: int, warmup: int, vs: str | None,
         device: str, recompute: bool) -> list[Result]:
-    model = random_model(shape, dtype)
+    from surogate.model import resolve_device
+
+    device = resolve_device(device)
+    model = random_model(shape, dtype, device=device)
     lora = LoRAConfig(rank=lora_rank, alpha=2 * lora_rank, targets=ALL_TARGETS) if lora_rank > 0 else None
     results = [bench_ours(model, batch, seq, lora, steps, warmup, recompute)]
     if vs == "hf":
+        if device != "cpu":
+            from surogate import _native
+
+            _native.empty_cache(device)  # give the peer the memory our cache holds
         results.append(bench_hf(model, batch, seq, lora, steps, warmup, device))
-    mode = f"LoRA r{lora_rank}" if lora else "full fine-tune"
-    print(f"\n{shape}, {mode}, {dtype}, batch {batch} x {seq} tokens, {device}, median of {steps} steps")
-    print(f"{'':22} {'tokens/s':>12} {'step (s)':>10} {'loss':>8} {'ratio':>7}")
-    base = results[-1].tokens_per_second if len(results) > 1 else results[0].tokens_per_second
-    for r in results:
-        ratio = r.tokens_per_second / base
-        print(f"{r.name:22} {r.tokens_per_second:12,.0f} {r.step_seconds:10.3f} {r.loss:8.4f} {ratio:6.2f}x")
-    if len(results) > 1 and not math.isclose(results[0].loss, results[1].loss, rel_tol=0.05):
-        print("note: losses differ (different random weights; each side initializes its own)")
+    print(table(shape, model, batch, seq, lora, dtype, device, steps, results))
     return results
+
+
+def table(shape, model, batch, seq, lora, dtype, device, steps, results: list[Result]) -> str:
+    mode = f"LoRA r{lora.rank}" if lora else "full fine-tune"
+    flops, peak = step_flops(model, batch, seq, lora), peak_tflops(device)
+    lines = [f"\n{shape}, {mode}, {dtype}, batch {batch} x {seq} tokens, {device}, median of {steps} steps",
+             f"{'':22} {'tokens/s':>12} {'step (s)':>10} {'peak mem':>10} {'MFU':>6} {'loss@1':>8} {'ratio':>7}"]
+    base = results[-1].tokens_per_second
+    for r in results:
+        mem = f"{r.peak_bytes / 2**30:.2f} GiB" if r.peak_bytes else "—"
+        mfu = f"{100 * flops / r.step_seconds / (peak * 1e12):.1f}%" if peak else "—"
+        lines.append(f"{r.name:22} {r.tokens_per_second:12,.0f} {r.step_seconds:10.3f} {mem:>10} {mfu:>6} "
+                     f"{r.loss:8.4f} {r.tokens_per_second / base:6.2f}x")
+    if len(results) > 1:
+        a, b = results[0].loss, results[1].loss
+        tol = 2e-2 if dtype == "bfloat16" else 1e-3
+        verdict = "agree" if math.isclose(a, b, rel_tol=tol) else "DIFFER"
+        lines.append(f"first-step losses {verdict} (ours {a:.4f}, peer {b:.4f}, tolerance {tol:g} relative)")
+    return "\n".join(lines)

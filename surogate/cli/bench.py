@@ -22,12 +22,10 @@ def train(
     steps: Annotated[int, typer.Option(help="Timed steps.")] = 3,
     warmup: Annotated[int, typer.Option(help="Untimed steps first.")] = 1,
     vs: Annotated[str | None, typer.Option(help="Peer to run in the same process: hf.")] = None,
-    device: Annotated[str, typer.Option(help="cpu (cuda lands with the CUDA backend).")] = "cpu",
+    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto (a GPU when there is one).")] = "auto",
     recompute: Annotated[bool, typer.Option(help="Recompute each block's activations in backward.")] = False,
 ) -> None:
     """Training-step tokens/s: ours, and with --vs hf HF transformers (+ peft) on the same shape."""
-    if device != "cpu":
-        not_built("bench train --device cuda", "CUDA training: issue #4")
     from surogate.bench.train import run
 
     run(model, batch=batch, seq=seq, lora_rank=lora_rank, dtype=dtype, steps=steps, warmup=warmup, vs=vs,

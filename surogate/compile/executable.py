@@ -2,6 +2,11 @@
 
 `Executable` is what the rest of the product runs: bind parameters and gradient accumulators
 (caller-owned numpy arrays, shared without copies), feed step inputs, run, read results.
+
+On a GPU the Program reads device tensors: `bind` uploads a host array once (or takes a device
+tensor another executable already holds, so weights and inputs exist once on the device),
+`push` copies a host array's new contents up, `pull` brings a device buffer back into its host
+array (checkpoints, outputs). On the CPU the host array is the buffer and both are no-ops.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from surogate import _native
 from surogate.compile.buffers import Buf
 from surogate.compile.lower import Lowered, lower, to_program
 from surogate.dsl.graph import Graph, Value
@@ -43,7 +49,8 @@ class Executable:
         self.device = device
         self.lowered: Lowered = lower(g, dims, keep, recompute)
         self.program = to_program(self.lowered, device)
-        self._bound: dict[str, object] = {}
+        self._bound: dict[str, object] = {}  # name -> the host array (or the tensor) the caller bound
+        self._tensors: dict[str, object] = {}  # name -> what the program reads (the host array on the CPU)
 
     # ---- buffers ----------------------------------------------------------------------------
     def buf(self, name: str) -> Buf:
@@ -64,7 +71,16 @@ class Executable:
                 out.append(name)
         return out
 
-    def bind(self, name: str, array) -> None:
+    def place(self, array):
+        """What a Program on this executable's device reads for a host array: the array itself on
+        the CPU, a device copy of it otherwise. Tensors pass through."""
+        if self.device == "cpu" or not isinstance(array, np.ndarray):
+            return array
+        return _native.tensor(np.ascontiguousarray(array)).to(self.device)
+
+    def bind(self, name: str, array, device_tensor=None) -> None:
+        """Bind a host array (uploaded once on a GPU), or a host array together with the device
+        tensor that already mirrors it (shared with another executable)."""
         b = self.buf(name)
         if b.kind != "external":
             raise InvalidArgumentError(f"{name} is computed by the program and cannot be bound")
@@ -75,18 +91,37 @@ class Executable:
             if str(array.dtype) != b.dtype:
                 raise InvalidArgumentError(f"{name}: expected dtype {b.dtype}, got {array.dtype}")
             arr = np.ascontiguousarray(array)
-        self.program.bind(b.native_id, arr)
+        tensor = device_tensor if device_tensor is not None else self.place(arr)
+        self.program.bind(b.native_id, tensor)
         self._bound[name] = arr  # the native side holds a reference too; this one is for readers
+        self._tensors[name] = tensor
 
     def bound(self, name: str):
         return self._bound[name]
+
+    def tensor(self, name: str):
+        """What the program reads for a bound name (pass it to another executable's bind)."""
+        return self._tensors[name]
+
+    def push(self, name: str) -> None:
+        """Copy the host array bound as ``name`` to its device tensor (after changing it in place)."""
+        if self.device != "cpu":
+            self._tensors[name].copy_from(self._bound[name])
+
+    def pull(self, name: str) -> np.ndarray:
+        """The host array bound as ``name``, refreshed from the device."""
+        host = self._bound[name]
+        if self.device != "cpu":
+            host[...] = self._tensors[name].to("cpu").numpy().reshape(host.shape)
+        return host
 
     def run(self) -> None:
         self.program.run()
 
     def read(self, name: str) -> np.ndarray:
-        """A numpy view of a buffer (valid until the next run)."""
-        return self.program.get(self.buf(name).native_id).numpy()
+        """A buffer's contents as numpy: a view on the CPU (valid until the next run), a copy from a GPU."""
+        t = self.program.get(self.buf(name).native_id)
+        return t.numpy() if self.device == "cpu" else t.to("cpu").numpy()
 
     # ---- reports ----------------------------------------------------------------------------
     def memory(self) -> MemoryReport:

@@ -4,7 +4,8 @@ pass, over the same external buffers (parameters and gradient accumulators).
 The optimizer owns its state as numpy arrays (first and second moments, f32 master weights
 for parameters stored in bf16), so a checkpoint saves and restores them directly. The
 hyper-parameters live in a small f32 buffer the trainer rewrites each step (the schedule
-changes lr without rebuilding the Program).
+changes lr without rebuilding the Program). On a GPU each of these arrays has a device twin the
+Program updates; `sync_to_host` / `load_state` move them across for checkpoints.
 
 `AdamW(..., bits=8)` (`AdamW8bit`, `optimizer: adamw_8bit`) keeps the moments as uint8 codes in
 blocks of 256 elements with one f32 scale per block (the native `adamw8` op; its header in
@@ -62,12 +63,14 @@ class AdamW:
         self.hp_buf = np.zeros(8, np.float32)
         self.norm = np.zeros(1, np.float32)
         self.step = 0
+        self.on_device = exe.device != "cpu"
+        self._twins: list[tuple[np.ndarray, object]] = []  # (host array, what the program reads)
         p = exe.program
         self.begin = p.num_instrs
         hp_id = p.external("optimizer.hp", [8], "float32")
         norm_id = p.external("optimizer.grad_norm", [1], "float32")
-        p.bind(hp_id, self.hp_buf)
-        p.bind(norm_id, self.norm)
+        self._hp_t = self._bind(hp_id, self.hp_buf)
+        self._norm_t = self._bind(norm_id, self.norm)
         grad_ids = [exe.buf("grad." + n).native_id for n in self.names]
         p.op("global_norm", grad_ids, [norm_id])
         inputs = [hp_id, norm_id]
@@ -80,7 +83,7 @@ class AdamW:
                     ids.append(-1)
                     continue
                 bid = p.external(f"optimizer.{kind}.{n}", list(arr.shape), str(arr.dtype))
-                p.bind(bid, arr)
+                self._twins.append((arr, self._bind(bid, arr)))
                 ids.append(bid)
             m_id, v_id, master_id, ms_id, vs_id = ids
             inputs += [exe.buf(n).native_id, master_id, exe.buf("grad." + n).native_id]
@@ -93,13 +96,28 @@ class AdamW:
             p.op("fill", [], [gid], {"value": 0.0})
         self.end = p.num_instrs
 
+    def _bind(self, native_id: int, arr: np.ndarray):
+        t = self.exe.place(arr)
+        self.exe.program.bind(native_id, t)
+        return t
+
     def apply(self, lr: float) -> float:
         """One optimizer step at learning rate lr; returns the gradient norm before clipping."""
         self.step += 1
         h = self.hp
         self.hp_buf[:] = [lr, h.beta1, h.beta2, h.eps, h.weight_decay, self.step, h.max_grad_norm, 0.0]
+        if self.on_device:
+            self._hp_t.copy_from(self.hp_buf)
         self.exe.program.run(self.begin, self.end)
+        if self.on_device:
+            self.norm[:] = self._norm_t.to("cpu").numpy()
         return float(self.norm[0])
+
+    def sync_to_host(self) -> None:
+        """Bring the device's moments and master weights into the host arrays (no-op on the CPU)."""
+        if self.on_device:
+            for arr, t in self._twins:
+                arr[...] = t.to("cpu").numpy().reshape(arr.shape)
 
     # ---- checkpoint state -------------------------------------------------------------------
     def _arrays(self):
@@ -113,6 +131,7 @@ class AdamW:
                 yield f"master/{n}", self.master[n]
 
     def state(self) -> dict[str, np.ndarray]:
+        self.sync_to_host()
         out = {"step": np.array([self.step], np.int64)}
         out.update(self._arrays())
         return out
@@ -129,6 +148,9 @@ class AdamW:
         self.step = int(state["step"][0])
         for key, arr in arrays:
             arr[...] = state[key].reshape(arr.shape)
+        if self.on_device:
+            for arr, t in self._twins:
+                t.copy_from(arr)
 
     def state_nbytes(self) -> int:
         """Bytes of moment state (m, v and their scales; master weights not counted)."""

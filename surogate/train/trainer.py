@@ -24,8 +24,8 @@ import numpy as np
 
 from surogate.config import SFTConfig
 from surogate.dsl.nn import LORA_RNG, LoRAConfig
-from surogate.errors import ConfigError, UnsupportedError
-from surogate.model import Model, _np_dtype, load_model
+from surogate.errors import ConfigError
+from surogate.model import Model, _np_dtype, load_model, resolve_device
 from surogate.train.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
 from surogate.train.data import Batch, build_datasets
 from surogate.train.export import save_hf_folder, write_sidecars
@@ -50,11 +50,8 @@ class Trainer:
         if cfg.optimizer not in ("adamw", "adamw_8bit"):
             raise ConfigError(f"optimizer {cfg.optimizer!r} is not built yet", where="optimizer",
                               hint="use optimizer: adamw or adamw_8bit")
-        device = "cpu" if cfg.device in ("auto", "cpu") else cfg.device
-        if device != "cpu":
-            raise UnsupportedError("training on CUDA lands with the CUDA backend issue", hint="set device: cpu")
         self.out = Path(cfg.output_dir)
-        self.model = model or load_model(cfg.model, dtype=cfg.dtype)
+        self.model = model or load_model(cfg.model, device=resolve_device(cfg.device), dtype=cfg.dtype)
         if self.model.tokenizer is None:
             raise ConfigError(f"{cfg.model} has no tokenizer.json", where="model",
                               hint="training needs the model's tokenizer")
@@ -109,10 +106,11 @@ class Trainer:
         self.eval_exe = None
         if self.eval_data is not None:
             self.eval_exe = m.executable("train", self.N, self.N, lora=self.lora, grads=False)
+            # The same device buffers as the training program (the weights come from the model).
             for n, a in self.trainable.items() if self.lora is not None else ():
-                self.eval_exe.bind(n, a)
+                self.eval_exe.bind(n, a, self.exe.tensor(n))
             for n in ("input_ids", "position_ids", "cu_seqlens", "targets"):
-                self.eval_exe.bind(n, self.inputs[n])
+                self.eval_exe.bind(n, self.inputs[n], self.exe.tensor(n))
 
     def fingerprint(self) -> str:
         c = self.cfg
@@ -134,6 +132,8 @@ class Trainer:
         cu[:s] = b.cu_seqlens
         cu[s:] = self.N  # empty documents fill the fixed-size boundary list
         self.inputs["targets"][:] = b.targets
+        for n in ("input_ids", "position_ids", "cu_seqlens", "targets"):
+            self.exe.push(n)
 
     def _dropout_seed(self, step: int, micro: int) -> None:
         """The LoRA dropout seed of one micro-batch: a function of (cfg.seed, step, micro) only,
@@ -141,6 +141,7 @@ class Trainer:
         if LORA_RNG in self.inputs:
             key = hashlib.sha256(f"lora_dropout:{self.cfg.seed}:{step}:{micro}".encode()).digest()[:8]
             self.inputs[LORA_RNG].view(np.uint32)[:] = np.frombuffer(key, np.uint32)
+            self.exe.push(LORA_RNG)
 
     def _step(self, batches: list[Batch], step: int = 0) -> tuple[float, int]:
         total = sum(b.num_target_tokens for b in batches)
@@ -151,6 +152,7 @@ class Trainer:
             self._load_batch(b)
             valid = b.targets != -100
             self.inputs["dloss"][:] = np.where(valid, seed, 0.0)
+            self.exe.push("dloss")
             self.exe.program.run(0, self.opt.begin)
             loss_sum += float(self.exe.read("loss")[valid].sum(dtype=np.float64))
         return loss_sum / max(total, 1), total
@@ -168,7 +170,15 @@ class Trainer:
         return loss_sum / max(count, 1)
 
     # ---- checkpoints ------------------------------------------------------------------------
+    def _sync_to_host(self) -> None:
+        """On a GPU: bring the trained weights and the optimizer's state into their host arrays."""
+        if self.exe.device != "cpu":
+            for n in self.trainable:
+                self.exe.pull(n)
+            self.opt.sync_to_host()
+
     def _trainable_state(self) -> dict[str, np.ndarray]:
+        self._sync_to_host()
         return {n: self.opt.master.get(n, self.trainable[n]) for n in self.trainable}
 
     def _restore(self, path: Path) -> TrainerState:
@@ -179,6 +189,7 @@ class Trainer:
                               hint="resume with the same model, data, batch geometry and LoRA settings")
         for n, a in self.trainable.items():
             a[...] = trainable[n].astype(a.dtype)
+            self.exe.push(n)
         self.opt.load_state(opt_state)
         return state
 
@@ -239,6 +250,7 @@ class Trainer:
 
     def save_outputs(self) -> tuple[Path, Path | None]:
         m, c = self.model, self.cfg
+        self._sync_to_host()
         source = m.path  # an HF folder or a GGUF file: either carries the tokenizer
         if self.lora is not None:
             adapter = save_peft_adapter(self.out / "adapter", self._trainable_state(), self.lora, base_model=c.model)

@@ -1,0 +1,140 @@
+"""The whole model on the GPU against the same model on the CPU backend (itself checked against
+transformers): logits, loss, every full fine-tune gradient, LoRA gradients, packed documents,
+bf16; then the trainer end to end on CUDA, its loss curve against the CPU trainer's, resume and
+outputs. Skipped without a CUDA build and a GPU; run on the lent H200 before resolving."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from surogate import _native
+
+pytestmark = pytest.mark.cuda
+if not (_native.build_info()["cuda"] and _native.cuda_devices()):
+    pytest.skip("no CUDA build or no GPU", allow_module_level=True)
+
+import surogate  # noqa: E402
+from sgtest.tiny_models import make_llama, make_qwen3  # noqa: E402
+from surogate.config import load_config  # noqa: E402
+from surogate.dsl.nn import LoRAConfig  # noqa: E402
+from surogate.train.lora import ALL_TARGETS, init_lora  # noqa: E402
+from surogate.train.trainer import Trainer  # noqa: E402
+
+QA = [("What is the capital of France?", "Paris."), ("Name a primary color.", "Red."),
+      ("What is 2 + 2?", "4."), ("Say hello.", "Hello!"), ("Opposite of up?", "Down."),
+      ("Color of the sky?", "Blue."), ("First letter of the alphabet?", "A."), ("Largest planet?", "Jupiter.")]
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def base(request, tmp_path_factory):
+    maker = make_llama if request.param == "llama" else make_qwen3
+    return maker(tmp_path_factory.mktemp(request.param), seed=5, head_dim=64, initializer_range=0.2)
+
+
+def docs(vocab: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    return [rng.integers(0, vocab, n) for n in (37, 5, 90)]
+
+
+def rel_err(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-12))
+
+
+def test_logits_loss_and_full_grads_match_the_cpu_in_f32(base):
+    cpu = surogate.load_model(base)
+    gpu = surogate.load_model(base, device="cuda")
+    seqs = docs(cpu.spec.vocab_size)
+    assert rel_err(gpu.forward(seqs), cpu.forward(seqs)) < 1e-4
+    loss_c, grads_c = cpu.loss_and_grads(seqs)
+    loss_g, grads_g = gpu.loss_and_grads(seqs)
+    assert abs(loss_g - loss_c) < 1e-4 * abs(loss_c)
+    assert set(grads_g) == set(grads_c)
+    for name in grads_c:
+        assert rel_err(grads_g[name], grads_c[name]) < 1e-3, name
+
+
+def test_lora_grads_match_the_cpu_and_recompute_changes_nothing(base):
+    cpu = surogate.load_model(base)
+    gpu = surogate.load_model(base, device="cuda")
+    lora = LoRAConfig(rank=8, alpha=16.0, targets=ALL_TARGETS)
+    exe = cpu.executable("train", 8, 1, lora=lora, grads=True)
+    adapters = {k: v + 0.01 for k, v in init_lora(exe.graph, 3).items()}  # B != 0: every grad is non-trivial
+    seqs = docs(cpu.spec.vocab_size)
+    loss_c, grads_c = cpu.loss_and_grads(seqs, lora=lora, lora_params=adapters)
+    loss_g, grads_g = gpu.loss_and_grads(seqs, lora=lora, lora_params=adapters)
+    _, grads_r = gpu.loss_and_grads(seqs, lora=lora, lora_params=adapters, recompute=True)
+    assert abs(loss_g - loss_c) < 1e-4 * abs(loss_c)
+    for name in grads_c:
+        assert rel_err(grads_g[name], grads_c[name]) < 1e-3, name
+        assert rel_err(grads_r[name], grads_g[name]) < 1e-5, name
+
+
+def test_bf16_on_the_gpu_tracks_f32(base):
+    ref = surogate.load_model(base)
+    gpu = surogate.load_model(base, device="cuda", dtype="bfloat16")
+    seqs = docs(ref.spec.vocab_size)
+    logits, want = gpu.forward(seqs), ref.forward(seqs)
+    assert rel_err(logits, want) < 5e-2
+    assert (logits.argmax(-1) == want.argmax(-1)).mean() > 0.9
+    assert abs(gpu.loss(seqs) - ref.loss(seqs)) < 2e-2 * ref.loss(seqs)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "qa.jsonl"
+    with open(path, "w") as f:
+        for q, a in QA:
+            f.write(json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]})
+                    + "\n")
+    return path
+
+
+def config(base, data, out, **kw):
+    c = {"model": str(base), "output_dir": str(out), "datasets": [{"path": str(data), "type": "messages"}],
+         "sequence_len": 64, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 2,
+         "recipe": "fp32", "learning_rate": 2e-2, "lr_scheduler_type": "constant", "max_steps": 6,
+         "lora_rank": 8, "lora_alpha": 16, "save_steps": 3, "eval_steps": 0, "seed": 7, "max_grad_norm": 1.0}
+    c.update(kw)
+    return load_config(c, kind="sft")
+
+
+def losses(out) -> list[float]:
+    return [json.loads(x)["loss"] for x in open(out / "metrics.jsonl") if json.loads(x)["type"] == "step"]
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "adamw_8bit"])
+def test_trainer_on_cuda_follows_the_cpu_curve_and_resumes(base, data, tmp_path, optimizer):
+    cpu = Trainer(config(base, data, tmp_path / "cpu", device="cpu", optimizer=optimizer))
+    cpu.train()
+    gpu = Trainer(config(base, data, tmp_path / "gpu", device="cuda", optimizer=optimizer))
+    assert gpu.exe.device.startswith("cuda")
+    gpu.train()
+    assert np.allclose(losses(tmp_path / "gpu"), losses(tmp_path / "cpu"), rtol=2e-3), \
+        (losses(tmp_path / "gpu"), losses(tmp_path / "cpu"))
+    # Outputs come from the device: the adapter equals the CPU run's to f32 round-off.
+    from safetensors.numpy import load_file
+
+    a = load_file(tmp_path / "gpu" / "adapter" / "adapter_model.safetensors")
+    b = load_file(tmp_path / "cpu" / "adapter" / "adapter_model.safetensors")
+    assert set(a) == set(b)
+    for k in a:
+        assert rel_err(a[k], b[k]) < 1e-2, k
+    # Resume on the GPU from the step-3 checkpoint: steps 4..6 again, as before.
+    resumed = Trainer(config(base, data, tmp_path / "gpu", device="cuda", optimizer=optimizer,
+                             resume_from_checkpoint=str(tmp_path / "gpu" / "checkpoints" / "step_00000003")))
+    resumed.train()
+    again = losses(tmp_path / "gpu")
+    assert np.allclose(again[-3:], again[3:6], rtol=1e-4), again
+
+
+def test_full_finetune_on_cuda_in_bf16_learns(base, data, tmp_path):
+    t = Trainer(config(base, data, tmp_path / "full", device="cuda", lora=False, recipe="bf16",
+                       learning_rate=1e-3, max_steps=8, save_steps=0))
+    t.train()
+    curve = losses(tmp_path / "full")
+    assert curve[-1] < 0.5 * curve[0], curve
+    assert (tmp_path / "full" / "model" / "model.safetensors").is_file()
