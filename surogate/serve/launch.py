@@ -20,12 +20,18 @@ class Launched:
     max_model_len: int
 
 
-def launch(source: str, *, name: str | None = None, dtype: str = "float32", kv_cache_tokens: int = 16384,
+def launch(source: str, *, name: str | None = None, dtype: str = "float32", device: str = "cpu",
+           kv_cache_tokens: int = 16384,
            block_size: int = 16, max_num_seqs: int = 128, max_num_batched_tokens: int = 2048,
            max_model_len: int | None = None, seed: int | None = None) -> Launched:
     if kv_cache_tokens < block_size:
         raise InvalidArgumentError(f"--kv-cache-tokens {kv_cache_tokens} is less than one block ({block_size})")
-    model = load_model(source, dtype=dtype)
+    from surogate.model import resolve_device
+
+    device = resolve_device(device)
+    if dtype == "auto":
+        dtype = "float32" if device == "cpu" else "bfloat16"
+    model = load_model(source, device=device, dtype=dtype)
     if model.tokenizer is None:
         raise InvalidArgumentError(f"{source} has no tokenizer", hint="serve a folder with tokenizer.json")
     num_blocks = kv_cache_tokens // block_size

@@ -11,8 +11,10 @@ Programs have fixed shapes, so each step is padded up to a bucket and the Progra
 - sequences: a power of two; padding sequences have no queries and an empty context;
 - block-table width and logits rows: powers of two (padding rows read row 0 and are dropped).
 
-Weights are bound to every Program without copies; the KV cache is one numpy array per layer
-and per K / V, shared by all Programs.
+Weights are bound to every Program without copies (on a GPU: the model's one device copy); the
+KV cache is one array per layer and per K / V (numpy on the CPU, a device tensor on a GPU),
+shared by all Programs. On a GPU the step's small index arrays are copied up before each run
+and only the rows of logits that sampling needs come back.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import math
 
 import numpy as np
 
+from surogate import _native
 from surogate.compile import Executable
 from surogate.dsl.nn import KVCache
 from surogate.model import Model, _np_dtype
@@ -55,8 +58,9 @@ class ProgramRunner:
         dt = _np_dtype(model.dtype)
         self.caches = {}
         for i in range(s.num_layers):
-            self.caches[f"layers.{i}.k_cache"] = np.zeros(shape, dt)
-            self.caches[f"layers.{i}.v_cache"] = np.zeros(shape, dt)
+            for kv in ("k", "v"):
+                self.caches[f"layers.{i}.{kv}_cache"] = np.zeros(shape, dt) if model.device == "cpu" else \
+                    _native.zeros(list(shape), model.dtype, model.device)
         self.vocab_size = s.vocab_size
         self._programs: dict[tuple[int, int, int, int], tuple[Executable, dict[str, np.ndarray]]] = {}
 
@@ -73,7 +77,7 @@ class ProgramRunner:
         g = m.arch.build(mode="serve", dtype=m.dtype, kv=KVCache(self.total_blocks, self.block_size))
         exe = Executable(g, {"N": T, "S": S, "S1": S + 1, "B": B, "R": R}, m.device, keep=[g.outputs["logits"]])
         for name in exe.external_names("param"):
-            exe.bind(name, m.params[name])
+            exe.bind(name, m.params[name], m.device_param(name))
         for name, arr in self.caches.items():
             exe.bind(name, arr)
         inputs = {"input_ids": np.zeros(T, np.int32), "position_ids": np.zeros(T, np.int32),
@@ -118,5 +122,7 @@ class ProgramRunner:
             x["context_lens"][s] = pad
         x["logits_rows"][:len(rows)] = rows
         x["logits_rows"][len(rows):] = 0
+        for name in x:
+            exe.push(name)
         exe.run()
         return np.ascontiguousarray(exe.read("logits")[:len(rows)], dtype=np.float32)
