@@ -94,6 +94,10 @@ def bench_hf(model, n: int, prompt_len: int, output_len: int, device: str) -> Se
     model_cls = transformers.Qwen3ForCausalLM if spec.family == "qwen3" else transformers.LlamaForCausalLM
     dtype = torch.bfloat16 if model.dtype == "bfloat16" else torch.float32
     m = model_cls(cfg_cls(**hf_config(spec))).to(device=device, dtype=dtype).eval()
+    if device != "cpu":
+        from surogate import _native
+
+        _native.empty_cache(device)
 
     def run(batch):
         ids = torch.tensor(batch, device=device)
@@ -115,7 +119,10 @@ def bench_hf(model, n: int, prompt_len: int, output_len: int, device: str) -> Se
 
 def run(shape: str, *, n: int, prompt_len: int, output_len: int, dtype: str, vs: str | None,
         device: str) -> list[ServeResult]:
-    model = random_model(shape, dtype)
+    from surogate.model import resolve_device
+
+    device = resolve_device(device)
+    model = random_model(shape, dtype, device=device)
     results = [bench_ours(model, n, prompt_len, output_len)]
     if vs == "hf":
         results.append(bench_hf(model, n, prompt_len, output_len, device))

@@ -6,8 +6,6 @@ from typing import Annotated
 
 import typer
 
-from surogate.cli.not_built import not_built
-
 app = typer.Typer(help="Benchmarks that print a table with the peer measured in the same run.",
                   no_args_is_help=True)
 
@@ -40,11 +38,9 @@ def serve(
     output_len: Annotated[int, typer.Option(help="Output tokens per request (ignore_eos).")] = 32,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
     vs: Annotated[str | None, typer.Option(help="Peer to run in the same process: hf.")] = None,
-    device: Annotated[str, typer.Option(help="cpu (cuda lands with the CUDA backend).")] = "cpu",
+    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto (a GPU when there is one).")] = "auto",
 ) -> None:
     """Offline generation throughput and latency: ours, and with --vs hf HF generate."""
-    if device != "cpu":
-        not_built("bench serve --device cuda", "CUDA inference: issue #6")
     from surogate.bench.serve import run
 
     run(model, n=requests, prompt_len=prompt_len, output_len=output_len, dtype=dtype, vs=vs, device=device)

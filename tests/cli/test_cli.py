@@ -10,15 +10,15 @@ import sys
 import pytest
 
 import surogate
+from surogate import _native
 from surogate.cli import doctor
 
 NOT_BUILT = {
     "dpo": ["dpo", "config.yaml"],
     "grpo": ["grpo", "config.yaml"],
     "distill": ["distill", "config.yaml"],
-    "bench": ["bench", "serve", "--device", "cuda"],
 }
-COMMANDS = [*NOT_BUILT, "doctor", "merge", "sft", "pt", "serve", "quantize", "models", "tui"]
+COMMANDS = [*NOT_BUILT, "bench", "doctor", "merge", "sft", "pt", "serve", "quantize", "models", "tui"]
 
 
 def run(*args: str, code: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:
@@ -119,8 +119,14 @@ def test_not_built_command_says_so_in_one_line(name: str) -> None:
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.splitlines()
     assert len(lines) == 1, proc.stderr
-    command = " ".join(NOT_BUILT[name]) if name == "bench" else name  # bench: the whole command line
-    assert lines[0].startswith(f"surogate {command}: not built yet (") and "issue" in lines[0]
+    assert lines[0].startswith(f"surogate {name}: not built yet (") and "issue" in lines[0]
+
+
+@pytest.mark.skipif(bool(_native.cuda_devices()), reason="this machine has a GPU")
+def test_cuda_without_a_gpu_is_a_clear_error() -> None:
+    proc = run("bench", "train", "--device", "cuda")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "built without the CUDA backend" in proc.stderr or "0 CUDA device(s)" in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("args", [["frobnicate"], ["sft"], ["serve", "--port", "eighty"]],
