@@ -4,7 +4,7 @@
 #include "cuda/backend.h"
 #include "cuda/norm_rope_act.cuh"
 
-namespace surogate::cuda {
+namespace surogate::cuda::nra {
 
 namespace {
 
@@ -55,10 +55,14 @@ Status allow_dynamic_smem(const char* op, const void* kernel, size_t bytes, int 
   return Status::OK();
 }
 
+}  // namespace surogate::cuda::nra
+
+namespace surogate::cuda {
+
 void register_cuda_norm_rope_act(OpRegistry& reg) {
-  register_cuda_rmsnorm(reg);
-  register_cuda_rope(reg);
-  register_cuda_gated(reg);
+  nra::register_cuda_rmsnorm(reg);
+  nra::register_cuda_rope(reg);
+  nra::register_cuda_gated(reg);
 }
 
 }  // namespace surogate::cuda

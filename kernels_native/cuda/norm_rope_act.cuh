@@ -7,7 +7,8 @@
 
 #include "cuda/common.cuh"
 
-namespace surogate::cuda {
+// A nested namespace: these inline helpers and names must not meet another group's under the ODR.
+namespace surogate::cuda::nra {
 
 void register_cuda_rmsnorm(OpRegistry& reg);  // norm_rope_act_rmsnorm.cu
 void register_cuda_rope(OpRegistry& reg);     // norm_rope_act_rope.cu
@@ -65,4 +66,4 @@ Status reduce_dw_partials(const char* op, const float* partial, int64_t blocks, 
 // an error naming `op` when the device cannot give that much to one block.
 Status allow_dynamic_smem(const char* op, const void* kernel, size_t bytes, int device, const char* what);
 
-}  // namespace surogate::cuda
+}  // namespace surogate::cuda::nra

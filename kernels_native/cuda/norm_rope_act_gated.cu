@@ -11,7 +11,7 @@
 
 #include "cuda/norm_rope_act.cuh"
 
-namespace surogate::cuda {
+namespace surogate::cuda::nra {
 
 namespace {
 
@@ -163,4 +163,4 @@ void register_cuda_gated(OpRegistry& reg) {
   add_op(reg, "geglu_bwd", 2, 2, 1, geglu_bwd, "(dy[N,F], gu[N,2F]) -> (dgu[N,2F])");
 }
 
-}  // namespace surogate::cuda
+}  // namespace surogate::cuda::nra

@@ -16,7 +16,7 @@
 #include "core/allocator.h"
 #include "cuda/norm_rope_act.cuh"
 
-namespace surogate::cuda {
+namespace surogate::cuda::nra {
 
 namespace {
 
@@ -304,4 +304,4 @@ void register_cuda_rmsnorm(OpRegistry& reg) {
          "(dy, [dh], h, w, rstd) -> (dx = d residual, [dw]); attrs: weight_offset, accumulate", 1);
 }
 
-}  // namespace surogate::cuda
+}  // namespace surogate::cuda::nra

@@ -32,7 +32,7 @@
 #define SG_NO_FP_CONTRACT
 #endif
 
-namespace surogate::cuda {
+namespace surogate::cuda::nra {
 
 namespace {
 
@@ -465,4 +465,4 @@ void register_cuda_rope(OpRegistry& reg) {
          ("(dy, x, w, rstd, pos) -> (dx, [dw]); attrs: eps, accumulate, " + attrs).c_str(), /*min_out=*/1);
 }
 
-}  // namespace surogate::cuda
+}  // namespace surogate::cuda::nra
