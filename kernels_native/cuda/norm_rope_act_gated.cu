@@ -1,0 +1,166 @@
+// Gated MLP activations on CUDA: swiglu_fwd / swiglu_bwd and geglu_fwd / geglu_bwd (gelu_tanh).
+// The contract is cpu/activation.cpp's (read its header): N rows, F channels, gu [N, 2F] = [gate, up],
+// y / dy [N, F]; math in f32 with the forward's two roundings (a = T(act(gate)), y = T(a up)) and
+// one rounding per backward output; gelu_tanh computed as g s(2z) and p (1 - p) as
+// 1 / (2 + e + 1/e), so both tails stay accurate. exp is CUDA's expf (within 2 ulp, as the CPU's).
+//
+// Grid-stride elementwise kernels over the N * F gate / up pairs, 16-byte packs when F is a
+// multiple of the pack and the bases are aligned. dgu may alias gu: each thread reads the gate
+// and up elements it then overwrites.
+#include <algorithm>
+
+#include "cuda/norm_rope_act.cuh"
+
+namespace surogate::cuda::nra {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kGeluCoeff = 0.044715f;
+
+// p (1 - p) for p = s(v), given e = exp(-v); exact in both tails (1 - p cancels, e * p is inf * 0).
+__device__ __forceinline__ float sigmoid_slope(float e) { return 1.0f / (2.0f + e + 1.0f / e); }
+
+struct Silu {
+  static __device__ __forceinline__ float act(float g) { return g / (1.0f + expf(-g)); }
+  // d act / d g, and act into *a, from one exp.
+  static __device__ __forceinline__ float grad(float g, float* a) {
+    const float e = expf(-g);
+    const float p = 1.0f / (1.0f + e);
+    *a = g * p;
+    return p + g * sigmoid_slope(e);
+  }
+};
+
+struct GeluTanh {
+  static __device__ __forceinline__ float act(float g) {
+    const float z = kSqrt2OverPi * (g + kGeluCoeff * g * g * g);
+    return g / (1.0f + expf(-2.0f * z));
+  }
+  static __device__ __forceinline__ float grad(float g, float* a) {
+    const float g2 = g * g;
+    const float z = kSqrt2OverPi * (g + kGeluCoeff * g2 * g);
+    const float e = expf(-2.0f * z);
+    const float p = 1.0f / (1.0f + e);
+    *a = g * p;
+    return p + 2.0f * g * sigmoid_slope(e) * kSqrt2OverPi * (1.0f + 3.0f * kGeluCoeff * g2);
+  }
+};
+
+// Pack k of the N * F / V packs: row k / (F / V), column (k % (F / V)) * V.
+template <typename Act, typename T, int V>
+__global__ void gated_fwd_kernel(const T* gu, T* y, int64_t N, int64_t F) {
+  const int64_t per_row = F / V, total = N * per_row;
+  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < total; k += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = k / per_row, col = (k - row * per_row) * V;
+    const T* g = gu + row * 2 * F + col;
+    const Pack<T, V> gv = load_pack<T, V>(g), uv = load_pack<T, V>(g + F);
+    Pack<T, V> out;
+#pragma unroll
+    for (int i = 0; i < V; ++i) out.v[i] = st<T>(rnd<T>(Act::act(ld(gv.v[i]))) * ld(uv.v[i]));
+    store_pack<T, V>(y + row * F + col, out);
+  }
+}
+
+// d gate = dy up act'(gate), d up = dy act(gate).
+template <typename Act, typename T, int V>
+__global__ void gated_bwd_kernel(const T* dy, const T* gu, T* dgu, int64_t N, int64_t F) {
+  const int64_t per_row = F / V, total = N * per_row;
+  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < total; k += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = k / per_row, col = (k - row * per_row) * V;
+    const int64_t base = row * 2 * F + col;
+    const Pack<T, V> dv = load_pack<T, V>(dy + row * F + col);
+    const Pack<T, V> gv = load_pack<T, V>(gu + base), uv = load_pack<T, V>(gu + base + F);
+    Pack<T, V> dg, du;
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      const float d = ld(dv.v[i]), u = ld(uv.v[i]);
+      float a;
+      const float da = Act::grad(ld(gv.v[i]), &a);
+      dg.v[i] = st<T>(d * u * da);
+      du.v[i] = st<T>(d * a);
+    }
+    store_pack<T, V>(dgu + base, dg);
+    store_pack<T, V>(dgu + base + F, du);
+  }
+}
+
+// Same checks and messages as cpu/activation.cpp.
+Status check_gated(const char* op, const Tensor& gu, const char* name, const Tensor& x) {
+  SG_RETURN_IF_ERROR(check_ndim(op, "gu", gu, 2));
+  SG_RETURN_IF_ERROR(check_contiguous(op, "gu", gu));
+  SG_RETURN_IF_ERROR(check_dtype(op, "gu", gu, {DType::kF32, DType::kBF16, DType::kF16}));
+  SG_CHECK_SHAPE(gu.shape[1] % 2 == 0,
+                 str_cat(op, ": gu ", gu.shape_str(), " must be [N, 2F] (gate, up), its last dim is odd"));
+  SG_RETURN_IF_ERROR(check_ndim(op, name, x, 2));
+  SG_RETURN_IF_ERROR(check_contiguous(op, name, x));
+  SG_CHECK_SHAPE(x.shape[0] == gu.shape[0] && 2 * x.shape[1] == gu.shape[1],
+                 str_cat(op, ": ", name, " is ", x.shape_str(), ", expected [", gu.shape[0], ", ", gu.shape[1] / 2,
+                         "] for gu ", gu.shape_str()));
+  SG_CHECK(x.dtype == gu.dtype, StatusCode::kDTypeUnsupported,
+           str_cat(op, ": ", name, " is ", dtype_name(x.dtype), " but gu is ", dtype_name(gu.dtype)),
+           "give the activations and their gradients one dtype");
+  return Status::OK();
+}
+
+unsigned grid_for(int64_t items) {
+  return static_cast<unsigned>(std::clamp<int64_t>((items + kThreads - 1) / kThreads, 1, 65535 * 16));
+}
+
+template <typename Act>
+Status gated_fwd(const char* op, const OpArgs& a) {
+  const Tensor &gu = a.in(0), &y = a.out(0);
+  SG_RETURN_IF_ERROR(check_gated(op, gu, "y", y));
+  const int64_t N = y.shape[0], F = y.shape[1];
+  if (N * F == 0) return Status::OK();
+  SG_CUDA_DISPATCH_FLOAT(op, gu.dtype, T, {
+    constexpr int kV = 16 / sizeof(T);
+    if (F % kV == 0 && aligned16(gu.data) && aligned16(y.data)) {
+      gated_fwd_kernel<Act, T, kV><<<grid_for(N * F / kV), kThreads>>>(gu.ptr<T>(), y.ptr<T>(), N, F);
+    } else {
+      gated_fwd_kernel<Act, T, 1><<<grid_for(N * F), kThreads>>>(gu.ptr<T>(), y.ptr<T>(), N, F);
+    }
+  });
+  SG_CUDA_CHECK_LAUNCH();
+  return Status::OK();
+}
+
+template <typename Act>
+Status gated_bwd(const char* op, const OpArgs& a) {
+  const Tensor &dy = a.in(0), &gu = a.in(1), &dgu = a.out(0);
+  SG_RETURN_IF_ERROR(check_gated(op, gu, "dy", dy));
+  SG_RETURN_IF_ERROR(check_same_shape(op, "dgu", dgu, "gu", gu));
+  SG_RETURN_IF_ERROR(check_contiguous(op, "dgu", dgu));
+  SG_CHECK(dgu.dtype == gu.dtype, StatusCode::kDTypeUnsupported,
+           str_cat(op, ": dgu is ", dtype_name(dgu.dtype), " but gu is ", dtype_name(gu.dtype)),
+           "give the activations and their gradients one dtype");
+  const int64_t N = dy.shape[0], F = dy.shape[1];
+  if (N * F == 0) return Status::OK();
+  SG_CUDA_DISPATCH_FLOAT(op, gu.dtype, T, {
+    constexpr int kV = 16 / sizeof(T);
+    if (F % kV == 0 && aligned16(dy.data) && aligned16(gu.data) && aligned16(dgu.data)) {
+      gated_bwd_kernel<Act, T, kV><<<grid_for(N * F / kV), kThreads>>>(dy.ptr<T>(), gu.ptr<T>(), dgu.ptr<T>(), N, F);
+    } else {
+      gated_bwd_kernel<Act, T, 1><<<grid_for(N * F), kThreads>>>(dy.ptr<T>(), gu.ptr<T>(), dgu.ptr<T>(), N, F);
+    }
+  });
+  SG_CUDA_CHECK_LAUNCH();
+  return Status::OK();
+}
+
+Status swiglu_fwd(const OpArgs& a) { return gated_fwd<Silu>("swiglu_fwd", a); }
+Status swiglu_bwd(const OpArgs& a) { return gated_bwd<Silu>("swiglu_bwd", a); }
+Status geglu_fwd(const OpArgs& a) { return gated_fwd<GeluTanh>("geglu_fwd", a); }
+Status geglu_bwd(const OpArgs& a) { return gated_bwd<GeluTanh>("geglu_bwd", a); }
+
+}  // namespace
+
+void register_cuda_gated(OpRegistry& reg) {
+  add_op(reg, "swiglu_fwd", 1, 1, 1, swiglu_fwd, "(gu[N,2F] = [gate, up]) -> (y[N,F] = silu(gate) * up)");
+  add_op(reg, "swiglu_bwd", 2, 2, 1, swiglu_bwd, "(dy[N,F], gu[N,2F]) -> (dgu[N,2F])");
+  add_op(reg, "geglu_fwd", 1, 1, 1, geglu_fwd, "(gu[N,2F] = [gate, up]) -> (y[N,F] = gelu_tanh(gate) * up)");
+  add_op(reg, "geglu_bwd", 2, 2, 1, geglu_bwd, "(dy[N,F], gu[N,2F]) -> (dgu[N,2F])");
+}
+
+}  // namespace surogate::cuda::nra

@@ -1,0 +1,307 @@
+// RMSNorm on CUDA: rmsnorm_fwd / rmsnorm_bwd and the fused residual add + norm, add_rmsnorm_fwd /
+// add_rmsnorm_bwd. The contract (shapes, attrs, rounding order, aliasing) is cpu/norm.cpp's; read
+// its header for the formulas. N rows, C channels.
+//
+// Forward: one block per row (a grid-stride loop over rows). Pass 1 sums x^2 (and writes h for
+// add_rmsnorm), a block sum gives rstd, pass 2 re-reads the row (an L1 / L2 hit) and writes y.
+// Every element is read and written by the same thread in both passes, so y may alias x and h
+// may alias residual, as on the CPU.
+// Backward: a block walks a fixed range of rows, one row at a time (pass 1: sum g x; pass 2: dx).
+// When dw is wanted each thread adds dy x rstd for the columns it owns into a [C] f32 array in
+// shared memory; the block writes it as one [C] partial, and reduce_dw_partials sums the
+// partials in a fixed order (deterministic; the row ranges depend on N only).
+// Rows whose byte length is a multiple of 16 with 16-byte aligned bases use 16-byte packs.
+#include <algorithm>
+
+#include "core/allocator.h"
+#include "cuda/norm_rope_act.cuh"
+
+namespace surogate::cuda::nra {
+
+namespace {
+
+constexpr int kMaxThreads = 512;
+constexpr int64_t kMaxGrid = 1 << 20;       // rows per launch before blocks loop (forward)
+constexpr int64_t kMaxDwBlocks = 512;       // dw partials at most: bounds the [blocks, C] f32 scratch
+constexpr int64_t kMinRowsPerDwBlock = 4;
+
+int threads_for(int64_t nvec) {
+  const int64_t t = std::min<int64_t>(kMaxThreads, (std::max<int64_t>(nvec, 1) + 31) / 32 * 32);
+  return static_cast<int>(t);
+}
+
+// ---- forward --------------------------------------------------------------------------------
+
+// round_normed (weight_offset == 0): y = T(w * T(x rstd)); else y = T(x rstd (w + offset)).
+template <typename T, typename TW, int V>
+__global__ void rmsnorm_fwd_kernel(const T* x, const T* residual, const TW* w, float offset, bool round_normed,
+                                   float eps, T* y, T* h, float* rstd, int64_t N, int64_t C) {
+  __shared__ float red[32];
+  const int64_t nvec = C / V;
+  for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
+    const int64_t base = row * C;
+    float ss = 0.0f;
+    for (int64_t k = threadIdx.x; k < nvec; k += blockDim.x) {
+      Pack<T, V> xv = load_pack<T, V>(x + base + k * V);
+      if (residual) {
+        const Pack<T, V> rv = load_pack<T, V>(residual + base + k * V);
+#pragma unroll
+        for (int i = 0; i < V; ++i) xv.v[i] = st<T>(ld(xv.v[i]) + ld(rv.v[i]));
+        store_pack<T, V>(h + base + k * V, xv);
+      }
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const float v = ld(xv.v[i]);
+        ss += v * v;
+      }
+    }
+    const float r = 1.0f / sqrtf(block_sum(ss, red) / static_cast<float>(C) + eps);
+    if (threadIdx.x == 0) rstd[row] = r;
+    // h was written above by this same thread, for these same k.
+    const T* src = residual ? h : x;
+    for (int64_t k = threadIdx.x; k < nvec; k += blockDim.x) {
+      const Pack<T, V> xv = load_pack<T, V>(src + base + k * V);
+      Pack<T, V> yv;
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const float wf = ld(w[k * V + i]) + offset;
+        const float v = ld(xv.v[i]);
+        yv.v[i] = round_normed ? st<T>(wf * rnd<T>(v * r)) : st<T>(v * r * wf);
+      }
+      store_pack<T, V>(y + base + k * V, yv);
+    }
+  }
+}
+
+// ---- backward -------------------------------------------------------------------------------
+
+// Rows [b * rows_per_block, (b + 1) * rows_per_block) for block b. dx = r g - k x (+ dh) with
+// g = dy (w + offset), k = r^3 sum(g x) / C; partial[b, :] = sum over the rows of dy x r.
+template <typename T, typename TW, int V>
+__global__ void rmsnorm_bwd_kernel(const T* dy, const T* dh, const T* x, const TW* w, float offset,
+                                   const float* rstd, T* dx, float* partial, int64_t N, int64_t C,
+                                   int64_t rows_per_block) {
+  extern __shared__ float dw_acc[];  // [C] when partial != nullptr
+  __shared__ float red[32];
+  const int64_t nvec = C / V;
+  const int64_t row0 = blockIdx.x * rows_per_block;
+  const int64_t row1 = row0 + rows_per_block < N ? row0 + rows_per_block : N;
+  // Each thread owns columns k * V + i for its k: it alone touches those entries of dw_acc.
+  if (partial) {
+    for (int64_t k = threadIdx.x; k < nvec; k += blockDim.x) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) dw_acc[k * V + i] = 0.0f;
+    }
+  }
+  for (int64_t row = row0; row < row1; ++row) {
+    const int64_t base = row * C;
+    const float r = rstd[row];
+    float s = 0.0f;
+    for (int64_t k = threadIdx.x; k < nvec; k += blockDim.x) {
+      const Pack<T, V> dv = load_pack<T, V>(dy + base + k * V);
+      const Pack<T, V> xv = load_pack<T, V>(x + base + k * V);
+#pragma unroll
+      for (int i = 0; i < V; ++i) s += ld(dv.v[i]) * (ld(w[k * V + i]) + offset) * ld(xv.v[i]);
+    }
+    const float kx = r * r * r * block_sum(s, red) / static_cast<float>(C);
+    // Same k as pass 1: dx may alias dy, each element is read before this thread overwrites it.
+    for (int64_t k = threadIdx.x; k < nvec; k += blockDim.x) {
+      const Pack<T, V> dv = load_pack<T, V>(dy + base + k * V);
+      const Pack<T, V> xv = load_pack<T, V>(x + base + k * V);
+      Pack<T, V> hv;
+      if (dh) hv = load_pack<T, V>(dh + base + k * V);
+      Pack<T, V> out;
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const float d = ld(dv.v[i]), xf = ld(xv.v[i]);
+        const float g = d * (ld(w[k * V + i]) + offset);
+        float v = r * g - kx * xf;
+        if (dh) v += ld(hv.v[i]);
+        out.v[i] = st<T>(v);
+        if (partial) dw_acc[k * V + i] += d * xf * r;
+      }
+      store_pack<T, V>(dx + base + k * V, out);
+    }
+  }
+  if (partial) {
+    for (int64_t k = threadIdx.x; k < nvec; k += blockDim.x) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) partial[blockIdx.x * C + k * V + i] = dw_acc[k * V + i];
+    }
+  }
+}
+
+// ---- argument checks (cpu/norm.cpp's, same messages) -----------------------------------------
+
+Status check_like(const char* op, const char* name, const Tensor& t, const char* ref_name, const Tensor& ref) {
+  SG_RETURN_IF_ERROR(check_same_shape(op, name, t, ref_name, ref));
+  SG_CHECK(t.dtype == ref.dtype, StatusCode::kDTypeUnsupported,
+           str_cat(op, ": ", name, " is ", dtype_name(t.dtype), " but ", ref_name, " is ", dtype_name(ref.dtype)),
+           "give the activations and their gradients one dtype");
+  return check_contiguous(op, name, t);
+}
+
+Status check_norm_args(const char* op, const char* x_name, const Tensor& x, const Tensor& w, const Tensor& rstd) {
+  SG_RETURN_IF_ERROR(check_ndim(op, x_name, x, 2));
+  SG_RETURN_IF_ERROR(check_contiguous(op, x_name, x));
+  SG_RETURN_IF_ERROR(check_dtype(op, x_name, x, {DType::kF32, DType::kBF16, DType::kF16}));
+  SG_CHECK_ARG(x.shape[1] > 0, str_cat(op, ": ", x_name, " ", x.shape_str(), " has no channels"));
+  SG_RETURN_IF_ERROR(check_ndim(op, "w", w, 1));
+  SG_RETURN_IF_ERROR(check_contiguous(op, "w", w));
+  SG_RETURN_IF_ERROR(check_dtype(op, "w", w, {DType::kF32, DType::kBF16, DType::kF16}));
+  SG_CHECK_SHAPE(w.shape[0] == x.shape[1],
+                 str_cat(op, ": w ", w.shape_str(), " does not match the ", x.shape[1], " channels of ", x_name, " ",
+                         x.shape_str()));
+  SG_RETURN_IF_ERROR(check_ndim(op, "rstd", rstd, 1));
+  SG_RETURN_IF_ERROR(check_contiguous(op, "rstd", rstd));
+  SG_RETURN_IF_ERROR(check_dtype(op, "rstd", rstd, {DType::kF32}));
+  SG_CHECK_SHAPE(rstd.shape[0] == x.shape[0],
+                 str_cat(op, ": rstd ", rstd.shape_str(), " must have one entry per row of ", x_name, " ",
+                         x.shape_str()));
+  return Status::OK();
+}
+
+Status check_dw(const char* op, const OpArgs& a, int slot, const Tensor& w) {
+  if (!a.has_out(slot)) return Status::OK();
+  const Tensor& dw = a.out(slot);
+  SG_RETURN_IF_ERROR(check_same_shape(op, "dw", dw, "w", w));
+  SG_RETURN_IF_ERROR(check_contiguous(op, "dw", dw));
+  SG_CHECK(dw.dtype == DType::kF32 || dw.dtype == w.dtype, StatusCode::kDTypeUnsupported,
+           str_cat(op, ": dw is ", dtype_name(dw.dtype), ", expected float32 or w's ", dtype_name(w.dtype)),
+           "keep weight gradients in float32 or in the weight's dtype");
+  return Status::OK();
+}
+
+// ---- launchers ------------------------------------------------------------------------------
+
+// residual / h null for rmsnorm_fwd.
+Status forward(const char* op, const Tensor& x, const Tensor* residual, const Tensor& w, const Tensor& y,
+               const Tensor* h, const Tensor& rstd, float eps, float offset) {
+  const int64_t N = x.shape[0], C = x.shape[1];
+  if (N == 0) return Status::OK();
+  const bool packed = C % (16 / dtype_size(x.dtype)) == 0 && aligned16(x.data) && aligned16(y.data) &&
+                      (!residual || (aligned16(residual->data) && aligned16(h->data)));
+  const auto grid = static_cast<unsigned>(std::min(N, kMaxGrid));
+  SG_CUDA_DISPATCH_FLOAT(op, x.dtype, T, {
+    constexpr int kV = 16 / sizeof(T);
+    const T* res = residual ? residual->ptr<T>() : nullptr;
+    T* hp = h ? h->ptr<T>() : nullptr;
+    SG_CUDA_DISPATCH_FLOAT(op, w.dtype, TW, {
+      if (packed) {
+        rmsnorm_fwd_kernel<T, TW, kV><<<grid, threads_for(C / kV)>>>(
+            x.ptr<T>(), res, w.ptr<TW>(), offset, offset == 0.0f, eps, y.ptr<T>(), hp, rstd.ptr<float>(), N, C);
+      } else {
+        rmsnorm_fwd_kernel<T, TW, 1><<<grid, threads_for(C)>>>(
+            x.ptr<T>(), res, w.ptr<TW>(), offset, offset == 0.0f, eps, y.ptr<T>(), hp, rstd.ptr<float>(), N, C);
+      }
+    });
+  });
+  SG_CUDA_CHECK_LAUNCH();
+  return Status::OK();
+}
+
+// dh null for rmsnorm_bwd; dw null when absent.
+Status backward(const char* op, const Tensor& dy, const Tensor* dh, const Tensor& x, const Tensor& w,
+                const Tensor& rstd, const Tensor& dx, const Tensor* dw, float offset, bool accumulate) {
+  const int64_t N = x.shape[0], C = x.shape[1];
+  if (N == 0) {
+    // No rows: dw is the sum over nothing, so it is zeroed unless accumulating (as on the CPU).
+    if (dw && !accumulate) return fill_zero(*dw);
+    return Status::OK();
+  }
+  // Without dw every row is its own block; with dw the row ranges are fixed by N alone.
+  const int64_t rows_per_block =
+      dw ? std::max(kMinRowsPerDwBlock, (N + kMaxDwBlocks - 1) / kMaxDwBlocks) : (N + kMaxGrid - 1) / kMaxGrid;
+  const int64_t blocks = (N + rows_per_block - 1) / rows_per_block;
+  std::shared_ptr<void> scratch;
+  float* partial = nullptr;
+  if (dw) {
+    SG_RETURN_IF_ERROR(allocate(x.device, static_cast<size_t>(blocks * C) * sizeof(float), &scratch));
+    partial = static_cast<float*>(scratch.get());
+  }
+  const size_t smem = dw ? static_cast<size_t>(C) * sizeof(float) : 0;
+  const bool packed = C % (16 / dtype_size(x.dtype)) == 0 && aligned16(dy.data) && aligned16(x.data) &&
+                      aligned16(dx.data) && (!dh || aligned16(dh->data));
+  SG_CUDA_DISPATCH_FLOAT(op, x.dtype, T, {
+    constexpr int kV = 16 / sizeof(T);
+    const T* dhp = dh ? dh->ptr<T>() : nullptr;
+    SG_CUDA_DISPATCH_FLOAT(op, w.dtype, TW, {
+      auto kernel = packed ? rmsnorm_bwd_kernel<T, TW, kV> : rmsnorm_bwd_kernel<T, TW, 1>;
+      const int threads = threads_for(packed ? C / kV : C);
+      SG_RETURN_IF_ERROR(allow_dynamic_smem(op, reinterpret_cast<const void*>(kernel), smem, x.device.index,
+                                            "the dw accumulator of one row"));
+      kernel<<<static_cast<unsigned>(blocks), threads, smem>>>(dy.ptr<T>(), dhp, x.ptr<T>(), w.ptr<TW>(), offset,
+                                                              rstd.ptr<float>(), dx.ptr<T>(), partial, N, C,
+                                                              rows_per_block);
+    });
+  });
+  SG_CUDA_CHECK_LAUNCH();
+  if (dw) SG_RETURN_IF_ERROR(reduce_dw_partials(op, partial, blocks, C, *dw, accumulate));
+  return Status::OK();
+}
+
+Status rmsnorm_fwd(const OpArgs& a) {
+  const char* op = "rmsnorm_fwd";
+  const Tensor &x = a.in(0), &w = a.in(1), &y = a.out(0), &rstd = a.out(1);
+  SG_RETURN_IF_ERROR(check_norm_args(op, "x", x, w, rstd));
+  SG_RETURN_IF_ERROR(check_like(op, "y", y, "x", x));
+  const float eps = static_cast<float>(a.attr().get_float("eps", 1e-6));
+  const float offset = static_cast<float>(a.attr().get_float("weight_offset", 0.0));
+  return forward(op, x, nullptr, w, y, nullptr, rstd, eps, offset);
+}
+
+Status add_rmsnorm_fwd(const OpArgs& a) {
+  const char* op = "add_rmsnorm_fwd";
+  const Tensor &x = a.in(0), &res = a.in(1), &w = a.in(2), &y = a.out(0), &h = a.out(1), &rstd = a.out(2);
+  SG_RETURN_IF_ERROR(check_norm_args(op, "x", x, w, rstd));
+  SG_RETURN_IF_ERROR(check_like(op, "residual", res, "x", x));
+  SG_RETURN_IF_ERROR(check_like(op, "y", y, "x", x));
+  SG_RETURN_IF_ERROR(check_like(op, "h", h, "x", x));
+  const float eps = static_cast<float>(a.attr().get_float("eps", 1e-6));
+  const float offset = static_cast<float>(a.attr().get_float("weight_offset", 0.0));
+  return forward(op, x, &res, w, y, &h, rstd, eps, offset);
+}
+
+Status rmsnorm_bwd(const OpArgs& a) {
+  const char* op = "rmsnorm_bwd";
+  const Tensor &dy = a.in(0), &x = a.in(1), &w = a.in(2), &rstd = a.in(3), &dx = a.out(0);
+  SG_RETURN_IF_ERROR(check_norm_args(op, "x", x, w, rstd));
+  SG_RETURN_IF_ERROR(check_like(op, "dy", dy, "x", x));
+  SG_RETURN_IF_ERROR(check_like(op, "dx", dx, "x", x));
+  SG_RETURN_IF_ERROR(check_dw(op, a, 1, w));
+  const float offset = static_cast<float>(a.attr().get_float("weight_offset", 0.0));
+  return backward(op, dy, nullptr, x, w, rstd, dx, a.has_out(1) ? &a.out(1) : nullptr, offset,
+                  a.attr().get_bool("accumulate", false));
+}
+
+Status add_rmsnorm_bwd(const OpArgs& a) {
+  const char* op = "add_rmsnorm_bwd";
+  // Inputs (dy, [dh], h, w, rstd): dh sits in the middle, so the registry sees inputs 1..4 as
+  // optional and the required ones are checked here.
+  SG_CHECK_ARG(a.num_inputs == 5 && a.has_in(2) && a.has_in(3) && a.has_in(4),
+               str_cat(op, ": takes (dy, [dh], h, w, rstd); h, w and rstd are required"));
+  const Tensor &dy = a.in(0), &h = a.in(2), &w = a.in(3), &rstd = a.in(4), &dx = a.out(0);
+  SG_RETURN_IF_ERROR(check_norm_args(op, "h", h, w, rstd));
+  SG_RETURN_IF_ERROR(check_like(op, "dy", dy, "h", h));
+  if (a.has_in(1)) SG_RETURN_IF_ERROR(check_like(op, "dh", a.in(1), "h", h));
+  SG_RETURN_IF_ERROR(check_like(op, "dx", dx, "h", h));
+  SG_RETURN_IF_ERROR(check_dw(op, a, 1, w));
+  const float offset = static_cast<float>(a.attr().get_float("weight_offset", 0.0));
+  return backward(op, dy, a.has_in(1) ? &a.in(1) : nullptr, h, w, rstd, dx, a.has_out(1) ? &a.out(1) : nullptr,
+                  offset, a.attr().get_bool("accumulate", false));
+}
+
+}  // namespace
+
+void register_cuda_rmsnorm(OpRegistry& reg) {
+  add_op(reg, "rmsnorm_fwd", 2, 2, 2, rmsnorm_fwd,
+         "(x[N,C], w[C]) -> (y[N,C], rstd[N] f32); attrs: eps, weight_offset");
+  add_op(reg, "rmsnorm_bwd", 4, 4, 2, rmsnorm_bwd,
+         "(dy, x, w, rstd) -> (dx, [dw]); attrs: weight_offset, accumulate", 1);
+  add_op(reg, "add_rmsnorm_fwd", 3, 3, 3, add_rmsnorm_fwd,
+         "(x[N,C], residual[N,C], w[C]) -> (y, h = x + residual, rstd[N] f32); attrs: eps, weight_offset");
+  add_op(reg, "add_rmsnorm_bwd", 1, 5, 2, add_rmsnorm_bwd,
+         "(dy, [dh], h, w, rstd) -> (dx = d residual, [dw]); attrs: weight_offset, accumulate", 1);
+}
+
+}  // namespace surogate::cuda::nra
