@@ -42,7 +42,7 @@ namespace surogate::cuda {
 
 namespace {
 
-constexpr int kThreads = 128;                   // 4 warps per CTA in both directions
+constexpr int kThreads = 256;                   // 8 warps per CTA: the tiles hold one or two CTAs per SM
 constexpr int kMaxSmem = 227 * 1024;            // per block on H100 / H200 (opt-in above 48 KB)
 constexpr int kOffsetThreads = 1024;            // the one block that scans cu_seqlens
 constexpr float kNegInf = -INFINITY;
