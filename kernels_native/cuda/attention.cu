@@ -583,7 +583,8 @@ Params make_params(const Config& c, const Tensor& cu) {
   p.G = c.G;
   p.D = c.D;
   p.S = static_cast<int>(c.S);
-  p.mask = Mask{c.causal, c.window};
+  // A window past N tokens is no window; capping it keeps i + window far from overflow.
+  p.mask = Mask{c.causal, std::min(c.window, c.N + 1)};
   p.scale = c.scale;
   p.softcap = c.softcap;
   return p;
