@@ -1,0 +1,123 @@
+"""attention_fwd / attention_bwd on the GPU against the CPU backend (cpu/attention.cpp is the spec).
+
+Shapes: N packed tokens, Hq query heads, Hkv kv heads, D head dim; cu_seqlens delimits the
+documents. The backward of both backends is fed the same (CPU) out and lse, so a forward
+difference does not leak into the gradient comparison.
+"""
+
+import numpy as np
+import pytest
+
+from sgtest.ops import as_dtype, run_op
+from surogate import _native
+from surogate.errors import ShapeError, UnsupportedError
+
+pytestmark = pytest.mark.cuda
+
+HAS_CUDA = bool(_native.build_info()["cuda"]) and len(_native.cuda_devices()) > 0
+if not HAS_CUDA:
+    pytest.skip("no CUDA build or no GPU", allow_module_level=True)
+
+COVERS = ("attention_fwd", "attention_bwd")
+
+
+def run_cuda(name, inputs, out_specs, **attrs):
+    ins = [None if x is None else _native.tensor(x).to("cuda") for x in inputs]
+    outs = [_native.zeros(list(shape), dtype, "cuda") for shape, dtype in out_specs]
+    _native.call_op(name, ins, outs, attrs)
+    return [o.to("cpu").numpy() for o in outs]
+
+
+def make_inputs(cu, Hq, Hkv, D, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    N = cu[-1]
+    q, dout = (rng.standard_normal((N, Hq, D)).astype(np.float32) for _ in range(2))
+    k, v = (rng.standard_normal((N, Hkv, D)).astype(np.float32) for _ in range(2))
+    return [as_dtype(x, dtype) for x in (q, k, v, dout)]
+
+
+# Bound on |gpu - cpu| as a fraction of (|cpu| + max(max|cpu|, 1)), see check(). f32: exp / tanh
+# and accumulation order only. bf16 / f16: both round their outputs, and the GPU also feeds P and
+# dS to the tensor cores in the storage dtype where the CPU keeps them in f32. lse is f32 always.
+TOL = {"float32": 5e-5, "bfloat16": 2e-2, "float16": 5e-3}
+LSE_TOL = 1e-4
+
+
+def check(got, want, tol, what):
+    """|got - want| <= tol * (|want| + max(max|want|, 1)): relative to the tensor's scale, so that
+    near-zero gradient entries are not held to a relative bound."""
+    a = np.asarray(got, np.float64)
+    e = np.asarray(want, np.float64)
+    assert np.all(np.isfinite(a)), f"{what}: non-finite values"
+    bound = tol * (np.abs(e) + max(np.abs(e).max(initial=0.0), 1.0))
+    excess = np.abs(a - e) - bound
+    worst = np.unravel_index(np.argmax(excess), excess.shape)
+    assert excess[worst] <= 0, (f"{what}: at {worst} got {a[worst]:.6g}, want {e[worst]:.6g} "
+                                f"(max error {np.abs(a - e).max():.3g}, tolerance {tol})")
+
+
+def compare(dtype, cu, Hq, Hkv, D, seed=0, **attrs):
+    q, k, v, dout = make_inputs(cu, Hq, Hkv, D, dtype, seed)
+    cu = np.asarray(cu, np.int32)
+    N = int(cu[-1])
+    fwd_outs = [((N, Hq, D), dtype), ((N, Hq), "float32")]
+    out, lse = run_op("attention_fwd", [q, k, v, cu], fwd_outs, **attrs)
+    g_out, g_lse = run_cuda("attention_fwd", [q, k, v, cu], fwd_outs, **attrs)
+    tol = TOL[dtype]
+    check(g_out.astype(np.float32), out.astype(np.float32), tol, "out")
+    check(g_lse, lse, LSE_TOL, "lse")
+
+    bwd_ins = [dout, q, k, v, out, lse, cu]
+    bwd_outs = [((N, Hq, D), dtype), ((N, Hkv, D), dtype), ((N, Hkv, D), dtype)]
+    want = run_op("attention_bwd", bwd_ins, bwd_outs, **attrs)
+    got = run_cuda("attention_bwd", bwd_ins, bwd_outs, **attrs)
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        check(g.astype(np.float32), w.astype(np.float32), tol, name)
+
+
+# Documents of lengths 1, 17, 0, 64 and 130: a one-token document, tile-straddling ones, an empty one.
+CU = [0, 1, 18, 18, 82, 212]
+
+SHAPES = [
+    # cu,       Hq, Hkv, D,   causal, window, softcap
+    (CU, 4, 2, 64, True, 0, 0.0),
+    (CU, 2, 2, 128, True, 32, 20.0),
+    (CU, 4, 2, 128, False, 0, 0.0),
+    (CU, 4, 1, 64, False, 32, 20.0),
+    (CU, 4, 2, 80, True, 32, 0.0),  # D padded up to the 128-wide kernel
+    (CU, 2, 2, 8, False, 0, 20.0),  # tiny D, padded to 64
+    ([0, 3, 70], 3, 1, 256, True, 0, 0.0),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("cu,Hq,Hkv,D,causal,window,softcap", SHAPES)
+def test_matches_cpu(dtype, cu, Hq, Hkv, D, causal, window, softcap):
+    compare(dtype, cu, Hq, Hkv, D, causal=causal, window=window, softcap=softcap)
+
+
+def test_defaults_and_explicit_scale():
+    compare("float32", [0, 5, 40], 4, 2, 64, seed=1)  # causal, scale 1/sqrt(D), no window, no softcap
+    compare("bfloat16", [0, 5, 40], 4, 2, 64, seed=1, scale=0.3, causal=False)
+
+
+def test_window_of_one_sees_only_itself():
+    compare("float32", CU, 2, 1, 64, seed=2, causal=True, window=1)
+    compare("float32", CU, 2, 1, 64, seed=2, causal=False, window=1)
+
+
+def test_long_sequence_many_tiles():
+    """One 1024-token document: many key and query tiles, the causal tile skipping, GQA."""
+    compare("bfloat16", [0, 1024], 4, 2, 128, seed=3, causal=True)
+    compare("bfloat16", [0, 1024], 4, 2, 128, seed=3, causal=True, window=100, softcap=20.0)
+
+
+def test_errors_name_the_op_and_argument():
+    q = np.zeros((8, 6, 16), np.float32)
+    k = np.zeros((8, 4, 16), np.float32)
+    cu = np.array([0, 3, 8], np.int32)
+    with pytest.raises(ShapeError, match="attention_fwd: Hq = 6 .* not a multiple of Hkv = 4"):
+        run_cuda("attention_fwd", [q, k, k, cu], [((8, 6, 16), "float32"), ((8, 6), "float32")])
+    q = np.zeros((8, 2, 300), np.float32)
+    with pytest.raises(UnsupportedError, match="attention_fwd: head dim D = 300"):
+        run_cuda("attention_fwd", [q, q, q, cu], [((8, 2, 300), "float32"), ((8, 2), "float32")])
