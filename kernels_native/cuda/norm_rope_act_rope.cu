@@ -316,6 +316,16 @@ Status check_like(const char* op, const char* a_name, const Tensor& a, const cha
   return Status::OK();
 }
 
+// dw: w's shape, in w's dtype or float32 (the trainer's gradient accumulators are f32).
+Status check_dw(const char* op, const Tensor& w, const Tensor& dw) {
+  SG_RETURN_IF_ERROR(check_same_shape(op, "w", w, "dw", dw));
+  SG_RETURN_IF_ERROR(check_contiguous(op, "dw", dw));
+  SG_CHECK(dw.dtype == w.dtype || dw.dtype == DType::kF32, StatusCode::kDTypeUnsupported,
+           str_cat(op, ": dw is ", dtype_name(dw.dtype), "; it must be float32 or w's ", dtype_name(w.dtype)),
+           "cast first");
+  return Status::OK();
+}
+
 Status check_weight(const char* op, const char* name, const Tensor& w, const Tensor& x) {
   SG_CHECK_SHAPE(w.ndim == 1 && w.shape[0] == x.shape[2],
                  str_cat(op, ": ", name, " ", w.shape_str(), " must be [D] = [", x.shape[2], "]"));
@@ -416,7 +426,7 @@ Status qk_norm_rope_bwd(const OpArgs& a) {
   SG_RETURN_IF_ERROR(check_rstd(op, rstd, N, H));
   SG_RETURN_IF_ERROR(check_heads(op, H));
   const bool want_dw = a.has_out(1);
-  if (want_dw) SG_RETURN_IF_ERROR(check_like(op, "w", w, "dw", a.out(1)));
+  if (want_dw) SG_RETURN_IF_ERROR(check_dw(op, w, a.out(1)));
   const bool accumulate = a.attr().get_bool("accumulate", false);
   RopeConfig cfg;
   SG_RETURN_IF_ERROR(parse_rope(op, a.attr(), D, &cfg));

@@ -206,7 +206,7 @@ def test_errors_name_the_op_and_the_type():
     with pytest.raises(UnsupportedError, match="gguf_dequantize: unsupported GGUF type IQ2_XXS"):
         run_cuda("gguf_dequantize", [np.zeros((1, 66), np.uint8)], [((1, 256), "float32")], type=int(T.IQ2_XXS))
     with pytest.raises(UnsupportedError, match="gguf_matmul: unsupported GGUF type IQ3_S"):
-        run_cuda("gguf_matmul", [x[:, :256], np.zeros((1, 110), np.uint8)], [((2, 1), "float32")],
+        run_cuda("gguf_matmul", [np.ascontiguousarray(x[:, :256]), np.zeros((1, 110), np.uint8)], [((2, 1), "float32")],
                  type=int(T.IQ3_S))
     with pytest.raises(SurogateError, match="unknown GGUF type id 99"):
         run_cuda("gguf_dequantize", [bad], [((2, 512), "float32")], type=99)

@@ -195,13 +195,13 @@ def test_qk_norm_rope_fwd(dtype, rope, pos_kind):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rope", ["default", "partial-1e6", "llama3-partial"])
-@pytest.mark.parametrize("dw_mode", ["none", "overwrite", "accumulate"])
+@pytest.mark.parametrize("dw_mode", ["none", "overwrite", "accumulate", "f32"])
 def test_qk_norm_rope_bwd(dtype, rope, dw_mode):
     D = 64
     pos = positions("random")
     x, w, dy = rand((N, H, D), dtype, 1), rand((D,), dtype, 2), rand((N, H, D), dtype, 4)
     _, rstd = run_cpu("qk_norm_rope_fwd", [x, w, pos], [((N, H, D), dtype), ((N, H), "float32")], **ROPE[rope])
-    dw = None if dw_mode == "none" else rand((D,), dtype, 5)
+    dw = None if dw_mode == "none" else rand((D,), "float32" if dw_mode == "f32" else dtype, 5)
     # dw is in w's dtype here: one rounding of a sum over N * H terms.
     check("qk_norm_rope_bwd", [dy, x, w, rstd, pos], [((N, H, D), dtype), dw], [dtype, dtype],
           accumulate=dw_mode == "accumulate", **ROPE[rope])

@@ -225,6 +225,10 @@ def test_qk_norm_rope_bwd_matches_autograd_f64(R, dtype):
     dx_only = np.zeros_like(x)
     _native.call_op("qk_norm_rope_bwd", [dy, x, w, rstd, pos], [dx_only, None], attrs)
     assert np.array_equal(dx_only, dx)
+    # An f32 dw (the trainer's gradient accumulator for a bf16 model) gets the unrounded sum.
+    acc32 = np.ones(D, np.float32)
+    run_op("qk_norm_rope_bwd", [dy, x, w, rstd, pos], [np.zeros_like(x), acc32], accumulate=True, **attrs)
+    assert_close(acc32, 1.0 + wt.grad.numpy(), "float32", rtol=1e-4, atol=1e-4)
 
 
 def test_qk_norm_rope_bwd_finite_differences():

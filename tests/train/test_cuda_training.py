@@ -95,7 +95,7 @@ def data(tmp_path_factory):
 
 def config(base, data, out, **kw):
     c = {"model": str(base), "output_dir": str(out), "datasets": [{"path": str(data), "type": "messages"}],
-         "sequence_len": 64, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 2,
+         "sequence_len": 128, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 2,
          "recipe": "fp32", "learning_rate": 2e-2, "lr_scheduler_type": "constant", "max_steps": 6,
          "lora_rank": 8, "lora_alpha": 16, "save_steps": 3, "eval_steps": 0, "seed": 7, "max_grad_norm": 1.0}
     c.update(kw)
@@ -121,8 +121,9 @@ def test_trainer_on_cuda_follows_the_cpu_curve_and_resumes(base, data, tmp_path,
     a = load_file(tmp_path / "gpu" / "adapter" / "adapter_model.safetensors")
     b = load_file(tmp_path / "cpu" / "adapter" / "adapter_model.safetensors")
     assert set(a) == set(b)
+    tol = 1e-2 if optimizer == "adamw" else 5e-2  # 8-bit moments turn round-off into a code step
     for k in a:
-        assert rel_err(a[k], b[k]) < 1e-2, k
+        assert rel_err(a[k], b[k]) < tol, k
     # Resume on the GPU from the step-3 checkpoint: steps 4..6 again, as before.
     resumed = Trainer(config(base, data, tmp_path / "gpu", device="cuda", optimizer=optimizer,
                              resume_from_checkpoint=str(tmp_path / "gpu" / "checkpoints" / "step_00000003")))
