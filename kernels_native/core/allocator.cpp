@@ -177,4 +177,9 @@ Status copy_tensor(const Tensor& src, const Tensor& dst) {
   return h->copy(dst.device, dst.data, src.device, src.data, src.nbytes());
 }
 
+Status synchronize(const Device& dev) {
+  const DeviceHooks* h = device_hooks(dev.type);
+  return h && h->synchronize ? h->synchronize(dev.index) : Status::OK();
+}
+
 }  // namespace surogate

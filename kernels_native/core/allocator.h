@@ -19,7 +19,12 @@ struct DeviceHooks {
   Status (*memset_zero)(int device_index, void* p, size_t bytes) = nullptr;
   // Copy `bytes` between two devices of which at least one is this backend's.
   Status (*copy)(const Device& dst_dev, void* dst, const Device& src_dev, const void* src, size_t bytes) = nullptr;
+  // Wait for the device's queued work (profiling, timing). Null: the device runs synchronously.
+  Status (*synchronize)(int device_index) = nullptr;
 };
+
+// Wait until `dev` has finished the work queued on it (a no-op on the CPU).
+Status synchronize(const Device& dev);
 
 void register_device_hooks(DeviceType type, const DeviceHooks& hooks);
 const DeviceHooks* device_hooks(DeviceType type);

@@ -52,6 +52,16 @@ Status cuda_copy(const Device& dd, void* dst, const Device& sd, const void* src,
   return Status::OK();
 }
 
+Status cuda_synchronize(int device) {
+  cudaError_t err = cudaSetDevice(device);
+  if (err == cudaSuccess) err = cudaDeviceSynchronize();
+  if (err != cudaSuccess) {
+    return Status(StatusCode::kDeviceError, str_cat("CUDA error: ", cudaGetErrorString(err)), __FILE__, __LINE__,
+                  "an earlier kernel failed; rerun with CUDA_LAUNCH_BLOCKING=1 to find it");
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 std::vector<DeviceInfo> devices() {
@@ -86,7 +96,7 @@ std::string runtime_version() {
 }
 
 void register_backend() {
-  register_device_hooks(DeviceType::kCUDA, DeviceHooks{cuda_raw_alloc, cuda_raw_free, cuda_memset, cuda_copy});
+  register_device_hooks(DeviceType::kCUDA, DeviceHooks{cuda_raw_alloc, cuda_raw_free, cuda_memset, cuda_copy, cuda_synchronize});
   OpRegistry& reg = OpRegistry::global();
   register_cuda_elementwise(reg);
   register_cuda_matmul(reg);

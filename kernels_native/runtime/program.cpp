@@ -221,7 +221,10 @@ Status Program::run(int begin, int end) {
     std::chrono::steady_clock::time_point t0;
     if (profiling_) t0 = std::chrono::steady_clock::now();
     Status st = ins.def->fn(args);
-    if (profiling_) op_seconds_[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (profiling_) {  // on a GPU: wait for the op's kernels, so the time is the op's own
+      if (st.ok()) st = synchronize(device_);
+      op_seconds_[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
     if (!st.ok()) {
       return Status(st.code(), str_cat("instruction ", i, " (", instr_to_string(i), "): ", st.message()), st.file(),
                     st.line(), st.hint());

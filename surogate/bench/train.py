@@ -85,7 +85,7 @@ def batch_data(model: Model, batch: int, seq: int) -> tuple[np.ndarray, np.ndarr
 
 
 def bench_ours(model: Model, batch: int, seq: int, lora: LoRAConfig | None, steps: int, warmup: int,
-               recompute: bool) -> Result:
+               recompute: bool, profile: bool = False) -> Result:
     from surogate import _native
 
     n = batch * seq
@@ -123,7 +123,24 @@ def bench_ours(model: Model, batch: int, seq: int, lora: LoRAConfig | None, step
             first_loss = float(exe.read("loss")[valid].mean())
     dt = float(np.median(times))
     peak = _native.allocator_stats(model.device)["peak_allocated_bytes"] if on_gpu else 0
+    if profile:
+        print(op_profile(exe.program, opt))
     return Result("surogate", n / dt, dt, first_loss, peak)
+
+
+def op_profile(program, opt: AdamW, top: int = 15) -> str:
+    """One more step with every op timed alone (waiting for the device after each): where the
+    step's time goes, by op."""
+    program.reset_profile()
+    program.set_profiling(True)
+    program.run(0, opt.begin)
+    opt.apply(1e-5)
+    program.set_profiling(False)
+    rows = sorted(program.profile(), key=lambda r: -r[1])
+    total = sum(t for _, t in rows) or 1.0
+    lines = [f"\nper-op time of one step (each op synchronized: {total * 1e3:.1f} ms in all)"]
+    lines += [f"  {name:22} {t * 1e3:9.2f} ms {100 * t / total:6.1f}%" for name, t in rows[:top]]
+    return "\n".join(lines)
 
 
 def bench_hf(model: Model, batch: int, seq: int, lora: LoRAConfig | None, steps: int, warmup: int,
@@ -178,13 +195,13 @@ def bench_hf(model: Model, batch: int, seq: int, lora: LoRAConfig | None, steps:
 
 
 def run(shape: str, *, batch: int, seq: int, lora_rank: int, dtype: str, steps: int, warmup: int, vs: str | None,
-        device: str, recompute: bool) -> list[Result]:
+        device: str, recompute: bool, profile: bool = False) -> list[Result]:
     from surogate.model import resolve_device
 
     device = resolve_device(device)
     model = random_model(shape, dtype, device=device)
     lora = LoRAConfig(rank=lora_rank, alpha=2 * lora_rank, targets=ALL_TARGETS) if lora_rank > 0 else None
-    results = [bench_ours(model, batch, seq, lora, steps, warmup, recompute)]
+    results = [bench_ours(model, batch, seq, lora, steps, warmup, recompute, profile)]
     if vs == "hf":
         if device != "cpu":
             from surogate import _native
