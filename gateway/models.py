@@ -75,7 +75,8 @@ class ModelTable:
         return None
 
     def limits(self, model: ServedModel, config: GatewayConfig) -> Limits:
-        return Limits(max_model_len=model.max_model_len, max_logprobs=config.max_logprobs, max_n=config.max_n)
+        return Limits(max_model_len=model.max_model_len, max_logprobs=config.max_logprobs, max_n=config.max_n,
+                      vocab_size=model.tokenizer.vocab_size)
 
     def __iter__(self):
         return iter(self.models.values())
