@@ -32,6 +32,9 @@ def build(routes, *, secured: bool, title: str = "Surogate gateway", version: st
             op["requestBody"] = {"required": True, "content": {"application/json": {"schema": schema_of[r.request]}}}
         if r.path == "/v1/models/{model}":
             op["parameters"] = [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}]
+        if r.query:
+            op["parameters"] = [{"name": q, "in": "query", "required": False, "schema": {"type": "string"}}
+                                for q in r.query]
         ok: dict = {"description": "OK"}
         if r.response is not None:
             ok["content"] = {"application/json": {"schema": schema_of[r.response]}}
@@ -43,7 +46,7 @@ def build(routes, *, secured: bool, title: str = "Surogate gateway", version: st
             ok.setdefault("content", {})["text/event-stream"] = {"itemSchema": _event(r, schema_of[r.events],
                                                                                       error_schema[r.api])}
         op["responses"]["200"] = ok
-        codes = _ERRORS[r.api] if (r.request is not None or r.path.startswith("/v1/")) else ("401",)
+        codes = _ERRORS[r.api] if (r.request is not None or r.path.startswith("/v1/") or r.query) else ("401",)
         for code in codes:
             if code == "401" and not (secured and r.auth):
                 continue
