@@ -24,7 +24,7 @@ from sgtest.server import surogate_serve  # noqa: E402
 from sgtest.tiny_models import make_qwen3  # noqa: E402
 
 KEY = "sk-fuzz"
-EXAMPLES = int(os.environ.get("SUROGATE_FUZZ_EXAMPLES", 25))  # per operation; about 20 s on two shared cores
+EXAMPLES = int(os.environ.get("SUROGATE_FUZZ_EXAMPLES", "25"))  # per operation; about 20 s on two shared cores
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 
 
