@@ -5,7 +5,8 @@ One request, end to end (see also ARCHITECTURE.md §4):
 1. ``__call__`` picks the route by path and method (404 / 405 in the envelope of the API the
    path belongs to: ``/v1/messages*`` speaks Anthropic, everything else OpenAI).
 2. API keys, when configured, are checked on every route but /health and /openapi.json
-   (``Authorization: Bearer`` or ``x-api-key``; /metrics too unless configured open).
+   (``Authorization: Bearer`` or ``x-api-key``; /metrics too unless configured open). The admin
+   routes (``POST /sleep?model=``, ``POST /wake_up?model=``, as vLLM names them) take the same keys.
 3. The body is read up to ``max_body_bytes`` (413 beyond, from Content-Length when it is given)
    and decoded by the route's msgspec decoder, built once; a malformed body or a wrong type is a
    400 whose ``param`` names the field.
@@ -24,6 +25,7 @@ import hmac
 import logging
 import re
 import time
+import urllib.parse
 from collections.abc import Callable, Sequence
 from contextlib import aclosing, suppress
 from dataclasses import dataclass
@@ -48,8 +50,13 @@ access_log = logging.getLogger("surogate.gateway.access")
 
 
 class HealthResponse(msgspec.Struct, kw_only=True):
-    status: str  # "ok" when every model can generate, "loading" otherwise
-    models: dict[str, str]
+    status: str  # "ok" once no model is loading (an asleep one is there, on purpose), "loading" before
+    models: dict[str, str]  # name -> "loaded" | "loading" | "sleeping"
+
+
+class SleepResponse(msgspec.Struct, kw_only=True):
+    model: str
+    status: str  # the model's status after the call: "sleeping" or "loaded"
 
 
 @dataclass(frozen=True)
@@ -63,12 +70,48 @@ class Route:
     events: object | None = None  # the SSE event type, for routes that can stream
     auth: bool = True
     summary: str = ""
+    query: tuple[str, ...] = ()  # query parameters the handler takes, in order (None when absent)
 
 
 async def _health(gw: Gateway, ctx: RequestContext):
     states = {m.name: m.status for m in gw.models}
-    ok = all(s == "loaded" for s in states.values())
+    ok = all(s != "loading" for s in states.values())
     return JSONReply(HealthResponse(status="ok" if ok else "loading", models=states), status=200 if ok else 503)
+
+
+def _admin_target(gw: Gateway, name: str | None) -> ServedModel | ApiError:
+    if name is None:
+        if len(gw.models.models) == 1:
+            return next(iter(gw.models))
+        return errors.invalid("Name the model: `?model=<name>` (this server has several).", param="model")
+    found = gw.find(name)
+    if isinstance(found, ApiError):
+        return found
+    if found[1] is not None:
+        return errors.invalid(f"`{name}` is an adapter; sleep and wake its base model `{found[0].name}`.",
+                              param="model")
+    return found[0]
+
+
+async def _sleep(gw: Gateway, ctx: RequestContext, name: str | None):
+    """Pause a model: new requests get 503 / 529 until it wakes; requests already running finish.
+    The native engine has no way yet to release its KV cache or weights while keeping its state,
+    so sleeping frees no memory: it only stops admission (idempotent)."""
+    model = _admin_target(gw, name)
+    if isinstance(model, ApiError):
+        return model
+    if model.engine is None:
+        return errors.model_loading(model.name)
+    model.asleep = True
+    return JSONReply(SleepResponse(model=model.name, status=model.status))
+
+
+async def _wake_up(gw: Gateway, ctx: RequestContext, name: str | None):
+    model = _admin_target(gw, name)
+    if isinstance(model, ApiError):
+        return model
+    model.asleep = False
+    return JSONReply(SleepResponse(model=model.name, status=model.status))
 
 
 ROUTES: tuple[Route, ...] = (
@@ -88,6 +131,9 @@ ROUTES: tuple[Route, ...] = (
           response=tokenize.TokenizeResponse, summary="Tokenize a prompt or a conversation"),
     Route("POST", "/detokenize", tokenize.detokenize, request=tokenize.DetokenizeRequest,
           response=tokenize.DetokenizeResponse, summary="Token ids to text"),
+    Route("POST", "/sleep", _sleep, response=SleepResponse, query=("model",),
+          summary="Put a model to sleep: new requests get 503 (OpenAI) / 529 (Anthropic) until it wakes"),
+    Route("POST", "/wake_up", _wake_up, response=SleepResponse, query=("model",), summary="Wake a sleeping model"),
     Route("GET", "/health", _health, auth=False, response=HealthResponse, summary="Readiness (no key needed)"),
     Route("GET", "/metrics", None, summary="Prometheus metrics"),
     Route("GET", "/openapi.json", None, auth=False, summary="This document"),
@@ -175,6 +221,9 @@ class GatewayApp:
             if isinstance(request, ApiError):
                 return await self._send_error(send, ctx, request)
         args = (request,) if request is not None else tuple(params.values())
+        if route.query:
+            given = urllib.parse.parse_qs(scope.get("query_string", b"").decode("latin-1"))
+            args += tuple(given[name][-1] if name in given else None for name in route.query)
         await self._watched(receive, ctx, self._respond(send, ctx, route, args))
 
     async def _read(self, scope, receive, ctx: RequestContext, request_type: type):

@@ -31,20 +31,33 @@ class RequestContext:
         self.responded = False  # the last byte of the reply was sent
         self.error: str | None = None
         self._live: dict[str, EngineClient] = {}
+        self._queues: dict[str, set[str]] = {}  # request id -> its model's queue (ServedModel.queued)
 
     # -- engine requests --
 
-    def track(self, engine: EngineClient, request_id: str) -> None:
+    def track(self, engine: EngineClient, request_id: str, queue: set[str] | None = None) -> None:
+        """A submitted engine request; ``queue`` counts it as waiting until ``dequeue``."""
         self._live[request_id] = engine
+        if queue is not None:
+            queue.add(request_id)
+            self._queues[request_id] = queue
+
+    def dequeue(self, request_id: str) -> None:
+        """The request has output (or is over): it no longer waits."""
+        queue = self._queues.pop(request_id, None)
+        if queue is not None:
+            queue.discard(request_id)
 
     def untrack(self, request_id: str) -> None:
         self._live.pop(request_id, None)
+        self.dequeue(request_id)
 
     @property
     def live(self) -> list[str]:
         return list(self._live)
 
     async def abort(self, request_id: str) -> None:
+        self.dequeue(request_id)
         engine = self._live.pop(request_id, None)
         if engine is not None:
             await resolve(engine.abort(request_id))

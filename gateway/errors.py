@@ -141,6 +141,16 @@ def model_loading(name: str) -> ApiError:
     return ApiError(Kind.overloaded, f"The model `{name}` is loading; retry shortly.", retry_after=5)
 
 
+def model_asleep(name: str) -> ApiError:
+    return ApiError(Kind.overloaded, f"The model `{name}` is asleep; wake it with `POST /wake_up?model={name}`.",
+                    code="model_asleep", retry_after=5)
+
+
+def queue_full(name: str, limit: int) -> ApiError:
+    return ApiError(Kind.rate_limit, f"Too many requests are waiting for the model `{name}` ({limit}); retry shortly.",
+                    retry_after=1)
+
+
 def unsupported(param: str, what: str) -> ApiError:
     return ApiError(Kind.invalid_request, f"{what} is not supported by this server.", param=param,
                     code="unsupported_parameter")

@@ -18,20 +18,23 @@ from surogate.serve.frontend import ChoiceDelta, OutputProcessor, SamplingOption
 
 from .context import RequestContext
 from .engine import EngineClient, EngineStep, read_output, resolve, sampling_params
+from .models import ServedModel
 
 
-async def start(ctx: RequestContext, engine: EngineClient, requests: Sequence[tuple[Sequence[int], SamplingOptions]],
+async def start(ctx: RequestContext, model: ServedModel, requests: Sequence[tuple[Sequence[int], SamplingOptions]],
                 processors: Sequence[OutputProcessor], adapter: str | None = None
                 ) -> AsyncIterator[tuple[int, ChoiceDelta, EngineStep | None]]:
-    """Submit one engine request per ``(prompt ids, options)`` before any reply byte is sent (so
-    the engine refusing one is still an HTTP error). Returns the merged outputs, ``(index of the
-    request, delta, engine step)``, to be read under ``contextlib.aclosing``."""
+    """Submit one engine request per ``(prompt ids, options)`` to ``model``'s engine before any
+    reply byte is sent (so the engine refusing one is still an HTTP error); each counts in the
+    model's queue until its first output. Returns the merged outputs, ``(index of the request,
+    delta, engine step)``, to be read under ``contextlib.aclosing``."""
     assert len(requests) == len(processors)
+    engine = model.engine
     request_ids = []
     try:
         for prompt_ids, opts in requests:
             request_id = await resolve(engine.submit(list(prompt_ids), sampling_params(opts), adapter))
-            ctx.track(engine, request_id)
+            ctx.track(engine, request_id, model.queued)
             request_ids.append(request_id)
     except BaseException:
         await ctx.abort_all()
@@ -53,6 +56,7 @@ async def _merge(ctx: RequestContext, engine: EngineClient, request_ids: list[st
         proc = processors[i]
         try:
             async for out in engine.stream(request_id):
+                ctx.dequeue(request_id)
                 step = read_output(out)
                 queue.put_nowait((i, proc.step(step.token_ids, step.logprobs, step.finish_reason), step))
                 if proc.finished:

@@ -2,8 +2,13 @@
 
 A ``ServedModel`` is a tokenizer (enough for templates, /tokenize and count_tokens) plus the
 engine that generates for it, which is None while the model loads: generation then answers 503
-(OpenAI) / 529 (Anthropic) with ``Retry-After``, and /health reports ``loading``. LoRA adapters
-are served under their own names and resolve to (base model, adapter name).
+(OpenAI) / 529 (Anthropic) with ``Retry-After``, and /health reports ``loading``. An asleep model
+(``POST /sleep``) answers the same way and /health reports ``sleeping``. LoRA adapters are served
+under their own names and resolve to (base model, adapter name).
+
+Admission: ``queued`` holds the engine requests submitted for the model that have no output yet;
+once ``GatewayConfig.max_queued_requests`` of them wait, a new request is a 429 before anything
+reaches the engine.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ class ServedModel:
     chat_template: str | None = None  # a template name or text; None: the model's own
     owned_by: str = "surogate"
     created: int = field(default_factory=lambda: int(time.time()))
+    asleep: bool = False
+    queued: set[str] = field(default_factory=set)  # engine request ids with no output yet
 
     @classmethod
     def from_tokenizer(cls, name: str, tokenizer: Tokenizer, engine: EngineClient | None, max_model_len: int, *,
@@ -44,7 +51,9 @@ class ServedModel:
 
     @property
     def status(self) -> str:
-        return "loaded" if self.engine is not None else "loading"
+        if self.engine is None:
+            return "loading"
+        return "sleeping" if self.asleep else "loaded"
 
 
 class GatewayConfig(msgspec.Struct, kw_only=True, frozen=True):
@@ -56,8 +65,11 @@ class GatewayConfig(msgspec.Struct, kw_only=True, frozen=True):
     max_n: int = 16
     log_requests: bool = True  # one JSON line per request on the "surogate.gateway.access" logger
     sse_ping_seconds: float = 15.0  # keep-alive in quiet streams; 0: never
+    max_queued_requests: int = 1024  # per model: engine requests waiting for their first output; then 429
 
     def __post_init__(self):
+        if self.max_queued_requests < 1:
+            raise ValueError(f"max_queued_requests must be at least 1, got {self.max_queued_requests}")
         if self.reasoning_field not in ("reasoning_content", "reasoning", "both"):
             raise ValueError("reasoning_field must be reasoning_content, reasoning or both")
 
@@ -75,7 +87,8 @@ class ModelTable:
         return None
 
     def limits(self, model: ServedModel, config: GatewayConfig) -> Limits:
-        return Limits(max_model_len=model.max_model_len, max_logprobs=config.max_logprobs, max_n=config.max_n)
+        return Limits(max_model_len=model.max_model_len, max_logprobs=config.max_logprobs, max_n=config.max_n,
+                      vocab_size=model.tokenizer.vocab_size)
 
     def __iter__(self):
         return iter(self.models.values())

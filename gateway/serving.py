@@ -55,8 +55,16 @@ class Job(msgspec.Struct):
                 for _ in range(self.opts.n if count is None else count)]
 
 
-def ready(job: Job) -> ApiError | None:
-    return errors.model_loading(job.model.name) if job.model.engine is None else None
+def ready(job: Job, config: GatewayConfig) -> ApiError | None:
+    """Admission: the model loading or asleep is a 503 / 529; a full queue is a 429."""
+    model = job.model
+    if model.engine is None:
+        return errors.model_loading(model.name)
+    if model.asleep:
+        return errors.model_asleep(model.name)
+    if len(model.queued) >= config.max_queued_requests:
+        return errors.queue_full(model.name, config.max_queued_requests)
+    return None
 
 
 def parse_stop(stop: str | list[str] | None) -> list[str]:

@@ -22,10 +22,10 @@ async def messages(gw: Gateway, ctx: RequestContext, req: a.MessagesRequest) -> 
         return job
     ctx.model, ctx.prompt_tokens, ctx.max_tokens, ctx.stream = (req.model, len(job.prompt.token_ids),
                                                                  job.opts.max_tokens, bool(req.stream))
-    if (err := ready(job)) is not None:
+    if (err := ready(job, gw.config)) is not None:
         return err
     processors = job.processors()
-    run = await start(ctx, job.model.engine, fan_out(job.prompt.token_ids, job.opts), processors, job.adapter)
+    run = await start(ctx, job.model, fan_out(job.prompt.token_ids, job.opts), processors, job.adapter)
     out = MessageStream(id=gw.ids.new("msg_"), model=req.model, input_tokens=ctx.prompt_tokens, ids=gw.ids)
     proc = processors[0]
 

@@ -8,9 +8,9 @@ handler decides what they mean instead of refusing the whole request at decode t
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from msgspec import UNSET, Struct, UnsetType
+from msgspec import UNSET, Meta, Struct, UnsetType
 
 # -- request blocks ---------------------------------------------------------------------------------
 
@@ -59,8 +59,12 @@ ContentBlockParam = (TextBlockParam | ImageBlockParam | DocumentBlockParam | Too
 
 
 class MessageParam(Struct, kw_only=True):
-    role: str
+    # The API's two roles; decoding stays lenient (agent clients send others, which convert maps or refuses)
+    role: Annotated[str, Meta(extra_json_schema={"enum": ["user", "assistant"]})]
     content: str | list[ContentBlockParam]
+
+
+Messages = Annotated[list[MessageParam], Meta(min_length=1)]  # the API refuses an empty conversation
 
 
 class Tool(Struct, kw_only=True):
@@ -112,7 +116,7 @@ class MessagesRequest(Struct, kw_only=True):
     """https://docs.claude.com/en/api/messages"""
 
     model: str
-    messages: list[MessageParam]
+    messages: Messages
     max_tokens: int
     metadata: dict[str, Any] | None = None
     service_tier: str | None = None
@@ -136,7 +140,7 @@ class CountTokensRequest(Struct, kw_only=True):
     """https://docs.claude.com/en/api/messages-count-tokens"""
 
     model: str
-    messages: list[MessageParam]
+    messages: Messages
     system: str | list[TextBlockParam] | None = None
     thinking: ThinkingConfig | None = None
     tool_choice: ToolChoice | None = None

@@ -26,10 +26,10 @@ async def chat_completions(gw: Gateway, ctx: RequestContext, req: p.ChatCompleti
     if isinstance(job, ApiError):
         return job
     _note(ctx, req.model, job.prompt.token_ids, job.opts, bool(req.stream))
-    if (err := ready(job)) is not None:
+    if (err := ready(job, gw.config)) is not None:
         return err
     processors = job.processors()
-    run = await start(ctx, job.model.engine, fan_out(job.prompt.token_ids, job.opts), processors, job.adapter)
+    run = await start(ctx, job.model, fan_out(job.prompt.token_ids, job.opts), processors, job.adapter)
     out = ChatStream(id=gw.ids.new("chatcmpl-"), created=int(gw.clock()), model=req.model, n=job.opts.n,
                      include_usage=bool(req.stream_options and req.stream_options.include_usage),
                      reasoning_field=gw.config.reasoning_field, logprobs=job.opts.logprobs is not None, ids=gw.ids)
@@ -51,12 +51,12 @@ async def completions(gw: Gateway, ctx: RequestContext, req: p.CompletionRequest
         return jobs
     first = jobs[0]
     _note(ctx, req.model, [t for j in jobs for t in j.prompt.token_ids], first.opts, bool(req.stream))
-    if (err := ready(first)) is not None:
+    if (err := ready(first, gw.config)) is not None:
         return err
     n = first.opts.n
     processors = [proc for job in jobs for proc in job.processors()]
     requests = [r for job in jobs for r in fan_out(job.prompt.token_ids, job.opts)]
-    run = await start(ctx, first.model.engine, requests, processors, first.adapter)
+    run = await start(ctx, first.model, requests, processors, first.adapter)
     want_logprobs = first.opts.logprobs is not None
     out = CompletionStream(id=gw.ids.new("cmpl-"), created=int(gw.clock()), model=req.model,
                            num_choices=len(processors),
@@ -93,10 +93,10 @@ async def responses(gw: Gateway, ctx: RequestContext, req: p.ResponsesRequest) -
     if isinstance(job, ApiError):
         return job
     _note(ctx, req.model, job.prompt.token_ids, job.opts, bool(req.stream))
-    if (err := ready(job)) is not None:
+    if (err := ready(job, gw.config)) is not None:
         return err
     processors = job.processors()
-    run = await start(ctx, job.model.engine, fan_out(job.prompt.token_ids, job.opts), processors, job.adapter)
+    run = await start(ctx, job.model, fan_out(job.prompt.token_ids, job.opts), processors, job.adapter)
     base = p.Response(id=gw.ids.new("resp_"), created_at=int(gw.clock()), instructions=req.instructions,
                       metadata=req.metadata or {}, model=req.model, status="in_progress",
                       parallel_tool_calls=req.parallel_tool_calls is not False, temperature=req.temperature,

@@ -17,7 +17,7 @@ the shared pieces (usage, logprobs, tools).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import UNSET, Struct, UnsetType
@@ -177,7 +177,7 @@ ChatMessage = SystemMessage | DeveloperMessage | UserMessage | AssistantMessage 
 class ChatCompletionRequest(Struct, kw_only=True):
     """https://platform.openai.com/docs/api-reference/chat/create"""
 
-    messages: list[ChatMessage]
+    messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1)]  # the API refuses an empty conversation
     model: str
     audio: dict[str, Any] | None = None
     frequency_penalty: float | None = None

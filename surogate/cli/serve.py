@@ -33,6 +33,8 @@ def serve(
     max_num_seqs: Annotated[int, typer.Option(help="Sequences running at once per model.")] = 128,
     max_model_len: Annotated[int | None, typer.Option(help="Prompt + output limit per request.",
                                                        show_default=False)] = None,
+    max_queued_requests: Annotated[int, typer.Option(help="Requests waiting per model before new ones get 429.",
+                                                     min=1)] = 1024,
 ) -> None:
     """Serve models over OpenAI- and Anthropic-compatible HTTP APIs."""
     try:
@@ -55,7 +57,7 @@ def serve(
         served.append(ServedModel.from_tokenizer(m.name, m.model.tokenizer, NativeEngine(m.client), m.max_model_len,
                                                  model_type=m.model.config.get("model_type")))
         typer.echo(f"serving {m.name} (max_model_len {m.max_model_len}) on http://{host}:{port}/v1", err=True)
-    run_server(served, GatewayConfig(api_keys=keys), host=host, port=port)
+    run_server(served, GatewayConfig(api_keys=keys, max_queued_requests=max_queued_requests), host=host, port=port)
 
 
 def _default_model() -> str:

@@ -72,6 +72,7 @@ class Limits(msgspec.Struct, frozen=True):
     max_logprobs: int = 20
     max_n: int = 16
     max_stop: int = 16
+    vocab_size: int | None = None  # the tokenizer's: stop_token_ids must be token ids
 
 
 def check_sampling(opts: SamplingOptions, limits: Limits, names: Mapping[str, str] | None = None) -> None:
@@ -89,13 +90,17 @@ def check_sampling(opts: SamplingOptions, limits: Limits, names: Mapping[str, st
     need(opts.max_tokens is None or opts.min_tokens <= opts.max_tokens, "min_tokens",
          "must not exceed the maximum number of tokens")
     need(opts.temperature >= 0, "temperature", f"must be at least 0, got {opts.temperature}")
-    need(0 < opts.top_p <= 1, "top_p", f"must be in (0, 1], got {opts.top_p}")
+    # the engine samples in float32: a positive double below its smallest normal is a 0 there
+    need(1.1754944e-38 <= opts.top_p <= 1, "top_p", f"must be in (0, 1], got {opts.top_p}")
     need(opts.top_k >= -1, "top_k", f"must be -1 (off), 0 (off) or positive, got {opts.top_k}")
     need(0 <= opts.min_p <= 1, "min_p", f"must be in [0, 1], got {opts.min_p}")
     need(-2 <= opts.presence_penalty <= 2, "presence_penalty", f"must be in [-2, 2], got {opts.presence_penalty}")
     need(-2 <= opts.frequency_penalty <= 2, "frequency_penalty", f"must be in [-2, 2], got {opts.frequency_penalty}")
     need(opts.repetition_penalty > 0, "repetition_penalty", f"must be positive, got {opts.repetition_penalty}")
     need(len(opts.stop) <= limits.max_stop, "stop", f"takes at most {limits.max_stop} strings")
+    if limits.vocab_size is not None:
+        bad = next((t for t in opts.stop_token_ids if not 0 <= t < limits.vocab_size), None)
+        need(bad is None, "stop_token_ids", f"holds {bad}, which is not a token id (0..{limits.vocab_size - 1})")
     for field in ("logprobs", "prompt_logprobs"):
         value = getattr(opts, field)
         need(value is None or 0 <= value <= limits.max_logprobs, field,
@@ -160,15 +165,16 @@ def encode_prompt(tokenizer: Tokenizer, prompt: str | Sequence[int], *, add_spec
                   param: str = "prompt") -> Prompt:
     """A completion prompt: text (tokenized) or token ids (checked against the vocabulary)."""
     if isinstance(prompt, str):
-        return Prompt(tokenizer.encode(prompt, add_special_tokens=add_special_tokens), prompt)
-    ids = list(prompt)
-    vocab = tokenizer.vocab_size
-    bad = next((i for i in ids if not 0 <= i < vocab), None)
-    if bad is not None:
-        raise RequestError(f"token id {bad} is outside the vocabulary (0..{vocab - 1})", param=param)
-    if not ids:
-        raise RequestError("the prompt is empty", param=param)
-    return Prompt(ids, None)
+        ids, text = tokenizer.encode(prompt, add_special_tokens=add_special_tokens), prompt
+    else:
+        ids, text = list(prompt), None
+        vocab = tokenizer.vocab_size
+        bad = next((i for i in ids if not 0 <= i < vocab), None)
+        if bad is not None:
+            raise RequestError(f"token id {bad} is outside the vocabulary (0..{vocab - 1})", param=param)
+    if not ids:  # "" with a tokenizer that adds no BOS: the engine needs at least one token
+        raise RequestError("the prompt is empty: it needs at least one token", param=param)
+    return Prompt(ids, text)
 
 
 def _template_message(message: Mapping) -> dict:

@@ -206,8 +206,19 @@ def test_bad_json_and_wrong_types_are_400_naming_the_field(tiny_tokenizers):
             h = {"x-api-key": KEY, "content-type": "application/json"}
             r = await c.post("/v1/chat/completions", content=b'{"model": "qwen-tiny", "messages": [', headers=h)
             assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
-            r = await c.post("/v1/chat/completions", content=b'{"messages": []}', headers=h)
+            r = await c.post("/v1/chat/completions", content=b'{"messages": [{"role": "user", "content": "x"}]}',
+                             headers=h)
             assert (r.status_code, r.json()["error"]["param"]) == (400, "model")
+            r = await c.post("/v1/chat/completions", content=b'{"model": "qwen-tiny", "messages": []}', headers=h)
+            assert (r.status_code, r.json()["error"]["param"]) == (400, "messages")
+            r = await c.post("/v1/completions", content=b'{"model": "qwen-tiny", "prompt": ""}', headers=h)
+            assert (r.status_code, r.json()["error"]["param"]) == (400, "prompt")
+            r = await c.post("/v1/completions", content=b'{"model": "qwen-tiny", "prompt": "x", '
+                                                         b'"stop_token_ids": [4294967296]}', headers=h)
+            assert (r.status_code, r.json()["error"]["param"]) == (400, "stop_token_ids")
+            r = await c.post("/v1/completions", content=b'{"model": "qwen-tiny", "prompt": "x", "top_p": 5e-324}',
+                             headers=h)
+            assert (r.status_code, r.json()["error"]["param"]) == (400, "top_p")
             r = await c.post("/v1/chat/completions", content=b"", headers=h)
             assert r.status_code == 400 and "empty" in r.json()["error"]["message"]
             r = await c.post("/v1/messages", content=b"[1, 2]", headers=h)

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 
@@ -25,15 +26,19 @@ def free_port() -> int:
 def surogate_serve(*args: str, timeout: float = 180) -> Iterator[str]:
     """`surogate serve ARGS --port P`; yields the base URL once /health answers 200."""
     port = free_port()
+    # The server's output goes to a file, not a pipe: nobody reads a pipe while the test runs, and
+    # a server blocks on a full one (64 KiB of access log is a few hundred requests).
+    log = tempfile.TemporaryFile(mode="w+")
     # -P and a neutral cwd: the installed surogate (or PYTHONPATH's), not the source folder.
     proc = subprocess.Popen([sys.executable, "-P", "-c", _CODE, "serve", *args, "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
+                            stdout=log, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + timeout
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"surogate serve exited: {proc.stdout.read()[-3000:]}")
+                log.seek(0)
+                raise RuntimeError(f"surogate serve exited: {log.read()[-3000:]}")
             try:
                 if httpx.get(f"{base}/health", timeout=1).status_code == 200:
                     break
@@ -49,3 +54,6 @@ def surogate_serve(*args: str, timeout: float = 180) -> Iterator[str]:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
+        log.seek(0)
+        print(log.read()[-20000:])  # pytest shows it when the test failed: tracebacks of any 500
+        log.close()
