@@ -399,6 +399,7 @@ PYBIND11_MODULE(_native, m) {
       })
       .def("set_profiling", &Program::set_profiling)
       .def("profile", &Program::profile_seconds)
+      .def("instr_profile", &Program::instr_seconds)
       .def("reset_profile", &Program::reset_profile);
 
   m.def("build_info", &build_info);

@@ -51,6 +51,7 @@ class Program {
   // Per-op timing, accumulated over run() calls when enabled.
   void set_profiling(bool on) { profiling_ = on; }
   std::vector<std::pair<std::string, double>> profile_seconds() const;  // by op name
+  const std::vector<double>& instr_seconds() const { return op_seconds_; }  // by instruction
   void reset_profile() { op_seconds_.assign(instrs_.size(), 0.0); }
 
  private:

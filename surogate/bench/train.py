@@ -140,6 +140,15 @@ def op_profile(program, opt: AdamW, top: int = 15) -> str:
     total = sum(t for _, t in rows) or 1.0
     lines = [f"\nper-op time of one step (each op synchronized: {total * 1e3:.1f} ms in all)"]
     lines += [f"  {name:22} {t * 1e3:9.2f} ms {100 * t / total:6.1f}%" for name, t in rows[:top]]
+    # The matmuls by role: a projection's base weight, its LoRA adapters, the LM head.
+    roles: dict[str, list[float]] = {}
+    for i, t in enumerate(program.instr_profile()):
+        text = program.instr(i)
+        if text.startswith("matmul("):
+            role = "lora" if "lora" in text else "forward" if ".grad" not in text else "backward"
+            roles.setdefault(role, []).append(t)
+    for role, ts in sorted(roles.items()):
+        lines.append(f"  matmul/{role:15} {sum(ts) * 1e3:9.2f} ms in {len(ts)} calls")
     return "\n".join(lines)
 
 
