@@ -56,7 +56,8 @@ def shift_labels(sequences_labels: list[np.ndarray], ignore_index: int = -100) -
 
 class Model:
     def __init__(self, spec: ModelSpec, family: Family, params: dict[str, np.ndarray], *, dtype: str = "float32",
-                 device: str = "cpu", config: dict | None = None, tokenizer=None, path: str | None = None):
+                 device: str = "cpu", config: dict | None = None, tokenizer=None, path: str | None = None,
+                 quant: dict[str, int] | None = None):
         if dtype not in DTYPES:
             raise InvalidArgumentError(f"dtype {dtype!r} is not supported", hint=f"use one of {', '.join(DTYPES)}")
         self.spec, self.family, self.params = spec, family, params
@@ -64,6 +65,9 @@ class Model:
         self.config = config or {}
         self.tokenizer = tokenizer
         self.path = path
+        # Projection weights kept as GGML blocks (parameter -> ggml type): params holds their raw
+        # uint8 rows and the Programs multiply them with gguf_matmul (inference only).
+        self.quant = dict(quant or {})
         self.arch = CausalLM(spec)
         self._cache: dict[tuple, Executable] = {}
         self._on_device: dict[str, object] = {}  # GPU: one device copy of each weight, for every executable
@@ -87,7 +91,7 @@ class Model:
                recompute)
         exe = self._cache.get(key)
         if exe is None:
-            g = self.arch.build(mode=mode, dtype=self.dtype, lora=lora)
+            g = self.arch.build(mode=mode, dtype=self.dtype, lora=lora, quant=self.quant)
             keep = [g.outputs["loss" if mode == "train" else "logits"]]
             if grads:
                 backward(g, g.outputs["loss"])
@@ -201,9 +205,11 @@ def resolve_device(device: str) -> str:
 
 
 def load_model(path_or_id: str | Path, device: str = "cpu", dtype: str = "float32", *,
-               download: bool = False) -> Model:
-    """Load a Hugging Face model folder (or a hub id found in the local cache), or a GGUF file
-    (its tensors dequantized to ``dtype`` at load)."""
+               download: bool = False, quantized: bool = False) -> Model:
+    """Load a Hugging Face model folder (or a hub id found in the local cache), or a GGUF file:
+    its tensors dequantized to ``dtype`` at load, or with ``quantized`` its quantized projection
+    weights kept as GGML blocks and multiplied as they are (llama.cpp's way: a fraction of the
+    memory; inference only)."""
     from surogate.io import ModelFolder, Tokenizer, resolve_model_path
     from surogate.io.gguf import GGUFFile, is_gguf
 
@@ -218,10 +224,18 @@ def load_model(path_or_id: str | Path, device: str = "cpu", dtype: str = "float3
     spec = family.spec_from_config(config)
     g = CausalLM(spec).build(mode="logits", dtype=dtype)
     names = [p.name for p in g.params()]
+    if quantized and not gguf:
+        raise InvalidArgumentError(f"{path}: quantized=True keeps a GGUF file's blocks; this is not a GGUF file",
+                                   hint="quantize it first: surogate quantize MODEL --type Q8_0 --output x.gguf")
+    quant: dict[str, np.ndarray] = {}
     if gguf:
         from surogate.models.gguf_names import load_gguf_params
 
-        params = load_gguf_params(gguf, family.name, family.name_table(), config, names, dtype)
+        if quantized:
+            quant = _gguf_blocks(gguf, family, config, [p for p in g.params() if p.name.endswith("_proj.weight")])
+        params = load_gguf_params(gguf, family.name, family.name_table(), config,
+                                  [n for n in names if n not in quant], dtype)
+        params.update({n: raw for n, (_, raw) in quant.items()})
         tokenizer = Tokenizer.from_gguf(gguf) if "tokenizer.ggml.model" in gguf else None
         source = path
     else:
@@ -232,9 +246,35 @@ def load_model(path_or_id: str | Path, device: str = "cpu", dtype: str = "float3
         tokenizer = Tokenizer.from_folder(folder) if (folder.path / "tokenizer.json").is_file() else None
         source = folder.path
     for p in g.params():
-        if params[p.name].shape != p.shape:
+        if p.name not in quant and params[p.name].shape != p.shape:
             raise FileFormatError(
                 f"{source}: tensor for {p.name} has shape {params[p.name].shape}, but the model's config implies "
                 f"{p.shape}", hint="the weights and the config do not belong together")
     return Model(spec, family, params, dtype=dtype, device=device, config=config, tokenizer=tokenizer,
-                 path=str(path if gguf else folder.path))
+                 path=str(path if gguf else folder.path), quant={n: t for n, (t, _) in quant.items()})
+
+
+def _gguf_blocks(gguf, family: Family, config: dict, projections) -> dict[str, tuple[int, np.ndarray]]:
+    """The projection weights worth keeping as blocks: quantized types (a float type gains
+    nothing), whose fused parts share one type; each as (ggml type, uint8 [rows, bytes per row])."""
+    from surogate.io.gguf import ggml_type_id, row_bytes
+    from surogate.models.gguf_names import GGUFWeights, gguf_blocks_for
+
+    weights = GGUFWeights(gguf, family.name, config)
+    floats = {ggml_type_id(t) for t in ("F32", "F16", "BF16")}
+    out = {}
+    for p in projections:
+        try:
+            (t,) = gguf_blocks_for(weights, family.name_table(), [p.name]).values()
+        except UnsupportedError:
+            continue  # parts of different types: this one is dequantized
+        if t.type in floats:
+            continue
+        t.check_supported()
+        rows, cols = p.shape
+        if t.shape != (rows, cols) or t.raw.shape != (rows, row_bytes(t.type, cols)):
+            raise FileFormatError(f"{gguf.path}: tensor {t.name} has shape {t.shape}, but the model's config "
+                                  f"implies {p.shape} for {p.name}",
+                                  hint="the weights and the config do not belong together")
+        out[p.name] = (t.type, np.ascontiguousarray(t.raw))
+    return out

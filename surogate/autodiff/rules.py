@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from surogate.dsl.graph import Graph, Node, Value
+from surogate.errors import UnsupportedError
 
 
 class RuleContext:
@@ -84,6 +85,9 @@ def _add_rmsnorm(c: RuleContext, n: Node, gy: list) -> list:
 @rule("linear")
 def _linear(c: RuleContext, n: Node, gy: list) -> list:
     x, w, b = n.inputs[:3]
+    if w.dtype == "uint8":
+        raise UnsupportedError(f"{w.name} is kept as GGUF blocks: training through a quantized weight is not "
+                               "built yet", hint="load the GGUF dequantized (the default) to train on it")
     k = len(n.attrs.get("lora", ()))
     lora_ab = n.inputs[3:3 + 2 * k]
     rng = n.inputs[3 + 2 * k:]  # [the LoRA dropout seed] when the node has dropout

@@ -45,3 +45,18 @@ def serve(
     from surogate.bench.serve import run
 
     run(model, n=requests, prompt_len=prompt_len, output_len=output_len, dtype=dtype, vs=vs, device=device)
+
+
+@app.command()
+def gguf(
+    path: Annotated[str, typer.Argument(help="A GGUF file (e.g. from surogate quantize).")],
+    requests: Annotated[int, typer.Option(help="Concurrent requests.")] = 16,
+    prompt_len: Annotated[int, typer.Option(help="Prompt tokens per request.")] = 64,
+    output_len: Annotated[int, typer.Option(help="Output tokens per request (ignore_eos).")] = 64,
+    dtype: Annotated[str, typer.Option(help="The dequantized side's dtype: float32, bfloat16 or auto.")] = "auto",
+    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto (a GPU when there is one).")] = "auto",
+) -> None:
+    """A GGUF model dequantized vs kept as blocks: decode speed and weight memory, same run."""
+    from surogate.bench.gguf import run
+
+    run(path, n=requests, prompt_len=prompt_len, output_len=output_len, device=device, dtype=dtype)

@@ -29,6 +29,9 @@ def serve(
     device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N, or auto (a GPU when there is one).")] = "auto",
     dtype: Annotated[str, typer.Option(help="Weights and KV cache dtype: float32, bfloat16, or auto "
                                             "(bfloat16 on a GPU, float32 on the CPU).")] = "auto",
+    quantized: Annotated[bool, typer.Option(help="GGUF models: keep the quantized weights as blocks and multiply "
+                                                 "them as they are (less memory, faster decode); off: dequantize "
+                                                 "to --dtype at load.")] = False,
     kv_cache_tokens: Annotated[int, typer.Option(help="KV cache capacity per model, in tokens.")] = 16384,
     max_num_seqs: Annotated[int, typer.Option(help="Sequences running at once per model.")] = 128,
     max_model_len: Annotated[int | None, typer.Option(help="Prompt + output limit per request.",
@@ -52,7 +55,8 @@ def serve(
     for spec in sources:
         name, _, path = spec.partition("=") if "=" in spec and not os.path.exists(spec) else (None, "", spec)
         typer.echo(f"loading {path} ...", err=True)
-        m = launch(path, name=name or None, device=device, dtype=dtype, kv_cache_tokens=kv_cache_tokens,
+        m = launch(path, name=name or None, device=device, dtype=dtype, quantized=quantized,
+                   kv_cache_tokens=kv_cache_tokens,
                    max_num_seqs=max_num_seqs, max_model_len=max_model_len)
         served.append(ServedModel.from_tokenizer(m.name, m.model.tokenizer, NativeEngine(m.client), m.max_model_len,
                                                  model_type=m.model.config.get("model_type")))

@@ -113,7 +113,10 @@ class _Lowering:
         x, w, bias = (self.buf(v) for v in n.inputs[:3])
         ab = [self.buf(v) for v in n.inputs[3:3 + 2 * k]]
         y, *ts = (self.buf(v) for v in n.outputs)
-        self.emit("matmul", [x, w, bias], [y], n, trans_b=1)
+        if w.dtype == "uint8":  # GGML blocks, multiplied without dequantizing them first
+            self.emit("gguf_matmul", [x, w], [y], n, type=n.inputs[1].meta["ggml_type"])
+        else:
+            self.emit("matmul", [x, w, bias], [y], n, trans_b=1)
         rng, dattrs = self.lora_dropout(n)
         xa = x  # what the adapters read: x, or dropout(x) (one temp shared by every slice)
         if rng is not None and k:

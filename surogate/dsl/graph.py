@@ -78,6 +78,9 @@ class Graph:
         self.values: dict[str, Value] = {}
         self.outputs: dict[str, Value] = {}
         self._scope: list[str] = []
+        # Projection weights kept as GGML blocks (full parameter name -> ggml type id): they are
+        # uint8 [rows, bytes per row] parameters that `linear` multiplies with gguf_matmul.
+        self.quant: dict[str, int] = {}
 
     # ---- naming ---------------------------------------------------------------------------
     def scoped(self, name: str) -> str:

@@ -95,7 +95,14 @@ class Linear:
         self.out_features = sum(size for _, size in parts)
 
     def __call__(self, g: Graph, x: Value, dtype: str, lora: LoRAConfig | None) -> Value:
-        w = g.param(f"{self.name}.weight", (self.out_features, self.in_features), dtype, trainable=lora is None)
+        qtype = g.quant.get(g.scoped(f"{self.name}.weight"))
+        if qtype is not None:  # GGML blocks, multiplied as they are (forward graphs only)
+            from surogate.io.gguf import row_bytes
+
+            w = g.param(f"{self.name}.weight", (self.out_features, row_bytes(qtype, self.in_features)), "uint8",
+                        trainable=False, ggml_type=qtype)
+        else:
+            w = g.param(f"{self.name}.weight", (self.out_features, self.in_features), dtype, trainable=lora is None)
         b = g.param(f"{self.name}.bias", (self.out_features,), dtype, trainable=lora is None) if self.bias else None
         slices = []
         offset = 0
@@ -198,9 +205,10 @@ class CausalLM:
         self.blocks = [Block(spec, i) for i in range(spec.num_layers)]
 
     def build(self, *, mode: str = "train", dtype: str = "float32", lora: LoRAConfig | None = None,
-              ce_chunk: int = 4096, kv: KVCache | None = None) -> Graph:
+              ce_chunk: int = 4096, kv: KVCache | None = None, quant: dict[str, int] | None = None) -> Graph:
         """mode: "train" (per-token loss fused with the head), "logits" (every row's logits) or
-        "serve" (over the paged KV cache `kv`; logits only for the rows in `logits_rows`)."""
+        "serve" (over the paged KV cache `kv`; logits only for the rows in `logits_rows`).
+        `quant` names the projection weights kept as GGML blocks (parameter -> ggml type)."""
         if mode not in ("train", "logits", "serve"):
             raise ValueError(f"mode must be 'train', 'logits' or 'serve', got {mode!r}")
         if (mode == "serve") != (kv is not None):
@@ -209,6 +217,7 @@ class CausalLM:
         if lora is not None and lora.dropout > 0 and mode != "train":
             lora = dataclasses.replace(lora, dropout=0.0)  # dropout only in training graphs
         g = Graph(f"{s.family}-{mode}")
+        g.quant = dict(quant or {})
         ids = g.input("input_ids", (N,), "int32")
         pos = g.input("position_ids", (N,), "int32")
         if kv is not None:

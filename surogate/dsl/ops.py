@@ -84,7 +84,15 @@ def linear(x: Value, w: Value, bias: Value | None = None, lora: list[LoRASlice] 
     pass (training); a forward-only lowering (eval) ignores it."""
     N, Cin = x.shape
     Cout, Cin_w = w.shape
-    _check(Cin == Cin_w, f"linear {name}: input width {Cin} != weight {w.name} {w.shape}")
+    if w.dtype == "uint8":  # GGML blocks: Cin_w is bytes per row
+        from surogate.io.gguf import row_bytes
+
+        qtype = w.meta["ggml_type"]
+        _check(Cin_w == row_bytes(qtype, Cin), f"linear {name}: {w.name} rows of {Cin_w} bytes do not hold {Cin} "
+                                                f"values of GGML type {qtype}")
+        _check(bias is None, f"linear {name}: a bias beside a quantized weight is not supported")
+    else:
+        _check(Cin == Cin_w, f"linear {name}: input width {Cin} != weight {w.name} {w.shape}")
     lora = lora or []
     inputs: list[Value | None] = [x, w, bias]
     outs: list = [(name, (N, Cout), x.dtype)]

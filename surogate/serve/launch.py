@@ -21,7 +21,7 @@ class Launched:
 
 
 def launch(source: str, *, name: str | None = None, dtype: str = "float32", device: str = "cpu",
-           kv_cache_tokens: int = 16384,
+           quantized: bool = False, kv_cache_tokens: int = 16384,
            block_size: int = 16, max_num_seqs: int = 128, max_num_batched_tokens: int = 2048,
            max_model_len: int | None = None, seed: int | None = None) -> Launched:
     if kv_cache_tokens < block_size:
@@ -31,7 +31,11 @@ def launch(source: str, *, name: str | None = None, dtype: str = "float32", devi
     device = resolve_device(device)
     if dtype == "auto":
         dtype = "float32" if device == "cpu" else "bfloat16"
-    model = load_model(source, device=device, dtype=dtype)
+    from surogate.io.gguf import is_gguf
+    from surogate.io.hf_folder import resolve_model_path
+
+    quantized = quantized and is_gguf(resolve_model_path(source))  # an HF folder has no blocks to keep
+    model = load_model(source, device=device, dtype=dtype, quantized=quantized)
     if model.tokenizer is None:
         raise InvalidArgumentError(f"{source} has no tokenizer", hint="serve a folder with tokenizer.json")
     num_blocks = kv_cache_tokens // block_size

@@ -74,7 +74,7 @@ class ProgramRunner:
         if hit is not None:
             return hit
         m = self.model
-        g = m.arch.build(mode="serve", dtype=m.dtype, kv=KVCache(self.total_blocks, self.block_size))
+        g = m.arch.build(mode="serve", dtype=m.dtype, kv=KVCache(self.total_blocks, self.block_size), quant=m.quant)
         exe = Executable(g, {"N": T, "S": S, "S1": S + 1, "B": B, "R": R}, m.device, keep=[g.outputs["logits"]])
         for name in exe.external_names("param"):
             exe.bind(name, m.params[name], m.device_param(name))

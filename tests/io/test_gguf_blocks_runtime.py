@@ -1,0 +1,104 @@
+"""GGUF weights kept as blocks at run time (`load_model(x.gguf, quantized=True)`): the projections
+are uint8 GGML rows multiplied by gguf_matmul, never dequantized. Against the same file loaded
+dequantized: logits close, greedy output through the serving engine equal (Q8_0), the weights a
+fraction of the memory; training through blocks is refused with a clear error. On a GPU (when
+there is one) the device path gives the CPU's tokens."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+
+import surogate  # noqa: E402
+from sgtest.tiny_models import make_llama, make_qwen3  # noqa: E402
+from surogate import _native  # noqa: E402
+from surogate.errors import UnsupportedError  # noqa: E402
+from surogate.models.gguf_names import quantize_to_gguf  # noqa: E402
+from surogate.serve.engine_client import EngineClient  # noqa: E402
+from surogate.serve.model_runner import ProgramRunner  # noqa: E402
+from surogate.serve.types import EngineConfig, SamplingParams  # noqa: E402
+
+# K-quants need rows of 256 values: a hidden size and MLP width that are multiples of 256.
+SHAPE = {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "head_dim": 64, "num_hidden_layers": 2}
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def folder(request, tmp_path_factory):
+    maker = make_llama if request.param == "llama" else make_qwen3
+    return maker(tmp_path_factory.mktemp(request.param), seed=4, initializer_range=0.05, **SHAPE)
+
+
+def gguf(folder, qtype: str):
+    out = folder.parent / f"{folder.name}.{qtype}.gguf"
+    if not out.exists():
+        quantize_to_gguf(folder, out, qtype)
+    return out
+
+
+def greedy(model, prompts: list[list[int]], n: int) -> list[list[int]]:
+    runner = ProgramRunner(model, num_blocks=64, block_size=16)
+    with EngineClient(runner, EngineConfig(num_blocks=64, block_size=16)) as client:
+        params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+        ids = [client.submit(p, params) for p in prompts]
+        return [[t for out in client.wait(i, timeout=120) for t in out.new_token_ids] for i in ids]
+
+
+def prompts(vocab: int) -> list[list[int]]:
+    rng = np.random.default_rng(0)
+    return [rng.integers(3, vocab, n).tolist() for n in (5, 23, 40)]
+
+
+def weight_bytes(model) -> int:
+    return sum(a.nbytes for a in model.params.values())
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K_M"])
+def test_blocks_give_the_dequantized_models_answers(folder, qtype):
+    path = gguf(folder, qtype)
+    deq = surogate.load_model(path)
+    blk = surogate.load_model(path, quantized=True)
+    assert blk.quant and all(n.endswith("_proj.weight") for n in blk.quant)
+    assert all(blk.params[n].dtype == np.uint8 for n in blk.quant)
+    exe = blk.executable("logits", 8, 1)
+    assert "gguf_matmul" in exe.listing() and not any(
+        "matmul(" in line and "_proj.weight" in line and "gguf" not in line for line in exe.listing().splitlines())
+    ids = prompts(deq.spec.vocab_size)
+    a, b = deq.forward(ids[1]), blk.forward(ids[1])
+    # The CPU's block path rounds activations to 8 bits per block, as llama.cpp does.
+    assert np.abs(a - b).max() < 0.05 * np.abs(a).max()
+    assert (a.argmax(-1) == b.argmax(-1)).mean() >= 0.9
+    if qtype == "Q8_0":
+        assert greedy(blk, ids, 8) == greedy(deq, ids, 8)
+    projections = sum(deq.params[n].nbytes for n in blk.quant)
+    kept = sum(blk.params[n].nbytes for n in blk.quant)
+    assert kept < 0.3 * projections  # f32 -> ~8.5 (Q8_0) or ~4.5-6.5 (Q4_K_M) bits per weight
+    assert weight_bytes(blk) < weight_bytes(deq)
+
+
+def test_training_through_blocks_is_refused(folder):
+    blk = surogate.load_model(gguf(folder, "Q8_0"), quantized=True)
+    with pytest.raises(UnsupportedError, match="(?s)kept as GGUF blocks.*load the GGUF dequantized"):
+        blk.loss_and_grads(prompts(blk.spec.vocab_size)[0])
+
+
+def test_an_hf_folder_has_no_blocks_to_keep(folder):
+    from surogate.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match="not a GGUF file"):
+        surogate.load_model(folder, quantized=True)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not (_native.build_info()["cuda"] and _native.cuda_devices()), reason="no CUDA build or no GPU")
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K_M"])
+def test_blocks_on_cuda_match_the_dequantized_model(folder, qtype):
+    path = gguf(folder, qtype)
+    deq = surogate.load_model(path)
+    gpu = surogate.load_model(path, device="cuda", quantized=True)
+    ids = prompts(deq.spec.vocab_size)
+    a, b = deq.forward(ids[2]), gpu.forward(ids[2])
+    assert np.abs(a - b).max() < 1e-3 * np.abs(a).max()  # the GPU decodes blocks exactly, x stays f32
+    assert greedy(gpu, ids, 8) == greedy(deq, ids, 8)
