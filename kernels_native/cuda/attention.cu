@@ -16,6 +16,9 @@
 //             dK += dS^T Q, and atomically add dS K into an f32 [N, Hq, D] scratch, cast to dq
 //             (times scale) at the end.
 //
+// bf16 / f16 with D = 64 or 128 and no softcap take the fast path instead (attention_flash.cu:
+// register-resident FlashAttention-2 on mma.sync); these kernels serve everything else.
+//
 // Documents are found on the device: cu_seqlens is device memory and reading it on the host
 // would synchronize. A one-block kernel turns it into tile offsets (document s owns tiles
 // [off[s], off[s+1])); the grid is sized by the bound ceil(N / rows) + S and surplus CTAs exit.
@@ -35,6 +38,7 @@
 #include <type_traits>
 
 #include "core/allocator.h"
+#include "cuda/attention_flash.cuh"
 #include "cuda/backend.h"
 #include "cuda/common.cuh"
 
@@ -610,8 +614,33 @@ Status with_head_dim(int64_t D, F&& f) {
 
 int tile_grid(const Config& c, int rows) { return static_cast<int>((c.N + rows - 1) / rows + c.S); }
 
+// The fast path's arguments (attention_flash.cuh), with tile offsets of `rows` rows in *holder.
+Status flash_args(const Config& c, const Params& p, const Tensor& cu, DType dtype, int rows,
+                  std::shared_ptr<void>* holder, FlashAttnArgs* f) {
+  f->dtype = dtype;
+  f->N = c.N;
+  f->Hq = c.Hq;
+  f->Hkv = c.Hkv;
+  f->D = c.D;
+  f->S = static_cast<int>(c.S);
+  f->cu = p.cu;
+  f->causal = p.mask.causal;
+  f->window = p.mask.window;
+  f->scale = p.scale;
+  f->q = p.q;
+  f->k = p.k;
+  f->v = p.v;
+  return tile_offsets(cu, c, rows, holder, &f->off);
+}
+
 template <typename T>
-Status launch_fwd(const Config& c, Params p, const Tensor& cu) {
+Status launch_fwd(const Config& c, Params p, const Tensor& cu, DType dtype) {
+  if (flash_supports(dtype, c.D, c.softcap, {p.q, p.k, p.v, p.o})) {
+    FlashAttnArgs f;
+    std::shared_ptr<void> off_holder;
+    SG_RETURN_IF_ERROR(flash_args(c, p, cu, dtype, flash_fwd_rows(c.D), &off_holder, &f));
+    return flash_attention_fwd(f, p.o, p.lse);
+  }
   return with_head_dim(c.D, [&](auto kd) -> Status {
     constexpr int kD = decltype(kd)::value;
     using Tile = FwdTile<T, kD>;
@@ -641,18 +670,25 @@ Status launch_bwd(const Config& c, Params p, const Tensor& cu, const Tensor& dq)
   SG_CUDA_CHECK_LAUNCH();
   SG_CUDA_CHECK(cudaMemsetAsync(p.dq_acc, 0, static_cast<size_t>(rows * c.D) * sizeof(float), 0));
 
-  SG_RETURN_IF_ERROR(with_head_dim(c.D, [&](auto kd) -> Status {
-    constexpr int kD = decltype(kd)::value;
-    using Tile = BwdTile<T, kD>;
+  if (flash_supports(dq.dtype, c.D, c.softcap, {p.q, p.k, p.v, p.dout, p.dk, p.dv})) {
+    FlashAttnArgs f;
     std::shared_ptr<void> off_holder;
-    SG_RETURN_IF_ERROR(tile_offsets(cu, c, Tile::BN, &off_holder, &p.off));
-    auto kernel = attention_bwd_kernel<T, kD>;
-    SG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kBytes));
-    const dim3 grid(tile_grid(c, Tile::BN), static_cast<unsigned>(c.Hkv));
-    kernel<<<grid, kThreads, Tile::kBytes>>>(p);
-    SG_CUDA_CHECK_LAUNCH();
-    return Status::OK();
-  }));
+    SG_RETURN_IF_ERROR(flash_args(c, p, cu, dq.dtype, flash_bwd_keys(c.D), &off_holder, &f));
+    SG_RETURN_IF_ERROR(flash_attention_bwd(f, p.dout, p.lse_in, p.delta, p.dq_acc, p.dk, p.dv));
+  } else {
+    SG_RETURN_IF_ERROR(with_head_dim(c.D, [&](auto kd) -> Status {
+      constexpr int kD = decltype(kd)::value;
+      using Tile = BwdTile<T, kD>;
+      std::shared_ptr<void> off_holder;
+      SG_RETURN_IF_ERROR(tile_offsets(cu, c, Tile::BN, &off_holder, &p.off));
+      auto kernel = attention_bwd_kernel<T, kD>;
+      SG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kBytes));
+      const dim3 grid(tile_grid(c, Tile::BN), static_cast<unsigned>(c.Hkv));
+      kernel<<<grid, kThreads, Tile::kBytes>>>(p);
+      SG_CUDA_CHECK_LAUNCH();
+      return Status::OK();
+    }));
+  }
 
   const int64_t n = rows * c.D;
   const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 65535));
@@ -680,7 +716,7 @@ Status attention_fwd(const OpArgs& a) {
   p.v = v.data;
   p.o = out.data;
   p.lse = lse.ptr<float>();
-  SG_CUDA_DISPATCH_FLOAT(op, q.dtype, T, { SG_RETURN_IF_ERROR(launch_fwd<T>(c, p, cu)); });
+  SG_CUDA_DISPATCH_FLOAT(op, q.dtype, T, { SG_RETURN_IF_ERROR(launch_fwd<T>(c, p, cu, q.dtype)); });
   return Status::OK();
 }
 

@@ -87,6 +87,10 @@ SHAPES = [
     (CU, 4, 2, 80, True, 32, 0.0),  # D padded up to the 128-wide kernel
     (CU, 2, 2, 8, False, 0, 20.0),  # tiny D, padded to 64
     ([0, 3, 70], 3, 1, 256, True, 0, 0.0),
+    # bf16 / f16 at D 64 / 128 without softcap run the FlashAttention-2 kernels (attention_flash.cu):
+    (CU, 4, 2, 128, True, 32, 0.0),  # causal window
+    (CU, 4, 1, 64, False, 32, 0.0),  # bidirectional window, GQA 4 / 1
+    ([0, 0, 100, 100], 2, 1, 128, True, 0, 0.0),  # empty documents around one of 100 tokens
 ]
 
 
@@ -110,6 +114,16 @@ def test_long_sequence_many_tiles():
     """One 1024-token document: many key and query tiles, the causal tile skipping, GQA."""
     compare("bfloat16", [0, 1024], 4, 2, 128, seed=3, causal=True)
     compare("bfloat16", [0, 1024], 4, 2, 128, seed=3, causal=True, window=100, softcap=20.0)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_long_documents_fast_path(dtype):
+    """Qwen3-0.6B's heads (GQA 16 / 8, D = 128) over a 2048-token document and a 552-token one, then
+    D = 64 (128-row query tiles) with a causal window and without a mask: many key and query tiles,
+    the causal skipping, diagonal and partial tiles, rows that see no key of a tile."""
+    compare(dtype, [0, 2048, 2600], 16, 8, 128, seed=4, causal=True)
+    compare(dtype, [0, 700, 2048], 4, 2, 64, seed=5, causal=True, window=300)
+    compare(dtype, [0, 1500], 4, 2, 64, seed=6, causal=False)
 
 
 def test_errors_name_the_op_and_argument():
