@@ -156,6 +156,22 @@ class GatewayApp:
         self._decoders = {r.request: msgspec.json.Decoder(r.request) for r in ROUTES if r.request is not None}
         self._keys = [k.encode() for k in self.config.api_keys]
         self._openapi: bytes | None = None
+        self._inflight: set[RequestContext] = set()
+        self.draining = False  # shutting down: new requests get 503, those in flight finish
+
+    async def drain(self, grace: float) -> None:
+        """Graceful shutdown: refuse new requests; give those in flight ``grace`` seconds to
+        finish, then abort their generations (streams end with finish_reason "abort" and their
+        closing events) and give them a moment to send that."""
+        self.draining = True
+        deadline = time.monotonic() + grace
+        while self._inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for ctx in list(self._inflight):
+            await ctx.abort_all()
+        deadline = time.monotonic() + 5.0
+        while self._inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
@@ -171,6 +187,9 @@ class GatewayApp:
         request_id = given if given and _REQUEST_ID.match(given) else self.gw.ids.new("req_")
         ctx = RequestContext(request_id, "anthropic" if path.startswith("/v1/messages") else "openai", path)
         route, params = self._route(path, method)
+        if self.draining and not (isinstance(route, Route) and route.path == "/health"):
+            route = errors.shutting_down()
+        self._inflight.add(ctx)
         try:
             await self._handle(scope, receive, send, ctx, route, params)
         except OSError:  # the connection closed under a send: the client is gone
@@ -183,6 +202,7 @@ class GatewayApp:
                     await self._send_error(send, ctx, ApiError(Kind.internal,
                                                                f"Internal error (request id {request_id})."))
         finally:
+            self._inflight.discard(ctx)
             await ctx.abort_all()
             self.metrics.observe(ctx, route.path if isinstance(route, Route) else "unmatched")
             if self.config.log_requests:

@@ -146,6 +146,11 @@ def model_asleep(name: str) -> ApiError:
                     code="model_asleep", retry_after=5)
 
 
+def shutting_down() -> ApiError:
+    return ApiError(Kind.overloaded, "The server is shutting down; retry on another replica or after its restart.",
+                    code="shutting_down", retry_after=5)
+
+
 def queue_full(name: str, limit: int) -> ApiError:
     return ApiError(Kind.rate_limit, f"Too many requests are waiting for the model `{name}` ({limit}); retry shortly.",
                     retry_after=1)

@@ -34,6 +34,8 @@ def serve(
                                                  "to --dtype at load.")] = False,
     kv_cache_tokens: Annotated[int, typer.Option(help="KV cache capacity per model, in tokens.")] = 16384,
     max_num_seqs: Annotated[int, typer.Option(help="Sequences running at once per model.")] = 128,
+    shutdown_grace: Annotated[float, typer.Option(help="On SIGTERM / Ctrl-C: seconds requests in flight get to "
+                                                       "finish before they are aborted.")] = 5.0,
     max_model_len: Annotated[int | None, typer.Option(help="Prompt + output limit per request.",
                                                        show_default=False)] = None,
     max_queued_requests: Annotated[int, typer.Option(help="Requests waiting per model before new ones get 429.",
@@ -61,7 +63,8 @@ def serve(
         served.append(ServedModel.from_tokenizer(m.name, m.model.tokenizer, NativeEngine(m.client), m.max_model_len,
                                                  model_type=m.model.config.get("model_type")))
         typer.echo(f"serving {m.name} (max_model_len {m.max_model_len}) on http://{host}:{port}/v1", err=True)
-    run_server(served, GatewayConfig(api_keys=keys, max_queued_requests=max_queued_requests), host=host, port=port)
+    run_server(served, GatewayConfig(api_keys=keys, max_queued_requests=max_queued_requests), host=host, port=port,
+               grace=shutdown_grace)
 
 
 def _default_model() -> str:
