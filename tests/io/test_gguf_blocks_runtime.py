@@ -12,13 +12,11 @@ import pytest
 pytest.importorskip("transformers")
 
 import surogate  # noqa: E402
+from sgtest.engine import engine, generate  # noqa: E402
 from sgtest.tiny_models import make_llama, make_qwen3  # noqa: E402
 from surogate import _native  # noqa: E402
 from surogate.errors import UnsupportedError  # noqa: E402
 from surogate.models.gguf_names import quantize_to_gguf  # noqa: E402
-from surogate.serve.engine_client import EngineClient  # noqa: E402
-from surogate.serve.model_runner import ProgramRunner  # noqa: E402
-from surogate.serve.types import EngineConfig, SamplingParams  # noqa: E402
 
 # K-quants need rows of 256 values: a hidden size and MLP width that are multiples of 256.
 SHAPE = {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -39,11 +37,8 @@ def gguf(folder, qtype: str):
 
 
 def greedy(model, prompts: list[list[int]], n: int) -> list[list[int]]:
-    runner = ProgramRunner(model, num_blocks=64, block_size=16)
-    with EngineClient(runner, EngineConfig(num_blocks=64, block_size=16)) as client:
-        params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-        ids = [client.submit(p, params) for p in prompts]
-        return [[t for out in client.wait(i, timeout=120) for t in out.new_token_ids] for i in ids]
+    with engine(model) as client:
+        return generate(client, prompts, n)
 
 
 def prompts(vocab: int) -> list[list[int]]:

@@ -11,10 +11,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import surogate  # noqa: E402
+from sgtest.engine import engine, generate, hf_greedy, prompts  # noqa: E402
 from sgtest.tiny_models import make_llama, make_qwen3  # noqa: E402
-from surogate.serve.engine_client import EngineClient  # noqa: E402
-from surogate.serve.model_runner import ProgramRunner  # noqa: E402
-from surogate.serve.types import EngineConfig, SamplingParams  # noqa: E402
+from surogate.serve.types import SamplingParams  # noqa: E402
 
 MAKERS = {"llama": make_llama, "qwen3": make_qwen3}
 
@@ -25,31 +24,6 @@ def family(request, tmp_path_factory):
     ours = surogate.load_model(path)
     ref = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     return ours, ref
-
-
-def hf_greedy(ref, prompt: list[int], n: int) -> list[int]:
-    with torch.no_grad():
-        ids = torch.tensor([prompt])
-        # an explicit mask: generate would take pad_token_id (0) in the prompt for padding
-        out = ref.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n, min_new_tokens=n,
-                           eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
-
-
-def prompts(vocab: int, n: int, seed: int = 0) -> list[list[int]]:
-    rng = np.random.default_rng(seed)
-    return [rng.integers(3, vocab, int(rng.integers(1, 40))).tolist() for _ in range(n)]
-
-
-def engine(model, num_blocks=64, block_size=16, **kw) -> EngineClient:
-    runner = ProgramRunner(model, num_blocks=num_blocks, block_size=block_size)
-    return EngineClient(runner, EngineConfig(num_blocks=num_blocks, block_size=block_size, **kw))
-
-
-def generate(client: EngineClient, ps: list[list[int]], n: int) -> list[list[int]]:
-    params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-    ids = [client.submit(p, params) for p in ps]
-    return [[t for out in client.wait(i, timeout=120) for t in out.new_token_ids] for i in ids]
 
 
 def test_greedy_alone_and_concurrent_equals_transformers_cold_and_warm(family):

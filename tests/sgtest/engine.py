@@ -1,0 +1,38 @@
+"""Drive the serving engine from tests: random prompts, an engine over a model's Programs, greedy
+generation through it, and transformers' greedy generation to compare with."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from surogate.serve.engine_client import EngineClient
+from surogate.serve.model_runner import ProgramRunner
+from surogate.serve.types import EngineConfig, SamplingParams
+
+
+def prompts(vocab: int, n: int, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(3, vocab, int(rng.integers(1, 40))).tolist() for _ in range(n)]
+
+
+def engine(model, num_blocks: int = 64, block_size: int = 16, **kw) -> EngineClient:
+    runner = ProgramRunner(model, num_blocks=num_blocks, block_size=block_size)
+    return EngineClient(runner, EngineConfig(num_blocks=num_blocks, block_size=block_size, **kw))
+
+
+def generate(client: EngineClient, ps: list[list[int]], n: int) -> list[list[int]]:
+    """Greedy, ignore_eos, all submitted at once; the tokens of each, in order."""
+    params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+    ids = [client.submit(p, params) for p in ps]
+    return [[t for out in client.wait(i, timeout=120) for t in out.new_token_ids] for i in ids]
+
+
+def hf_greedy(ref, prompt: list[int], n: int) -> list[int]:
+    import torch
+
+    with torch.no_grad():
+        ids = torch.tensor([prompt])
+        # an explicit mask: generate would take pad_token_id (0) in the prompt for padding
+        out = ref.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
+                           min_new_tokens=n, eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
