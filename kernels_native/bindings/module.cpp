@@ -400,6 +400,10 @@ PYBIND11_MODULE(_native, m) {
       .def("set_profiling", &Program::set_profiling)
       .def("profile", &Program::profile_seconds)
       .def("instr_profile", &Program::instr_seconds)
+      .def("set_graphs", &Program::set_graphs, py::arg("on"),
+           "CUDA graphs: capture each run range on its second run and replay it after.")
+      .def_property_readonly("graphs_active", &Program::graphs_active)
+      .def_property_readonly("num_graphs", &Program::num_graphs)
       .def("reset_profile", &Program::reset_profile);
 
   m.def("build_info", &build_info);

@@ -144,12 +144,24 @@ const DeviceHooks* device_hooks(DeviceType type) {
   return h->raw_alloc ? h : nullptr;
 }
 
+namespace {
+thread_local HeldBlocks* tl_hold = nullptr;
+}  // namespace
+
+void hold_frees(HeldBlocks* hold) { tl_hold = hold; }
+
 Status allocate(const Device& dev, size_t bytes, std::shared_ptr<void>* out) {
   DeviceCache& cache = cache_for(dev);
   void* p = nullptr;
   size_t rounded = 0;
   SG_RETURN_IF_ERROR(cache.allocate(bytes, &p, &rounded));
-  *out = std::shared_ptr<void>(p, [&cache, rounded](void* q) { cache.release(q, rounded); });
+  *out = std::shared_ptr<void>(p, [&cache, rounded](void* q) {
+    if (tl_hold != nullptr) {
+      tl_hold->releases.push_back([&cache, q, rounded] { cache.release(q, rounded); });
+    } else {
+      cache.release(q, rounded);
+    }
+  });
   return Status::OK();
 }
 

@@ -4,6 +4,9 @@
 // always there, CUDA registers itself when the CUDA backend was built and a GPU is present.
 #pragma once
 
+#include <functional>
+#include <vector>
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -21,7 +24,27 @@ struct DeviceHooks {
   Status (*copy)(const Device& dst_dev, void* dst, const Device& src_dev, const void* src, size_t bytes) = nullptr;
   // Wait for the device's queued work (profiling, timing). Null: the device runs synchronously.
   Status (*synchronize)(int device_index) = nullptr;
+  // Graphs (null: the backend has none): capture this thread's launches into a graph, end the
+  // capture and instantiate it (an opaque handle), replay it, destroy it.
+  Status (*graph_begin)(int device_index) = nullptr;
+  Status (*graph_end)(int device_index, void** graph) = nullptr;
+  Status (*graph_launch)(int device_index, void* graph) = nullptr;
+  void (*graph_destroy)(int device_index, void* graph) = nullptr;
 };
+
+// Blocks freed while a graph is captured on this thread: the graph's replays still use them, so
+// they return to the cache only when this object dies (after the graph is destroyed).
+struct HeldBlocks {
+  std::vector<std::function<void()>> releases;
+  HeldBlocks() = default;
+  HeldBlocks(const HeldBlocks&) = delete;
+  HeldBlocks& operator=(const HeldBlocks&) = delete;
+  ~HeldBlocks() {
+    for (auto& r : releases) r();
+  }
+};
+// Route this thread's frees into `hold` (nullptr: back to the cache).
+void hold_frees(HeldBlocks* hold);
 
 // Wait until `dev` has finished the work queued on it (a no-op on the CPU).
 Status synchronize(const Device& dev);

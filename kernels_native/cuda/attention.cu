@@ -598,7 +598,7 @@ Params make_params(const Config& c, const Tensor& cu) {
 Status tile_offsets(const Tensor& cu, const Config& c, int rows, std::shared_ptr<void>* holder, const int** off) {
   SG_RETURN_IF_ERROR(allocate(cu.device, static_cast<size_t>(c.S + 1) * sizeof(int), holder));
   int* o = static_cast<int*>(holder->get());
-  tile_offsets_kernel<<<1, kOffsetThreads>>>(cu.ptr<int32_t>(), static_cast<int>(c.S), c.N, rows, o);
+  tile_offsets_kernel<<<1, kOffsetThreads, 0, current_stream()>>>(cu.ptr<int32_t>(), static_cast<int>(c.S), c.N, rows, o);
   SG_CUDA_CHECK_LAUNCH();
   *off = o;
   return Status::OK();
@@ -649,7 +649,7 @@ Status launch_fwd(const Config& c, Params p, const Tensor& cu, DType dtype) {
     auto kernel = attention_fwd_kernel<T, kD>;
     SG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kBytes));
     const dim3 grid(tile_grid(c, Tile::BM), static_cast<unsigned>(c.Hq));
-    kernel<<<grid, kThreads, Tile::kBytes>>>(p);
+    kernel<<<grid, kThreads, Tile::kBytes, current_stream()>>>(p);
     SG_CUDA_CHECK_LAUNCH();
     return Status::OK();
   });
@@ -665,10 +665,10 @@ Status launch_bwd(const Config& c, Params p, const Tensor& cu, const Tensor& dq)
   p.dq_acc = static_cast<float*>(acc_holder.get());
   constexpr int kRowsPerBlock = kThreads / 32;
   const int delta_blocks = static_cast<int>(std::min<int64_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock, 1 << 20));
-  attention_delta_kernel<T><<<delta_blocks, kThreads>>>(static_cast<const T*>(p.dout), static_cast<const T*>(p.out),
+  attention_delta_kernel<T><<<delta_blocks, kThreads, 0, current_stream()>>>(static_cast<const T*>(p.dout), static_cast<const T*>(p.out),
                                                         static_cast<float*>(delta_holder.get()), rows, c.D);
   SG_CUDA_CHECK_LAUNCH();
-  SG_CUDA_CHECK(cudaMemsetAsync(p.dq_acc, 0, static_cast<size_t>(rows * c.D) * sizeof(float), 0));
+  SG_CUDA_CHECK(cudaMemsetAsync(p.dq_acc, 0, static_cast<size_t>(rows * c.D) * sizeof(float), current_stream()));
 
   if (flash_supports(dq.dtype, c.D, c.softcap, {p.q, p.k, p.v, p.dout, p.dk, p.dv})) {
     FlashAttnArgs f;
@@ -684,7 +684,7 @@ Status launch_bwd(const Config& c, Params p, const Tensor& cu, const Tensor& dq)
       auto kernel = attention_bwd_kernel<T, kD>;
       SG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kBytes));
       const dim3 grid(tile_grid(c, Tile::BN), static_cast<unsigned>(c.Hkv));
-      kernel<<<grid, kThreads, Tile::kBytes>>>(p);
+      kernel<<<grid, kThreads, Tile::kBytes, current_stream()>>>(p);
       SG_CUDA_CHECK_LAUNCH();
       return Status::OK();
     }));
@@ -692,7 +692,7 @@ Status launch_bwd(const Config& c, Params p, const Tensor& cu, const Tensor& dq)
 
   const int64_t n = rows * c.D;
   const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 65535));
-  attention_dq_kernel<T><<<blocks, 256>>>(p.dq_acc, dq.ptr<T>(), n, c.scale);
+  attention_dq_kernel<T><<<blocks, 256, 0, current_stream()>>>(p.dq_acc, dq.ptr<T>(), n, c.scale);
   SG_CUDA_CHECK_LAUNCH();
   return Status::OK();
 }

@@ -707,7 +707,7 @@ Status launch_fwd(const FlashParams& p, const FlashAttnArgs& a) {
   static std::atomic<uint64_t> smem_set{0};
   SG_RETURN_IF_ERROR(allow_smem(flash_fwd_kernel<T, kD>, F::kBytes, &smem_set));
   const dim3 grid(tile_grid(a, F::BM), static_cast<unsigned>(a.Hq));
-  flash_fwd_kernel<T, kD><<<grid, F::kThreads, F::kBytes>>>(p);
+  flash_fwd_kernel<T, kD><<<grid, F::kThreads, F::kBytes, current_stream()>>>(p);
   SG_CUDA_CHECK_LAUNCH();
   return Status::OK();
 }
@@ -718,7 +718,7 @@ Status launch_bwd(const FlashParams& p, const FlashAttnArgs& a) {
   static std::atomic<uint64_t> smem_set{0};
   SG_RETURN_IF_ERROR(allow_smem(flash_bwd_kernel<T, kD>, B::kBytes, &smem_set));
   const dim3 grid(tile_grid(a, B::BN), static_cast<unsigned>(a.Hkv));
-  flash_bwd_kernel<T, kD><<<grid, B::kThreads, B::kBytes>>>(p);
+  flash_bwd_kernel<T, kD><<<grid, B::kThreads, B::kBytes, current_stream()>>>(p);
   SG_CUDA_CHECK_LAUNCH();
   return Status::OK();
 }

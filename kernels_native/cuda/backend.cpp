@@ -8,6 +8,8 @@ namespace surogate::cuda {
 
 namespace {
 
+thread_local cudaStream_t tl_stream = nullptr;  // nullptr: the legacy default stream
+
 Status cuda_raw_alloc(int device, size_t bytes, void** out) {
   cudaError_t err = cudaSetDevice(device);
   if (err == cudaSuccess) err = cudaMalloc(out, bytes);
@@ -34,7 +36,7 @@ void cuda_raw_free(int device, void* p) {
 
 Status cuda_memset(int device, void* p, size_t bytes) {
   cudaError_t err = cudaSetDevice(device);
-  if (err == cudaSuccess) err = cudaMemset(p, 0, bytes);
+  if (err == cudaSuccess) err = cudaMemsetAsync(p, 0, bytes, tl_stream);
   if (err != cudaSuccess) {
     return Status(StatusCode::kDeviceError, str_cat("cudaMemset: ", cudaGetErrorString(err)), __FILE__, __LINE__, "");
   }
@@ -45,7 +47,12 @@ Status cuda_copy(const Device& dd, void* dst, const Device& sd, const void* src,
   cudaMemcpyKind kind = dd.is_cpu() ? (sd.is_cpu() ? cudaMemcpyHostToHost : cudaMemcpyDeviceToHost)
                                     : (sd.is_cpu() ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice);
   cudaError_t err = cudaSetDevice(dd.is_cpu() ? sd.index : dd.index);
-  if (err == cudaSuccess) err = cudaMemcpy(dst, src, bytes, kind);
+  if (err == cudaSuccess) {
+    // Device to device is ordered on the current stream (capturable); host transfers complete
+    // before returning (the host memory may go away).
+    err = kind == cudaMemcpyDeviceToDevice ? cudaMemcpyAsync(dst, src, bytes, kind, tl_stream)
+                                           : cudaMemcpy(dst, src, bytes, kind);
+  }
   if (err != cudaSuccess) {
     return Status(StatusCode::kDeviceError, str_cat("cudaMemcpy: ", cudaGetErrorString(err)), __FILE__, __LINE__, "");
   }
@@ -62,7 +69,61 @@ Status cuda_synchronize(int device) {
   return Status::OK();
 }
 
+Status graph_error(const char* what, cudaError_t err) {
+  cudaGetLastError();  // capture errors are not sticky; clear the last one
+  return Status(StatusCode::kDeviceError, str_cat(what, ": ", cudaGetErrorString(err)), __FILE__, __LINE__,
+                "an op did something a CUDA graph cannot hold; the program runs without graphs");
+}
+
+// Capture on a private non-blocking stream (the legacy stream cannot be captured); the caller
+// synchronized the device first, so the graph needs no dependency on earlier work.
+Status cuda_graph_begin(int device) {
+  cudaError_t err = cudaSetDevice(device);
+  cudaStream_t s = nullptr;
+  if (err == cudaSuccess) err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  if (err == cudaSuccess) err = cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed);
+  if (err != cudaSuccess) {
+    if (s != nullptr) cudaStreamDestroy(s);
+    return graph_error("cudaStreamBeginCapture", err);
+  }
+  tl_stream = s;
+  return Status::OK();
+}
+
+Status cuda_graph_end(int device, void** out) {
+  (void)device;
+  cudaStream_t s = tl_stream;
+  tl_stream = nullptr;
+  cudaGraph_t graph = nullptr;
+  cudaError_t err = cudaStreamEndCapture(s, &graph);
+  cudaStreamDestroy(s);
+  if (err != cudaSuccess) {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    return graph_error("cudaStreamEndCapture", err);
+  }
+  cudaGraphExec_t exec = nullptr;
+  err = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (err != cudaSuccess) return graph_error("cudaGraphInstantiate", err);
+  *out = exec;
+  return Status::OK();
+}
+
+Status cuda_graph_launch(int device, void* graph) {
+  cudaError_t err = cudaSetDevice(device);
+  if (err == cudaSuccess) err = cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph), nullptr);
+  if (err != cudaSuccess) return graph_error("cudaGraphLaunch", err);
+  return Status::OK();
+}
+
+void cuda_graph_destroy(int device, void* graph) {
+  cudaSetDevice(device);
+  cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph));
+}
+
 }  // namespace
+
+cudaStream_t current_stream() { return tl_stream; }
 
 std::vector<DeviceInfo> devices() {
   std::vector<DeviceInfo> out;
@@ -96,7 +157,9 @@ std::string runtime_version() {
 }
 
 void register_backend() {
-  register_device_hooks(DeviceType::kCUDA, DeviceHooks{cuda_raw_alloc, cuda_raw_free, cuda_memset, cuda_copy, cuda_synchronize});
+  register_device_hooks(DeviceType::kCUDA, DeviceHooks{cuda_raw_alloc, cuda_raw_free, cuda_memset, cuda_copy, cuda_synchronize,
+                                                          cuda_graph_begin, cuda_graph_end, cuda_graph_launch,
+                                                          cuda_graph_destroy});
   OpRegistry& reg = OpRegistry::global();
   register_cuda_elementwise(reg);
   register_cuda_matmul(reg);

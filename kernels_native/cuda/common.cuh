@@ -12,6 +12,10 @@
 
 namespace surogate::cuda {
 
+// The stream every CUDA op launches on: the legacy default stream (0), except while a Program
+// captures a CUDA graph on this thread (then the capturing stream). backend.cpp owns it.
+cudaStream_t current_stream();
+
 #define SG_CUDA_CHECK(expr)                                                                        \
   do {                                                                                             \
     cudaError_t _sg_err = (expr);                                                                  \

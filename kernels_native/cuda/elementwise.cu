@@ -38,7 +38,7 @@ Status fill(const OpArgs& a) {
   const float v = static_cast<float>(a.attr().get_float("value", 0.0));
   if (y.numel() == 0) return Status::OK();
   SG_CUDA_DISPATCH_FLOAT("fill", y.dtype, T, {
-    fill_kernel<T><<<grid_for(y.numel()), kThreads>>>(y.ptr<T>(), y.numel(), v);
+    fill_kernel<T><<<grid_for(y.numel()), kThreads, 0, current_stream()>>>(y.ptr<T>(), y.numel(), v);
   });
   SG_CUDA_CHECK_LAUNCH();
   return Status::OK();
@@ -54,7 +54,7 @@ Status cast(const OpArgs& a) {
   if (x.numel() == 0) return Status::OK();
   SG_CUDA_DISPATCH_FLOAT("cast", x.dtype, TI, {
     SG_CUDA_DISPATCH_FLOAT("cast", y.dtype, TO, {
-      cast_kernel<TI, TO><<<grid_for(x.numel()), kThreads>>>(x.ptr<TI>(), y.ptr<TO>(), x.numel());
+      cast_kernel<TI, TO><<<grid_for(x.numel()), kThreads, 0, current_stream()>>>(x.ptr<TI>(), y.ptr<TO>(), x.numel());
     });
   });
   SG_CUDA_CHECK_LAUNCH();
@@ -74,7 +74,7 @@ Status add(const OpArgs& args) {
   const float beta = static_cast<float>(args.attr().get_float("beta", 1.0));
   if (x.numel() == 0) return Status::OK();
   SG_CUDA_DISPATCH_FLOAT("add", x.dtype, T, {
-    add_kernel<T><<<grid_for(x.numel()), kThreads>>>(x.ptr<T>(), z.ptr<T>(), y.ptr<T>(), x.numel(), alpha, beta);
+    add_kernel<T><<<grid_for(x.numel()), kThreads, 0, current_stream()>>>(x.ptr<T>(), z.ptr<T>(), y.ptr<T>(), x.numel(), alpha, beta);
   });
   SG_CUDA_CHECK_LAUNCH();
   return Status::OK();
@@ -88,7 +88,7 @@ Status scale(const OpArgs& args) {
   const float alpha = static_cast<float>(args.attr().get_float("alpha", 1.0));
   if (x.numel() == 0) return Status::OK();
   SG_CUDA_DISPATCH_FLOAT("scale", x.dtype, T, {
-    add_kernel<T><<<grid_for(x.numel()), kThreads>>>(x.ptr<T>(), x.ptr<T>(), y.ptr<T>(), x.numel(), alpha, 0.0f);
+    add_kernel<T><<<grid_for(x.numel()), kThreads, 0, current_stream()>>>(x.ptr<T>(), x.ptr<T>(), y.ptr<T>(), x.numel(), alpha, 0.0f);
   });
   SG_CUDA_CHECK_LAUNCH();
   return Status::OK();

@@ -82,7 +82,7 @@ template <typename U>
 Status launch_embedding_fwd(const Tensor& ids, const Tensor& table, const Tensor& y, int64_t N, int64_t V,
                             size_t row_bytes) {
   const int64_t blocks = (N + kRowWarps - 1) / kRowWarps;
-  embedding_fwd_kernel<U><<<static_cast<unsigned>(blocks), 32 * kRowWarps>>>(
+  embedding_fwd_kernel<U><<<static_cast<unsigned>(blocks), 32 * kRowWarps, 0, current_stream()>>>(
       ids.ptr<int32_t>(), static_cast<const U*>(table.data), static_cast<U*>(y.data), N, V,
       static_cast<int64_t>(row_bytes / sizeof(U)));
   SG_CUDA_CHECK_LAUNCH();
@@ -176,10 +176,10 @@ Status launch_scatter(const int32_t* runs, const int32_t* num_runs, const int32_
   const int64_t chunks = (C + width - 1) / width;  // <= 65535: checked before any work
   const dim3 grid(static_cast<unsigned>(std::min({N, V, kMaxRunBlocks})), static_cast<unsigned>(chunks));
   if (vec) {
-    scatter_rows_kernel<T, W, kVec><<<grid, kBwdThreads>>>(runs, num_runs, begin, end, pos, dy.ptr<T>(),
+    scatter_rows_kernel<T, W, kVec><<<grid, kBwdThreads, 0, current_stream()>>>(runs, num_runs, begin, end, pos, dy.ptr<T>(),
                                                            dtable.ptr<W>(), C, accumulate);
   } else {
-    scatter_rows_kernel<T, W, 1><<<grid, kBwdThreads>>>(runs, num_runs, begin, end, pos, dy.ptr<T>(),
+    scatter_rows_kernel<T, W, 1><<<grid, kBwdThreads, 0, current_stream()>>>(runs, num_runs, begin, end, pos, dy.ptr<T>(),
                                                         dtable.ptr<W>(), C, accumulate);
   }
   SG_CUDA_CHECK_LAUNCH();
@@ -206,7 +206,7 @@ Status embedding_bwd(const OpArgs& a) {
   SG_CHECK_SHAPE((C + kBwdThreads - 1) / kBwdThreads <= 65535,
                  str_cat(op, ": ", C, " channels; this kernel takes at most ", 65535 * kBwdThreads));
   if (V == 0 || C == 0) return Status::OK();
-  if (!accumulate) SG_CUDA_CHECK(cudaMemsetAsync(dtable.data, 0, dtable.nbytes(), 0));  // unused rows: 0
+  if (!accumulate) SG_CUDA_CHECK(cudaMemsetAsync(dtable.data, 0, dtable.nbytes(), current_stream()));  // unused rows: 0
   if (N == 0) return Status::OK();
 
   // One scratch block: sort keys and positions (in and out), runs, num_runs, begin / end per id,
@@ -216,7 +216,7 @@ Status embedding_bwd(const OpArgs& a) {
   size_t cub_bytes = 0;
   SG_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, cub_bytes, static_cast<const uint32_t*>(nullptr),
                                                 static_cast<uint32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
-                                                static_cast<int32_t*>(nullptr), n, 0, end_bit, cudaStream_t{}));
+                                                static_cast<int32_t*>(nullptr), n, 0, end_bit, current_stream()));
   const size_t nb = round_up(sizeof(int32_t) * N), vb = round_up(sizeof(int32_t) * V);
   const size_t total = 5 * nb + 256 + 2 * vb + round_up(cub_bytes);
   std::shared_ptr<void> scratch;
@@ -233,12 +233,12 @@ Status embedding_bwd(const OpArgs& a) {
   void* cub_tmp = p + 5 * nb + 256 + 2 * vb;
 
   const int grid = static_cast<int>(std::min<int64_t>(blocks_for(N, 256), 4096));
-  sort_input_kernel<<<grid, 256>>>(ids.ptr<int32_t>(), keys_in, pos_in, N, V);
+  sort_input_kernel<<<grid, 256, 0, current_stream()>>>(ids.ptr<int32_t>(), keys_in, pos_in, N, V);
   SG_CUDA_CHECK_LAUNCH();
   SG_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(cub_tmp, cub_bytes, keys_in, keys, pos_in, pos, n, 0, end_bit,
-                                                cudaStream_t{}));
-  SG_CUDA_CHECK(cudaMemsetAsync(num_runs, 0, sizeof(int32_t), 0));
-  find_runs_kernel<<<grid, 256>>>(keys, N, V, runs, num_runs, begin, end);
+                                                current_stream()));
+  SG_CUDA_CHECK(cudaMemsetAsync(num_runs, 0, sizeof(int32_t), current_stream()));
+  find_runs_kernel<<<grid, 256, 0, current_stream()>>>(keys, N, V, runs, num_runs, begin, end);
   SG_CUDA_CHECK_LAUNCH();
   SG_CUDA_DISPATCH_FLOAT(op, dy.dtype, T, {
     if (dtable.dtype == DType::kF32) {

@@ -109,9 +109,9 @@ Status dropout_fwd(const OpArgs& a) {
     const int64_t groups = vec ? (n + kVec - 1) / kVec : n;
     const int grid = static_cast<int>(std::min<int64_t>(blocks_for(groups, kThreads), 65535));
     if (vec) {
-      dropout_kernel<T, kVec><<<grid, kThreads>>>(x.ptr<T>(), y.ptr<T>(), n, seed, rng, rng_kind, offset, thr, scale);
+      dropout_kernel<T, kVec><<<grid, kThreads, 0, current_stream()>>>(x.ptr<T>(), y.ptr<T>(), n, seed, rng, rng_kind, offset, thr, scale);
     } else {
-      dropout_kernel<T, 1><<<grid, kThreads>>>(x.ptr<T>(), y.ptr<T>(), n, seed, rng, rng_kind, offset, thr, scale);
+      dropout_kernel<T, 1><<<grid, kThreads, 0, current_stream()>>>(x.ptr<T>(), y.ptr<T>(), n, seed, rng, rng_kind, offset, thr, scale);
     }
   });
   SG_CUDA_CHECK_LAUNCH();

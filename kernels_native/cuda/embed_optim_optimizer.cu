@@ -186,11 +186,11 @@ Status global_norm(const OpArgs& a) {
       b.items[k].first_chunk = b.chunks;
       b.chunks += (b.items[k].n + kNormChunk - 1) / kNormChunk;
     }
-    norm_partials_kernel<<<static_cast<unsigned>(std::min<int64_t>(b.chunks, max_blocks)), kThreads>>>(b, partials);
+    norm_partials_kernel<<<static_cast<unsigned>(std::min<int64_t>(b.chunks, max_blocks)), kThreads, 0, current_stream()>>>(b, partials);
     SG_CUDA_CHECK_LAUNCH();
     chunk_base += b.chunks;
   }
-  norm_final_kernel<<<1, kThreads>>>(partials, chunks, out.ptr<float>());
+  norm_final_kernel<<<1, kThreads, 0, current_stream()>>>(partials, chunks, out.ptr<float>());
   SG_CUDA_CHECK_LAUNCH();
   return Status::OK();
 }
@@ -367,7 +367,7 @@ Status launch_batches(const std::vector<Group>& groups, int64_t chunk, const OpA
       b.items[k].first_chunk = b.chunks;
       b.chunks += (b.items[k].n + chunk - 1) / chunk;
     }
-    kernel<<<static_cast<unsigned>(std::min<int64_t>(b.chunks, max_blocks)), kThreads>>>(b);
+    kernel<<<static_cast<unsigned>(std::min<int64_t>(b.chunks, max_blocks)), kThreads, 0, current_stream()>>>(b);
     SG_CUDA_CHECK_LAUNCH();
   }
   return Status::OK();

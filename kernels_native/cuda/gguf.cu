@@ -113,15 +113,15 @@ Status launch_dequant(GgmlType t, const uint8_t* q, int64_t bpr, int64_t rows, i
   if (is_float_type(t)) {
     const int64_t n = rows * cols;
     const int grid = capped_grid(blocks_for(n, 256));
-    if (t == GgmlType::F32) dequant_float_kernel<GgmlType::F32><<<grid, 256>>>(q, n, y, ydt);
-    if (t == GgmlType::F16) dequant_float_kernel<GgmlType::F16><<<grid, 256>>>(q, n, y, ydt);
-    if (t == GgmlType::BF16) dequant_float_kernel<GgmlType::BF16><<<grid, 256>>>(q, n, y, ydt);
+    if (t == GgmlType::F32) dequant_float_kernel<GgmlType::F32><<<grid, 256, 0, current_stream()>>>(q, n, y, ydt);
+    if (t == GgmlType::F16) dequant_float_kernel<GgmlType::F16><<<grid, 256, 0, current_stream()>>>(q, n, y, ydt);
+    if (t == GgmlType::BF16) dequant_float_kernel<GgmlType::BF16><<<grid, 256, 0, current_stream()>>>(q, n, y, ydt);
   } else {
     // Every quantized type has a block of 32 or 256 values, so cols is a multiple of 32.
     const int64_t units_per_row = cols / 32, units = rows * units_per_row;
     const int grid = capped_grid((units + 32 * kDequantWarps - 1) / (32 * kDequantWarps));
     gguf_dev::dispatch_block(t, [&]<GgmlType kT>() {
-      dequant_units_kernel<kT><<<grid, kDequantWarps * 32>>>(q, bpr, units_per_row, units, y, ydt);
+      dequant_units_kernel<kT><<<grid, kDequantWarps * 32, 0, current_stream()>>>(q, bpr, units_per_row, units, y, ydt);
     });
   }
   SG_CUDA_CHECK_LAUNCH();
@@ -225,7 +225,7 @@ Status decode_matmul(GgmlType t, const Tensor& x, const uint8_t* W, int64_t bpr,
   SG_CHECK(blocks <= INT32_MAX, StatusCode::kInvalidArgument,
            str_cat("gguf_matmul: M = ", M, " weight rows is more than one launch can cover"), "split Wq by rows");
   gguf_dev::dispatch_block(t, [&]<GgmlType kT>() {
-    decode_matmul_kernel<kT><<<static_cast<int>(blocks), kDecodeWarps * 32>>>(
+    decode_matmul_kernel<kT><<<static_cast<int>(blocks), kDecodeWarps * 32, 0, current_stream()>>>(
         x.data, x.dtype, W, bpr, static_cast<int>(N), K, M, y.data, y.dtype);
   });
   SG_CUDA_CHECK_LAUNCH();
@@ -247,7 +247,7 @@ __global__ void copy2d_kernel(const void* src, DType sdt, int64_t ld_src, void* 
 Status launch_copy2d(const void* src, DType sdt, int64_t ld_src, void* dst, DType ddt, int64_t ld_dst, int64_t rows,
                      int64_t cols) {
   if (rows == 0 || cols == 0) return Status::OK();
-  copy2d_kernel<<<capped_grid(blocks_for(rows * cols, 256)), 256>>>(src, sdt, ld_src, dst, ddt, ld_dst, rows, cols);
+  copy2d_kernel<<<capped_grid(blocks_for(rows * cols, 256)), 256, 0, current_stream()>>>(src, sdt, ld_src, dst, ddt, ld_dst, rows, cols);
   SG_CUDA_CHECK_LAUNCH();
   return Status::OK();
 }
@@ -290,7 +290,7 @@ Status prefill_matmul(GgmlType t, const Tensor& x, const Tensor& Wq, int64_t bpr
   const Device dev = x.device;
   const DType cdt = x.dtype == DType::kBF16 ? DType::kBF16 : DType::kF32;
   if (K == 0) {  // an empty sum: cuBLAS may refuse k = 0
-    SG_CUDA_CHECK(cudaMemsetAsync(y.data, 0, y.nbytes(), 0));
+    SG_CUDA_CHECK(cudaMemsetAsync(y.data, 0, y.nbytes(), current_stream()));
     return Status::OK();
   }
 

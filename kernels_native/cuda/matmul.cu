@@ -317,7 +317,7 @@ Status lm_head_ce_fwd(const OpArgs& a) {
   float* m = static_cast<float*>(st_p);
   float *s = m + N, *zt = m + 2 * N, *zsum = m + 3 * N;
   const int init_grid = static_cast<int>(std::min<int64_t>(blocks_for(N, kRowThreads), 1 << 16));
-  ce_fwd_init_kernel<<<init_grid, kRowThreads>>>(m, s, zt, zsum, N);
+  ce_fwd_init_kernel<<<init_grid, kRowThreads, 0, current_stream()>>>(m, s, zt, zsum, N);
   SG_CUDA_CHECK_LAUNCH();
 
   if (V > 0) {
@@ -333,13 +333,13 @@ Status lm_head_ce_fwd(const OpArgs& a) {
         const int64_t rb = std::min(RB, N - b0);
         SG_RETURN_IF_ERROR(gemm_rowmajor(op, dev.index, false, true, rb, vc, C, 1.0f, rows_of(h, b0),
                                          rows_of(W, v0), 0.0f, GemmMatrix{logits, DType::kF32, ldl}));
-        ce_fwd_chunk_kernel<<<static_cast<unsigned>(rb), kRowThreads>>>(logits, ldl, vc, v0, tgt, b0, at.ignore_index,
+        ce_fwd_chunk_kernel<<<static_cast<unsigned>(rb), kRowThreads, 0, current_stream()>>>(logits, ldl, vc, v0, tgt, b0, at.ignore_index,
                                                                        at.cap, m, s, zt, zsum);
         SG_CUDA_CHECK_LAUNCH();
       }
     }
   }
-  ce_fwd_finish_kernel<<<init_grid, kRowThreads>>>(tgt, N, V, at.ignore_index, at.eps, m, s, zt, zsum,
+  ce_fwd_finish_kernel<<<init_grid, kRowThreads, 0, current_stream()>>>(tgt, N, V, at.ignore_index, at.eps, m, s, zt, zsum,
                                                    loss.ptr<float>(), lse.ptr<float>());
   SG_CUDA_CHECK_LAUNCH();
   return Status::OK();
@@ -415,7 +415,7 @@ Status lm_head_ce_bwd(const OpArgs& a) {
       SG_RETURN_IF_ERROR(gemm_rowmajor(op, dev.index, false, true, rb, vc, C, 1.0f, h_block, w_chunk, 0.0f,
                                        GemmMatrix{logits, DType::kF32, ldl}));
       SG_CUDA_DISPATCH_FLOAT(op, gd, TD, {
-        ce_grad_kernel<TD><<<static_cast<unsigned>(rb), kRowThreads>>>(
+        ce_grad_kernel<TD><<<static_cast<unsigned>(rb), kRowThreads, 0, current_stream()>>>(
             logits, ldl, static_cast<TD*>(dz_p), ldl, vc, v0, V, tgt, lse.ptr<float>(), dloss.ptr<float>(), b0,
             at.ignore_index, at.eps, at.cap);
       });

@@ -67,7 +67,7 @@ Status beta_bias(const char* op, const GemmMatrix& C, int64_t M, int64_t N, floa
   void* c = const_cast<void*>(C.ptr);
   SG_CUDA_DISPATCH_FLOAT(op, C.dtype, TC, {
     SG_CUDA_DISPATCH_FLOAT(op, bias_dtype, TB, {
-      beta_bias_kernel<TC, TB><<<grid_for(M * N), kThreads>>>(static_cast<TC*>(c), C.ld, M, N, beta,
+      beta_bias_kernel<TC, TB><<<grid_for(M * N), kThreads, 0, current_stream()>>>(static_cast<TC*>(c), C.ld, M, N, beta,
                                                               static_cast<const TB*>(bias));
     });
   });
@@ -212,7 +212,7 @@ Status lt_gemm(const char* op, int device, bool ta, bool tb, int64_t M, int64_t 
   if (bias) SG_RETURN_IF_ERROR(set_desc(op, p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias));
   void* c = const_cast<void*>(C.ptr);
   SG_CUBLAS_CHECK(op, cublasLtMatmul(dev.handle, p.desc, &alpha, B.ptr, p.a, A.ptr, p.b, &beta, c, p.c, c, p.c,
-                                     &p.algo, dev.workspace.get(), kWorkspaceBytes, /*stream=*/0));
+                                     &p.algo, dev.workspace.get(), kWorkspaceBytes, current_stream()));
   return Status::OK();
 }
 
@@ -276,7 +276,7 @@ Status cast_matrix(const char* op, const GemmMatrix& src, const GemmMatrix& dst,
   void* d = const_cast<void*>(dst.ptr);
   SG_CUDA_DISPATCH_FLOAT(op, src.dtype, TI, {
     SG_CUDA_DISPATCH_FLOAT(op, dst.dtype, TO, {
-      cast_matrix_kernel<TI, TO><<<grid_for(rows * cols), kThreads>>>(static_cast<const TI*>(src.ptr), src.ld,
+      cast_matrix_kernel<TI, TO><<<grid_for(rows * cols), kThreads, 0, current_stream()>>>(static_cast<const TI*>(src.ptr), src.ld,
                                                                       static_cast<TO*>(d), dst.ld, rows, cols,
                                                                       accumulate);
     });

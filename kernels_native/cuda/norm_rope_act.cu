@@ -37,7 +37,7 @@ Status reduce_dw_partials(const char* op, const float* partial, int64_t blocks, 
   const dim3 block(32, kReduceRows);
   const auto grid = static_cast<unsigned>((C + 31) / 32);
   SG_CUDA_DISPATCH_FLOAT(op, dw.dtype, W, {
-    reduce_dw_kernel<W><<<grid, block>>>(partial, blocks, C, dw.ptr<W>(), accumulate);
+    reduce_dw_kernel<W><<<grid, block, 0, current_stream()>>>(partial, blocks, C, dw.ptr<W>(), accumulate);
   });
   SG_CUDA_CHECK_LAUNCH();
   return Status::OK();

@@ -117,9 +117,9 @@ Status gated_fwd(const char* op, const OpArgs& a) {
   SG_CUDA_DISPATCH_FLOAT(op, gu.dtype, T, {
     constexpr int kV = 16 / sizeof(T);
     if (F % kV == 0 && aligned16(gu.data) && aligned16(y.data)) {
-      gated_fwd_kernel<Act, T, kV><<<grid_for(N * F / kV), kThreads>>>(gu.ptr<T>(), y.ptr<T>(), N, F);
+      gated_fwd_kernel<Act, T, kV><<<grid_for(N * F / kV), kThreads, 0, current_stream()>>>(gu.ptr<T>(), y.ptr<T>(), N, F);
     } else {
-      gated_fwd_kernel<Act, T, 1><<<grid_for(N * F), kThreads>>>(gu.ptr<T>(), y.ptr<T>(), N, F);
+      gated_fwd_kernel<Act, T, 1><<<grid_for(N * F), kThreads, 0, current_stream()>>>(gu.ptr<T>(), y.ptr<T>(), N, F);
     }
   });
   SG_CUDA_CHECK_LAUNCH();
@@ -140,9 +140,9 @@ Status gated_bwd(const char* op, const OpArgs& a) {
   SG_CUDA_DISPATCH_FLOAT(op, gu.dtype, T, {
     constexpr int kV = 16 / sizeof(T);
     if (F % kV == 0 && aligned16(dy.data) && aligned16(gu.data) && aligned16(dgu.data)) {
-      gated_bwd_kernel<Act, T, kV><<<grid_for(N * F / kV), kThreads>>>(dy.ptr<T>(), gu.ptr<T>(), dgu.ptr<T>(), N, F);
+      gated_bwd_kernel<Act, T, kV><<<grid_for(N * F / kV), kThreads, 0, current_stream()>>>(dy.ptr<T>(), gu.ptr<T>(), dgu.ptr<T>(), N, F);
     } else {
-      gated_bwd_kernel<Act, T, 1><<<grid_for(N * F), kThreads>>>(dy.ptr<T>(), gu.ptr<T>(), dgu.ptr<T>(), N, F);
+      gated_bwd_kernel<Act, T, 1><<<grid_for(N * F), kThreads, 0, current_stream()>>>(dy.ptr<T>(), gu.ptr<T>(), dgu.ptr<T>(), N, F);
     }
   });
   SG_CUDA_CHECK_LAUNCH();

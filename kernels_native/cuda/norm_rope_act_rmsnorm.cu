@@ -188,10 +188,10 @@ Status forward(const char* op, const Tensor& x, const Tensor* residual, const Te
     T* hp = h ? h->ptr<T>() : nullptr;
     SG_CUDA_DISPATCH_FLOAT(op, w.dtype, TW, {
       if (packed) {
-        rmsnorm_fwd_kernel<T, TW, kV><<<grid, threads_for(C / kV)>>>(
+        rmsnorm_fwd_kernel<T, TW, kV><<<grid, threads_for(C / kV), 0, current_stream()>>>(
             x.ptr<T>(), res, w.ptr<TW>(), offset, offset == 0.0f, eps, y.ptr<T>(), hp, rstd.ptr<float>(), N, C);
       } else {
-        rmsnorm_fwd_kernel<T, TW, 1><<<grid, threads_for(C)>>>(
+        rmsnorm_fwd_kernel<T, TW, 1><<<grid, threads_for(C), 0, current_stream()>>>(
             x.ptr<T>(), res, w.ptr<TW>(), offset, offset == 0.0f, eps, y.ptr<T>(), hp, rstd.ptr<float>(), N, C);
       }
     });
@@ -230,7 +230,7 @@ Status backward(const char* op, const Tensor& dy, const Tensor* dh, const Tensor
       const int threads = threads_for(packed ? C / kV : C);
       SG_RETURN_IF_ERROR(allow_dynamic_smem(op, reinterpret_cast<const void*>(kernel), smem, x.device.index,
                                             "the dw accumulator of one row"));
-      kernel<<<static_cast<unsigned>(blocks), threads, smem>>>(dy.ptr<T>(), dhp, x.ptr<T>(), w.ptr<TW>(), offset,
+      kernel<<<static_cast<unsigned>(blocks), threads, smem, current_stream()>>>(dy.ptr<T>(), dhp, x.ptr<T>(), w.ptr<TW>(), offset,
                                                               rstd.ptr<float>(), dx.ptr<T>(), partial, N, C,
                                                               rows_per_block);
     });

@@ -371,7 +371,7 @@ Status rope_apply(const OpArgs& a, const char* op, float sign) {
   const size_t smem = static_cast<size_t>(3 * half) * sizeof(float);
   const auto grid = static_cast<unsigned>(std::min(N, kMaxGrid));
   SG_CUDA_DISPATCH_FLOAT(op, x.dtype, T, {
-    rope_kernel<T><<<grid, threads, smem>>>(x.ptr<T>(), a.in(1).ptr<int32_t>(), y.ptr<T>(), cfg.inv,
+    rope_kernel<T><<<grid, threads, smem, current_stream()>>>(x.ptr<T>(), a.in(1).ptr<int32_t>(), y.ptr<T>(), cfg.inv,
                                             cfg.attention_factor, sign, N, static_cast<int>(H), D, half, copy_pass);
   });
   SG_CUDA_CHECK_LAUNCH();
@@ -402,7 +402,7 @@ Status qk_norm_rope_fwd(const OpArgs& a) {
   const size_t smem = static_cast<size_t>(3 * half) * sizeof(float);
   const auto grid = static_cast<unsigned>(std::min(N, kMaxGrid));
   SG_CUDA_DISPATCH_FLOAT(op, x.dtype, T, {
-    qk_norm_rope_fwd_kernel<T><<<grid, 32 * warps_for(H), smem>>>(
+    qk_norm_rope_fwd_kernel<T><<<grid, 32 * warps_for(H), smem, current_stream()>>>(
         x.ptr<T>(), w.ptr<T>(), a.in(2).ptr<int32_t>(), y.ptr<T>(), rstd.ptr<float>(), cfg.inv, cfg.attention_factor,
         eps, N, static_cast<int>(H), D, half);
   });
@@ -452,7 +452,7 @@ Status qk_norm_rope_bwd(const OpArgs& a) {
   SG_CUDA_DISPATCH_FLOAT(op, x.dtype, T, {
     SG_RETURN_IF_ERROR(allow_dynamic_smem(op, reinterpret_cast<const void*>(qk_norm_rope_bwd_kernel<T>), smem,
                                           x.device.index, "the per-warp dw accumulators"));
-    qk_norm_rope_bwd_kernel<T><<<grid, 32 * warps, smem>>>(
+    qk_norm_rope_bwd_kernel<T><<<grid, 32 * warps, smem, current_stream()>>>(
         dy.ptr<T>(), x.ptr<T>(), w.ptr<T>(), rstd.ptr<float>(), a.in(4).ptr<int32_t>(), dx.ptr<T>(), partial,
         cfg.inv, cfg.attention_factor, N, static_cast<int>(H), D, half, tokens_per_block);
   });

@@ -81,7 +81,7 @@ Status launch_kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& sm,
                              int64_t T, size_t row_bytes, int64_t n_slots) {
   const int64_t units = static_cast<int64_t>(row_bytes / sizeof(U));
   const int threads = static_cast<int>(std::min<int64_t>(256, (units + 31) / 32 * 32));
-  kv_cache_write_kernel<U><<<static_cast<unsigned>(T), threads>>>(
+  kv_cache_write_kernel<U><<<static_cast<unsigned>(T), threads, 0, current_stream()>>>(
       static_cast<const U*>(k.data), static_cast<const U*>(v.data), sm.ptr<int32_t>(), static_cast<U*>(kc.data),
       static_cast<U*>(vc.data), units, n_slots);
   SG_CUDA_CHECK_LAUNCH();
@@ -438,7 +438,7 @@ Status launch_attention(const PagedParams& p, dim3 grid, size_t smem) {
   if (smem > 48 * 1024) {
     SG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
-  kernel<<<grid, kThreads, smem>>>(p);
+  kernel<<<grid, kThreads, smem, current_stream()>>>(p);
   SG_CUDA_CHECK_LAUNCH();
   return Status::OK();
 }
@@ -596,7 +596,7 @@ Status paged_attention(const OpArgs& a) {
   if (p.R > 1) {
     SG_RETURN_IF_ERROR(allocate(q.device, static_cast<size_t>(S + 1) * sizeof(int32_t), &tile_buf));
     p.tile_start = static_cast<const int32_t*>(tile_buf.get());
-    tile_start_kernel<<<1, kScanThreads>>>(p.cu_q, p.S, p.R, static_cast<int32_t*>(tile_buf.get()));
+    tile_start_kernel<<<1, kScanThreads, 0, current_stream()>>>(p.cu_q, p.S, p.R, static_cast<int32_t*>(tile_buf.get()));
     SG_CUDA_CHECK_LAUNCH();
   }
   if (p.nsplit > 1) {
@@ -614,7 +614,7 @@ Status paged_attention(const OpArgs& a) {
     const int64_t n_rows = T * Hq;
     const unsigned blocks = static_cast<unsigned>((n_rows + kWarps - 1) / kWarps);
     SG_CUDA_DISPATCH_FLOAT(op, q.dtype, Ty, {
-      paged_attention_combine_kernel<Ty><<<blocks, kThreads>>>(p.part, out.ptr<Ty>(), p.lse, n_rows, p.D, p.nsplit);
+      paged_attention_combine_kernel<Ty><<<blocks, kThreads, 0, current_stream()>>>(p.part, out.ptr<Ty>(), p.lse, n_rows, p.D, p.nsplit);
     });
     SG_CUDA_CHECK_LAUNCH();
   }

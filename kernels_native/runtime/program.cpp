@@ -206,15 +206,77 @@ Status Program::resolve_instrs() {
   return Status::OK();
 }
 
+Program::~Program() { drop_graphs(); }
+
+void Program::set_graphs(bool on) {
+  if (!on) drop_graphs();
+  graphs_on_ = on;
+  graphs_failed_ = false;
+}
+
+void Program::drop_graphs() {
+  if (graphs_.empty()) return;
+  const DeviceHooks* h = device_hooks(device_.type);
+  synchronize(device_);  // a replay may still be running; its scratch goes back to the cache next
+  for (auto& [range, g] : graphs_) {
+    if (g.exec != nullptr && h != nullptr && h->graph_destroy != nullptr) h->graph_destroy(device_.index, g.exec);
+  }
+  graphs_.clear();
+}
+
 Status Program::run(int begin, int end) {
   if (!prepared_) SG_RETURN_IF_ERROR(prepare());
   for (const auto& b : buffers_) {
     SG_CHECK(b.bound || b.kind != Kind::kExternal, StatusCode::kInvalidArgument,
              str_cat("buffer '", b.name, "' is not bound"), "bind every external buffer before run()");
   }
-  if (dirty_) SG_RETURN_IF_ERROR(resolve_instrs());
+  if (dirty_) {
+    drop_graphs();  // the tensors the graphs captured changed
+    SG_RETURN_IF_ERROR(resolve_instrs());
+  }
   if (end < 0 || end > num_instrs()) end = num_instrs();
-  for (int i = std::max(begin, 0); i < end; ++i) {
+  begin = std::max(begin, 0);
+  if (graphs_active() && !profiling_ && begin < end) {
+    bool ran = false;
+    Status st = run_graph(begin, end, &ran);
+    if (ran || !st.ok()) return st;
+  }
+  return run_eager(begin, end);
+}
+
+Status Program::run_graph(int begin, int end, bool* ran) {
+  const DeviceHooks* h = device_hooks(device_.type);
+  if (h == nullptr || h->graph_begin == nullptr) return Status::OK();  // no graphs here: run eagerly
+  GraphEntry& g = graphs_[{begin, end}];
+  if (g.exec == nullptr && g.eager_runs == 0) {  // first run: eager (plans, caches, scratch warm up)
+    g.eager_runs++;
+    return Status::OK();
+  }
+  if (g.exec == nullptr) {
+    SG_RETURN_IF_ERROR(synchronize(device_));
+    auto held = std::make_shared<HeldBlocks>();
+    SG_RETURN_IF_ERROR(h->graph_begin(device_.index));
+    hold_frees(held.get());
+    Status st = run_eager(begin, end);  // captured, not executed
+    hold_frees(nullptr);
+    void* exec = nullptr;
+    Status end_st = h->graph_end(device_.index, &exec);
+    if (!st.ok() || !end_st.ok()) {
+      // Nothing ran: turn graphs off for this program and let the caller run eagerly.
+      graphs_failed_ = true;
+      graphs_.erase({begin, end});
+      return Status::OK();
+    }
+    g.exec = exec;
+    g.held = std::move(held);
+  }
+  SG_RETURN_IF_ERROR(h->graph_launch(device_.index, g.exec));
+  *ran = true;
+  return Status::OK();
+}
+
+Status Program::run_eager(int begin, int end) {
+  for (int i = begin; i < end; ++i) {
     Instr& ins = instrs_[i];
     OpArgs args{ins.in_t.data(), static_cast<int>(ins.in_t.size()), ins.out_t.data(),
                 static_cast<int>(ins.out_t.size()), &ins.attrs};

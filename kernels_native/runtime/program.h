@@ -9,9 +9,13 @@
 // op's kernel is resolved when the instruction is added, so running is a loop of calls.
 #pragma once
 
+#include <map>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "core/allocator.h"
 #include "core/tensor.h"
 #include "runtime/attrs.h"
 #include "runtime/op_registry.h"
@@ -21,6 +25,9 @@ namespace surogate {
 class Program {
  public:
   explicit Program(Device device) : device_(device) {}
+  ~Program();
+  Program(const Program&) = delete;
+  Program& operator=(const Program&) = delete;
 
   const Device& device() const { return device_; }
 
@@ -47,6 +54,14 @@ class Program {
   int num_instrs() const { return static_cast<int>(instrs_.size()); }
   size_t arena_bytes() const { return arena_bytes_; }
   std::string instr_to_string(int i) const;
+
+  // CUDA graphs: each run range [begin, end) runs eagerly once, is captured on its second run
+  // and replayed after (one launch instead of one per kernel). A binding change drops the
+  // graphs; a capture that fails (an op the graph cannot hold) turns graphs off for this program
+  // and runs eagerly. Off by default; a no-op on backends without graphs.
+  void set_graphs(bool on);
+  bool graphs_active() const { return graphs_on_ && !graphs_failed_; }
+  int num_graphs() const { return static_cast<int>(graphs_.size()); }
 
   // Per-op timing, accumulated over run() calls when enabled.
   void set_profiling(bool on) { profiling_ = on; }
@@ -79,6 +94,15 @@ class Program {
   Status resolve_views();
   Status resolve_instrs();
   size_t buffer_bytes(const Buffer& b) const;
+  Status run_eager(int begin, int end);
+  Status run_graph(int begin, int end, bool* ran);
+  void drop_graphs();
+
+  struct GraphEntry {
+    int eager_runs = 0;
+    void* exec = nullptr;
+    std::shared_ptr<HeldBlocks> held;  // scratch the graph's replays use
+  };
 
   Device device_;
   std::vector<Buffer> buffers_;
@@ -89,6 +113,8 @@ class Program {
   bool dirty_ = true;
   bool profiling_ = false;
   std::vector<double> op_seconds_;
+  bool graphs_on_ = false, graphs_failed_ = false;
+  std::map<std::pair<int, int>, GraphEntry> graphs_;
 };
 
 }  // namespace surogate

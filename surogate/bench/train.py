@@ -85,7 +85,7 @@ def batch_data(model: Model, batch: int, seq: int) -> tuple[np.ndarray, np.ndarr
 
 
 def bench_ours(model: Model, batch: int, seq: int, lora: LoRAConfig | None, steps: int, warmup: int,
-               recompute: bool, profile: bool = False) -> Result:
+               recompute: bool, profile: bool = False, graphs: bool = True) -> Result:
     from surogate import _native
 
     n = batch * seq
@@ -111,6 +111,7 @@ def bench_ours(model: Model, batch: int, seq: int, lora: LoRAConfig | None, step
     exe.bind("cu_seqlens", (np.arange(batch + 1) * seq).astype(np.int32))
     exe.bind("targets", targets.reshape(-1))
     exe.bind("dloss", np.where(valid, 1.0 / valid.sum(), 0.0).astype(np.float32))
+    exe.use_graphs(graphs)
     times = []
     first_loss = float("nan")
     for i in range(warmup + steps):
@@ -125,7 +126,8 @@ def bench_ours(model: Model, batch: int, seq: int, lora: LoRAConfig | None, step
     peak = _native.allocator_stats(model.device)["peak_allocated_bytes"] if on_gpu else 0
     if profile:
         print(op_profile(exe.program, opt))
-    return Result("surogate", n / dt, dt, first_loss, peak)
+    name = "surogate (CUDA graphs)" if exe.program.graphs_active and exe.program.num_graphs else "surogate"
+    return Result(name, n / dt, dt, first_loss, peak)
 
 
 def op_profile(program, opt: AdamW, top: int = 15) -> str:
@@ -204,13 +206,13 @@ def bench_hf(model: Model, batch: int, seq: int, lora: LoRAConfig | None, steps:
 
 
 def run(shape: str, *, batch: int, seq: int, lora_rank: int, dtype: str, steps: int, warmup: int, vs: str | None,
-        device: str, recompute: bool, profile: bool = False) -> list[Result]:
+        device: str, recompute: bool, profile: bool = False, graphs: bool = True) -> list[Result]:
     from surogate.model import resolve_device
 
     device = resolve_device(device)
     model = random_model(shape, dtype, device=device)
     lora = LoRAConfig(rank=lora_rank, alpha=2 * lora_rank, targets=ALL_TARGETS) if lora_rank > 0 else None
-    results = [bench_ours(model, batch, seq, lora, steps, warmup, recompute, profile)]
+    results = [bench_ours(model, batch, seq, lora, steps, warmup, recompute, profile, graphs)]
     if vs == "hf":
         if device != "cpu":
             from surogate import _native

@@ -23,12 +23,13 @@ def train(
     device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto (a GPU when there is one).")] = "auto",
     recompute: Annotated[bool, typer.Option(help="Recompute each block's activations in backward.")] = False,
     profile: Annotated[bool, typer.Option(help="Also print where one step's time goes, by op.")] = False,
+    graphs: Annotated[bool, typer.Option(help="GPU: replay each step as CUDA graphs.")] = True,
 ) -> None:
     """Training-step tokens/s: ours, and with --vs hf HF transformers (+ peft) on the same shape."""
     from surogate.bench.train import run
 
     run(model, batch=batch, seq=seq, lora_rank=lora_rank, dtype=dtype, steps=steps, warmup=warmup, vs=vs,
-        device=device, recompute=recompute, profile=profile)
+        device=device, recompute=recompute, profile=profile, graphs=graphs)
 
 
 @app.command()

@@ -115,6 +115,13 @@ class Executable:
             host[...] = self._tensors[name].to("cpu").numpy().reshape(host.shape)
         return host
 
+    def use_graphs(self, on: bool = True) -> None:
+        """On a GPU: replay each run range as one CUDA graph from its third run on (the first runs
+        eagerly, the second is captured). Inputs must then change only in place (push), never by
+        binding new tensors (that drops the graphs). A no-op on the CPU."""
+        if self.device != "cpu":
+            self.program.set_graphs(on)
+
     def run(self) -> None:
         self.program.run()
 

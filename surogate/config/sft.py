@@ -95,6 +95,7 @@ class SFTConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen
     # -- precision and memory --
     recipe: Literal["bf16", "fp32"] = "bf16"  # fp32 for CPU runs and tests
     recompute: bool = False
+    cuda_graphs: bool = True  # on a GPU: replay each step as CUDA graphs (shapes are static)
 
     # -- checkpoints, evaluation, logging --
     save_steps: int = 50  # 0: save only at the end

@@ -86,6 +86,7 @@ class ProgramRunner:
                   "logits_rows": np.zeros(R, np.int32)}
         for name, arr in inputs.items():
             exe.bind(name, arr)
+        exe.use_graphs()  # a decode step is hundreds of small kernels: one graph launch on a GPU
         self._programs[key] = (exe, inputs)
         return exe, inputs
 

@@ -103,6 +103,7 @@ class Trainer:
             self.inputs[LORA_RNG] = np.zeros(2, np.int32)
         for n, a in self.inputs.items():
             self.exe.bind(n, a)
+        self.exe.use_graphs(self.cfg.cuda_graphs)  # GPU: each micro-batch and optimizer step is one graph
         self.eval_exe = None
         if self.eval_data is not None:
             self.eval_exe = m.executable("train", self.N, self.N, lora=self.lora, grads=False)
@@ -111,6 +112,7 @@ class Trainer:
                 self.eval_exe.bind(n, a, self.exe.tensor(n))
             for n in ("input_ids", "position_ids", "cu_seqlens", "targets"):
                 self.eval_exe.bind(n, self.inputs[n], self.exe.tensor(n))
+            self.eval_exe.use_graphs(self.cfg.cuda_graphs)
 
     def fingerprint(self) -> str:
         c = self.cfg
