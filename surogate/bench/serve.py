@@ -118,6 +118,37 @@ def bench_hf(model, n: int, prompt_len: int, output_len: int, device: str) -> Se
     return ServeResult("HF generate (static cache)", n * output_len / batched, output_len / single)
 
 
+def copy_bandwidth(device: str, nbytes: int = 1 << 30, repeats: int = 5) -> float:
+    """Measured copy bandwidth of the device in bytes/s (bytes read plus bytes written): the
+    ceiling a decode step that streams every weight once cannot beat."""
+    from surogate import _native
+
+    if device == "cpu":
+        src = np.ones(nbytes // 2, np.uint8)
+        dst = np.empty_like(src)
+        np.copyto(dst, src)
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            np.copyto(dst, src)
+        return 2 * src.nbytes * repeats / (time.perf_counter() - t0)
+    src = _native.zeros([nbytes // 2], "uint8", device)
+    dst = _native.zeros([nbytes // 2], "uint8", device)
+    probe = _native.zeros([1], "uint8", device)
+    dst.copy_from(src)
+    probe.to("cpu")  # a host read: waits for the queued copies
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        dst.copy_from(src)
+    probe.to("cpu")
+    return 2 * (nbytes // 2) * repeats / (time.perf_counter() - t0)
+
+
+def roofline(model, device: str) -> tuple[float, float]:
+    """(weight bytes, the single-stream decode ceiling in tokens/s: bandwidth / weight bytes)."""
+    weights = sum(a.nbytes for a in model.params.values())
+    return weights, copy_bandwidth(device) / weights
+
+
 def run(shape: str, *, n: int, prompt_len: int, output_len: int, dtype: str, vs: str | None,
         device: str) -> list[ServeResult]:
     from surogate.model import resolve_device
@@ -137,4 +168,8 @@ def run(shape: str, *, n: int, prompt_len: int, output_len: int, dtype: str, vs:
     if len(results) > 1:
         print(f"{'ratio (ours / peer)':28} {results[0].output_tokens_per_s / base.output_tokens_per_s:9.2f}x "
               f"{results[0].single_stream_tokens_per_s / base.single_stream_tokens_per_s:14.2f}x")
+    weights, ceiling = roofline(model, device)
+    print(f"single stream: {results[0].single_stream_tokens_per_s:,.1f} tok/s = "
+          f"{100 * results[0].single_stream_tokens_per_s / ceiling:.1f}% of the memory-bandwidth roofline "
+          f"({weights / 2**20:,.0f} MiB of weights per token at the measured copy bandwidth: {ceiling:,.0f} tok/s)")
     return results

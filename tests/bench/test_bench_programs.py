@@ -12,6 +12,7 @@ def test_bench_train_prints_both_rows(capsys):
                   device="cpu", recompute=False)
     out = capsys.readouterr().out
     assert "surogate" in out and "HF transformers + peft" in out and "x" in out
+    assert "first-step losses agree" in out  # the same weights and batch on both sides
     assert all(r.tokens_per_second > 0 for r in results)
 
 
@@ -21,4 +22,5 @@ def test_bench_serve_prints_both_rows(capsys):
     results = run("tiny", n=2, prompt_len=8, output_len=3, dtype="float32", vs="hf", device="cpu")
     out = capsys.readouterr().out
     assert "HF generate" in out and "ratio" in out
+    assert "of the memory-bandwidth roofline" in out
     assert results[0].ttft_p50 is not None and results[0].output_tokens_per_s > 0
