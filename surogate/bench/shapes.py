@@ -28,8 +28,22 @@ SHAPES: dict[str, dict] = {
 
 
 def spec_for(name: str) -> ModelSpec:
+    """A named shape, or the shape an HF config.json (or a model folder holding one) describes."""
+    from pathlib import Path
+
+    path = Path(name)
+    if path.is_dir():
+        path = path / "config.json"
+    if name not in SHAPES and path.is_file():
+        import json
+
+        from surogate.models import family_for
+
+        config = json.loads(path.read_text())
+        return family_for(config, source=str(path)).spec_from_config(config)
     if name not in SHAPES:
-        raise InvalidArgumentError(f"unknown model shape {name!r}", hint=f"known: {', '.join(SHAPES)}")
+        raise InvalidArgumentError(f"unknown model shape {name!r}",
+                                   hint=f"known: {', '.join(SHAPES)}; or give an HF config.json or model folder")
     return ModelSpec(**SHAPES[name])
 
 

@@ -12,7 +12,8 @@ app = typer.Typer(help="Benchmarks that print a table with the peer measured in 
 
 @app.command()
 def train(
-    model: Annotated[str, typer.Option(help="A named shape: tiny, smollm2-135m, qwen3-0.6b, qwen3-1.7b, llama-3.2-1b.")] = "tiny",
+    model: Annotated[str, typer.Option(help="A named shape (tiny, smollm2-135m, qwen3-0.6b, qwen3-1.7b, "
+                                            "llama-3.2-1b) or an HF config.json / model folder.")] = "tiny",
     batch: Annotated[int, typer.Option(help="Sequences per step.")] = 2,
     seq: Annotated[int, typer.Option(help="Tokens per sequence.")] = 256,
     lora_rank: Annotated[int, typer.Option(help="LoRA rank on all 7 projections; 0 = full fine-tune.")] = 16,

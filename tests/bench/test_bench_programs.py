@@ -24,3 +24,15 @@ def test_bench_serve_prints_both_rows(capsys):
     assert "HF generate" in out and "ratio" in out
     assert "of the memory-bandwidth roofline" in out
     assert results[0].ttft_p50 is not None and results[0].output_tokens_per_s > 0
+
+
+def test_bench_train_takes_an_hf_config(tmp_path, capsys):
+    from sgtest.tiny_models import make_qwen3
+
+    from surogate.bench.train import run
+
+    folder = make_qwen3(tmp_path / "q", seed=0, num_hidden_layers=1)
+    run(str(folder / "config.json"), batch=1, seq=16, lora_rank=0, dtype="float32", steps=1, warmup=0, vs="hf",
+        device="cpu", recompute=False)
+    out = capsys.readouterr().out
+    assert "config.json, full fine-tune" in out and "first-step losses agree" in out
