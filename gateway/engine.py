@@ -110,11 +110,13 @@ class NativeEngine:
     """surogate.serve.engine_client.EngineClient behind the gateway's protocol (string request
     ids, idempotent abort, the gauge names /metrics reads)."""
 
-    def __init__(self, client: Any):
+    def __init__(self, client: Any, adapters: dict[str, int] | None = None):
         self.client = client
+        self.adapters = dict(adapters or {})  # served adapter name -> the engine's adapter slot
 
     def submit(self, prompt_ids: Sequence[int], params: Any, adapter: str | None = None) -> str:
-        return str(self.client.submit(list(prompt_ids), params))
+        slot = None if adapter is None else self.adapters[adapter]  # the gateway routes only served names
+        return str(self.client.submit(list(prompt_ids), params, slot))
 
     def stream(self, request_id: str) -> AsyncIterator[RequestOutput]:
         return self.client.stream(int(request_id))

@@ -25,6 +25,12 @@ uint64_t block_hash(uint64_t parent, const int32_t* tokens, int n) {
 
 constexpr uint64_t kRootHash = 0x5eed5eed5eed5eedULL;
 
+// The parent of a sequence's first block: the same tokens under another LoRA adapter hold other
+// keys and values, so each adapter (and the base model, -1) has its own chain of hashes.
+uint64_t root_hash(const Sequence& seq) {
+  return seq.adapter_id < 0 ? kRootHash : mix64(kRootHash ^ (static_cast<uint64_t>(seq.adapter_id) + 1));
+}
+
 }  // namespace
 
 BlockManager::BlockManager(int num_blocks, int block_size, bool enable_prefix_caching)
@@ -39,7 +45,7 @@ void BlockManager::hash_full_blocks(Sequence& seq) const {
   auto& hashes = seq.block_hashes;
   while (static_cast<int>(hashes.size()) < full) {
     const int i = static_cast<int>(hashes.size());
-    const uint64_t parent = i == 0 ? kRootHash : hashes[i - 1];
+    const uint64_t parent = i == 0 ? root_hash(seq) : hashes[i - 1];
     hashes.push_back(block_hash(parent, seq.token_ids.data() + static_cast<size_t>(i) * block_size_, block_size_));
   }
 }
@@ -53,7 +59,7 @@ std::vector<int> BlockManager::find_cached_prefix(Sequence& seq) {
     auto it = cached_.find(seq.block_hashes[i]);
     if (it == cached_.end()) break;
     const Block& b = blocks_[it->second];
-    const uint64_t parent = i == 0 ? kRootHash : seq.block_hashes[i - 1];
+    const uint64_t parent = i == 0 ? root_hash(seq) : seq.block_hashes[i - 1];
     const int32_t* tokens = seq.token_ids.data() + static_cast<size_t>(i) * block_size_;
     if (b.parent_hash != parent || std::memcmp(b.tokens.data(), tokens, sizeof(int32_t) * block_size_) != 0) break;
     hits.push_back(it->second);
@@ -109,7 +115,7 @@ void BlockManager::cache_computed_blocks(Sequence& seq) {
     assert(!b.has_hash && b.ref_count > 0);
     b.has_hash = true;
     b.hash = h;
-    b.parent_hash = i == 0 ? kRootHash : seq.block_hashes[i - 1];
+    b.parent_hash = i == 0 ? root_hash(seq) : seq.block_hashes[i - 1];
     const int32_t* tokens = seq.token_ids.data() + static_cast<size_t>(i) * block_size_;
     b.tokens.assign(tokens, tokens + block_size_);
     cached_.emplace(h, seq.block_table[i]);

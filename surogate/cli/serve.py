@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from surogate.errors import NotFoundError
+from surogate.errors import InvalidArgumentError, NotFoundError
 
 
 def serve(
@@ -29,6 +29,11 @@ def serve(
     device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N, or auto (a GPU when there is one).")] = "auto",
     dtype: Annotated[str, typer.Option(help="Weights and KV cache dtype: float32, bfloat16, or auto "
                                             "(bfloat16 on a GPU, float32 on the CPU).")] = "auto",
+    lora: Annotated[
+        list[str] | None,
+        typer.Option(help="NAME=PATH: serve a PEFT LoRA adapter on the (first) model under NAME; requests pick it "
+                          "with model=NAME (repeatable).", show_default=False),
+    ] = None,
     quantized: Annotated[bool, typer.Option(help="GGUF models: keep the quantized weights as blocks and multiply "
                                                  "them as they are (less memory, faster decode); off: dequantize "
                                                  "to --dtype at load.")] = False,
@@ -54,14 +59,21 @@ def serve(
     sources = models or [_default_model()]
     keys = tuple(api_key or ([os.environ["SUROGATE_API_KEY"]] if os.environ.get("SUROGATE_API_KEY") else []))
     served = []
-    for spec in sources:
+    loras = {}
+    for item in lora or []:
+        adapter_name, sep, adapter_path = item.partition("=")
+        if not sep or not adapter_name or not adapter_path:
+            raise InvalidArgumentError(f"--lora {item!r}: expected NAME=PATH", hint="e.g. --lora assistant=out/adapter")
+        loras[adapter_name] = adapter_path
+    for i, spec in enumerate(sources):
         name, _, path = spec.partition("=") if "=" in spec and not os.path.exists(spec) else (None, "", spec)
         typer.echo(f"loading {path} ...", err=True)
         m = launch(path, name=name or None, device=device, dtype=dtype, quantized=quantized,
-                   kv_cache_tokens=kv_cache_tokens,
+                   loras=loras if i == 0 else None, kv_cache_tokens=kv_cache_tokens,
                    max_num_seqs=max_num_seqs, max_model_len=max_model_len)
-        served.append(ServedModel.from_tokenizer(m.name, m.model.tokenizer, NativeEngine(m.client), m.max_model_len,
-                                                 model_type=m.model.config.get("model_type")))
+        served.append(ServedModel.from_tokenizer(m.name, m.model.tokenizer, NativeEngine(m.client, m.adapters),
+                                                 m.max_model_len, model_type=m.model.config.get("model_type"),
+                                                 adapters=tuple(m.adapters)))
         typer.echo(f"serving {m.name} (max_model_len {m.max_model_len}) on http://{host}:{port}/v1", err=True)
     run_server(served, GatewayConfig(api_keys=keys, max_queued_requests=max_queued_requests), host=host, port=port,
                grace=shutdown_grace)

@@ -3,7 +3,7 @@ gateway. `surogate serve` and the TUI call this; tests can too."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from surogate.errors import InvalidArgumentError
 from surogate.model import Model, load_model
@@ -18,10 +18,11 @@ class Launched:
     model: Model
     client: EngineClient
     max_model_len: int
+    adapters: dict[str, int] = field(default_factory=dict)  # served adapter name -> engine slot
 
 
 def launch(source: str, *, name: str | None = None, dtype: str = "float32", device: str = "cpu",
-           quantized: bool = False, kv_cache_tokens: int = 16384,
+           quantized: bool = False, loras: dict[str, str] | None = None, kv_cache_tokens: int = 16384,
            block_size: int = 16, max_num_seqs: int = 128, max_num_batched_tokens: int = 2048,
            max_model_len: int | None = None, seed: int | None = None) -> Launched:
     if kv_cache_tokens < block_size:
@@ -44,12 +45,19 @@ def launch(source: str, *, name: str | None = None, dtype: str = "float32", devi
     if max_model_len is not None:
         limit = min(limit, max_model_len)
     runner = ProgramRunner(model, num_blocks=num_blocks, block_size=block_size)
+    adapters = {}
+    for slot, (adapter_name, adapter_path) in enumerate((loras or {}).items()):  # PEFT folders
+        from surogate.train.lora import load_peft_adapter
+
+        cfg, params = load_peft_adapter(adapter_path)
+        runner.add_adapter(slot, cfg, params)
+        adapters[adapter_name] = slot
     client = EngineClient(runner, EngineConfig(
         num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, max_model_len=limit,
         eos_token_ids=list(model.tokenizer.eos_token_ids), seed=seed))
     served_name = name or _default_name(source)
-    return Launched(served_name, model, client, limit)
+    return Launched(served_name, model, client, limit, adapters)
 
 
 def _default_name(source: str) -> str:
