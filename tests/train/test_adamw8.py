@@ -111,16 +111,12 @@ def test_adamw8_validates_its_inputs():
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from sgtest.qa import interrupt_after, step_losses  # noqa: E402
 from surogate.train.checkpoint import latest_checkpoint
 from surogate.train.trainer import Trainer
 from tests.train import test_trainer as tt
 
 base, data, config = tt.base, tt.data, tt.config  # the tiny qwen3 + QA fixtures and the run config
-
-
-def step_losses(path):
-    with open(path / "metrics.jsonl") as f:
-        return [json.loads(x)["loss"] for x in f if json.loads(x)["type"] == "step"]
 
 
 def test_state_is_about_two_bytes_per_parameter(base, data, tmp_path):
@@ -148,16 +144,7 @@ def test_adamw_8bit_resume_reproduces_the_uninterrupted_curve(base, data, tmp_pa
     losses_a = step_losses(tmp_path / "a")
 
     interrupted = Trainer(config(base, data, tmp_path / "b", **kw))
-    calls = {"n": 0}
-    apply = interrupted.opt.apply
-
-    def stop_after_four(lr):
-        calls["n"] += 1
-        if calls["n"] == 5:
-            raise KeyboardInterrupt
-        return apply(lr)
-
-    interrupted.opt.apply = stop_after_four
+    interrupt_after(interrupted, 4)
     with pytest.raises(KeyboardInterrupt):
         interrupted.train()
     assert latest_checkpoint(tmp_path / "b" / "checkpoints").name == "step_00000003"

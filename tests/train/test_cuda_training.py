@@ -5,7 +5,6 @@ outputs. Skipped without a CUDA build and a GPU; run on the lent H200 before res
 
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest
@@ -17,16 +16,11 @@ if not (_native.build_info()["cuda"] and _native.cuda_devices()):
     pytest.skip("no CUDA build or no GPU", allow_module_level=True)
 
 import surogate  # noqa: E402
+from sgtest.qa import sft_config, step_losses, write_qa  # noqa: E402
 from sgtest.tiny_models import make_llama, make_qwen3  # noqa: E402
-from surogate.config import load_config  # noqa: E402
 from surogate.dsl.nn import LoRAConfig  # noqa: E402
 from surogate.train.lora import ALL_TARGETS, init_lora  # noqa: E402
 from surogate.train.trainer import Trainer  # noqa: E402
-
-QA = [("What is the capital of France?", "Paris."), ("Name a primary color.", "Red."),
-      ("What is 2 + 2?", "4."), ("Say hello.", "Hello!"), ("Opposite of up?", "Down."),
-      ("Color of the sky?", "Blue."), ("First letter of the alphabet?", "A."), ("Largest planet?", "Jupiter.")]
-
 
 @pytest.fixture(scope="module", params=["llama", "qwen3"])
 def base(request, tmp_path_factory):
@@ -85,25 +79,15 @@ def test_bf16_on_the_gpu_tracks_f32(base):
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "qa.jsonl"
-    with open(path, "w") as f:
-        for q, a in QA:
-            f.write(json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]})
-                    + "\n")
-    return path
+    return write_qa(tmp_path_factory.mktemp("data") / "qa.jsonl")
 
 
 def config(base, data, out, **kw):
-    c = {"model": str(base), "output_dir": str(out), "datasets": [{"path": str(data), "type": "messages"}],
-         "sequence_len": 128, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 2,
-         "recipe": "fp32", "learning_rate": 2e-2, "lr_scheduler_type": "constant", "max_steps": 6,
-         "lora_rank": 8, "lora_alpha": 16, "save_steps": 3, "eval_steps": 0, "seed": 7, "max_grad_norm": 1.0}
-    c.update(kw)
-    return load_config(c, kind="sft")
+    # 128 tokens: the llama tokenizer's chat headers leave no answer inside 64
+    return sft_config(base, data, out, **{"sequence_len": 128, "save_steps": 3, **kw})
 
 
-def losses(out) -> list[float]:
-    return [json.loads(x)["loss"] for x in open(out / "metrics.jsonl") if json.loads(x)["type"] == "step"]
+losses = step_losses
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "adamw_8bit"])

@@ -4,12 +4,12 @@ a hand-written torch forward with the same masks, and the trainer (trains, resum
 
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest
 
 from sgtest.ops import run_op
+from sgtest.qa import interrupt_after, sft_config, step_records, write_qa
 from surogate.autodiff import backward
 from surogate.compile.executable import Executable
 from surogate.dsl import ops
@@ -200,11 +200,6 @@ def test_recompute_gives_bit_identical_gradients(tmp_path):
 
 
 # ---- trainer ----------------------------------------------------------------------------------
-QA = [("What is the capital of France?", "Paris."), ("Name a primary color.", "Red."),
-      ("What is 2 + 2?", "4."), ("Say hello.", "Hello!"), ("Opposite of up?", "Down."),
-      ("Color of the sky?", "Blue."), ("First letter of the alphabet?", "A."), ("Largest planet?", "Jupiter.")]
-
-
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     pytest.importorskip("torch")
@@ -215,27 +210,11 @@ def base(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "qa.jsonl"
-    with open(path, "w") as f:
-        for q, a in QA:
-            f.write(json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}) + "\n")
-    return path
+    return write_qa(tmp_path_factory.mktemp("data") / "qa.jsonl")
 
 
 def config(base, data, out, **kw):
-    from surogate.config import load_config
-
-    c = {"model": str(base), "output_dir": str(out), "datasets": [{"path": str(data), "type": "messages"}],
-         "sequence_len": 64, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 2,
-         "recipe": "fp32", "learning_rate": 2e-2, "lr_scheduler_type": "constant", "max_steps": 6,
-         "lora_rank": 8, "lora_alpha": 16, "save_steps": 0, "eval_steps": 0, "seed": 7,
-         "max_grad_norm": 1.0, "lora_dropout": 0.1}
-    c.update(kw)
-    return load_config(c, kind="sft")
-
-
-def step_losses(path):
-    return [json.loads(x) for x in open(path / "metrics.jsonl") if json.loads(x)["type"] == "step"]
+    return sft_config(base, data, out, **{"lora_dropout": 0.1, **kw})
 
 
 def test_trainer_with_lora_dropout_trains_and_resumes_exactly(base, data, tmp_path):
@@ -245,29 +224,20 @@ def test_trainer_with_lora_dropout_trains_and_resumes_exactly(base, data, tmp_pa
     full = Trainer(config(base, data, tmp_path / "a", save_steps=3, max_steps=8))
     assert "dropout_fwd" in ops_of(full.exe)
     full.train()
-    losses_a = [r["loss"] for r in step_losses(tmp_path / "a")]
+    losses_a = [r["loss"] for r in step_records(tmp_path / "a")]
     assert np.mean(losses_a[-2:]) < 0.7 * np.mean(losses_a[:2]), losses_a
 
     interrupted = Trainer(config(base, data, tmp_path / "b", save_steps=3, max_steps=8))
-    calls = {"n": 0}
-    apply = interrupted.opt.apply
-
-    def stop_after_four(lr):
-        calls["n"] += 1
-        if calls["n"] == 5:
-            raise KeyboardInterrupt
-        return apply(lr)
-
-    interrupted.opt.apply = stop_after_four
+    interrupt_after(interrupted, 4)
     with pytest.raises(KeyboardInterrupt):
         interrupted.train()
     assert latest_checkpoint(tmp_path / "b" / "checkpoints").name == "step_00000003"
     Trainer(config(base, data, tmp_path / "b", save_steps=3, max_steps=8, resume_from_checkpoint=True)).train()
-    by_step = {r["step"]: r["loss"] for r in step_losses(tmp_path / "b")}
+    by_step = {r["step"]: r["loss"] for r in step_records(tmp_path / "b")}
     assert [by_step[s] for s in range(1, 9)] == losses_a
 
     # Dropout changes the curve (the masks are really applied), deterministically.
     no_dropout = Trainer(config(base, data, tmp_path / "c", max_steps=3, lora_dropout=0.0))
     assert "dropout_fwd" not in ops_of(no_dropout.exe)
     no_dropout.train()
-    assert [r["loss"] for r in step_losses(tmp_path / "c")][1:3] != losses_a[1:3]
+    assert [r["loss"] for r in step_records(tmp_path / "c")][1:3] != losses_a[1:3]

@@ -16,15 +16,11 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import surogate  # noqa: E402
+from sgtest.qa import QA, interrupt_after, sft_config, step_losses, step_records, write_qa  # noqa: E402
 from sgtest.tiny_models import make_qwen3  # noqa: E402
 from surogate.config import load_config  # noqa: E402
 from surogate.train.checkpoint import latest_checkpoint, list_checkpoints  # noqa: E402
 from surogate.train.trainer import Trainer  # noqa: E402
-
-QA = [("What is the capital of France?", "Paris."), ("Name a primary color.", "Red."),
-      ("What is 2 + 2?", "4."), ("Say hello.", "Hello!"), ("Opposite of up?", "Down."),
-      ("Color of the sky?", "Blue."), ("First letter of the alphabet?", "A."), ("Largest planet?", "Jupiter.")]
-
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
@@ -34,21 +30,10 @@ def base(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "qa.jsonl"
-    with open(path, "w") as f:
-        for q, a in QA:
-            f.write(json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}) + "\n")
-    return path
+    return write_qa(tmp_path_factory.mktemp("data") / "qa.jsonl")
 
 
-def config(base, data, out, **kw):
-    c = {"model": str(base), "output_dir": str(out), "datasets": [{"path": str(data), "type": "messages"}],
-         "sequence_len": 64, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 2,
-         "recipe": "fp32", "learning_rate": 2e-2, "lr_scheduler_type": "constant", "max_steps": 6,
-         "lora_rank": 8, "lora_alpha": 16, "save_steps": 0, "eval_steps": 0, "seed": 7,
-         "max_grad_norm": 1.0}
-    c.update(kw)
-    return load_config(c, kind="sft")
+config = sft_config
 
 
 def greedy(model, prompt_ids, n=8, eos=None):
@@ -108,26 +93,16 @@ def test_first_step_loss_equals_transformers(base, data, tmp_path):
 def test_resume_reproduces_the_uninterrupted_curve(base, data, tmp_path):
     full = Trainer(config(base, data, tmp_path / "a", save_steps=3))
     full.train()
-    losses_a = [json.loads(x)["loss"] for x in open(tmp_path / "a" / "metrics.jsonl")
-                if json.loads(x)["type"] == "step"]
+    losses_a = step_losses(tmp_path / "a")
 
     interrupted = Trainer(config(base, data, tmp_path / "b", save_steps=3))
-    calls = {"n": 0}
-    apply = interrupted.opt.apply
-
-    def stop_after_four(lr):
-        calls["n"] += 1
-        if calls["n"] == 5:
-            raise KeyboardInterrupt
-        return apply(lr)
-
-    interrupted.opt.apply = stop_after_four
+    interrupt_after(interrupted, 4)
     with pytest.raises(KeyboardInterrupt):
         interrupted.train()
     assert latest_checkpoint(tmp_path / "b" / "checkpoints").name == "step_00000003"
     resumed = Trainer(config(base, data, tmp_path / "b", save_steps=3, resume_from_checkpoint=True))
     resumed.train()
-    steps_b = [json.loads(x) for x in open(tmp_path / "b" / "metrics.jsonl") if json.loads(x)["type"] == "step"]
+    steps_b = step_records(tmp_path / "b")
     by_step = {r["step"]: r["loss"] for r in steps_b}  # the resumed run rewrites steps 4..6
     assert [by_step[s] for s in range(1, 7)] == losses_a
 
