@@ -241,7 +241,8 @@ class CompletionStream:
 class ResponsesStream:
     """One response: output items open and close as the answer moves from reasoning to text to
     tool calls; every item added is also done, with the same id, and ``response.completed``
-    lists them all."""
+    lists them all. With ``top_logprobs`` the text's token logprobs ride on each
+    ``output_text.delta`` and are gathered on the finished ``output_text`` part."""
 
     def __init__(self, base: p.Response, ids: Ids | None = None):
         self.base = base
@@ -250,6 +251,8 @@ class ResponsesStream:
         self.items: list[p.OutputItem] = []  # closed items, in output order
         self._open: p.OutputItem | None = None  # the item receiving deltas
         self._parts: list[str] = []  # the open item's text
+        self._logprobs: list[p.TokenLogprob] = []  # the open message's token logprobs
+        self._held: list[p.TokenLogprob] = []  # of tokens whose text the detokenizer still holds back
 
     def _event(self, cls, **fields) -> bytes:
         ev = cls(sequence_number=self.seq, **fields)
@@ -263,6 +266,10 @@ class ResponsesStream:
 
     def delta(self, d: ChoiceDelta) -> bytes:
         out = []
+        if d.reasoning or d.tool_calls:
+            self._held = []  # logprobs describe output_text only
+        elif d.logprobs and not d.content:
+            self._held.extend(chat_logprobs(d.logprobs))
         if d.reasoning:
             if not isinstance(self._open, p.ReasoningItem):
                 out.append(self._close())
@@ -281,8 +288,11 @@ class ResponsesStream:
                 out.append(self._event(p.ContentPartAddedEvent, content_index=0, item_id=item.id,
                                        output_index=self._index(), part=p.OutputText(text="")))
             self._parts.append(d.content)
+            logprobs = self._held + (chat_logprobs(d.logprobs) if d.logprobs else [])
+            self._held = []
+            self._logprobs.extend(logprobs)
             out.append(self._event(p.OutputTextDeltaEvent, content_index=0, delta=d.content, item_id=self._open.id,
-                                   output_index=self._index()))
+                                   logprobs=logprobs, output_index=self._index()))
         for call in d.tool_calls:
             if call.name is not None:
                 out.append(self._close())
@@ -321,7 +331,7 @@ class ResponsesStream:
         return len(self.items)
 
     def _add(self, item) -> bytes:
-        self._open, self._parts = item, []
+        self._open, self._parts, self._logprobs = item, [], []
         return self._event(p.OutputItemAddedEvent, item=item, output_index=self._index())
 
     def _close(self) -> bytes:
@@ -338,11 +348,12 @@ class ResponsesStream:
             out.append(self._event(p.ContentPartDoneEvent, content_index=0, item_id=item.id, output_index=index,
                                    part=p.ReasoningText(text=text)))
         elif isinstance(item, p.OutputMessage):
-            done = p.OutputMessage(id=item.id, content=[p.OutputText(text=text)], status="completed")
-            out.append(self._event(p.OutputTextDoneEvent, content_index=0, item_id=item.id, output_index=index,
-                                   text=text))
+            part = p.OutputText(text=text, logprobs=self._logprobs)
+            done = p.OutputMessage(id=item.id, content=[part], status="completed")
+            out.append(self._event(p.OutputTextDoneEvent, content_index=0, item_id=item.id,
+                                   logprobs=self._logprobs, output_index=index, text=text))
             out.append(self._event(p.ContentPartDoneEvent, content_index=0, item_id=item.id, output_index=index,
-                                   part=p.OutputText(text=text)))
+                                   part=part))
         else:
             done = p.FunctionToolCall(arguments=text, call_id=item.call_id, name=item.name, id=item.id,
                                       status="completed")
@@ -350,5 +361,5 @@ class ResponsesStream:
                                    output_index=index, name=item.name))
         out.append(self._event(p.OutputItemDoneEvent, item=done, output_index=index))
         self.items.append(done)
-        self._open, self._parts = None, []
+        self._open, self._parts, self._logprobs = None, [], []
         return b"".join(out)

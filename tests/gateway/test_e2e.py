@@ -105,3 +105,20 @@ def test_client_disconnect_aborts_and_frees_kv_blocks(server):
         time.sleep(0.1)
     assert _gauge(base, "num_requests_running") == 0
     assert _gauge(base, "kv_cache_usage_perc") == 0
+
+
+def test_responses_carry_token_logprobs_when_asked(server):
+    base, _ = server
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="sk-test")
+    kw = dict(model="tiny", input="Say something.", max_output_tokens=6, temperature=0, top_logprobs=2)
+    r = client.responses.create(**kw)
+    text = r.output[-1].content[0]
+    assert text.type == "output_text" and text.logprobs
+    assert len(text.logprobs) == r.usage.output_tokens
+    assert b"".join(bytes(lp.bytes) for lp in text.logprobs).decode("utf-8", "replace") == text.text
+    assert all(lp.logprob <= 0 and len(lp.top_logprobs) == 2 for lp in text.logprobs)
+    assert all(lp.top_logprobs[0].logprob >= lp.logprob for lp in text.logprobs)  # greedy: the top choice
+    streamed = [e for e in client.responses.create(stream=True, **kw) if e.type == "response.output_text.delta"]
+    assert [lp.token for e in streamed for lp in e.logprobs] == [lp.token for lp in text.logprobs]
+    plain = client.responses.create(model="tiny", input="Say something.", max_output_tokens=6, temperature=0)
+    assert not plain.output[-1].content[0].logprobs
