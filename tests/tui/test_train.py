@@ -14,6 +14,7 @@ import pytest
 from textual.widgets import DataTable, Static
 
 from surogate.tui.processes import TrainProcess, process_start_time
+from surogate.tui.screens.confirm import ConfirmScreen
 from surogate.tui.settings import RunRecord, RunStore
 from surogate.tui.widgets.line_plot import LinePlot
 
@@ -125,8 +126,12 @@ def test_pauses_resumes_and_stops_a_launched_run(world, make_app, h):
         await h.wait_for(pilot, lambda: screen.state == "running", what="the resumed state")
         plot = screen.query_one("#loss-plot", LinePlot)
         await h.wait_for(pilot, lambda: plot.point_count > 0, timeout=180, what="points on the loss chart")
-        await pilot.press("x", "y")  # stop, and confirm
-        await h.wait_for(pilot, lambda: screen.state == "stopped", timeout=30, what="the stopped state")
+        screen.query_one("#train-tabs Tabs").focus()
+        await pilot.press("x")  # stop: a confirmation first
+        await h.wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the confirmation")
+        await pilot.press("y")
+        await h.wait_for(pilot, lambda: screen.state == "stopped", timeout=60,
+                         what=lambda: f"the stopped state (now {screen.state}, process {process.state})")
         assert process.popen.wait(timeout=10) < 0
 
     h.drive(app, script)
@@ -196,7 +201,9 @@ def test_reattaches_to_a_running_run_after_a_restart(world, make_app, h):
             assert any(n.startswith("Reattached to 20260101-000000-live") for n in h.notifications(app))
             assert screen.query_one("#loss-plot", LinePlot).point_count == 7
             screen.query_one("#train-tabs Tabs").focus()
-            await pilot.press("x", "y")  # stop, and confirm
+            await pilot.press("x")  # stop: a confirmation first
+            await h.wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the confirmation")
+            await pilot.press("y")
             await h.wait_for(pilot, lambda: screen.state == "stopped", timeout=20, what="the stopped state")
 
         h.drive(app, script)
