@@ -159,6 +159,10 @@ class GatewayApp:
         self._inflight: set[RequestContext] = set()
         self.draining = False  # shutting down: new requests get 503, those in flight finish
 
+    @property
+    def in_flight(self) -> int:
+        return len(self._inflight)
+
     async def drain(self, grace: float) -> None:
         """Graceful shutdown: refuse new requests; give those in flight ``grace`` seconds to
         finish, then abort their generations (streams end with finish_reason "abort" and their

@@ -50,7 +50,7 @@ async def _serve_until_signalled(app: GatewayApp, server, grace: float) -> None:
     signalled = asyncio.ensure_future(stopping.wait())
     await asyncio.wait({serving, signalled}, return_when=asyncio.FIRST_COMPLETED)
     if stopping.is_set():
-        logging.getLogger("surogate.gateway").info("shutting down: %d request(s) in flight", len(app._inflight))
+        logging.getLogger("surogate.gateway").info("shutting down: %d request(s) in flight", app.in_flight)
         await app.drain(grace)
         server.stop()
     signalled.cancel()

@@ -141,16 +141,17 @@ class ProgramRunner:
         pos = np.asarray(step.positions, np.int32)
         slots = np.asarray(step.slot_mapping, np.int32)
         ctx = np.asarray(step.context_lens, np.int32)
-        adapters = np.asarray(step.adapter_ids, np.int32)
-        for a in np.unique(adapters):
+        used = np.unique(np.asarray(step.adapter_ids, np.int32))
+        for a in used:
             if a >= 0 and int(a) not in self.adapters:
                 raise InvalidArgumentError(f"no adapter in slot {int(a)}", hint="register it with add_adapter first")
-        if s == 0 or np.all(adapters == adapters[0]):
-            return self._run(ids, pos, slots, cu, tables, ctx, rows, int(adapters[0]) if s else -1)
+        if len(used) <= 1:  # the usual step: one adapter (or the base model) for every sequence
+            return self._run(ids, pos, slots, cu, tables, ctx, rows, int(used[0]) if len(used) else -1)
         # Several adapters in one step: one sub-step per adapter, logits put back in row order.
+        adapters = np.asarray(step.adapter_ids, np.int32)
         out = np.empty((len(rows), self.vocab_size), np.float32)
         row_seq = np.searchsorted(cu, rows, side="right") - 1  # the sequence each logits row belongs to
-        for a in np.unique(adapters):
+        for a in used:
             sel = np.flatnonzero(adapters == a)
             lens = cu[sel + 1] - cu[sel]
             sub_cu = np.zeros(len(sel) + 1, np.int32)
