@@ -149,12 +149,70 @@ def roofline(model, device: str) -> tuple[float, float]:
     return weights, copy_bandwidth(device) / weights
 
 
+def step_profile(model, batches: tuple[int, ...], context: int, block_size: int = 16, iters: int = 50) -> str:
+    """Where a decode step's time goes: for each batch size, the step Program's device time (the
+    Program alone, replayed back to back), the runner's whole step (inputs up, run, logits back),
+    and with PyTorch installed the kernels of one step as its profiler (CUPTI) sees them."""
+    from surogate import _native
+
+    n = max(batches)
+    blocks_per_seq = -(-(context + 1) // block_size)
+    runner = ProgramRunner(model, num_blocks=n * blocks_per_seq, block_size=block_size)
+    lines = [f"\ndecode step, context {context}: device time of the Program, and the runner's whole step"]
+    on_gpu = model.device != "cpu"
+    probe = _native.zeros([1], "uint8", model.device) if on_gpu else None
+
+    def sync():
+        if probe is not None:
+            probe.to("cpu")
+
+    for b in batches:
+        tables = np.arange(b * blocks_per_seq, dtype=np.int32).reshape(b, blocks_per_seq)
+        pos = np.full(b, context, np.int32)
+        slots = tables[:, context // block_size] * block_size + context % block_size
+        args = (np.ones(b, np.int32), pos, slots.astype(np.int32), np.arange(b + 1, dtype=np.int32), tables,
+                np.full(b, context + 1, np.int32), np.arange(b, dtype=np.int32), -1)
+        for _ in range(3):  # compile, eager run, graph capture
+            runner._run(*args)
+        exe, _ = runner._program(b, _pow2(b), _pow2(blocks_per_seq), _pow2(b))
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            exe.run()
+        sync()
+        dev = (time.perf_counter() - t0) / iters
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            runner._run(*args)
+        whole = (time.perf_counter() - t0) / iters
+        lines.append(f"  batch {b:4}: program {dev * 1e3:7.3f} ms, whole step {whole * 1e3:7.3f} ms, "
+                     f"{exe.program.num_instrs} instructions, graphs {exe.program.num_graphs}")
+        if on_gpu:
+            try:
+                import torch  # noqa: F401
+                from torch.profiler import ProfilerActivity, profile
+            except ImportError:
+                continue
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(5):
+                    exe.run()
+                sync()
+            lines.append(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70))
+    return "\n".join(lines)
+
+
+def _pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
 def run(shape: str, *, n: int, prompt_len: int, output_len: int, dtype: str, vs: str | None,
-        device: str) -> list[ServeResult]:
+        device: str, profile: bool = False) -> list[ServeResult]:
     from surogate.model import resolve_device
 
     device = resolve_device(device)
     model = random_model(shape, dtype, device=device)
+    if profile:
+        print(step_profile(model, tuple(sorted({1, 8, 32, n})), prompt_len + output_len // 2))
     results = [bench_ours(model, n, prompt_len, output_len)]
     if vs == "hf":
         results.append(bench_hf(model, n, prompt_len, output_len, device))

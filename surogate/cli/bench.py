@@ -42,11 +42,13 @@ def serve(
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
     vs: Annotated[str | None, typer.Option(help="Peer to run in the same process: hf.")] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto (a GPU when there is one).")] = "auto",
+    profile: Annotated[bool, typer.Option(help="Also print where a decode step's time goes.")] = False,
 ) -> None:
     """Offline generation throughput and latency: ours, and with --vs hf HF generate."""
     from surogate.bench.serve import run
 
-    run(model, n=requests, prompt_len=prompt_len, output_len=output_len, dtype=dtype, vs=vs, device=device)
+    run(model, n=requests, prompt_len=prompt_len, output_len=output_len, dtype=dtype, vs=vs, device=device,
+        profile=profile)
 
 
 @app.command()
