@@ -4,7 +4,10 @@
 
 #include <pybind11/pybind11.h>
 
+#include <string>
+
 #include "core/status.h"
+#include "core/tensor.h"
 
 namespace surogate::bindings {
 
@@ -18,5 +21,8 @@ inline void check(Status st) {
 }
 
 void register_error_translator(pybind11::module_& m);
+
+// "cpu", "cuda" or "cuda:N"; anything else raises InvalidArgumentError.
+Device parse_device(const std::string& s);
 
 }  // namespace surogate::bindings

@@ -22,6 +22,7 @@
 namespace py = pybind11;
 using namespace surogate;
 using surogate::bindings::check;
+using surogate::bindings::parse_device;
 using surogate::bindings::throw_status;
 
 namespace surogate::bindings {
@@ -51,10 +52,6 @@ void register_error_translator(py::module_& m) {
   });
 }
 
-}  // namespace surogate::bindings
-
-namespace {
-
 Device parse_device(const std::string& s) {
   if (s == "cpu") return Device{DeviceType::kCPU, 0};
   if (s == "cuda") return Device{DeviceType::kCUDA, 0};
@@ -67,6 +64,11 @@ Device parse_device(const std::string& s) {
   throw_status(SG_ERROR(StatusCode::kInvalidArgument, str_cat("unknown device '", s, "'"),
                         "use 'cpu', 'cuda' or 'cuda:N'"));
 }
+
+}  // namespace surogate::bindings
+
+namespace {
+
 
 DType parse_dtype(const py::handle& h) {
   std::string name;

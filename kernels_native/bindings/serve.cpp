@@ -9,12 +9,15 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstring>
 #include <mutex>
 #include <random>
 #include <unordered_set>
 
 #include "bindings/errors.h"
+#include "runtime/program.h"
 #include "serve/engine.h"
+#include "serve/program_runner.h"
 
 namespace py = pybind11;
 
@@ -204,7 +207,7 @@ class PyModelRunner : public ModelRunner {
 
   int vocab_size() const override { return vocab_size_; }
 
-  Status run(const StepInput& in, Tensor* logits_out) override {
+  Status run(const StepInput& in, StepOutput* out) override {
     if (!Py_IsInitialized()) {
       return SG_ERROR(StatusCode::kInternal, "the Python model runner outlived the interpreter",
                       "shut the engine down (EngineClient.close()) before the interpreter exits");
@@ -221,7 +224,8 @@ class PyModelRunner : public ModelRunner {
       }
       std::vector<int64_t> shape(a.shape(), a.shape() + a.ndim());
       logits_.assign(a.data(), a.data() + a.size());
-      *logits_out = Tensor::view_of(logits_.data(), DType::kF32, shape);
+      out->logits = Tensor::view_of(logits_.data(), DType::kF32, shape);
+      out->argmax.clear();
       return Status::OK();
     } catch (py::error_already_set& e) {
       return SG_ERROR(StatusCode::kInternal, str_cat("the Python model runner raised ", e.what()), "");
@@ -233,6 +237,30 @@ class PyModelRunner : public ModelRunner {
   int vocab_size_;
   std::vector<float> logits_;
 };
+
+// A Python object held from native code: released under the GIL, leaked after interpreter exit.
+std::shared_ptr<void> hold_py(py::object obj) {
+  return std::shared_ptr<void>(new py::object(std::move(obj)), [](void* p) {
+    auto* o = static_cast<py::object*>(p);
+    if (!Py_IsInitialized()) {
+      o->release();
+    } else {
+      py::gil_scoped_acquire gil;
+      delete o;
+      return;
+    }
+    delete o;
+  });
+}
+
+std::vector<int32_t> int32_vector(py::handle obj, const char* name) {
+  auto a = py::array_t<int32_t, py::array::c_style | py::array::forcecast>::ensure(obj);
+  if (!a) {
+    PyErr_Clear();
+    bad_field("StepInput", name, "must be an array of integers", "");
+  }
+  return std::vector<int32_t>(a.data(), a.data() + a.size());
+}
 
 // Engines whose thread was started. At interpreter exit (atexit, before finalization) they are
 // shut down, since their thread may be about to call a Python runner.
@@ -309,6 +337,50 @@ void bind_serve(py::module_& parent) {
       .def_property_readonly("request_ids", [](const StepInput& s) {
         return py::array_t<int64_t>({static_cast<py::ssize_t>(s.num_seqs)}, s.request_ids.data());
       })
+      .def_property_readonly("need_logits", [](const StepInput& s) {
+        return py::array_t<uint8_t>({static_cast<py::ssize_t>(s.need_logits.size())}, s.need_logits.data());
+      })
+      .def_static("make", [](py::handle token_ids, py::handle positions, py::handle slot_mapping, py::handle cu_q,
+                             py::handle context_lens, py::handle block_tables, py::handle logits_rows,
+                             py::handle adapter_ids, py::handle need_logits, int block_size) {
+             StepInput s;
+             s.block_size = block_size;
+             s.token_ids = int32_vector(token_ids, "token_ids");
+             s.positions = int32_vector(positions, "positions");
+             s.slot_mapping = int32_vector(slot_mapping, "slot_mapping");
+             s.cu_q = int32_vector(cu_q, "cu_q");
+             s.context_lens = int32_vector(context_lens, "context_lens");
+             s.block_tables = int32_vector(block_tables, "block_tables");
+             s.logits_rows = int32_vector(logits_rows, "logits_rows");
+             s.num_tokens = static_cast<int32_t>(s.token_ids.size());
+             s.num_seqs = static_cast<int32_t>(s.context_lens.size());
+             if (s.positions.size() != s.token_ids.size() || s.slot_mapping.size() != s.token_ids.size() ||
+                 s.cu_q.size() != s.context_lens.size() + 1 || s.cu_q.back() != s.num_tokens ||
+                 (s.num_seqs > 0 && s.block_tables.size() % s.num_seqs != 0)) {
+               bad_field("StepInput", "arrays", "have inconsistent lengths",
+                         "T token ids / positions / slots, S context lens, S + 1 cu_q ending at T, S x B block tables");
+             }
+             s.max_blocks_per_seq = s.num_seqs ? static_cast<int32_t>(s.block_tables.size() / s.num_seqs) : 0;
+             for (int i = 0; i < s.num_seqs; ++i) {
+               s.max_query_len = std::max(s.max_query_len, s.cu_q[i + 1] - s.cu_q[i]);
+               s.max_context_len = std::max(s.max_context_len, s.context_lens[i]);
+             }
+             s.adapter_ids = adapter_ids.is_none() ? std::vector<int32_t>(s.num_seqs, -1)
+                                                   : int32_vector(adapter_ids, "adapter_ids");
+             if (!need_logits.is_none()) {
+               for (int32_t v : int32_vector(need_logits, "need_logits")) s.need_logits.push_back(v ? 1 : 0);
+             }
+             if (static_cast<int>(s.adapter_ids.size()) != s.num_seqs ||
+                 (!s.need_logits.empty() && s.need_logits.size() != s.logits_rows.size())) {
+               bad_field("StepInput", "adapter_ids / need_logits", "do not have one entry per sequence / logits row", "");
+             }
+             s.request_ids.assign(s.num_seqs, 0);
+             return s;
+           },
+           py::arg("token_ids"), py::arg("positions"), py::arg("slot_mapping"), py::arg("cu_q"),
+           py::arg("context_lens"), py::arg("block_tables"), py::arg("logits_rows"), py::arg("adapter_ids") = py::none(),
+           py::arg("need_logits") = py::none(), py::arg("block_size") = 16,
+           "A step built by hand (tests, benchmarks); block_tables flattened [S * B].")
       .def("__repr__", [](const StepInput& s) {
         return str_cat("StepInput(tokens=", s.num_tokens, ", seqs=", s.num_seqs, ", logits_rows=", s.num_logits_rows(),
                        ")");
@@ -316,7 +388,25 @@ void bind_serve(py::module_& parent) {
 
   py::class_<ModelRunner, std::shared_ptr<ModelRunner>>(m, "ModelRunner",
                                                          "A model as the engine drives it; see PyModelRunner.")
-      .def_property_readonly("vocab_size", &ModelRunner::vocab_size);
+      .def_property_readonly("vocab_size", &ModelRunner::vocab_size)
+      .def("run", [](ModelRunner& r, const StepInput& in) {
+             StepOutput out;
+             Status st;
+             {
+               py::gil_scoped_release nogil;
+               st = r.run(in, &out);
+             }
+             check(st);
+             const Tensor& t = out.logits;
+             py::array_t<float> logits({t.shape[0], t.shape[1]});
+             for (int64_t i = 0; i < t.shape[0]; ++i) {
+               std::memcpy(logits.mutable_data(i), t.ptr<float>() + i * t.strides[0], t.shape[1] * sizeof(float));
+             }
+             return py::make_tuple(logits, py::array_t<int32_t>(static_cast<py::ssize_t>(out.argmax.size()),
+                                                                out.argmax.data()));
+           }, py::arg("step"),
+           "One step outside an engine: (logits float32 [R, V], argmax int32 [R] or empty). Rows whose "
+           "need_logits is 0 may be left unfilled when argmax is given.");
 
   py::class_<PyModelRunner, ModelRunner, std::shared_ptr<PyModelRunner>>(
       m, "PyModelRunner", "A ModelRunner calling fn(step: StepInput) -> float32 [R, V] logits, with the GIL held.")
@@ -327,6 +417,48 @@ void bind_serve(py::module_& parent) {
              return std::make_shared<PyModelRunner>(std::move(fn), vocab_size);
            }),
            py::arg("fn"), py::arg("vocab_size"));
+
+  py::class_<ProgramRunner, ModelRunner, std::shared_ptr<ProgramRunner>>(
+      m, "ProgramRunner",
+      "The ModelRunner of a compiled model: pads each step to a shape bucket and runs that bucket's Program "
+      "natively (see serve/program_runner.h). compile(T, S, B, R, adapter) -> an object whose .program is the "
+      "bucket's Program, called with the GIL the first time a bucket is met.")
+      .def(py::init([](const std::string& device, int vocab_size, int block_size, int num_blocks, int pad_blocks,
+                       py::function compile) {
+             if (vocab_size <= 0 || block_size <= 0 || num_blocks <= 0 || pad_blocks < 0) {
+               throw_status(SG_ERROR(StatusCode::kInvalidArgument,
+                                     str_cat("ProgramRunner: vocab_size ", vocab_size, ", block_size ", block_size,
+                                             ", num_blocks ", num_blocks, ", pad_blocks ", pad_blocks),
+                                     "all positive (pad_blocks >= 0)"));
+             }
+             ProgramRunner::Config cfg{parse_device(device), vocab_size, block_size, num_blocks, pad_blocks};
+             std::shared_ptr<void> fn = hold_py(std::move(compile));
+             auto cf = [fn](const BucketKey& k, Program** out, std::shared_ptr<void>* owner) -> Status {
+               if (!Py_IsInitialized()) {
+                 return SG_ERROR(StatusCode::kInternal, "the step compiler outlived the interpreter",
+                                 "shut the engine down before the interpreter exits");
+               }
+               py::gil_scoped_acquire gil;
+               try {
+                 py::object exe = (*static_cast<py::object*>(fn.get()))(k.T, k.S, k.B, k.R, k.adapter);
+                 *out = exe.attr("program").cast<Program*>();
+                 *owner = hold_py(std::move(exe));
+                 return Status::OK();
+               } catch (py::error_already_set& e) {
+                 return SG_ERROR(StatusCode::kInternal, str_cat("compiling the step Program raised ", e.what()), "");
+               } catch (py::cast_error& e) {
+                 return SG_ERROR(StatusCode::kInternal, str_cat("the step compiler returned no Program: ", e.what()), "");
+               }
+             };
+             return std::make_shared<ProgramRunner>(cfg, std::move(cf));
+           }),
+           py::arg("device"), py::arg("vocab_size"), py::arg("block_size"), py::arg("num_blocks"),
+           py::arg("pad_blocks"), py::arg("compile"))
+      .def("forget", &ProgramRunner::forget, py::arg("adapter"), py::call_guard<py::gil_scoped_release>(),
+           "Drop the Programs of one adapter slot (-1: the base model, -2: all).")
+      .def_property_readonly("num_programs", &ProgramRunner::num_programs)
+      .def_static("bucket_tokens", &ProgramRunner::bucket_tokens, py::arg("t"))
+      .def_property_readonly_static("MAX_PAD", [](py::object) { return ProgramRunner::kMaxPad; });
 
   py::class_<Engine, std::unique_ptr<Engine, EngineDeleter>>(m, "Engine")
       .def(py::init([](std::shared_ptr<ModelRunner> runner, py::handle config) {

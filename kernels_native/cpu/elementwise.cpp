@@ -1,4 +1,8 @@
-// Elementwise CPU ops: fill, cast, copy, add, scale. Outputs may alias inputs (y = x + y).
+// Elementwise CPU ops: fill, cast, copy, add, scale, and argmax over rows. Outputs may alias
+// inputs (y = x + y).
+#include <cmath>
+#include <limits>
+
 #include "cpu/common.h"
 
 namespace surogate::cpu {
@@ -87,6 +91,38 @@ Status scale(const OpArgs& args) {
   return Status::OK();
 }
 
+// argmax: (x [R, V]) -> (y int32 [R]); the lowest index of each row's largest value, -1 for a
+// row holding a NaN or +inf (serving: the greedy token, and the sampler's non-finite check).
+Status argmax(const OpArgs& args) {
+  const Tensor& x = args.in(0);
+  const Tensor& y = args.out(0);
+  SG_CHECK_SHAPE(x.ndim == 2 && y.ndim == 1 && y.shape[0] == x.shape[0],
+                 str_cat("argmax: x ", x.shape_str(), " and y ", y.shape_str(), " are not [R, V] and [R]"));
+  SG_CHECK(y.dtype == DType::kI32, StatusCode::kDTypeUnsupported, "argmax: y must be int32", "");
+  SG_CHECK(x.strides[1] == 1 && y.strides[0] == 1, StatusCode::kInvalidArgument,
+           "argmax: x rows and y must be contiguous", "");
+  const int64_t V = x.shape[1];
+  SG_DISPATCH_FLOAT("argmax", x.dtype, T, {
+    parallel_for(0, x.shape[0], 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r) {
+        const T* row = x.ptr<T>() + r * x.strides[0];
+        int32_t best = -1;
+        float bv = -std::numeric_limits<float>::infinity();
+        for (int64_t i = 0; i < V; ++i) {
+          const float v = load(row[i]);
+          if (std::isnan(v) || v == std::numeric_limits<float>::infinity()) {
+            best = -1;
+            break;
+          }
+          if (best < 0 || v > bv) best = static_cast<int32_t>(i), bv = v;
+        }
+        y.ptr<int32_t>()[r] = V > 0 ? best : -1;
+      }
+    });
+  });
+  return Status::OK();
+}
+
 }  // namespace
 
 void register_cpu_elementwise(OpRegistry& reg) {
@@ -95,6 +131,7 @@ void register_cpu_elementwise(OpRegistry& reg) {
   add_op(reg, "copy", 1, 1, 1, copy, "(x) -> (y) same dtype");
   add_op(reg, "add", 2, 2, 1, add, "(a, b) -> (y = alpha*a + beta*b); attrs: alpha, beta");
   add_op(reg, "scale", 1, 1, 1, scale, "(x) -> (y = alpha*x); attrs: alpha");
+  add_op(reg, "argmax", 1, 1, 1, argmax, "(x [R, V]) -> (y int32 [R]): lowest index of the row max, -1 on NaN / +inf");
 }
 
 }  // namespace surogate::cpu

@@ -1,4 +1,5 @@
-// Elementwise CUDA ops: fill, cast, copy, add, scale — the CUDA twins of cpu/elementwise.cpp.
+// Elementwise CUDA ops: fill, cast, copy, add, scale, argmax over rows — the CUDA twins of
+// cpu/elementwise.cpp.
 #include "core/allocator.h"
 #include "cuda/backend.h"
 #include "cuda/common.cuh"
@@ -28,6 +29,43 @@ __global__ void add_kernel(const T* a, const T* b, T* y, int64_t n, float alpha,
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     y[i] = st<T>(alpha * ld(a[i]) + beta * ld(b[i]));
   }
+}
+
+// One block per row: each thread keeps the best (value, lowest index) of its strided share and
+// whether it saw a NaN / +inf, then a block reduction. -1 for a row with a non-finite value.
+template <typename T>
+__global__ void argmax_kernel(const T* x, int64_t row_stride, int64_t V, int32_t* y) {
+  const T* row = x + blockIdx.x * row_stride;
+  float bv = -INFINITY;
+  int64_t bi = -1;
+  bool bad = false;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+    const float v = ld(row[i]);
+    bad |= isnan(v) || v == INFINITY;
+    if (bi < 0 || v > bv) bv = v, bi = i;  // i increases: a tie keeps the earlier index
+  }
+  __shared__ float sv[kThreads];
+  __shared__ int64_t si[kThreads];
+  __shared__ int sbad;
+  if (threadIdx.x == 0) sbad = 0;
+  __syncthreads();
+  if (bad) sbad = 1;
+  sv[threadIdx.x] = bv;
+  si[threadIdx.x] = bi;
+  __syncthreads();
+  for (int s = kThreads / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) {
+      const float ov = sv[threadIdx.x + s];
+      const int64_t oi = si[threadIdx.x + s];
+      const int64_t mi = si[threadIdx.x];
+      if (oi >= 0 && (mi < 0 || ov > sv[threadIdx.x] || (ov == sv[threadIdx.x] && oi < mi))) {
+        sv[threadIdx.x] = ov;
+        si[threadIdx.x] = oi;
+      }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) y[blockIdx.x] = sbad ? -1 : static_cast<int32_t>(si[0]);
 }
 
 int grid_for(int64_t n) { return static_cast<int>(std::min<int64_t>(blocks_for(n, kThreads), 65535)); }
@@ -94,6 +132,23 @@ Status scale(const OpArgs& args) {
   return Status::OK();
 }
 
+Status argmax(const OpArgs& args) {
+  const Tensor& x = args.in(0);
+  const Tensor& y = args.out(0);
+  SG_CHECK_SHAPE(x.ndim == 2 && y.ndim == 1 && y.shape[0] == x.shape[0],
+                 str_cat("argmax: x ", x.shape_str(), " and y ", y.shape_str(), " are not [R, V] and [R]"));
+  SG_CHECK(y.dtype == DType::kI32, StatusCode::kDTypeUnsupported, "argmax: y must be int32", "");
+  SG_CHECK(x.strides[1] == 1 && y.strides[0] == 1, StatusCode::kInvalidArgument,
+           "argmax: x rows and y must be contiguous", "");
+  if (x.shape[0] == 0) return Status::OK();
+  SG_CUDA_DISPATCH_FLOAT("argmax", x.dtype, T, {
+    argmax_kernel<T><<<static_cast<unsigned>(x.shape[0]), kThreads, 0, current_stream()>>>(
+        x.ptr<T>(), x.strides[0], x.shape[1], y.ptr<int32_t>());
+  });
+  SG_CUDA_CHECK_LAUNCH();
+  return Status::OK();
+}
+
 }  // namespace
 
 void register_cuda_elementwise(OpRegistry& reg) {
@@ -102,6 +157,7 @@ void register_cuda_elementwise(OpRegistry& reg) {
   add_op(reg, "copy", 1, 1, 1, copy, "(x) -> (y) same dtype");
   add_op(reg, "add", 2, 2, 1, add, "(a, b) -> (y = alpha*a + beta*b); attrs: alpha, beta");
   add_op(reg, "scale", 1, 1, 1, scale, "(x) -> (y = alpha*x); attrs: alpha");
+  add_op(reg, "argmax", 1, 1, 1, argmax, "(x [R, V]) -> (y int32 [R]): lowest index of the row max, -1 on NaN / +inf");
 }
 
 }  // namespace surogate::cuda

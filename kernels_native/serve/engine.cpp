@@ -173,10 +173,10 @@ bool Engine::step_once() {
     finished_.push_back(seq);
   }
   if (!plan.empty()) {
-    Tensor logits;
-    const Status st = run(plan, &logits);
+    StepOutput out;
+    const Status st = run(plan, &out);
     if (st.ok()) {
-      postprocess(plan, logits);
+      postprocess(plan, out);
     } else {
       counters_.last_error = st.to_string();
       for (const ScheduledSeq& ss : plan.seqs) {
@@ -209,10 +209,13 @@ void Engine::drain_inbox() {
   }
 }
 
-Status Engine::run(const StepPlan& plan, Tensor* logits) {
-  SG_RETURN_IF_ERROR(runner_->run(plan.input, logits));
+Status Engine::run(const StepPlan& plan, StepOutput* out) {
+  SG_RETURN_IF_ERROR(runner_->run(plan.input, out));
   const int64_t R = plan.input.num_logits_rows(), V = sampler_.vocab_size();
-  const Tensor& t = *logits;
+  SG_CHECK(out->argmax.empty() || static_cast<int64_t>(out->argmax.size()) == R, StatusCode::kShapeMismatch,
+           str_cat("model runner returned ", out->argmax.size(), " argmax entries for ", R, " logits rows"),
+           "return one per StepInput.logits_rows entry, or none");
+  const Tensor& t = out->logits;
   SG_CHECK(t.device.is_cpu() && t.dtype == DType::kF32 && t.ndim == 2 && t.shape[0] == R && t.shape[1] == V &&
                (R == 0 || (t.data != nullptr && t.strides[1] == 1 && t.strides[0] >= V)),
            StatusCode::kShapeMismatch,
@@ -221,8 +224,9 @@ Status Engine::run(const StepPlan& plan, Tensor* logits) {
   return Status::OK();
 }
 
-void Engine::postprocess(const StepPlan& plan, const Tensor& logits) {
+void Engine::postprocess(const StepPlan& plan, const StepOutput& step) {
   scheduler_.update(plan);
+  const Tensor& logits = step.logits;
   const float* base = logits.ptr<float>();
   const int64_t stride = logits.ndim == 2 ? logits.strides[0] : 0;
   auto row = [&](int r) { return base + r * stride; };
@@ -250,7 +254,16 @@ void Engine::postprocess(const StepPlan& plan, const Tensor& logits) {
   parallel_for(0, static_cast<int64_t>(to_sample.size()), grain, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       Sequence& seq = *to_sample[i]->seq;
-      const float* r = row(to_sample[i]->sample_row);
+      const int sr = to_sample[i]->sample_row;
+      if (!step.argmax.empty() && !plan.input.need_logits[sr]) {  // plain greedy: the device's argmax
+        tokens[i] = step.argmax[sr];
+        if (tokens[i] < 0 || tokens[i] >= sampler_.vocab_size()) {
+          errors[i] = SG_ERROR(StatusCode::kInternal, "the model produced a non-finite logit (NaN or +inf)",
+                               "check the model's weights and dtype; NaN logits usually mean an overflow");
+        }
+        continue;
+      }
+      const float* r = row(sr);
       errors[i] = sampler_.sample(r, seq, &tokens[i]);
       if (errors[i].ok() && seq.params.logprobs >= 0) lps[i] = sampler_.logprob(r, tokens[i], seq.params.logprobs);
     }

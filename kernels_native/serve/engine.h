@@ -3,8 +3,8 @@
 // scheduler, block manager) and runs step() until shutdown:
 //
 //   plan = scheduler.schedule();         // which tokens run, where their KV goes
-//   runner.run(plan.input, &logits);     // the model
-//   postprocess(plan, logits);           // sample, append, check stop conditions
+//   runner.run(plan.input, &out);        // the model: logits rows (and their argmax)
+//   postprocess(plan, out);              // sample, append, check stop conditions
 //   collect_finished();                  // free finished sequences, push outputs to the channel
 //
 // Outputs go to an OutputChannel that consumers poll. The engine never touches Python: a
@@ -95,8 +95,8 @@ class Engine {
   void loop();
   bool step_once();  // true when it scheduled anything
   void drain_inbox();
-  Status run(const StepPlan& plan, Tensor* logits);
-  void postprocess(const StepPlan& plan, const Tensor& logits);
+  Status run(const StepPlan& plan, StepOutput* out);
+  void postprocess(const StepPlan& plan, const StepOutput& out);
   void check_stop(Sequence& seq, int32_t token);
   void finish(Sequence& seq, FinishReason reason, std::string message);
   void collect_finished();

@@ -20,6 +20,8 @@
 //   logits_rows   [R]     rows (indices into T, increasing) whose logits the engine needs: the last
 //                         token of a sequence whose prompt is complete (or decoding), and every
 //                         prompt row of a request that asked for prompt_logprobs
+//   need_logits   [R]     (uint8) 1: the engine reads this row's logits (sampling knobs, logprobs,
+//                         prompt logprobs); 0: the row's argmax is all it needs (plain greedy)
 //   adapter_ids   [S]     LoRA adapter slot per sequence, -1 = the base model
 //   request_ids   [S]     (int64) the engine's request ids, for logging and per-request state
 //
@@ -50,6 +52,7 @@ struct StepInput {
   std::vector<int32_t> context_lens;
   std::vector<int32_t> block_tables;
   std::vector<int32_t> logits_rows;
+  std::vector<uint8_t> need_logits;
   std::vector<int32_t> adapter_ids;
   std::vector<int64_t> request_ids;
 
@@ -62,13 +65,22 @@ struct StepInput {
   }
 };
 
+// What a step gives back. `logits` is a host float32 [R, V] tensor with contiguous rows (its row
+// stride may exceed V), possibly the runner's own memory, read by the engine before the next
+// run(). A runner that computes each row's argmax on its device (so that a greedy step moves R
+// ints instead of R x V floats) returns it in `argmax` ([R]: the lowest id among the largest
+// logits, -1 for a row holding a NaN or +inf) and may then leave the rows whose need_logits is 0
+// unfilled. An empty `argmax`: every row of `logits` is filled.
+struct StepOutput {
+  Tensor logits;
+  std::vector<int32_t> argmax;
+};
+
 class ModelRunner {
  public:
   virtual ~ModelRunner() = default;
-  // Compute the KV of in's tokens into the cache and the logits of in.logits_rows. On success
-  // *logits_out is a host float32 [R, V] tensor with contiguous rows (its row stride may exceed
-  // V); it may be the runner's own memory, read by the engine before the next run().
-  virtual Status run(const StepInput& in, Tensor* logits_out) = 0;
+  // Compute the KV of in's tokens into the cache and the logits of in.logits_rows.
+  virtual Status run(const StepInput& in, StepOutput* out) = 0;
   virtual int vocab_size() const = 0;
 };
 

@@ -67,6 +67,14 @@ void Sampler::apply_penalties(float* logits, const SamplingParams& p, const std:
   }
 }
 
+bool Sampler::needs_logits(const Sequence& seq) {
+  const SamplingParams& p = seq.params;
+  const bool masking = seq.num_output_tokens() < p.min_tokens &&
+                       (!p.stop_token_ids.empty() || (!p.ignore_eos && !p.eos_token_ids.empty()));
+  return !p.greedy() || p.logprobs >= 0 || masking || p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f ||
+         p.frequency_penalty != 0.0f;
+}
+
 Status Sampler::sample(const float* logits, const SamplingParams& p, const std::vector<int32_t>& token_ids,
                        int num_prompt, std::mt19937_64& rng, int32_t* token) const {
   const int V = vocab_size_;

@@ -45,6 +45,10 @@ class Sampler {
   // the top_n most likely (id, logprob), most likely first.
   TokenLogprob logprob(const float* logits, int32_t token, int top_n) const;
 
+  // Whether sampling seq's next token reads its logits row; false when the row's argmax is the
+  // whole answer (greedy, no penalty or min_tokens mask in force, no logprobs asked).
+  static bool needs_logits(const Sequence& seq);
+
   // Steps 1 and 2 in place (exposed for tests).
   void apply_penalties(float* logits, const SamplingParams& params, const std::vector<int32_t>& token_ids,
                        int num_prompt) const;

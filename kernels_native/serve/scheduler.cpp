@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cassert>
 
+#include "serve/sampler.h"
+
 namespace surogate::serve {
 
 Scheduler::Scheduler(const SchedulerConfig& config, BlockManager* block_manager)
@@ -125,11 +127,13 @@ void Scheduler::build_input(StepPlan& plan) const {
         ss.prompt_lp_pos = lo;
         ss.num_prompt_lp_rows = hi - lo;
         for (int p = lo; p < hi; ++p) in.logits_rows.push_back(row0 + (p - ss.start));
+        in.need_logits.insert(in.need_logits.end(), hi - lo, 1);
       }
     }
     if (end == seq.num_tokens()) {
       ss.sample_row = in.num_logits_rows();
       in.logits_rows.push_back(row0 + ss.len - 1);
+      in.need_logits.push_back(Sampler::needs_logits(seq) ? 1 : 0);
     }
   }
   in.num_tokens = static_cast<int32_t>(in.token_ids.size());

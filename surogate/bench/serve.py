@@ -151,7 +151,7 @@ def roofline(model, device: str) -> tuple[float, float]:
 
 def step_profile(model, batches: tuple[int, ...], context: int, block_size: int = 16, iters: int = 50) -> str:
     """Where a decode step's time goes: for each batch size, the step Program's device time (the
-    Program alone, replayed back to back), the runner's whole step (inputs up, run, logits back),
+    Program alone, replayed back to back), the runner's whole step (inputs up, run, argmax back),
     and with PyTorch installed the kernels of one step as its profiler (CUPTI) sees them."""
     from surogate import _native
 
@@ -168,13 +168,13 @@ def step_profile(model, batches: tuple[int, ...], context: int, block_size: int 
 
     for b in batches:
         tables = np.arange(b * blocks_per_seq, dtype=np.int32).reshape(b, blocks_per_seq)
-        pos = np.full(b, context, np.int32)
         slots = tables[:, context // block_size] * block_size + context % block_size
-        args = (np.ones(b, np.int32), pos, slots.astype(np.int32), np.arange(b + 1, dtype=np.int32), tables,
-                np.full(b, context + 1, np.int32), np.arange(b, dtype=np.int32), -1)
+        step = _native.serve.StepInput.make(np.ones(b, np.int32), np.full(b, context, np.int32), slots,
+                                            np.arange(b + 1), np.full(b, context + 1), tables.ravel(), np.arange(b),
+                                            need_logits=np.zeros(b), block_size=block_size)
         for _ in range(3):  # compile, eager run, graph capture
-            runner._run(*args)
-        exe, _ = runner._program(b, _pow2(b), _pow2(blocks_per_seq), _pow2(b))
+            runner.run(step)
+        exe = runner._compile(b, _pow2(b), _pow2(blocks_per_seq), _pow2(b))
         sync()
         t0 = time.perf_counter()
         for _ in range(iters):
@@ -183,7 +183,7 @@ def step_profile(model, batches: tuple[int, ...], context: int, block_size: int 
         dev = (time.perf_counter() - t0) / iters
         t0 = time.perf_counter()
         for _ in range(iters):
-            runner._run(*args)
+            runner.run(step)
         whole = (time.perf_counter() - t0) / iters
         lines.append(f"  batch {b:4}: program {dev * 1e3:7.3f} ms, whole step {whole * 1e3:7.3f} ms, "
                      f"{exe.program.num_instrs} instructions, graphs {exe.program.num_graphs}")

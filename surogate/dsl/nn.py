@@ -249,4 +249,6 @@ class CausalLM:
         else:
             logits = ops.linear(y, head, name="logits")
             g.mark_output("logits", logits)
+            if mode == "serve":
+                g.mark_output("argmax", ops.argmax(logits))
         return g

@@ -204,3 +204,12 @@ def lm_head_ce(h: Value, w: Value, targets: Value, *, ignore_index: int = -100, 
                          ignore_index=int(ignore_index), label_smoothing=float(label_smoothing),
                          softcap=float(softcap), chunk=int(chunk))
     return loss
+
+
+# ---- serving --------------------------------------------------------------------------------
+def argmax(x: Value, name: str = "argmax") -> Value:
+    """int32 [R]: the lowest index of each row's largest value, -1 for a row with a NaN or +inf
+    (the greedy token, picked on the device)."""
+    R, _ = x.shape
+    (y,) = _g(x).node("argmax", [x], [(name, (R,), "int32")])
+    return y

@@ -68,10 +68,12 @@ class _Stream:
 
 
 class EngineClient:
-    """Drives a native engine over ``runner``: a ``_native.serve.ModelRunner``, or any object
-    with ``vocab_size`` and ``run(step: StepInput) -> float32 array [len(step.logits_rows), V]``."""
+    """Drives a native engine over ``runner``: a ``_native.serve.ModelRunner``, an object that
+    holds one as ``.native`` (surogate.serve.model_runner.ProgramRunner), or any object with
+    ``vocab_size`` and ``run(step: StepInput) -> float32 array [len(step.logits_rows), V]``."""
 
     def __init__(self, runner: Any, config: EngineConfig) -> None:
+        runner = getattr(runner, "native", runner)
         if not isinstance(runner, _native.serve.ModelRunner):
             if not (hasattr(runner, "run") and hasattr(runner, "vocab_size")):
                 raise InvalidArgumentError(

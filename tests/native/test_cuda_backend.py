@@ -10,8 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sgtest.ops import as_dtype, assert_close, run_op
+from sgtest.ops import argmax_cases, argmax_rows, as_dtype, assert_close, run_op
 from surogate import _native
+
+COVERS = ("argmax",)  # compared below, exactly
 
 pytestmark = pytest.mark.cuda
 
@@ -66,6 +68,16 @@ def test_cuda_matches_cpu(op, dtype):
     got = run_cuda(op, inputs, outs(dtype), **attrs)
     for g, e in zip(got, expected):
         assert_close(g.astype(np.float32), e.astype(np.float32), dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_argmax_matches_cpu(dtype):
+    x = argmax_cases(dtype)
+    (got,) = run_cuda("argmax", [x], [((x.shape[0],), "int32")])
+    np.testing.assert_array_equal(got, argmax_rows(x))
+    wide = rand((3, 151936), dtype, seed=4)  # a vocabulary-sized row, many threads per row
+    (got,) = run_cuda("argmax", [wide], [((3,), "int32")])
+    np.testing.assert_array_equal(got, argmax_rows(wide))
 
 
 def test_round_trip_and_allocator():

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from sgtest.ops import as_dtype, assert_close, run_op
+from sgtest.ops import argmax_cases, argmax_rows, as_dtype, assert_close, run_op
 from surogate.errors import DTypeError, ShapeError
 
 
@@ -34,3 +34,17 @@ def test_shape_and_dtype_errors_name_the_op():
         run_op("add", [a, np.ones((3, 2), np.float32)], [((2, 3), "float32")])
     with pytest.raises(DTypeError, match="add"):
         run_op("add", [a, as_dtype(a, "bfloat16")], [((2, 3), "float32")])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_argmax_picks_the_lowest_index_of_the_max_and_flags_non_finite_rows(dtype):
+    x = argmax_cases(dtype)
+    (got,) = run_op("argmax", [x], [((x.shape[0],), "int32")])
+    np.testing.assert_array_equal(got, argmax_rows(x))
+    assert got[1] == 5 and got[2] == -1 and got[3] == -1 and got[4] == 0 and got[6] == 0
+
+
+def test_argmax_reads_strided_rows():
+    base = np.random.default_rng(1).standard_normal((4, 200)).astype(np.float32)
+    (got,) = run_op("argmax", [base[:, :150]], [((4,), "int32")])
+    np.testing.assert_array_equal(got, base[:, :150].argmax(axis=1))

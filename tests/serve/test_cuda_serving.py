@@ -70,3 +70,20 @@ def test_smollm2_answers_on_cuda_as_on_the_cpu():
     with engine(gpu) as g:
         got = generate(g, [prompt], 16)
     assert got == want
+
+
+def test_device_argmax_and_host_logits_agree_on_cuda(family):
+    """Greedy rows come back as the device's argmax, logprobs rows as logits sampled on the host
+    (some rows of a step one way, some the other); both give transformers' tokens."""
+    from surogate.serve.types import SamplingParams
+
+    path, ref = family
+    ours = surogate.load_model(path, device="cuda")
+    ps = prompts(ours.spec.vocab_size, 6, seed=4)
+    expected = [hf_greedy(ref, p, 8) for p in ps]
+    with engine(ours) as client:
+        kinds = [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=1 if i % 2 else -1)
+                 for i in range(len(ps))]  # logprobs -1 (argmax) and 1 (full rows), alternating
+        ids = [client.submit(p, k) for p, k in zip(ps, kinds)]
+        got = [[t for out in client.wait(i, timeout=120) for t in out.new_token_ids] for i in ids]
+    assert got == expected

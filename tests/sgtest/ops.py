@@ -78,3 +78,24 @@ def sample_indices(shape: tuple, n: int, seed: int = 0) -> list[tuple]:
     rng = np.random.default_rng(seed)
     flat = rng.choice(total, size=min(n, total), replace=False)
     return [tuple(int(v) for v in np.unravel_index(i, shape)) for i in flat]
+
+
+def argmax_rows(x: np.ndarray) -> np.ndarray:
+    """The reference: numpy's argmax (first index of the max), -1 for rows with NaN or +inf."""
+    f = x.astype(np.float32)
+    want = f.argmax(axis=1).astype(np.int32)
+    want[np.isnan(f).any(axis=1) | np.isposinf(f).any(axis=1)] = -1
+    return want
+
+
+def argmax_cases(dtype: str) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((9, 3001)).astype(np.float32)
+    x[1, [5, 17, 2999]] = 40.0  # a tie: the lowest index wins
+    x[2, 1234] = np.nan
+    x[3, 7] = np.inf
+    x[4] = -np.inf  # every token masked: index 0 (the sampler then reports the masking)
+    x[5, 3000] = 9.0  # the last column
+    x[6, :] = 0.5  # all equal
+    x[7, 0] = 1e30 if dtype == "float32" else 60000.0 if dtype == "float16" else 1e30
+    return as_dtype(x, dtype)

@@ -1,0 +1,247 @@
+#include "serve/program_runner.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/allocator.h"
+#include "core/dtype.h"
+#include "core/thread_pool.h"
+
+namespace surogate::serve {
+
+namespace {
+
+// The step inputs, in the order of Bucket::off.
+constexpr const char* kInputs[7] = {"input_ids", "position_ids", "slot_mapping", "block_tables",
+                                    "cu_q",      "context_lens", "logits_rows"};
+enum { kIds, kPos, kSlots, kTables, kCuQ, kCtx, kRows };
+
+int pow2(int n) {
+  int p = 1;
+  while (p < n) p <<= 1;
+  return p;
+}
+
+// Copy `n` elements of `dt` between host and device memory (either direction, or host to host).
+Status copy_raw(void* dst, const Device& dst_dev, const void* src, const Device& src_dev, DType dt, int64_t n) {
+  if (n == 0) return Status::OK();
+  return copy_tensor(Tensor::view_of(const_cast<void*>(src), dt, {n}, src_dev), Tensor::view_of(dst, dt, {n}, dst_dev));
+}
+
+}  // namespace
+
+ProgramRunner::ProgramRunner(const Config& config, CompileFn compile)
+    : config_(config), compile_(std::move(compile)) {}
+
+int ProgramRunner::bucket_tokens(int t) {
+  if (t <= kSmallT) return t;
+  if (t <= kMaxPad) return pow2(t);
+  return (t + kMaxPad - 1) / kMaxPad * kMaxPad;
+}
+
+void ProgramRunner::forget(int adapter) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = buckets_.begin(); it != buckets_.end();) {
+    it = adapter == -2 || it->first.adapter == adapter ? buckets_.erase(it) : std::next(it);
+  }
+}
+
+int ProgramRunner::num_programs() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(buckets_.size());
+}
+
+float* ProgramRunner::logits_rows(int64_t R) {
+  const size_t need = static_cast<size_t>(std::max<int64_t>(R, 1)) * config_.vocab_size;
+  if (logits_.size() < need) logits_.resize(need);
+  return logits_.data();
+}
+
+Status ProgramRunner::bucket(const BucketKey& key, Bucket** out) {
+  auto it = buckets_.find(key);
+  if (it != buckets_.end()) {
+    *out = it->second.get();
+    return Status::OK();
+  }
+  auto b = std::make_unique<Bucket>();
+  b->key = key;
+  SG_RETURN_IF_ERROR(compile_(key, &b->program, &b->owner));
+  SG_CHECK(b->program != nullptr && b->program->device() == config_.device, StatusCode::kInternal,
+           "the step compiler returned no Program for this runner's device", "");
+  const int64_t sizes[7] = {key.T, key.T, key.T, int64_t{key.S} * key.B, key.S + 1, key.S, key.R};
+  const std::vector<int64_t> shapes[7] = {{key.T}, {key.T}, {key.T}, {key.S, key.B}, {key.S + 1}, {key.S}, {key.R}};
+  int64_t total = 0;
+  for (int i = 0; i < 7; ++i) {
+    b->off[i] = total;
+    total += sizes[i];
+  }
+  b->host.assign(total, 0);
+  SG_RETURN_IF_ERROR(allocate(config_.device, static_cast<size_t>(total) * sizeof(int32_t), &b->inputs));
+  auto* base = static_cast<int32_t*>(b->inputs.get());
+  for (int i = 0; i < 7; ++i) {
+    const int id = b->program->find_buffer(kInputs[i]);
+    SG_CHECK(id >= 0, StatusCode::kInternal, str_cat("the step Program has no input '", kInputs[i], "'"), "");
+    SG_RETURN_IF_ERROR(b->program->bind(id, Tensor::view_of(base + b->off[i], DType::kI32, shapes[i], config_.device,
+                                                            b->inputs)));
+  }
+  *out = b.get();
+  buckets_.emplace(key, std::move(b));
+  return Status::OK();
+}
+
+Status ProgramRunner::run(const StepInput& in, StepOutput* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int R = in.num_logits_rows();
+  out->argmax.assign(R, -1);
+  out->logits = Tensor();
+  std::vector<int32_t> adapters(in.adapter_ids.begin(), in.adapter_ids.end());
+  std::sort(adapters.begin(), adapters.end());
+  adapters.erase(std::unique(adapters.begin(), adapters.end()), adapters.end());
+  if (adapters.size() <= 1) {
+    SG_RETURN_IF_ERROR(run_one(in, adapters.empty() ? -1 : adapters[0], out, {}));
+  } else {
+    // One sub-step per adapter over its sequences; rows go back to their places in `out`.
+    logits_rows(R);
+    std::vector<int> row_seq(R);  // the sequence of each logits row
+    for (int r = 0, s = 0; r < R; ++r) {
+      while (in.cu_q[s + 1] <= in.logits_rows[r]) ++s;
+      row_seq[r] = s;
+    }
+    for (int a : adapters) {
+      StepInput sub;
+      sub.block_size = in.block_size;
+      sub.max_blocks_per_seq = in.max_blocks_per_seq;
+      sub.cu_q.push_back(0);
+      std::vector<int32_t> dst;
+      for (int s = 0; s < in.num_seqs; ++s) {
+        if (in.adapter_ids[s] != a) continue;
+        const int lo = in.cu_q[s], hi = in.cu_q[s + 1], base = sub.num_tokens;
+        sub.token_ids.insert(sub.token_ids.end(), in.token_ids.begin() + lo, in.token_ids.begin() + hi);
+        sub.positions.insert(sub.positions.end(), in.positions.begin() + lo, in.positions.begin() + hi);
+        sub.slot_mapping.insert(sub.slot_mapping.end(), in.slot_mapping.begin() + lo, in.slot_mapping.begin() + hi);
+        sub.num_tokens += hi - lo;
+        sub.cu_q.push_back(sub.num_tokens);
+        sub.context_lens.push_back(in.context_lens[s]);
+        const auto row = in.block_tables.begin() + static_cast<ptrdiff_t>(s) * in.max_blocks_per_seq;
+        sub.block_tables.insert(sub.block_tables.end(), row, row + in.max_blocks_per_seq);
+        sub.adapter_ids.push_back(a);
+        ++sub.num_seqs;
+        for (int r = 0; r < R; ++r) {
+          if (row_seq[r] != s) continue;
+          sub.logits_rows.push_back(base + in.logits_rows[r] - lo);
+          if (!in.need_logits.empty()) sub.need_logits.push_back(in.need_logits[r]);
+          dst.push_back(r);
+        }
+      }
+      SG_RETURN_IF_ERROR(run_one(sub, a, out, dst));
+    }
+  }
+  if (!out->logits.defined() || out->logits.data == nullptr) {
+    out->logits = Tensor::view_of(logits_rows(R), DType::kF32, {R, config_.vocab_size});
+  }
+  return Status::OK();
+}
+
+Status ProgramRunner::run_one(const StepInput& in, int adapter, StepOutput* out, const std::vector<int32_t>& dst_rows) {
+  const int T = in.num_tokens, S = in.num_seqs, R = in.num_logits_rows(), V = config_.vocab_size;
+  const int bs = config_.block_size;
+  const int tp = bucket_tokens(T), pad = tp - T;
+  SG_CHECK(pad <= kMaxPad && (pad + bs - 1) / bs <= config_.pad_blocks, StatusCode::kInternal,
+           str_cat("a step of ", T, " tokens pads by ", pad, ", more than the scratch blocks hold"), "");
+  const int pad_table = (pad + bs - 1) / bs;
+  const BucketKey key{tp, pow2(S + (pad ? 1 : 0)), pow2(std::max({in.max_blocks_per_seq, pad_table, 1})),
+                      pow2(std::max(R, 1)), adapter};
+  Bucket* b = nullptr;
+  SG_RETURN_IF_ERROR(bucket(key, &b));
+
+  // The host image of the inputs, then one copy up.
+  int32_t* h = b->host.data();
+  int32_t* ids = h + b->off[kIds];
+  int32_t* pos = h + b->off[kPos];
+  int32_t* slots = h + b->off[kSlots];
+  int32_t* tables = h + b->off[kTables];
+  int32_t* cu = h + b->off[kCuQ];
+  int32_t* ctx = h + b->off[kCtx];
+  int32_t* rows = h + b->off[kRows];
+  std::copy_n(in.token_ids.data(), T, ids);
+  std::copy_n(in.positions.data(), T, pos);
+  std::copy_n(in.slot_mapping.data(), T, slots);
+  std::fill(ids + T, ids + tp, 0);
+  std::fill_n(tables, int64_t{key.S} * key.B, -1);
+  for (int s = 0; s < S; ++s) {
+    std::copy_n(in.block_tables.data() + static_cast<ptrdiff_t>(s) * in.max_blocks_per_seq, in.max_blocks_per_seq,
+                tables + static_cast<ptrdiff_t>(s) * key.B);
+  }
+  std::copy_n(in.cu_q.data(), S + 1, cu);
+  std::fill(cu + S + 1, cu + key.S + 1, tp);
+  std::copy_n(in.context_lens.data(), S, ctx);
+  std::fill(ctx + S, ctx + key.S, 0);
+  if (pad) {  // the padding sequence: its own scratch blocks at the end of the cache
+    const int scratch = config_.num_blocks * bs;
+    for (int i = 0; i < pad; ++i) {
+      pos[T + i] = i;
+      slots[T + i] = scratch + i;
+    }
+    for (int j = 0; j < pad_table; ++j) tables[static_cast<ptrdiff_t>(S) * key.B + j] = config_.num_blocks + j;
+    ctx[S] = pad;
+  }
+  std::copy_n(in.logits_rows.data(), R, rows);
+  std::fill(rows + R, rows + key.R, 0);
+  const Device host{};
+  SG_RETURN_IF_ERROR(copy_raw(b->inputs.get(), config_.device, h, host, DType::kI32, static_cast<int64_t>(b->host.size())));
+
+  SG_RETURN_IF_ERROR(b->program->run());
+
+  Tensor logits, argmax;
+  SG_RETURN_IF_ERROR(b->program->buffer(b->program->find_buffer("logits"), &logits));
+  SG_RETURN_IF_ERROR(b->program->buffer(b->program->find_buffer("argmax"), &argmax));
+  std::vector<int32_t> am(R);
+  SG_RETURN_IF_ERROR(copy_raw(am.data(), host, argmax.data, argmax.device, DType::kI32, R));
+  auto dst = [&](int r) { return dst_rows.empty() ? r : dst_rows[r]; };
+  for (int r = 0; r < R; ++r) out->argmax[dst(r)] = am[r];
+
+  // Logits rows: the program's own buffer when it is host float32 and nothing is remapped,
+  // else the rows the engine reads, converted into logits_.
+  if (config_.device.is_cpu() && logits.dtype == DType::kF32 && dst_rows.empty()) {
+    out->logits = Tensor::view_of(logits.data, DType::kF32, {R, V});
+    return Status::OK();
+  }
+  std::vector<int> want;
+  for (int r = 0; r < R; ++r) {
+    if (in.need_logits.empty() || in.need_logits[r]) want.push_back(r);
+  }
+  if (want.empty()) return Status::OK();
+  float* out_rows = logits_rows(dst_rows.empty() ? R : static_cast<int64_t>(out->argmax.size()));
+  const size_t es = dtype_size(logits.dtype);
+  const auto* src = static_cast<const char*>(logits.data);
+  const char* host_rows = src;  // where the wanted rows are readable on the host
+  std::vector<int64_t> at(R, -1);  // row r's index within host_rows
+  if (!logits.device.is_cpu()) {
+    // All rows in one transfer when most are wanted, else one transfer per row.
+    const bool whole = want.size() * 2 >= static_cast<size_t>(R);
+    const size_t n_rows = whole ? R : want.size();
+    staging_.resize(n_rows * V * es);
+    if (whole) {
+      SG_RETURN_IF_ERROR(copy_raw(staging_.data(), host, src, logits.device, logits.dtype, int64_t{R} * V));
+      for (int r : want) at[r] = r;
+    } else {
+      for (size_t i = 0; i < want.size(); ++i) {
+        SG_RETURN_IF_ERROR(copy_raw(staging_.data() + i * V * es, host, src + int64_t{want[i]} * V * es, logits.device,
+                                    logits.dtype, V));
+        at[want[i]] = static_cast<int64_t>(i);
+      }
+    }
+    host_rows = reinterpret_cast<const char*>(staging_.data());
+  } else {
+    for (int r : want) at[r] = r;
+  }
+  parallel_for(0, static_cast<int64_t>(want.size()), 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const int r = want[i];
+      convert(host_rows + at[r] * V * es, logits.dtype, out_rows + int64_t{dst(r)} * V, DType::kF32, V);
+    }
+  });
+  return Status::OK();
+}
+
+}  // namespace surogate::serve

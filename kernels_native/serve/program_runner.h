@@ -1,0 +1,97 @@
+// ProgramRunner: the ModelRunner of a compiled model, stepping with no Python in between.
+//
+// Programs have fixed shapes and steps do not, so a step is padded up to a bucket
+// (tokens T, sequences S, block-table width B, logits rows R, LoRA adapter) and run by that
+// bucket's Program, compiled on first use through a callback (the Python compiler, with the GIL)
+// and reused after:
+//   tokens: exact up to 16 (decode batches), then powers of two up to 256, then multiples of 256;
+//     the padding tokens form one extra sequence that writes and reads scratch blocks at the end
+//     of the cache ([num_blocks, num_blocks + pad_blocks), never handed out by the engine);
+//   sequences: a power of two; padding sequences have no queries and an empty context;
+//   block-table width and logits rows: powers of two (padding rows read row 0, dropped).
+//
+// A bucket's step inputs (input_ids, position_ids, slot_mapping, block_tables, cu_q,
+// context_lens, logits_rows: all int32) live in one buffer on the Program's device, bound here,
+// filled on the host and copied up in one transfer. The Program computes `logits` [R, V] and
+// `argmax` [R] (int32); the argmax comes back every step, logits rows only where the engine
+// needs them (StepInput::need_logits), converted to float32 on the host. On the CPU the
+// buffers are host memory and float32 logits are returned without a copy.
+//
+// A step whose sequences use several adapters (or the base model, -1) runs as one sub-step per
+// adapter, each through its adapter's Program; each sequence's KV writes and reads are its own,
+// so splitting changes no result.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "runtime/program.h"
+#include "serve/model_runner.h"
+
+namespace surogate::serve {
+
+struct BucketKey {
+  int T = 0, S = 0, B = 0, R = 0, adapter = -1;
+  bool operator<(const BucketKey& o) const {
+    return std::tie(T, S, B, R, adapter) < std::tie(o.T, o.S, o.B, o.R, o.adapter);
+  }
+};
+
+class ProgramRunner : public ModelRunner {
+ public:
+  struct Config {
+    Device device;
+    int vocab_size = 0;
+    int block_size = 16;
+    int num_blocks = 0;  // what the engine hands out
+    int pad_blocks = 0;  // scratch blocks after them, for padding tokens
+  };
+  // compile(key, &program, &owner): the Program of a bucket, its weights and KV cache bound, its
+  // step inputs left for this runner to bind; `owner` keeps it (and what it reads) alive while
+  // the runner holds it.
+  using CompileFn = std::function<Status(const BucketKey&, Program** out, std::shared_ptr<void>* owner)>;
+
+  static constexpr int kSmallT = 16;
+  static constexpr int kMaxPad = 256;  // padding tokens never exceed this
+
+  ProgramRunner(const Config& config, CompileFn compile);
+
+  Status run(const StepInput& in, StepOutput* out) override;
+  int vocab_size() const override { return config_.vocab_size; }
+
+  // Drop the Programs of one adapter (-2: all), e.g. before the caller re-registers it.
+  void forget(int adapter);
+  int num_programs() const;
+
+  static int bucket_tokens(int t);
+
+ private:
+  struct Bucket {
+    Program* program = nullptr;
+    std::shared_ptr<void> owner;
+    BucketKey key;
+    std::shared_ptr<void> inputs;   // the packed int32 inputs on the program's device
+    std::vector<int32_t> host;      // their host image
+    int64_t off[7] = {};            // element offset of each input in both
+    Tensor logits, argmax;          // the program's outputs
+  };
+
+  Status bucket(const BucketKey& key, Bucket** out);
+  // One adapter's step; its logits rows land at out rows dst_rows[r] (identity when empty).
+  Status run_one(const StepInput& in, int adapter, StepOutput* out, const std::vector<int32_t>& dst_rows);
+  float* logits_rows(int64_t R);
+
+  Config config_;
+  CompileFn compile_;
+  mutable std::mutex mu_;  // guards buckets_ against forget() from another thread
+  std::map<BucketKey, std::unique_ptr<Bucket>> buckets_;
+  std::vector<float> logits_;          // host float32 [R, V]
+  std::vector<uint8_t> staging_;       // device logits rows on their way to float32
+};
+
+}  // namespace surogate::serve

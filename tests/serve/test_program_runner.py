@@ -1,0 +1,106 @@
+"""The native ProgramRunner: buckets, the argmax that stands in for a greedy row's logits, and
+what the engine does with it (the same tokens as sampling from full logits; NaN logits are
+still an error that names the cause)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import surogate
+from sgtest.engine import engine
+from sgtest.tiny_models import make_qwen3
+from surogate import _native
+from surogate.errors import InvalidArgumentError
+from surogate.serve.model_runner import ProgramRunner, bucket_tokens
+from surogate.serve.types import SamplingParams
+
+StepInput = _native.serve.StepInput
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return surogate.load_model(make_qwen3(tmp_path_factory.mktemp("q"), seed=5, initializer_range=0.2))
+
+
+def prefill_step(lens: list[int], need: list[int] | None = None, block_size: int = 16) -> StepInput:
+    """One prefill step of fresh sequences of these lengths, blocks laid out one after another;
+    a logits row for each sequence's last token."""
+    ids, pos, slots, cu, tables, rows = [], [], [], [0], [], []
+    width = max(-(-n // block_size) for n in lens)
+    first_block = 0
+    for n in lens:
+        blocks = list(range(first_block, first_block + -(-n // block_size)))
+        first_block += len(blocks)
+        ids += [(7 * i + n) % 200 + 3 for i in range(n)]
+        pos += list(range(n))
+        slots += [blocks[p // block_size] * block_size + p % block_size for p in range(n)]
+        cu.append(cu[-1] + n)
+        tables += blocks + [-1] * (width - len(blocks))
+        rows.append(cu[-1] - 1)
+    return StepInput.make(ids, pos, slots, cu, lens, tables, rows, need_logits=need, block_size=block_size)
+
+
+def test_bucket_tokens():
+    assert [bucket_tokens(t) for t in (1, 7, 16, 17, 100, 256, 257, 600)] == [1, 7, 16, 32, 128, 256, 512, 768]
+
+
+def test_argmax_rows_equal_the_logits_argmax_and_unneeded_rows_may_stay_empty(model):
+    runner = ProgramRunner(model, num_blocks=32)
+    logits, argmax = runner.run(prefill_step([5, 21, 40], need=[1, 1, 1]))
+    assert logits.shape == (3, model.spec.vocab_size)
+    np.testing.assert_array_equal(argmax, logits.argmax(axis=1))
+    # Only row 1's logits asked for: its row is the same, the argmax of all three is given.
+    runner2 = ProgramRunner(model, num_blocks=32)
+    l2, a2 = runner2.run(prefill_step([5, 21, 40], need=[0, 1, 0]))
+    np.testing.assert_array_equal(a2, argmax)
+    np.testing.assert_allclose(l2[1], logits[1], rtol=1e-6, atol=1e-6)
+    assert runner2.native.num_programs == 1
+
+
+def test_a_step_with_many_tokens_is_padded_into_its_bucket(model):
+    runner = ProgramRunner(model, num_blocks=64)
+    odd = prefill_step([40, 33, 30])  # 103 tokens -> the 128 bucket, a padding sequence of 25
+    exact = [ProgramRunner(model, num_blocks=64).run(prefill_step([n]))[0][0] for n in (40, 33, 30)]
+    logits, _ = runner.run(odd)
+    for got, want in zip(logits, exact):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_step_input_make_checks_lengths():
+    with pytest.raises(InvalidArgumentError, match="inconsistent lengths"):
+        StepInput.make([1, 2], [0], [0, 1], [0, 2], [2], [0], [1])
+    with pytest.raises(InvalidArgumentError, match="need_logits"):
+        StepInput.make([1, 2], [0, 1], [0, 1], [0, 2], [2], [0], [1], need_logits=[1, 0])
+
+
+def test_greedy_through_the_argmax_equals_greedy_from_full_logits(model):
+    """logprobs=0 makes the engine read each row's logits and argmax them on the host; without it
+    the device's argmax is used. Same tokens, and a seeded sampled request beside them is
+    unaffected by the others."""
+    rng = np.random.default_rng(3)
+    ps = [rng.integers(3, 200, int(n)).tolist() for n in (3, 17, 30, 9)]
+    fast = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    full = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=0)
+    sampled = SamplingParams(temperature=0.9, top_p=0.9, seed=11, max_tokens=12, ignore_eos=True)
+    with engine(model) as client:
+        def run(params_list):
+            ids = [client.submit(p, params) for p, params in zip(ps, params_list)]
+            return [[t for out in client.wait(i, timeout=60) for t in out.new_token_ids] for i in ids]
+
+        a = run([fast] * 4)
+        b = run([full] * 4)
+        c = run([fast, sampled, full, sampled])
+        d = run([sampled] * 4)
+    assert a == b
+    assert c[0] == a[0] and c[2] == a[2]
+    assert c[1] == d[1] and c[3] == d[3]
+
+
+def test_nan_logits_finish_greedy_requests_with_an_error(tmp_path):
+    broken = surogate.load_model(make_qwen3(tmp_path / "q", seed=5))
+    broken.params["norm.weight"][:] = np.nan  # every logit NaN
+    with engine(broken) as client:
+        out = client.wait(client.submit([5, 6, 7], SamplingParams(temperature=0.0, max_tokens=3)), timeout=60)
+    last = out[-1]
+    assert last.finish_reason == "error" and "non-finite" in last.finish_message
