@@ -1,6 +1,6 @@
-// CUDA matmul (a shell over gemm_rowmajor, cuBLASLt) and the fused LM head + softmax
-// cross-entropy, lm_head_ce_fwd / lm_head_ce_bwd: the CUDA twins of cpu/matmul.cpp and
-// cpu/cross_entropy.cpp, whose header comments give the math.
+// CUDA matmul (a shell over gemm_rowmajor, cuBLASLt, with cuda/gemv.cu for decode-sized x W^T)
+// and the fused LM head + softmax cross-entropy, lm_head_ce_fwd / lm_head_ce_bwd: the CUDA twins
+// of cpu/matmul.cpp and cpu/cross_entropy.cpp, whose header comments give the math.
 //
 // Shape letters: N tokens, C channels (hidden size), V vocabulary.
 //
@@ -23,6 +23,7 @@
 #include "core/allocator.h"
 #include "cuda/backend.h"
 #include "cuda/common.cuh"
+#include "cuda/gemv.h"
 #include "cuda/matmul_gemm.h"
 
 namespace surogate::cuda {
@@ -90,6 +91,10 @@ Status matmul(const OpArgs& a) {
   const GemmMatrix gc{C.data, C.dtype, C.ndim == 2 ? C.strides[0] : d.N};
   const void* bias = a.has_in(2) ? a.in(2).data : nullptr;
   const DType bias_dtype = a.has_in(2) ? a.in(2).dtype : DType::kF32;
+  // A few rows of x against an [N, K] weight (a decode step's linear layers): streamed by gemv.
+  if (can_gemv(ta, tb, d.M, d.N, d.K, ga, gb)) {
+    return gemv("matmul", d.M, d.N, d.K, alpha, ga, gb, beta, gc, bias, bias_dtype);
+  }
   return gemm_rowmajor("matmul", C.device.index, ta, tb, d.M, d.N, d.K, alpha, ga, gb, beta, gc, bias, bias_dtype);
 }
 

@@ -1,9 +1,14 @@
-"""CUDA matmul (cuBLASLt) and the fused LM-head cross-entropy, compared with the CPU backend.
+"""CUDA matmul (cuBLASLt, and cuda/gemv.cu for decode-sized x @ W^T) and the fused LM-head
+cross-entropy, compared with the CPU backend.
 
 Skipped on machines without a CUDA build and a GPU.
 
 Shape letters: M, N, K for the GEMM; N tokens, C channels, V vocabulary for the cross-entropy.
 """
+
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -134,6 +139,169 @@ def test_matmul_repeat_uses_cached_plan():
 def test_matmul_errors():
     with pytest.raises(ShapeError, match="matmul: inner dims differ"):
         run_cuda("matmul", [rand((4, 5), "float32"), rand((6, 3), "float32")], [((4, 3), "float32")])
+
+
+# ---- matmul: the decode path ----------------------------------------------------------------
+# x[M, K] @ W[N, K]^T (trans_b) with M <= 16, x and W both bf16 or both f16, K a multiple of 8 and
+# 16-byte aligned rows goes to gemv (cuda/gemv.cu); the cases past those bounds check that the
+# fallback to cuBLASLt still answers. Neither path is visible from here: the CPU decides.
+
+
+def gemv_case(M, N, K, dtype, bias_dt=None, out_dt=None, alpha=1.0, beta=0.0, seed=0, x_shape=None):
+    out_dt = out_dt or dtype
+    x = rand(x_shape or (M, K), dtype, seed)
+    W = rand((N, K), dtype, seed + 1, scale=1 / np.sqrt(K))
+    C0 = rand((*x.shape[:-1], N), out_dt, seed + 2)
+    ins = [x, W] + ([rand((N,), bias_dt, seed + 3)] if bias_dt else [])
+    attrs = {"trans_b": 1, "alpha": alpha, "beta": beta}
+    want = run_cpu("matmul", ins, [C0], **attrs)[0]
+    got = run_cuda("matmul", ins, [C0], **attrs)[0]
+    close(got.astype(np.float32), want.astype(np.float32), out_dt)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("M", [1, 3, 8, 16])
+@pytest.mark.parametrize("N,K", [(1000, 1024), (1000, 3072), (257, 1000), (13, 8), (40, 16)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_gemv_shapes(dtype, M, N, K, bias):
+    # K = 1000 and 8 / 16 end inside a 32-wide slab; N = 257 and 13 inside an 8-row tile
+    gemv_case(M, N, K, dtype, dtype if bias else None, seed=M + N)
+
+
+@pytest.mark.parametrize("M", [1, 16])
+def test_gemv_vocab_sized(M):
+    # an LM head's shape, N a prime, cut down to keep the CPU reference quick
+    gemv_case(M, 15193, 1024, "bfloat16", seed=M)
+
+
+def test_gemv_long_rows_take_several_steps():
+    # K = 16384: 512 slabs, past one step of 16 warps at either M
+    for M in (2, 11):
+        gemv_case(M, 24, 16384, "bfloat16", "bfloat16", seed=M)
+
+
+@pytest.mark.parametrize(
+    "dtype,bias_dt,out_dt,alpha,beta",
+    [
+        ("bfloat16", "float32", "float32", 0.5, 1.0),  # LoRA's B: alpha scale, added into an f32 C
+        ("bfloat16", None, "bfloat16", 0.75, 1.5),
+        ("float16", "bfloat16", "float32", 1.0, 0.0),
+        ("float16", "float32", "float16", -2.0, 0.5),
+    ],
+)
+@pytest.mark.parametrize("M", [4, 12])
+def test_gemv_alpha_beta_and_dtype_mixes(dtype, bias_dt, out_dt, alpha, beta, M):
+    gemv_case(M, 300, 512, dtype, bias_dt, out_dt, alpha, beta, seed=M)
+
+
+def test_gemv_batched_x():
+    # a 3-D x [B, T, K] with B * T = 10 rows
+    gemv_case(10, 96, 256, "bfloat16", "bfloat16", x_shape=(2, 5, 256))
+
+
+@pytest.mark.parametrize(
+    "M,K,dtype",
+    [
+        (17, 1024, "bfloat16"),  # past the row bound
+        (64, 1024, "float16"),
+        (4, 1020, "bfloat16"),  # K not a multiple of 8
+        (1, 1001, "float16"),
+        (4, 1024, "float32"),  # no f32 gemv: tensor cores would round to tf32
+    ],
+)
+def test_gemv_fallback_to_cublaslt(M, K, dtype):
+    gemv_case(M, 1000, K, dtype, dtype, seed=M)
+
+
+def test_gemv_mixed_operands_fall_back():
+    x = rand((3, 256), "float16")
+    W = rand((100, 256), "bfloat16", 1)
+    want = run_cpu("matmul", [x, W], [((3, 100), "float32")], trans_b=1)[0]
+    got = run_cuda("matmul", [x, W], [((3, 100), "float32")], trans_b=1)[0]
+    close(got, want, "bfloat16")
+
+
+def test_gemv_beta_zero_ignores_nan():
+    x, W = rand((2, 64), "bfloat16"), rand((33, 64), "bfloat16", 1)
+    C0 = np.full((2, 33), np.nan, np.float32)
+    got = run_cuda("matmul", [x, W], [C0], trans_b=1, beta=0.0)[0]
+    close(got, x.astype(np.float64) @ W.astype(np.float64).T, "float32")
+
+
+def strided_program(M, N, K, x_off, x_ld, y_off, y_ld, dtype):
+    """A cuda Program multiplying a column slice of x_full [M, x_ld] by W into a column slice of
+    y_full [M, y_ld] (beta = 1: the slice is added to), as LoRA addresses one projection's columns."""
+    p = _native.Program("cuda")
+    xf = p.external("x_full", [M, x_ld], dtype)
+    w = p.external("W", [N, K], dtype)
+    yf = p.external("y_full", [M, y_ld], "float32")
+    xv = p.view("x", xf, [M, K], offset=x_off, strides=[x_ld, 1])
+    yv = p.view("y", yf, [M, N], offset=y_off, strides=[y_ld, 1])
+    p.op("matmul", [xv, w], [yv], {"trans_b": 1, "beta": 1.0})
+    return p, xf, w, yf
+
+
+@pytest.mark.parametrize("x_off", [8, 4])  # 16-byte aligned rows (gemv), 8-byte (cuBLASLt)
+def test_gemv_strided_x_and_y(x_off):
+    M, N, K, dtype = 5, 77, 256, "bfloat16"
+    x_ld, y_off, y_ld = K + 24, 3, N + 10
+    x_full = rand((M, x_ld), dtype)
+    W = rand((N, K), dtype, 1, scale=1 / np.sqrt(K))
+    y_full = rand((M, y_ld), "float32", 2)
+    p, xf, w, yf = strided_program(M, N, K, x_off, x_ld, y_off, y_ld, dtype)
+    p.bind(xf, _native.tensor(x_full).to("cuda"))
+    p.bind(w, _native.tensor(W).to("cuda"))
+    p.bind(yf, _native.tensor(y_full.copy()).to("cuda"))
+    p.run()
+    got = p.get(yf).to("cpu").numpy()
+    want = y_full.astype(np.float64)
+    x = x_full[:, x_off:x_off + K].astype(np.float64)
+    want[:, y_off:y_off + N] += x @ W.astype(np.float64).T
+    close(got, want, "float32")
+    # columns outside the slice are untouched
+    np.testing.assert_array_equal(got[:, :y_off], y_full[:, :y_off])
+    np.testing.assert_array_equal(got[:, y_off + N:], y_full[:, y_off + N:])
+
+
+def test_gemv_in_a_cuda_graph():
+    # captured on the second run, replayed on the third: new x values each time reach the graph
+    M, N, K, dtype = 4, 200, 512, "bfloat16"
+    p = _native.Program("cuda")
+    xb, wb, bb = p.external("x", [M, K], dtype), p.external("W", [N, K], dtype), p.external("b", [N], dtype)
+    yb = p.external("y", [M, N], dtype)
+    p.op("matmul", [xb, wb, bb], [yb], {"trans_b": 1})
+    W, bias = rand((N, K), dtype, 1, scale=1 / np.sqrt(K)), rand((N,), dtype, 2)
+    x_dev = _native.tensor(rand((M, K), dtype)).to("cuda")
+    p.bind(xb, x_dev)
+    p.bind(wb, _native.tensor(W).to("cuda"))
+    p.bind(bb, _native.tensor(bias).to("cuda"))
+    p.bind(yb, _native.zeros([M, N], dtype, "cuda"))
+    p.set_graphs(True)
+    for seed in (10, 11, 12):
+        x = rand((M, K), dtype, seed)
+        x_dev.copy_from(x)
+        p.run()
+        want = run_cpu("matmul", [x, W, bias], [((M, N), dtype)], trans_b=1)[0]
+        close(p.get(yb).to("cpu").numpy().astype(np.float32), want.astype(np.float32), dtype)
+    assert p.graphs_active and p.num_graphs == 1
+
+
+def test_gemv_switch_off_by_environment():
+    # SUROGATE_NO_GEMV=1 (read once per process) sends everything to cuBLASLt; the answer holds
+    code = (
+        "import numpy as np, ml_dtypes\n"
+        "from surogate import _native\n"
+        "rng = np.random.default_rng(0)\n"
+        "x = rng.standard_normal((3, 256)).astype(ml_dtypes.bfloat16)\n"
+        "W = (rng.standard_normal((50, 256)) / 16).astype(ml_dtypes.bfloat16)\n"
+        "y = _native.zeros([3, 50], 'float32', 'cuda')\n"
+        "_native.call_op('matmul', [_native.tensor(x).to('cuda'), _native.tensor(W).to('cuda')], [y], {'trans_b': 1})\n"
+        "ref = x.astype(np.float64) @ W.astype(np.float64).T\n"
+        "print(float(np.abs(y.to('cpu').numpy() - ref).max()))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, SUROGATE_NO_GEMV="1"), check=True,
+                         capture_output=True, text=True).stdout
+    assert float(out.strip()) < 1e-4
 
 
 # ---- lm_head_ce -----------------------------------------------------------------------------
