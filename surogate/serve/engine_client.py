@@ -33,6 +33,12 @@ def _close_open_clients() -> None:
         client.close()
 
 
+def _resolve(futures: list[asyncio.Future]) -> None:
+    for fut in futures:
+        if not fut.done():
+            fut.set_result(None)
+
+
 class _Stream:
     """One request's outputs, for one consumer: async (``get``) or blocking (``get_sync``)."""
 
@@ -41,14 +47,14 @@ class _Stream:
         self._cond = threading.Condition()
         self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future] | None = None
 
-    def put(self, out: RequestOutput) -> None:
+    def put(self, out: RequestOutput) -> tuple[asyncio.AbstractEventLoop, asyncio.Future] | None:
+        """Queue an output; returns the async consumer's (loop, future) to wake, if one waits
+        (the caller wakes each loop once for a whole batch of outputs)."""
         with self._cond:
             self._items.append(out)
             self._cond.notify_all()
             waiter, self._waiter = self._waiter, None
-        if waiter is not None:
-            loop, fut = waiter
-            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(None))
+        return waiter
 
     async def get(self) -> RequestOutput:
         loop = asyncio.get_running_loop()
@@ -184,9 +190,16 @@ class EngineClient:
             raw = self._engine.poll(_POLL_SECONDS)
             if not raw and (self._closed or not self._engine.running):
                 return
+            wake: dict[asyncio.AbstractEventLoop, list[asyncio.Future]] = {}
             for t in raw:
                 out = RequestOutput.from_native(t)
                 with self._lock:
                     stream = self._streams.get(out.request_id)
-                if stream is not None:
-                    stream.put(out)
+                waiter = stream.put(out) if stream is not None else None
+                if waiter is not None:
+                    wake.setdefault(waiter[0], []).append(waiter[1])
+            for loop, futures in wake.items():  # one wake-up per event loop for a step's outputs
+                try:
+                    loop.call_soon_threadsafe(_resolve, futures)
+                except RuntimeError:  # the loop closed: its consumers are gone
+                    pass
