@@ -389,7 +389,7 @@ void bind_serve(py::module_& parent) {
   py::class_<ModelRunner, std::shared_ptr<ModelRunner>>(m, "ModelRunner",
                                                          "A model as the engine drives it; see PyModelRunner.")
       .def_property_readonly("vocab_size", &ModelRunner::vocab_size)
-      .def("run", [](ModelRunner& r, const StepInput& in) {
+      .def("run", [](ModelRunner& r, const StepInput& in, bool with_logits) {
              StepOutput out;
              Status st;
              {
@@ -398,15 +398,15 @@ void bind_serve(py::module_& parent) {
              }
              check(st);
              const Tensor& t = out.logits;
-             py::array_t<float> logits({t.shape[0], t.shape[1]});
-             for (int64_t i = 0; i < t.shape[0]; ++i) {
+             py::array_t<float> logits({with_logits ? t.shape[0] : 0, t.shape[1]});
+             for (int64_t i = 0; with_logits && i < t.shape[0]; ++i) {
                std::memcpy(logits.mutable_data(i), t.ptr<float>() + i * t.strides[0], t.shape[1] * sizeof(float));
              }
              return py::make_tuple(logits, py::array_t<int32_t>(static_cast<py::ssize_t>(out.argmax.size()),
                                                                 out.argmax.data()));
-           }, py::arg("step"),
+           }, py::arg("step"), py::arg("logits") = true,
            "One step outside an engine: (logits float32 [R, V], argmax int32 [R] or empty). Rows whose "
-           "need_logits is 0 may be left unfilled when argmax is given.");
+           "need_logits is 0 may be left unfilled when argmax is given; logits=False returns none (timing).");
 
   py::class_<PyModelRunner, ModelRunner, std::shared_ptr<PyModelRunner>>(
       m, "PyModelRunner", "A ModelRunner calling fn(step: StepInput) -> float32 [R, V] logits, with the GIL held.")

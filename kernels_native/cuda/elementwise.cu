@@ -31,18 +31,32 @@ __global__ void add_kernel(const T* a, const T* b, T* y, int64_t n, float alpha,
   }
 }
 
-// One block per row: each thread keeps the best (value, lowest index) of its strided share and
-// whether it saw a NaN / +inf, then a block reduction. -1 for a row with a non-finite value.
+// argmax in two stages, so that one row (a single-stream decode) still spreads over the GPU:
+// grid (P, R) blocks each reduce one chunk of a row to (largest value, its lowest index, or -2
+// when the chunk holds a NaN / +inf); one warp per row then reduces the P chunks in order.
+constexpr int kArgmaxUnroll = 8;
+
 template <typename T>
-__global__ void argmax_kernel(const T* x, int64_t row_stride, int64_t V, int32_t* y) {
-  const T* row = x + blockIdx.x * row_stride;
+__global__ void argmax_chunks_kernel(const T* x, int64_t row_stride, int64_t V, int64_t chunk, float* pv, int32_t* pi) {
+  const int64_t row = blockIdx.y, lo = blockIdx.x * chunk, hi = min(V, lo + chunk);
+  const T* xr = x + row * row_stride;
   float bv = -INFINITY;
   int64_t bi = -1;
   bool bad = false;
-  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
-    const float v = ld(row[i]);
-    bad |= isnan(v) || v == INFINITY;
-    if (bi < 0 || v > bv) bv = v, bi = i;  // i increases: a tie keeps the earlier index
+  for (int64_t base = lo + threadIdx.x; base < hi; base += int64_t{kThreads} * kArgmaxUnroll) {
+    float v[kArgmaxUnroll];
+#pragma unroll
+    for (int u = 0; u < kArgmaxUnroll; ++u) {  // the loads first: several in flight per thread
+      const int64_t i = base + int64_t{u} * kThreads;
+      v[u] = i < hi ? ld(xr[i]) : -INFINITY;
+    }
+#pragma unroll
+    for (int u = 0; u < kArgmaxUnroll; ++u) {
+      const int64_t i = base + int64_t{u} * kThreads;
+      if (i >= hi) break;
+      bad |= isnan(v[u]) || v[u] == INFINITY;
+      if (bi < 0 || v[u] > bv || (v[u] == bv && i < bi)) bv = v[u], bi = i;
+    }
   }
   __shared__ float sv[kThreads];
   __shared__ int64_t si[kThreads];
@@ -56,8 +70,7 @@ __global__ void argmax_kernel(const T* x, int64_t row_stride, int64_t V, int32_t
   for (int s = kThreads / 2; s > 0; s >>= 1) {
     if (threadIdx.x < s) {
       const float ov = sv[threadIdx.x + s];
-      const int64_t oi = si[threadIdx.x + s];
-      const int64_t mi = si[threadIdx.x];
+      const int64_t oi = si[threadIdx.x + s], mi = si[threadIdx.x];
       if (oi >= 0 && (mi < 0 || ov > sv[threadIdx.x] || (ov == sv[threadIdx.x] && oi < mi))) {
         sv[threadIdx.x] = ov;
         si[threadIdx.x] = oi;
@@ -65,7 +78,30 @@ __global__ void argmax_kernel(const T* x, int64_t row_stride, int64_t V, int32_t
     }
     __syncthreads();
   }
-  if (threadIdx.x == 0) y[blockIdx.x] = sbad ? -1 : static_cast<int32_t>(si[0]);
+  if (threadIdx.x == 0) {
+    pv[row * gridDim.x + blockIdx.x] = sv[0];
+    pi[row * gridDim.x + blockIdx.x] = sbad ? -2 : static_cast<int32_t>(si[0]);
+  }
+}
+
+__global__ void argmax_combine_kernel(const float* pv, const int32_t* pi, int P, int32_t* y) {
+  const int row = blockIdx.x, lane = threadIdx.x;
+  float bv = -INFINITY;
+  int32_t bi = -1;
+  bool bad = false;
+  for (int p = lane; p < P; p += 32) {  // chunks in order: an equal value later has a larger index
+    const float v = pv[row * P + p];
+    const int32_t i = pi[row * P + p];
+    bad |= i == -2;
+    if (i >= 0 && (bi < 0 || v > bv)) bv = v, bi = i;
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
+  }
+  bad = __any_sync(0xffffffffu, bad);
+  if (lane == 0) y[row] = bad ? -1 : bi;
 }
 
 int grid_for(int64_t n) { return static_cast<int>(std::min<int64_t>(blocks_for(n, kThreads), 65535)); }
@@ -140,11 +176,22 @@ Status argmax(const OpArgs& args) {
   SG_CHECK(y.dtype == DType::kI32, StatusCode::kDTypeUnsupported, "argmax: y must be int32", "");
   SG_CHECK(x.strides[1] == 1 && y.strides[0] == 1, StatusCode::kInvalidArgument,
            "argmax: x rows and y must be contiguous", "");
-  if (x.shape[0] == 0) return Status::OK();
+  const int64_t R = x.shape[0], V = x.shape[1];
+  if (R == 0) return Status::OK();
+  // About four blocks per SM in all, each chunk at least 2048 values, at most 1024 chunks a row.
+  const int64_t P = std::clamp<int64_t>(std::min<int64_t>(528 / R, (V + 2047) / 2048), 1, 1024);
+  const int64_t chunk = (std::max<int64_t>(V, 1) + P - 1) / P;
+  std::shared_ptr<void> part;  // [R, P] values then [R, P] indices
+  SG_RETURN_IF_ERROR(allocate(x.device, static_cast<size_t>(R * P) * (sizeof(float) + sizeof(int32_t)), &part));
+  float* pv = static_cast<float*>(part.get());
+  int32_t* pi = reinterpret_cast<int32_t*>(pv + R * P);
   SG_CUDA_DISPATCH_FLOAT("argmax", x.dtype, T, {
-    argmax_kernel<T><<<static_cast<unsigned>(x.shape[0]), kThreads, 0, current_stream()>>>(
-        x.ptr<T>(), x.strides[0], x.shape[1], y.ptr<int32_t>());
+    argmax_chunks_kernel<T><<<dim3(static_cast<unsigned>(P), static_cast<unsigned>(R)), kThreads, 0, current_stream()>>>(
+        x.ptr<T>(), x.strides[0], V, chunk, pv, pi);
   });
+  SG_CUDA_CHECK_LAUNCH();
+  argmax_combine_kernel<<<static_cast<unsigned>(R), 32, 0, current_stream()>>>(pv, pi, static_cast<int>(P),
+                                                                                 y.ptr<int32_t>());
   SG_CUDA_CHECK_LAUNCH();
   return Status::OK();
 }

@@ -183,7 +183,7 @@ def step_profile(model, batches: tuple[int, ...], context: int, block_size: int 
         dev = (time.perf_counter() - t0) / iters
         t0 = time.perf_counter()
         for _ in range(iters):
-            runner.run(step)
+            runner.run(step, logits=False)
         whole = (time.perf_counter() - t0) / iters
         lines.append(f"  batch {b:4}: program {dev * 1e3:7.3f} ms, whole step {whole * 1e3:7.3f} ms, "
                      f"{exe.program.num_instrs} instructions, graphs {exe.program.num_graphs}")

@@ -122,7 +122,8 @@ class ProgramRunner:
         self._programs[key] = exe
         return exe
 
-    def run(self, step) -> tuple[np.ndarray, np.ndarray]:
+    def run(self, step, logits: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """One step (a ``_native.serve.StepInput``) outside an engine: (logits float32 [R, V],
-        argmax int32 [R]); rows whose ``need_logits`` is 0 may be left unfilled."""
-        return self.native.run(step)
+        argmax int32 [R]); rows whose ``need_logits`` is 0 may be left unfilled. ``logits=False``:
+        no logits come back (timing the step as the engine sees it)."""
+        return self.native.run(step, logits)
