@@ -23,12 +23,13 @@
 //   - when rows x kv heads x head chunks would not give every SM two CTAs (decode of few
 //     sequences), the keys of each row are split over up to kMaxSplits CTAs of at least
 //     kMinSplitKeys keys (flash-decoding): a CTA leaves (m, l) and its unnormalised o per query
-//     head in f32 scratch (m in the exp2 domain) and paged_decode_combine_kernel, one warp per
+//     head in f32 scratch (m in the exp2 domain) and paged_decode_combine_kernel, one CTA per
 //     (row, query head), weighs them by exp2(m - max m).
 // A row of q finds its sequence by checking sequence `row` first (pure decode: cu_q[s] = s) and
-// by binary search in cu_q otherwise. No host reads of device data: the CTA count comes from
-// the shapes (max_blocks * BS bounds the context), and CTAs whose split holds no key write an
-// empty partial (m = -inf) that the combine skips.
+// by binary search in cu_q otherwise. No host reads of device data: the split count comes from
+// the shapes (max_blocks * BS bounds the context), so for a short context most splits hold no
+// key; their CTAs leave at once and the combine, which works out the same ranges (row_keys),
+// reads only the partials of the others.
 #include "cuda/paged_attention_decode.cuh"
 
 #include <algorithm>
@@ -49,6 +50,7 @@ constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kMinSplitKeys = 32;  // a key split reads at least this many keys
 constexpr int kMaxSplits = 64;
+constexpr int kMaxHeadDim = 256;   // f32 rows of 64 vectors; paged_attention.cu sends no larger D
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr unsigned kFull = 0xffffffffu;
@@ -141,6 +143,20 @@ struct DecodeParams {
   float cap2 = 0.0f, inv_cap2 = 0.0f;  // softcap * log2 e and its inverse; 0: no softcap
 };
 
+// The keys a row at position qpos sees, [beg, end), cut in splits of `chunk` keys (all of them when
+// there is no split); `live` splits hold at least one key, the others none. Both kernels use it,
+// so the combine reads exactly the partials the attention kernel wrote.
+struct RowKeys {
+  int64_t beg, end, chunk;
+  int live;
+};
+__device__ __forceinline__ RowKeys row_keys(const DecodeParams& p, int64_t qpos) {
+  const int64_t beg = p.window > 0 ? max64(0, qpos - p.window + 1) : 0;
+  const int64_t len = max64(0, qpos + 1 - beg);  // 0: context_lens smaller than the rows
+  const int64_t chunk = p.nsplit > 1 ? max64(kMinSplitKeys, (len + p.nsplit - 1) / p.nsplit) : len;
+  return {beg, beg + len, chunk, len == 0 ? 0 : static_cast<int>((len + chunk - 1) / chunk)};
+}
+
 // T storage type, LPK lanes per key, CPL 16-byte vectors per lane of a row, GC query heads.
 template <typename T, int LPK, int CPL, int GC>
 __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodeParams p) {
@@ -187,15 +203,10 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodePara
   const int64_t ctx = rs.s == t ? ctx_t : __ldg(p.ctx + s);
   const int64_t qpos = ctx - (rs.q1 - rs.q0) + (t - rs.q0);  // < context_lens[s]
 
-  // Keys [kbeg, kend) of this CTA: the row's visible keys, then this split's share of them.
-  int64_t kbeg = p.window > 0 ? max64(0, qpos - p.window + 1) : 0;
-  int64_t kend = qpos + 1;  // <= kbeg: no key (context_lens smaller than the rows)
-  if (p.nsplit > 1) {
-    const int64_t len = max64(0, kend - kbeg);
-    const int64_t chunk = max64(kMinSplitKeys, (len + p.nsplit - 1) / p.nsplit);
-    kbeg += z * chunk;
-    kend = min64(kend, kbeg + chunk);
-  }
+  // Keys [kbeg, kend) of this CTA. A split with none leaves no partial: the combine skips it.
+  const RowKeys rk = row_keys(p, qpos);
+  if (p.part_o && z >= rk.live) return;
+  const int64_t kbeg = rk.beg + z * rk.chunk, kend = min64(rk.end, kbeg + rk.chunk);
 
   const int32_t* table = p.bt + static_cast<int64_t>(s) * p.max_blocks;
   const uint4* kc4 = static_cast<const uint4*>(p.kc);
@@ -376,49 +387,74 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodePara
   }
 }
 
-// One warp per (row, query head): the nsplit partials weighed by exp2(m - max m); splits with no
-// key (m = -inf) are skipped, their o never read.
+// One CTA per (row, query head): the live splits' partials weighed by exp2(m - max m). Warp w
+// adds splits w, w + kWarps, ... (lanes over the dims, every load independent of the others), then
+// the warps' sums meet in shared memory. Lane i holds the (m, l) of splits i and i + 32.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) paged_decode_combine_kernel(const DecodeParams p) {
+  static_assert(kMaxSplits <= 64, "two splits per lane");
+  __shared__ float4 sm_acc[kWarps][kMaxHeadDim / 4];
   const int64_t rows = p.T * p.Hq;
-  const int64_t w = blockIdx.x * static_cast<int64_t>(kWarps) + threadIdx.x / 32;
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  if (w >= rows) return;  // warp-uniform
-  const bool live = find_row_seq(p.cu_q, p.S, w / p.Hq).s >= 0;  // the attention kernel's test
+  const int64_t w = blockIdx.x;  // (row, query head)
+  const int64_t t = w / p.Hq;
+  const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
   const float2* ml = reinterpret_cast<const float2*>(p.part_ml) + w;  // split z at ml[z * rows]
-  float mx = -INFINITY;
-  for (int zz = lane; zz < p.nsplit; zz += 32) mx = fmaxf(mx, ml[zz * rows].x);
-  mx = warp_max(mx);
-  const float sh = exp_shift(mx);
-  float l = 0.0f;
-  for (int zz = lane; zz < p.nsplit; zz += 32) {
-    const float2 v = ml[zz * rows];
-    if (v.x != -INFINITY) l = fmaf(exp2f(v.x - sh), v.y, l);
-  }
-  l = warp_sum(l);
-  if (!live) return;  // a padding row: no partials were written, out stays as it was
-  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-  const int D4 = p.D / 4;
+  const float2 mla = lane < p.nsplit ? ml[lane * rows] : make_float2(-INFINITY, 0.0f);
+  const float2 mlb = lane + 32 < p.nsplit ? ml[(lane + 32) * rows] : make_float2(-INFINITY, 0.0f);
+  const int32_t ctx_t = t < p.S ? __ldg(p.ctx + t) : 0;
+  const RowSeq rs = find_row_seq(p.cu_q, p.S, t);
+  if (rs.s < 0) return;  // a padding row: no partials, out stays as it was (the whole CTA leaves)
+  const int64_t ctx = rs.s == t ? ctx_t : __ldg(p.ctx + rs.s);
+  const int live = row_keys(p, ctx - (rs.q1 - rs.q0) + (t - rs.q0)).live;
+
+  // Splits past `live` wrote nothing: their (m, l) are not read.
+  const float ma = lane < live ? mla.x : -INFINITY, mb = lane + 32 < live ? mlb.x : -INFINITY;
+  const float mx = warp_max(fmaxf(ma, mb)), sh = exp_shift(mx);
+  const float wa = exp2f(ma - sh), wb = exp2f(mb - sh);  // 0 for a split that is not live
+  const float l = warp_sum(wa * (lane < live ? mla.y : 0.0f) + wb * (lane + 32 < live ? mlb.y : 0.0f));
+
+  const int D4 = p.D / 4;  // <= kMaxHeadDim / 4 = 64: two float4 per lane
   const float4* po = reinterpret_cast<const float4*>(p.part_o) + w * D4;  // split z at po[z * rows * D4]
-  T* dst = static_cast<T*>(p.out) + w * p.D;
-  for (int c = lane; c < D4; c += 32) {
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int zz = 0; zz < p.nsplit; ++zz) {
-      const float mz = ml[zz * rows].x;
-      if (mz == -INFINITY) continue;
-      const float wt = exp2f(mz - sh);
-      const float4 v = po[zz * rows * D4 + c];
-      acc.x = fmaf(wt, v.x, acc.x);
-      acc.y = fmaf(wt, v.y, acc.y);
-      acc.z = fmaf(wt, v.z, acc.z);
-      acc.w = fmaf(wt, v.w, acc.w);
+  float4 acc[2] = {make_float4(0.0f, 0.0f, 0.0f, 0.0f), make_float4(0.0f, 0.0f, 0.0f, 0.0f)};
+  for (int z = warp; z < live; z += kWarps) {  // warp-uniform
+    const float a = __shfl_sync(kFull, wa, z & 31), b = __shfl_sync(kFull, wb, z & 31);
+    const float wt = z < 32 ? a : b;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int c = lane + 32 * k;
+      if (c < D4) {
+        const float4 v = po[z * rows * D4 + c];
+        acc[k].x = fmaf(wt, v.x, acc[k].x);
+        acc[k].y = fmaf(wt, v.y, acc[k].y);
+        acc[k].z = fmaf(wt, v.z, acc[k].z);
+        acc[k].w = fmaf(wt, v.w, acc[k].w);
+      }
     }
-    dst[4 * c] = st<T>(acc.x * inv);
-    dst[4 * c + 1] = st<T>(acc.y * inv);
-    dst[4 * c + 2] = st<T>(acc.z * inv);
-    dst[4 * c + 3] = st<T>(acc.w * inv);
   }
-  if (p.lse && lane == 0) p.lse[w] = l > 0.0f ? (mx + log2f(l)) * kLn2 : -INFINITY;
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    if (lane + 32 * k < D4) sm_acc[warp][lane + 32 * k] = acc[k];
+  }
+  __syncthreads();
+
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // l = 0: no key at all, out = 0
+  T* dst = static_cast<T*>(p.out) + w * p.D;
+  for (int c = tid; c < D4; c += kThreads) {
+    float4 v = sm_acc[0][c];
+#pragma unroll
+    for (int ww = 1; ww < kWarps; ++ww) {
+      const float4 u = sm_acc[ww][c];
+      v.x += u.x;
+      v.y += u.y;
+      v.z += u.z;
+      v.w += u.w;
+    }
+    dst[4 * c] = st<T>(v.x * inv);
+    dst[4 * c + 1] = st<T>(v.y * inv);
+    dst[4 * c + 2] = st<T>(v.z * inv);
+    dst[4 * c + 3] = st<T>(v.w * inv);
+  }
+  if (p.lse && tid == 0) p.lse[w] = l > 0.0f ? (mx + log2f(l)) * kLn2 : -INFINITY;
 }
 
 template <typename T, int LPK, int CPL, int GC>
@@ -519,7 +555,7 @@ Status paged_attention_decode(const PagedDecodeArgs& a) {
   const dim3 grid(static_cast<unsigned>(a.T), static_cast<unsigned>(grid_y), static_cast<unsigned>(p.nsplit));
   SG_CUDA_DISPATCH_FLOAT(op, a.dtype, Ty, { SG_RETURN_IF_ERROR(launch_decode_lanes<Ty>(p, gc, grid)); });
   if (p.nsplit > 1) {
-    const unsigned blocks = static_cast<unsigned>((a.T * a.Hq + kWarps - 1) / kWarps);
+    const unsigned blocks = static_cast<unsigned>(a.T * a.Hq);
     SG_CUDA_DISPATCH_FLOAT(op, a.dtype, Ty, {
       paged_decode_combine_kernel<Ty><<<blocks, kThreads, 0, current_stream()>>>(p);
     });
