@@ -189,6 +189,14 @@ def test_decode_head_dims(dtype, d, n_seq):
     check(dtype, ctx, [1] * n_seq, 16, 8, d, 16, seed=d + n_seq)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("d", [8, 36, 72, 80, 200, 33])
+def test_decode_odd_head_dims(dtype, d):
+    # Rows of 1, 9, 10, 25 ... 16-byte vectors (some lanes of a key idle), and rows that are not
+    # whole vectors (bf16 36 and 33, f32 33: the general kernel takes those decode batches).
+    check(dtype, EDGE_CTX, [1] * len(EDGE_CTX), 4, 2, d, 16, seed=d)
+
+
 @pytest.mark.parametrize("group", [1, 2, 3, 4, 5, 6, 7, 8, 12])
 @pytest.mark.parametrize("d", [64, 128])
 def test_decode_gqa_ratios(group, d):
@@ -206,7 +214,7 @@ def test_decode_96_heads_per_kv_head():
 @pytest.mark.parametrize("window,softcap", [(0, 0.0), (48, 0.0), (0, 30.0), (1000, 30.0)])
 @pytest.mark.parametrize("n_seq", [len(EDGE_CTX), MANY_SEQS])
 @pytest.mark.parametrize("with_lse", [True, False])
-def test_decode_window_softcap(dtype, window, softcap, n_seq, with_lse):
+def test_decode_window_softcap_split_or_not(dtype, window, softcap, n_seq, with_lse):
     ctx = many_ctx(n_seq)
     check(dtype, ctx, [1] * n_seq, 16, 8, 128, 16, with_lse, seed=window + n_seq, window=window, softcap=softcap,
           scale=0.2)
