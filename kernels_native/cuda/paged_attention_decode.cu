@@ -30,6 +30,8 @@
 // the shapes (max_blocks * BS bounds the context), so for a short context most splits hold no
 // key; their CTAs leave at once and the combine, which works out the same ranges (row_keys),
 // reads only the partials of the others.
+// (Past 400 lines: the attention kernel, the combine and the launch share the partials' layout and
+// row_keys, so they stay in one file.)
 #include "cuda/paged_attention_decode.cuh"
 
 #include <algorithm>
