@@ -8,14 +8,24 @@
 // a table row) reads as zeros, a query row with no key gets out = 0 and lse = -inf, rows of q
 // that cu_q gives to no sequence are left untouched. Duplicate slots leave one writer's row.
 //
-// paged_attention kernel. A CTA of kWarps warps takes one (sequence, tile of R query rows,
+// paged_attention has two paths.
+//   decode (T <= S: at most one query row per sequence on average) with rows of D * element size
+//   a multiple of 16 bytes and 16-byte aligned tensors: paged_attention_decode.cu. One CTA per
+//   (row, kv head, up to 8 of its query heads, key split) streams the K / V rows of its kv head
+//   from the cache in 16-byte vectors, many loads in flight and nothing staged in shared memory,
+//   with f32 math in registers; keys are split over CTAs (and combined by a second kernel) only
+//   when rows x kv heads would not give every SM two CTAs. Its header says the details.
+//   everything else (prefill, chunked prefill, odd head dims): the general kernel below.
+//
+// General kernel. A CTA of kWarps warps takes one (sequence, tile of R query rows,
 // kv head, chunk of its Gc query heads, key split): M = R * Gc queries, QPW per warp. It walks
 // its keys in tiles of 32 positions (one per lane, whatever the block size), staging each
 // tile's K and V rows of its kv head in shared memory as f32 once for all M queries (GQA and
 // the query rows share them). Per tile, lane t scores key t against the warp's queries (K rows
 // padded so that the lanes' float4 reads hit distinct banks, Q broadcast), the online softmax
 // keeps (max, sum) per query in registers, and P V gives each lane 32-strided output dims.
-//   decode (T <= S): R = 1, the tiles are q's rows (found by binary search in cu_q);
+//   decode rows the decode path does not take (T <= S): R = 1, the tiles are q's rows (found
+//   by binary search in cu_q);
 //   prefill: R = 64 / Gc rows (32 / Gc for D > 128), the (sequence, tile) list is a scan of
 //   ceil(n_q / R) over the sequences by a one-block kernel.
 // When the CTAs would not fill the GPU twice over (decode of few sequences) the key range is
@@ -31,6 +41,7 @@
 #include "core/allocator.h"
 #include "cuda/backend.h"
 #include "cuda/common.cuh"
+#include "cuda/paged_attention_decode.cuh"
 
 namespace surogate::cuda {
 
@@ -558,6 +569,34 @@ Status paged_attention(const OpArgs& a) {
   const int64_t esize = static_cast<int64_t>(dtype_size(q.dtype));
   p.vec = (D * esize) % 16 == 0 && reinterpret_cast<uintptr_t>(kc.data) % 16 == 0 &&
           reinterpret_cast<uintptr_t>(vc.data) % 16 == 0;
+
+  // Decode batches with 16-byte rows take the streaming kernel of paged_attention_decode.cu.
+  if (T <= S && paged_decode_supports(q.dtype, D, {q.data, kc.data, vc.data, out.data})) {
+    PagedDecodeArgs d;
+    d.dtype = q.dtype;
+    d.device = q.device;
+    d.q = q.data;
+    d.kc = kc.data;
+    d.vc = vc.data;
+    d.out = out.data;
+    d.lse = p.lse;
+    d.bt = p.bt;
+    d.cu_q = p.cu_q;
+    d.ctx = p.ctx;
+    d.T = T;
+    d.window = window;
+    d.Hq = p.Hq;
+    d.Hkv = p.Hkv;
+    d.D = p.D;
+    d.BS = p.BS;
+    d.max_blocks = p.max_blocks;
+    d.NB = p.NB;
+    d.S = p.S;
+    d.sms = sm_count();
+    d.scale = p.scale;
+    d.softcap = p.softcap;
+    return paged_attention_decode(d);
+  }
 
   // Queries per CTA: up to 64 (32 for D > 128, whose f32 tiles are twice as large): a divisor Gc
   // of the group's G heads, times R rows. Decode-only batches (T <= S) take one row per CTA.

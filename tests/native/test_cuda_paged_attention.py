@@ -67,15 +67,20 @@ def paged(device, q, k_cache, v_cache, tables, nqs, ctx, with_lse=True, **attrs)
     return outs[0].to("cpu").numpy(), (outs[1].to("cpu").numpy() if with_lse else None)
 
 
-def check(dtype, ctx, nqs, hq, hkv, d, block_size, with_lse=True, seed=0, **attrs):
-    rng = np.random.default_rng(seed)
-    k_cache, v_cache, tables = make_cache(rng, ctx, hkv, d, block_size, dtype)
-    q = rand(rng, (sum(nqs), hq, d), dtype)
+def compare(q, k_cache, v_cache, tables, nqs, ctx, with_lse=True, **attrs):
+    dtype = str(q.dtype)
     want, want_lse = paged("cpu", q, k_cache, v_cache, tables, nqs, ctx, with_lse, **attrs)
     got, got_lse = paged("cuda", q, k_cache, v_cache, tables, nqs, ctx, with_lse, **attrs)
     assert_close(got.astype(np.float32), want.astype(np.float32), dtype)
     if with_lse:
         assert_close(got_lse, want_lse, rtol=LSE_TOL[dtype], atol=LSE_TOL[dtype])
+
+
+def check(dtype, ctx, nqs, hq, hkv, d, block_size, with_lse=True, seed=0, **attrs):
+    rng = np.random.default_rng(seed)
+    k_cache, v_cache, tables = make_cache(rng, ctx, hkv, d, block_size, dtype)
+    q = rand(rng, (sum(nqs), hq, d), dtype)
+    compare(q, k_cache, v_cache, tables, nqs, ctx, with_lse, **attrs)
 
 
 # ---- kv_cache_write ------------------------------------------------------------------------------
@@ -154,3 +159,139 @@ def test_split_k_long_context(dtype):
     check(dtype, [3000, 5], [1, 0], 8, 1, 128, 16, seed=2, window=700)
     check(dtype, [3000, 1000], [20, 0], 8, 1, 64, 32, seed=3, softcap=30.0)  # a prefill chunk late in the context
     check(dtype, [2100], [1], 4, 4, 64, 16, with_lse=False, seed=4)
+
+
+# ---- the decode path (T <= S, rows a multiple of 16 bytes: cuda/paged_attention_decode.cu) ------
+# It splits the keys over CTAs (and combines them) when rows x kv heads would not give each SM two
+# CTAs: on an H200 (132 SMs) below 264. Batches of a few rows take the split; MANY_SEQS rows of 8
+# kv heads do not.
+
+EDGE_CTX = [1, 15, 16, 17, 385, 4097]  # around the block size, Qwen3-0.6B's bench context, past 4k
+MANY_SEQS = 40
+
+
+def many_ctx(n=MANY_SEQS):
+    return [EDGE_CTX[i % len(EDGE_CTX)] + i // len(EDGE_CTX) for i in range(n)]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("ctx", EDGE_CTX)
+def test_decode_batch1_split(dtype, ctx):
+    # Qwen3-0.6B heads: one sequence, 8 kv heads, so the keys are split (some splits empty).
+    check(dtype, [ctx], [1], 16, 8, 128, 16, seed=ctx)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("n_seq", [len(EDGE_CTX), MANY_SEQS])
+def test_decode_head_dims(dtype, d, n_seq):
+    ctx = many_ctx(n_seq)
+    check(dtype, ctx, [1] * n_seq, 16, 8, d, 16, seed=d + n_seq)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("d", [8, 36, 72, 80, 200, 33])
+def test_decode_odd_head_dims(dtype, d):
+    # Rows of 1, 9, 10, 25 ... 16-byte vectors (some lanes of a key idle), and rows that are not
+    # whole vectors (bf16 36 and 33, f32 33: the general kernel takes those decode batches).
+    check(dtype, EDGE_CTX, [1] * len(EDGE_CTX), 4, 2, d, 16, seed=d)
+
+
+@pytest.mark.parametrize("group", [1, 2, 3, 4, 5, 6, 7, 8, 12])
+@pytest.mark.parametrize("d", [64, 128])
+def test_decode_gqa_ratios(group, d):
+    # 1..8 query heads per kv head (3, 5, 6, 7 leave some of the CTA's 4 or 8 head slots empty),
+    # 12 in chunks of 8; few sequences of 2 kv heads (split) and many of 8 (no split).
+    check("bfloat16", EDGE_CTX, [1] * len(EDGE_CTX), 2 * group, 2, d, 16, seed=group)
+    check("bfloat16", many_ctx(), [1] * MANY_SEQS, 8 * group, 8, d, 16, seed=group + d)
+
+
+def test_decode_96_heads_per_kv_head():
+    check("bfloat16", EDGE_CTX, [1] * len(EDGE_CTX), 96, 1, 64, 16, seed=96)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("window,softcap", [(0, 0.0), (48, 0.0), (0, 30.0), (1000, 30.0)])
+@pytest.mark.parametrize("n_seq", [len(EDGE_CTX), MANY_SEQS])
+@pytest.mark.parametrize("with_lse", [True, False])
+def test_decode_window_softcap_split_or_not(dtype, window, softcap, n_seq, with_lse):
+    ctx = many_ctx(n_seq)
+    check(dtype, ctx, [1] * n_seq, 16, 8, 128, 16, with_lse, seed=window + n_seq, window=window, softcap=softcap,
+          scale=0.2)
+
+
+@pytest.mark.parametrize("block_size", [16, 32, 5])
+def test_decode_block_sizes(block_size):
+    check("bfloat16", EDGE_CTX, [1] * len(EDGE_CTX), 8, 2, 128, block_size, seed=block_size)
+
+
+def test_decode_freed_blocks_before_window():
+    # Blocks wholly before every query's window may be freed (-1): the decode path never reads them.
+    rng = np.random.default_rng(7)
+    ctx, window, bs = [4097, 385, 17, 100], 48, 16
+    k_cache, v_cache, tables = make_cache(rng, ctx, 8, 128, bs, "bfloat16")
+    for s, c in enumerate(ctx):
+        tables[s, :max(0, c - window) // bs] = -1
+    q = rand(rng, (len(ctx), 16, 128), "bfloat16")
+    compare(q, k_cache, v_cache, tables, [1] * len(ctx), ctx, window=window)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_decode_rows_not_one_per_sequence(dtype):
+    # T <= S but not one row each: sequences with no query and one with three (its rows at their
+    # own positions, each a decode row of the kernel).
+    check(dtype, [30, 9, 385, 17, 2, 64], [3, 0, 1, 0, 1, 1], 16, 8, 128, 16, seed=11)
+    check(dtype, [30, 9, 385, 17, 2, 64], [0, 2, 0, 2, 0, 2], 16, 8, 128, 16, seed=12, window=5)
+
+
+@pytest.mark.parametrize("n_seq", [4, 48])
+def test_decode_padding_rows_untouched(n_seq):
+    # Rows of q past cu_q[S] belong to no sequence: out and lse keep what they held.
+    rng = np.random.default_rng(n_seq)
+    hq, hkv, d, dtype = 16, 8, 128, "bfloat16"
+    nqs = ([1, 0, 1, 1] * n_seq)[:n_seq]
+    ctx = [EDGE_CTX[i % len(EDGE_CTX)] for i in range(n_seq)]
+    k_cache, v_cache, tables = make_cache(rng, ctx, hkv, d, 16, dtype)
+    rows, pad = sum(nqs), n_seq - sum(nqs)  # T = S: still the decode path
+    q = rand(rng, (rows + pad, hq, d), dtype)
+    want, want_lse = paged("cpu", q[:rows], k_cache, v_cache, tables, nqs, ctx)
+    cu = np.concatenate([[0], np.cumsum(nqs)]).astype(np.int32)
+    out = cuda(as_dtype(np.full((rows + pad, hq, d), 7.0, np.float32), dtype))
+    lse = cuda(np.full((rows + pad, hq), 7.0, np.float32))
+    _native.call_op("paged_attention", [cuda(x) for x in (q, k_cache, v_cache, tables, cu, np.asarray(ctx, np.int32))],
+                    [out, lse], {})
+    got, got_lse = out.to("cpu").numpy().astype(np.float32), lse.to("cpu").numpy()
+    assert (got[rows:] == 7.0).all() and (got_lse[rows:] == 7.0).all()
+    assert_close(got[:rows], want.astype(np.float32), dtype)
+    assert_close(got_lse[:rows], want_lse, rtol=LSE_TOL[dtype], atol=LSE_TOL[dtype])
+
+
+@pytest.mark.parametrize("n_seq", [1, MANY_SEQS])
+def test_decode_cuda_graph_replay(n_seq):
+    # Captured once, replayed with new context lengths and queries written in place: the op reads
+    # them on the device only (and its split scratch is held for the replays).
+    rng = np.random.default_rng(n_seq)
+    hq, hkv, d, dtype = 16, 8, 128, "bfloat16"
+    ctx_b = many_ctx(n_seq) if n_seq > 1 else [385]
+    ctx_a = [c - 1 if c > 1 else c for c in ctx_b]  # the step before: one token fewer
+    k_cache, v_cache, tables = make_cache(rng, ctx_b, hkv, d, 16, dtype)
+    q_a, q_b = rand(rng, (n_seq, hq, d), dtype), rand(rng, (n_seq, hq, d), dtype)
+    cu = np.arange(n_seq + 1, dtype=np.int32)
+    p = _native.Program("cuda")
+    names = ["q", "k_cache", "v_cache", "block_tables", "cu_q", "context_lens", "out", "lse"]
+    arrays = [q_a, k_cache, v_cache, tables, cu, np.asarray(ctx_a, np.int32),
+              np.zeros((n_seq, hq, d), q_a.dtype), np.zeros((n_seq, hq), np.float32)]
+    ids = [p.external(n, list(a.shape), str(a.dtype)) for n, a in zip(names, arrays, strict=True)]
+    p.op("paged_attention", ids[:6], ids[6:], {})
+    dev = [cuda(a) for a in arrays]
+    for i, t in zip(ids, dev, strict=True):
+        p.bind(i, t)
+    p.set_graphs(True)
+    for q, ctx in ((q_a, ctx_a), (q_a, ctx_a), (q_b, ctx_b)):  # eager, captured, replayed
+        dev[0].copy_from(q)
+        dev[5].copy_from(np.asarray(ctx, np.int32))
+        p.run()
+        want, want_lse = paged("cpu", q, k_cache, v_cache, tables, [1] * n_seq, ctx)
+        assert_close(dev[6].to("cpu").numpy().astype(np.float32), want.astype(np.float32), dtype)
+        assert_close(dev[7].to("cpu").numpy(), want_lse, rtol=LSE_TOL[dtype], atol=LSE_TOL[dtype])
+    assert p.graphs_active and p.num_graphs == 1
