@@ -59,6 +59,7 @@
 #include <vector>
 
 #include "cpu/common.h"
+#include "cpu/paged_attention.h"
 
 #if defined(__GNUC__) && !defined(__clang__)
 // GNU vectors pass between always-inline helpers only; no ABI is involved.
@@ -863,7 +864,32 @@ Status paged_attention(const OpArgs& a) {
   return Status::OK();
 }
 
+}  // namespace
+
 // ---- kv_cache_write --------------------------------------------------------------------------
+
+Status check_slot_mapping(const char* op, const int32_t* slots, int64_t T, int64_t num_blocks, int64_t block_size) {
+  const int64_t n_slots = num_blocks * block_size;
+  std::vector<std::pair<int32_t, int64_t>> used;
+  used.reserve(static_cast<size_t>(T));
+  for (int64_t i = 0; i < T; ++i) {
+    const int32_t slot = slots[i];
+    if (slot == -1) continue;
+    SG_CHECK_ARG(slot >= 0 && slot < n_slots,
+                 str_cat(op, ": slot_mapping[", i, "] = ", slot, " (token ", i, ") is outside the cache's ", n_slots,
+                         " slots (", num_blocks, " blocks of ", block_size, "); -1 skips a token"));
+    used.emplace_back(slot, i);
+  }
+  std::sort(used.begin(), used.end());
+  for (size_t j = 1; j < used.size(); ++j) {
+    SG_CHECK_ARG(used[j].first != used[j - 1].first,
+                 str_cat(op, ": tokens ", used[j - 1].second, " and ", used[j].second, " both map to slot ",
+                         used[j].first));
+  }
+  return Status::OK();
+}
+
+namespace {
 
 Status kv_cache_write(const OpArgs& a) {
   const char* op = "kv_cache_write";
@@ -892,26 +918,8 @@ Status kv_cache_write(const OpArgs& a) {
   SG_CHECK_SHAPE(kc.shape[2] == Hkv && kc.shape[3] == D,
                  str_cat(op, ": k_cache ", kc.shape_str(), " must be [num_blocks, block_size, ", Hkv, ", ", D,
                          "] for k ", k.shape_str()));
-  const int64_t n_slots = kc.shape[0] * kc.shape[1];
   const int32_t* slots = sm.ptr<int32_t>();
-
-  // Validate everything before writing anything.
-  std::vector<std::pair<int32_t, int64_t>> used;
-  used.reserve(static_cast<size_t>(T));
-  for (int64_t i = 0; i < T; ++i) {
-    const int32_t slot = slots[i];
-    if (slot == -1) continue;
-    SG_CHECK_ARG(slot >= 0 && slot < n_slots,
-                 str_cat(op, ": slot_mapping[", i, "] = ", slot, " (token ", i, ") is outside the cache's ", n_slots,
-                         " slots (", kc.shape[0], " blocks of ", kc.shape[1], "); -1 skips a token"));
-    used.emplace_back(slot, i);
-  }
-  std::sort(used.begin(), used.end());
-  for (size_t j = 1; j < used.size(); ++j) {
-    SG_CHECK_ARG(used[j].first != used[j - 1].first,
-                 str_cat(op, ": tokens ", used[j - 1].second, " and ", used[j].second, " both map to slot ",
-                         used[j].first));
-  }
+  SG_RETURN_IF_ERROR(check_slot_mapping(op, slots, T, kc.shape[0], kc.shape[1]));
 
   const size_t row_bytes = static_cast<size_t>(Hkv * D) * dtype_size(k.dtype);
   const char* ks = static_cast<const char*>(k.data);

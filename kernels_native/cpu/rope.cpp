@@ -37,15 +37,15 @@
 // is shorter than N (packed documents restarting at 0, batches of equal sequences), else one row
 // per token. Positions are arbitrary int32 per token.
 //
-// Past 400 lines because the four ops share the inv_freq, cos/sin table and rounding helpers;
-// the rnd<bf16_t> / rnd<f16_t> bit tricks were checked equal to load(store<T>(x)) on all 2^32 floats.
+// The inv_freq, cos/sin table and rounding helpers live in cpu/rope.h (qkv_rope_cache uses them
+// too); the rnd<bf16_t> / rnd<f16_t> bit tricks were checked equal to load(store<T>(x)) on all 2^32 floats.
 #include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <string>
 #include <vector>
 
-#include "cpu/common.h"
+#include "cpu/rope.h"
 
 // inv_freq must be HF's float32 value to the bit: at p ~ 1e5 an ulp of f_i moves the angle by an
 // ulp of the angle (~1e-2). Fused multiply-adds would change the llama3 smoothing's rounding.
@@ -64,35 +64,7 @@ namespace surogate::cpu {
 
 namespace {
 
-constexpr int64_t kGrainElems = 1 << 14;  // elements of work per parallel chunk, at least
-constexpr int64_t kDwBlock = 32;          // tokens per dw partial sum (fixed: results do not depend on threads)
-
-// x rounded to T and back (no-op for float). bf16 stays in 32-bit lanes (same bits as
-// load(store<bf16_t>(x)), NaN included) so that the loops using it vectorize without packing.
-template <typename T> inline float rnd(float x) { return load(store<T>(x)); }
-template <> inline float rnd<bf16_t>(float x) {
-  const uint32_t u = f32_bits(x);
-  const uint32_t r = (u & 0x7fffffffu) > 0x7f800000u ? u | 0x400000u : u + 0x7fffu + ((u >> 16) & 1u);
-  return bits_f32(r & 0xffff0000u);
-}
-// f16 the same way (without F16C, _Float16 conversions are library calls): 13 mantissa bits
-// dropped for normal values, the 2^-24 grid below 2^-14 (f32 add of 0.75, whose ulp is 2^-24),
-// beyond 65504 infinity, NaN quieted as f32 -> f16 -> f32 does.
-template <> inline float rnd<f16_t>(float x) {
-  const uint32_t u = f32_bits(x);
-  const uint32_t a = u & 0x7fffffffu, sign = u & 0x80000000u;
-  uint32_t normal = (a + 0xfffu + ((a >> 13) & 1u)) & 0xffffe000u;
-  normal = normal > 0x477fe000u ? 0x7f800000u : normal;
-  const uint32_t sub = f32_bits((bits_f32(a) + 0.75f) - 0.75f);
-  const uint32_t r = a > 0x7f800000u ? (a | 0x400000u) & 0xffffe000u : a < 0x38800000u ? sub : normal;
-  return bits_f32(r | sign);
-}
-
-struct RopeConfig {
-  int64_t rotary_dim = 0;
-  std::vector<float> inv_freq;  // [rotary_dim / 2]
-  float attention_factor = 1.0f;
-};
+constexpr int64_t kDwBlock = 32;  // tokens per dw partial sum (fixed: results do not depend on threads)
 
 SG_NO_FP_CONTRACT
 void compute_inv_freq(RopeConfig* cfg, const std::string& type, float theta, float factor, double low_freq_factor,
@@ -128,6 +100,8 @@ void compute_inv_freq(RopeConfig* cfg, const std::string& type, float theta, flo
     cfg->inv_freq[i] = f;
   }
 }
+
+}  // namespace
 
 Status parse_rope(const char* op, const Attrs& at, int64_t D, RopeConfig* cfg) {
   const int64_t R = at.get_int("rotary_dim", D);
@@ -166,77 +140,15 @@ Status parse_rope(const char* op, const Attrs& at, int64_t D, RopeConfig* cfg) {
   return Status::OK();
 }
 
-// cos/sin rows, each [R]: cos[half] then sin[half], already rounded to T.
-struct CosSinTable {
-  Tensor buf;
-  int64_t first_pos = 0;
-  bool by_position = false;
-  const float* row(const float* base, int64_t n, int32_t p, int64_t R) const {
-    return base + (by_position ? p - first_pos : n) * R;
-  }
-};
-
-template <typename T>
-Status build_table(const RopeConfig& cfg, const int32_t* pos, int64_t N, CosSinTable* t) {
-  const int64_t R = cfg.rotary_dim, half = R / 2;
-  int64_t lo = 0, hi = -1;
-  if (N > 0) {
-    lo = hi = pos[0];
-    for (int64_t n = 1; n < N; ++n) {
-      lo = std::min<int64_t>(lo, pos[n]);
-      hi = std::max<int64_t>(hi, pos[n]);
-    }
-  }
-  t->by_position = hi - lo + 1 < N;
-  t->first_pos = lo;
-  const int64_t rows = t->by_position ? hi - lo + 1 : N;
-  SG_RETURN_IF_ERROR(empty({std::max<int64_t>(rows, 1), R}, DType::kF32, Device{}, &t->buf));
-  float* base = t->buf.ptr<float>();
-  const float* f = cfg.inv_freq.data();
-  const float af = cfg.attention_factor;
-  const bool by_pos = t->by_position;
-  parallel_for(0, rows, std::max<int64_t>(1, kGrainElems / (8 * R)), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float p = static_cast<float>(by_pos ? lo + r : pos[r]);
-      float* c = base + r * R;
-      float* s = c + half;
-      for (int64_t i = 0; i < half; ++i) {
-        const double angle = static_cast<double>(p * f[i]);  // the f32 product, as HF
-        c[i] = rnd<T>(static_cast<float>(std::cos(angle)) * af);
-        s[i] = rnd<T>(static_cast<float>(std::sin(angle)) * af);
-      }
-    }
-  });
+Status check_pos(const char* op, const Tensor& pos, int64_t N) {
+  SG_RETURN_IF_ERROR(check_dtype(op, "pos", pos, {DType::kI32}));
+  SG_RETURN_IF_ERROR(check_contiguous(op, "pos", pos));
+  SG_CHECK_SHAPE(pos.ndim == 1 && pos.shape[0] == N,
+                 str_cat(op, ": pos ", pos.shape_str(), " must be [N] = [", N, "], one position per token"));
   return Status::OK();
 }
 
-// y1 = T(T(a c) - T(b s)), y2 = T(T(b c) + T(a s)) with s = sign * sin: the rotation of the pair
-// (a, b) in HF's rounding order. y1, y2 do not overlap a, b (callers stage inputs in scratch).
-template <typename T>
-inline void rotate_pairs(const float* __restrict a, const float* __restrict b, const float* __restrict c,
-                         const float* __restrict s, float sign, T* __restrict y1, T* __restrict y2, int64_t half) {
-  for (int64_t i = 0; i < half; ++i) {
-    const float sn = sign * s[i];
-    y1[i] = store<T>(rnd<T>(a[i] * c[i]) - rnd<T>(b[i] * sn));
-    y2[i] = store<T>(rnd<T>(b[i] * c[i]) + rnd<T>(a[i] * sn));
-  }
-}
-
-template <typename T>
-inline void load_row(const T* __restrict x, float* __restrict v, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) v[i] = load(x[i]);
-}
-
-inline float sum_squares(const float* __restrict v, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int k = 0; k < 8; ++k) acc[k] += v[i + k] * v[i + k];
-  }
-  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; i < n; ++i) s += v[i] * v[i];
-  return s;
-}
+namespace {
 
 inline float dot(const float* __restrict a, const float* __restrict b, int64_t n) {
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -247,14 +159,6 @@ inline float dot(const float* __restrict a, const float* __restrict b, int64_t n
   float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
   for (; i < n; ++i) s += a[i] * b[i];
   return s;
-}
-
-Status check_pos(const char* op, const Tensor& pos, int64_t N) {
-  SG_RETURN_IF_ERROR(check_dtype(op, "pos", pos, {DType::kI32}));
-  SG_RETURN_IF_ERROR(check_contiguous(op, "pos", pos));
-  SG_CHECK_SHAPE(pos.ndim == 1 && pos.shape[0] == N,
-                 str_cat(op, ": pos ", pos.shape_str(), " must be [N] = [", N, "], one position per token"));
-  return Status::OK();
 }
 
 Status check_x(const char* op, const char* name, const Tensor& x) {
@@ -310,7 +214,7 @@ Status rope_apply(const OpArgs& a, const char* op, float sign) {
     const T* px = x.ptr<T>();
     T* py = y.ptr<T>();
     const bool copy_pass = R < D && px != py;
-    parallel_for(0, N, std::max<int64_t>(1, kGrainElems / (H * D)), [&](int64_t n0, int64_t n1) {
+    parallel_for(0, N, std::max<int64_t>(1, kRopeGrainElems / (H * D)), [&](int64_t n0, int64_t n1) {
       std::vector<float> buf(R);
       for (int64_t n = n0; n < n1; ++n) {
         const float* c = table.row(cs_base, n, pos[n], R);
@@ -349,7 +253,7 @@ Status qk_norm_rope_fwd(const OpArgs& a) {
   RopeConfig cfg;
   SG_RETURN_IF_ERROR(parse_rope(op, a.attr(), D, &cfg));
   const float eps = static_cast<float>(a.attr().get_float("eps", 1e-6));
-  const int64_t R = cfg.rotary_dim, half = R / 2;
+  const int64_t R = cfg.rotary_dim;
   const int32_t* pos = a.in(2).ptr<int32_t>();
   SG_DISPATCH_FLOAT(op, x.dtype, T, {
     CosSinTable table;
@@ -360,7 +264,7 @@ Status qk_norm_rope_fwd(const OpArgs& a) {
     const T* px = x.ptr<T>();
     T* py = y.ptr<T>();
     float* pr = rstd.ptr<float>();
-    parallel_for(0, N, std::max<int64_t>(1, kGrainElems / (H * D)), [&](int64_t n0, int64_t n1) {
+    parallel_for(0, N, std::max<int64_t>(1, kRopeGrainElems / (H * D)), [&](int64_t n0, int64_t n1) {
       std::vector<float> xs(D), nb(D);
       for (int64_t n = n0; n < n1; ++n) {
         const float* c = table.row(cs_base, n, pos[n], R);
@@ -368,14 +272,7 @@ Status qk_norm_rope_fwd(const OpArgs& a) {
           const T* xr = px + (n * H + h) * D;
           T* yr = py + (n * H + h) * D;
           load_row(xr, xs.data(), D);
-          const float r = 1.0f / std::sqrt(sum_squares(xs.data(), D) / static_cast<float>(D) + eps);
-          pr[n * H + h] = r;
-          float* __restrict nv = nb.data();
-          const float* __restrict xv = xs.data();
-          const float* __restrict wv = wf.data();
-          for (int64_t j = 0; j < D; ++j) nv[j] = rnd<T>(rnd<T>(xv[j] * r) * wv[j]);
-          rotate_pairs(nv, nv + half, c, c + half, 1.0f, yr, yr + half, half);
-          for (int64_t j = R; j < D; ++j) yr[j] = store<T>(nv[j]);
+          pr[n * H + h] = norm_rope_head(xs.data(), wf.data(), eps, c, D, R, nb.data(), yr);
         }
       }
     });

@@ -167,6 +167,7 @@ void register_backend() {
   register_cuda_norm_rope_act(reg);
   register_cuda_embed_optim(reg);
   register_cuda_paged_attention(reg);
+  register_cuda_qkv_rope_cache(reg);
   register_cuda_gguf(reg);
 }
 

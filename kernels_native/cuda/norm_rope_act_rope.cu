@@ -6,6 +6,7 @@
 // inv_freq is computed on the host exactly as the CPU does (f32, HF's order of operations, f64
 // pow rounded once) and travels to the kernel as a by-value parameter: no copy, no host sync, and
 // the launch stays capturable in a CUDA graph. That caps half at kMaxHalf (rotary_dim 1024).
+// cuda/rope.cuh holds these pieces (qkv_rope_cache uses them too).
 // Positions stay on the device: one block per token computes that token's cos / sin into
 // shared memory as the CPU does (f32 angle p * f_i, cos / sin of it in f64 rounded to f32, times
 // attention_factor, rounded to T) and then serves every head of the token from there.
@@ -23,6 +24,7 @@
 
 #include "core/allocator.h"
 #include "cuda/norm_rope_act.cuh"
+#include "cuda/rope.cuh"
 
 // inv_freq must be HF's f32 value to the bit (at p ~ 1e5 one ulp of f_i is one ulp of the
 // angle): no fused multiply-adds in the host code that computes it, as in cpu/rope.cpp.
@@ -36,21 +38,10 @@ namespace surogate::cuda::nra {
 
 namespace {
 
-constexpr int kMaxHalf = 512;
 constexpr int64_t kMaxGrid = 1 << 20;  // tokens per launch before blocks loop
 constexpr int64_t kMaxDwBlocks = 1024;
 constexpr int64_t kMinTokensPerDwBlock = 4;
 constexpr int kMaxWarps = 8;
-
-struct InvFreq {
-  float f[kMaxHalf];
-};
-
-struct RopeConfig {
-  int64_t rotary_dim = 0;
-  float attention_factor = 1.0f;
-  InvFreq inv{};
-};
 
 // ---- host: inv_freq, as cpu/rope.cpp computes it -----------------------------------------------
 
@@ -85,6 +76,8 @@ void compute_inv_freq(RopeConfig* cfg, const std::string& type, float theta, flo
     cfg->inv.f[i] = f;
   }
 }
+
+}  // namespace
 
 Status parse_rope(const char* op, const Attrs& at, int64_t D, RopeConfig* cfg) {
   const int64_t R = at.get_int("rotary_dim", D);
@@ -126,34 +119,7 @@ Status parse_rope(const char* op, const Attrs& at, int64_t D, RopeConfig* cfg) {
   return Status::OK();
 }
 
-// ---- device helpers -------------------------------------------------------------------------
-
-// The parameter table into shared memory once per block (indexing a kernel parameter with a
-// per-thread index would serialize on the constant cache).
-__device__ __forceinline__ void load_inv_freq(const InvFreq& inv, float* fr, int64_t half) {
-  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) fr[i] = inv.f[i];
-}
-
-// cs[0, half) = cos, cs[half, 2 half) = sin of token position p, in cpu/rope.cpp's build_table order.
-template <typename T>
-__device__ __forceinline__ void fill_cos_sin(const float* fr, int32_t p, float af, float* cs, int64_t half) {
-  const float pf = static_cast<float>(p);
-  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-    const double angle = static_cast<double>(pf * fr[i]);  // the f32 product, as HF
-    double s, c;
-    sincos(angle, &s, &c);
-    cs[i] = rnd<T>(static_cast<float>(c) * af);
-    cs[half + i] = rnd<T>(static_cast<float>(s) * af);
-  }
-}
-
-// (y1, y2) = (T(T(a c) - T(b sn)), T(T(b c) + T(a sn))). __fmul_rn keeps the products apart from
-// the add / subtract (no FMA), so f32 results round like the CPU's.
-template <typename T>
-__device__ __forceinline__ void rotate(float a, float b, float c, float sn, T* y1, T* y2) {
-  *y1 = st<T>(rnd<T>(__fmul_rn(a, c)) - rnd<T>(__fmul_rn(b, sn)));
-  *y2 = st<T>(rnd<T>(__fmul_rn(b, c)) + rnd<T>(__fmul_rn(a, sn)));
-}
+namespace {
 
 // ---- rope -----------------------------------------------------------------------------------
 

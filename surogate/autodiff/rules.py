@@ -143,6 +143,15 @@ def _attention(c: RuleContext, n: Node, gy: list) -> list:
     return [dq if c.needs(q) else None, dk if c.needs(k) else None, dv if c.needs(v) else None, None]
 
 
+def _serving_only(c: RuleContext, n: Node, gy: list) -> list:
+    raise UnsupportedError(f"{n.op} is a serving op (it reads or writes the paged KV cache) and has no derivative "
+                           f"(node {n})", hint="differentiate a training graph: CausalLM.build(mode='train')")
+
+
+RULES["qkv_rope_cache"] = _serving_only
+RULES["paged_attention"] = _serving_only
+
+
 def _glu(bwd_op: str):
     def fn(c: RuleContext, n: Node, gy: list) -> list:
         (gu,) = n.inputs

@@ -137,22 +137,25 @@ class Attention:
         k = ops.view(self.k(g, x, dtype, lora), (n, Hkv, D))
         v = ops.view(self.v(g, x, dtype, lora), (n, Hkv, D))
         rope = s.rope_attrs()
+        qn = kn = None
         if s.qk_norm:
             qn = g.param("self_attn.q_norm.weight", (D,), dtype, trainable=lora is None)
             kn = g.param("self_attn.k_norm.weight", (D,), dtype, trainable=lora is None)
-            q = ops.qk_norm_rope(q, qn, pos, s.rms_norm_eps, rope, name="q_rope")
-            k = ops.qk_norm_rope(k, kn, pos, s.rms_norm_eps, rope, name="k_rope")
-        else:
-            q = ops.rope(q, pos, rope, name="q_rope")
-            k = ops.rope(k, pos, rope, name="k_rope")
-        if kv is None:
-            o = ops.attention(q, k, v, cu, causal=True, window=s.window(self.layer), softcap=s.attn_softcap,
-                              name="attn")
-        else:
+        if kv is not None:  # serving: rope, the cache write and attention over the cache
             k_cache, v_cache = kv.layer(g, s, dtype)
-            ops.kv_cache_write(k, v, kv.slots, k_cache, v_cache)
+            q = ops.qkv_rope_cache(q, k, v, pos, kv.slots, k_cache, v_cache, rope, q_norm=qn, k_norm=kn,
+                                   eps=s.rms_norm_eps, name="q_rope")
             o = ops.paged_attention(q, k_cache, v_cache, kv.block_tables, kv.cu_q, kv.context_lens,
                                     window=s.window(self.layer), softcap=s.attn_softcap, name="attn")
+        else:
+            if s.qk_norm:
+                q = ops.qk_norm_rope(q, qn, pos, s.rms_norm_eps, rope, name="q_rope")
+                k = ops.qk_norm_rope(k, kn, pos, s.rms_norm_eps, rope, name="k_rope")
+            else:
+                q = ops.rope(q, pos, rope, name="q_rope")
+                k = ops.rope(k, pos, rope, name="k_rope")
+            o = ops.attention(q, k, v, cu, causal=True, window=s.window(self.layer), softcap=s.attn_softcap,
+                              name="attn")
         o = ops.view(o, (n, Hq * D))
         return self.o(g, o, dtype, lora)
 

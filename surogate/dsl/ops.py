@@ -160,6 +160,21 @@ def kv_cache_write(k: Value, v: Value, slots: Value, k_cache: Value, v_cache: Va
     _g(k).node("kv_cache_write", [k, v, slots], [k_cache, v_cache])
 
 
+def qkv_rope_cache(q: Value, k: Value, v: Value, pos: Value, slots: Value, k_cache: Value, v_cache: Value,
+                   rope_attrs: dict, *, q_norm: Value | None = None, k_norm: Value | None = None, eps: float = 1e-6,
+                   name: str = "q_rope") -> Value:
+    """Serving: rope on q and k (each head RMS-normed first when q_norm / k_norm are given), k and
+    v stored at their cache slots (slot -1: skip), all in one op. Returns the roped q. Forward
+    only: autodiff refuses it (serving graphs are not differentiated)."""
+    D, Dk = q.shape[2], k.shape[2]
+    _check(D == Dk and v.shape == k.shape, f"qkv_rope_cache {name}: q {q.shape}, k {k.shape}, v {v.shape}")
+    _check((q_norm is None) == (k_norm is None), f"qkv_rope_cache {name}: give both q_norm and k_norm or neither")
+    norms = [q_norm, k_norm] if q_norm is not None else []
+    q_out, _, _ = _g(q).node("qkv_rope_cache", [q, k, v, pos, slots, *norms],
+                             [(name, q.shape, q.dtype), k_cache, v_cache], eps=float(eps), **rope_attrs)
+    return q_out
+
+
 def paged_attention(q: Value, k_cache: Value, v_cache: Value, block_tables: Value, cu_q: Value,
                     context_lens: Value, *, scale: float = 0.0, window: int = 0, softcap: float = 0.0,
                     name: str = "attn") -> Value:

@@ -1,9 +1,9 @@
 import pytest
 
 from surogate.autodiff import backward, needs_grad
-from surogate.dsl import Graph
+from surogate.dsl import Graph, ops
 from surogate.dsl.nn import CausalLM, LoRAConfig, ModelSpec
-from surogate.errors import NotFoundError
+from surogate.errors import NotFoundError, UnsupportedError
 
 
 def spec():
@@ -37,3 +37,14 @@ def test_missing_rule_names_the_op():
     (y,) = g.node("mystery_op", [w], [("y", (4,), "float32")])
     with pytest.raises(NotFoundError, match="mystery_op"):
         backward(g, y)
+
+
+def test_serving_ops_refuse_a_backward_pass():
+    g = Graph()
+    q = g.param("q", (3, 2, 8), "float32")
+    k, v = g.param("k", (3, 1, 8), "float32"), g.param("v", (3, 1, 8), "float32")
+    pos, slots = g.input("pos", (3,), "int32"), g.input("slots", (3,), "int32")
+    k_cache, v_cache = g.input("k_cache", (2, 4, 1, 8), "float32"), g.input("v_cache", (2, 4, 1, 8), "float32")
+    q_out = ops.qkv_rope_cache(q, k, v, pos, slots, k_cache, v_cache, {"theta": 10000.0})
+    with pytest.raises(UnsupportedError, match="qkv_rope_cache is a serving op"):
+        backward(g, q_out)

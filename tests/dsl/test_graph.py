@@ -1,7 +1,7 @@
 import pytest
 
 from surogate.dsl import Graph
-from surogate.dsl.nn import CausalLM, LoRAConfig, ModelSpec
+from surogate.dsl.nn import CausalLM, KVCache, LoRAConfig, ModelSpec
 
 
 def tiny_spec(**kw) -> ModelSpec:
@@ -45,3 +45,15 @@ def test_shape_errors_name_the_op():
 
     with pytest.raises(ValueError, match="linear"):
         ops.linear(x, w)
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_serving_graph_fuses_rope_and_the_cache_write(qk_norm):
+    spec = tiny_spec(qk_norm=qk_norm)
+    serve = CausalLM(spec).build(mode="serve", kv=KVCache(num_blocks=4, block_size=4))
+    fused = [n for n in serve.nodes if n.op == "qkv_rope_cache"]
+    assert len(fused) == spec.num_layers
+    assert len(fused[0].inputs) == (7 if qk_norm else 5)  # q, k, v, pos, slots (, q_norm, k_norm)
+    assert not {"rope_fwd", "qk_norm_rope_fwd", "kv_cache_write"} & {n.op for n in serve.nodes}
+    train = {n.op for n in CausalLM(spec).build(mode="train").nodes}
+    assert "qkv_rope_cache" not in train and ("qk_norm_rope_fwd" if qk_norm else "rope_fwd") in train

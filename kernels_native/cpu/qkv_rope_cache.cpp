@@ -1,0 +1,158 @@
+// qkv_rope_cache: what a serving step does between the q / k / v projections and paged attention,
+// as one op: RoPE on q and k (after Qwen3's per-head RMSNorm when the norm weights are given),
+// k and v written into the paged KV cache, q returned.
+//
+// (q[N,Hq,D], k[N,Hkv,D], v[N,Hkv,D], pos[N] i32, slot_mapping[N] i32, [q_norm w[D], k_norm w[D]])
+//   -> (q_out[N,Hq,D], k_cache, v_cache [num_blocks, block_size, Hkv, D] written in place)
+// With the norm weights (both or neither):
+//   q_out = qk_norm_rope_fwd(q, q_norm), k_cache[slot] = qk_norm_rope_fwd(k, k_norm), v_cache[slot] = v
+// without them:
+//   q_out = rope_fwd(q), k_cache[slot] = rope_fwd(k), v_cache[slot] = v
+// bit for bit (the same helpers, cpu/rope.h, in the same order); attrs: eps and the rope attrs of
+// rope_fwd (cpu/rope.cpp's header has the formulas). Slots are kv_cache_write's (cpu/paged_attention.cpp):
+// -1 skips the token's k and v (its q is still computed), anything else outside the cache or a
+// slot used twice is an error raised before anything is written.
+//
+// q, k and v may have token rows further apart than H * D elements (strides [row, D, 1]): column
+// slices of one fused [N, (Hq + 2 Hkv) D] projection. q_out and the caches are contiguous.
+// Forward only: serving graphs are not differentiated.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "cpu/paged_attention.h"
+#include "cpu/rope.h"
+
+namespace surogate::cpu {
+
+namespace {
+
+constexpr const char* kOp = "qkv_rope_cache";
+
+// [N, H, D] with each token's heads packed ([H, D] contiguous) and rows `row` elements apart,
+// row >= H * D. Returns the row stride in *row.
+Status check_rows(const char* name, const Tensor& t, int64_t* row) {
+  SG_RETURN_IF_ERROR(check_ndim(kOp, name, t, 3));
+  SG_RETURN_IF_ERROR(check_dtype(kOp, name, t, {DType::kF32, DType::kBF16, DType::kF16}));
+  const int64_t N = t.shape[0], H = t.shape[1], D = t.shape[2];
+  const bool packed = (D <= 1 || t.strides[2] == 1) && (H <= 1 || t.strides[1] == D);
+  *row = N <= 1 ? H * D : t.strides[0];
+  SG_CHECK(t.numel() == 0 || (packed && *row >= H * D), StatusCode::kInvalidArgument,
+           str_cat(kOp, ": ", name, " ", t.shape_str(), " has strides [", t.strides[0], ", ", t.strides[1], ", ",
+                   t.strides[2], "]; it must be [row >= ", H * D, ", ", D, ", 1] (each token's heads contiguous)"),
+           "pass a contiguous tensor or a column slice of one");
+  return Status::OK();
+}
+
+Status check_same_dtype(const char* name, const Tensor& t, const Tensor& q) {
+  SG_CHECK(t.dtype == q.dtype, StatusCode::kDTypeUnsupported,
+           str_cat(kOp, ": ", name, " is ", dtype_name(t.dtype), " but q is ", dtype_name(q.dtype)),
+           "keep q, k, v, the norm weights and the cache in the model's activation dtype");
+  return Status::OK();
+}
+
+Status qkv_rope_cache(const OpArgs& a) {
+  const char* op = kOp;
+  const Tensor& q = a.in(0);
+  const Tensor& k = a.in(1);
+  const Tensor& v = a.in(2);
+  const Tensor& sm = a.in(4);
+  const Tensor& qo = a.out(0);
+  const Tensor& kc = a.out(1);
+  const Tensor& vc = a.out(2);
+  int64_t q_row = 0, k_row = 0, v_row = 0;
+  SG_RETURN_IF_ERROR(check_rows("q", q, &q_row));
+  SG_RETURN_IF_ERROR(check_rows("k", k, &k_row));
+  SG_RETURN_IF_ERROR(check_rows("v", v, &v_row));
+  const int64_t N = q.shape[0], Hq = q.shape[1], D = q.shape[2], Hkv = k.shape[1];
+  SG_RETURN_IF_ERROR(check_same_shape(op, "k", k, "v", v));
+  SG_CHECK_SHAPE(k.shape[0] == N && k.shape[2] == D,
+                 str_cat(op, ": k ", k.shape_str(), " must be [N, Hkv, D] with q's N and D (q ", q.shape_str(), ")"));
+  SG_RETURN_IF_ERROR(check_same_shape(op, "q", q, "q_out", qo));
+  SG_RETURN_IF_ERROR(check_ndim(op, "k_cache", kc, 4));
+  SG_RETURN_IF_ERROR(check_same_shape(op, "k_cache", kc, "v_cache", vc));
+  SG_CHECK_SHAPE(kc.shape[2] == Hkv && kc.shape[3] == D,
+                 str_cat(op, ": k_cache ", kc.shape_str(), " must be [num_blocks, block_size, ", Hkv, ", ", D,
+                         "] for k ", k.shape_str()));
+  const char* names[] = {"k", "v", "q_out", "k_cache", "v_cache"};
+  const Tensor* ts[] = {&k, &v, &qo, &kc, &vc};
+  for (int i = 0; i < 5; ++i) SG_RETURN_IF_ERROR(check_same_dtype(names[i], *ts[i], q));
+  for (int i = 2; i < 5; ++i) SG_RETURN_IF_ERROR(check_contiguous(op, names[i], *ts[i]));
+  SG_RETURN_IF_ERROR(check_pos(op, a.in(3), N));
+  SG_RETURN_IF_ERROR(check_dtype(op, "slot_mapping", sm, {DType::kI32}));
+  SG_RETURN_IF_ERROR(check_contiguous(op, "slot_mapping", sm));
+  SG_CHECK_SHAPE(sm.ndim == 1 && sm.shape[0] == N,
+                 str_cat(op, ": slot_mapping ", sm.shape_str(), " must be [N] = [", N, "], one slot per token"));
+  const bool norm = a.has_in(5);
+  SG_CHECK_ARG(norm == a.has_in(6), str_cat(op, ": pass both norm weights (q_norm, k_norm) or neither"));
+  if (norm) {
+    const char* wn[] = {"q_norm", "k_norm"};
+    for (int i = 0; i < 2; ++i) {
+      const Tensor& w = a.in(5 + i);
+      SG_CHECK_SHAPE(w.ndim == 1 && w.shape[0] == D, str_cat(op, ": ", wn[i], " ", w.shape_str(), " must be [D] = [", D, "]"));
+      SG_RETURN_IF_ERROR(check_contiguous(op, wn[i], w));
+      SG_RETURN_IF_ERROR(check_same_dtype(wn[i], w, q));
+    }
+  }
+  RopeConfig cfg;
+  SG_RETURN_IF_ERROR(parse_rope(op, a.attr(), D, &cfg));
+  const float eps = static_cast<float>(a.attr().get_float("eps", 1e-6));
+  const int32_t* pos = a.in(3).ptr<int32_t>();
+  const int32_t* slots = sm.ptr<int32_t>();
+  SG_RETURN_IF_ERROR(check_slot_mapping(op, slots, N, kc.shape[0], kc.shape[1]));
+  const int64_t R = cfg.rotary_dim, half = R / 2;
+
+  SG_DISPATCH_FLOAT(op, q.dtype, T, {
+    CosSinTable table;
+    SG_RETURN_IF_ERROR(build_table<T>(cfg, pos, N, &table));
+    const float* cs_base = table.buf.ptr<float>();
+    std::vector<float> wq(norm ? D : 0), wk(norm ? D : 0);
+    if (norm) {
+      load_row(a.in(5).ptr<T>(), wq.data(), D);
+      load_row(a.in(6).ptr<T>(), wk.data(), D);
+    }
+    const T* pq = q.ptr<T>();
+    const T* pk = k.ptr<T>();
+    const T* pv = v.ptr<T>();
+    T* pqo = qo.ptr<T>();
+    T* pkc = kc.ptr<T>();
+    T* pvc = vc.ptr<T>();
+    const size_t v_bytes = static_cast<size_t>(Hkv * D) * sizeof(T);
+    parallel_for(0, N, std::max<int64_t>(1, kRopeGrainElems / std::max<int64_t>(1, (Hq + 2 * Hkv) * D)),
+                 [&](int64_t n0, int64_t n1) {
+      std::vector<float> xs(D), nb(D);
+      // One head: qk_norm_rope_fwd's (with w) or rope_fwd's (without) per-head steps.
+      auto head = [&](const T* x, T* y, const float* w, const float* c) {
+        if (norm) {
+          load_row(x, xs.data(), D);
+          norm_rope_head(xs.data(), w, eps, c, D, R, nb.data(), y);
+        } else {
+          load_row(x, xs.data(), R);
+          rotate_pairs(xs.data(), xs.data() + half, c, c + half, 1.0f, y, y + half, half);
+          if (R < D) std::memcpy(y + R, x + R, (D - R) * sizeof(T));
+        }
+      };
+      for (int64_t n = n0; n < n1; ++n) {
+        const float* c = table.row(cs_base, n, pos[n], R);
+        for (int64_t h = 0; h < Hq; ++h) head(pq + n * q_row + h * D, pqo + (n * Hq + h) * D, wq.data(), c);
+        const int64_t slot = slots[n];
+        if (slot < 0) continue;
+        for (int64_t h = 0; h < Hkv; ++h) head(pk + n * k_row + h * D, pkc + (slot * Hkv + h) * D, wk.data(), c);
+        std::memcpy(pvc + slot * Hkv * D, pv + n * v_row, v_bytes);
+      }
+    });
+  });
+  return Status::OK();
+}
+
+}  // namespace
+
+void register_cpu_qkv_rope_cache(OpRegistry& reg) {
+  add_op(reg, "qkv_rope_cache", 5, 7, 3, qkv_rope_cache,
+         "(q[N,Hq,D], k[N,Hkv,D], v[N,Hkv,D], pos[N] i32, slot_mapping[N] i32, [q_norm[D], k_norm[D]]) -> "
+         "(q_out[N,Hq,D], k_cache, v_cache [num_blocks, block_size, Hkv, D], written in place; slot -1 skips); "
+         "attrs: eps, theta, rotary_dim, rope_type (default|linear|llama3), factor, low_freq_factor, "
+         "high_freq_factor, original_max_position, attention_factor");
+}
+
+}  // namespace surogate::cpu

@@ -1,0 +1,59 @@
+// The RoPE pieces that the CUDA rope ops (cuda/norm_rope_act_rope.cu) and the serving op
+// qkv_rope_cache (cuda/qkv_rope_cache.cu) share, so that both round alike: the rope attributes
+// with inv_freq computed on the host as cpu/rope.cpp does, the per-token cos / sin in shared
+// memory and the rotation of a pair. The formulas and rounding order are cpu/rope.cpp's.
+//
+// inv_freq travels to a kernel as a by-value parameter (no copy, no host sync, capturable in a
+// CUDA graph), which caps half = rotary_dim / 2 at kMaxHalf.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/norm_rope_act.cuh"
+#include "runtime/attrs.h"
+
+namespace surogate::cuda::nra {
+
+inline constexpr int kMaxHalf = 512;
+
+struct InvFreq {
+  float f[kMaxHalf];
+};
+
+struct RopeConfig {
+  int64_t rotary_dim = 0;
+  float attention_factor = 1.0f;
+  InvFreq inv{};
+};
+
+// The rope attributes of op `op` for head dim D, checked (cpu/rope.cpp's messages), with inv_freq.
+Status parse_rope(const char* op, const Attrs& at, int64_t D, RopeConfig* cfg);
+
+// The parameter table into shared memory once per block (indexing a kernel parameter with a
+// per-thread index would serialize on the constant cache).
+__device__ __forceinline__ void load_inv_freq(const InvFreq& inv, float* fr, int64_t half) {
+  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) fr[i] = inv.f[i];
+}
+
+// cs[0, half) = cos, cs[half, 2 half) = sin of token position p, in cpu/rope.cpp's build_table order.
+template <typename T>
+__device__ __forceinline__ void fill_cos_sin(const float* fr, int32_t p, float af, float* cs, int64_t half) {
+  const float pf = static_cast<float>(p);
+  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+    const double angle = static_cast<double>(pf * fr[i]);  // the f32 product, as HF
+    double s, c;
+    sincos(angle, &s, &c);
+    cs[i] = rnd<T>(static_cast<float>(c) * af);
+    cs[half + i] = rnd<T>(static_cast<float>(s) * af);
+  }
+}
+
+// (y1, y2) = (T(T(a c) - T(b sn)), T(T(b c) + T(a sn))). __fmul_rn keeps the products apart from
+// the add / subtract (no FMA), so f32 results round like the CPU's.
+template <typename T>
+__device__ __forceinline__ void rotate(float a, float b, float c, float sn, T* y1, T* y2) {
+  *y1 = st<T>(rnd<T>(__fmul_rn(a, c)) - rnd<T>(__fmul_rn(b, sn)));
+  *y2 = st<T>(rnd<T>(__fmul_rn(b, c)) + rnd<T>(__fmul_rn(a, sn)));
+}
+
+}  // namespace surogate::cuda::nra

@@ -1,0 +1,209 @@
+"""qkv_rope_cache on the GPU (kernels_native/cuda/qkv_rope_cache.cu) against the CPU op, which
+test_qkv_rope_cache.py checks bit for bit against the ops it fuses.
+
+Caches start as garbage, so a wrong or extra slot shows; v rows and every slot left alone must be
+equal to the bit, q and the roped k within the storage dtype's tolerance. Shapes cover the 16-byte
+pack path and the single-element path (head dims, rotary dims and row strides off the packs),
+more heads than warps, rows of a fused projection (strided views in a Program) and a Program
+replayed as a CUDA graph with new positions and slots each step.
+"""
+
+import numpy as np
+import pytest
+from sgtest.ops import as_dtype, assert_close
+
+from surogate import _native
+
+pytestmark = pytest.mark.cuda
+
+HAS_CUDA = bool(_native.build_info()["cuda"]) and len(_native.cuda_devices()) > 0
+if not HAS_CUDA:
+    pytest.skip("no CUDA build or no GPU", allow_module_level=True)
+
+COVERS = ("qkv_rope_cache",)
+
+DTYPES = ["float32", "bfloat16", "float16"]
+
+ROPE = {
+    "default": {"theta": 1000000.0},
+    "linear": {"rope_type": "linear", "factor": 4.0},
+    "llama3": {"theta": 500000.0, "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position": 8192},
+}
+
+
+def make_case(seed, n, hq, hkv, d, dtype, num_blocks=7, block_size=4, pad=(1, 4)):
+    """One step: n tokens at scattered positions, distinct shuffled slots (-1 at `pad`), garbage
+    caches, norm weights around 1."""
+    rng = np.random.default_rng(seed)
+
+    def rand(*shape, scale=1.0, shift=0.0):
+        return as_dtype((rng.standard_normal(shape) * scale + shift).astype(np.float32), dtype)
+
+    slots = rng.permutation(num_blocks * block_size)[:n].astype(np.int32)
+    slots[[i for i in pad if i < n]] = -1
+    return {
+        "q": rand(n, hq, d, scale=3.0), "k": rand(n, hkv, d, scale=3.0), "v": rand(n, hkv, d),
+        "pos": rng.integers(0, 40_000, n).astype(np.int32), "slots": slots,
+        "k_cache": rand(num_blocks, block_size, hkv, d), "v_cache": rand(num_blocks, block_size, hkv, d),
+        "q_norm": rand(d, scale=0.2, shift=1.0), "k_norm": rand(d, scale=0.2, shift=1.0),
+    }
+
+
+def run(device, c, norm, **attrs):
+    """qkv_rope_cache on `device`; returns (q_out, k_cache, v_cache) as numpy."""
+    names = ["q", "k", "v", "pos", "slots"] + (["q_norm", "k_norm"] if norm else [])
+    q = c["q"]
+    if device == "cpu":
+        outs = [np.zeros(q.shape, q.dtype), c["k_cache"].copy(), c["v_cache"].copy()]
+        _native.call_op("qkv_rope_cache", [c[n] for n in names], outs, attrs)
+        return outs
+    ins = [_native.tensor(np.ascontiguousarray(c[n])).to("cuda") for n in names]
+    outs = [_native.zeros(list(q.shape), str(q.dtype), "cuda"), _native.tensor(c["k_cache"].copy()).to("cuda"),
+            _native.tensor(c["v_cache"].copy()).to("cuda")]
+    _native.call_op("qkv_rope_cache", ins, outs, attrs)
+    return [o.to("cpu").numpy() for o in outs]
+
+
+def assert_matches(got, want, c):
+    """q and k within tolerance; v rows and the slots nobody wrote equal to the bit."""
+    dtype = str(c["q"].dtype)
+    q_got, k_got, v_got = got
+    q_want, k_want, v_want = want
+    assert_close(q_got.astype(np.float32), q_want.astype(np.float32), dtype)
+    assert_close(k_got.astype(np.float32), k_want.astype(np.float32), dtype)
+    np.testing.assert_array_equal(v_got.view(np.uint8), v_want.view(np.uint8))
+    hkv, d = k_want.shape[2:]
+    written = c["slots"][c["slots"] >= 0]
+    kept = np.setdiff1d(np.arange(k_want.shape[0] * k_want.shape[1]), written)
+    np.testing.assert_array_equal(k_got.reshape(-1, hkv, d)[kept].view(np.uint8),
+                                  c["k_cache"].reshape(-1, hkv, d)[kept].view(np.uint8))
+
+
+def check(c, norm, **attrs):
+    assert_matches(run("cuda", c, norm, **attrs), run("cpu", c, norm, **attrs), c)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize("rope", sorted(ROPE))
+def test_matches_cpu(dtype, norm, rope):
+    check(make_case(1, 37, 8, 2, 64, dtype, num_blocks=12), norm, eps=1e-5, **ROPE[rope])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize("d,r", [(128, 128), (80, 32), (128, 64), (256, 256), (64, 2), (34, 34), (72, 72), (512, 512),
+                                 (96, 48)])
+def test_head_and_rotary_dims(dtype, norm, d, r):
+    # 16-byte packs where D and half divide them, single elements otherwise (half 1, 17, 36 for bf16,
+    # 256 for f32); D = 512 is past the packs for f32 (half > 128) but not for bf16 / f16.
+    check(make_case(d + r, 19, 4, 2, d, dtype), norm, rotary_dim=r)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("n", [1, 3, 300])
+def test_more_heads_than_warps(dtype, n):
+    # 64 + 2 x 8 = 80 head tasks over 32 warps; one decode token, a few, a prefill chunk.
+    c = make_case(n, n, 64, 8, 128, dtype, num_blocks=80, block_size=4, pad=(0, 2) if n > 2 else ())
+    check(c, True)
+    check(c, False)
+
+
+def test_out_of_range_slot_skips_the_token():
+    # The CPU op rejects such a slot; on the GPU (no host reads) it is skipped like -1.
+    c = make_case(7, 6, 4, 2, 64, "bfloat16", pad=())
+    c["slots"][2] = 7 * 4 + 3
+    got = run("cuda", c, True)
+    c["slots"][2] = -1
+    assert_matches(got, run("cpu", c, True), c)
+
+
+def test_no_tokens():
+    c = make_case(8, 0, 4, 2, 64, "float32", pad=())
+    q, kc, _ = run("cuda", c, True)
+    assert q.shape == (0, 4, 64)
+    np.testing.assert_array_equal(kc, c["k_cache"])
+
+
+# ---- rows of a fused projection, in a Program (eager and as a CUDA graph) --------------------------
+
+def fused_program(device, n, hq, hkv, d, dtype, norm, width, attrs):
+    """qkv_rope_cache reading q, k, v as column slices of one external [n, width] projection."""
+    p = _native.Program(device)
+    ids = {"qkv": p.external("qkv", [n, width], dtype)}
+    ins = [p.view("q", ids["qkv"], [n, hq, d], 0, [width, d, 1]),
+           p.view("k", ids["qkv"], [n, hkv, d], hq * d, [width, d, 1]),
+           p.view("v", ids["qkv"], [n, hkv, d], (hq + hkv) * d, [width, d, 1])]
+    specs = [("pos", [n], "int32"), ("slots", [n], "int32"), ("q_out", [n, hq, d], dtype),
+             ("k_cache", [7, 4, hkv, d], dtype), ("v_cache", [7, 4, hkv, d], dtype)]
+    if norm:
+        specs += [("q_norm", [d], dtype), ("k_norm", [d], dtype)]
+    for name, shape, dt in specs:
+        ids[name] = p.external(name, shape, dt)
+    ins += [ids["pos"], ids["slots"]] + ([ids["q_norm"], ids["k_norm"]] if norm else [])
+    p.op("qkv_rope_cache", ins, [ids["q_out"], ids["k_cache"], ids["v_cache"]], attrs)
+    return p, ids
+
+
+def qkv_rows(c, width):
+    n = c["q"].shape[0]
+    rows = np.concatenate([c["q"].reshape(n, -1), c["k"].reshape(n, -1), c["v"].reshape(n, -1)], axis=1)
+    out = np.zeros((n, width), rows.dtype)
+    out[:, :rows.shape[1]] = rows
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize("extra", [0, 8, 1])  # row stride a multiple of the packs, or not (single elements)
+def test_rows_of_a_fused_projection(dtype, norm, extra):
+    n, hq, hkv, d = 11, 8, 2, 64
+    c = make_case(9 + extra, n, hq, hkv, d, dtype)
+    width = (hq + 2 * hkv) * d + extra
+    p, ids = fused_program("cuda", n, hq, hkv, d, dtype, norm, width, {"eps": 1e-6})
+    bound = {"qkv": qkv_rows(c, width), "q_out": np.zeros(c["q"].shape, c["q"].dtype)}
+    bound.update({k: c[k] for k in ("pos", "slots", "k_cache", "v_cache", "q_norm", "k_norm") if k in ids})
+    tensors = {k: _native.tensor(np.ascontiguousarray(x)).to("cuda") for k, x in bound.items()}
+    for k, t in tensors.items():
+        p.bind(ids[k], t)
+    p.run()
+    got = [tensors[k].to("cpu").numpy() for k in ("q_out", "k_cache", "v_cache")]
+    assert_matches(got, run("cpu", c, norm, eps=1e-6), c)
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_replayed_as_a_cuda_graph(norm):
+    # Decode steps of 3 sequences: the graph is captured on the second run and replayed after,
+    # reading each step's positions and slots from the device.
+    n, hq, hkv, d, dtype = 3, 8, 2, 64, "bfloat16"
+    width = (hq + 2 * hkv) * d
+    c = make_case(10, n, hq, hkv, d, dtype, pad=())
+    p, ids = fused_program("cuda", n, hq, hkv, d, dtype, norm, width, {"eps": 1e-6, **ROPE["llama3"]})
+    tensors = {"qkv": _native.tensor(qkv_rows(c, width)).to("cuda"),
+               "q_out": _native.zeros([n, hq, d], dtype, "cuda"),
+               "k_cache": _native.tensor(c["k_cache"].copy()).to("cuda"),
+               "v_cache": _native.tensor(c["v_cache"].copy()).to("cuda")}
+    for k in ("pos", "slots", "q_norm", "k_norm"):
+        if k in ids:
+            tensors[k] = _native.tensor(np.ascontiguousarray(c[k])).to("cuda")
+    for k, t in tensors.items():
+        p.bind(ids[k], t)
+    p.set_graphs(True)
+    rng = np.random.default_rng(11)
+    for step in range(4):
+        c["q"] = as_dtype(rng.standard_normal(c["q"].shape).astype(np.float32), dtype)
+        c["k"] = as_dtype(rng.standard_normal(c["k"].shape).astype(np.float32), dtype)
+        c["v"] = as_dtype(rng.standard_normal(c["v"].shape).astype(np.float32), dtype)
+        c["pos"] = (c["pos"] + 1 + step).astype(np.int32)
+        c["slots"] = rng.permutation(28)[:n].astype(np.int32)
+        c["slots"][step % n] = -1
+        for k in ("pos", "slots"):
+            tensors[k].copy_from(c[k])
+        tensors["qkv"].copy_from(qkv_rows(c, width))
+        want = run("cpu", c, norm, eps=1e-6, **ROPE["llama3"])
+        p.run()
+        got = [tensors[k].to("cpu").numpy() for k in ("q_out", "k_cache", "v_cache")]
+        assert_matches(got, want, c)
+        c["k_cache"], c["v_cache"] = want[1], want[2]  # the next step writes over this one's cache
+    assert p.graphs_active and p.num_graphs == 1
