@@ -82,8 +82,8 @@ def test_device_argmax_and_host_logits_agree_on_cuda(family):
     ps = prompts(ours.spec.vocab_size, 6, seed=4)
     expected = [hf_greedy(ref, p, 8) for p in ps]
     with engine(ours) as client:
-        kinds = [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=1 if i % 2 else -1)
-                 for i in range(len(ps))]  # logprobs -1 (argmax) and 1 (full rows), alternating
+        kinds = [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=1 if i % 2 else None)
+                 for i in range(len(ps))]  # no logprobs (argmax) and 1 (full rows), alternating
         ids = [client.submit(p, k) for p, k in zip(ps, kinds)]
         got = [[t for out in client.wait(i, timeout=120) for t in out.new_token_ids] for i in ids]
     assert got == expected
