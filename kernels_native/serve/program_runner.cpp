@@ -35,7 +35,7 @@ ProgramRunner::ProgramRunner(const Config& config, CompileFn compile)
 
 int ProgramRunner::bucket_tokens(int t) {
   if (t <= kSmallT) return t;
-  if (t <= kMaxPad) return pow2(t);
+  if (t <= kMaxPad) return (t + kSmallT - 1) / kSmallT * kSmallT;
   return (t + kMaxPad - 1) / kMaxPad * kMaxPad;
 }
 

@@ -4,7 +4,7 @@
 // (tokens T, sequences S, block-table width B, logits rows R, LoRA adapter) and run by that
 // bucket's Program, compiled on first use through a callback (the Python compiler, with the GIL)
 // and reused after:
-//   tokens: exact up to 16 (decode batches), then powers of two up to 256, then multiples of 256;
+//   tokens: exact up to 16 (decode batches), then multiples of 16 up to 256, then of 256;
 //     the padding tokens form one extra sequence that writes and reads scratch blocks at the end
 //     of the cache ([num_blocks, num_blocks + pad_blocks), never handed out by the engine);
 //   sequences: a power of two; padding sequences have no queries and an empty context;

@@ -45,9 +45,11 @@ def bench_ours(model, n: int, prompt_len: int, output_len: int, block_size: int 
                        max_num_batched_tokens=max(2048, prompt_len), enable_prefix_caching=False, seed=0)
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
     with EngineClient(runner, cfg) as client:
-        # Warm-up: compiles the Programs of the shapes this run will use.
+        # Warm-up: compiles the Programs of the shapes this run will use (the batch, then one
+        # request alone), as a server does once for its shapes.
         for rid in [client.submit(p, params) for p in _prompts(model.spec.vocab_size, n, prompt_len, seed=1)]:
             client.wait(rid, timeout=3600)
+        client.wait(client.submit(_prompts(model.spec.vocab_size, 1, prompt_len, seed=3)[0], params), timeout=3600)
         ttft, itl = [], []
         total = 0
 

@@ -91,6 +91,20 @@ class _Lowering:
                 self.remap[y.name] = b
             else:
                 self.by_value[y.name] = b
+        elif n.op == "columns":  # a strided view: rows of the base, some of its columns
+            (x,), (y,) = n.inputs, n.outputs
+            base = self.buf(x)
+            if base.kind == "view":
+                raise ValueError(f"columns {y.name}: the base {base.name} is itself a view")
+            shape = bind_shape(y.shape, self.dims)
+            strides = [base.shape[1]]
+            inner = 1
+            for d in reversed(shape[1:]):
+                strides.insert(1, inner)
+                inner *= d
+            b = self.new_buf(Buf(y.name, shape, y.dtype, "view", base=base, offset=int(n.attrs["offset"]),
+                                 strides=tuple(strides)))
+            self.by_value[y.name] = b
         elif n.op == "linear":
             self.linear(n)
         elif n.op == "linear_bwd":

@@ -72,10 +72,13 @@ class ModelSpec:
 @dataclass
 class KVCache:
     """Serving: the paged KV cache (per layer [num_blocks, block_size, Hkv, D]) and the step's
-    cache addressing, all graph inputs."""
+    cache addressing, all graph inputs. ``fuse_qkv``: the q, k and v projections read one fused
+    weight, ``self_attn.qkv_proj`` (rows q, then k, then v; the caller binds it), so a step makes
+    one matmul of them instead of three; layers whose q / k / v are GGML blocks stay unfused."""
 
     num_blocks: int
     block_size: int
+    fuse_qkv: bool = False
     slots: Value | None = None
     block_tables: Value | None = None
     cu_q: Value | None = None
@@ -126,6 +129,8 @@ class Attention:
         self.q = Linear("self_attn.q_proj", C, [("q_proj", Hq * D)], spec.attention_bias)
         self.k = Linear("self_attn.k_proj", C, [("k_proj", Hkv * D)], spec.attention_bias)
         self.v = Linear("self_attn.v_proj", C, [("v_proj", Hkv * D)], spec.attention_bias)
+        self.qkv = Linear("self_attn.qkv_proj", C, [("q_proj", Hq * D), ("k_proj", Hkv * D), ("v_proj", Hkv * D)],
+                          spec.attention_bias)  # serving (KVCache.fuse_qkv)
         self.o = Linear("self_attn.o_proj", Hq * D, [("o_proj", C)], False)
 
     def __call__(self, g: Graph, x: Value, pos: Value, cu: Value, dtype: str, lora: LoRAConfig | None,
@@ -133,9 +138,16 @@ class Attention:
         s = self.spec
         Hq, Hkv, D = s.num_heads, s.num_kv_heads, s.head_dim
         n = x.shape[0]
-        q = ops.view(self.q(g, x, dtype, lora), (n, Hq, D))
-        k = ops.view(self.k(g, x, dtype, lora), (n, Hkv, D))
-        v = ops.view(self.v(g, x, dtype, lora), (n, Hkv, D))
+        if kv is not None and kv.fuse_qkv and all(g.scoped(f"self_attn.{p}.weight") not in g.quant
+                                                  for p in ("q_proj", "k_proj", "v_proj")):
+            qkv = self.qkv(g, x, dtype, lora)
+            q = ops.columns(qkv, 0, (n, Hq, D), name="self_attn.q")
+            k = ops.columns(qkv, Hq * D, (n, Hkv, D), name="self_attn.k")
+            v = ops.columns(qkv, (Hq + Hkv) * D, (n, Hkv, D), name="self_attn.v")
+        else:
+            q = ops.view(self.q(g, x, dtype, lora), (n, Hq, D))
+            k = ops.view(self.k(g, x, dtype, lora), (n, Hkv, D))
+            v = ops.view(self.v(g, x, dtype, lora), (n, Hkv, D))
         rope = s.rope_attrs()
         qn = kn = None
         if s.qk_norm:

@@ -127,6 +127,19 @@ def view(x: Value, shape: Shape, name: str | None = None) -> Value:
     return y
 
 
+def columns(x: Value, offset: int, shape: Shape, name: str) -> Value:
+    """Columns [offset, offset + prod(shape[1:])) of a 2-D value, seen as ``shape`` (rows first):
+    a strided view, no copy (the rows of a fused projection's parts). Forward only."""
+    rows, cols = x.shape
+    size = 1
+    for d in shape[1:]:
+        size *= d
+    _check(shape[0] == rows and 0 <= offset and offset + size <= cols,
+           f"columns {name}: [{offset}, {offset + size}) of {x.shape} as {shape}")
+    (y,) = _g(x).node("columns", [x], [(name, tuple(shape), x.dtype)], offset=int(offset))
+    return y
+
+
 # ---- positions ------------------------------------------------------------------------------
 def rope(x: Value, pos: Value, rope_attrs: dict, name: str = "rope") -> Value:
     (y,) = _g(x).node("rope_fwd", [x, pos], [(name, x.shape, x.dtype)], **rope_attrs)

@@ -42,7 +42,11 @@ class ProgramRunner:
     """A loaded Model served through a native ``_native.serve.ProgramRunner`` (``.native``,
     what EngineClient hands the engine); ``run(step)`` runs one step outside an engine."""
 
-    def __init__(self, model: Model, num_blocks: int, block_size: int = 16):
+    def __init__(self, model: Model, num_blocks: int, block_size: int = 16, fuse_qkv: bool | None = None):
+        """``fuse_qkv``: serve each layer's q, k and v projections as one matmul over a fused copy
+        of their weights, made here (default: on a GPU, where a decode step's small matmuls cost
+        their launch more than their bytes). The copy is taken now: a runner whose model's
+        weights change afterwards (training) must be made anew."""
         self.model = model
         self.block_size = block_size
         self.num_blocks = num_blocks  # what the engine may hand out
@@ -57,11 +61,31 @@ class ProgramRunner:
                 self.caches[f"layers.{i}.{kv}_cache"] = np.zeros(shape, dt) if model.device == "cpu" else \
                     _native.zeros(list(shape), model.dtype, model.device)
         self.vocab_size = s.vocab_size
+        self.fuse_qkv = model.device != "cpu" if fuse_qkv is None else fuse_qkv
+        self.fused: dict[str, tuple[np.ndarray | None, object]] = {}  # name -> (host array, device twin)
+        if self.fuse_qkv:
+            self._fuse_qkv()
         self._programs: dict[tuple[int, int, int, int, int], Executable] = {}
         # adapter slot -> (its LoRA config, our-named params in the model dtype, their device twins)
         self.adapters: dict[int, tuple[LoRAConfig, dict[str, np.ndarray], dict[str, object]]] = {}
         self.native = _native.serve.ProgramRunner(model.device, s.vocab_size, block_size, num_blocks,
                                                   self.pad_blocks, self._compile)
+
+    def _fuse_qkv(self) -> None:
+        """layers.{i}.self_attn.qkv_proj.{weight,bias}: q, k, v rows stacked, in the model dtype.
+        On a GPU only the device copy is kept (the host stack is made one layer at a time)."""
+        m = self.model
+        for i in range(m.spec.num_layers):
+            for kind in ("weight", "bias"):
+                parts = [f"layers.{i}.self_attn.{p}_proj.{kind}" for p in "qkv"]
+                if not all(p in m.params for p in parts) or any(p in m.quant for p in parts):
+                    continue
+                stacked = np.ascontiguousarray(np.concatenate([m.params[p] for p in parts], axis=0))
+                name = f"layers.{i}.self_attn.qkv_proj.{kind}"
+                if m.device == "cpu":
+                    self.fused[name] = (stacked, None)
+                else:
+                    self.fused[name] = (None, _native.tensor(stacked).to(m.device))
 
     def add_adapter(self, slot: int, cfg: LoRAConfig, params: dict[str, np.ndarray]) -> None:
         """Serve requests submitted with adapter ``slot`` through these LoRA weights (our parameter
@@ -105,12 +129,15 @@ class ProgramRunner:
             raise InvalidArgumentError(f"no adapter in slot {slot}", hint="register it with add_adapter first")
         m = self.model
         lora = self.adapters[slot][0] if slot >= 0 else None
-        g = m.arch.build(mode="serve", dtype=m.dtype, kv=KVCache(self.total_blocks, self.block_size), quant=m.quant,
-                         lora=lora)
+        g = m.arch.build(mode="serve", dtype=m.dtype, kv=KVCache(self.total_blocks, self.block_size, self.fuse_qkv),
+                         quant=m.quant, lora=lora)
         exe = Executable(g, {"N": T, "S": S, "S1": S + 1, "B": B, "R": R}, m.device,
                          keep=[g.outputs["logits"], g.outputs["argmax"]])
         for name in exe.external_names("param"):
-            if name in m.params:  # the adapter's LoRA tensors are bound below
+            if name in self.fused:
+                host, dev = self.fused[name]
+                exe.bind(name, host if host is not None else dev)
+            elif name in m.params:  # the adapter's LoRA tensors are bound below
                 exe.bind(name, m.params[name], m.device_param(name))
         for name, arr in self.caches.items():
             exe.bind(name, arr)

@@ -26,11 +26,12 @@ def family(request, tmp_path_factory):
     return ours, ref
 
 
-def test_greedy_alone_and_concurrent_equals_transformers_cold_and_warm(family):
+@pytest.mark.parametrize("fuse_qkv", [False, True])
+def test_greedy_alone_and_concurrent_equals_transformers_cold_and_warm(family, fuse_qkv):
     ours, ref = family
     ps = prompts(ours.spec.vocab_size, 20, seed=1)
     expected = [hf_greedy(ref, p, 10) for p in ps]
-    with engine(ours) as client:
+    with engine(ours, fuse_qkv=fuse_qkv) as client:
         assert generate(client, ps[:1], 10) == expected[:1]  # alone
         assert generate(client, ps, 10) == expected  # 20 at once (some prefixes now cached)
         hits_before = client.stats().prefix_cache_hits

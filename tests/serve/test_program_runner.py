@@ -42,7 +42,7 @@ def prefill_step(lens: list[int], need: list[int] | None = None, block_size: int
 
 
 def test_bucket_tokens():
-    assert [bucket_tokens(t) for t in (1, 7, 16, 17, 100, 256, 257, 600)] == [1, 7, 16, 32, 128, 256, 512, 768]
+    assert [bucket_tokens(t) for t in (1, 7, 16, 17, 100, 256, 257, 600)] == [1, 7, 16, 32, 112, 256, 512, 768]
 
 
 def test_argmax_rows_equal_the_logits_argmax_and_unneeded_rows_may_stay_empty(model):
@@ -60,7 +60,7 @@ def test_argmax_rows_equal_the_logits_argmax_and_unneeded_rows_may_stay_empty(mo
 
 def test_a_step_with_many_tokens_is_padded_into_its_bucket(model):
     runner = ProgramRunner(model, num_blocks=64)
-    odd = prefill_step([40, 33, 30])  # 103 tokens -> the 128 bucket, a padding sequence of 25
+    odd = prefill_step([40, 33, 30])  # 103 tokens -> the 112 bucket, a padding sequence of 9
     exact = [ProgramRunner(model, num_blocks=64).run(prefill_step([n]))[0][0] for n in (40, 33, 30)]
     logits, _ = runner.run(odd)
     for got, want in zip(logits, exact):
@@ -104,3 +104,21 @@ def test_nan_logits_finish_greedy_requests_with_an_error(tmp_path):
         out = client.wait(client.submit([5, 6, 7], SamplingParams(temperature=0.0, max_tokens=3)), timeout=60)
     last = out[-1]
     assert last.finish_reason == "error" and "non-finite" in last.finish_message
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_fused_qkv_serves_the_same_logits(family, tmp_path):
+    from sgtest.tiny_models import make_llama
+
+    make = make_llama if family == "llama" else make_qwen3
+    m = surogate.load_model(make(tmp_path / family, seed=9, initializer_range=0.2))
+    step = prefill_step([5, 21, 40])
+    plain, a = ProgramRunner(m, num_blocks=32, fuse_qkv=False).run(step)
+    fused_runner = ProgramRunner(m, num_blocks=32, fuse_qkv=True)
+    fused, b = fused_runner.run(step)
+    np.testing.assert_allclose(fused, plain, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(a, b)
+    assert sorted(fused_runner.fused) == sorted(f"layers.{i}.self_attn.qkv_proj.weight" for i in range(m.spec.num_layers))
+    exe = next(iter(fused_runner._programs.values()))
+    ops = [exe.program.instr(i) for i in range(exe.program.num_instrs)]
+    assert not any("q_proj.weight" in o for o in ops) and sum("qkv_proj.weight" in o for o in ops) == m.spec.num_layers

@@ -54,9 +54,10 @@ def run(client, jobs: list[tuple[list[int], int | None]]) -> list[list[int]]:
     return [[t for out in client.wait(i, timeout=120) for t in out.new_token_ids] for i in ids]
 
 
-def test_base_and_adapter_requests_in_one_batch_match_transformers_and_peft(setup):
+@pytest.mark.parametrize("fuse_qkv", [False, True])
+def test_base_and_adapter_requests_in_one_batch_match_transformers_and_peft(setup, fuse_qkv):
     model, adapter, prompts, want = setup
-    runner = ProgramRunner(model, num_blocks=64, block_size=16)
+    runner = ProgramRunner(model, num_blocks=64, block_size=16, fuse_qkv=fuse_qkv)
     runner.add_adapter(0, *load_peft_adapter(adapter))
     with EngineClient(runner, EngineConfig(num_blocks=64, block_size=16)) as client:
         jobs = [(p, None) for p in prompts] + [(p, 0) for p in prompts]

@@ -15,8 +15,8 @@ def prompts(vocab: int, n: int, seed: int = 0) -> list[list[int]]:
     return [rng.integers(3, vocab, int(rng.integers(1, 40))).tolist() for _ in range(n)]
 
 
-def engine(model, num_blocks: int = 64, block_size: int = 16, **kw) -> EngineClient:
-    runner = ProgramRunner(model, num_blocks=num_blocks, block_size=block_size)
+def engine(model, num_blocks: int = 64, block_size: int = 16, fuse_qkv: bool | None = None, **kw) -> EngineClient:
+    runner = ProgramRunner(model, num_blocks=num_blocks, block_size=block_size, fuse_qkv=fuse_qkv)
     return EngineClient(runner, EngineConfig(num_blocks=num_blocks, block_size=block_size, **kw))
 
 
