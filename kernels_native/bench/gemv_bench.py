@@ -1,6 +1,7 @@
 """The CUDA matmul at decode sizes: y[M, N] = x[M, K] @ W[N, K]^T (trans_b), bf16, M = 1..16.
 
-For each M and each linear layer of Qwen3-0.6B (and its LM head) it prints the time per call and
+For each M and each linear layer of Qwen3-0.6B (and its LM head, and Qwen3-8B's down projection,
+whose K = 12288 is past gemv's resident-x bound of 4096) it prints the time per call and
 the TB/s of weight bytes that time reads, for the gemv fast path (cuda/gemv.cu) and for cuBLASLt,
 measured in a child process started with SUROGATE_NO_GEMV=1 (the switch is read once per
 process), and the ratio cuBLASLt / gemv (> 1: gemv is faster). The `layer` row sums one decoder
@@ -38,6 +39,7 @@ SHAPES = {
     "gate_up": (6144, 1024),
     "down": (1024, 3072),
     "lm_head": (151936, 1024),
+    "down_8b": (4096, 12288),  # Qwen3-8B (hidden 4096, intermediate 12288): gemv's streamed-x regime
 }
 LAYER = ("q", "k", "v", "o", "gate_up", "down")
 BF16 = np.dtype(ml_dtypes.bfloat16)

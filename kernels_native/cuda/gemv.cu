@@ -4,17 +4,13 @@
 //
 // Shape letters: M rows of x (tokens), N rows of W (output features), K the inner dim.
 //
-// Design. Each CTA owns 8 rows of W and splits K among its warps; each lane streams 16-byte
-// vectors of W (8 values) with L1-bypassing loads, kU of them in flight per step, and the warp
-// multiplies them with mma.sync m16n8k16 (f32 accumulate): x is the A operand (M <= 16 token
-// rows, the rest zero) and W^T the B operand (the CTA's 8 rows as the 8 columns). The tensor
-// cores make the cost per weight byte the same for any M up to 16, where f32 FMAs would be
-// compute-bound past M ~ 8. x is read straight from global memory through L1, where it stays:
-// every CTA reads the same x, and W's loads do not allocate in L1.
-//
-// The mma's k order is free (a dot product over k), so a lane's 16-byte vector serves as its
-// fragments directly, with no shuffles or shared memory. Fragments (g = lane / 4, t = lane % 4),
-// two 16-bit values per 32-bit register, as in attention_flash.cu:
+// The mma. A warp multiplies 8 rows of W at a time with mma.sync m16n8k16 (f32 accumulate): x is
+// the A operand (M <= 16 token rows, the rest zero) and W^T the B operand (the 8 rows as the 8
+// columns). The tensor cores make the cost per weight byte the same for any M up to 16, where f32
+// FMAs would be compute-bound past M ~ 8. Each lane streams 16-byte vectors of W (8 values) with
+// L1-bypassing loads. The mma's k order is free (a dot product over k), so a lane's 16-byte vector
+// serves as its fragments directly, with no shuffles or shared memory. Fragments (g = lane / 4,
+// t = lane % 4), two 16-bit values per 32-bit register, as in attention_flash.cu:
 //   A (16 x 16): a0 = A[g][2t, 2t+1], a1 = A[g+8][2t, 2t+1], a2 = A[g][2t+8, 2t+9], a3 = A[g+8][2t+8, 2t+9]
 //   B (16 x 8):  b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g]
 //   C (16 x 8):  c0, c1 = C[g][2t, 2t+1], c2, c3 = C[g+8][2t, 2t+1]
@@ -25,16 +21,34 @@
 // a = (xa2, xb2, xa3, xb3); the C fragment is y[g][n0 + 2t, +1] and y[g + 8][n0 + 2t, +1].
 // Edges: vectors past K are zeros in both operands (in every lane of that t), rows of x past M
 // are zeros, and rows of W past N re-read row N - 1 into columns of C that are never stored.
+// The mmas go round 4 accumulators (2 at M > 8, for registers), summed in a fixed order: one
+// chain of 16 dependent mmas adds ~0.25 us to a tile once its data is in, paid in full by a
+// matrix that is one round trip.
 //
-// Warps: warp w takes slabs [w kU, w kU + kU) of each step of nw kU slabs, nw = ceil(slabs / kU)
-// up to kMaxWarps, so K <= nw kU 32 (4096 at M <= 8, where kU = 8; 2048 above) is one step with
-// the whole CTA's loads in flight at once. The warps' partial C fragments are summed in shared
-// memory in warp order (deterministic), and warp 0 applies alpha, beta and the bias and stores
-// in C's dtype. A CTA reads 8 rows of W, so N = 1024 is 128 CTAs, about one per SM of an H100:
-// small weights are one DRAM round trip of the whole matrix.
+// Work. A tile is 8 rows of W; a chunk is kS slabs (the loads a lane has in flight at once). A
+// CTA of nw warps works on one tile at a time, warp w on its chunks w, w + nw, ... The warps'
+// partial C fragments meet in shared memory (two buffers by tile parity: one barrier per tile),
+// summed in warp order (deterministic), and thread e finishes C register e / 32 of lane e % 32:
+// alpha, beta y, bias, stored in C's dtype. A warp issues the loads of its next chunk, in this
+// tile or the next, right after the mmas of the current one, ahead of the barrier and the
+// epilogue, so it has loads in flight across tiles. Two regimes by K:
+//   resident x, K <= 16 x 8 slabs (4096): kS = 8 and one chunk per warp (nw = chunks); the warp's
+//     x fragments are loaded once per CTA and stay in registers, so only W is streamed, and all of
+//     a tile's loads (16 KB at K = 1024) are one round trip. x takes a register quad per mma at
+//     any M (the A fragment's zero half at M <= 8 is registers too), so 8 slabs are ~122-127
+//     registers: 4 CTAs of 4 warps per SM at K = 1024, 64 KB of loads in flight.
+//   streamed x, longer K: up to 16 warps of ceil(chunks / 16) chunks each, x re-read with every
+//     chunk through L1, where it stays (every CTA reads the same x; W's loads do not allocate in
+//     L1); kS = 4 at M > 8, where x rows 8..15 would not fit beside 8 slabs of loads.
+// The grid is persistent: CTA b takes tiles b, b + G, b + 2G, ..., where G is the resident CTAs
+// (occupancy x SMs), lowered until every CTA has the same number of tiles. A weight of more tiles
+// than that streams without a second wave or a tail (gate_up's 768 tiles on 528 slots are 384
+// CTAs of two tiles, not 528 CTAs and a wave of 240), and one of fewer tiles (N = 1024 is 128
+// tiles, about one per SM of an H100) is one round trip of the whole matrix.
 #include "cuda/gemv.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <type_traits>
 
@@ -44,21 +58,27 @@ namespace surogate::cuda {
 
 namespace {
 
-constexpr int kRows = 8;         // rows of W per CTA: the mma's n
-constexpr int kMaxM = 16;        // rows of x: the mma's m
-constexpr int kVec = 8;          // 16-bit values per 16-byte vector
-constexpr int kSlabK = 4 * kVec; // k per slab: four lanes of one W row, one vector each
-// Slabs per warp per step, the 16-byte W loads in flight per lane: 8, or 4 when x rows 8..15 are
-// loaded too (12 registers per slab in flight; 8 would spill at 512 threads' 128 registers).
-__host__ __device__ constexpr int slabs_per_step(bool high) { return high ? 4 : 8; }
-constexpr int kMaxWarps = 16;
+constexpr int kRows = 8;          // rows of W per tile: the mma's n
+constexpr int kMaxM = 16;         // rows of x: the mma's m
+constexpr int kVec = 8;           // 16-bit values per 16-byte vector
+constexpr int kSlabK = 4 * kVec;  // k per slab: four lanes of one W row, one vector each
+constexpr int kMaxWarps = 16;     // per CTA
+
+// Slabs per chunk, the 16-byte W loads in flight per lane: 8, or 4 for streamed x at M > 8, whose
+// loads of x rows 8..15 in flight beside 8 slabs of W would not fit the 128 registers that 512
+// threads leave.
+__host__ __device__ constexpr int chunk_slabs(bool high, bool res) { return high && !res ? 4 : 8; }
+// C fragment registers that can hold a row < M: c0, c1 (row g), and c2, c3 (row g + 8) at M > 8.
+__host__ __device__ constexpr int live_regs(bool high) { return high ? 4 : 2; }
+// Accumulators per lane, independent mma chains: 4, or 2 at M > 8 (4 would spill beside resident x).
+__host__ __device__ constexpr int acc_chains(bool high) { return high ? 2 : 4; }
 
 struct GemvParams {
   const void* x;
   const void* w;
   void* y;
   const void* bias;
-  int64_t M, N, K;
+  int M, N, K;            // fits() keeps N and K below 2^30
   int64_t ldx, ldw, ldy;  // row strides in elements
   DType y_dtype, bias_dtype;
   float alpha, beta;
@@ -109,89 +129,125 @@ __device__ __forceinline__ void store_as(void* p, DType dt, int64_t i, float v) 
 }
 
 // kHigh: M > 8, x rows 8..15 are loaded (the A fragment's upper half); else they are zeros.
-template <typename T, bool kHigh>
-__global__ void __launch_bounds__(kMaxWarps * 32) gemv_kernel(GemvParams p) {
-  constexpr int kU = slabs_per_step(kHigh);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+// kRes: one chunk per warp (blockDim.x / 32 == chunks), its x held in registers across tiles;
+// else x is loaded with every chunk. Launched with at most ceil(N / 8) CTAs and
+// 2 nw live_regs(kHigh) 32 floats of dynamic shared memory. (Without the min-blocks hint of 1,
+// ptxas aims at 64 registers and spills.)
+template <typename T, bool kHigh, bool kRes>
+__global__ void __launch_bounds__(kMaxWarps * 32, 1) gemv_kernel(GemvParams p) {
+  constexpr int kS = chunk_slabs(kHigh, kRes), kC = live_regs(kHigh), kAcc = acc_chains(kHigh);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
   const int g = lane / 4, t = lane % 4;
-  const int nw = blockDim.x / 32;
-  const int64_t n0 = int64_t{blockIdx.x} * kRows;
-  const int64_t kv = p.K / kVec;  // vectors per row
+  const int kv = p.K / kVec;  // vectors per row
+  const int chunks = (kv + 4 * kS - 1) / (4 * kS), tiles = (p.N + kRows - 1) / kRows;
+  // Chunks per warp per tile, the same in every warp (a warp's last ones may be past K): each
+  // warp reaches the tile's barrier after the same number of items.
+  const int per_tile = kRes ? 1 : (chunks + nw - 1) / nw;
   const bool lo_ok = g < p.M, hi_ok = kHigh && g + 8 < p.M;
-  // Rows past N read row N - 1 and rows past M read row 0: mapped memory whose products land
-  // only in columns / rows of C that are never stored (the mma keeps them apart).
-  const T* w = static_cast<const T*>(p.w) + (n0 + g < p.N ? n0 + g : p.N - 1) * p.ldw;
+  // Rows of x past M read row 0: their products land only in rows of C that are never stored.
   const T* xlo = static_cast<const T*>(p.x) + (lo_ok ? g : 0) * p.ldx;
   const T* xhi = static_cast<const T*>(p.x) + (hi_ok ? g + 8 : 0) * p.ldx;
+  extern __shared__ float part[];  // [2][nw][kC][32]: the warps' partial C, by tile parity
 
-  float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  uint4 wv[kU], xa[kU], xb[kU];
+  uint4 wv[kS], xa[kS], xb[kS];
   const uint4 zero = make_uint4(0, 0, 0, 0);
-  // One step's loads, all issued before any is used. A step inside the row (every step but a
-  // ragged last one; uniform across the warp) loads W unconditionally at fixed offsets from one
-  // pointer. In the last one, vectors past K read the row's last vector and are zeroed in both
-  // operands: garbage times zero could still be NaN.
-  auto load = [&](int64_t s0) {
-    const int64_t v0 = s0 * 4 + t;
-    if ((s0 + kU) * 4 <= kv) {
+  // x of chunk ch: vector 4 (ch kS + u) + t of rows g and g + 8, zeros past K and past M.
+  auto load_x = [&](int ch) {
+    const int v0 = ch * kS * 4 + t;
+    const uint4* lo = reinterpret_cast<const uint4*>(xlo + v0 * kVec);
+    const uint4* hi = reinterpret_cast<const uint4*>(xhi + v0 * kVec);
 #pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const int64_t v = v0 + 4 * u;
-        wv[u] = ld_stream(w + v * kVec);
-        xa[u] = lo_ok ? __ldg(reinterpret_cast<const uint4*>(xlo + v * kVec)) : zero;
-        xb[u] = hi_ok ? __ldg(reinterpret_cast<const uint4*>(xhi + v * kVec)) : zero;
-      }
+    for (int u = 0; u < kS; ++u) {
+      const bool k_ok = v0 + 4 * u < kv;
+      xa[u] = lo_ok && k_ok ? __ldg(lo + 4 * u) : zero;
+      xb[u] = hi_ok && k_ok ? __ldg(hi + 4 * u) : zero;
+    }
+  };
+  // W of chunk ch of a tile; rows past N re-read row N - 1. A chunk inside the row (uniform across
+  // the warp) loads unconditionally at fixed offsets from one pointer. In a ragged last one,
+  // vectors past K re-read the row's last vector and are zeroed: x is zero there too, but garbage
+  // times zero could still be NaN.
+  auto load_w = [&](int tile, int ch) {
+    const T* row = static_cast<const T*>(p.w) + min(tile * kRows + g, p.N - 1) * p.ldw;
+    const int v0 = ch * kS * 4 + t;
+    if ((ch + 1) * kS * 4 <= kv) {
+      const T* w = row + v0 * kVec;
+#pragma unroll
+      for (int u = 0; u < kS; ++u) wv[u] = ld_stream(w + 4 * u * kVec);
       return;
     }
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int64_t v = v0 + 4 * u;
-      const bool k_ok = v < kv;
-      wv[u] = ld_stream(w + (k_ok ? v : kv - 1) * kVec);
-      if (!k_ok) wv[u] = zero;
-      xa[u] = lo_ok && k_ok ? __ldg(reinterpret_cast<const uint4*>(xlo + v * kVec)) : zero;
-      xb[u] = hi_ok && k_ok ? __ldg(reinterpret_cast<const uint4*>(xhi + v * kVec)) : zero;
+    for (int u = 0; u < kS; ++u) {
+      const int v = v0 + 4 * u;
+      wv[u] = ld_stream(row + min(v, kv - 1) * kVec);
+      if (v >= kv) wv[u] = zero;
     }
   };
-  // The next step's loads sit at the end of the loop body, a block apart from the mmas that use
-  // them: in one block ptxas sinks each load down to its mma and only one is in flight at a time.
-  // s0 is uniform across the warp: every lane reaches every mma.
-  const int64_t slabs = (kv + 3) / 4, step = int64_t{nw} * kU;
-  int64_t s0 = int64_t{warp} * kU;
-  if (s0 < slabs) load(s0);
-  while (s0 < slabs) {
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      mma<T>(c, xa[u].x, xb[u].x, xa[u].y, xb[u].y, wv[u].x, wv[u].y);
-      mma<T>(c, xa[u].z, xb[u].z, xa[u].w, xb[u].w, wv[u].z, wv[u].w);
-    }
-    s0 += step;
-    if (s0 < slabs) load(s0);
-  }
 
-  if (nw > 1) {  // uniform across the CTA: every thread reaches the barrier
-    __shared__ float part[kMaxWarps - 1][4][32];
-    if (warp > 0) {
+  float acc[kAcc][4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) part[warp - 1][i][lane] = c[i];
+  for (int a = 0; a < kAcc; ++a) acc[a][0] = acc[a][1] = acc[a][2] = acc[a][3] = 0.0f;
+  // The current item: chunk warp + j nw of `tile`. The grid gives every CTA a first tile, and
+  // nw <= chunks gives every warp a first chunk.
+  int tile = blockIdx.x, j = 0, buf = 0;
+  if constexpr (kRes) load_x(warp);
+  load_w(tile, warp);
+  if constexpr (!kRes) load_x(warp);
+  for (;;) {
+    if (kRes || warp + j * nw < chunks) {  // uniform across the warp: every lane reaches every mma
+#pragma unroll
+      for (int u = 0; u < kS; ++u) {
+        mma<T>(acc[(2 * u) % kAcc], xa[u].x, xb[u].x, xa[u].y, xb[u].y, wv[u].x, wv[u].y);
+        mma<T>(acc[(2 * u + 1) % kAcc], xa[u].z, xb[u].z, xa[u].w, xb[u].w, wv[u].z, wv[u].w);
+      }
     }
-    __syncthreads();
-    if (warp > 0) return;
-    for (int k = 0; k < nw - 1; ++k) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) c[i] += part[k][i][lane];
+    int next = tile;
+    if (++j == per_tile) {
+      j = 0;
+      next += gridDim.x;
     }
-  }
+    // The next item's loads sit in a block apart from the mmas that use them (in one block ptxas
+    // sinks each load down to its mma and only one is in flight at a time), and ahead of the
+    // barrier and the epilogue, which they overlap.
+    if (next < tiles && (kRes || warp + j * nw < chunks)) {
+      load_w(next, warp + j * nw);
+      if constexpr (!kRes) load_x(warp + j * nw);
+    }
+    if (j != 0) {
+      tile = next;
+      continue;
+    }
+    // `tile` is done in every warp (per_tile items each): uniform across the CTA from here on.
+    float* mine = part + (buf * nw + warp) * kC * 32;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int64_t m = g + (i >= 2 ? 8 : 0);
-    const int64_t n = n0 + 2 * t + (i & 1);
-    if (m >= p.M || n >= p.N) continue;
-    const int64_t at = m * p.ldy + n;
-    float v = p.alpha * c[i];
-    if (p.beta != 0.0f) v += p.beta * load_as(p.y, p.y_dtype, at);
-    if (p.bias) v += load_as(p.bias, p.bias_dtype, n);
-    store_as(p.y, p.y_dtype, at, v);
+    for (int e = 0; e < kC; ++e) {
+      float c = acc[0][e];
+#pragma unroll
+      for (int a = 1; a < kAcc; ++a) c += acc[a][e];
+      mine[e * 32 + lane] = c;
+    }
+#pragma unroll
+    for (int a = 0; a < kAcc; ++a) acc[a][0] = acc[a][1] = acc[a][2] = acc[a][3] = 0.0f;
+    __syncthreads();  // buffer buf is complete, and every warp is done reading buffer buf ^ 1
+    // Thread e finishes C register e / 32 of lane e % 32 (warp i register i, when nw >= kC),
+    // summing the warps' partials in warp order.
+    const float* all = part + buf * nw * kC * 32;
+#pragma unroll 1
+    for (int e = threadIdx.x; e < kC * 32; e += blockDim.x) {
+      const int i = e / 32, l = e % 32;
+      const int m = l / 4 + (i >= 2 ? 8 : 0), n = tile * kRows + 2 * (l % 4) + (i & 1);
+      if (m >= p.M || n >= p.N) continue;
+      float s = all[e];
+      for (int w = 1; w < nw; ++w) s += all[w * kC * 32 + e];
+      const int64_t at = m * p.ldy + n;
+      float v = p.alpha * s;
+      if (p.beta != 0.0f) v += p.beta * load_as(p.y, p.y_dtype, at);
+      if (p.bias) v += load_as(p.bias, p.bias_dtype, n);
+      store_as(p.y, p.y_dtype, at, v);
+    }
+    buf ^= 1;
+    if (next >= tiles) break;
+    tile = next;
   }
 }
 
@@ -200,18 +256,46 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 // can_gemv without the environment switch.
 bool fits(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const GemmMatrix& A, const GemmMatrix& B) {
   const bool half = A.dtype == DType::kBF16 || A.dtype == DType::kF16;
-  return !ta && tb && M >= 1 && M <= kMaxM && N >= 1 && N / kRows < (int64_t{1} << 31) - 1 && K >= kVec &&
-         K % kVec == 0 && half && B.dtype == A.dtype && A.ld % kVec == 0 && B.ld % kVec == 0 && aligned16(A.ptr) &&
-         aligned16(B.ptr);
+  // The kernel counts rows, tiles and k in int (N, K < 2^30 leave room for a tile's overhang).
+  constexpr int64_t kMaxDim = int64_t{1} << 30;
+  return !ta && tb && M >= 1 && M <= kMaxM && N >= 1 && N < kMaxDim && K >= kVec && K < kMaxDim && K % kVec == 0 &&
+         half && B.dtype == A.dtype && A.ld % kVec == 0 && B.ld % kVec == 0 && aligned16(A.ptr) && aligned16(B.ptr);
 }
 
+// One launch of nw warps per CTA on a persistent grid: the resident CTAs of this kernel and size
+// (asked once), lowered until the tiles divide evenly among them.
+template <typename T, bool kHigh, bool kRes>
+Status launch(const GemvParams& p, int nw) {
+  const auto kernel = gemv_kernel<T, kHigh, kRes>;
+  const int threads = nw * 32;
+  const size_t smem = sizeof(float) * 2 * nw * live_regs(kHigh) * 32;
+  static std::atomic<int> resident[kMaxWarps + 1];  // CTAs per SM, by nw
+  int per_sm = resident[nw].load(std::memory_order_relaxed);
+  if (per_sm == 0) {
+    SG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+    per_sm = std::max(per_sm, 1);
+    resident[nw].store(per_sm, std::memory_order_relaxed);
+  }
+  int dev = 0, sms = 0;
+  SG_CUDA_CHECK(cudaGetDevice(&dev));
+  SG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int64_t tiles = (p.N + kRows - 1) / kRows, slots = int64_t{per_sm} * std::max(sms, 1);
+  const int64_t per_cta = (tiles + slots - 1) / slots;
+  const int64_t grid = (tiles + per_cta - 1) / per_cta;
+  kernel<<<static_cast<unsigned>(grid), threads, smem, current_stream()>>>(p);
+  SG_CUDA_CHECK_LAUNCH();
+  return Status::OK();
+}
+
+// Resident x where one chunk of 8 slabs per warp covers K (K <= 4096); else the fewest chunks per
+// warp that 16 warps allow, spread over as few warps as that takes.
 template <typename T, bool kHigh>
-void launch(const GemvParams& p) {
-  constexpr int kU = slabs_per_step(kHigh);
-  const int64_t slabs = (p.K + kSlabK - 1) / kSlabK;
-  const int warps = static_cast<int>(std::clamp<int64_t>((slabs + kU - 1) / kU, 1, kMaxWarps));
-  const dim3 grid(static_cast<unsigned>((p.N + kRows - 1) / kRows));
-  gemv_kernel<T, kHigh><<<grid, warps * 32, 0, current_stream()>>>(p);
+Status dispatch(const GemvParams& p) {
+  const int64_t chunks = (p.K + chunk_slabs(kHigh, true) * kSlabK - 1) / (chunk_slabs(kHigh, true) * kSlabK);
+  if (chunks <= kMaxWarps) return launch<T, kHigh, true>(p, static_cast<int>(chunks));
+  const int64_t streamed = (p.K + chunk_slabs(kHigh, false) * kSlabK - 1) / (chunk_slabs(kHigh, false) * kSlabK);
+  const int64_t per_warp = (streamed + kMaxWarps - 1) / kMaxWarps;
+  return launch<T, kHigh, false>(p, static_cast<int>((streamed + per_warp - 1) / per_warp));
 }
 
 }  // namespace
@@ -230,18 +314,10 @@ Status gemv(const char* op, int64_t M, int64_t N, int64_t K, float alpha, const 
            str_cat(op, ": gemv called on a matmul it does not take (M=", M, ", K=", K, ", ", dtype_name(A.dtype),
                    " x ", dtype_name(B.dtype), ")"),
            "call gemv only where can_gemv is true");
-  const GemvParams p{A.ptr,  B.ptr,  const_cast<void*>(C.ptr), bias,       M,     N,   K,
-                     A.ld,   B.ld,   C.ld,                     C.dtype,    bias ? bias_dtype : DType::kF32,
-                     alpha,  beta};
-  if (A.dtype == DType::kBF16) {
-    if (M > 8) launch<__nv_bfloat16, true>(p);
-    else launch<__nv_bfloat16, false>(p);
-  } else {
-    if (M > 8) launch<__half, true>(p);
-    else launch<__half, false>(p);
-  }
-  SG_CUDA_CHECK_LAUNCH();
-  return Status::OK();
+  const GemvParams p{A.ptr, B.ptr, const_cast<void*>(C.ptr), bias, static_cast<int>(M), static_cast<int>(N),
+                     static_cast<int>(K), A.ld, B.ld, C.ld, C.dtype, bias ? bias_dtype : DType::kF32, alpha, beta};
+  if (A.dtype == DType::kBF16) return M > 8 ? dispatch<__nv_bfloat16, true>(p) : dispatch<__nv_bfloat16, false>(p);
+  return M > 8 ? dispatch<__half, true>(p) : dispatch<__half, false>(p);
 }
 
 }  // namespace surogate::cuda

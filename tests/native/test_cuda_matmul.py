@@ -175,9 +175,23 @@ def test_gemv_vocab_sized(M):
 
 
 def test_gemv_long_rows_take_several_steps():
-    # K = 16384: 512 slabs, past one step of 16 warps at either M
+    # K = 16384 is past resident x (K <= 4096): 16 warps of 4 chunks at M = 2, of 8 at M = 11
     for M in (2, 11):
         gemv_case(M, 24, 16384, "bfloat16", "bfloat16", seed=M)
+
+
+@pytest.mark.parametrize("M", [1, 7, 16])
+def test_gemv_persistent_grid(M):
+    # N = 30001 is 3751 tiles, far more than the resident CTAs: each CTA loops over many tiles
+    # (both shared-memory buffers reused), the last one ragged; K = 1000 ends inside a chunk
+    gemv_case(M, 30001, 1000, "bfloat16", "bfloat16", "float32", alpha=0.5, beta=1.0, seed=M)
+
+
+@pytest.mark.parametrize("M", [5, 13])
+def test_gemv_streamed_x_over_several_tiles(M):
+    # K = 4352 is 17 chunks at M <= 8 (9 warps of two, the last warp's second past K) and 34 at
+    # M > 8 (12 warps of three, two past K); N = 4000 is 500 tiles, several per CTA
+    gemv_case(M, 4000, 4352, "float16", "float32", "float32", alpha=0.75, beta=1.0, seed=M)
 
 
 @pytest.mark.parametrize(
