@@ -184,6 +184,8 @@ py::dict stats_dict(const EngineStats& s) {
   d["num_preemptions"] = s.num_preemptions;
   d["num_steps"] = s.num_steps;
   d["num_finished"] = s.num_finished;
+  d["step_seconds"] = s.step_seconds;
+  d["model_seconds"] = s.model_seconds;
   d["last_error"] = s.last_error.empty() ? py::object(py::none()) : py::object(py::str(s.last_error));
   return d;
 }

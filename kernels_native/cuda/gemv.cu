@@ -305,7 +305,11 @@ bool can_gemv(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const GemmMatri
     const char* e = std::getenv("SUROGATE_NO_GEMV");
     return e && *e && *e != '0';
   }();
-  return !off && fits(ta, tb, M, N, K, A, B);
+  // Big weights stream as fast through cuBLASLt, which wins there as M grows (H200: a 151936 x
+  // 1024 LM head 77 vs 84 us at M = 1; a 4096 x 12288 down_proj 27 vs 30 us at M = 1 but 31 vs
+  // 30 at M = 8 and 45 vs 28 at M = 16): gemv takes what is latency-bound.
+  const int64_t max_elems = M <= 4 ? (int64_t{64} << 20) : (int64_t{24} << 20);
+  return !off && N * K <= max_elems && fits(ta, tb, M, N, K, A, B);
 }
 
 Status gemv(const char* op, int64_t M, int64_t N, int64_t K, float alpha, const GemmMatrix& A, const GemmMatrix& B,

@@ -1,5 +1,7 @@
 #include "serve/engine.h"
 
+#include <chrono>
+
 #include <algorithm>
 #include <cassert>
 
@@ -166,6 +168,7 @@ void Engine::loop() {
 }
 
 bool Engine::step_once() {
+  const auto t0 = std::chrono::steady_clock::now();
   drain_inbox();
   StepPlan plan = scheduler_.schedule();
   for (Sequence* seq : plan.rejected) {
@@ -174,7 +177,9 @@ bool Engine::step_once() {
   }
   if (!plan.empty()) {
     StepOutput out;
+    const auto m0 = std::chrono::steady_clock::now();
     const Status st = run(plan, &out);
+    counters_.model_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - m0).count();
     if (st.ok()) {
       postprocess(plan, out);
     } else {
@@ -186,6 +191,7 @@ bool Engine::step_once() {
     ++counters_.num_steps;
     counters_.num_preemptions += plan.num_preempted;
   }
+  counters_.step_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   collect_finished();
   return !plan.empty() || !plan.rejected.empty();
 }

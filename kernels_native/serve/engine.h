@@ -55,6 +55,8 @@ struct EngineStats {
   int64_t num_preemptions = 0;
   int64_t num_steps = 0;
   int64_t num_finished = 0;       // requests finished for any reason (aborts and errors included)
+  double step_seconds = 0;        // wall time in steps (scheduling, the model, sampling, outputs)
+  double model_seconds = 0;       // of which in the model runner
   std::string last_error;         // the last runner / sampling failure, if any
 };
 

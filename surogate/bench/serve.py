@@ -1,8 +1,9 @@
 """`surogate bench serve`: offline generation throughput and latency, ours and HF generate's.
 
 N requests of `prompt_len` random tokens each ask for `output_len` tokens (ignore_eos, greedy),
-all submitted at once to the engine. Reported: output tokens/s over the whole run, time to
-first token and inter-token latency percentiles, and single-stream decode speed. The peer is HF
+all submitted at once to the engine. Reported: output tokens/s over the whole run (prefill
+included), time to first token and inter-token latency percentiles, and single-stream decode
+speed (first token to last, as llama.cpp's tg figure: the prompt is the time to first token). The peer is HF
 transformers `generate` on the same shape and device: one batched call for all N prompts (equal
 lengths, so no padding) and one single-stream call.
 """
@@ -76,13 +77,18 @@ def bench_ours(model, n: int, prompt_len: int, output_len: int, block_size: int 
         t0 = time.perf_counter()
         asyncio.run(all_requests())
         elapsed = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        single = client.submit(_prompts(model.spec.vocab_size, 1, prompt_len, seed=2)[0], params)
-        client.wait(single, timeout=3600)
-        single_s = time.perf_counter() - t1
+        # Single stream: decode speed from the first token to the last (as llama.cpp's tg; the
+        # prompt's prefill is the time to first token).
+        stamps: list[float] = []
+
+        async def single_stream() -> None:
+            async for out in client.generate(_prompts(model.spec.vocab_size, 1, prompt_len, seed=2)[0], params):
+                stamps.extend([time.perf_counter()] * len(out.new_token_ids))
+
+        asyncio.run(single_stream())
     pct = lambda xs, q: float(np.percentile(xs, q)) if xs else None  # noqa: E731
-    return ServeResult("surogate", total / elapsed, output_len / single_s, pct(ttft, 50), pct(ttft, 99),
-                       pct(itl, 50), pct(itl, 99))
+    decode = (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else 0.0
+    return ServeResult("surogate", total / elapsed, decode, pct(ttft, 50), pct(ttft, 99), pct(itl, 50), pct(itl, 99))
 
 
 def bench_hf(model, n: int, prompt_len: int, output_len: int, device: str) -> ServeResult:
@@ -101,11 +107,11 @@ def bench_hf(model, n: int, prompt_len: int, output_len: int, device: str) -> Se
 
         _native.empty_cache(device)
 
-    def run(batch):
+    def run(batch, new: int = output_len):
         ids = torch.tensor(batch, device=device)
         with torch.no_grad():
-            m.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=output_len,
-                       min_new_tokens=output_len, pad_token_id=0, cache_implementation="static")
+            m.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new,
+                       min_new_tokens=new, pad_token_id=0, cache_implementation="static")
         if device != "cpu":
             torch.cuda.synchronize()
 
@@ -114,10 +120,15 @@ def bench_hf(model, n: int, prompt_len: int, output_len: int, device: str) -> Se
     t0 = time.perf_counter()
     run(_prompts(spec.vocab_size, n, prompt_len))
     batched = time.perf_counter() - t0
+    one = _prompts(spec.vocab_size, 1, prompt_len, seed=2)
+    run(one, 1)
     t1 = time.perf_counter()
-    run(_prompts(spec.vocab_size, 1, prompt_len, seed=2))
+    run(one, 1)  # the prompt and first token: taken out of the single-stream decode time below
+    first = time.perf_counter() - t1
+    t1 = time.perf_counter()
+    run(one)
     single = time.perf_counter() - t1
-    return ServeResult("HF generate (static cache)", n * output_len / batched, output_len / single)
+    return ServeResult("HF generate (static cache)", n * output_len / batched, (output_len - 1) / (single - first))
 
 
 def copy_bandwidth(device: str, nbytes: int = 1 << 30, repeats: int = 5) -> float:

@@ -99,4 +99,6 @@ class EngineStats(msgspec.Struct, kw_only=True):
     num_preemptions: int
     num_steps: int
     num_finished: int
+    step_seconds: float  # engine wall time in steps (scheduling, the model, sampling, outputs)
+    model_seconds: float  # of which in the model runner
     last_error: str | None
