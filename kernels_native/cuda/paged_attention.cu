@@ -13,8 +13,9 @@
 //   a multiple of 16 bytes and 16-byte aligned tensors: paged_attention_decode.cu. One CTA per
 //   (row, kv head, up to 8 of its query heads, key split) streams the K / V rows of its kv head
 //   from the cache in 16-byte vectors, many loads in flight and nothing staged in shared memory,
-//   with f32 math in registers; keys are split over CTAs (and combined by a second kernel) only
-//   when rows x kv heads would not give every SM two CTAs. Its header says the details.
+//   with f32 math in registers; keys are split over CTAs only when rows x kv heads would not give
+//   every SM two CTAs, and the last split of a row to finish merges them in the same launch. Its
+//   header says the details.
 //   everything else (prefill, chunked prefill, odd head dims): the general kernel below.
 //
 // General kernel. A CTA of kWarps warps takes one (sequence, tile of R query rows,

@@ -19,27 +19,39 @@
 //     shuffles within the LPK lanes of its key;
 //   - online softmax in the exp2 domain per key group (the LPK lanes of one key slot: running max
 //     m, sum l, accumulator o), merged across the warp's groups by shuffles, then across the
-//     warps in shared memory (the only __syncthreads);
+//     warps in shared memory;
+//   - the first K / V loads wait for one round trip, not three (row -> sequence -> block table):
+//     q, cu_q, context_lens and the block table entries of the CTA's first keys are loaded
+//     together, the entries guessed for a pure decode row (sequence t), no window cut yet and
+//     splits of their planned length, and fetched again when the guess was wrong;
 //   - when rows x kv heads x head chunks would not give every SM two CTAs (decode of few
-//     sequences), the keys of each row are split over up to kMaxSplits CTAs of at least
-//     kMinSplitKeys keys (flash-decoding): a CTA leaves (m, l) and its unnormalised o per query
-//     head in f32 scratch (m in the exp2 domain) and paged_decode_combine_kernel, one CTA per
-//     (row, query head), weighs them by exp2(m - max m).
+//     sequences), the keys of each row are split over up to kMaxSplits CTAs (flash-decoding) of
+//     `chunk` keys, a whole number of CTA iterations, planned from the shapes (max_blocks * BS or
+//     the window bounds the keys a row sees), so a short context leaves the last splits with no
+//     key: their CTAs leave at once. Each split CTA of a row with two or more live splits leaves
+//     (m, l) and its unnormalised o per query head in f32 scratch (m in the exp2 domain) and
+//     counts itself in the row's arrival counter; the last to arrive merges the partials, weighed
+//     by exp2(m - max m), into out and lse. A row whose keys fit one split writes out directly.
+// The arrival counters ([T, Hkv * head chunks] of a per-device buffer) are zero between launches:
+// zeroed once when allocated, and atomicInc wraps each back to 0 at its row's last arrival, so a
+// launch needs no memset and a CUDA graph replays it as is. This relies on the op's launches on
+// one device never overlapping (every CUDA op runs on the legacy stream or is captured into a
+// graph that runs there).
 // A row of q finds its sequence by checking sequence `row` first (pure decode: cu_q[s] = s) and
-// by binary search in cu_q otherwise. No host reads of device data: the split count comes from
-// the shapes (max_blocks * BS bounds the context), so for a short context most splits hold no
-// key; their CTAs leave at once and the combine, which works out the same ranges (row_keys),
-// reads only the partials of the others.
-// (Past 400 lines: the attention kernel, the combine and the launch share the partials' layout and
-// row_keys, so they stay in one file.)
+// by binary search in cu_q otherwise. No host reads of device data.
+// (Past 400 lines: the attention kernel, the merge and the launch share the partials' layout,
+// row_keys and the arrival counters, so they stay in one file.)
 #include "cuda/paged_attention_decode.cuh"
+
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <type_traits>
+#include <unordered_map>
 
 #include "core/allocator.h"
 #include "cuda/common.cuh"
@@ -50,23 +62,22 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-constexpr int kMinSplitKeys = 32;  // a key split reads at least this many keys
-constexpr int kMaxSplits = 64;
-constexpr int kMaxHeadDim = 256;   // f32 rows of 64 vectors; paged_attention.cu sends no larger D
+constexpr int kMaxSplits = 32;       // the last split reads every partial of its row: keep them few
+constexpr int kMergeBatch = 8;       // partials a merging thread has in flight
+constexpr int kArrivalSlots = 4096;  // arrival counters per device: rows x kv heads x head chunks of a split launch
+constexpr int64_t kMaxPos = 2147483647;  // key positions are int32 (context_lens)
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr unsigned kFull = 0xffffffffu;
 
+// Steps per iteration (see the header): 2 U CPL 16-byte loads in flight per lane; fewer with 8
+// query heads, whose queries and accumulators take 128 registers. The host plans splits with it.
+__host__ __device__ constexpr int steps_per_iter(int cpl, int gc) {
+  return cpl > 1 ? (gc >= 8 ? 1 : 2) : (gc >= 8 ? 2 : 4);
+}
+
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 __device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFull, v, o));
-  return v;
-}
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
-  return v;
-}
 // The shift that keeps exp2 finite: the running max, or 0 while it is -inf (no key yet; every
 // score is then -inf too and exp2(-inf - 0) = 0).
 __device__ __forceinline__ float exp_shift(float m) { return m == -INFINITY ? 0.0f : m; }
@@ -106,25 +117,22 @@ __device__ __forceinline__ uint4 pack16(const float* f) {
 }
 
 // The sequence that owns row t of q (cu_q[s] <= t < cu_q[s + 1]) and its rows [q0, q1), or
-// s = -1 (a padding row). Pure decode (cu_q[s] = s) is answered by the first two loads, which
-// need no other; other batches search cu_q.
+// s = -1 (a padding row). a, b are cu_q[t], cu_q[t + 1] (any values when t >= S): pure decode
+// (cu_q[s] = s) is answered by them; other batches search cu_q.
 struct RowSeq {
   int s;
   int64_t q0, q1;
 };
-__device__ RowSeq find_row_seq(const int32_t* cu_q, int S, int64_t t) {
-  if (t < S) {
-    const int64_t a = __ldg(cu_q + t), b = __ldg(cu_q + t + 1);
-    if (a <= t && t < b) return {static_cast<int>(t), a, b};
-  }
+__device__ RowSeq find_row_seq(const int32_t* cu_q, int S, int64_t t, int64_t a, int64_t b) {
+  if (t < S && a <= t && t < b) return {static_cast<int>(t), a, b};
   if (t < __ldg(cu_q) || t >= __ldg(cu_q + S)) return {-1, 0, 0};
   int lo = 0, hi = S;  // cu_q[lo] <= t < cu_q[hi]
   while (hi - lo > 1) {
     const int mid = lo + (hi - lo) / 2;
     if (__ldg(cu_q + mid) <= t) lo = mid; else hi = mid;
   }
-  const int64_t a = __ldg(cu_q + lo), b = __ldg(cu_q + lo + 1);
-  return a <= t && t < b ? RowSeq{lo, a, b} : RowSeq{-1, 0, 0};  // -1 only when cu_q decreases somewhere
+  const int64_t a2 = __ldg(cu_q + lo), b2 = __ldg(cu_q + lo + 1);
+  return a2 <= t && t < b2 ? RowSeq{lo, a2, b2} : RowSeq{-1, 0, 0};  // -1 only when cu_q decreases somewhere
 }
 
 struct DecodeParams {
@@ -132,13 +140,15 @@ struct DecodeParams {
   const void* kc = nullptr;
   const void* vc = nullptr;
   void* out = nullptr;
-  float* lse = nullptr;      // nullptr: not wanted
-  float* part_o = nullptr;   // split partials [nsplit, T, Hq, D]; nullptr: no split
-  float* part_ml = nullptr;  // [nsplit, T, Hq, 2]: (m in the exp2 domain, l)
+  float* lse = nullptr;         // nullptr: not wanted
+  float* part_o = nullptr;      // split partials [nsplit, T, Hq, D]; nullptr: no split
+  float* part_ml = nullptr;     // [nsplit, T, Hq, 2]: (m in the exp2 domain, l)
+  unsigned* arrivals = nullptr; // [T, Hkv * head_chunks] arrival counters, 0 between launches; with part_o
   const int32_t* bt = nullptr;
   const int32_t* cu_q = nullptr;
   const int32_t* ctx = nullptr;
   int64_t T = 0, window = 0;
+  int64_t chunk = 0;            // keys per split when nsplit > 1 (nsplit * chunk >= the keys a row can see)
   int Hq = 0, Hkv = 0, G = 0, D = 0, NCH = 0, BS = 0, max_blocks = 0, NB = 0, S = 0;
   int head_chunks = 1, nsplit = 1;
   float qscale = 1.0f;              // scale * log2 e
@@ -146,8 +156,9 @@ struct DecodeParams {
 };
 
 // The keys a row at position qpos sees, [beg, end), cut in splits of `chunk` keys (all of them when
-// there is no split); `live` splits hold at least one key, the others none. Both kernels use it,
-// so the combine reads exactly the partials the attention kernel wrote.
+// there is no split); `live` splits hold at least one key, the others none. Every CTA of the row
+// works it out alike, so they agree on who merges and what. A context longer than its table row
+// (invalid; its keys past the row read as zeros) gets longer splits than planned.
 struct RowKeys {
   int64_t beg, end, chunk;
   int live;
@@ -155,8 +166,118 @@ struct RowKeys {
 __device__ __forceinline__ RowKeys row_keys(const DecodeParams& p, int64_t qpos) {
   const int64_t beg = p.window > 0 ? max64(0, qpos - p.window + 1) : 0;
   const int64_t len = max64(0, qpos + 1 - beg);  // 0: context_lens smaller than the rows
-  const int64_t chunk = p.nsplit > 1 ? max64(kMinSplitKeys, (len + p.nsplit - 1) / p.nsplit) : len;
+  const int64_t chunk = p.nsplit > 1 ? max64(p.chunk, (len + p.nsplit - 1) / p.nsplit) : len;
   return {beg, beg + len, chunk, len == 0 ? 0 : static_cast<int>((len + chunk - 1) / chunk)};
+}
+
+// Where key pos lies: its block (the table entry; -1 when pos is at or past `end` or its block
+// past the table row) and its slot in the block. Only the table load may be in flight: nothing
+// branches on it until cache_row, so a warp issues all its keys' loads before waiting on one.
+// pos < 2^31 wherever blk is used (end <= context_lens or kMaxPos + 1), so 32-bit division
+// suffices.
+struct KeySlot {
+  int32_t blk;
+  uint32_t off;
+};
+__device__ __forceinline__ KeySlot locate(const DecodeParams& p, const int32_t* table, int64_t pos, int64_t end) {
+  const uint32_t bs = static_cast<uint32_t>(p.BS);
+  const uint32_t ps = static_cast<uint32_t>(pos), bi = ps / bs;
+  const bool in = pos < end && bi < static_cast<uint32_t>(p.max_blocks);
+  return {in ? __ldg(table + bi) : -1, ps - bi * bs};
+}
+// The first vector of the key's row of kv head g, or -1: no block, or one outside the cache (read
+// as zeros, as the general kernel).
+__device__ __forceinline__ int64_t cache_row(const DecodeParams& p, KeySlot k, int g) {
+  if (k.blk < 0 || k.blk >= p.NB) return -1;
+  return ((static_cast<int64_t>(k.blk) * p.BS + k.off) * p.Hkv + g) * p.NCH;
+}
+
+template <typename T>
+__device__ __forceinline__ void store4(T* dst, const float4& v, float s) {
+  dst[0] = st<T>(v.x * s);
+  dst[1] = st<T>(v.y * s);
+  dst[2] = st<T>(v.z * s);
+  dst[3] = st<T>(v.w * s);
+}
+
+// The last split CTA of row t's heads [h0, h0 + nh): every live split's (m, l, o) weighed by
+// exp2(m - max m), written to out and lse. Thread (item, zl) of zn per item, item = (head, float4
+// of D), takes splits zl, zl + zn, ... kMergeBatch at a time (loads independent of each other,
+// merged online); the zn partial merges then meet in shared memory. Partials are read through
+// L2 (__ldcg): other CTAs wrote them.
+template <typename T>
+__device__ void merge_splits(const DecodeParams& p, int64_t t, int h0, int nh, int live, float4* sm_acc,
+                             float2* sm_ml) {
+  const int tid = static_cast<int>(threadIdx.x);
+  const int nv = p.D / 4;  // float4 per head row
+  const int items = nh * nv;
+  const int zn = max(1, kThreads / items);  // zn > 1: items * zn <= kThreads, one pass
+  const int64_t rows = p.T * p.Hq;
+  const float2* pml = reinterpret_cast<const float2*>(p.part_ml);
+  const float4* po = reinterpret_cast<const float4*>(p.part_o);
+  auto finish = [&](int64_t qh, int c4, float M, float L, const float4& acc) {
+    store4<T>(static_cast<T*>(p.out) + qh * p.D + 4 * c4, acc, L > 0.0f ? 1.0f / L : 0.0f);
+    if (c4 == 0 && p.lse) p.lse[qh] = L > 0.0f ? (M + log2f(L)) * kLn2 : -INFINITY;
+  };
+  for (int idx = tid; idx < items * zn; idx += kThreads) {
+    const int item = idx % items, zl = idx / items;
+    const int c4 = item % nv;
+    const int64_t qh = t * p.Hq + h0 + item / nv;
+    float M = -INFINITY, L = 0.0f;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int z0 = zl; z0 < live; z0 += kMergeBatch * zn) {
+      float2 ml[kMergeBatch];
+      float4 v[kMergeBatch];
+#pragma unroll
+      for (int k = 0; k < kMergeBatch; ++k) {
+        const int z = z0 + k * zn;
+        ml[k] = make_float2(-INFINITY, 0.0f);
+        v[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (z < live) {
+          const int64_t at = z * rows + qh;
+          ml[k] = __ldcg(pml + at);
+          v[k] = __ldcg(po + at * nv + c4);
+        }
+      }
+      float mn = M;
+#pragma unroll
+      for (int k = 0; k < kMergeBatch; ++k) mn = fmaxf(mn, ml[k].x);
+      const float sh = exp_shift(mn), a = exp2f(M - sh);
+      L *= a;
+      acc = make_float4(acc.x * a, acc.y * a, acc.z * a, acc.w * a);
+#pragma unroll
+      for (int k = 0; k < kMergeBatch; ++k) {
+        const float w = exp2f(ml[k].x - sh);  // 0 for a slot past `live`
+        L = fmaf(w, ml[k].y, L);
+        acc = make_float4(fmaf(w, v[k].x, acc.x), fmaf(w, v[k].y, acc.y), fmaf(w, v[k].z, acc.z),
+                          fmaf(w, v[k].w, acc.w));
+      }
+      M = mn;
+    }
+    if (zn == 1) {
+      finish(qh, c4, M, L, acc);
+    } else {
+      sm_acc[idx] = acc;
+      sm_ml[idx] = make_float2(M, L);
+    }
+  }
+  if (zn == 1) return;  // CTA-uniform
+  __syncthreads();
+  for (int item = tid; item < items; item += kThreads) {
+    float M = -INFINITY;
+    for (int zl = 0; zl < zn; ++zl) M = fmaxf(M, sm_ml[zl * items + item].x);
+    const float sh = exp_shift(M);
+    float L = 0.0f;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int zl = 0; zl < zn; ++zl) {
+      const float2 ml = sm_ml[zl * items + item];
+      const float4 v = sm_acc[zl * items + item];
+      const float w = exp2f(ml.x - sh);
+      L = fmaf(w, ml.y, L);
+      acc = make_float4(fmaf(w, v.x, acc.x), fmaf(w, v.y, acc.y), fmaf(w, v.z, acc.z), fmaf(w, v.w, acc.w));
+    }
+    finish(t * p.Hq + h0 + item / nv, item % nv, M, L, acc);
+  }
 }
 
 // T storage type, LPK lanes per key, CPL 16-byte vectors per lane of a row, GC query heads.
@@ -166,12 +287,13 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodePara
   constexpr int KPW = 32 / LPK;                           // keys per warp per step
   constexpr int DL = CPL * VEC;                           // dims per lane
   constexpr int DMAX = LPK * DL;                          // dims a group covers (>= D)
-  // Steps per iteration: 2 U CPL 16-byte loads in flight per lane; fewer with 8 query heads,
-  // whose queries and accumulators take 128 registers.
-  constexpr int U = CPL > 1 ? (GC >= 8 ? 1 : 2) : (GC >= 8 ? 2 : 4);
+  constexpr int U = steps_per_iter(CPL, GC);
   constexpr int KPI = U * KPW;                            // keys per warp per iteration
   __shared__ __align__(16) float sm_o[kWarps][GC][DMAX];
   __shared__ float sm_m[kWarps][GC], sm_l[kWarps][GC];
+  __shared__ float4 sm_macc[kThreads];  // the merge's partial sums
+  __shared__ float2 sm_mml[kThreads];
+  __shared__ int sm_last;
 
   const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
   const int grp = lane / LPK, gl = lane % LPK;  // key slot of this lane in a step, lane in its group
@@ -181,51 +303,74 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodePara
   const int h0 = g * p.G + hc * GC;        // first query head of this CTA
   const int nh = min(GC, p.G - hc * GC);   // its real heads; the others stay 0 and are not written
 
-  // The queries first: their address needs no lookup. Lane gl holds vectors gl + j LPK.
-  float qf[GC][DL];
+  // Every load that needs no other first, none used before all are issued: the queries (lane gl
+  // holds vectors gl + j LPK), context_lens[t], cu_q[t], cu_q[t + 1], and the block table entries
+  // of this warp's first keys guessed for sequence t, no window cut and a planned-length split.
+  uint4 qv[GC][CPL];
   const uint4* q4 = static_cast<const uint4*>(p.q);
 #pragma unroll
   for (int i = 0; i < GC; ++i) {
 #pragma unroll
     for (int j = 0; j < CPL; ++j) {
       const int c = gl + j * LPK;
-      uint4 u = make_uint4(0u, 0u, 0u, 0u);
-      if (i < nh && c < p.NCH) u = __ldg(q4 + (t * p.Hq + h0 + i) * p.NCH + c);
-      unpack16<T>(u, &qf[i][j * VEC]);
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) qf[i][j * VEC + e] *= p.qscale;
+      qv[i][j] = make_uint4(0u, 0u, 0u, 0u);
+      if (i < nh && c < p.NCH) qv[i][j] = __ldg(q4 + (t * p.Hq + h0 + i) * p.NCH + c);
     }
   }
+  const bool t_seq = t < p.S;  // always (T <= S); the guard keeps every read inside cu_q and the table
+  const int32_t ctx_t = t_seq ? __ldg(p.ctx + t) : 0;
+  const int32_t cu_a = t_seq ? __ldg(p.cu_q + t) : 0, cu_b = t_seq ? __ldg(p.cu_q + t + 1) : 0;
+  const int s_guess = t_seq ? static_cast<int>(t) : 0;
+  const int64_t kbeg_guess = static_cast<int64_t>(z) * p.chunk;  // beg = 0; p.chunk = 0 without a split
+  KeySlot ks[U];  // the keys of this warp's next iteration
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    ks[u] = locate(p, p.bt + static_cast<int64_t>(s_guess) * p.max_blocks, kbeg_guess + warp * KPI + u * KPW + grp,
+                   kMaxPos + 1);
+  }
 
-  // context_lens[t] is loaded with cu_q[t], cu_q[t + 1]: pure decode needs no other round trip.
-  const int32_t ctx_t = t < p.S ? __ldg(p.ctx + t) : 0;
-  const RowSeq rs = find_row_seq(p.cu_q, p.S, t);
+  const RowSeq rs = find_row_seq(p.cu_q, p.S, t, cu_a, cu_b);
   if (rs.s < 0) return;  // a padding row: the whole CTA leaves, out stays as it was
   const int s = rs.s;
   const int64_t ctx = rs.s == t ? ctx_t : __ldg(p.ctx + s);
   const int64_t qpos = ctx - (rs.q1 - rs.q0) + (t - rs.q0);  // < context_lens[s]
 
-  // Keys [kbeg, kend) of this CTA. A split with none leaves no partial: the combine skips it.
+  // Keys [kbeg, kend) of this CTA. A split with none leaves at once; split 0 always runs, so a
+  // row with no key at all still gets out = 0, lse = -inf.
   const RowKeys rk = row_keys(p, qpos);
-  if (p.part_o && z >= rk.live) return;
+  if (z > 0 && z >= rk.live) return;
+  const bool merged = rk.live > 1;  // partials, then the last split merges them
   const int64_t kbeg = rk.beg + z * rk.chunk, kend = min64(rk.end, kbeg + rk.chunk);
 
   const int32_t* table = p.bt + static_cast<int64_t>(s) * p.max_blocks;
   const uint4* kc4 = static_cast<const uint4*>(p.kc);
   const uint4* vc4 = static_cast<const uint4*>(p.vc);
-  const uint32_t bs = static_cast<uint32_t>(p.BS);
-  // The first vector of key pos's row of kv head g, or -1: a key at or past kend (masked) or one
-  // whose block lies outside the table row or the cache (read as zeros, as the general kernel).
-  // pos < kend <= context_lens[s] < 2^31, so 32-bit division suffices.
-  auto row_of = [&](int64_t pos) -> int64_t {
-    if (pos >= kend) return -1;
-    const uint32_t ps = static_cast<uint32_t>(pos), bi = ps / bs;
-    if (bi >= static_cast<uint32_t>(p.max_blocks)) return -1;
-    const int32_t b = __ldg(table + bi);
-    if (b < 0 || b >= p.NB) return -1;
-    return ((static_cast<int64_t>(b) * p.BS + (ps - bi * bs)) * p.Hkv + g) * p.NCH;
-  };
 
+  // Warp w's iterations start at kbeg + (n kWarps + w) KPI; step u of one holds keys
+  // kb + u KPW + grp. The guessed slots stand when the guess was right (a CTA-uniform branch);
+  // either way keys at or past kend get no block (masked, read as zeros).
+  const int64_t stride = static_cast<int64_t>(kWarps) * KPI;
+  int64_t kb = kbeg + warp * KPI;
+  if (s != s_guess || kbeg != kbeg_guess) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) ks[u] = locate(p, table, kb + u * KPW + grp, kend);
+  } else {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (kb + u * KPW + grp >= kend) ks[u].blk = -1;
+    }
+  }
+
+  float qf[GC][DL];
+#pragma unroll
+  for (int i = 0; i < GC; ++i) {
+#pragma unroll
+    for (int j = 0; j < CPL; ++j) {
+      unpack16<T>(qv[i][j], &qf[i][j * VEC]);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) qf[i][j * VEC + e] *= p.qscale;
+    }
+  }
   float m[GC], l[GC], o[GC][DL];
 #pragma unroll
   for (int i = 0; i < GC; ++i) {
@@ -235,29 +380,23 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodePara
     for (int d = 0; d < DL; ++d) o[i][d] = 0.0f;
   }
 
-  // Warp w's iterations start at kbeg + (n kWarps + w) KPI; step u of one holds keys
-  // kb + u KPW + grp.
-  const int64_t stride = static_cast<int64_t>(kWarps) * KPI;
-  int64_t kb = kbeg + warp * KPI;
-  int64_t row[U];
-#pragma unroll
-  for (int u = 0; u < U; ++u) row[u] = row_of(kb + u * KPW + grp);
   for (; kb < kend; kb += stride) {  // warp-uniform
     uint4 kr[U][CPL], vr[U][CPL];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
+      const int64_t row = cache_row(p, ks[u], g);
 #pragma unroll
       for (int j = 0; j < CPL; ++j) {
         const int c = gl + j * LPK;
         kr[u][j] = vr[u][j] = make_uint4(0u, 0u, 0u, 0u);
-        if (row[u] >= 0 && c < p.NCH) {
-          kr[u][j] = __ldg(kc4 + row[u] + c);
-          vr[u][j] = __ldg(vc4 + row[u] + c);
+        if (row >= 0 && c < p.NCH) {
+          kr[u][j] = __ldg(kc4 + row + c);
+          vr[u][j] = __ldg(vc4 + row + c);
         }
       }
     }
 #pragma unroll
-    for (int u = 0; u < U; ++u) row[u] = row_of(kb + stride + u * KPW + grp);  // next iteration's
+    for (int u = 0; u < U; ++u) ks[u] = locate(p, table, kb + stride + u * KPW + grp, kend);  // next iteration's
 
     // Scores (exp2 domain): partial dot products over this lane's dims, summed over the group.
     float sc[U][GC];
@@ -373,7 +512,7 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodePara
       for (int e = 0; e < VEC; ++e) acc[e] = fmaf(wt, sm_o[w][i][c * VEC + e], acc[e]);
     }
     const int64_t qh = t * p.Hq + h0 + i;  // (row, query head)
-    if (p.part_o) {
+    if (merged) {
       const int64_t at = static_cast<int64_t>(z) * p.T * p.Hq + qh;
       float4* dst = reinterpret_cast<float4*>(p.part_o + at * p.D + c * VEC);
 #pragma unroll
@@ -387,76 +526,23 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodePara
       if (c == 0 && p.lse) p.lse[qh] = L > 0.0f ? (M + log2f(L)) * kLn2 : -INFINITY;
     }
   }
-}
+  if (!merged) return;
 
-// One CTA per (row, query head): the live splits' partials weighed by exp2(m - max m). Warp w
-// adds splits w, w + kWarps, ... (lanes over the dims, every load independent of the others), then
-// the warps' sums meet in shared memory. Lane i holds the (m, l) of splits i and i + 32.
-template <typename T>
-__global__ void __launch_bounds__(kThreads) paged_decode_combine_kernel(const DecodeParams p) {
-  static_assert(kMaxSplits <= 64, "two splits per lane");
-  __shared__ float4 sm_acc[kWarps][kMaxHeadDim / 4];
-  const int64_t rows = p.T * p.Hq;
-  const int64_t w = blockIdx.x;  // (row, query head)
-  const int64_t t = w / p.Hq;
-  const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
-  const float2* ml = reinterpret_cast<const float2*>(p.part_ml) + w;  // split z at ml[z * rows]
-  const float2 mla = lane < p.nsplit ? ml[lane * rows] : make_float2(-INFINITY, 0.0f);
-  const float2 mlb = lane + 32 < p.nsplit ? ml[(lane + 32) * rows] : make_float2(-INFINITY, 0.0f);
-  const int32_t ctx_t = t < p.S ? __ldg(p.ctx + t) : 0;
-  const RowSeq rs = find_row_seq(p.cu_q, p.S, t);
-  if (rs.s < 0) return;  // a padding row: no partials, out stays as it was (the whole CTA leaves)
-  const int64_t ctx = rs.s == t ? ctx_t : __ldg(p.ctx + rs.s);
-  const int live = row_keys(p, ctx - (rs.q1 - rs.q0) + (t - rs.q0)).live;
-
-  // Splits past `live` wrote nothing: their (m, l) are not read.
-  const float ma = lane < live ? mla.x : -INFINITY, mb = lane + 32 < live ? mlb.x : -INFINITY;
-  const float mx = warp_max(fmaxf(ma, mb)), sh = exp_shift(mx);
-  const float wa = exp2f(ma - sh), wb = exp2f(mb - sh);  // 0 for a split that is not live
-  const float l = warp_sum(wa * (lane < live ? mla.y : 0.0f) + wb * (lane + 32 < live ? mlb.y : 0.0f));
-
-  const int D4 = p.D / 4;  // <= kMaxHeadDim / 4 = 64: two float4 per lane
-  const float4* po = reinterpret_cast<const float4*>(p.part_o) + w * D4;  // split z at po[z * rows * D4]
-  float4 acc[2] = {make_float4(0.0f, 0.0f, 0.0f, 0.0f), make_float4(0.0f, 0.0f, 0.0f, 0.0f)};
-  for (int z = warp; z < live; z += kWarps) {  // warp-uniform
-    const float a = __shfl_sync(kFull, wa, z & 31), b = __shfl_sync(kFull, wb, z & 31);
-    const float wt = z < 32 ? a : b;
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const int c = lane + 32 * k;
-      if (c < D4) {
-        const float4 v = po[z * rows * D4 + c];
-        acc[k].x = fmaf(wt, v.x, acc[k].x);
-        acc[k].y = fmaf(wt, v.y, acc[k].y);
-        acc[k].z = fmaf(wt, v.z, acc[k].z);
-        acc[k].w = fmaf(wt, v.w, acc[k].w);
-      }
-    }
-  }
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    if (lane + 32 * k < D4) sm_acc[warp][lane + 32 * k] = acc[k];
+  // Arrive. The barrier orders every thread's partial before thread 0's fence, whose release is
+  // cumulative, so the count implies the partial is visible device-wide (CUTLASS's arrive
+  // pattern); the row's last arrival wraps the counter back to 0, fences again (acquire) and,
+  // after the barrier, the whole CTA merges.
+  __syncthreads();
+  if (tid == 0) {
+    const unsigned last = static_cast<unsigned>(rk.live - 1);
+    __threadfence();
+    const bool is_last = atomicInc(p.arrivals + t * gridDim.y + blockIdx.y, last) == last;
+    if (is_last) __threadfence();
+    sm_last = is_last;
   }
   __syncthreads();
-
-  const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // l = 0: no key at all, out = 0
-  T* dst = static_cast<T*>(p.out) + w * p.D;
-  for (int c = tid; c < D4; c += kThreads) {
-    float4 v = sm_acc[0][c];
-#pragma unroll
-    for (int ww = 1; ww < kWarps; ++ww) {
-      const float4 u = sm_acc[ww][c];
-      v.x += u.x;
-      v.y += u.y;
-      v.z += u.z;
-      v.w += u.w;
-    }
-    dst[4 * c] = st<T>(v.x * inv);
-    dst[4 * c + 1] = st<T>(v.y * inv);
-    dst[4 * c + 2] = st<T>(v.z * inv);
-    dst[4 * c + 3] = st<T>(v.w * inv);
-  }
-  if (p.lse && tid == 0) p.lse[w] = l > 0.0f ? (mx + log2f(l)) * kLn2 : -INFINITY;
+  if (!sm_last) return;
+  merge_splits<T>(p, t, h0, nh, rk.live, sm_macc, sm_mml);
 }
 
 template <typename T, int LPK, int CPL, int GC>
@@ -476,6 +562,14 @@ Status launch_decode_gc(const DecodeParams& p, int gc, dim3 grid) {
   }
 }
 
+// Lanes per key and vectors per lane for rows of nch vectors: the kernel that launch_decode_lanes
+// picks, and the keys a CTA takes per iteration with gc query heads.
+int lanes_per_key(int nch) { return nch <= 8 ? 8 : nch <= 16 ? 16 : 32; }
+int vectors_per_lane(int nch) { return nch <= 32 ? 1 : 2; }
+int64_t keys_per_cta_iter(int nch, int gc) {
+  return int64_t{kWarps} * steps_per_iter(vectors_per_lane(nch), gc) * (32 / lanes_per_key(nch));
+}
+
 template <typename T>
 Status launch_decode_lanes(const DecodeParams& p, int gc, dim3 grid) {
   if (p.NCH <= 8) return launch_decode_gc<T, 8, 1>(p, gc, grid);
@@ -484,6 +578,26 @@ Status launch_decode_lanes(const DecodeParams& p, int gc, dim3 grid) {
   if constexpr (sizeof(T) == 4) return launch_decode_gc<T, 32, 2>(p, gc, grid);  // f32, D > 128
   return SG_ERROR(StatusCode::kInternal, str_cat("paged_attention: no decode kernel for ", p.NCH, " vectors per row"),
                   "report this as a bug");
+}
+
+// The arrival counters of `dev` (kArrivalSlots, zero between launches): allocated and zeroed on
+// first use, then held for the process (graphs keep the pointer). The zeroing goes to the legacy
+// stream, never a capturing one, so that it runs now, before any eager launch or graph replay
+// (both of which run on the legacy stream), even when the first use is being captured.
+Status arrival_counters(const Device& dev, unsigned** out) {
+  static std::mutex mu;
+  static auto* held = new std::unordered_map<int, std::shared_ptr<void>>();  // never destroyed
+  std::lock_guard<std::mutex> lock(mu);
+  std::shared_ptr<void>& buf = (*held)[dev.index];
+  if (!buf) {
+    const size_t bytes = kArrivalSlots * sizeof(unsigned);
+    std::shared_ptr<void> fresh;
+    SG_RETURN_IF_ERROR(allocate(dev, bytes, &fresh));
+    SG_CUDA_CHECK(cudaMemsetAsync(fresh.get(), 0, bytes, cudaStreamLegacy));
+    buf = std::move(fresh);
+  }
+  *out = static_cast<unsigned*>(buf.get());
+  return Status::OK();
 }
 
 }  // namespace
@@ -535,15 +649,23 @@ Status paged_attention_decode(const PagedDecodeArgs& a) {
                  str_cat(op, ": ", a.Hkv, " kv heads x ", p.head_chunks, " head chunks, or ", a.T, " rows x ", a.Hq,
                          " heads, is past the CUDA grid limits"));
 
-  // Key splits while the CTAs would not give every SM two: about four per SM then, each of at
-  // least kMinSplitKeys of the keys a row can see (bounded by the table row and the window).
+  // Key splits while the CTAs would not give every SM two: about four CTAs per SM then. A split
+  // is a whole number of CTA iterations (kpi keys), as few per split as that allows: each more
+  // is one more round trip to memory on the critical path, while the merge reads all partials in
+  // one round (a few for many splits). The keys a row can see are bounded by its table row and
+  // the window.
   const int64_t n_cta = a.T * grid_y, sms = std::max(1, a.sms);
-  if (n_cta < 2 * sms) {
+  if (n_cta < 2 * sms && n_cta <= kArrivalSlots) {
     const int64_t ctx_cap = static_cast<int64_t>(a.max_blocks) * a.BS;
     const int64_t keys_cap = a.window > 0 ? std::min(ctx_cap, a.window) : ctx_cap;
-    p.nsplit = static_cast<int>(std::max<int64_t>(
-        1, std::min<int64_t>({(4 * sms + n_cta - 1) / n_cta, (keys_cap + kMinSplitKeys - 1) / kMinSplitKeys,
-                              int64_t{kMaxSplits}})));
+    const int64_t kpi = keys_per_cta_iter(p.NCH, gc);
+    const int64_t iters = (keys_cap + kpi - 1) / kpi;  // CTA iterations of the longest row
+    const int64_t want = std::min<int64_t>({(4 * sms + n_cta - 1) / n_cta, iters, int64_t{kMaxSplits}});
+    if (want > 1) {
+      const int64_t per = (iters + want - 1) / want;  // iterations per split
+      p.nsplit = static_cast<int>((iters + per - 1) / per);
+      p.chunk = per * kpi;
+    }
   }
   std::shared_ptr<void> part_buf;
   if (p.nsplit > 1) {
@@ -552,17 +674,11 @@ Status paged_attention_decode(const PagedDecodeArgs& a) {
     p.part_o = static_cast<float*>(part_buf.get());
     // After the o block: D is a multiple of 4, so this stays 16-byte aligned.
     p.part_ml = p.part_o + static_cast<size_t>(p.nsplit) * static_cast<size_t>(a.T * a.Hq) * a.D;
+    SG_RETURN_IF_ERROR(arrival_counters(a.device, &p.arrivals));
   }
 
   const dim3 grid(static_cast<unsigned>(a.T), static_cast<unsigned>(grid_y), static_cast<unsigned>(p.nsplit));
   SG_CUDA_DISPATCH_FLOAT(op, a.dtype, Ty, { SG_RETURN_IF_ERROR(launch_decode_lanes<Ty>(p, gc, grid)); });
-  if (p.nsplit > 1) {
-    const unsigned blocks = static_cast<unsigned>(a.T * a.Hq);
-    SG_CUDA_DISPATCH_FLOAT(op, a.dtype, Ty, {
-      paged_decode_combine_kernel<Ty><<<blocks, kThreads, 0, current_stream()>>>(p);
-    });
-    SG_CUDA_CHECK_LAUNCH();
-  }
   return Status::OK();
 }
 

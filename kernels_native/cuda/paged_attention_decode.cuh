@@ -16,7 +16,7 @@ namespace surogate::cuda {
 
 struct PagedDecodeArgs {
   DType dtype = DType::kBF16;
-  Device device;                 // where the split-K scratch is allocated
+  Device device;                 // where the split-K scratch and arrival counters live
   const void* q = nullptr;       // [T, Hq, D]
   const void* kc = nullptr;      // [NB, BS, Hkv, D]
   const void* vc = nullptr;

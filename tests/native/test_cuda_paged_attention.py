@@ -162,9 +162,11 @@ def test_split_k_long_context(dtype):
 
 
 # ---- the decode path (T <= S, rows a multiple of 16 bytes: cuda/paged_attention_decode.cu) ------
-# It splits the keys over CTAs (and combines them) when rows x kv heads would not give each SM two
-# CTAs: on an H200 (132 SMs) below 264. Batches of a few rows take the split; MANY_SEQS rows of 8
-# kv heads do not.
+# It splits the keys over CTAs when rows x kv heads would not give each SM two CTAs: on an H200
+# (132 SMs) below 264. Batches of a few rows take the split; MANY_SEQS rows of 8 kv heads do not.
+# A row whose keys span two or more splits has them merged in the same launch by the last split
+# to finish (an arrival counter per row and kv head, back at 0 after each launch); a row whose
+# keys fit one split is written by that split alone.
 
 EDGE_CTX = [1, 15, 16, 17, 385, 4097]  # around the block size, Qwen3-0.6B's bench context, past 4k
 MANY_SEQS = 40
@@ -295,3 +297,96 @@ def test_decode_cuda_graph_replay(n_seq):
         assert_close(dev[6].to("cpu").numpy().astype(np.float32), want.astype(np.float32), dtype)
         assert_close(dev[7].to("cpu").numpy(), want_lse, rtol=LSE_TOL[dtype], atol=LSE_TOL[dtype])
     assert p.graphs_active and p.num_graphs == 1
+
+
+# Rows of 16 bf16 heads of 128 over 8 kv heads (32 keys per CTA iteration), tables of
+# ceil(ctx / 16) + 1 blocks. Live splits on an H200: [20] 1 of 2 (split 0 writes out alone), [40]
+# 2 of 2, [1000] 32 of 32, [4097] 26 of 26, the batch 1, 2, 4 and 17 of 17. Other GPUs split
+# differently; the comparison holds either way.
+SPLIT_BATCHES = [[20], [40], [1000], [4097], [20, 300, 1000, 4097]]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("ctx", SPLIT_BATCHES)
+@pytest.mark.parametrize("with_lse", [True, False])
+def test_decode_split_merge(dtype, ctx, with_lse):
+    check(dtype, ctx, [1] * len(ctx), 16, 8, 128, 16, with_lse, seed=sum(ctx))
+
+
+def test_decode_split_launches_back_to_back():
+    # Launches queued one after another on the same shapes (so the same arrival counters), each
+    # with other context lengths (32, 4, 1, 32 live splits on an H200), then read: a counter not
+    # back at 0 would merge too early or never (out left at 0).
+    rng = np.random.default_rng(5)
+    hq, hkv, d, dtype = 16, 8, 128, "bfloat16"
+    k_cache, v_cache, tables = make_cache(rng, [1000], hkv, d, 16, dtype)
+    cu = np.array([0, 1], np.int32)
+    steps = [([1000], rand(rng, (1, hq, d), dtype)), ([100], rand(rng, (1, hq, d), dtype)),
+             ([20], rand(rng, (1, hq, d), dtype)), ([999], rand(rng, (1, hq, d), dtype))]
+    shared = [cuda(x) for x in (k_cache, v_cache, tables, cu)]
+    ins = [(cuda(q), cuda(np.asarray(ctx, np.int32))) for ctx, q in steps]  # uploaded before any launch
+    outs = [(_native.zeros([1, hq, d], dtype, "cuda"), _native.zeros([1, hq], "float32", "cuda")) for _ in steps]
+    for (q, ctx), out in zip(ins, outs, strict=True):
+        _native.call_op("paged_attention", [q, *shared, ctx], list(out), {})
+    for (ctx, q), (out, lse) in zip(steps, outs, strict=True):
+        want, want_lse = paged("cpu", q, k_cache, v_cache, tables, [1], ctx)
+        assert_close(out.to("cpu").numpy().astype(np.float32), want.astype(np.float32), dtype)
+        assert_close(lse.to("cpu").numpy(), want_lse, rtol=LSE_TOL[dtype], atol=LSE_TOL[dtype])
+
+
+def test_decode_split_graph_replays():
+    # Two ops per step (the second right behind the first, on the same counters), captured once
+    # and replayed with context lengths that move each row between 1, 2 and many live splits
+    # (H200: 20 -> 1, 40 -> 2, 1000 -> 32 of 32).
+    rng = np.random.default_rng(9)
+    hq, hkv, d, dtype = 16, 8, 128, "bfloat16"
+    k_cache, v_cache, tables = make_cache(rng, [1000, 1000], hkv, d, 16, dtype)
+    steps = [[1000, 20], [40, 1000], [20, 40], [1000, 1000], [40, 20]]  # eager, captured, replays
+    cu = np.arange(3, dtype=np.int32)
+    p = _native.Program("cuda")
+    names = ["q1", "q2", "k_cache", "v_cache", "block_tables", "cu_q", "context_lens", "out1", "lse1", "out2", "lse2"]
+    arrays = [rand(rng, (2, hq, d), dtype), rand(rng, (2, hq, d), dtype), k_cache, v_cache, tables, cu,
+              np.asarray(steps[0], np.int32), np.zeros((2, hq, d), k_cache.dtype), np.zeros((2, hq), np.float32),
+              np.zeros((2, hq, d), k_cache.dtype), np.zeros((2, hq), np.float32)]
+    ids = [p.external(n, list(a.shape), str(a.dtype)) for n, a in zip(names, arrays, strict=True)]
+    p.op("paged_attention", [ids[0], *ids[2:7]], ids[7:9], {})
+    p.op("paged_attention", [ids[1], *ids[2:7]], ids[9:11], {})
+    dev = [cuda(a) for a in arrays]
+    for i, t in zip(ids, dev, strict=True):
+        p.bind(i, t)
+    p.set_graphs(True)
+    for ctx in steps:
+        q1, q2 = rand(rng, (2, hq, d), dtype), rand(rng, (2, hq, d), dtype)
+        dev[0].copy_from(q1)
+        dev[1].copy_from(q2)
+        dev[6].copy_from(np.asarray(ctx, np.int32))
+        p.run()
+        for q, out, lse in ((q1, dev[7], dev[8]), (q2, dev[9], dev[10])):
+            want, want_lse = paged("cpu", q, k_cache, v_cache, tables, [1, 1], ctx)
+            assert_close(out.to("cpu").numpy().astype(np.float32), want.astype(np.float32), dtype)
+            assert_close(lse.to("cpu").numpy(), want_lse, rtol=LSE_TOL[dtype], atol=LSE_TOL[dtype])
+    assert p.graphs_active and p.num_graphs == 1
+
+
+@pytest.mark.parametrize("n_seq", [1, MANY_SEQS])
+def test_decode_row_with_no_key(n_seq):
+    # context_lens below a sequence's rows (the CPU op rejects it): its row sees no key and gets
+    # out = 0, lse = -inf, split (one sequence) or not; the other rows are unaffected.
+    rng = np.random.default_rng(n_seq + 3)
+    hq, hkv, d, dtype = 16, 8, 128, "bfloat16"
+    ctx = many_ctx(n_seq) if n_seq > 1 else [385]
+    k_cache, v_cache, tables = make_cache(rng, ctx, hkv, d, 16, dtype)
+    q = rand(rng, (n_seq, hq, d), dtype)
+    bad = list(ctx)
+    bad[0] = 0
+    cu = np.arange(n_seq + 1, dtype=np.int32)
+    out = cuda(as_dtype(np.full((n_seq, hq, d), 7.0, np.float32), dtype))
+    lse = cuda(np.full((n_seq, hq), 7.0, np.float32))
+    _native.call_op("paged_attention", [cuda(x) for x in (q, k_cache, v_cache, tables, cu, np.asarray(bad, np.int32))],
+                    [out, lse], {})
+    got, got_lse = out.to("cpu").numpy().astype(np.float32), lse.to("cpu").numpy()
+    assert (got[0] == 0.0).all() and (got_lse[0] == -np.inf).all()
+    if n_seq > 1:
+        want, want_lse = paged("cpu", q[1:], k_cache, v_cache, tables[1:], [1] * (n_seq - 1), ctx[1:])
+        assert_close(got[1:], want.astype(np.float32), dtype)
+        assert_close(got_lse[1:], want_lse, rtol=LSE_TOL[dtype], atol=LSE_TOL[dtype])
