@@ -97,7 +97,7 @@ def main() -> None:
           f"CUDA graphs {args.graphs}")
     print(f"{'model':>12} {'N':>5} {'3 ops us/layer':>14} {'fused us/layer':>14} {'3 ops/fused':>11}")
     for model in MODELS:
-        for n in (1, 8, 64, 512):
+        for n in (1, 8, 64, 512, 2048):
             us = []
             for fused in (False, True):
                 p, tensors = build(args.device, fused, n, model, args.layers)

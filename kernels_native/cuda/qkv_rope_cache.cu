@@ -3,20 +3,32 @@
 // paged KV cache at their slots, q returned. One launch for what a serving step did in three
 // (qk_norm_rope_fwd or rope_fwd on q and on k, then kv_cache_write).
 //
-// Kernel. One CTA per token (a grid-stride loop past kMaxGrid tokens) and one warp per head task:
-// tasks [0, Hq) are q's heads, [Hq, Hq + Hkv) k's, [Hq + Hkv, Hq + 2 Hkv) v's (a copy); up to
-// kMaxWarps warps take them in turn. A warp holds its head in registers: lane l owns units
-// i = u * 32 + l of V elements (16-byte packs when every address and row stride allows, else
-// single elements): dims i V + [0, V), their rotation partners half + i V + [0, V) and the
-// pass-through dims R + i V + [0, V), so a pair's rotation needs no other lane; a warp sum gives
-// rstd. The first task's loads are issued before the token's cos / sin (computed once per CTA
-// into shared memory as the rope ops do: f64 sincos of the f32 angle, rounded like the CPU) so
-// that their latency overlaps; the norm weights wait in shared memory as f32.
+// Kernel. A head task is (token, head) of q, k or v (v's a copy), held by a group of G lanes (a
+// power of two, the fewest that cover the head with one 16-byte pack per lane, or kScalarUnits
+// single elements per lane off the packs). Lane g of a group owns units i = u G + g of V elements:
+// dims i V + [0, V), their rotation partners half + i V + [0, V) and the pass-through dims
+// R + i V + [0, V), so a pair's rotation needs no other lane; a sum over the group (shuffles
+// inside it) gives rstd. A CTA (at most kMaxThreads) runs one group per task, no loops: all the
+// tasks of TT tokens when a token's tasks fit (TT > 1 for small heads: fewer, fuller CTAs at large
+// N), else one token's tasks split over `chunks` CTAs (at N = 1 the loads spread over several SMs).
+// Each thread first issues its loads, none of which waits on anything computed (its head, its
+// token's slot, a position, a unit of the norm weights, which wait in shared memory as f32); the
+// CTA computes each (token, frequency) pair of its tokens once into shared memory (f64 sincos of
+// the f32 angle, rounded like the CPU: cuda/rope.cuh) while the loads are in flight; one barrier,
+// then every group ropes its head from there.
+// The f64 sincos stays (rather than f32 sin / cos of the angle reduced in f64): done once per pair
+// it is ~20 double ops of one thread, ~150 cycles at N = 1, and cos / sin keep the CPU's bits,
+// where an f32 sin / cos moves the bf16 / f16 rounding of a few values by an ulp (an output then
+// moves by that ulp times |x|, beyond the tests' tolerance when the rotation cancels).
 //
 // As kv_cache_write on CUDA, the host never reads a device tensor (a decode step is captured in a
 // CUDA graph): positions and slots stay on the GPU, a slot outside the cache skips the token's
 // k and v like -1 (its q is still computed), duplicate slots leave the writers' rows mixed.
+//
+// Past 400 lines because the op is one file, as ggml's: the kernel, its launch shape and the
+// argument checks (cpu/qkv_rope_cache.cpp's, the same messages).
 #include <algorithm>
+#include <climits>
 
 #include "cuda/backend.h"
 #include "cuda/norm_rope_act.cuh"
@@ -27,10 +39,9 @@ namespace surogate::cuda::nra {
 namespace {
 
 constexpr const char* kOp = "qkv_rope_cache";
-constexpr int kMaxWarps = 32;
-constexpr int kMaxThreads = 32 * kMaxWarps;
-constexpr int64_t kMaxGrid = 1 << 20;  // tokens per launch before CTAs loop
-constexpr int kScalarUnits = 8;        // units per lane on the single-element path: half, D - R <= 256
+constexpr int kMaxThreads = 256;  // per CTA
+constexpr int kMinBlocks = 4;     // CTAs per SM the registers must allow (<= 64 a thread)
+constexpr int kScalarUnits = 8;   // units per lane on the single-element path: half, D - R <= 256
 
 struct QkvArgs {
   const void* q = nullptr;
@@ -46,11 +57,15 @@ struct QkvArgs {
   int64_t q_row = 0, k_row = 0, v_row = 0;  // token row strides, in elements
   int64_t N = 0, n_slots = 0;
   int Hq = 0, Hkv = 0, D = 0, half = 0;
+  int g_shift = 0;  // G = 1 << g_shift lanes per head task
+  int TT = 1;       // tokens per CTA
+  int TC = 1;       // head tasks per CTA and token (all of them when chunks == 1)
+  int chunks = 1;   // CTAs per token (TT == 1 when > 1)
   float eps = 0.0f, af = 1.0f;
 };
 
-// A head in registers. Lane l holds units i = u * 32 + l (u < K) of V elements: a[u] = dims
-// i V + [0, V), b[u] = their rotation partners half + i V + [0, V), c[u] = R + i V + [0, V).
+// A head in registers. Lane g of its group holds units i = u G + g (u < K) of V elements:
+// a[u] = dims i V + [0, V), b[u] = their rotation partners half + i V + [0, V), c[u] = R + i V + [0, V).
 template <typename T, int V, int K>
 struct HeadRegs {
   Pack<T, V> a[K], b[K], c[K];
@@ -65,11 +80,11 @@ __device__ __forceinline__ Pack<T, V>* units(T* y) { return reinterpret_cast<Pac
 
 // hv, dv: half and D in units (half % V == 0 and D % V == 0 on the pack path).
 template <typename T, int V, int K>
-__device__ __forceinline__ void load_head(const T* x, int hv, int dv, int lane, HeadRegs<T, V, K>& h) {
+__device__ __forceinline__ void load_head(const T* x, int hv, int dv, int g, int G, HeadRegs<T, V, K>& h) {
   const Pack<T, V>* xu = units<T, V>(x);
 #pragma unroll
   for (int u = 0; u < K; ++u) {
-    const int i = u * 32 + lane;
+    const int i = u * G + g;
     if (i < hv) {
       h.a[u] = xu[i];
       h.b[u] = xu[hv + i];
@@ -79,11 +94,11 @@ __device__ __forceinline__ void load_head(const T* x, int hv, int dv, int lane, 
 }
 
 template <typename T, int V, int K>
-__device__ __forceinline__ void store_head(T* y, int hv, int dv, int lane, const HeadRegs<T, V, K>& h) {
+__device__ __forceinline__ void store_head(T* y, int hv, int dv, int g, int G, const HeadRegs<T, V, K>& h) {
   Pack<T, V>* yu = units<T, V>(y);
 #pragma unroll
   for (int u = 0; u < K; ++u) {
-    const int i = u * 32 + lane;
+    const int i = u * G + g;
     if (i < hv) {
       yu[i] = h.a[u];
       yu[hv + i] = h.b[u];
@@ -92,52 +107,83 @@ __device__ __forceinline__ void store_head(T* y, int hv, int dv, int lane, const
   }
 }
 
-// y = rope(x), or with NORM y = rope(T(w T(x rstd))), rstd = 1 / sqrt(sum x^2 / D + eps), w in f32
-// (shared memory): the rope ops' formulas and roundings (cpu/rope.cpp). The whole warp calls it.
-template <typename T, int V, int K, bool NORM>
-__device__ __forceinline__ void rope_head(const HeadRegs<T, V, K>& h, const float* w, float eps, const float* cs,
-                                          int hv, int dv, int lane, T* y) {
-  const int half = hv * V, R = 2 * half;
-  Pack<T, V>* yu = units<T, V>(y);
-  float r = 1.0f;
-  if constexpr (NORM) {
-    float ss = 0.0f;
-#pragma unroll
-    for (int u = 0; u < K; ++u) {
-      const int i = u * 32 + lane;
-      if (i < hv) {
-#pragma unroll
-        for (int j = 0; j < V; ++j) {
-          const float xa = ld(h.a[u].v[j]), xb = ld(h.b[u].v[j]);
-          ss += xa * xa + xb * xb;
-        }
-      }
-      if (2 * hv + i < dv) {
-#pragma unroll
-        for (int j = 0; j < V; ++j) {
-          const float xc = ld(h.c[u].v[j]);
-          ss += xc * xc;
-        }
-      }
-    }
-    r = 1.0f / sqrtf(warp_sum(ss) / static_cast<float>(dv * V) + eps);
-  }
+// rstd = 1 / sqrt(sum x^2 / D + eps) of the group's head. Every lane of the warp calls it (G is
+// the same for all, so the shuffles line up); the xor offsets stay inside a G-lane group.
+template <typename T, int V, int K>
+__device__ __forceinline__ float head_rstd(const HeadRegs<T, V, K>& h, float eps, int hv, int dv, int g, int G) {
+  float ss = 0.0f;
 #pragma unroll
   for (int u = 0; u < K; ++u) {
-    const int i = u * 32 + lane, e = i * V;
+    const int i = u * G + g;
+    if (i < hv) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float xa = ld(h.a[u].v[j]), xb = ld(h.b[u].v[j]);
+        ss += xa * xa + xb * xb;
+      }
+    }
+    if (2 * hv + i < dv) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float xc = ld(h.c[u].v[j]);
+        ss += xc * xc;
+      }
+    }
+  }
+  for (int o = G >> 1; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  return 1.0f / sqrtf(ss / static_cast<float>(dv * V) + eps);
+}
+
+// V floats of shared memory; 16-byte loads when V allows (s is then 16-byte aligned: see the kernel).
+template <int V>
+__device__ __forceinline__ void load_floats(const float* s, float (&o)[V]) {
+  if constexpr (V % 4 == 0) {
+#pragma unroll
+    for (int j = 0; j < V; j += 4) {
+      const float4 t = *reinterpret_cast<const float4*>(s + j);
+      o[j] = t.x;
+      o[j + 1] = t.y;
+      o[j + 2] = t.z;
+      o[j + 3] = t.w;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) o[j] = s[j];
+  }
+}
+
+// y = rope(x), or with NORM y = rope(T(w T(x r))), r = rstd: the rope ops' formulas and roundings
+// (cpu/rope.cpp). cs = the token's cos [half] then sin [half]; w = the norm weight [D] in f32 (both
+// in shared memory, 16-byte aligned on the pack path).
+template <typename T, int V, int K, bool NORM>
+__device__ __forceinline__ void rope_head(const HeadRegs<T, V, K>& h, const float* w, float r, const float* cs,
+                                          int hv, int dv, int g, int G, T* y) {
+  constexpr int C = V % 4 == 0 ? 4 : 1;
+  const int half = hv * V, R = 2 * half;
+  Pack<T, V>* yu = units<T, V>(y);
+#pragma unroll
+  for (int u = 0; u < K; ++u) {
+    const int i = u * G + g, e = i * V;
     if (i < hv) {
       Pack<T, V> ya, yb;
 #pragma unroll
-      for (int j = 0; j < V; ++j) {
-        float xa = ld(h.a[u].v[j]), xb = ld(h.b[u].v[j]);
+      for (int j0 = 0; j0 < V; j0 += C) {  // C at a time: fewer live registers than all V
+        float c[C], sn[C], wa[C], wb[C];
+        load_floats<C>(cs + e + j0, c);
+        load_floats<C>(cs + half + e + j0, sn);
         if constexpr (NORM) {
-          xa = rnd<T>(rnd<T>(xa * r) * w[e + j]);
-          xb = rnd<T>(rnd<T>(xb * r) * w[half + e + j]);
+          load_floats<C>(w + e + j0, wa);
+          load_floats<C>(w + half + e + j0, wb);
         }
-        T o1, o2;
-        rotate<T>(xa, xb, cs[e + j], cs[half + e + j], &o1, &o2);
-        ya.v[j] = o1;
-        yb.v[j] = o2;
+#pragma unroll
+        for (int j = 0; j < C; ++j) {
+          float xa = ld(h.a[u].v[j0 + j]), xb = ld(h.b[u].v[j0 + j]);
+          if constexpr (NORM) {
+            xa = rnd<T>(rnd<T>(xa * r) * wa[j]);
+            xb = rnd<T>(rnd<T>(xb * r) * wb[j]);
+          }
+          rotate<T>(xa, xb, c[j], sn[j], &ya.v[j0 + j], &yb.v[j0 + j]);
+        }
       }
       yu[i] = ya;
       yu[hv + i] = yb;
@@ -146,7 +192,12 @@ __device__ __forceinline__ void rope_head(const HeadRegs<T, V, K>& h, const floa
       if constexpr (NORM) {
         Pack<T, V> yc;
 #pragma unroll
-        for (int j = 0; j < V; ++j) yc.v[j] = st<T>(rnd<T>(ld(h.c[u].v[j]) * r) * w[R + e + j]);
+        for (int j0 = 0; j0 < V; j0 += C) {
+          float wc[C];
+          load_floats<C>(w + R + e + j0, wc);
+#pragma unroll
+          for (int j = 0; j < C; ++j) yc.v[j0 + j] = st<T>(rnd<T>(ld(h.c[u].v[j0 + j]) * r) * wc[j]);
+        }
         yu[2 * hv + i] = yc;
       } else {
         yu[2 * hv + i] = h.c[u];
@@ -156,65 +207,114 @@ __device__ __forceinline__ void rope_head(const HeadRegs<T, V, K>& h, const floa
 }
 
 template <typename T, int V, int K, bool NORM>
-__global__ void __launch_bounds__(kMaxThreads) qkv_rope_cache_kernel(const QkvArgs p, const InvFreq inv) {
-  extern __shared__ float smem[];
+__global__ void __launch_bounds__(kMaxThreads, kMinBlocks) qkv_rope_cache_kernel(const QkvArgs p, const InvFreq inv) {
+  extern __shared__ float4 smem4[];
   const int half = p.half, D = p.D, Hq = p.Hq, Hkv = p.Hkv;
+  float* cs = reinterpret_cast<float*>(smem4);  // [TT, 2 half]: cos, sin of the CTA's tokens
+  float* ws = cs + p.TT * 2 * half;             // [2 D]: q_norm, k_norm in f32 (with the norm)
   const int hv = half / V, dv = D / V;  // in units
-  float* fr = smem;             // [half] inv_freq
-  float* cs = smem + half;      // [2 half] cos, sin of the current token
-  float* wq = smem + 3 * half;  // [D] q_norm in f32 (with the norm)
-  float* wk = wq + D;           // [D] k_norm
-  const T* q = static_cast<const T*>(p.q);
-  const T* k = static_cast<const T*>(p.k);
-  const T* v = static_cast<const T*>(p.v);
-  T* q_out = static_cast<T*>(p.q_out);
-  T* kc = static_cast<T*>(p.kc);
-  T* vc = static_cast<T*>(p.vc);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  const int all_tasks = Hq + 2 * Hkv;
-  load_inv_freq(inv, fr, half);
-  bool first = true;
-  for (int64_t n = blockIdx.x; n < p.N; n += gridDim.x) {
-    const int32_t pn = p.pos[n];
-    const int64_t slot = p.slots[n];
-    auto source = [&](int t) -> const T* {
-      if (t < Hq) return q + n * p.q_row + static_cast<int64_t>(t) * D;
-      if (t < Hq + Hkv) return k + n * p.k_row + static_cast<int64_t>(t - Hq) * D;
-      return v + n * p.v_row + static_cast<int64_t>(t - Hq - Hkv) * D;
-    };
-    HeadRegs<T, V, K> h;
-    if (warp < all_tasks) load_head(source(warp), hv, dv, lane, h);  // in flight across the barriers
-    if (NORM && first) {
-      for (int j = threadIdx.x; j < D; j += blockDim.x) {
-        wq[j] = ld(static_cast<const T*>(p.wq)[j]);
-        wk[j] = ld(static_cast<const T*>(p.wk)[j]);
-      }
+  const int G = 1 << p.g_shift, g = threadIdx.x & (G - 1), item = threadIdx.x >> p.g_shift;
+  const int64_t tile = blockIdx.x / p.chunks;
+  const int chunk = static_cast<int>(blockIdx.x - tile * p.chunks);
+  const int tt = item / p.TC, task = chunk * p.TC + (item - tt * p.TC);
+  const int64_t n0 = tile * p.TT, n = n0 + tt;
+  const bool active = tt < p.TT && n < p.N && task < Hq + 2 * Hkv;
+
+  // Loads first: none waits on anything computed.
+  HeadRegs<T, V, K> h{};
+  int32_t slot = -1;
+  if (active) {
+    const T* src = task < Hq         ? static_cast<const T*>(p.q) + n * p.q_row + static_cast<int64_t>(task) * D
+                   : task < Hq + Hkv ? static_cast<const T*>(p.k) + n * p.k_row + static_cast<int64_t>(task - Hq) * D
+                                     : static_cast<const T*>(p.v) + n * p.v_row +
+                                           static_cast<int64_t>(task - Hq - Hkv) * D;
+    load_head(src, hv, dv, g, G, h);
+    if (task >= Hq) slot = p.slots[n];
+  }
+  // The thread's first position (the cos / sin below wait on it) before the norm weights, whose
+  // store into shared memory waits on their load: both latencies overlap.
+  const int pairs = p.TT * half;
+  const int t0 = static_cast<int>(threadIdx.x) / half;
+  const int32_t pos0 = static_cast<int>(threadIdx.x) < pairs && n0 + t0 < p.N ? p.pos[n0 + t0] : 0;
+  if constexpr (NORM) {
+    const T* wq = static_cast<const T*>(p.wq);
+    const T* wk = static_cast<const T*>(p.wk);
+    for (int u = threadIdx.x; u < 2 * dv; u += blockDim.x) {
+      const Pack<T, V> x = u < dv ? units<T, V>(wq)[u] : units<T, V>(wk)[u - dv];
+#pragma unroll
+      for (int j = 0; j < V; ++j) ws[u * V + j] = ld(x.v[j]);
     }
-    first = false;
-    __syncthreads();  // fr and the weights are written; the previous token's cs has been read
-    fill_cos_sin<T>(fr, pn, p.af, cs, half);
-    __syncthreads();
-    const bool kv = slot >= 0 && slot < p.n_slots;  // -1: padding; anything else outside: not ours to write
-    const int tasks = kv ? all_tasks : Hq;
-    for (int t = warp; t < tasks; t += nwarps) {
-      if (t != warp) load_head(source(t), hv, dv, lane, h);
-      if (t < Hq) {
-        rope_head<T, V, K, NORM>(h, wq, p.eps, cs, hv, dv, lane, q_out + (n * Hq + t) * D);
-      } else if (t < Hq + Hkv) {
-        rope_head<T, V, K, NORM>(h, wk, p.eps, cs, hv, dv, lane, kc + (slot * Hkv + (t - Hq)) * D);
-      } else {
-        store_head(vc + (slot * Hkv + (t - Hq - Hkv)) * D, hv, dv, lane, h);
-      }
-    }
+  }
+  // Each (token, frequency) pair of the CTA once. inv.f[i] with a per-thread i replays on the
+  // constant cache, once per pair, off the critical path (the loads above are slower).
+  for (int j = threadIdx.x; j < pairs; j += blockDim.x) {
+    const int t = j / half, i = j - t * half;
+    if (n0 + t >= p.N) break;  // the last tile's missing tokens (t grows with j)
+    const int32_t pn = j == static_cast<int>(threadIdx.x) ? pos0 : p.pos[n0 + t];
+    cos_sin<T>(inv.f[i], pn, p.af, cs + t * 2 * half + i, cs + t * 2 * half + half + i);
+  }
+  __syncthreads();
+
+  float r = 1.0f;
+  if constexpr (NORM) r = head_rstd(h, p.eps, hv, dv, g, G);  // the whole warp: before any lane leaves
+  if (!active) return;
+  // 16-byte aligned on the pack path: 2 half, half and e are multiples of V >= 4 floats.
+  const float* c = cs + tt * 2 * half;
+  if (task < Hq) {
+    rope_head<T, V, K, NORM>(h, ws, r, c, hv, dv, g, G, static_cast<T*>(p.q_out) + (n * Hq + task) * D);
+    return;
+  }
+  if (slot < 0 || slot >= p.n_slots) return;  // -1: padding; anything else outside: not ours to write
+  const int64_t row = static_cast<int64_t>(slot) * Hkv;
+  if (task < Hq + Hkv) {
+    rope_head<T, V, K, NORM>(h, ws + D, r, c, hv, dv, g, G, static_cast<T*>(p.kc) + (row + (task - Hq)) * D);
+  } else {
+    store_head(static_cast<T*>(p.vc) + (row + (task - Hq - Hkv)) * D, hv, dv, g, G, h);
   }
 }
 
+// The CTA shape for heads of `units` units (the larger of half and D - R, in units) held K per
+// lane: G, then TT tokens of all tasks, or one token's tasks over `chunks` CTAs.
+struct Plan {
+  int threads = 0;
+  unsigned blocks = 0;
+  size_t smem = 0;
+};
+
+template <int K>
+Status plan(int64_t units, QkvArgs* p, Plan* out) {
+  p->g_shift = 0;
+  while ((static_cast<int64_t>(K) << p->g_shift) < units) ++p->g_shift;  // G <= 32: the callers' checks
+  const int64_t G = int64_t{1} << p->g_shift, all_tasks = p->Hq + 2 * static_cast<int64_t>(p->Hkv);
+  const int64_t per_token = all_tasks * G;
+  if (per_token <= kMaxThreads) {
+    p->chunks = 1;
+    p->TC = static_cast<int>(all_tasks);
+    p->TT = static_cast<int>(std::min<int64_t>(p->N, kMaxThreads / per_token));
+  } else {  // balanced chunks: TC <= kMaxThreads / G
+    const int64_t chunks = (per_token + kMaxThreads - 1) / kMaxThreads;
+    p->chunks = static_cast<int>(chunks);
+    p->TC = static_cast<int>((all_tasks + chunks - 1) / chunks);
+    p->TT = 1;
+  }
+  const int64_t blocks = (p->N + p->TT - 1) / p->TT * p->chunks;
+  SG_CHECK(blocks <= INT_MAX, StatusCode::kUnsupported,
+           str_cat(kOp, ": ", p->N, " tokens of ", all_tasks, " heads need ", blocks, " CTAs, above the grid's limit"),
+           "run this op on the CPU or in smaller steps");
+  out->threads = static_cast<int>((p->TT * p->TC * G + 31) / 32 * 32);
+  out->blocks = static_cast<unsigned>(blocks);
+  out->smem = (static_cast<size_t>(p->TT) * 2 * p->half + (p->wq != nullptr ? 2 * p->D : 0)) * sizeof(float);
+  return Status::OK();
+}
+
 template <typename T, int V, int K>
-Status launch(const QkvArgs& p, const InvFreq& inv, unsigned grid, int threads, size_t smem) {
+Status launch(QkvArgs p, const InvFreq& inv) {
+  Plan pl;
+  SG_RETURN_IF_ERROR(plan<K>(std::max(p.half / V, p.D / V - 2 * (p.half / V)), &p, &pl));
   if (p.wq != nullptr) {
-    qkv_rope_cache_kernel<T, V, K, true><<<grid, threads, smem, current_stream()>>>(p, inv);
+    qkv_rope_cache_kernel<T, V, K, true><<<pl.blocks, pl.threads, pl.smem, current_stream()>>>(p, inv);
   } else {
-    qkv_rope_cache_kernel<T, V, K, false><<<grid, threads, smem, current_stream()>>>(p, inv);
+    qkv_rope_cache_kernel<T, V, K, false><<<pl.blocks, pl.threads, pl.smem, current_stream()>>>(p, inv);
   }
   SG_CUDA_CHECK_LAUNCH();
   return Status::OK();
@@ -319,9 +419,6 @@ Status qkv_rope_cache(const OpArgs& a) {
   p.half = static_cast<int>(half);
   p.eps = static_cast<float>(a.attr().get_float("eps", 1e-6));
   p.af = cfg.attention_factor;
-  const int threads = 32 * static_cast<int>(std::min<int64_t>(all_tasks, kMaxWarps));
-  const auto grid = static_cast<unsigned>(std::min(N, kMaxGrid));
-  const size_t smem = static_cast<size_t>(3 * half + (norm ? 2 * D : 0)) * sizeof(float);
   bool aligned = true;
   for (const void* ptr : {p.q, p.k, p.v, p.wq, p.wk, static_cast<const void*>(p.q_out),
                           static_cast<const void*>(p.kc), static_cast<const void*>(p.vc)}) {
@@ -331,12 +428,12 @@ Status qkv_rope_cache(const OpArgs& a) {
     constexpr int V = static_cast<int>(16 / sizeof(T));
     const bool packs = aligned && q_row % V == 0 && k_row % V == 0 && v_row % V == 0 && D % V == 0 &&
                        half % V == 0 && half <= 32 * V && D - R <= 32 * V;
-    if (packs) return launch<T, V, 1>(p, cfg.inv, grid, threads, smem);
+    if (packs) return launch<T, V, 1>(p, cfg.inv);
     SG_CHECK(half <= 32 * kScalarUnits && D - R <= 32 * kScalarUnits, StatusCode::kUnsupported,
              str_cat(op, ": head dim ", D, " (rotary_dim ", R, ") is above what the CUDA kernel holds in registers "
                      "without 16-byte packs (", 64 * kScalarUnits, ")"),
              "run this op on the CPU");
-    return launch<T, 1, kScalarUnits>(p, cfg.inv, grid, threads, smem);
+    return launch<T, 1, kScalarUnits>(p, cfg.inv);
   });
   return Status::OK();
 }

@@ -1,7 +1,8 @@
 // The RoPE pieces that the CUDA rope ops (cuda/norm_rope_act_rope.cu) and the serving op
 // qkv_rope_cache (cuda/qkv_rope_cache.cu) share, so that both round alike: the rope attributes
-// with inv_freq computed on the host as cpu/rope.cpp does, the per-token cos / sin in shared
-// memory and the rotation of a pair. The formulas and rounding order are cpu/rope.cpp's.
+// with inv_freq computed on the host as cpu/rope.cpp does, the cos / sin of a (token, frequency)
+// pair (one at a time, or a token's row into shared memory) and the rotation of a pair. The
+// formulas and rounding order are cpu/rope.cpp's.
 //
 // inv_freq travels to a kernel as a by-value parameter (no copy, no host sync, capturable in a
 // CUDA graph), which caps half = rotary_dim / 2 at kMaxHalf.
@@ -35,17 +36,23 @@ __device__ __forceinline__ void load_inv_freq(const InvFreq& inv, float* fr, int
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x) fr[i] = inv.f[i];
 }
 
-// cs[0, half) = cos, cs[half, 2 half) = sin of token position p, in cpu/rope.cpp's build_table order.
+// cos and sin of token position p at frequency f, in cpu/rope.cpp's build_table order: the f32
+// angle p f, its sincos in f64, each rounded to f32, times attention_factor, rounded to T.
+// (Below |angle| 2^31 sincos reduces with a three-part Cody-Waite; its slow path beyond is the
+// 40-byte stack frame ptxas reports for the kernels that use this.)
+template <typename T>
+__device__ __forceinline__ void cos_sin(float f, int32_t p, float af, float* c, float* s) {
+  const double angle = static_cast<double>(static_cast<float>(p) * f);  // the f32 product, as HF
+  double sd, cd;
+  sincos(angle, &sd, &cd);
+  *c = rnd<T>(static_cast<float>(cd) * af);
+  *s = rnd<T>(static_cast<float>(sd) * af);
+}
+
+// cs[0, half) = cos, cs[half, 2 half) = sin of token position p, the block's threads in turn.
 template <typename T>
 __device__ __forceinline__ void fill_cos_sin(const float* fr, int32_t p, float af, float* cs, int64_t half) {
-  const float pf = static_cast<float>(p);
-  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-    const double angle = static_cast<double>(pf * fr[i]);  // the f32 product, as HF
-    double s, c;
-    sincos(angle, &s, &c);
-    cs[i] = rnd<T>(static_cast<float>(c) * af);
-    cs[half + i] = rnd<T>(static_cast<float>(s) * af);
-  }
+  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) cos_sin<T>(fr[i], p, af, cs + i, cs + half + i);
 }
 
 // (y1, y2) = (T(T(a c) - T(b sn)), T(T(b c) + T(a sn))). __fmul_rn keeps the products apart from

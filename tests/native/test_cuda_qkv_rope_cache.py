@@ -4,8 +4,9 @@ test_qkv_rope_cache.py checks bit for bit against the ops it fuses.
 Caches start as garbage, so a wrong or extra slot shows; v rows and every slot left alone must be
 equal to the bit, q and the roped k within the storage dtype's tolerance. Shapes cover the 16-byte
 pack path and the single-element path (head dims, rotary dims and row strides off the packs),
-more heads than warps, rows of a fused projection (strided views in a Program) and a Program
-replayed as a CUDA graph with new positions and slots each step.
+the kernel's CTA shapes (several tokens a CTA, a token's heads over several CTAs), rows of a fused
+projection (strided views in a Program) and a Program replayed as a CUDA graph with new positions
+and slots each step.
 """
 
 import numpy as np
@@ -103,11 +104,24 @@ def test_head_and_rotary_dims(dtype, norm, d, r):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("n", [1, 3, 300])
-def test_more_heads_than_warps(dtype, n):
-    # 64 + 2 x 8 = 80 head tasks over 32 warps; one decode token, a few, a prefill chunk.
+def test_heads_over_several_ctas(dtype, n):
+    # 64 + 2 x 8 = 80 head tasks a token, more than one CTA holds: 3 CTAs a token in bf16 (27 tasks
+    # each, the last 26), 5 in f32 (16 each); one decode token, a few, a prefill chunk.
     c = make_case(n, n, 64, 8, 128, dtype, num_blocks=80, block_size=4, pad=(0, 2) if n > 2 else ())
     check(c, True)
     check(c, False)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize("hq,hkv,d", [(2, 1, 16), (3, 1, 32)])
+@pytest.mark.parametrize("n", [1, 37, 63, 64, 65, 130])
+def test_several_tokens_per_cta(dtype, norm, hq, hkv, d, n):
+    # Small heads: a CTA holds the tasks of many tokens (64 or 32 tokens of 4 heads with D = 16,
+    # 25 or 12 of 5 heads with D = 32), so token counts off those multiples leave a last CTA part
+    # empty, and 25 x 5 x 2 lanes leave a warp part empty.
+    c = make_case(100 + n, n, hq, hkv, d, dtype, num_blocks=n // 4 + 2)
+    check(c, norm, eps=1e-6, **ROPE["llama3"])
 
 
 def test_out_of_range_slot_skips_the_token():
