@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "cpu/common.h"
+#include "runtime/op_checks.h"
 
 namespace surogate::cpu {
 
@@ -96,11 +97,7 @@ Status scale(const OpArgs& args) {
 Status argmax(const OpArgs& args) {
   const Tensor& x = args.in(0);
   const Tensor& y = args.out(0);
-  SG_CHECK_SHAPE(x.ndim == 2 && y.ndim == 1 && y.shape[0] == x.shape[0],
-                 str_cat("argmax: x ", x.shape_str(), " and y ", y.shape_str(), " are not [R, V] and [R]"));
-  SG_CHECK(y.dtype == DType::kI32, StatusCode::kDTypeUnsupported, "argmax: y must be int32", "");
-  SG_CHECK(x.strides[1] == 1 && y.strides[0] == 1, StatusCode::kInvalidArgument,
-           "argmax: x rows and y must be contiguous", "");
+  SG_RETURN_IF_ERROR(check_argmax(args));
   const int64_t V = x.shape[1];
   SG_DISPATCH_FLOAT("argmax", x.dtype, T, {
     parallel_for(0, x.shape[0], 1, [&](int64_t lo, int64_t hi) {

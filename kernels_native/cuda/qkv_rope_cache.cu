@@ -33,6 +33,7 @@
 #include "cuda/backend.h"
 #include "cuda/norm_rope_act.cuh"
 #include "cuda/rope.cuh"
+#include "runtime/op_checks.h"
 
 namespace surogate::cuda::nra {
 
@@ -320,75 +321,21 @@ Status launch(QkvArgs p, const InvFreq& inv) {
   return Status::OK();
 }
 
-// ---- argument checks (cpu/qkv_rope_cache.cpp's, same messages) -------------------------------
-
-Status check_rows(const char* name, const Tensor& t, int64_t* row) {
-  SG_RETURN_IF_ERROR(check_ndim(kOp, name, t, 3));
-  SG_RETURN_IF_ERROR(check_dtype(kOp, name, t, {DType::kF32, DType::kBF16, DType::kF16}));
-  const int64_t N = t.shape[0], H = t.shape[1], D = t.shape[2];
-  const bool packed = (D <= 1 || t.strides[2] == 1) && (H <= 1 || t.strides[1] == D);
-  *row = N <= 1 ? H * D : t.strides[0];
-  SG_CHECK(t.numel() == 0 || (packed && *row >= H * D), StatusCode::kInvalidArgument,
-           str_cat(kOp, ": ", name, " ", t.shape_str(), " has strides [", t.strides[0], ", ", t.strides[1], ", ",
-                   t.strides[2], "]; it must be [row >= ", H * D, ", ", D, ", 1] (each token's heads contiguous)"),
-           "pass a contiguous tensor or a column slice of one");
-  return Status::OK();
-}
-
-Status check_same_dtype(const char* name, const Tensor& t, const Tensor& q) {
-  SG_CHECK(t.dtype == q.dtype, StatusCode::kDTypeUnsupported,
-           str_cat(kOp, ": ", name, " is ", dtype_name(t.dtype), " but q is ", dtype_name(q.dtype)),
-           "keep q, k, v, the norm weights and the cache in the model's activation dtype");
-  return Status::OK();
-}
-
 Status qkv_rope_cache(const OpArgs& a) {
   const char* op = kOp;
+  QkvRopeCacheDims dims;
+  SG_RETURN_IF_ERROR(check_qkv_rope_cache(a, &dims));
   const Tensor& q = a.in(0);
   const Tensor& k = a.in(1);
   const Tensor& v = a.in(2);
+  const Tensor& pos = a.in(3);
   const Tensor& sm = a.in(4);
   const Tensor& qo = a.out(0);
   const Tensor& kc = a.out(1);
   const Tensor& vc = a.out(2);
-  int64_t q_row = 0, k_row = 0, v_row = 0;
-  SG_RETURN_IF_ERROR(check_rows("q", q, &q_row));
-  SG_RETURN_IF_ERROR(check_rows("k", k, &k_row));
-  SG_RETURN_IF_ERROR(check_rows("v", v, &v_row));
-  const int64_t N = q.shape[0], Hq = q.shape[1], D = q.shape[2], Hkv = k.shape[1];
-  SG_RETURN_IF_ERROR(check_same_shape(op, "k", k, "v", v));
-  SG_CHECK_SHAPE(k.shape[0] == N && k.shape[2] == D,
-                 str_cat(op, ": k ", k.shape_str(), " must be [N, Hkv, D] with q's N and D (q ", q.shape_str(), ")"));
-  SG_RETURN_IF_ERROR(check_same_shape(op, "q", q, "q_out", qo));
-  SG_RETURN_IF_ERROR(check_ndim(op, "k_cache", kc, 4));
-  SG_RETURN_IF_ERROR(check_same_shape(op, "k_cache", kc, "v_cache", vc));
-  SG_CHECK_SHAPE(kc.shape[2] == Hkv && kc.shape[3] == D,
-                 str_cat(op, ": k_cache ", kc.shape_str(), " must be [num_blocks, block_size, ", Hkv, ", ", D,
-                         "] for k ", k.shape_str()));
-  const char* names[] = {"k", "v", "q_out", "k_cache", "v_cache"};
-  const Tensor* ts[] = {&k, &v, &qo, &kc, &vc};
-  for (int i = 0; i < 5; ++i) SG_RETURN_IF_ERROR(check_same_dtype(names[i], *ts[i], q));
-  for (int i = 2; i < 5; ++i) SG_RETURN_IF_ERROR(check_contiguous(op, names[i], *ts[i]));
-  const Tensor& pos = a.in(3);
-  SG_RETURN_IF_ERROR(check_dtype(op, "pos", pos, {DType::kI32}));
-  SG_RETURN_IF_ERROR(check_contiguous(op, "pos", pos));
-  SG_CHECK_SHAPE(pos.ndim == 1 && pos.shape[0] == N,
-                 str_cat(op, ": pos ", pos.shape_str(), " must be [N] = [", N, "], one position per token"));
-  SG_RETURN_IF_ERROR(check_dtype(op, "slot_mapping", sm, {DType::kI32}));
-  SG_RETURN_IF_ERROR(check_contiguous(op, "slot_mapping", sm));
-  SG_CHECK_SHAPE(sm.ndim == 1 && sm.shape[0] == N,
-                 str_cat(op, ": slot_mapping ", sm.shape_str(), " must be [N] = [", N, "], one slot per token"));
-  const bool norm = a.has_in(5);
-  SG_CHECK_ARG(norm == a.has_in(6), str_cat(op, ": pass both norm weights (q_norm, k_norm) or neither"));
-  if (norm) {
-    const char* wn[] = {"q_norm", "k_norm"};
-    for (int i = 0; i < 2; ++i) {
-      const Tensor& w = a.in(5 + i);
-      SG_CHECK_SHAPE(w.ndim == 1 && w.shape[0] == D, str_cat(op, ": ", wn[i], " ", w.shape_str(), " must be [D] = [", D, "]"));
-      SG_RETURN_IF_ERROR(check_contiguous(op, wn[i], w));
-      SG_RETURN_IF_ERROR(check_same_dtype(wn[i], w, q));
-    }
-  }
+  const int64_t N = dims.N, Hq = dims.Hq, D = dims.D, Hkv = dims.Hkv;
+  const int64_t q_row = dims.q_row, k_row = dims.k_row, v_row = dims.v_row;
+  const bool norm = dims.norm;
   RopeConfig cfg;
   SG_RETURN_IF_ERROR(parse_rope(op, a.attr(), D, &cfg));
   SG_CHECK(Hq + 2 * Hkv <= (1 << 24), StatusCode::kUnsupported,
