@@ -17,6 +17,7 @@ void register_cpu_gguf(OpRegistry& reg);
 void register_cpu_paged_attention(OpRegistry& reg);
 void register_cpu_qkv_rope_cache(OpRegistry& reg);
 void register_cpu_dropout(OpRegistry& reg);
+void register_cpu_fused_matmul(OpRegistry& reg);
 }  // namespace cpu
 
 void register_cpu_ops(OpRegistry& reg) {
@@ -33,6 +34,7 @@ void register_cpu_ops(OpRegistry& reg) {
   cpu::register_cpu_paged_attention(reg);
   cpu::register_cpu_qkv_rope_cache(reg);
   cpu::register_cpu_dropout(reg);
+  cpu::register_cpu_fused_matmul(reg);
 }
 
 }  // namespace surogate

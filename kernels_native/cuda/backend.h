@@ -34,5 +34,6 @@ void register_cuda_embed_optim(OpRegistry& reg);  // embedding fwd / bwd, dropou
 void register_cuda_paged_attention(OpRegistry& reg);  // kv_cache_write and paged_attention (serving)
 void register_cuda_qkv_rope_cache(OpRegistry& reg);  // qkv_rope_cache (serving: q / k rope + KV cache write)
 void register_cuda_gguf(OpRegistry& reg);  // gguf_dequantize and gguf_matmul
+void register_cuda_fused_matmul(OpRegistry& reg);  // gated_matmul and add_rmsnorm_matmul (serving)
 
 }  // namespace surogate::cuda

@@ -6,6 +6,9 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
+#include <type_traits>
+
 #include "core/status.h"
 #include "core/tensor.h"
 #include "runtime/op_registry.h"
@@ -36,6 +39,46 @@ template <typename T> __device__ __forceinline__ T st(float v);
 template <> __device__ __forceinline__ float st<float>(float v) { return v; }
 template <> __device__ __forceinline__ __nv_bfloat16 st<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 template <> __device__ __forceinline__ __half st<__half>(float v) { return __float2half_rn(v); }
+
+// v rounded to T and back to f32 (a no-op for float): the intermediate roundings of the CPU ops.
+template <typename T>
+__device__ __forceinline__ float rnd(float v) {
+  return ld(st<T>(v));
+}
+
+// 16 bytes of storage type T (16 / sizeof(T) elements) widened to f32, and back (round to nearest).
+template <typename T>
+__device__ __forceinline__ void unpack16(const uint4& u, float* f) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (std::is_same_v<T, float>) {
+      f[i] = __uint_as_float(w[i]);
+    } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      f[2 * i] = __uint_as_float(w[i] << 16);
+      f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    } else {
+      f[2 * i] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[i] & 0xffffu)));
+      f[2 * i + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[i] >> 16)));
+    }
+  }
+}
+template <typename T>
+__device__ __forceinline__ uint32_t bits16(float v) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat16_as_ushort(st<T>(v));
+  else return __half_as_ushort(st<T>(v));
+}
+template <typename T>
+__device__ __forceinline__ uint4 pack16(const float* f) {
+  if constexpr (std::is_same_v<T, float>) {
+    return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
+  } else {
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = bits16<T>(f[2 * i]) | (bits16<T>(f[2 * i + 1]) << 16);
+    return make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
 
 #define SG_CUDA_DISPATCH_FLOAT(op, dt, T, ...)                                                     \
   switch (dt) {                                                                                    \

@@ -45,6 +45,19 @@
 // than that streams without a second wave or a tail (gate_up's 768 tiles on 528 slots are 384
 // CTAs of two tiles, not 528 CTAs and a wave of 240), and one of fewer tiles (N = 1024 is 128
 // tiles, about one per SM of an H100) is one round trip of the whole matrix.
+//
+// Fused prologues (GemvX, cuda/fused_matmul.cu's serving fusions; resident x only). x is made from
+// the fused op's inputs once per CTA: each warp stages its chunk of x (its 32 vectors of every row
+// < M) in shared memory, lane l making vector l of each row, and then loads its fragments from
+// there instead of from global memory. Making the fragments in place would cost every lane 8
+// vectors (16 at M > 8) at any M, as a lane holds rows g and g + 8 whether they exist or not;
+// staging costs M vectors per lane, 8 times less at M = 1 (single-stream decode). A warp issues
+// its first tile's W loads before the prologue, so they are in flight while it computes.
+// kRmsNorm needs every row's sum of squares over all of K: the warps' partial sums meet in shared
+// memory (two CTA barriers, summed in warp order: deterministic) before each warp scales its
+// stage. Every CTA makes h = x + residual for itself; CTA 0 alone stores it.
+// (Past 400 lines: the prologues are template flags of the one kernel, not a second kernel, so
+// they live beside it.)
 #include "cuda/gemv.h"
 
 #include <algorithm>
@@ -53,6 +66,7 @@
 #include <type_traits>
 
 #include "cuda/common.cuh"
+#include "cuda/gated_act.cuh"
 
 namespace surogate::cuda {
 
@@ -83,6 +97,21 @@ struct GemvParams {
   DType y_dtype, bias_dtype;
   float alpha, beta;
 };
+
+// A fused launch's parameters (GemvPrologue): x is gu for kSilu / kGeluTanh; kRmsNorm reads res
+// (may be null) and norm_w, and stores h (may be null) from CTA 0. The plain kernels take
+// GemvParams alone: a larger parameter block changes their register allocation.
+struct FusedParams : GemvParams {
+  const void* res;
+  const void* norm_w;
+  void* h;
+  int64_t ldr, ldh;
+  DType norm_w_dtype;
+  float eps, w_offset;
+};
+
+template <GemvX kX>
+using ParamsFor = std::conditional_t<kX == GemvX::kPlain, GemvParams, FusedParams>;
 
 // 16 bytes of W, read once: no L1 allocation, and a 256-byte L2 prefetch along the row.
 __device__ __forceinline__ uint4 ld_stream(const void* p) {
@@ -128,13 +157,98 @@ __device__ __forceinline__ void store_as(void* p, DType dt, int64_t i, float v) 
   }
 }
 
+// Dynamic shared memory of a launch: the warps' partial C by tile parity, and with a prologue their
+// x stages ([nw][M][32] vectors) and, for kRmsNorm, the sums of squares ([nw][M] + [M] floats).
+constexpr size_t smem_bytes(GemvX x, bool high, int nw, int M) {
+  size_t b = sizeof(float) * 2 * nw * live_regs(high) * 32;
+  if (x != GemvX::kPlain) b += sizeof(uint4) * nw * M * 32;
+  if (x == GemvX::kRmsNorm) b += sizeof(float) * (nw * M + M);
+  return b;
+}
+
+// A fused prologue (see the header): this warp's chunk of x, vectors [32 warp, 32 warp + 32) of
+// every row < M (the chunk of resident x, 8 slabs), made from the fused op's inputs into `stage`
+// ([M][32] vectors), lane l making vector 32 warp + l of each row; zeros past K. kRmsNorm holds
+// two CTA barriers (every warp calls this) and uses `red` ([nw][M] + [M] floats).
+template <typename T, GemvX kX>
+__device__ __forceinline__ void stage_x(const FusedParams& p, uint4* stage, float* red, int warp, int lane, int nw) {
+  static_assert(chunk_slabs(false, true) * 4 == 32 && chunk_slabs(true, true) * 4 == 32, "32 vectors per chunk");
+  const int v = warp * 32 + lane;
+  const bool v_ok = v < p.K / kVec;
+  float f[kVec];
+  if constexpr (kX == GemvX::kSilu || kX == GemvX::kGeluTanh) {
+    using Act = std::conditional_t<kX == GemvX::kSilu, Silu, GeluTanh>;
+    for (int m = 0; m < p.M; ++m) {
+      uint4 out = make_uint4(0, 0, 0, 0);
+      if (v_ok) {  // gate at column k, up at column K + k: swiglu_fwd / geglu_fwd's two roundings
+        const T* gate = static_cast<const T*>(p.x) + m * p.ldx;
+        float up[kVec];
+        unpack16<T>(__ldg(reinterpret_cast<const uint4*>(gate) + v), f);
+        unpack16<T>(__ldg(reinterpret_cast<const uint4*>(gate + p.K) + v), up);
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) f[i] = rnd<T>(Act::act(f[i])) * up[i];
+        out = pack16<T>(f);
+      }
+      stage[m * 32 + lane] = out;
+    }
+  } else {
+    static_assert(kX == GemvX::kRmsNorm);
+    const T* res = static_cast<const T*>(p.res);
+    float* ssq = red;              // [nw][M]: this CTA's warps' parts of each row's sum of h^2
+    float* rstd = red + nw * p.M;  // [M]
+    // h = T(x + residual) (or x) into the stage; CTA 0 also stores it.
+    for (int m = 0; m < p.M; ++m) {
+      uint4 hv = make_uint4(0, 0, 0, 0);
+      float ss = 0.0f;
+      if (v_ok) {
+        hv = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) + m * p.ldx) + v);
+        unpack16<T>(hv, f);
+        if (res) {
+          float r[kVec];
+          unpack16<T>(__ldg(reinterpret_cast<const uint4*>(res + m * p.ldr) + v), r);
+#pragma unroll
+          for (int i = 0; i < kVec; ++i) f[i] = rnd<T>(f[i] + r[i]);
+          hv = pack16<T>(f);
+          if (p.h && blockIdx.x == 0) reinterpret_cast<uint4*>(static_cast<T*>(p.h) + m * p.ldh)[v] = hv;
+        }
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) ss += f[i] * f[i];
+      }
+      stage[m * 32 + lane] = hv;
+      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      if (lane == 0) ssq[warp * p.M + m] = ss;
+    }
+    __syncthreads();
+    if (static_cast<int>(threadIdx.x) < p.M) {
+      float ss = 0.0f;
+      for (int w = 0; w < nw; ++w) ss += ssq[w * p.M + threadIdx.x];
+      rstd[threadIdx.x] = 1.0f / sqrtf(ss / static_cast<float>(p.K) + p.eps);
+    }
+    __syncthreads();
+    if (!v_ok) return;
+    // y = T(w T(h rstd)) at weight_offset 0 (LlamaRMSNorm's two roundings), else T(h rstd (w + offset)).
+    float wf[kVec];
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) wf[i] = load_as(p.norm_w, p.norm_w_dtype, int64_t{v} * kVec + i) + p.w_offset;
+    const bool round_normed = p.w_offset == 0.0f;
+    for (int m = 0; m < p.M; ++m) {
+      const float r = rstd[m];
+      unpack16<T>(stage[m * 32 + lane], f);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) f[i] = round_normed ? wf[i] * rnd<T>(f[i] * r) : f[i] * r * wf[i];
+      stage[m * 32 + lane] = pack16<T>(f);
+    }
+  }
+}
+
 // kHigh: M > 8, x rows 8..15 are loaded (the A fragment's upper half); else they are zeros.
 // kRes: one chunk per warp (blockDim.x / 32 == chunks), its x held in registers across tiles;
-// else x is loaded with every chunk. Launched with at most ceil(N / 8) CTAs and
-// 2 nw live_regs(kHigh) 32 floats of dynamic shared memory. (Without the min-blocks hint of 1,
-// ptxas aims at 64 registers and spills.)
-template <typename T, bool kHigh, bool kRes>
-__global__ void __launch_bounds__(kMaxWarps * 32, 1) gemv_kernel(GemvParams p) {
+// else x is loaded with every chunk. kX: what x is made of (a prologue needs kRes). Launched with
+// at most ceil(N / 8) CTAs and smem_bytes(kX, kHigh, nw, M) of dynamic shared memory. (Without
+// the min-blocks hint of 1, ptxas aims at 64 registers and spills.)
+template <typename T, bool kHigh, bool kRes, GemvX kX>
+__global__ void __launch_bounds__(kMaxWarps * 32, 1) gemv_kernel(ParamsFor<kX> p) {
+  static_assert(kRes || kX == GemvX::kPlain, "a prologue runs once per CTA: resident x only");
   constexpr int kS = chunk_slabs(kHigh, kRes), kC = live_regs(kHigh), kAcc = acc_chains(kHigh);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
   const int g = lane / 4, t = lane % 4;
@@ -147,7 +261,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) gemv_kernel(GemvParams p) {
   // Rows of x past M read row 0: their products land only in rows of C that are never stored.
   const T* xlo = static_cast<const T*>(p.x) + (lo_ok ? g : 0) * p.ldx;
   const T* xhi = static_cast<const T*>(p.x) + (hi_ok ? g + 8 : 0) * p.ldx;
-  extern __shared__ float part[];  // [2][nw][kC][32]: the warps' partial C, by tile parity
+  extern __shared__ float part[];  // [2][nw][kC][32]: the warps' partial C, by tile parity (then the stages)
 
   uint4 wv[kS], xa[kS], xb[kS];
   const uint4 zero = make_uint4(0, 0, 0, 0);
@@ -190,9 +304,24 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) gemv_kernel(GemvParams p) {
   // The current item: chunk warp + j nw of `tile`. The grid gives every CTA a first tile, and
   // nw <= chunks gives every warp a first chunk.
   int tile = blockIdx.x, j = 0, buf = 0;
-  if constexpr (kRes) load_x(warp);
-  load_w(tile, warp);
-  if constexpr (!kRes) load_x(warp);
+  if constexpr (kX == GemvX::kPlain) {
+    if constexpr (kRes) load_x(warp);
+    load_w(tile, warp);
+    if constexpr (!kRes) load_x(warp);
+  } else {
+    load_w(tile, warp);  // in flight while the prologue makes x
+    uint4* stage = reinterpret_cast<uint4*>(part + 2 * nw * kC * 32);
+    float* red = reinterpret_cast<float*>(stage + nw * p.M * 32);
+    stage += warp * p.M * 32;
+    stage_x<T, kX>(p, stage, red, warp, lane, nw);
+    __syncwarp();
+    // load_x's fragments, from the stage: vector 4 u + t of the chunk, rows g and g + 8.
+#pragma unroll
+    for (int u = 0; u < kS; ++u) {
+      xa[u] = lo_ok ? stage[g * 32 + 4 * u + t] : zero;
+      xb[u] = hi_ok ? stage[(g + 8) * 32 + 4 * u + t] : zero;
+    }
+  }
   for (;;) {
     if (kRes || warp + j * nw < chunks) {  // uniform across the warp: every lane reaches every mma
 #pragma unroll
@@ -262,66 +391,120 @@ bool fits(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const GemmMatrix& A
          half && B.dtype == A.dtype && A.ld % kVec == 0 && B.ld % kVec == 0 && aligned16(A.ptr) && aligned16(B.ptr);
 }
 
+// Warps of the resident-x regime: one chunk of 8 slabs each (at most kMaxWarps where it applies).
+int64_t resident_warps(int64_t K) {
+  constexpr int64_t kChunkK = chunk_slabs(false, true) * kSlabK;
+  return (K + kChunkK - 1) / kChunkK;
+}
+
+// can_gemv_fused without the environment switch.
+bool fits_fused(const GemvPrologue& pro, int64_t M, int64_t N, int64_t K, const GemmMatrix& A, const GemmMatrix& B) {
+  if (pro.x == GemvX::kPlain || !fits(false, true, M, N, K, A, B)) return false;
+  const int64_t nw = resident_warps(K);
+  if (nw > kMaxWarps) return false;
+  if (pro.x == GemvX::kRmsNorm) {
+    if (!pro.norm_w) return false;
+    if (pro.residual && !(aligned16(pro.residual) && pro.ld_residual % kVec == 0)) return false;
+    if (pro.h && !(aligned16(pro.h) && pro.ld_h % kVec == 0)) return false;
+  }
+  int dev = 0, optin = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return smem_bytes(pro.x, M > 8, static_cast<int>(nw), static_cast<int>(M)) <= static_cast<size_t>(optin);
+}
+
 // One launch of nw warps per CTA on a persistent grid: the resident CTAs of this kernel and size
 // (asked once), lowered until the tiles divide evenly among them.
-template <typename T, bool kHigh, bool kRes>
-Status launch(const GemvParams& p, int nw) {
-  const auto kernel = gemv_kernel<T, kHigh, kRes>;
+template <typename T, bool kHigh, bool kRes, GemvX kX>
+Status launch(const FusedParams& p, int nw) {
+  const auto kernel = gemv_kernel<T, kHigh, kRes, kX>;
   const int threads = nw * 32;
-  const size_t smem = sizeof(float) * 2 * nw * live_regs(kHigh) * 32;
-  static std::atomic<int> resident[kMaxWarps + 1];  // CTAs per SM, by nw
-  int per_sm = resident[nw].load(std::memory_order_relaxed);
-  if (per_sm == 0) {
-    SG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
-    per_sm = std::max(per_sm, 1);
-    resident[nw].store(per_sm, std::memory_order_relaxed);
-  }
+  const size_t smem = smem_bytes(kX, kHigh, nw, p.M);
   int dev = 0, sms = 0;
   SG_CUDA_CHECK(cudaGetDevice(&dev));
+  // CTAs per SM, by nw (and by M with a prologue, whose stages grow with M).
+  static std::atomic<int> resident[kMaxWarps + 1][kMaxM + 1];
+  std::atomic<int>& slot = resident[nw][kX == GemvX::kPlain ? 0 : p.M];
+  int per_sm = slot.load(std::memory_order_relaxed);
+  if (per_sm == 0) {
+    if constexpr (kX != GemvX::kPlain) {
+      // Stages past the 48 KiB default: let the kernel have the device's limit (can_gemv_fused
+      // kept smem within it), before the occupancy question, which counts smem.
+      int optin = 0;
+      SG_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+      SG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+    }
+    SG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+    per_sm = std::max(per_sm, 1);
+    slot.store(per_sm, std::memory_order_relaxed);
+  }
   SG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   const int64_t tiles = (p.N + kRows - 1) / kRows, slots = int64_t{per_sm} * std::max(sms, 1);
   const int64_t per_cta = (tiles + slots - 1) / slots;
   const int64_t grid = (tiles + per_cta - 1) / per_cta;
-  kernel<<<static_cast<unsigned>(grid), threads, smem, current_stream()>>>(p);
+  kernel<<<static_cast<unsigned>(grid), threads, smem, current_stream()>>>(static_cast<const ParamsFor<kX>&>(p));
   SG_CUDA_CHECK_LAUNCH();
   return Status::OK();
 }
 
-// Resident x where one chunk of 8 slabs per warp covers K (K <= 4096); else the fewest chunks per
-// warp that 16 warps allow, spread over as few warps as that takes.
+// Resident x where one chunk of 8 slabs per warp covers K (K <= 4096), always with a prologue;
+// else the fewest chunks per warp that 16 warps allow, spread over as few warps as that takes.
 template <typename T, bool kHigh>
-Status dispatch(const GemvParams& p) {
-  const int64_t chunks = (p.K + chunk_slabs(kHigh, true) * kSlabK - 1) / (chunk_slabs(kHigh, true) * kSlabK);
-  if (chunks <= kMaxWarps) return launch<T, kHigh, true>(p, static_cast<int>(chunks));
+Status dispatch(const FusedParams& p, GemvX x) {
+  const int64_t chunks = resident_warps(p.K);
+  switch (x) {
+    case GemvX::kSilu: return launch<T, kHigh, true, GemvX::kSilu>(p, static_cast<int>(chunks));
+    case GemvX::kGeluTanh: return launch<T, kHigh, true, GemvX::kGeluTanh>(p, static_cast<int>(chunks));
+    case GemvX::kRmsNorm: return launch<T, kHigh, true, GemvX::kRmsNorm>(p, static_cast<int>(chunks));
+    case GemvX::kPlain: break;
+  }
+  if (chunks <= kMaxWarps) return launch<T, kHigh, true, GemvX::kPlain>(p, static_cast<int>(chunks));
   const int64_t streamed = (p.K + chunk_slabs(kHigh, false) * kSlabK - 1) / (chunk_slabs(kHigh, false) * kSlabK);
   const int64_t per_warp = (streamed + kMaxWarps - 1) / kMaxWarps;
-  return launch<T, kHigh, false>(p, static_cast<int>((streamed + per_warp - 1) / per_warp));
+  return launch<T, kHigh, false, GemvX::kPlain>(p, static_cast<int>((streamed + per_warp - 1) / per_warp));
+}
+
+bool gemv_off() {
+  static const bool off = [] {
+    const char* e = std::getenv("SUROGATE_NO_GEMV");
+    return e && *e && *e != '0';
+  }();
+  return off;
 }
 
 }  // namespace
 
 bool can_gemv(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const GemmMatrix& A, const GemmMatrix& B) {
-  static const bool off = [] {
-    const char* e = std::getenv("SUROGATE_NO_GEMV");
-    return e && *e && *e != '0';
-  }();
   // Big weights stream as fast through cuBLASLt, which wins there as M grows (H200: a 151936 x
   // 1024 LM head 77 vs 84 us at M = 1; a 4096 x 12288 down_proj 27 vs 30 us at M = 1 but 31 vs
   // 30 at M = 8 and 45 vs 28 at M = 16): gemv takes what is latency-bound.
   const int64_t max_elems = M <= 4 ? (int64_t{64} << 20) : (int64_t{24} << 20);
-  return !off && N * K <= max_elems && fits(ta, tb, M, N, K, A, B);
+  return !gemv_off() && N * K <= max_elems && fits(ta, tb, M, N, K, A, B);
+}
+
+bool can_gemv_fused(const GemvPrologue& pro, int64_t M, int64_t N, int64_t K, const GemmMatrix& A,
+                    const GemmMatrix& B) {
+  return !gemv_off() && fits_fused(pro, M, N, K, A, B);
 }
 
 Status gemv(const char* op, int64_t M, int64_t N, int64_t K, float alpha, const GemmMatrix& A, const GemmMatrix& B,
-            float beta, const GemmMatrix& C, const void* bias, DType bias_dtype) {
-  SG_CHECK(fits(false, true, M, N, K, A, B), StatusCode::kInternal,
+            float beta, const GemmMatrix& C, const void* bias, DType bias_dtype, const GemvPrologue& pro) {
+  const bool ok = pro.x == GemvX::kPlain ? fits(false, true, M, N, K, A, B) : fits_fused(pro, M, N, K, A, B);
+  SG_CHECK(ok, StatusCode::kInternal,
            str_cat(op, ": gemv called on a matmul it does not take (M=", M, ", K=", K, ", ", dtype_name(A.dtype),
-                   " x ", dtype_name(B.dtype), ")"),
-           "call gemv only where can_gemv is true");
-  const GemvParams p{A.ptr, B.ptr, const_cast<void*>(C.ptr), bias, static_cast<int>(M), static_cast<int>(N),
-                     static_cast<int>(K), A.ld, B.ld, C.ld, C.dtype, bias ? bias_dtype : DType::kF32, alpha, beta};
-  if (A.dtype == DType::kBF16) return M > 8 ? dispatch<__nv_bfloat16, true>(p) : dispatch<__nv_bfloat16, false>(p);
-  return M > 8 ? dispatch<__half, true>(p) : dispatch<__half, false>(p);
+                   " x ", dtype_name(B.dtype), pro.x == GemvX::kPlain ? ")" : ", with a prologue)"),
+           "call gemv only where can_gemv (with a prologue: can_gemv_fused) is true");
+  const FusedParams p{{A.ptr, B.ptr, const_cast<void*>(C.ptr), bias, static_cast<int>(M), static_cast<int>(N),
+                       static_cast<int>(K), A.ld, B.ld, C.ld, C.dtype, bias ? bias_dtype : DType::kF32, alpha, beta},
+                      pro.residual, pro.norm_w, pro.h, pro.ld_residual, pro.ld_h, pro.norm_w_dtype, pro.eps,
+                      pro.weight_offset};
+  if (A.dtype == DType::kBF16) {
+    return M > 8 ? dispatch<__nv_bfloat16, true>(p, pro.x) : dispatch<__nv_bfloat16, false>(p, pro.x);
+  }
+  return M > 8 ? dispatch<__half, true>(p, pro.x) : dispatch<__half, false>(p, pro.x);
 }
 
 }  // namespace surogate::cuda

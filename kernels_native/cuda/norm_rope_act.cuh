@@ -30,12 +30,6 @@ __device__ __forceinline__ void store_pack(T* p, const Pack<T, V>& v) {
   *reinterpret_cast<Pack<T, V>*>(p) = v;
 }
 
-// v rounded to T and back to f32 (a no-op for float): the intermediate roundings of the CPU ops.
-template <typename T>
-__device__ __forceinline__ float rnd(float v) {
-  return ld(st<T>(v));
-}
-
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;

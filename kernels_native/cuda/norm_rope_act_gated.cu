@@ -1,14 +1,14 @@
 // Gated MLP activations on CUDA: swiglu_fwd / swiglu_bwd and geglu_fwd / geglu_bwd (gelu_tanh).
 // The contract is cpu/activation.cpp's (read its header): N rows, F channels, gu [N, 2F] = [gate, up],
 // y / dy [N, F]; math in f32 with the forward's two roundings (a = T(act(gate)), y = T(a up)) and
-// one rounding per backward output; gelu_tanh computed as g s(2z) and p (1 - p) as
-// 1 / (2 + e + 1/e), so both tails stay accurate. exp is CUDA's expf (within 2 ulp, as the CPU's).
+// one rounding per backward output. The activations themselves are cuda/gated_act.cuh's.
 //
 // Grid-stride elementwise kernels over the N * F gate / up pairs, 16-byte packs when F is a
 // multiple of the pack and the bases are aligned. dgu may alias gu: each thread reads the gate
 // and up elements it then overwrites.
 #include <algorithm>
 
+#include "cuda/gated_act.cuh"
 #include "cuda/norm_rope_act.cuh"
 
 namespace surogate::cuda::nra {
@@ -16,37 +16,6 @@ namespace surogate::cuda::nra {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr float kSqrt2OverPi = 0.7978845608028654f;
-constexpr float kGeluCoeff = 0.044715f;
-
-// p (1 - p) for p = s(v), given e = exp(-v); exact in both tails (1 - p cancels, e * p is inf * 0).
-__device__ __forceinline__ float sigmoid_slope(float e) { return 1.0f / (2.0f + e + 1.0f / e); }
-
-struct Silu {
-  static __device__ __forceinline__ float act(float g) { return g / (1.0f + expf(-g)); }
-  // d act / d g, and act into *a, from one exp.
-  static __device__ __forceinline__ float grad(float g, float* a) {
-    const float e = expf(-g);
-    const float p = 1.0f / (1.0f + e);
-    *a = g * p;
-    return p + g * sigmoid_slope(e);
-  }
-};
-
-struct GeluTanh {
-  static __device__ __forceinline__ float act(float g) {
-    const float z = kSqrt2OverPi * (g + kGeluCoeff * g * g * g);
-    return g / (1.0f + expf(-2.0f * z));
-  }
-  static __device__ __forceinline__ float grad(float g, float* a) {
-    const float g2 = g * g;
-    const float z = kSqrt2OverPi * (g + kGeluCoeff * g2 * g);
-    const float e = expf(-2.0f * z);
-    const float p = 1.0f / (1.0f + e);
-    *a = g * p;
-    return p + 2.0f * g * sigmoid_slope(e) * kSqrt2OverPi * (1.0f + 3.0f * kGeluCoeff * g2);
-  }
-};
 
 // Pack k of the N * F / V packs: row k / (F / V), column (k % (F / V)) * V.
 template <typename Act, typename T, int V>

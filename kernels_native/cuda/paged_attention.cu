@@ -186,14 +186,6 @@ __global__ void tile_start_kernel(const int32_t* cu_q, int S, int R, int32_t* ti
   }
 }
 
-// 16 bytes of storage type T widened to f32.
-template <typename T>
-__device__ __forceinline__ void unpack16(const uint4& u, float* f) {
-  const T* e = reinterpret_cast<const T*>(&u);
-#pragma unroll
-  for (int i = 0; i < static_cast<int>(16 / sizeof(T)); ++i) f[i] = ld(e[i]);
-}
-
 // DCH: output dims per lane (D <= 32 * DCH); QPW: queries per warp.
 template <typename T, int DCH, int QPW>
 __global__ void __launch_bounds__(kThreads) paged_attention_kernel(const PagedParams p) {

@@ -82,40 +82,6 @@ __device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? 
 // score is then -inf too and exp2(-inf - 0) = 0).
 __device__ __forceinline__ float exp_shift(float m) { return m == -INFINITY ? 0.0f : m; }
 
-// 16 bytes of storage type T (16 / sizeof(T) elements) widened to f32, and back (round to nearest).
-template <typename T>
-__device__ __forceinline__ void unpack16(const uint4& u, float* f) {
-  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    if constexpr (std::is_same_v<T, float>) {
-      f[i] = __uint_as_float(w[i]);
-    } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-      f[2 * i] = __uint_as_float(w[i] << 16);
-      f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-    } else {
-      f[2 * i] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[i] & 0xffffu)));
-      f[2 * i + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[i] >> 16)));
-    }
-  }
-}
-template <typename T>
-__device__ __forceinline__ uint32_t bits16(float v) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat16_as_ushort(st<T>(v));
-  else return __half_as_ushort(st<T>(v));
-}
-template <typename T>
-__device__ __forceinline__ uint4 pack16(const float* f) {
-  if constexpr (std::is_same_v<T, float>) {
-    return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
-  } else {
-    uint32_t w[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) w[i] = bits16<T>(f[2 * i]) | (bits16<T>(f[2 * i + 1]) << 16);
-    return make_uint4(w[0], w[1], w[2], w[3]);
-  }
-}
-
 // The sequence that owns row t of q (cu_q[s] <= t < cu_q[s + 1]) and its rows [q0, q1), or
 // s = -1 (a padding row). a, b are cu_q[t], cu_q[t + 1] (any values when t >= S): pure decode
 // (cu_q[s] = s) is answered by them; other batches search cu_q.

@@ -152,6 +152,16 @@ RULES["qkv_rope_cache"] = _serving_only
 RULES["paged_attention"] = _serving_only
 
 
+def _serving_fusion(c: RuleContext, n: Node, gy: list) -> list:
+    raise UnsupportedError(f"{n.op} is a serving fusion (a matmul with the op that feeds it, forward only) and has "
+                           f"no derivative (node {n})",
+                           hint="differentiate a training graph: CausalLM.build(mode='train') keeps the ops apart")
+
+
+RULES["gated_matmul"] = _serving_fusion
+RULES["add_rmsnorm_matmul"] = _serving_fusion
+
+
 def _glu(bwd_op: str):
     def fn(c: RuleContext, n: Node, gy: list) -> list:
         (gu,) = n.inputs

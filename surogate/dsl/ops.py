@@ -118,6 +118,35 @@ def linear(x: Value, w: Value, bias: Value | None = None, lora: list[LoRASlice] 
     return y
 
 
+def add_rmsnorm_matmul(x: Value, residual: Value | None, w: Value, W: Value, bias: Value | None, eps: float,
+                       name: str, norm_name: str, weight_offset: float = 0.0) -> tuple[Value, Value]:
+    """Serving: (rmsnorm(x + residual) @ W.T (+ bias), x + residual) in one op, the norm made
+    while the matmul loads its operand (runtime/fused_matmul.h). residual None (a first layer):
+    rmsnorm(x) and x itself. Forward only: autodiff refuses it."""
+    N, C = x.shape
+    Cout, Cin = W.shape
+    _check(w.shape == (C,), f"add_rmsnorm_matmul {name}: norm weight {w.shape} does not match width {C}")
+    _check(Cin == C, f"add_rmsnorm_matmul {name}: input width {C} != weight {W.name} {W.shape}")
+    _check(residual is None or residual.shape == x.shape,
+           f"add_rmsnorm_matmul {name}: residual {None if residual is None else residual.shape} != {x.shape}")
+    h_spec = (norm_name + ".residual", (N, C), x.dtype) if residual is not None else None
+    y, h = _g(x).node("add_rmsnorm_matmul", [x, residual, w, W, bias], [(name, (N, Cout), x.dtype), h_spec],
+                      eps=float(eps), weight_offset=float(weight_offset))
+    return y, (h if residual is not None else x)
+
+
+def gated_matmul(gu: Value, W: Value, bias: Value | None, act: str, name: str) -> Value:
+    """Serving: act(gate) * up @ W.T (+ bias) in one op, gu = [gate, up] as swiglu / geglu read
+    it (act "silu" or "gelu_tanh"), the activation made while the matmul loads its operand.
+    Forward only: autodiff refuses it."""
+    N, F2 = gu.shape
+    Cout, F = W.shape
+    _check(act in ("silu", "gelu_tanh"), f"gated_matmul {name}: act {act!r} is not 'silu' or 'gelu_tanh'")
+    _check(F2 == 2 * F, f"gated_matmul {name}: gu width {F2} != 2 x the weight {W.name} {W.shape} input width")
+    (y,) = _g(gu).node("gated_matmul", [gu, W, bias], [(name, (N, Cout), gu.dtype)], act=act)
+    return y
+
+
 def view(x: Value, shape: Shape, name: str | None = None) -> Value:
     g = _g(x)
     if name is None:  # x.name is already scoped; node() scopes again, so strip our scope

@@ -48,3 +48,16 @@ def test_serving_ops_refuse_a_backward_pass():
     q_out = ops.qkv_rope_cache(q, k, v, pos, slots, k_cache, v_cache, {"theta": 10000.0})
     with pytest.raises(UnsupportedError, match="qkv_rope_cache is a serving op"):
         backward(g, q_out)
+
+
+@pytest.mark.parametrize("op", ["gated_matmul", "add_rmsnorm_matmul"])
+def test_serving_fusions_refuse_a_backward_pass(op):
+    g = Graph()
+    x, W = g.param("x", (3, 16), "float32"), g.param("W", (5, 8 if op == "gated_matmul" else 16), "float32")
+    if op == "gated_matmul":
+        y = ops.gated_matmul(x, W, None, "silu", name="down")
+    else:
+        y, _ = ops.add_rmsnorm_matmul(x, g.param("r", (3, 16), "float32"), g.param("w", (16,), "float32"), W, None,
+                                      1e-6, name="qkv", norm_name="ln1")
+    with pytest.raises(UnsupportedError, match=f"{op} is a serving fusion"):
+        backward(g, y)

@@ -122,3 +122,17 @@ def test_fused_qkv_serves_the_same_logits(family, tmp_path):
     exe = next(iter(fused_runner._programs.values()))
     ops = [exe.program.instr(i) for i in range(exe.program.num_instrs)]
     assert not any("q_proj.weight" in o for o in ops) and sum("qkv_proj.weight" in o for o in ops) == m.spec.num_layers
+
+
+@pytest.mark.parametrize("fuse_qkv", [False, True])
+def test_serving_program_folds_norms_and_the_activation_into_the_matmuls(model, fuse_qkv):
+    """Each layer's norms go into the first projection after them (the fused qkv, else only
+    gate_up) and its activation into down_proj (the HF comparisons of test_model_engine check
+    the tokens)."""
+    runner = ProgramRunner(model, num_blocks=32, fuse_qkv=fuse_qkv)
+    runner.run(prefill_step([5, 21]))
+    exe = next(iter(runner._programs.values()))
+    ops = [exe.program.instr(i).split("(")[0] for i in range(exe.program.num_instrs)]
+    L = model.spec.num_layers
+    assert ops.count("add_rmsnorm_matmul") == (2 if fuse_qkv else 1) * L and ops.count("gated_matmul") == L
+    assert "swiglu_fwd" not in ops and ops.count("rmsnorm_fwd") == (0 if fuse_qkv else 1)
