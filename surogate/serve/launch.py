@@ -47,7 +47,7 @@ def launch(source: str, *, name: str | None = None, dtype: str = "float32", devi
     runner = ProgramRunner(model, num_blocks=num_blocks, block_size=block_size)
     adapters = {}
     for slot, (adapter_name, adapter_path) in enumerate((loras or {}).items()):  # PEFT folders
-        from surogate.train.lora import load_peft_adapter
+        from surogate.models.peft import load_peft_adapter
 
         cfg, params = load_peft_adapter(adapter_path)
         runner.add_adapter(slot, cfg, params)

@@ -89,7 +89,7 @@ class ProgramRunner:
 
     def add_adapter(self, slot: int, cfg: LoRAConfig, params: dict[str, np.ndarray]) -> None:
         """Serve requests submitted with adapter ``slot`` through these LoRA weights (our parameter
-        names, as surogate.train.lora.load_peft_adapter returns them)."""
+        names, as surogate.models.peft.load_peft_adapter returns them)."""
         if slot < 0:
             raise InvalidArgumentError(f"adapter slot {slot} is negative (-1 is the base model)")
         g = self.model.arch.build(mode="logits", dtype=self.model.dtype, lora=cfg, quant=self.model.quant)

@@ -1,9 +1,5 @@
-"""LoRA adapters: initialization, PEFT-format files, and merging into base weights.
-
-Our adapter parameters are named after the HF module they adapt (``layers.0.mlp.gate_proj.lora_A``
-even though gate and up share one fused weight inside the model), so PEFT names are a prefix
-away: ``base_model.model.`` + the HF module path + ``.lora_A.weight``.
-"""
+"""LoRA adapters in training: initialization, writing PEFT-format folders, and merging into
+base weights. Reading them (and the PEFT names) is surogate.models.peft, which serving shares."""
 
 from __future__ import annotations
 
@@ -17,11 +13,13 @@ import numpy as np
 
 from surogate.dsl.graph import Graph
 from surogate.dsl.nn import LoRAConfig
-from surogate.errors import FileFormatError, NotFoundError
-from surogate.io import open_safetensors, save_safetensors
+from surogate.errors import FileFormatError
+from surogate.io import save_safetensors
+from surogate.models.peft import ALL_TARGETS, PEFT_PREFIX, from_peft_name, load_peft_adapter, to_peft_name
 
-ALL_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-PEFT_PREFIX = "base_model.model."
+__all__ = ["ALL_TARGETS", "PEFT_PREFIX", "from_peft_name", "init_lora", "load_peft_adapter", "merge_into_hf",
+           "save_peft_adapter", "to_peft_name"]
+
 
 
 def init_lora(g: Graph, seed: int) -> dict[str, np.ndarray]:
@@ -37,19 +35,6 @@ def init_lora(g: Graph, seed: int) -> dict[str, np.ndarray]:
         elif p.meta.get("lora") == "B":
             out[p.name] = np.zeros(p.shape, np.float32)
     return out
-
-
-def to_peft_name(name: str, module_prefix: str = "model.") -> str:
-    module, _, ab = name.rpartition(".")  # layers.0.self_attn.q_proj, lora_A
-    return f"{PEFT_PREFIX}{module_prefix}{module}.{ab}.weight"
-
-
-def from_peft_name(name: str, module_prefix: str = "model.") -> str:
-    if not name.startswith(PEFT_PREFIX + module_prefix) or not name.endswith(".weight"):
-        raise FileFormatError(f"adapter tensor {name!r} is not a PEFT LoRA weight of this model family",
-                              hint=f"expected names like {PEFT_PREFIX}{module_prefix}layers.0.self_attn.q_proj.lora_A.weight")
-    inner = name[len(PEFT_PREFIX + module_prefix):-len(".weight")]
-    return inner.replace(".default", "")
 
 
 def save_peft_adapter(path: str | Path, params: dict[str, np.ndarray], cfg: LoRAConfig, base_model: str,
@@ -81,27 +66,6 @@ def save_peft_adapter(path: str | Path, params: dict[str, np.ndarray], cfg: LoRA
                      metadata={"format": "pt"})
     _replace_dir(tmp, path)
     return path
-
-
-def load_peft_adapter(path: str | Path, module_prefix: str = "model.") -> tuple[LoRAConfig, dict[str, np.ndarray]]:
-    path = Path(path)
-    cfg_file = path / "adapter_config.json"
-    if not cfg_file.is_file():
-        raise NotFoundError(f"{path}: no adapter_config.json", hint="pass the folder a LoRA run wrote (PEFT format)")
-    c = json.loads(cfg_file.read_text())
-    if c.get("peft_type", "LORA") != "LORA":
-        raise FileFormatError(f"{cfg_file}: peft_type {c.get('peft_type')!r} is not LORA")
-    targets = c.get("target_modules") or list(ALL_TARGETS)
-    if isinstance(targets, str):
-        targets = list(ALL_TARGETS) if targets == "all-linear" else [targets]
-    cfg = LoRAConfig(rank=int(c["r"]), alpha=float(c.get("lora_alpha", c["r"])), targets=tuple(targets),
-                     use_rslora=bool(c.get("use_rslora", False)))
-    weights = path / "adapter_model.safetensors"
-    if not weights.is_file():
-        raise NotFoundError(f"{path}: no adapter_model.safetensors")
-    f = open_safetensors(weights)
-    params = {from_peft_name(k, module_prefix): np.array(f.get(k), dtype=np.float32) for k in f.keys()}
-    return cfg, params
 
 
 def merge_into_hf(hf: dict[str, np.ndarray], params: dict[str, np.ndarray], cfg: LoRAConfig,
