@@ -47,6 +47,8 @@ class EngineStats(Protocol):
     num_preemptions: int  # counters from here on: totals since start
     prefix_cache_queries: int  # tokens looked up
     prefix_cache_hits: int  # tokens found
+    engine_step_seconds: float  # engine wall time in steps
+    engine_model_seconds: float  # of which in the model
 
 
 @runtime_checkable
@@ -137,6 +139,8 @@ class NativeEngine:
             num_preemptions = s.num_preemptions
             prefix_cache_queries = s.prefix_cache_queries
             prefix_cache_hits = s.prefix_cache_hits
+            engine_step_seconds = s.step_seconds
+            engine_model_seconds = s.model_seconds
 
         return Stats()
 

@@ -85,7 +85,10 @@ class _EngineCollector:
               ("kv_cache_usage_perc", "kv_cache_usage", "KV-cache usage, 0 to 1."))
     COUNTERS = (("num_preemptions", "num_preemptions", "Preemptions."),
                 ("prefix_cache_queries", "prefix_cache_queries", "Prefix-cache lookups, in tokens."),
-                ("prefix_cache_hits", "prefix_cache_hits", "Prefix-cache hits, in tokens."))
+                ("prefix_cache_hits", "prefix_cache_hits", "Prefix-cache hits, in tokens."),
+                ("engine_step_seconds", "engine_step_seconds",
+                 "Engine wall time in steps: scheduling, the model, sampling, outputs."),
+                ("engine_model_seconds", "engine_model_seconds", "Engine wall time in the model's forward passes."))
 
     def __init__(self, models: ModelTable):
         self.models = models

@@ -57,7 +57,7 @@ class IdleEngine:
     def stats(self):
         return SimpleNamespace(num_requests_running=len(self.submitted) - len(self.aborted), num_requests_waiting=3,
                                kv_cache_usage=0.25, num_preemptions=0, prefix_cache_queries=100,
-                               prefix_cache_hits=40)
+                               prefix_cache_hits=40, engine_step_seconds=2.5, engine_model_seconds=2.25)
 
 
 def make_app(tiny_tokenizers, engine=None, **config) -> GatewayApp:
@@ -457,6 +457,7 @@ def test_metrics(tiny_tokenizers):
             assert f"# TYPE {name.removesuffix('_total')}" in text, name
         assert 'surogate:num_requests_waiting{model_name="qwen-tiny"} 3.0' in text
         assert 'surogate:kv_cache_usage_perc{model_name="llama-tiny"} 0.25' in text
+        assert 'surogate:engine_model_seconds_total{model_name="qwen-tiny"} 2.25' in text
         assert 'surogate:http_requests_total{route="/v1/models",status="200"} 1.0' in text
         async with transport(make_app(tiny_tokenizers, metrics_need_key=False)) as c:
             assert (await c.get("/metrics")).status_code == 200

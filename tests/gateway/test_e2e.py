@@ -107,6 +107,14 @@ def test_client_disconnect_aborts_and_frees_kv_blocks(server):
     assert _gauge(base, "kv_cache_usage_perc") == 0
 
 
+def test_metrics_report_where_engine_time_goes(server):
+    base, _ = server
+    openai.OpenAI(base_url=f"{base}/v1", api_key="sk-test").completions.create(model="tiny", prompt="Hello",
+                                                                                 max_tokens=4)
+    model = _gauge(base, "engine_model_seconds_total")
+    assert 0 < model <= _gauge(base, "engine_step_seconds_total")
+
+
 def test_responses_carry_token_logprobs_when_asked(server):
     base, _ = server
     client = openai.OpenAI(base_url=f"{base}/v1", api_key="sk-test")
