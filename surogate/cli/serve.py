@@ -37,7 +37,12 @@ def serve(
     quantized: Annotated[bool, typer.Option(help="GGUF models: keep the quantized weights as blocks and multiply "
                                                  "them as they are (less memory, faster decode); off: dequantize "
                                                  "to --dtype at load.")] = False,
-    kv_cache_tokens: Annotated[int, typer.Option(help="KV cache capacity per model, in tokens.")] = 16384,
+    kv_cache_tokens: Annotated[int | None, typer.Option(
+        help="KV cache capacity per model, in tokens. Default: 16384 on the CPU; on a GPU, what fits in "
+             "--gpu-memory-utilization after the weights, split evenly between the models.",
+        show_default=False)] = None,
+    gpu_memory_utilization: Annotated[float, typer.Option(
+        help="GPU: the fraction of its memory that weights, KV caches and activations may take.")] = 0.9,
     max_num_seqs: Annotated[int, typer.Option(help="Sequences running at once per model.")] = 128,
     shutdown_grace: Annotated[float, typer.Option(help="On SIGTERM / Ctrl-C: seconds requests in flight get to "
                                                        "finish before they are aborted.")] = 5.0,
@@ -70,11 +75,13 @@ def serve(
         typer.echo(f"loading {path} ...", err=True)
         m = launch(path, name=name or None, device=device, dtype=dtype, quantized=quantized,
                    loras=loras if i == 0 else None, kv_cache_tokens=kv_cache_tokens,
+                   gpu_memory_utilization=gpu_memory_utilization, kv_share=1.0 / (len(sources) - i),
                    max_num_seqs=max_num_seqs, max_model_len=max_model_len)
         served.append(ServedModel.from_tokenizer(m.name, m.model.tokenizer, NativeEngine(m.client, m.adapters),
                                                  m.max_model_len, model_type=m.model.config.get("model_type"),
                                                  adapters=tuple(m.adapters)))
-        typer.echo(f"serving {m.name} (max_model_len {m.max_model_len}) on http://{host}:{port}/v1", err=True)
+        typer.echo(f"serving {m.name} (max_model_len {m.max_model_len}, KV cache {m.kv_cache_tokens:,} tokens) "
+                   f"on http://{host}:{port}/v1", err=True)
     run_server(served, GatewayConfig(api_keys=keys, max_queued_requests=max_queued_requests), host=host, port=port,
                grace=shutdown_grace)
 

@@ -18,15 +18,35 @@ class Launched:
     model: Model
     client: EngineClient
     max_model_len: int
+    kv_cache_tokens: int
     adapters: dict[str, int] = field(default_factory=dict)  # served adapter name -> engine slot
 
 
+CPU_KV_TOKENS = 16384  # the CPU's default KV cache, in tokens
+GPU_RESERVE = 2 << 30  # bytes a GPU keeps beside weights and KV: CUDA context, cuBLAS, step activations, graphs
+
+
+def kv_tokens_for(total: int, used: int, fraction: float, share: float, bytes_per_token: int,
+                  block_size: int) -> int:
+    """The KV cache a GPU holds, in tokens (whole blocks): ``share`` of what is left of
+    ``fraction`` of its ``total`` memory once ``used`` bytes (weights, earlier models) and a
+    reserve for everything else are taken (vLLM's gpu_memory_utilization, split between models)."""
+    budget = (total * fraction - used - GPU_RESERVE) * share
+    return max(int(budget // bytes_per_token) // block_size * block_size, 0)
+
+
 def launch(source: str, *, name: str | None = None, dtype: str = "float32", device: str = "cpu",
-           quantized: bool = False, loras: dict[str, str] | None = None, kv_cache_tokens: int = 16384,
-           block_size: int = 16, max_num_seqs: int = 128, max_num_batched_tokens: int = 2048,
-           max_model_len: int | None = None, seed: int | None = None) -> Launched:
-    if kv_cache_tokens < block_size:
+           quantized: bool = False, loras: dict[str, str] | None = None, kv_cache_tokens: int | None = None,
+           gpu_memory_utilization: float = 0.9, kv_share: float = 1.0, block_size: int = 16,
+           max_num_seqs: int = 128, max_num_batched_tokens: int = 2048, max_model_len: int | None = None,
+           seed: int | None = None) -> Launched:
+    """``kv_cache_tokens`` None: 16,384 on the CPU; on a GPU, what fits in
+    ``gpu_memory_utilization`` of its memory after the weights (``kv_share`` of it, when several
+    models share the GPU)."""
+    if kv_cache_tokens is not None and kv_cache_tokens < block_size:
         raise InvalidArgumentError(f"--kv-cache-tokens {kv_cache_tokens} is less than one block ({block_size})")
+    if not 0 < gpu_memory_utilization <= 1:
+        raise InvalidArgumentError(f"--gpu-memory-utilization {gpu_memory_utilization} is not in (0, 1]")
     from surogate.model import resolve_device
 
     device = resolve_device(device)
@@ -39,6 +59,8 @@ def launch(source: str, *, name: str | None = None, dtype: str = "float32", devi
     model = load_model(source, device=device, dtype=dtype, quantized=quantized)
     if model.tokenizer is None:
         raise InvalidArgumentError(f"{source} has no tokenizer", hint="serve a folder with tokenizer.json")
+    if kv_cache_tokens is None:
+        kv_cache_tokens = _auto_kv_tokens(model, gpu_memory_utilization, kv_share, block_size)
     num_blocks = kv_cache_tokens // block_size
     limit = int(model.config.get("max_position_embeddings") or num_blocks * block_size)
     limit = min(limit, num_blocks * block_size)
@@ -57,7 +79,27 @@ def launch(source: str, *, name: str | None = None, dtype: str = "float32", devi
         max_num_batched_tokens=max_num_batched_tokens, max_model_len=limit,
         eos_token_ids=list(model.tokenizer.eos_token_ids), seed=seed))
     served_name = name or _default_name(source)
-    return Launched(served_name, model, client, limit, adapters)
+    return Launched(served_name, model, client, limit, num_blocks * block_size, adapters)
+
+
+def _auto_kv_tokens(model: Model, fraction: float, share: float, block_size: int) -> int:
+    if model.device == "cpu":
+        return CPU_KV_TOKENS
+    from surogate import _native
+    from surogate.model import _np_dtype
+
+    index = int(model.device.partition(":")[2] or 0)
+    total = next(d["total_memory"] for d in _native.cuda_devices() if d["index"] == index)
+    used = _native.allocator_stats(model.device)["reserved_bytes"]
+    s = model.spec
+    per_token = 2 * s.num_layers * s.num_kv_heads * s.head_dim * _np_dtype(model.dtype).itemsize
+    tokens = kv_tokens_for(total, used, fraction, share, per_token, block_size)
+    if tokens < 16 * block_size:
+        raise InvalidArgumentError(
+            f"{model.device} has room for a KV cache of only {tokens} tokens at --gpu-memory-utilization {fraction} "
+            f"({total / 2**30:.1f} GiB, {used / 2**30:.1f} GiB already in use)",
+            hint="raise --gpu-memory-utilization, serve fewer models on this GPU, or set --kv-cache-tokens")
+    return tokens
 
 
 def _default_name(source: str) -> str:
