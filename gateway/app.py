@@ -94,15 +94,24 @@ def _admin_target(gw: Gateway, name: str | None) -> ServedModel | ApiError:
 
 
 async def _sleep(gw: Gateway, ctx: RequestContext, name: str | None):
-    """Pause a model: new requests get 503 / 529 until it wakes; requests already running finish.
-    The native engine has no way yet to release its KV cache or weights while keeping its state,
-    so sleeping frees no memory: it only stops admission (idempotent)."""
+    """Pause a model: new requests get 503 / 529 until it wakes; requests already running finish,
+    then an engine that can (``release``) gives its memory back: KV cache, Programs and the
+    weights' device copies (vLLM's sleep level 1; the weights stay in host memory). The reply
+    comes once that is done. Idempotent."""
     model = _admin_target(gw, name)
     if isinstance(model, ApiError):
         return model
     if model.engine is None:
         return errors.model_loading(model.name)
     model.asleep = True
+    release = getattr(model.engine, "release", None)
+    async with model.transition:  # a wake-up waits for this sleep to finish, then undoes it
+        if release is not None and not model.released:
+            idle = getattr(model.engine, "idle", lambda: True)
+            while not idle():  # requests admitted before the sleep finish first
+                await asyncio.sleep(0.02)
+            await asyncio.to_thread(release)
+            model.released = True
     return JSONReply(SleepResponse(model=model.name, status=model.status))
 
 
@@ -110,7 +119,11 @@ async def _wake_up(gw: Gateway, ctx: RequestContext, name: str | None):
     model = _admin_target(gw, name)
     if isinstance(model, ApiError):
         return model
-    model.asleep = False
+    async with model.transition:
+        if model.released:
+            await asyncio.to_thread(model.engine.restore)
+            model.released = False
+        model.asleep = False
     return JSONReply(SleepResponse(model=model.name, status=model.status))
 
 

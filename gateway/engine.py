@@ -112,9 +112,24 @@ class NativeEngine:
     """surogate.serve.engine_client.EngineClient behind the gateway's protocol (string request
     ids, idempotent abort, the gauge names /metrics reads)."""
 
-    def __init__(self, client: Any, adapters: dict[str, int] | None = None):
+    def __init__(self, client: Any, adapters: dict[str, int] | None = None, runner: Any = None):
         self.client = client
         self.adapters = dict(adapters or {})  # served adapter name -> the engine's adapter slot
+        self.runner = runner  # surogate.serve.model_runner.ProgramRunner: what sleep releases
+
+    def idle(self) -> bool:
+        s = self.client.stats()
+        return s.num_running == 0 and s.num_waiting == 0
+
+    def release(self) -> None:
+        """Sleep, once no request runs: forget the prefix cache, give the model's memory back."""
+        if self.runner is not None:
+            self.client.reset_prefix_cache()
+            self.runner.release()
+
+    def restore(self) -> None:
+        if self.runner is not None:
+            self.runner.restore()
 
     def submit(self, prompt_ids: Sequence[int], params: Any, adapter: str | None = None) -> str:
         slot = None if adapter is None else self.adapters[adapter]  # the gateway routes only served names

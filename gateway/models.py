@@ -3,7 +3,9 @@
 A ``ServedModel`` is a tokenizer (enough for templates, /tokenize and count_tokens) plus the
 engine that generates for it, which is None while the model loads: generation then answers 503
 (OpenAI) / 529 (Anthropic) with ``Retry-After``, and /health reports ``loading``. An asleep model
-(``POST /sleep``) answers the same way and /health reports ``sleeping``. LoRA adapters are served
+(``POST /sleep``) answers the same way and /health reports ``sleeping``; once its running requests
+finish, an engine that can (``release``) gives its KV cache, Programs and the weights' device
+copies back until ``POST /wake_up`` (``restore``). LoRA adapters are served
 under their own names and resolve to (base model, adapter name).
 
 Admission: ``queued`` holds the engine requests submitted for the model that have no output yet;
@@ -12,6 +14,8 @@ reaches the engine.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 import time
 from dataclasses import dataclass, field
@@ -39,6 +43,8 @@ class ServedModel:
     owned_by: str = "surogate"
     created: int = field(default_factory=lambda: int(time.time()))
     asleep: bool = False
+    released: bool = False  # asleep with its memory given back (the engine's release())
+    transition: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False, compare=False)  # sleep / wake
     queued: set[str] = field(default_factory=set)  # engine request ids with no output yet
 
     @classmethod

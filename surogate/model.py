@@ -83,6 +83,12 @@ class Model:
             t = self._on_device[name] = _native.tensor(self.params[name]).to(self.device)
         return t
 
+    def release_device_memory(self) -> None:
+        """Drop the device copies of the weights and the executables that read them (a sleeping
+        server); the host arrays stay, and the next use uploads again."""
+        self._on_device.clear()
+        self._cache.clear()
+
     # ---- compilation ------------------------------------------------------------------------
     def executable(self, mode: str, n_tokens: int, n_docs: int, lora: LoRAConfig | None = None,
                    grads: bool = False, recompute: bool = False) -> Executable:

@@ -480,6 +480,8 @@ void bind_serve(py::module_& parent) {
            },
            py::arg("prompt_ids"), py::arg("params"), py::arg("adapter_id") = -1)
       .def("abort", &Engine::abort, py::arg("request_id"))
+      .def("reset_prefix_cache", &Engine::reset_prefix_cache, py::call_guard<py::gil_scoped_release>(),
+           "Forget every cached prefix (between steps); returns how many blocks left the cache.")
       .def("start", [](Engine& e) {
         check(e.start());
         std::lock_guard<std::mutex> lock(g_live_mu);

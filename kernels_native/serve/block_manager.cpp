@@ -168,6 +168,18 @@ int BlockManager::take_free_block() {
   return id;
 }
 
+int BlockManager::reset_prefix_cache() {
+  const int dropped = static_cast<int>(cached_.size());
+  for (int id : evictable_) free_.push_back(id);
+  evictable_.clear();
+  for (Block& b : blocks_) {
+    b.has_hash = false;
+    b.tokens.clear();
+  }
+  cached_.clear();
+  return dropped;
+}
+
 BlockManagerStats BlockManager::stats() const {
   BlockManagerStats s;
   s.num_blocks = num_blocks();

@@ -49,6 +49,10 @@ class BlockManager {
   void deallocate(Sequence& seq);
 
   BlockManagerStats stats() const;
+  // Forget every cached prefix (the KV memory was released or rewritten): registered free blocks
+  // become plain free blocks, blocks in use keep their contents for their sequences but are no
+  // longer findable. Returns how many blocks left the cache.
+  int reset_prefix_cache();
 
  private:
   struct Block {

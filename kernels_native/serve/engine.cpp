@@ -112,6 +112,27 @@ void Engine::abort(uint64_t id) {
   cv_.notify_one();
 }
 
+int Engine::reset_prefix_cache() {
+  auto done = std::make_shared<std::promise<int>>();
+  std::future<int> result = done->get_future();
+  bool threaded;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shut_down_) return 0;
+    threaded = running_;
+    Command c;
+    c.reset = done;
+    inbox_.push_back(std::move(c));
+  }
+  if (!threaded) {  // step() mode: the caller's thread is the engine's
+    drain_inbox();
+    publish_stats();
+  } else {
+    cv_.notify_one();
+  }
+  return result.get();
+}
+
 Status Engine::start() {
   std::lock_guard<std::mutex> lock(mu_);
   SG_CHECK(!shut_down_, StatusCode::kUnsupported, "the engine is shut down", "create a new engine");
@@ -203,6 +224,10 @@ void Engine::drain_inbox() {
     commands.swap(inbox_);
   }
   for (Command& c : commands) {
+    if (c.reset) {
+      c.reset->set_value(block_manager_.reset_prefix_cache());
+      continue;
+    }
     if (c.seq) {
       Sequence* seq = c.seq.get();
       sequences_.emplace(seq->id, std::move(c.seq));

@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -73,6 +74,9 @@ class Engine {
   // Finish a request now ("abort"): its blocks are freed before the next step. Unknown or
   // already finished ids are ignored.
   void abort(uint64_t id);
+  // Forget every cached prefix, on the engine thread between steps (the KV memory is about to be
+  // released or was rewritten); waits for it and returns how many blocks left the cache.
+  int reset_prefix_cache();
 
   Status start();
   // Stop the engine thread after its current step; requests still in flight finish as "abort".
@@ -91,7 +95,8 @@ class Engine {
 
   struct Command {
     std::unique_ptr<Sequence> seq;  // a submission, or
-    uint64_t abort_id = 0;          // an abort when seq is null
+    uint64_t abort_id = 0;          // an abort when seq is null and reset is not set, or
+    std::shared_ptr<std::promise<int>> reset;  // a prefix-cache reset (answered with the blocks dropped)
   };
 
   void loop();

@@ -77,7 +77,7 @@ def serve(
                    loras=loras if i == 0 else None, kv_cache_tokens=kv_cache_tokens,
                    gpu_memory_utilization=gpu_memory_utilization, kv_share=1.0 / (len(sources) - i),
                    max_num_seqs=max_num_seqs, max_model_len=max_model_len)
-        served.append(ServedModel.from_tokenizer(m.name, m.model.tokenizer, NativeEngine(m.client, m.adapters),
+        served.append(ServedModel.from_tokenizer(m.name, m.model.tokenizer, NativeEngine(m.client, m.adapters, m.runner),
                                                  m.max_model_len, model_type=m.model.config.get("model_type"),
                                                  adapters=tuple(m.adapters)))
         typer.echo(f"serving {m.name} (max_model_len {m.max_model_len}, KV cache {m.kv_cache_tokens:,} tokens) "

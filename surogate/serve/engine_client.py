@@ -157,6 +157,11 @@ class EngineClient:
     def stats(self) -> EngineStats:
         return EngineStats(**self._engine.stats())
 
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prefix (before the KV memory is released or rewritten); waits for
+        the engine to do it between steps. Returns how many blocks left the cache."""
+        return self._engine.reset_prefix_cache()
+
     def close(self) -> None:
         """Stop the engine; requests in flight finish with "abort"."""
         if self._closed and not self._poller.is_alive():

@@ -19,6 +19,7 @@ class Launched:
     client: EngineClient
     max_model_len: int
     kv_cache_tokens: int
+    runner: ProgramRunner
     adapters: dict[str, int] = field(default_factory=dict)  # served adapter name -> engine slot
 
 
@@ -79,7 +80,7 @@ def launch(source: str, *, name: str | None = None, dtype: str = "float32", devi
         max_num_batched_tokens=max_num_batched_tokens, max_model_len=limit,
         eos_token_ids=list(model.tokenizer.eos_token_ids), seed=seed))
     served_name = name or _default_name(source)
-    return Launched(served_name, model, client, limit, num_blocks * block_size, adapters)
+    return Launched(served_name, model, client, limit, num_blocks * block_size, runner, adapters)
 
 
 def _auto_kv_tokens(model: Model, fraction: float, share: float, block_size: int) -> int:

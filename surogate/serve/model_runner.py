@@ -53,23 +53,53 @@ class ProgramRunner:
         self.pad_blocks = math.ceil(MAX_PAD / block_size)
         self.total_blocks = num_blocks + self.pad_blocks
         s = model.spec
-        shape = (self.total_blocks, block_size, s.num_kv_heads, s.head_dim)
-        dt = _np_dtype(model.dtype)
-        self.caches = {}
-        for i in range(s.num_layers):
-            for kv in ("k", "v"):
-                self.caches[f"layers.{i}.{kv}_cache"] = np.zeros(shape, dt) if model.device == "cpu" else \
-                    _native.zeros(list(shape), model.dtype, model.device)
         self.vocab_size = s.vocab_size
         self.fuse_qkv = model.device != "cpu" if fuse_qkv is None else fuse_qkv
+        self.caches: dict[str, object] = {}
         self.fused: dict[str, tuple[np.ndarray | None, object]] = {}  # name -> (host array, device twin)
-        if self.fuse_qkv:
-            self._fuse_qkv()
+        self.released = False
+        self._allocate()
         self._programs: dict[tuple[int, int, int, int, int], Executable] = {}
         # adapter slot -> (its LoRA config, our-named params in the model dtype, their device twins)
         self.adapters: dict[int, tuple[LoRAConfig, dict[str, np.ndarray], dict[str, object]]] = {}
         self.native = _native.serve.ProgramRunner(model.device, s.vocab_size, block_size, num_blocks,
                                                   self.pad_blocks, self._compile)
+
+    def _allocate(self) -> None:
+        """The KV cache (zeros: one array per layer and K / V) and the fused q/k/v weights."""
+        m, s = self.model, self.model.spec
+        shape = (self.total_blocks, self.block_size, s.num_kv_heads, s.head_dim)
+        dt = _np_dtype(m.dtype)
+        for i in range(s.num_layers):
+            for kv in ("k", "v"):
+                self.caches[f"layers.{i}.{kv}_cache"] = np.zeros(shape, dt) if m.device == "cpu" else \
+                    _native.zeros(list(shape), m.dtype, m.device)
+        if self.fuse_qkv:
+            self._fuse_qkv()
+
+    def release(self) -> None:
+        """Give the memory back (a sleeping model): every Program with its scratch and graphs, the
+        KV cache, the fused weights, the adapters' and the model's device copies (host arrays
+        stay). The engine must be idle with its prefix cache reset (the cache's contents are gone);
+        ``restore`` makes it all again, and the Programs compile anew as steps meet them."""
+        self.native.forget(-2)
+        self._programs.clear()
+        self.caches.clear()
+        self.fused.clear()
+        for slot, (cfg, host, _) in list(self.adapters.items()):
+            self.adapters[slot] = (cfg, host, {})
+        self.model.release_device_memory()
+        self.released = True
+
+    def restore(self) -> None:
+        """Undo ``release``: a zeroed KV cache, the fused weights, the adapters' device copies."""
+        if not self.released:
+            return
+        self._allocate()
+        if self.model.device != "cpu":
+            for slot, (cfg, host, _) in list(self.adapters.items()):
+                self.adapters[slot] = (cfg, host, {n: _native.tensor(a).to(self.model.device) for n, a in host.items()})
+        self.released = False
 
     def _fuse_qkv(self) -> None:
         """layers.{i}.self_attn.qkv_proj.{weight,bias}: q, k, v rows stacked, in the model dtype.
@@ -125,6 +155,8 @@ class ProgramRunner:
         hit = self._programs.get(key)
         if hit is not None:
             return hit
+        if self.released:
+            raise InvalidArgumentError("the model's memory is released (asleep)", hint="wake it (restore()) first")
         if slot >= 0 and slot not in self.adapters:
             raise InvalidArgumentError(f"no adapter in slot {slot}", hint="register it with add_adapter first")
         m = self.model

@@ -88,6 +88,7 @@ def test_a_full_queue_is_429_in_each_apis_envelope(server):
 
 def test_sleep_and_wake_up(server):
     oai, claude = clients(server)
+    before = oai.chat.completions.create(model="tiny", messages=HI, max_tokens=8, temperature=0)
     assert httpx.post(f"{server}/sleep?model=tiny", timeout=5).status_code == 401  # admin needs the key
     r = httpx.post(f"{server}/sleep?model=nope", headers=AUTH, timeout=5)
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
@@ -111,3 +112,6 @@ def test_sleep_and_wake_up(server):
     assert httpx.get(f"{server}/health", timeout=5).json()["models"] == {"tiny": "loaded"}
     m = claude.messages.create(model="tiny", max_tokens=3, messages=HI)
     assert m.usage.output_tokens <= 3
+    # The sleep gave the KV cache back and forgot its prefixes: the same answer, computed afresh.
+    after = oai.chat.completions.create(model="tiny", messages=HI, max_tokens=8, temperature=0)
+    assert after.choices[0].message.content == before.choices[0].message.content

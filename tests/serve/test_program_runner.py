@@ -136,3 +136,29 @@ def test_serving_program_folds_norms_and_the_activation_into_the_matmuls(model, 
     L = model.spec.num_layers
     assert ops.count("add_rmsnorm_matmul") == (2 if fuse_qkv else 1) * L and ops.count("gated_matmul") == L
     assert "swiglu_fwd" not in ops and ops.count("rmsnorm_fwd") == (0 if fuse_qkv else 1)
+
+
+def test_release_and_restore_give_the_memory_back_and_the_same_tokens(model):
+    """A sleeping model: the prefix cache is forgotten, the KV cache and Programs dropped; after
+    restore the same prompts give the same tokens, computed afresh (no stale prefix hits)."""
+    from sgtest.engine import generate
+
+    rng = np.random.default_rng(4)
+    ps = [rng.integers(3, 200, 40).tolist() for _ in range(3)]
+    runner = ProgramRunner(model, num_blocks=64)
+    from surogate.serve.engine_client import EngineClient
+    from surogate.serve.types import EngineConfig
+
+    with EngineClient(runner, EngineConfig(num_blocks=64, block_size=16)) as client:
+        first = generate(client, ps, 6)
+        assert client.stats().blocks_cached > 0
+        assert client.reset_prefix_cache() > 0
+        assert client.stats().blocks_cached == 0
+        runner.release()
+        assert runner.caches == {} and runner.native.num_programs == 0 and not model._on_device
+        runner.restore()
+        hits = client.stats().prefix_cache_hits
+        assert generate(client, ps, 6) == first
+        assert client.stats().prefix_cache_hits == hits  # nothing came from before the sleep
+        assert generate(client, ps, 6) == first  # and the cache works again
+        assert client.stats().prefix_cache_hits > hits
