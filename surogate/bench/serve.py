@@ -32,6 +32,7 @@ class ServeResult:
     itl_p50: float | None = None
     itl_p99: float | None = None
     note: str = ""  # where a single-stream step's time goes (ours)
+    decode_tokens_per_s: float | None = None  # all requests decoding (after the last first token)
 
 
 def _prompts(vocab: int, n: int, length: int, seed: int = 0) -> list[list[int]]:
@@ -53,6 +54,7 @@ def bench_ours(model, n: int, prompt_len: int, output_len: int, block_size: int 
             client.wait(rid, timeout=3600)
         client.wait(client.submit(_prompts(model.spec.vocab_size, 1, prompt_len, seed=3)[0], params), timeout=3600)
         ttft, itl = [], []
+        arrivals: list[tuple[float, int]] = []  # (time, tokens) of every output
         total = 0
 
         async def consume(rid: int, t0: float) -> None:
@@ -69,6 +71,7 @@ def bench_ours(model, n: int, prompt_len: int, output_len: int, block_size: int 
                     itl.append((now - last) / k)
                 last = now
                 total += k
+                arrivals.append((now, k))
 
         async def all_requests() -> None:
             t0 = time.perf_counter()
@@ -78,6 +81,12 @@ def bench_ours(model, n: int, prompt_len: int, output_len: int, block_size: int 
         t0 = time.perf_counter()
         asyncio.run(all_requests())
         elapsed = time.perf_counter() - t0
+        # Decode only (llama-batched-bench's S_TG): the tokens after every request's first, over
+        # the time from the last first token to the end.
+        all_started = t0 + max(ttft)
+        end = max(t for t, _ in arrivals)
+        decode_tokens = sum(k for t, k in arrivals if t > all_started)
+        decode_rate = decode_tokens / (end - all_started) if end > all_started else 0.0
         # Single stream: decode speed from the first token to the last (as llama.cpp's tg; the
         # prompt's prefill is the time to first token).
         stamps: list[float] = []
@@ -96,7 +105,7 @@ def bench_ours(model, n: int, prompt_len: int, output_len: int, block_size: int 
     pct = lambda xs, q: float(np.percentile(xs, q)) if xs else None  # noqa: E731
     decode = (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else 0.0
     return ServeResult("surogate", total / elapsed, decode, pct(ttft, 50), pct(ttft, 99), pct(itl, 50), pct(itl, 99),
-                       note)
+                       note, decode_rate)
 
 
 def bench_hf(model, n: int, prompt_len: int, output_len: int, device: str) -> ServeResult:
@@ -247,6 +256,8 @@ def run(shape: str, *, n: int, prompt_len: int, output_len: int, dtype: str, vs:
     if len(results) > 1:
         print(f"{'ratio (ours / peer)':28} {results[0].output_tokens_per_s / base.output_tokens_per_s:9.2f}x "
               f"{results[0].single_stream_tokens_per_s / base.single_stream_tokens_per_s:14.2f}x")
+    if results[0].decode_tokens_per_s:
+        print(f"decode only, all {n} requests generating: {results[0].decode_tokens_per_s:,.1f} output tok/s")
     if results[0].note:
         print(results[0].note)
     weights, ceiling = roofline(model, device)
