@@ -459,6 +459,11 @@ void bind_serve(py::module_& parent) {
       .def("forget", &ProgramRunner::forget, py::arg("adapter"), py::call_guard<py::gil_scoped_release>(),
            "Drop the Programs of one adapter slot (-1: the base model, -2: all).")
       .def_property_readonly("num_programs", &ProgramRunner::num_programs)
+      .def("bucket_key", [](const ProgramRunner& r, const StepInput& in, int adapter) {
+             const BucketKey k = r.bucket_key(in, adapter);
+             return py::make_tuple(k.T, k.S, k.B, k.R, k.adapter);
+           }, py::arg("step"), py::arg("adapter") = -1,
+           "(T, S, B, R, adapter): the bucket a step of one adapter runs in (what compile is asked for).")
       .def_static("bucket_tokens", &ProgramRunner::bucket_tokens, py::arg("t"))
       .def_property_readonly_static("MAX_PAD", [](py::object) { return ProgramRunner::kMaxPad; });
 

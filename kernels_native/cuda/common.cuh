@@ -80,6 +80,25 @@ __device__ __forceinline__ uint4 pack16(const float* f) {
   }
 }
 
+// Loads and stores through a dtype known only at run time (f32 / bf16 / f16): for epilogues and
+// side operands that touch few values, so one kernel serves every output / bias dtype (the
+// switch is uniform across the grid).
+__device__ __forceinline__ float load_as(const void* p, DType dt, int64_t i) {
+  switch (dt) {
+    case DType::kBF16: return ld(static_cast<const __nv_bfloat16*>(p)[i]);
+    case DType::kF16: return ld(static_cast<const __half*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+__device__ __forceinline__ void store_as(void* p, DType dt, int64_t i, float v) {
+  switch (dt) {
+    case DType::kBF16: static_cast<__nv_bfloat16*>(p)[i] = st<__nv_bfloat16>(v); break;
+    case DType::kF16: static_cast<__half*>(p)[i] = st<__half>(v); break;
+    default: static_cast<float*>(p)[i] = v; break;
+  }
+}
+
 #define SG_CUDA_DISPATCH_FLOAT(op, dt, T, ...)                                                     \
   switch (dt) {                                                                                    \
     case ::surogate::DType::kF32: { using T = float; __VA_ARGS__; break; }                         \

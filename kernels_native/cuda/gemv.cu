@@ -139,24 +139,6 @@ __device__ __forceinline__ void mma(float (&c)[4], uint32_t a0, uint32_t a1, uin
   }
 }
 
-// Loads and stores through a runtime dtype: the epilogue touches M x 8 values per CTA, so one
-// kernel per operand dtype serves every y / bias dtype.
-__device__ __forceinline__ float load_as(const void* p, DType dt, int64_t i) {
-  switch (dt) {
-    case DType::kBF16: return ld(static_cast<const __nv_bfloat16*>(p)[i]);
-    case DType::kF16: return ld(static_cast<const __half*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
-  }
-}
-
-__device__ __forceinline__ void store_as(void* p, DType dt, int64_t i, float v) {
-  switch (dt) {
-    case DType::kBF16: static_cast<__nv_bfloat16*>(p)[i] = st<__nv_bfloat16>(v); break;
-    case DType::kF16: static_cast<__half*>(p)[i] = st<__half>(v); break;
-    default: static_cast<float*>(p)[i] = v; break;
-  }
-}
-
 // Dynamic shared memory of a launch: the warps' partial C by tile parity, and with a prologue their
 // x stages ([nw][M][32] vectors) and, for kRmsNorm, the sums of squares ([nw][M] + [M] floats).
 constexpr size_t smem_bytes(GemvX x, bool high, int nw, int M) {

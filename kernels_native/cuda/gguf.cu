@@ -40,24 +40,6 @@ constexpr int kTile = 1024;                  // columns of x per shared-memory t
 constexpr int kTileStride = kTile + kTile / 32;  // a pad float per unit: lanes reading unit `lane` hit distinct banks
 constexpr int64_t kPanelElems = int64_t{16} << 20;  // dequantized weight values per prefill panel (32 MiB bf16)
 
-// Loads and stores through a runtime dtype (f32 / bf16 / f16): one kernel per block type instead
-// of one per (type, x dtype, y dtype); the switch is uniform across the grid.
-__device__ __forceinline__ float load_as(const void* p, DType dt, int64_t i) {
-  switch (dt) {
-    case DType::kBF16: return ld(static_cast<const __nv_bfloat16*>(p)[i]);
-    case DType::kF16: return ld(static_cast<const __half*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
-  }
-}
-
-__device__ __forceinline__ void store_as(void* p, DType dt, int64_t i, float v) {
-  switch (dt) {
-    case DType::kBF16: static_cast<__nv_bfloat16*>(p)[i] = st<__nv_bfloat16>(v); break;
-    case DType::kF16: static_cast<__half*>(p)[i] = st<__half>(v); break;
-    default: static_cast<float*>(p)[i] = v; break;
-  }
-}
-
 int capped_grid(int64_t blocks) { return static_cast<int>(std::clamp<int64_t>(blocks, 1, 65535)); }
 
 // ---- dequantize --------------------------------------------------------------------------------

@@ -84,6 +84,10 @@ Status ProgramRunner::bucket(const BucketKey& key, Bucket** out) {
     SG_RETURN_IF_ERROR(b->program->bind(id, Tensor::view_of(base + b->off[i], DType::kI32, shapes[i], config_.device,
                                                             b->inputs)));
   }
+  b->logits_id = b->program->find_buffer("logits");
+  b->argmax_id = b->program->find_buffer("argmax");
+  SG_CHECK(b->logits_id >= 0 && b->argmax_id >= 0, StatusCode::kInternal,
+           "the step Program has no 'logits' or 'argmax' output", "build it with CausalLM.build(mode='serve')");
   *out = b.get();
   buckets_.emplace(key, std::move(b));
   return Status::OK();
@@ -142,15 +146,20 @@ Status ProgramRunner::run(const StepInput& in, StepOutput* out) {
   return Status::OK();
 }
 
+BucketKey ProgramRunner::bucket_key(const StepInput& in, int adapter) const {
+  const int tp = bucket_tokens(in.num_tokens), pad = tp - in.num_tokens;
+  const int pad_table = (pad + config_.block_size - 1) / config_.block_size;
+  return BucketKey{tp, pow2(in.num_seqs + (pad ? 1 : 0)), pow2(std::max({in.max_blocks_per_seq, pad_table, 1})),
+                   pow2(std::max(in.num_logits_rows(), 1)), adapter};
+}
+
 Status ProgramRunner::run_one(const StepInput& in, int adapter, StepOutput* out, const std::vector<int32_t>& dst_rows) {
   const int T = in.num_tokens, S = in.num_seqs, R = in.num_logits_rows(), V = config_.vocab_size;
   const int bs = config_.block_size;
-  const int tp = bucket_tokens(T), pad = tp - T;
-  SG_CHECK(pad <= kMaxPad && (pad + bs - 1) / bs <= config_.pad_blocks, StatusCode::kInternal,
+  const BucketKey key = bucket_key(in, adapter);
+  const int tp = key.T, pad = tp - T, pad_table = (pad + bs - 1) / bs;
+  SG_CHECK(pad <= kMaxPad && pad_table <= config_.pad_blocks, StatusCode::kInternal,
            str_cat("a step of ", T, " tokens pads by ", pad, ", more than the scratch blocks hold"), "");
-  const int pad_table = (pad + bs - 1) / bs;
-  const BucketKey key{tp, pow2(S + (pad ? 1 : 0)), pow2(std::max({in.max_blocks_per_seq, pad_table, 1})),
-                      pow2(std::max(R, 1)), adapter};
   Bucket* b = nullptr;
   SG_RETURN_IF_ERROR(bucket(key, &b));
 
@@ -193,8 +202,8 @@ Status ProgramRunner::run_one(const StepInput& in, int adapter, StepOutput* out,
   SG_RETURN_IF_ERROR(b->program->run());
 
   Tensor logits, argmax;
-  SG_RETURN_IF_ERROR(b->program->buffer(b->program->find_buffer("logits"), &logits));
-  SG_RETURN_IF_ERROR(b->program->buffer(b->program->find_buffer("argmax"), &argmax));
+  SG_RETURN_IF_ERROR(b->program->buffer(b->logits_id, &logits));
+  SG_RETURN_IF_ERROR(b->program->buffer(b->argmax_id, &argmax));
   std::vector<int32_t> am(R);
   SG_RETURN_IF_ERROR(copy_raw(am.data(), host, argmax.data, argmax.device, DType::kI32, R));
   auto dst = [&](int r) { return dst_rows.empty() ? r : dst_rows[r]; };

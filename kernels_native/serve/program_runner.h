@@ -69,6 +69,8 @@ class ProgramRunner : public ModelRunner {
   int num_programs() const;
 
   static int bucket_tokens(int t);
+  // The bucket a step (of one adapter) runs in.
+  BucketKey bucket_key(const StepInput& in, int adapter) const;
 
  private:
   struct Bucket {
@@ -78,7 +80,7 @@ class ProgramRunner : public ModelRunner {
     std::shared_ptr<void> inputs;   // the packed int32 inputs on the program's device
     std::vector<int32_t> host;      // their host image
     int64_t off[7] = {};            // element offset of each input in both
-    Tensor logits, argmax;          // the program's outputs
+    int logits_id = -1, argmax_id = -1;  // the program's outputs
   };
 
   Status bucket(const BucketKey& key, Bucket** out);

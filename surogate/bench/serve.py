@@ -204,7 +204,7 @@ def step_profile(model, batches: tuple[int, ...], context: int, block_size: int 
                                             need_logits=np.zeros(b), block_size=block_size)
         for _ in range(3):  # compile, eager run, graph capture
             runner.run(step)
-        exe = runner._compile(b, _pow2(b), _pow2(blocks_per_seq), _pow2(b))
+        exe = runner._compile(*runner.native.bucket_key(step))
         sync()
         t0 = time.perf_counter()
         for _ in range(iters):
@@ -229,10 +229,6 @@ def step_profile(model, batches: tuple[int, ...], context: int, block_size: int 
                 sync()
             lines.append(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70))
     return "\n".join(lines)
-
-
-def _pow2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
 def run(shape: str, *, n: int, prompt_len: int, output_len: int, dtype: str, vs: str | None,
