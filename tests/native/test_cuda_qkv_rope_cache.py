@@ -12,6 +12,7 @@ and slots each step.
 import numpy as np
 import pytest
 from sgtest.ops import as_dtype, assert_close
+from sgtest.qkv import ROPE, make_case
 
 from surogate import _native
 
@@ -24,32 +25,6 @@ if not HAS_CUDA:
 COVERS = ("qkv_rope_cache",)
 
 DTYPES = ["float32", "bfloat16", "float16"]
-
-ROPE = {
-    "default": {"theta": 1000000.0},
-    "linear": {"rope_type": "linear", "factor": 4.0},
-    "llama3": {"theta": 500000.0, "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position": 8192},
-}
-
-
-def make_case(seed, n, hq, hkv, d, dtype, num_blocks=7, block_size=4, pad=(1, 4)):
-    """One step: n tokens at scattered positions, distinct shuffled slots (-1 at `pad`), garbage
-    caches, norm weights around 1."""
-    rng = np.random.default_rng(seed)
-
-    def rand(*shape, scale=1.0, shift=0.0):
-        return as_dtype((rng.standard_normal(shape) * scale + shift).astype(np.float32), dtype)
-
-    slots = rng.permutation(num_blocks * block_size)[:n].astype(np.int32)
-    slots[[i for i in pad if i < n]] = -1
-    return {
-        "q": rand(n, hq, d, scale=3.0), "k": rand(n, hkv, d, scale=3.0), "v": rand(n, hkv, d),
-        "pos": rng.integers(0, 40_000, n).astype(np.int32), "slots": slots,
-        "k_cache": rand(num_blocks, block_size, hkv, d), "v_cache": rand(num_blocks, block_size, hkv, d),
-        "q_norm": rand(d, scale=0.2, shift=1.0), "k_norm": rand(d, scale=0.2, shift=1.0),
-    }
-
 
 def run(device, c, norm, **attrs):
     """qkv_rope_cache on `device`; returns (q_out, k_cache, v_cache) as numpy."""
