@@ -226,11 +226,11 @@ void Program::drop_graphs() {
 
 Status Program::run(int begin, int end) {
   if (!prepared_) SG_RETURN_IF_ERROR(prepare());
-  for (const auto& b : buffers_) {
-    SG_CHECK(b.bound || b.kind != Kind::kExternal, StatusCode::kInvalidArgument,
-             str_cat("buffer '", b.name, "' is not bound"), "bind every external buffer before run()");
-  }
-  if (dirty_) {
+  if (dirty_) {  // bindings changed since the last run (a buffer, once bound, stays bound)
+    for (const auto& b : buffers_) {
+      SG_CHECK(b.bound || b.kind != Kind::kExternal, StatusCode::kInvalidArgument,
+               str_cat("buffer '", b.name, "' is not bound"), "bind every external buffer before run()");
+    }
     drop_graphs();  // the tensors the graphs captured changed
     SG_RETURN_IF_ERROR(resolve_instrs());
   }
