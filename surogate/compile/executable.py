@@ -57,6 +57,7 @@ class Executable:
         self._bound: dict[str, object] = {}  # name -> the host array (or the tensor) the caller bound
         self._tensors: dict[str, object] = {}  # name -> what the program reads (the host array on the CPU)
         self._phase_graphs: dict[str, tuple] = {}  # added phases: name -> the structure they were built from
+        self._ran = False  # the native Program places its arena on the first run
 
     # ---- phases -----------------------------------------------------------------------------
     @property
@@ -76,6 +77,9 @@ class Executable:
                 raise InvalidArgumentError(f"{self.graph.name} already has a phase {name!r} built differently",
                                            hint="build a new executable for another setup of this phase")
             return
+        if self._ran:
+            raise InvalidArgumentError(f"phase {name!r}: {self.graph.name} has already run, its memory is placed",
+                                       hint="add phases before the first run, or build a new executable")
         nbufs, ninstrs = lower_phase(self.lowered, name, g, keep)
         emit(self.program, self.lowered.bufs[nbufs:], self.lowered.instrs[ninstrs:])
         self._phase_graphs[name] = sig
@@ -164,10 +168,8 @@ class Executable:
     def run(self, *phases: str) -> None:
         """Run the named consecutive phases as one range (each distinct range is one CUDA graph),
         or the whole program."""
-        if not phases:
-            self.program.run()
-            return
-        begin, end = self._range(phases)
+        begin, end = self._range(phases) if phases else (0, -1)
+        self._ran = True
         self.program.run(begin, end)
 
     def read(self, name: str) -> np.ndarray:
