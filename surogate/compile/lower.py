@@ -274,7 +274,8 @@ def lower_phase(lowered: Lowered, name: str, g: Graph, keep: list[Value] = ()) -
         shape = bind_shape(v.shape, lowered.dims)
         if shape != b.shape or v.dtype != b.dtype:
             raise InvalidArgumentError(f"{where} is {v.dtype}{list(shape)}, the program's buffer is "
-                                       f"{b.dtype}{list(b.shape)}", hint="declare it with the program's shape and dtype")
+                                       f"{b.dtype}{list(b.shape)}",
+                                       hint="declare it with the program's shape and dtype")
         if b.root().kind == "internal" and not b.root().pinned:
             raise InvalidArgumentError(f"{where} is a temporary of an earlier phase, not kept to the end",
                                        hint="keep it when compiling (Executable keep=) or compute it in the phase")
