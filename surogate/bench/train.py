@@ -116,7 +116,7 @@ def bench_ours(model: Model, batch: int, seq: int, lora: LoRAConfig | None, step
     first_loss = float("nan")
     for i in range(warmup + steps):
         t0 = time.perf_counter()
-        exe.program.run(0, opt.begin)
+        exe.run("forward", "backward")
         opt.apply(1e-5)  # reads the grad norm back: the step has finished on the device
         if i >= warmup:
             times.append(time.perf_counter() - t0)
@@ -125,17 +125,18 @@ def bench_ours(model: Model, batch: int, seq: int, lora: LoRAConfig | None, step
     dt = float(np.median(times))
     peak = _native.allocator_stats(model.device)["peak_allocated_bytes"] if on_gpu else 0
     if profile:
-        print(op_profile(exe.program, opt))
+        print(op_profile(exe, opt))
     name = "surogate (CUDA graphs)" if exe.program.graphs_active and exe.program.num_graphs else "surogate"
     return Result(name, n / dt, dt, first_loss, peak)
 
 
-def op_profile(program, opt: AdamW, top: int = 15) -> str:
+def op_profile(exe, opt: AdamW, top: int = 15) -> str:
     """One more step with every op timed alone (waiting for the device after each): where the
     step's time goes, by op."""
+    program = exe.program
     program.reset_profile()
     program.set_profiling(True)
-    program.run(0, opt.begin)
+    exe.run("forward", "backward")
     opt.apply(1e-5)
     program.set_profiling(False)
     rows = sorted(program.profile(), key=lambda r: -r[1])

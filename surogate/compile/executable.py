@@ -7,6 +7,11 @@ On a GPU the Program reads device tensors: `bind` uploads a host array once (or 
 tensor another executable already holds, so weights and inputs exist once on the device),
 `push` copies a host array's new contents up, `pull` brings a device buffer back into its host
 array (checkpoints, outputs). On the CPU the host array is the buffer and both are no-ops.
+
+The Program's instructions are named phases (`phases`): ``forward``, ``backward`` for a graph
+with gradients, and any phase added with `add_phase` (the trainer's optimizer step). Callers
+run phases by name (`run("forward", "backward")`), never by instruction index; on a GPU with
+graphs on, each distinct run is one CUDA graph.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import numpy as np
 
 from surogate import _native
 from surogate.compile.buffers import Buf
-from surogate.compile.lower import Lowered, lower, to_program
+from surogate.compile.lower import Lowered, emit, lower, lower_phase, to_program
 from surogate.dsl.graph import Graph, Value
 from surogate.errors import InvalidArgumentError, NotFoundError
 
@@ -51,6 +56,44 @@ class Executable:
         self.program = to_program(self.lowered, device)
         self._bound: dict[str, object] = {}  # name -> the host array (or the tensor) the caller bound
         self._tensors: dict[str, object] = {}  # name -> what the program reads (the host array on the CPU)
+        self._phase_graphs: dict[str, tuple] = {}  # added phases: name -> the structure they were built from
+        self._ran = False  # the native Program places its arena on the first run
+
+    # ---- phases -----------------------------------------------------------------------------
+    @property
+    def phases(self) -> dict[str, tuple[int, int]]:
+        """Phase name -> its instructions [begin, end), in program order."""
+        return dict(self.lowered.phases)
+
+    def add_phase(self, name: str, g: Graph, keep: list[Value] = ()) -> None:
+        """Compile graph g into this Program as the phase `name`, after every instruction it has
+        (see `lower_phase`); `keep` values stay readable after it runs. Adding the same phase
+        again (an executable cached by the model, a second optimizer over it) changes nothing:
+        the new owner binds its own arrays to the phase's buffers. Add phases before the first
+        run: the Program places its arena then."""
+        sig = _structure(g)
+        if name in self._phase_graphs:
+            if self._phase_graphs[name] != sig:
+                raise InvalidArgumentError(f"{self.graph.name} already has a phase {name!r} built differently",
+                                           hint="build a new executable for another setup of this phase")
+            return
+        if self._ran:
+            raise InvalidArgumentError(f"phase {name!r}: {self.graph.name} has already run, its memory is placed",
+                                       hint="add phases before the first run, or build a new executable")
+        nbufs, ninstrs = lower_phase(self.lowered, name, g, keep)
+        emit(self.program, self.lowered.bufs[nbufs:], self.lowered.instrs[ninstrs:])
+        self._phase_graphs[name] = sig
+
+    def _range(self, phases: tuple[str, ...]) -> tuple[int, int]:
+        known = self.lowered.phases
+        for p in phases:
+            if p not in known:
+                raise NotFoundError(f"{self.graph.name} has no phase {p!r}", hint=f"phases: {', '.join(known)}")
+        for a, b in zip(phases, phases[1:]):
+            if known[a][1] != known[b][0]:
+                raise InvalidArgumentError(f"phases {a!r} and {b!r} are not adjacent in the program",
+                                           hint=f"run consecutive phases, in program order: {', '.join(known)}")
+        return known[phases[0]][0], known[phases[-1]][1]
 
     # ---- buffers ----------------------------------------------------------------------------
     def buf(self, name: str) -> Buf:
@@ -122,8 +165,12 @@ class Executable:
         if self.device != "cpu":
             self.program.set_graphs(on)
 
-    def run(self) -> None:
-        self.program.run()
+    def run(self, *phases: str) -> None:
+        """Run the named consecutive phases as one range (each distinct range is one CUDA graph),
+        or the whole program."""
+        begin, end = self._range(phases) if phases else (0, -1)
+        self._ran = True
+        self.program.run(begin, end)
 
     def read(self, name: str) -> np.ndarray:
         """A buffer's contents as numpy: a view on the CPU (valid until the next run), a copy from a GPU."""
@@ -144,4 +191,19 @@ class Executable:
         return MemoryReport(sizes["param"], sizes["grad"], sizes["input"], self.lowered.arena_bytes, internal)
 
     def listing(self) -> str:
-        return "\n".join(f"{i:4d}  {self.program.instr(i)}" for i in range(self.program.num_instrs))
+        starts = {begin: name for name, (begin, end) in self.lowered.phases.items() if end > begin}
+        lines = []
+        for i in range(self.program.num_instrs):
+            if i in starts:
+                lines.append(f"# {starts[i]}")
+            lines.append(f"{i:4d}  {self.program.instr(i)}")
+        return "\n".join(lines)
+
+
+def _structure(g: Graph) -> tuple:
+    """What a phase graph compiles to: its ops, attributes and values (name, shape, dtype)."""
+    def val(v: Value | None):
+        return None if v is None else (v.name, tuple(str(d) for d in v.shape), v.dtype, v.kind)
+
+    return tuple((n.op, tuple(map(val, n.inputs)), tuple(map(val, n.outputs)), repr(sorted(n.attrs.items())))
+                 for n in g.nodes)

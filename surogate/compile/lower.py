@@ -5,6 +5,13 @@ instruction). ``linear`` / ``linear_bwd`` expand to matmuls: the base projection
 LoRA slice as two skinny matmuls whose result is accumulated (beta = 1) into its column slice
 of the output. With LoRA dropout (training graphs only) the slices read one `dropout_fwd`
 temp of x, recomputed in `linear_bwd` (the mask is a hash of the seed, never stored).
+
+The instructions form named phases, contiguous ranges a caller runs by name: ``forward`` and,
+for a graph with a backward pass, ``backward`` (which holds the recomputed blocks). A phase
+graph lowered later (`lower_phase`: the optimizer step) is appended after everything: it reads
+and writes the Program's buffers by value name (parameters, gradient accumulators), brings its
+own external buffers (optimizer state) and gets its temporaries planned around the ones
+already placed.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from surogate import _native
 from surogate.compile.buffers import Buf, Instr
 from surogate.compile.planner import plan
 from surogate.dsl.graph import Graph, Node, Value, bind_shape
+from surogate.errors import InvalidArgumentError
 
 
 @dataclass
@@ -24,15 +32,17 @@ class Lowered:
     by_value: dict[str, Buf]
     arena_bytes: int = 0
     dims: dict[str, int] = field(default_factory=dict)
+    phases: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> instructions [begin, end)
 
 
 class _Lowering:
-    def __init__(self, g: Graph, dims: dict[str, int]):
+    def __init__(self, g: Graph, dims: dict[str, int], into: Lowered | None = None):
+        """into: append to an already lowered program (its buffers are found by value name)."""
         self.g, self.dims = g, dims
-        self.instrs: list[Instr] = []
-        self.bufs: list[Buf] = []
-        self.by_value: dict[str, Buf] = {}
-        self.ntemp = 0
+        self.instrs: list[Instr] = [] if into is None else into.instrs
+        self.bufs: list[Buf] = [] if into is None else into.bufs
+        self.by_value: dict[str, Buf] = {} if into is None else into.by_value
+        self.ntemp = 0 if into is None else len(into.bufs)  # temp names stay unique
         # Recomputation: value name -> the buffer of its recomputed copy, consulted first.
         self.remap: dict[str, Buf] = {}
         self.cloning = False
@@ -218,7 +228,10 @@ def lower(g: Graph, dims: dict[str, int], keep: list[Value] = (), recompute: boo
                     if v is not None:
                         block_of_value[v.name] = b
     done: set[str] = set()
+    backward_at = None  # the first backward instruction, once lowered
     for i, n in enumerate(g.nodes):
+        if i == start:
+            backward_at = len(lw.instrs)
         if recompute and i >= start:
             for v in n.inputs:
                 b = block_of_value.get(v.name) if v is not None else None
@@ -232,12 +245,60 @@ def lower(g: Graph, dims: dict[str, int], keep: list[Value] = (), recompute: boo
         b.pinned = True
         pinned.append(b)
     arena = plan(lw.instrs, pinned)
-    return Lowered(lw.instrs, lw.bufs, lw.by_value, arena, dict(dims))
+    end = len(lw.instrs)
+    phases = {"forward": (0, end)}
+    if hasattr(g, "backward_start"):
+        at = end if backward_at is None else backward_at
+        phases = {"forward": (0, at), "backward": (at, end)}
+    return Lowered(lw.instrs, lw.bufs, lw.by_value, arena, dict(dims), phases)
+
+
+def lower_phase(lowered: Lowered, name: str, g: Graph, keep: list[Value] = ()) -> tuple[int, int]:
+    """Append graph g to `lowered` as the phase `name`, after every instruction it has; returns
+    (first new buffer, first new instruction) for `emit`.
+
+    A value of g that is not an activation is the buffer of that name when `lowered` has one
+    (same shape and dtype: a parameter, a gradient accumulator, a kept result) and a new
+    external buffer otherwise. The phase may not touch an earlier phase's temporaries: they
+    are already placed for their own lifetimes."""
+    if name in lowered.phases:
+        raise InvalidArgumentError(f"the program already has a phase {name!r}", hint="give the phase another name")
+    for v in g.values.values():
+        b = lowered.by_value.get(v.name)
+        if b is None:
+            continue
+        where = f"phase {name!r}: value {v.name}"
+        if v.kind == "act":
+            raise InvalidArgumentError(f"{where} is computed by the phase but the program already has a buffer of "
+                                       f"that name", hint="name the phase's values apart (e.g. with a prefix)")
+        shape = bind_shape(v.shape, lowered.dims)
+        if shape != b.shape or v.dtype != b.dtype:
+            raise InvalidArgumentError(f"{where} is {v.dtype}{list(shape)}, the program's buffer is "
+                                       f"{b.dtype}{list(b.shape)}",
+                                       hint="declare it with the program's shape and dtype")
+        if b.root().kind == "internal" and not b.root().pinned:
+            raise InvalidArgumentError(f"{where} is a temporary of an earlier phase, not kept to the end",
+                                       hint="keep it when compiling (Executable keep=) or compute it in the phase")
+    nbufs, begin = len(lowered.bufs), len(lowered.instrs)
+    lw = _Lowering(g, lowered.dims, into=lowered)
+    for n in g.nodes:
+        lw.node(n)
+    for v in keep:
+        lw.buf(v).root().pinned = True
+    lowered.arena_bytes = plan(lowered.instrs, [b for b in lowered.bufs if b.pinned])
+    lowered.phases[name] = (begin, len(lowered.instrs))
+    return nbufs, begin
 
 
 def to_program(lowered: Lowered, device: str = "cpu") -> _native.Program:
     p = _native.Program(device)
-    for b in lowered.bufs:
+    emit(p, lowered.bufs, lowered.instrs)
+    return p
+
+
+def emit(p: _native.Program, bufs: list[Buf], instrs: list[Instr]) -> None:
+    """Declare bufs (bases before their views) and add instrs to the native Program."""
+    for b in bufs:
         if b.kind == "external":
             b.native_id = p.external(b.name, list(b.shape), b.dtype)
         elif b.kind == "internal":
@@ -247,7 +308,6 @@ def to_program(lowered: Lowered, device: str = "cpu") -> _native.Program:
                 b.native_id = p.buffer(b.name, list(b.shape), b.dtype, b.arena_offset)
         else:
             b.native_id = p.view(b.name, b.base.native_id, list(b.shape), b.offset, list(b.strides or ()))
-    for ins in lowered.instrs:
+    for ins in instrs:
         p.op(ins.op, [b.native_id if b is not None else -1 for b in ins.inputs],
              [b.native_id if b is not None else -1 for b in ins.outputs], ins.attrs)
-    return p

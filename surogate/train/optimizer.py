@@ -1,11 +1,14 @@
-"""AdamW appended to a training Program: the optimizer step runs natively after the backward
-pass, over the same external buffers (parameters and gradient accumulators).
+"""AdamW as the training Program's `optimizer` phase: the step is a small graph (global grad
+norm, the multi-tensor `adamw` / `adamw8` op, zeroing the gradient accumulators) that the
+compiler lowers after the backward pass, over the same buffers (parameters and gradient
+accumulators, found by name).
 
 The optimizer owns its state as numpy arrays (first and second moments, f32 master weights
-for parameters stored in bf16), so a checkpoint saves and restores them directly. The
-hyper-parameters live in a small f32 buffer the trainer rewrites each step (the schedule
-changes lr without rebuilding the Program). On a GPU each of these arrays has a device twin the
-Program updates; `sync_to_host` / `load_state` move them across for checkpoints.
+for parameters stored in bf16), bound as the phase's external buffers, so a checkpoint saves
+and restores them directly. The hyper-parameters live in a small f32 buffer rewritten each
+step (the schedule changes lr without rebuilding the Program). On a GPU each of these arrays
+has a device twin the Program updates (the executable's bound tensors); `sync_to_host` /
+`load_state` move them across for checkpoints.
 
 `AdamW(..., bits=8)` (`AdamW8bit`, `optimizer: adamw_8bit`) keeps the moments as uint8 codes in
 blocks of 256 elements with one f32 scale per block (the native `adamw8` op; its header in
@@ -20,9 +23,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from surogate.compile import Executable
+from surogate.dsl.graph import Graph, Value
 from surogate.errors import ConfigError
 
 QBLOCK = 256  # elements per quantization block of the 8-bit states
+PHASE = "optimizer"  # the training Program's phase that runs one step
+NORM = "optimizer.grad_norm"  # the phase's result: the gradient norm before clipping
 
 
 @dataclass
@@ -61,63 +67,59 @@ class AdamW:
         # f32 master copies of parameters stored in a narrower dtype.
         self.master = {n: params[n].astype(np.float32) for n in self.names if params[n].dtype != np.float32}
         self.hp_buf = np.zeros(8, np.float32)
-        self.norm = np.zeros(1, np.float32)
         self.step = 0
-        self.on_device = exe.device != "cpu"
-        self._twins: list[tuple[np.ndarray, object]] = []  # (host array, what the program reads)
-        p = exe.program
-        self.begin = p.num_instrs
-        hp_id = p.external("optimizer.hp", [8], "float32")
-        norm_id = p.external("optimizer.grad_norm", [1], "float32")
-        self._hp_t = self._bind(hp_id, self.hp_buf)
-        self._norm_t = self._bind(norm_id, self.norm)
-        grad_ids = [exe.buf("grad." + n).native_id for n in self.names]
-        p.op("global_norm", grad_ids, [norm_id])
-        inputs = [hp_id, norm_id]
-        nd = []
+        g, norm = self._graph()
+        exe.add_phase(PHASE, g, keep=[norm])
+        for key, arr in (("optimizer.hp", self.hp_buf), *self._buffers()):
+            exe.bind(key, arr)
+            assert exe.bound(key) is arr  # pull / push move data through these very arrays
+
+    def _buffers(self):
+        """(buffer name, host array) of every state array the phase reads and updates."""
+        for n in self.names:
+            for kind, arrays in (("m", self.m), ("v", self.v), ("master", self.master), ("m_scale", self.m_scale),
+                                 ("v_scale", self.v_scale)):
+                if n in arrays:
+                    yield f"optimizer.{kind}.{n}", arrays[n]
+
+    def _graph(self) -> tuple[Graph, Value]:
+        """The step as graph nodes over the training graph's values (by name): one global norm,
+        one multi-tensor update (params and masters, m and v in place), then the accumulators
+        zeroed for the next step's micro-batches."""
+        exe = self.exe
+        g = Graph(f"{exe.graph.name}.{PHASE}")
+        hp = g.input("optimizer.hp", (8,), "float32")
+        grads = {}
+        for n in self.names:
+            b, gb = exe.buf(n), exe.buf("grad." + n)
+            grads[n] = g.grad_buffer(g.param(n, b.shape, b.dtype), gb.dtype)
+        (norm,) = g.node("global_norm", [grads[n] for n in self.names], [(NORM, (1,), "float32")])
+        state = {key: g.input(key, arr.shape, str(arr.dtype)) for key, arr in self._buffers()}
+        inputs, nd = [hp, norm], []
         for i, n in enumerate(self.names):
-            ids = []
-            for kind, arr in (("m", self.m[n]), ("v", self.v[n]), ("master", self.master.get(n)),
-                              ("m_scale", self.m_scale.get(n)), ("v_scale", self.v_scale.get(n))):
-                if arr is None:
-                    ids.append(-1)
-                    continue
-                bid = p.external(f"optimizer.{kind}.{n}", list(arr.shape), str(arr.dtype))
-                self._twins.append((arr, self._bind(bid, arr)))
-                ids.append(bid)
-            m_id, v_id, master_id, ms_id, vs_id = ids
-            inputs += [exe.buf(n).native_id, master_id, exe.buf("grad." + n).native_id]
-            inputs += [m_id, v_id] if bits == 32 else [m_id, ms_id, v_id, vs_id]
+            kinds = ("m", "v") if self.bits == 32 else ("m", "m_scale", "v", "v_scale")
+            inputs += [g.values[n], state.get(f"optimizer.master.{n}"), grads[n]]
+            inputs += [state[f"optimizer.{k}.{n}"] for k in kinds]
             if no_decay(n):
                 nd.append(i)
-        p.op("adamw" if bits == 32 else "adamw8", inputs, [], {"no_decay": nd})
-        # Zero the gradient accumulators for the next step's micro-batches.
-        for gid in grad_ids:
-            p.op("fill", [], [gid], {"value": 0.0})
-        self.end = p.num_instrs
-
-    def _bind(self, native_id: int, arr: np.ndarray):
-        t = self.exe.place(arr)
-        self.exe.program.bind(native_id, t)
-        return t
+        g.node("adamw" if self.bits == 32 else "adamw8", inputs, [], no_decay=nd)
+        for n in self.names:
+            g.node("fill", [], [grads[n]], value=0.0)
+        return g, norm
 
     def apply(self, lr: float) -> float:
         """One optimizer step at learning rate lr; returns the gradient norm before clipping."""
         self.step += 1
         h = self.hp
         self.hp_buf[:] = [lr, h.beta1, h.beta2, h.eps, h.weight_decay, self.step, h.max_grad_norm, 0.0]
-        if self.on_device:
-            self._hp_t.copy_from(self.hp_buf)
-        self.exe.program.run(self.begin, self.end)
-        if self.on_device:
-            self.norm[:] = self._norm_t.to("cpu").numpy()
-        return float(self.norm[0])
+        self.exe.push("optimizer.hp")
+        self.exe.run(PHASE)
+        return float(self.exe.read(NORM)[0])
 
     def sync_to_host(self) -> None:
         """Bring the device's moments and master weights into the host arrays (no-op on the CPU)."""
-        if self.on_device:
-            for arr, t in self._twins:
-                arr[...] = t.to("cpu").numpy().reshape(arr.shape)
+        for key, _ in self._buffers():
+            self.exe.pull(key)
 
     # ---- checkpoint state -------------------------------------------------------------------
     def _arrays(self):
@@ -148,9 +150,8 @@ class AdamW:
         self.step = int(state["step"][0])
         for key, arr in arrays:
             arr[...] = state[key].reshape(arr.shape)
-        if self.on_device:
-            for arr, t in self._twins:
-                t.copy_from(arr)
+        for key, _ in self._buffers():
+            self.exe.push(key)
 
     def state_nbytes(self) -> int:
         """Bytes of moment state (m, v and their scales; master weights not counted)."""

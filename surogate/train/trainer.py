@@ -1,10 +1,10 @@
 """The trainer: `surogate sft` / `surogate pt` from a validated config to an adapter or model.
 
 One optimizer step is `gradient_accumulation_steps` micro-batches through the native training
-Program (forward + backward, gradients accumulating in f32), then the Program's optimizer part
-(global grad norm, clipping, AdamW, zeroing the accumulators). Python only feeds inputs and
-reads the loss between those calls. The loss is the mean over every target token of the step:
-each micro-batch's loss seed is 1 / (target tokens in the whole step).
+Program (its `forward` and `backward` phases, gradients accumulating in f32), then its
+`optimizer` phase (global grad norm, clipping, AdamW, zeroing the accumulators). Python only
+feeds inputs and reads the loss between those calls. The loss is the mean over every target
+token of the step: each micro-batch's loss seed is 1 / (target tokens in the whole step).
 
 Everything that decides the numbers is a function of the config and the seed (LoRA init, data
 order, kernels with a fixed reduction order), so a run resumed from a checkpoint reproduces the
@@ -33,6 +33,8 @@ from surogate.train.lora import init_lora, merge_into_hf, save_peft_adapter
 from surogate.train.metrics import MetricsFeed
 from surogate.train.optimizer import AdamW, AdamWParams
 from surogate.train.schedule import Schedule
+
+MICRO_BATCH = ("forward", "backward")  # the phases one micro-batch runs (one CUDA graph)
 
 
 @dataclass
@@ -155,7 +157,7 @@ class Trainer:
             valid = b.targets != -100
             self.inputs["dloss"][:] = np.where(valid, seed, 0.0)
             self.exe.push("dloss")
-            self.exe.program.run(0, self.opt.begin)
+            self.exe.run(*MICRO_BATCH)
             loss_sum += float(self.exe.read("loss")[valid].sum(dtype=np.float64))
         return loss_sum / max(total, 1), total
 
