@@ -10,6 +10,9 @@ values that exist). Each `Value` has a shape made of ints and symbolic `Dim`s (t
 
 Shape letters used throughout the DSL: N tokens of a packed step, C model width, H heads,
 D head dim, F MLP width, V vocabulary, R LoRA rank.
+
+Passes rewrite a built graph (surogate/compile/fuse.py) with `readers`, `new_node`, `replace`
+and `redirect`: the nodes stay topological and no value is left that no node touches.
 """
 
 from __future__ import annotations
@@ -81,6 +84,9 @@ class Graph:
         # Projection weights kept as GGML blocks (full parameter name -> ggml type id): they are
         # uint8 [rows, bytes per row] parameters that `linear` multiplies with gguf_matmul.
         self.quant: dict[str, int] = {}
+        # Serving graphs: the KV cache descriptor they were built over (surogate.dsl.nn.KVCache),
+        # which also carries the serving options the fusion pass reads; None otherwise.
+        self.kv: Any = None
 
     # ---- naming ---------------------------------------------------------------------------
     def scoped(self, name: str) -> str:
@@ -149,6 +155,57 @@ class Graph:
 
     def mark_output(self, key: str, v: Value) -> None:
         self.outputs[key] = v
+
+    # ---- rewriting (passes) -----------------------------------------------------------------
+    def readers(self) -> dict[Value, list[Node]]:
+        """Each value -> the nodes that read it, in graph order (a node reading it twice, twice)."""
+        out: dict[Value, list[Node]] = {}
+        for n in self.nodes:
+            for v in n.inputs:
+                if v is not None:
+                    out.setdefault(v, []).append(n)
+        return out
+
+    def new_node(self, op: str, inputs: list[Value | None], out_specs: list[tuple[str, Shape, str] | Value | None],
+                 **attrs) -> Node:
+        """A node for `replace`, not yet in the graph. Output specs as for `node`, except that a
+        name is taken as it is (not scoped) and must be new; an existing act Value (kept from a
+        node being replaced) becomes this node's output."""
+        n = Node(op, list(inputs), [], attrs)
+        for spec in out_specs:
+            if spec is None or isinstance(spec, Value):
+                if spec is not None and spec.kind == "act":
+                    spec.producer = n
+                n.outputs.append(spec)
+                continue
+            name, shape, dtype = spec
+            if name in self.values:
+                raise ValueError(f"{op}: output {name} exists already")
+            n.outputs.append(self._add_value(name, shape, dtype, "act", producer=n))
+        return n
+
+    def replace(self, old: list[Node], new: list[Node]) -> None:
+        """Put `new` (in order) where the first of `old` stands and drop the others; then forget
+        every value the old nodes touched that no node touches now and that is no output. The
+        caller makes sure each new node's inputs are made before that place."""
+        gone = set(old)
+        at = min(i for i, n in enumerate(self.nodes) if n in gone)
+        kept = [n for n in self.nodes if n not in gone]
+        self.nodes = kept[:at] + list(new) + kept[at:]
+        touched = {v for n in self.nodes for v in (*n.inputs, *n.outputs) if v is not None}
+        touched |= set(self.outputs.values())
+        for n in old:
+            for v in (*n.inputs, *n.outputs):
+                if v is not None and v not in touched and v.kind in ("act", "param"):
+                    self.values.pop(v.name, None)
+
+    def redirect(self, old: Value, new: Value) -> None:
+        """Every reader of `old` (and the graph outputs) reads `new` instead."""
+        for n in self.nodes:
+            n.inputs = [new if v is old else v for v in n.inputs]
+        for k, v in self.outputs.items():
+            if v is old:
+                self.outputs[k] = new
 
     # ---- queries --------------------------------------------------------------------------
     def params(self) -> list[Value]:

@@ -1,9 +1,9 @@
 """The serving fusions pass against the serving graphs the builder made by hand before it.
 
-Until commit eb6b723 surogate/dsl/nn.py fused serving graphs itself (PreNorm.fold, Linear.gated,
+Up to commit 83ad283 surogate/dsl/nn.py fused serving graphs itself (PreNorm.fold, Linear.gated,
 the fused-QKV branch of Attention). fuse_golden.json holds those graphs, node by node, for the
-cases below, generated ONCE from that builder (with `listing` as written here) and committed: the
-builder that made them is gone, so the file is not regenerated. Each test builds today's plain
+cases below: generated ONCE from that builder (with `listing` as written here) and committed in
+83ad283. The builder that made them is gone; do not regenerate the file from today's code. Each test builds today's plain
 serving graph, runs `fuse_serving` and asks for the same listing: same nodes in the same order,
 same names, attrs, shapes and parameters. The file also holds a digest of each case's training
 and logits graphs from that builder: those graphs never go through the pass and stay as they were.
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from surogate.compile import fuse_serving
 from surogate.dsl.graph import Dim, Graph
 from surogate.dsl.nn import CausalLM, KVCache, LoRAConfig, ModelSpec
 
@@ -97,3 +98,24 @@ def listing(g: Graph) -> dict:
 
 def digest(g: Graph) -> str:
     return hashlib.sha256(json.dumps(listing(g), sort_keys=True).encode()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def golden() -> dict:
+    return json.loads(GOLDEN.read_text())
+
+
+@pytest.mark.parametrize("fuse_qkv", [False, True])
+@pytest.mark.parametrize("case", CASES)
+def test_the_pass_makes_the_serving_graphs_the_builder_fused_by_hand(golden, case, fuse_qkv):
+    want = golden["serve"][f"{case} fuse_qkv={int(fuse_qkv)}"]
+    got = listing(fuse_serving(build(case, "serve", fuse_qkv)))
+    assert got["nodes"] == want["nodes"]
+    assert got["values"] == want["values"]
+    assert got["outputs"] == want["outputs"]
+
+
+@pytest.mark.parametrize("mode", ["train", "logits"])
+@pytest.mark.parametrize("case", CASES)
+def test_training_and_logits_graphs_are_as_the_builder_made_them(golden, case, mode):
+    assert digest(build(case, mode)) == golden["digests"][f"{case} {mode}"]
