@@ -17,9 +17,10 @@ pattern the next one looks for):
 A plain linear has no LoRA slice and no dropout, and its weight is a parameter in a float dtype
 (not GGML blocks): a fusion never crosses a slice or a block weight. A linear whose result is a
 graph output (the head's logits) is left alone, as serving Programs have always had it. Every
-fused node takes the place of the op that fed the matmul and keeps the names of the values it
-replaces, so a fused graph reads as the same graph. An op the pass does not know, and any
-pattern it does not match in full, is left as it is.
+fused node is made by its op's function in surogate.dsl.ops (its shape checks, its attrs), takes
+the place of the op that fed the matmul and keeps the names of the values it replaces, so a
+fused graph reads as the same graph. An op the pass does not know, and any pattern it does not
+match in full, is left as it is.
 
 Training and logits graphs never come here (the pass refuses a graph built without a KV
 cache): autodiff refuses the fused ops, and those graphs' numbers must not move.
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import math
 
+from surogate.dsl import ops
 from surogate.dsl.graph import Graph, Node, Value
 from surogate.errors import InvalidArgumentError
 
@@ -43,24 +45,26 @@ def fuse_serving(g: Graph) -> Graph:
         raise InvalidArgumentError(f"{g.name}: the serving fusions apply to serving graphs only",
                                    hint="build it with CausalLM.build(mode='serve', kv=KVCache(...)); training and "
                                         "logits graphs are compiled unfused")
-    if getattr(g.kv, "fuse_qkv", False):
+    if g.kv.fuse_qkv:
         fuse_qkv(g)
     fuse_norm_matmul(g)
     fuse_gated_matmul(g)
     return g
 
 
+def plain_weights(n: Node) -> bool:
+    """A linear's weight (and bias) are parameters in a float dtype, not GGML blocks, and no
+    dropout reads its input."""
+    w, b = n.inputs[1], n.inputs[2]
+    return (w.kind == "param" and w.dtype != "uint8" and "ggml_type" not in w.meta
+            and (b is None or b.kind == "param") and n.attrs.get("dropout", 0.0) == 0)
+
+
 def plain_linear(g: Graph, n: Node) -> bool:
-    """A linear a fusion may take over: no LoRA slice, no dropout, a float weight parameter, a
-    result that is not a graph output."""
-    if n.op != "linear" or n.attrs.get("lora") or n.attrs.get("dropout", 0.0) > 0:
-        return False
-    w = n.inputs[1]
-    if w.kind != "param" or w.dtype == "uint8" or "ggml_type" in w.meta:
-        return False
-    if n.inputs[2] is not None and n.inputs[2].kind != "param":
-        return False
-    return not any(v is n.outputs[0] for v in g.outputs.values())
+    """A linear a fusion may take over: plain weights, no LoRA slice, a result that is not a
+    graph output."""
+    return (n.op == "linear" and plain_weights(n) and not n.attrs.get("lora")
+            and not any(v is n.outputs[0] for v in g.outputs.values()))
 
 
 def _only_reader(readers: dict[Value, list[Node]], v: Value) -> Node | None:
@@ -91,15 +95,11 @@ def _fuse_group(g: Graph, readers: dict[Value, list[Node]], x: Value, prefix: st
     views = [_only_reader(readers, n.outputs[0]) for n in lins]
     if any(v is None or v.op != "view" for v in views):
         return
+    if not all(plain_weights(n) and len(n.outputs) == 1 + len(n.attrs["lora"]) for n in lins):
+        return  # a GGML-block weight: the three stay apart
     ws = [n.inputs[1] for n in lins]
     biases = [n.inputs[2] for n in lins]
-    if any(n.attrs.get("dropout", 0.0) > 0 or len(n.outputs) != 1 + len(n.attrs["lora"]) for n in lins):
-        return
-    if any(w.kind != "param" or w.dtype == "uint8" or "ggml_type" in w.meta for w in ws):
-        return  # a GGML-block weight: the three stay apart
-    if len({(w.dtype, w.shape[1], w.trainable) for w in ws}) != 1:
-        return
-    if not (all(b is None for b in biases) or all(b is not None and b.kind == "param" for b in biases)):
+    if len({(w.dtype, w.shape[1], w.trainable) for w in ws}) != 1 or len({b is None for b in biases}) != 1:
         return
     rows = [w.shape[0] for w in ws]
     for view, size in zip(views, rows):  # columns see rows of x, each row's part as the view's trailing dims
@@ -110,29 +110,20 @@ def _fuse_group(g: Graph, readers: dict[Value, list[Node]], x: Value, prefix: st
     b = None
     if biases[0] is not None:
         b = g.param(f"{prefix}.qkv_proj.bias", (sum(rows),), biases[0].dtype, trainable=biases[0].trainable)
-    name = f"{prefix}.qkv_proj"
-    ins: list[Value | None] = [x, W, b]
-    outs: list = [(name, (x.shape[0], sum(rows)), lins[0].outputs[0].dtype)]
     slices = []
     offset = 0
     for n, size in zip(lins, rows):
         for i, s in enumerate(n.attrs["lora"]):  # the slice's columns, shifted to its part's rows
-            ins += n.inputs[3 + 2 * i:5 + 2 * i]
-            t = n.outputs[1 + i]
-            outs.append((f"{name}.lora_{s['name']}.t", t.shape, t.dtype))
-            slices.append({**s, "offset": s["offset"] + offset})
+            A, B = n.inputs[3 + 2 * i:5 + 2 * i]
+            slices.append(ops.LoRASlice(s["name"], A, B, s["scale"], s["offset"] + offset, s["size"]))
         offset += size
-    fused = g.new_node("linear", ins, outs, lora=slices)
-    y = fused.outputs[0]
-    cols = []
+    start = len(g.nodes)
+    y = ops.linear(x, W, b, slices, name=f"{prefix}.qkv_proj")
     offset = 0
     for part, view, size in zip(QKV, views, rows):
-        old = view.outputs[0]
-        col = g.new_node("columns", [y], [(f"{prefix}.{part[0]}", old.shape, old.dtype)], offset=offset)
-        g.redirect(old, col.outputs[0])
-        cols.append(col)
+        g.redirect(view.outputs[0], ops.columns(y, offset, view.outputs[0].shape, name=f"{prefix}.{part[0]}"))
         offset += size
-    g.replace([*lins, *views], [fused, *cols])
+    g.replace([*lins, *views], g.pop_nodes(start))
 
 
 # ---- 2. norm -> matmul ----------------------------------------------------------------------
@@ -148,9 +139,16 @@ def fuse_norm_matmul(g: Graph) -> None:
         if y in g.outputs.values() or rstd in g.outputs.values():
             continue
         x, residual, w = (n.inputs[0], None, n.inputs[1]) if n.op == "rmsnorm_fwd" else n.inputs
-        fused = g.new_node("add_rmsnorm_matmul", [x, residual, w, lin.inputs[1], lin.inputs[2]],
-                           [lin.outputs[0], h[0] if h else None], **n.attrs)
-        g.replace([n, lin], [fused])
+        out, res = lin.outputs[0], h[0] if h else None
+        g.forget(y, rstd, out, res)  # the fused node's values take these names
+        start = len(g.nodes)
+        out2, res2 = ops.add_rmsnorm_matmul(x, residual, w, lin.inputs[1], lin.inputs[2], n.attrs["eps"], out.name,
+                                            norm_name=y.name, weight_offset=n.attrs["weight_offset"])
+        fused = g.pop_nodes(start)
+        g.redirect(out, out2)
+        if res is not None:
+            g.redirect(res, res2)
+        g.replace([n, lin], fused)
 
 
 # ---- 3. activation -> matmul ----------------------------------------------------------------
@@ -163,6 +161,8 @@ def fuse_gated_matmul(g: Graph) -> None:
         lin = _only_reader(readers, a)
         if lin is None or not plain_linear(g, lin) or lin.inputs[0] is not a or a in g.outputs.values():
             continue
-        fused = g.new_node("gated_matmul", [n.inputs[0], lin.inputs[1], lin.inputs[2]], [lin.outputs[0]],
-                           act=GATED[n.op])
-        g.replace([n, lin], [fused])
+        out = lin.outputs[0]
+        g.forget(a, out)
+        start = len(g.nodes)
+        g.redirect(out, ops.gated_matmul(n.inputs[0], lin.inputs[1], lin.inputs[2], GATED[n.op], out.name))
+        g.replace([n, lin], g.pop_nodes(start))

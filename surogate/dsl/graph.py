@@ -11,8 +11,8 @@ values that exist). Each `Value` has a shape made of ints and symbolic `Dim`s (t
 Shape letters used throughout the DSL: N tokens of a packed step, C model width, H heads,
 D head dim, F MLP width, V vocabulary, R LoRA rank.
 
-Passes rewrite a built graph (surogate/compile/fuse.py) with `readers`, `new_node`, `replace`
-and `redirect`: the nodes stay topological and no value is left that no node touches.
+Passes rewrite a built graph (surogate/compile/fuse.py) with `readers`, `pop_nodes`, `forget`,
+`redirect` and `replace`: the nodes stay topological and no value is left that no node touches.
 """
 
 from __future__ import annotations
@@ -166,23 +166,20 @@ class Graph:
                     out.setdefault(v, []).append(n)
         return out
 
-    def new_node(self, op: str, inputs: list[Value | None], out_specs: list[tuple[str, Shape, str] | Value | None],
-                 **attrs) -> Node:
-        """A node for `replace`, not yet in the graph. Output specs as for `node`, except that a
-        name is taken as it is (not scoped) and must be new; an existing act Value (kept from a
-        node being replaced) becomes this node's output."""
-        n = Node(op, list(inputs), [], attrs)
-        for spec in out_specs:
-            if spec is None or isinstance(spec, Value):
-                if spec is not None and spec.kind == "act":
-                    spec.producer = n
-                n.outputs.append(spec)
-                continue
-            name, shape, dtype = spec
-            if name in self.values:
-                raise ValueError(f"{op}: output {name} exists already")
-            n.outputs.append(self._add_value(name, shape, dtype, "act", producer=n))
-        return n
+    def pop_nodes(self, start: int) -> list[Node]:
+        """The nodes added since the graph had `start` nodes, taken off its end: a pass makes a
+        node with its op's function (surogate.dsl.ops, which checks its shapes), then `replace`s
+        others with it."""
+        made = self.nodes[start:]
+        del self.nodes[start:]
+        return made
+
+    def forget(self, *values: Value) -> None:
+        """Drop values from the name table, so that a node made now may take their names (a pass's
+        fused node, for the values of the nodes it replaces: `redirect` their readers to it)."""
+        for v in values:
+            if v is not None and self.values.get(v.name) is v:
+                del self.values[v.name]
 
     def replace(self, old: list[Node], new: list[Node]) -> None:
         """Put `new` (in order) where the first of `old` stands and drop the others; then forget
@@ -194,10 +191,8 @@ class Graph:
         self.nodes = kept[:at] + list(new) + kept[at:]
         touched = {v for n in self.nodes for v in (*n.inputs, *n.outputs) if v is not None}
         touched |= set(self.outputs.values())
-        for n in old:
-            for v in (*n.inputs, *n.outputs):
-                if v is not None and v not in touched and v.kind in ("act", "param"):
-                    self.values.pop(v.name, None)
+        self.forget(*(v for n in old for v in (*n.inputs, *n.outputs)
+                      if v is not None and v not in touched and v.kind in ("act", "param")))
 
     def redirect(self, old: Value, new: Value) -> None:
         """Every reader of `old` (and the graph outputs) reads `new` instead."""

@@ -37,7 +37,7 @@ def ops_of(g: Graph) -> list[str]:
 
 
 # ---- norm -> matmul ---------------------------------------------------------------------------
-def norm_into(g: Graph, linear, residual: bool = True):
+def norm_into(g: Graph, linear, residual: bool = True) -> None:
     """x (+ r) -> norm -> linear(...) -> add(., h): the shape of a block's input norm."""
     x = g.input("x", (N, 32), "float32")
     w = g.param("ln.weight", (32,), "float32")
@@ -46,9 +46,7 @@ def norm_into(g: Graph, linear, residual: bool = True):
         y, h = ops.add_rmsnorm(x, r, w, 1e-5, name="ln")
     else:
         y, h = ops.rmsnorm(x, w, 1e-5, name="ln"), x
-    z = linear(y)
-    g.mark_output("out", ops.add(z, h, name="out"))
-    return z, h
+    g.mark_output("out", ops.add(linear(y), h, name="out"))
 
 
 @pytest.mark.parametrize("residual", [True, False])
@@ -56,13 +54,15 @@ def test_a_norm_feeding_one_plain_linear_becomes_add_rmsnorm_matmul(residual):
     g = serving_graph()
     W = g.param("proj.weight", (32, 32), "float32")
     b = g.param("proj.bias", (32,), "float32")
-    z, h = norm_into(g, lambda y: ops.linear(y, W, b, name="proj"), residual)
+    norm_into(g, lambda y: ops.linear(y, W, b, name="proj"), residual)
     fuse_serving(g)
     assert ops_of(g) == ["add_rmsnorm_matmul", "add"]
     fused = g.nodes[0]
     assert fused.inputs == [g.values["x"], g.values.get("r"), g.values["ln.weight"], W, b]
-    # the fused node makes the values it replaces, under their names; the normed rows are gone
-    assert fused.outputs == [z, h if residual else None] and z.producer is fused
+    # the fused node makes the values it replaces, under their names, and their readers read it
+    assert [v.name if v is not None else None for v in fused.outputs] == ["proj", "ln.residual" if residual else None]
+    assert g.nodes[1].inputs == [g.values["proj"], g.values["ln.residual" if residual else "x"]]
+    assert g.values["proj"].producer is fused
     assert fused.attrs == {"eps": 1e-5, "weight_offset": 0.0}
     assert "ln" not in g.values and "ln.rstd" not in g.values
 
@@ -108,7 +108,9 @@ def test_a_gated_activation_feeding_a_plain_linear_becomes_gated_matmul(op, act)
     g.mark_output("out", ops.add(y, y, name="out"))
     fuse_serving(g)
     assert ops_of(g) == ["gated_matmul", "add"]
-    assert g.nodes[0].inputs == [gu, W, None] and g.nodes[0].outputs == [y] and g.nodes[0].attrs == {"act": act}
+    fused = g.nodes[0]
+    assert fused.inputs == [gu, W, None] and fused.attrs == {"act": act}
+    assert fused.outputs == [g.values["down"]] and g.nodes[1].inputs == [g.values["down"]] * 2
     assert "act" not in g.values
 
 
