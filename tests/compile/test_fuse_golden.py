@@ -1,12 +1,13 @@
 """The serving fusions pass against the serving graphs the builder made by hand before it.
 
-Up to commit 83ad283 surogate/dsl/nn.py fused serving graphs itself (PreNorm.fold, Linear.gated,
-the fused-QKV branch of Attention). fuse_golden.json holds those graphs, node by node, for the
-cases below: generated ONCE from that builder (with `listing` as written here) and committed in
-83ad283. The builder that made them is gone; do not regenerate the file from today's code. Each test builds today's plain
-serving graph, runs `fuse_serving` and asks for the same listing: same nodes in the same order,
-same names, attrs, shapes and parameters. The file also holds a digest of each case's training
-and logits graphs from that builder: those graphs never go through the pass and stay as they were.
+Up to main's commit eb6b723, surogate/dsl/nn.py fused serving graphs itself (PreNorm.fold,
+Linear.gated, the fused-QKV branch of Attention). fuse_golden.json holds those graphs, node by
+node, for the cases below: generated ONCE from that builder (with `listing` as written here) and
+committed before the builder changed. That builder is gone: do not regenerate the file from
+today's code. Each test builds today's plain serving graph, runs `fuse_serving` and asks for the
+same listing: the same nodes in the same order, names, attrs, shapes and parameters. The file
+also holds a digest of each case's training and logits graphs from that builder: those graphs
+never go through the pass and stay as they were.
 """
 
 from __future__ import annotations
