@@ -84,12 +84,15 @@ def fuse_qkv(g: Graph) -> None:
             suffix = f".{part}.weight"
             if w.name.endswith(suffix):
                 groups.setdefault((n.inputs[0], w.name[:-len(suffix)]), {})[part] = n
+    edits, redirects = [], {}
     for (x, prefix), parts in groups.items():
         if len(parts) == len(QKV):
-            _fuse_group(g, readers, x, prefix, [parts[p] for p in QKV])
+            _fuse_group(g, readers, x, prefix, [parts[p] for p in QKV], edits, redirects)
+    g.rewrite(edits, redirects)
 
 
-def _fuse_group(g: Graph, readers: dict[Value, list[Node]], x: Value, prefix: str, lins: list[Node]) -> None:
+def _fuse_group(g: Graph, readers: dict[Value, list[Node]], x: Value, prefix: str, lins: list[Node],
+                edits: list, redirects: dict) -> None:
     """One block's q, k, v linears (each read by one view to [N, H, D] and nothing else) ->
     `prefix`.qkv_proj and columns views; anything else is left alone."""
     views = [_only_reader(readers, n.outputs[0]) for n in lins]
@@ -121,15 +124,16 @@ def _fuse_group(g: Graph, readers: dict[Value, list[Node]], x: Value, prefix: st
     y = ops.linear(x, W, b, slices, name=f"{prefix}.qkv_proj")
     offset = 0
     for part, view, size in zip(QKV, views, rows):
-        g.redirect(view.outputs[0], ops.columns(y, offset, view.outputs[0].shape, name=f"{prefix}.{part[0]}"))
+        redirects[view.outputs[0]] = ops.columns(y, offset, view.outputs[0].shape, name=f"{prefix}.{part[0]}")
         offset += size
-    g.replace([*lins, *views], g.pop_nodes(start))
+    edits.append(([*lins, *views], g.pop_nodes(start)))
 
 
 # ---- 2. norm -> matmul ----------------------------------------------------------------------
 def fuse_norm_matmul(g: Graph) -> None:
     readers = g.readers()
-    for n in list(g.nodes):
+    edits, redirects = [], {}
+    for n in g.nodes:
         if n.op not in NORMS:
             continue
         y, *h, rstd = n.outputs
@@ -142,19 +146,20 @@ def fuse_norm_matmul(g: Graph) -> None:
         out, res = lin.outputs[0], h[0] if h else None
         g.forget(y, rstd, out, res)  # the fused node's values take these names
         start = len(g.nodes)
-        out2, res2 = ops.add_rmsnorm_matmul(x, residual, w, lin.inputs[1], lin.inputs[2], n.attrs["eps"], out.name,
-                                            norm_name=y.name, weight_offset=n.attrs["weight_offset"])
-        fused = g.pop_nodes(start)
-        g.redirect(out, out2)
+        redirects[out], res2 = ops.add_rmsnorm_matmul(x, residual, w, lin.inputs[1], lin.inputs[2], n.attrs["eps"],
+                                                      out.name, norm_name=y.name,
+                                                      weight_offset=n.attrs["weight_offset"])
         if res is not None:
-            g.redirect(res, res2)
-        g.replace([n, lin], fused)
+            redirects[res] = res2
+        edits.append(([n, lin], g.pop_nodes(start)))
+    g.rewrite(edits, redirects)
 
 
 # ---- 3. activation -> matmul ----------------------------------------------------------------
 def fuse_gated_matmul(g: Graph) -> None:
     readers = g.readers()
-    for n in list(g.nodes):
+    edits, redirects = [], {}
+    for n in g.nodes:
         if n.op not in GATED:
             continue
         (a,) = n.outputs
@@ -164,5 +169,6 @@ def fuse_gated_matmul(g: Graph) -> None:
         out = lin.outputs[0]
         g.forget(a, out)
         start = len(g.nodes)
-        g.redirect(out, ops.gated_matmul(n.inputs[0], lin.inputs[1], lin.inputs[2], GATED[n.op], out.name))
-        g.replace([n, lin], g.pop_nodes(start))
+        redirects[out] = ops.gated_matmul(n.inputs[0], lin.inputs[1], lin.inputs[2], GATED[n.op], out.name)
+        edits.append(([n, lin], g.pop_nodes(start)))
+    g.rewrite(edits, redirects)
