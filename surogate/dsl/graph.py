@@ -10,6 +10,9 @@ values that exist). Each `Value` has a shape made of ints and symbolic `Dim`s (t
 
 Shape letters used throughout the DSL: N tokens of a packed step, C model width, H heads,
 D head dim, F MLP width, V vocabulary, R LoRA rank.
+
+Passes rewrite a built graph (surogate/compile/fuse.py) with `readers`, `pop_nodes`, `forget` and
+`rewrite`: the nodes stay topological and no value is left that no node touches.
 """
 
 from __future__ import annotations
@@ -81,6 +84,9 @@ class Graph:
         # Projection weights kept as GGML blocks (full parameter name -> ggml type id): they are
         # uint8 [rows, bytes per row] parameters that `linear` multiplies with gguf_matmul.
         self.quant: dict[str, int] = {}
+        # Serving graphs: the KV cache descriptor they were built over (surogate.dsl.nn.KVCache),
+        # which also carries the serving options the fusion pass reads; None otherwise.
+        self.kv: Any = None
 
     # ---- naming ---------------------------------------------------------------------------
     def scoped(self, name: str) -> str:
@@ -149,6 +155,59 @@ class Graph:
 
     def mark_output(self, key: str, v: Value) -> None:
         self.outputs[key] = v
+
+    # ---- rewriting (passes) -----------------------------------------------------------------
+    def readers(self) -> dict[Value, list[Node]]:
+        """Each value -> the nodes that read it, in graph order (a node reading it twice, twice)."""
+        out: dict[Value, list[Node]] = {}
+        for n in self.nodes:
+            for v in n.inputs:
+                if v is not None:
+                    out.setdefault(v, []).append(n)
+        return out
+
+    def pop_nodes(self, start: int) -> list[Node]:
+        """The nodes added since the graph had `start` nodes, taken off its end: a pass makes a
+        node with its op's function (surogate.dsl.ops, which checks its shapes) to `rewrite`
+        others with."""
+        made = self.nodes[start:]
+        del self.nodes[start:]
+        return made
+
+    def forget(self, *values: Value) -> None:
+        """Drop values from the name table, so that a node made now may take their names (a pass's
+        fused node, for the values of the nodes it replaces: `rewrite` redirects their readers)."""
+        for v in values:
+            if v is not None and self.values.get(v.name) is v:
+                del self.values[v.name]
+
+    def rewrite(self, edits: list[tuple[list[Node], list[Node]]], redirects: dict[Value, Value]) -> None:
+        """A pass's edits, all at once (one walk of the nodes): each (old, new) puts `new`, in
+        order, where the first of `old` stands and drops the rest of `old`; every reader of a
+        key of `redirects` (a new node too, and the graph outputs) then reads its value; the
+        values the old nodes touched that no node touches now and that are no output are
+        forgotten. The caller makes sure each new node's inputs are made before its place."""
+        pos = {n: i for i, n in enumerate(self.nodes)}
+        at: dict[Node, list[Node]] = {}
+        gone: set[Node] = set()
+        for old, new in edits:
+            gone.update(old)
+            at[min(old, key=pos.__getitem__)] = new
+        nodes: list[Node] = []
+        for n in self.nodes:
+            if n in at:
+                nodes += at[n]
+            elif n not in gone:
+                nodes.append(n)
+        for n in nodes:
+            if any(v in redirects for v in n.inputs if v is not None):
+                n.inputs = [redirects.get(v, v) if v is not None else None for v in n.inputs]
+        self.outputs = {k: redirects.get(v, v) for k, v in self.outputs.items()}
+        self.nodes = nodes
+        touched = {v for n in nodes for v in (*n.inputs, *n.outputs) if v is not None}
+        touched |= set(self.outputs.values())
+        self.forget(*(v for n in gone for v in (*n.inputs, *n.outputs)
+                      if v is not None and v not in touched and v.kind in ("act", "param")))
 
     # ---- queries --------------------------------------------------------------------------
     def params(self) -> list[Value]:

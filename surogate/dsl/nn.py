@@ -1,8 +1,9 @@
-"""Modules: PreNorm, Linear (with LoRA slices), Attention, MLP, Block, CausalLM.
+"""Modules: Linear (with LoRA slices), Attention, MLP, Block, CausalLM.
 
 A module holds configuration; calling it inside a graph declares its parameters (named like
 the HF checkpoint's tensors, so that name tables stay short) and adds its nodes. Building a
-graph computes nothing.
+graph computes nothing. Every use gets the same plain ops (norms, three q / k / v projections,
+activations, linears); a serving graph's fusions are a compile pass (surogate/compile/fuse.py).
 """
 
 from __future__ import annotations
@@ -72,9 +73,10 @@ class ModelSpec:
 @dataclass
 class KVCache:
     """Serving: the paged KV cache (per layer [num_blocks, block_size, Hkv, D]) and the step's
-    cache addressing, all graph inputs. ``fuse_qkv``: the q, k and v projections read one fused
-    weight, ``self_attn.qkv_proj`` (rows q, then k, then v; the caller binds it), so a step makes
-    one matmul of them instead of three; layers whose q / k / v are GGML blocks stay unfused."""
+    cache addressing, all graph inputs; a serving graph keeps it as ``Graph.kv``. ``fuse_qkv``
+    asks the serving fusions (surogate.compile.fuse_serving) to make each layer's q, k and v
+    projections one matmul over a fused weight, ``self_attn.qkv_proj`` (rows q, then k, then v;
+    the caller binds it); layers whose q / k / v are GGML blocks stay unfused."""
 
     num_blocks: int
     block_size: int
@@ -89,75 +91,24 @@ class KVCache:
         return g.input(g.scoped("k_cache"), shape, dtype), g.input(g.scoped("v_cache"), shape, dtype)
 
 
-@dataclass
-class PreNorm:
-    """rmsnorm(x + residual) * w, the input of a block's attention or MLP, with the residual add
-    folded in (residual None: a model's first layer, whose h is x itself). With `fuse` (serving
-    graphs) the first projection that reads it takes the norm into its matmul when it can
-    (Linear); otherwise `apply` adds the norm as its own node. Either way `h` is then x + residual,
-    the residual stream after this point."""
-
-    x: Value
-    residual: Value | None
-    w: Value
-    eps: float
-    name: str
-    fuse: bool = False
-    y: Value | None = None  # the normed rows, once applied
-    h: Value | None = None  # x + residual, once applied or folded
-
-    def apply(self) -> Value:
-        if self.y is None:
-            assert self.h is None, f"{self.name}: folded into a projection already, would be computed twice"
-            if self.residual is None:
-                self.y, self.h = ops.rmsnorm(self.x, self.w, self.eps, name=self.name), self.x
-            else:
-                self.y, self.h = ops.add_rmsnorm(self.x, self.residual, self.w, self.eps, name=self.name)
-        return self.y
-
-    def fold(self, W: Value, bias: Value | None, name: str) -> Value:
-        """rmsnorm(x + residual) @ W.T (+ bias) as one node (serving)."""
-        assert self.y is None and self.h is None, f"{self.name}: computed already"
-        y, self.h = ops.add_rmsnorm_matmul(self.x, self.residual, self.w, W, bias, self.eps, name=name,
-                                           norm_name=self.name)
-        return y
+def pre_norm(x: Value, residual: Value | None, w: Value, eps: float, name: str) -> tuple[Value, Value]:
+    """(rmsnorm(x + residual) * w, x + residual): the input of a block's attention or MLP, with
+    the residual add folded in, and the residual stream after this point. residual None (a
+    model's first layer): rmsnorm(x) * w, and the stream is x itself."""
+    if residual is None:
+        return ops.rmsnorm(x, w, eps, name=name), x
+    return ops.add_rmsnorm(x, residual, w, eps, name=name)
 
 
 class Linear:
     """y = x @ W.T (+ b). `parts` names the HF projections fused into W, in order, with their
-    output widths (one part for an unfused projection); a LoRA slice goes on each targeted part.
-    Serving graphs fold the op that feeds x into the matmul where the weight is plain (`fusable`):
-    a PreNorm's norm (__call__) or a gated activation (`gated`)."""
+    output widths (one part for an unfused projection); a LoRA slice goes on each targeted part."""
 
     def __init__(self, name: str, in_features: int, parts: list[tuple[str, int]], bias: bool = False):
         self.name, self.in_features, self.parts, self.bias = name, in_features, parts, bias
         self.out_features = sum(size for _, size in parts)
 
-    def fusable(self, g: Graph, lora: LoRAConfig | None) -> bool:
-        """No LoRA slice on any part and the weight not GGML blocks: a plain matmul that a serving
-        fusion can take over."""
-        if g.scoped(f"{self.name}.weight") in g.quant:
-            return False
-        return lora is None or not any(part in lora.targets for part, _ in self.parts)
-
-    def _bias(self, g: Graph, dtype: str, lora: LoRAConfig | None) -> Value | None:
-        return g.param(f"{self.name}.bias", (self.out_features,), dtype, trainable=lora is None) if self.bias else None
-
-    def _plain_weight(self, g: Graph, dtype: str, lora: LoRAConfig | None) -> Value:
-        return g.param(f"{self.name}.weight", (self.out_features, self.in_features), dtype, trainable=lora is None)
-
-    def gated(self, g: Graph, gu: Value, act: str, dtype: str, lora: LoRAConfig | None) -> Value:
-        """act(gate) * up @ W.T (+ b), gu = [gate, up], as one node (serving; `fusable` only)."""
-        assert self.fusable(g, lora), f"{self.name}: LoRA slices or GGML blocks cannot be fused"
-        w, b = self._plain_weight(g, dtype, lora), self._bias(g, dtype, lora)
-        return ops.gated_matmul(gu, w, b, act, name=self.name)
-
-    def __call__(self, g: Graph, x: Value | PreNorm, dtype: str, lora: LoRAConfig | None) -> Value:
-        if isinstance(x, PreNorm):
-            if x.fuse and self.fusable(g, lora):
-                w, b = self._plain_weight(g, dtype, lora), self._bias(g, dtype, lora)
-                return x.fold(w, b, self.name)
-            x = x.apply()
+    def __call__(self, g: Graph, x: Value, dtype: str, lora: LoRAConfig | None) -> Value:
         qtype = g.quant.get(g.scoped(f"{self.name}.weight"))
         if qtype is not None:  # GGML blocks, multiplied as they are (forward graphs only)
             from surogate.io.gguf import row_bytes
@@ -165,8 +116,8 @@ class Linear:
             w = g.param(f"{self.name}.weight", (self.out_features, row_bytes(qtype, self.in_features)), "uint8",
                         trainable=False, ggml_type=qtype)
         else:
-            w = self._plain_weight(g, dtype, lora)
-        b = self._bias(g, dtype, lora)
+            w = g.param(f"{self.name}.weight", (self.out_features, self.in_features), dtype, trainable=lora is None)
+        b = g.param(f"{self.name}.bias", (self.out_features,), dtype, trainable=lora is None) if self.bias else None
         slices = []
         offset = 0
         for part, size in self.parts:
@@ -189,26 +140,17 @@ class Attention:
         self.q = Linear("self_attn.q_proj", C, [("q_proj", Hq * D)], spec.attention_bias)
         self.k = Linear("self_attn.k_proj", C, [("k_proj", Hkv * D)], spec.attention_bias)
         self.v = Linear("self_attn.v_proj", C, [("v_proj", Hkv * D)], spec.attention_bias)
-        self.qkv = Linear("self_attn.qkv_proj", C, [("q_proj", Hq * D), ("k_proj", Hkv * D), ("v_proj", Hkv * D)],
-                          spec.attention_bias)  # serving (KVCache.fuse_qkv)
         self.o = Linear("self_attn.o_proj", Hq * D, [("o_proj", C)], False)
 
-    def __call__(self, g: Graph, x: PreNorm, pos: Value, cu: Value, dtype: str, lora: LoRAConfig | None,
+    def __call__(self, g: Graph, x: Value, pos: Value, cu: Value, dtype: str, lora: LoRAConfig | None,
                  kv: KVCache | None = None) -> Value:
+        """x: the normed rows [N, C]."""
         s = self.spec
         Hq, Hkv, D = s.num_heads, s.num_kv_heads, s.head_dim
-        n = x.x.shape[0]
-        if kv is not None and kv.fuse_qkv and all(g.scoped(f"self_attn.{p}.weight") not in g.quant
-                                                  for p in ("q_proj", "k_proj", "v_proj")):
-            qkv = self.qkv(g, x, dtype, lora)  # the norm folded in when the projection can take it
-            q = ops.columns(qkv, 0, (n, Hq, D), name="self_attn.q")
-            k = ops.columns(qkv, Hq * D, (n, Hkv, D), name="self_attn.k")
-            v = ops.columns(qkv, (Hq + Hkv) * D, (n, Hkv, D), name="self_attn.v")
-        else:  # three projections read one normed x
-            y = x.apply()
-            q = ops.view(self.q(g, y, dtype, lora), (n, Hq, D))
-            k = ops.view(self.k(g, y, dtype, lora), (n, Hkv, D))
-            v = ops.view(self.v(g, y, dtype, lora), (n, Hkv, D))
+        n = x.shape[0]
+        q = ops.view(self.q(g, x, dtype, lora), (n, Hq, D))
+        k = ops.view(self.k(g, x, dtype, lora), (n, Hkv, D))
+        v = ops.view(self.v(g, x, dtype, lora), (n, Hkv, D))
         rope = s.rope_attrs()
         qn = kn = None
         if s.qk_norm:
@@ -240,21 +182,16 @@ class MLP:
         self.gate_up = Linear("mlp.gate_up_proj", C, [("gate_proj", F), ("up_proj", F)], spec.mlp_bias)
         self.down = Linear("mlp.down_proj", F, [("down_proj", C)], spec.mlp_bias)
 
-    def __call__(self, g: Graph, x: PreNorm, dtype: str, lora: LoRAConfig | None, fuse: bool = False) -> Value:
-        """fuse (serving): the activation folded into down_proj's matmul when it can take it."""
+    def __call__(self, g: Graph, x: Value, dtype: str, lora: LoRAConfig | None) -> Value:
+        """x: the normed rows [N, C]."""
         gu = self.gate_up(g, x, dtype, lora)
-        act = "silu" if self.spec.activation == "silu" else "gelu_tanh"
-        if fuse and self.down.fusable(g, lora):
-            return self.down.gated(g, gu, act, dtype, lora)
-        a = ops.swiglu(gu, name="mlp.act") if act == "silu" else ops.geglu(gu, name="mlp.act")
+        a = ops.swiglu(gu, name="mlp.act") if self.spec.activation == "silu" else ops.geglu(gu, name="mlp.act")
         return self.down(g, a, dtype, lora)
 
 
 class Block:
     """Pre-norm decoder block. Returns (delta, residual): the residual add is folded into the
-    next norm (add_rmsnorm), as the fused kernels want. Serving graphs (a KV cache) fold each norm
-    into the first projection after it (the fused qkv, gate_up) and the MLP's activation into
-    down_proj, where those projections are plain matmuls."""
+    next norm (add_rmsnorm), as the fused kernels want."""
 
     def __init__(self, spec: ModelSpec, layer: int):
         self.spec, self.layer = spec, layer
@@ -266,11 +203,10 @@ class Block:
         eps = self.spec.rms_norm_eps
         ln1 = g.param("input_layernorm.weight", (self.spec.hidden_size,), dtype, trainable=lora is None)
         ln2 = g.param("post_attention_layernorm.weight", (self.spec.hidden_size,), dtype, trainable=lora is None)
-        fuse = kv is not None
-        n1 = PreNorm(x, residual, ln1, eps, "ln1", fuse)
-        a = self.attn(g, n1, pos, cu, dtype, lora, kv)
-        n2 = PreNorm(a, n1.h, ln2, eps, "ln2", fuse)
-        return self.mlp(g, n2, dtype, lora, fuse), n2.h
+        y, h = pre_norm(x, residual, ln1, eps, "ln1")
+        a = self.attn(g, y, pos, cu, dtype, lora, kv)
+        y, h = pre_norm(a, h, ln2, eps, "ln2")
+        return self.mlp(g, y, dtype, lora), h
 
 
 class CausalLM:
@@ -295,6 +231,7 @@ class CausalLM:
             lora = dataclasses.replace(lora, dropout=0.0)  # dropout only in training graphs
         g = Graph(f"{s.family}-{mode}")
         g.quant = dict(quant or {})
+        g.kv = kv
         ids = g.input("input_ids", (N,), "int32")
         pos = g.input("position_ids", (N,), "int32")
         if kv is not None:

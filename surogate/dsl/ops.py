@@ -120,7 +120,8 @@ def linear(x: Value, w: Value, bias: Value | None = None, lora: list[LoRASlice] 
 
 def add_rmsnorm_matmul(x: Value, residual: Value | None, w: Value, W: Value, bias: Value | None, eps: float,
                        name: str, norm_name: str, weight_offset: float = 0.0) -> tuple[Value, Value]:
-    """Serving: (rmsnorm(x + residual) @ W.T (+ bias), x + residual) in one op, the norm made
+    """Serving (made by surogate/compile/fuse.py from a norm and the one linear reading it):
+    (rmsnorm(x + residual) @ W.T (+ bias), x + residual) in one op, the norm made
     while the matmul loads its operand (runtime/fused_matmul.h). residual None (a first layer):
     rmsnorm(x) and x itself. Forward only: autodiff refuses it."""
     N, C = x.shape
@@ -136,7 +137,8 @@ def add_rmsnorm_matmul(x: Value, residual: Value | None, w: Value, W: Value, bia
 
 
 def gated_matmul(gu: Value, W: Value, bias: Value | None, act: str, name: str) -> Value:
-    """Serving: act(gate) * up @ W.T (+ bias) in one op, gu = [gate, up] as swiglu / geglu read
+    """Serving (made by surogate/compile/fuse.py from swiglu / geglu and down_proj):
+    act(gate) * up @ W.T (+ bias) in one op, gu = [gate, up] as swiglu / geglu read
     it (act "silu" or "gelu_tanh"), the activation made while the matmul loads its operand.
     Forward only: autodiff refuses it."""
     N, F2 = gu.shape
@@ -158,7 +160,8 @@ def view(x: Value, shape: Shape, name: str | None = None) -> Value:
 
 def columns(x: Value, offset: int, shape: Shape, name: str) -> Value:
     """Columns [offset, offset + prod(shape[1:])) of a 2-D value, seen as ``shape`` (rows first):
-    a strided view, no copy (the rows of a fused projection's parts). Forward only."""
+    a strided view, no copy (the rows of a fused projection's parts: surogate/compile/fuse.py's
+    fused QKV). Forward only."""
     rows, cols = x.shape
     size = 1
     for d in shape[1:]:

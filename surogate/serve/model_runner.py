@@ -25,7 +25,7 @@ import math
 import numpy as np
 
 from surogate import _native
-from surogate.compile import Executable
+from surogate.compile import Executable, fuse_serving
 from surogate.dsl.nn import KVCache, LoRAConfig
 from surogate.errors import InvalidArgumentError
 from surogate.model import Model, _np_dtype
@@ -161,8 +161,8 @@ class ProgramRunner:
             raise InvalidArgumentError(f"no adapter in slot {slot}", hint="register it with add_adapter first")
         m = self.model
         lora = self.adapters[slot][0] if slot >= 0 else None
-        g = m.arch.build(mode="serve", dtype=m.dtype, kv=KVCache(self.total_blocks, self.block_size, self.fuse_qkv),
-                         quant=m.quant, lora=lora)
+        g = fuse_serving(m.arch.build(mode="serve", dtype=m.dtype, quant=m.quant, lora=lora,
+                                      kv=KVCache(self.total_blocks, self.block_size, self.fuse_qkv)))
         exe = Executable(g, {"N": T, "S": S, "S1": S + 1, "B": B, "R": R}, m.device,
                          keep=[g.outputs["logits"], g.outputs["argmax"]])
         for name in exe.external_names("param"):
