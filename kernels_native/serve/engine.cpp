@@ -225,7 +225,10 @@ void Engine::drain_inbox() {
   }
   for (Command& c : commands) {
     if (c.reset) {
-      c.reset->set_value(block_manager_.reset_prefix_cache());
+      // Publish before answering: the caller reads stats() as soon as the future is set.
+      const int dropped = block_manager_.reset_prefix_cache();
+      publish_stats();
+      c.reset->set_value(dropped);
       continue;
     }
     if (c.seq) {
