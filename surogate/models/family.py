@@ -57,6 +57,9 @@ class TinyModel:
     eos_token: str
     vocab_multiple: int = 1  # the vocabulary padded past the tokenizer's, as Qwen3's is
     variants: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
+    # Overrides for the GGUF tests: rows of 256 values, so that every K type applies (and what
+    # transformers' GGUF reader, the reference, assumes of the family).
+    gguf: Mapping[str, object] = field(default_factory=lambda: {"hidden_size": 256, "intermediate_size": 512})
 
 
 @dataclass(frozen=True)

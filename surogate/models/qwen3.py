@@ -50,5 +50,8 @@ FAMILY = Family(
             "tied-hd64-gqa4": {"tie_word_embeddings": True, "head_dim": 64, "num_attention_heads": 4,
                                "num_key_value_heads": 1},
         },
+        # transformers' GGUF reader ignores key_length and assumes Qwen3's head_dim of 128.
+        gguf={"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 2, "num_key_value_heads": 1,
+              "head_dim": 128},
     ),
 )
