@@ -63,7 +63,8 @@ def peak_tflops(device: str) -> float | None:
 
 def random_model(shape: str, dtype: str, seed: int = 0, device: str = "cpu") -> Model:
     spec = spec_for(shape)
-    probe = Model(spec, family_named(spec.family), {}, dtype=dtype)
+    family = family_named(spec.family)
+    probe = Model(spec, family, {}, dtype=dtype)
     g = probe.arch.build(mode="logits", dtype=dtype)
     rng = np.random.default_rng(seed)
     params = {}

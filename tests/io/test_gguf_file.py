@@ -133,9 +133,9 @@ def test_llama3_rope_scaling_is_recovered_from_rope_freqs(tmp_path):
     factors = llama3_rope_factors(500000.0, 16, 32.0, 1.0, 4.0, 8192)
     path = write_tiny_gguf(tmp_path / "r.gguf", tensors={"token_embd.weight": np.ones((4, 64), np.float32),
                                                          "rope_freqs.weight": factors})
-    assert config_from_gguf(GGUFFile(path))["rope_scaling"] == {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                                                       "high_freq_factor": 4.0,
-                                                       "original_max_position_embeddings": 8192}
+    assert config_from_gguf(GGUFFile(path))["rope_scaling"] == {
+        "rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192}
     path = write_tiny_gguf(tmp_path / "r2.gguf", tensors={"token_embd.weight": np.ones((4, 64), np.float32),
                                                           "rope_freqs.weight": factors[::-1].copy()})
     with pytest.raises(UnsupportedError, match="rope_freqs.weight"):

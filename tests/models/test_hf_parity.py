@@ -17,7 +17,8 @@ from surogate.models import REGISTRY  # noqa: E402
 
 # "<family>" is the family's tiny config, "<family>-<variant>" that config with a variant's overrides.
 CONFIGS = {f.name: (f.name, {}) for f in REGISTRY} | {
-    f"{f.name}-{variant}": (f.name, dict(overrides)) for f in REGISTRY for variant, overrides in f.tiny.variants.items()}
+    f"{f.name}-{variant}": (f.name, dict(overrides))
+    for f in REGISTRY for variant, overrides in f.tiny.variants.items()}
 
 _folders: dict[str, object] = {}
 
