@@ -14,8 +14,9 @@ IDS = [f.name for f in REGISTRY]
 
 
 def test_no_two_families_claim_the_same_name():
+    # (GGUF architectures may repeat: llama.cpp writes Mistral as "llama"; the first family wins.)
     for key in (lambda f: [f.name], lambda f: list(f.hf_architectures), lambda f: list(f.model_types),
-                lambda f: [f.gguf.name], lambda f: list(f.bench_shapes)):
+                lambda f: list(f.bench_shapes)):
         names = [n for f in REGISTRY for n in key(f)]
         assert len(names) == len(set(names)), names
 
@@ -31,7 +32,7 @@ def test_a_family_is_found_by_every_name_it_has(family: Family):
     class _GGUF:  # what family_for_gguf reads of a GGUFFile
         architecture, path = family.gguf.name, "x.gguf"
 
-    assert family_for_gguf(_GGUF()) is family
+    assert family_for_gguf(_GGUF()) is next(f for f in REGISTRY if f.gguf.name == family.gguf.name)
 
 
 def test_unknown_names_list_the_known_ones():
