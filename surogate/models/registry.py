@@ -23,9 +23,7 @@ _BY_NAME = {f.name: f for f in REGISTRY}
 _BY_MODEL_TYPE = {t: f for f in REGISTRY for t in f.model_types}
 # llama.cpp files several HF families under one architecture (Mistral and SmolLM are "llama"):
 # a GGUF file loads as the first registered family of its architecture.
-_BY_GGUF: dict[str, Family] = {}
-for _f in REGISTRY:
-    _BY_GGUF.setdefault(_f.gguf.name, _f)
+_BY_GGUF = {f.gguf.name: f for f in reversed(REGISTRY)}
 
 
 def family_for(config: dict, source: str = "config.json") -> Family:
