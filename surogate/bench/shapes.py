@@ -7,8 +7,9 @@ from surogate.dsl.nn import ModelSpec
 from surogate.errors import InvalidArgumentError
 from surogate.models import REGISTRY, family_for, family_named
 
-# Each family's named shapes (its file's bench_shapes), in registry order.
-SHAPES: dict[str, dict] = {name: shape for f in REGISTRY for name, shape in f.bench_shapes.items()}
+# Each family's named shapes (its file's bench_shapes: ModelSpec fields), in registry order.
+SHAPES: dict[str, dict] = {name: {"family": f.name, **shape}
+                           for f in REGISTRY for name, shape in f.bench_shapes.items()}
 
 
 def spec_for(name: str) -> ModelSpec:

@@ -72,7 +72,7 @@ class Family:
     name_table: Callable[[], NameTable]           # our parameters <-> HF checkpoint tensors
     gguf: GGUFArchitecture
     chat: ChatDefaults
-    bench_shapes: Mapping[str, dict]              # named ModelSpec fields for `surogate bench`
+    bench_shapes: Mapping[str, dict]              # named ModelSpec fields (less family) for `surogate bench`
     tiny: TinyModel
 
     @property

@@ -30,16 +30,16 @@ FAMILY = Family(
     # which the parser registry reads from the template itself: nothing to assume.
     chat=ChatDefaults(),
     bench_shapes={
-        "llama-3.2-1b": dict(family="llama", vocab_size=128256, hidden_size=2048, num_layers=16, num_heads=32,
+        "llama-3.2-1b": dict(vocab_size=128256, hidden_size=2048, num_layers=16, num_heads=32,
                              num_kv_heads=8, head_dim=64, intermediate_size=8192, rms_norm_eps=1e-5,
                              tie_word_embeddings=True,
                              rope={"theta": 500000.0, "rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
                                    "high_freq_factor": 4.0, "original_max_position": 8192.0}),
         # Small enough for a CPU: SmolLM2-135M's shape.
-        "smollm2-135m": dict(family="llama", vocab_size=49152, hidden_size=576, num_layers=30, num_heads=9,
+        "smollm2-135m": dict(vocab_size=49152, hidden_size=576, num_layers=30, num_heads=9,
                              num_kv_heads=3, head_dim=64, intermediate_size=1536, rms_norm_eps=1e-5,
                              tie_word_embeddings=True, rope={"theta": 100000.0, "rope_type": "default"}),
-        "tiny": dict(family="llama", vocab_size=4096, hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4,
+        "tiny": dict(vocab_size=4096, hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4,
                      head_dim=32, intermediate_size=768, rms_norm_eps=1e-5, tie_word_embeddings=False,
                      rope={"theta": 10000.0, "rope_type": "default"}),
     },

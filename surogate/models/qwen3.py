@@ -29,10 +29,10 @@ FAMILY = Family(
     # have files of their own.
     chat=ChatDefaults(reasoning_parser="qwen3", tool_parser="hermes", model_types=("qwen2", "qwen3")),
     bench_shapes={
-        "qwen3-0.6b": dict(family="qwen3", vocab_size=151936, hidden_size=1024, num_layers=28, num_heads=16,
+        "qwen3-0.6b": dict(vocab_size=151936, hidden_size=1024, num_layers=28, num_heads=16,
                            num_kv_heads=8, head_dim=128, intermediate_size=3072, rms_norm_eps=1e-6, qk_norm=True,
                            tie_word_embeddings=True, rope=dict(_ROPE)),
-        "qwen3-1.7b": dict(family="qwen3", vocab_size=151936, hidden_size=2048, num_layers=28, num_heads=16,
+        "qwen3-1.7b": dict(vocab_size=151936, hidden_size=2048, num_layers=28, num_heads=16,
                            num_kv_heads=8, head_dim=128, intermediate_size=6144, rms_norm_eps=1e-6, qk_norm=True,
                            tie_word_embeddings=True, rope=dict(_ROPE)),
     },

@@ -1,6 +1,7 @@
-"""The engine serving real (tiny) models through their Program over the paged KV cache: greedy
-outputs equal HF transformers' greedy generation token for token, alone and 20 at once, with
-the prefix cache cold and warm, under chunked prefill and preemption; aborts free blocks."""
+"""The engine serving each registered family's tiny model through its Program over the paged KV
+cache: greedy outputs equal HF transformers' greedy generation token for token, alone and 20 at
+once, with the prefix cache cold and warm, under chunked prefill and preemption; aborts free
+blocks."""
 
 from __future__ import annotations
 
