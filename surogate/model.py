@@ -14,9 +14,9 @@ import numpy as np
 
 from surogate.autodiff import backward
 from surogate.compile import Executable
-from surogate.dsl.nn import CausalLM, LoRAConfig, ModelSpec
+from surogate.dsl.nn import LoRAConfig, ModelSpec
 from surogate.errors import FileFormatError, InvalidArgumentError, UnsupportedError
-from surogate.models import Family, family_for
+from surogate.models import Family, family_for, family_for_gguf
 
 DTYPES = ("float32", "bfloat16")
 
@@ -68,7 +68,7 @@ class Model:
         # Projection weights kept as GGML blocks (parameter -> ggml type): params holds their raw
         # uint8 rows and the Programs multiply them with gguf_matmul (inference only).
         self.quant = dict(quant or {})
-        self.arch = CausalLM(spec)
+        self.arch = family.architecture(spec)
         self._cache: dict[tuple, Executable] = {}
         self._on_device: dict[str, object] = {}  # GPU: one device copy of each weight, for every executable
 
@@ -225,10 +225,14 @@ def load_model(path_or_id: str | Path, device: str = "cpu", dtype: str = "float3
     path = resolve_model_path(path_or_id, download=download)
     gguf = GGUFFile(path) if is_gguf(path) else None
     folder = None if gguf else ModelFolder(path)
-    config = gguf.hf_config if gguf else folder.config
-    family = family_for(config, source=str(path if gguf else Path(folder.path) / "config.json"))
+    if gguf:
+        family = family_for_gguf(gguf)
+        config = family.gguf.config_from_gguf(gguf)
+    else:
+        config = folder.config
+        family = family_for(config, source=str(Path(folder.path) / "config.json"))
     spec = family.spec_from_config(config)
-    g = CausalLM(spec).build(mode="logits", dtype=dtype)
+    g = family.architecture(spec).build(mode="logits", dtype=dtype)
     names = [p.name for p in g.params()]
     if quantized and not gguf:
         raise InvalidArgumentError(f"{path}: quantized=True keeps a GGUF file's blocks; this is not a GGUF file",
@@ -239,8 +243,7 @@ def load_model(path_or_id: str | Path, device: str = "cpu", dtype: str = "float3
 
         if quantized:
             quant = _gguf_blocks(gguf, family, config, [p for p in g.params() if p.name.endswith("_proj.weight")])
-        params = load_gguf_params(gguf, family.name, family.name_table(), config,
-                                  [n for n in names if n not in quant], dtype)
+        params = load_gguf_params(gguf, family, config, [n for n in names if n not in quant], dtype)
         params.update({n: raw for n, (_, raw) in quant.items()})
         tokenizer = Tokenizer.from_gguf(gguf) if "tokenizer.ggml.model" in gguf else None
         source = path
@@ -266,7 +269,7 @@ def _gguf_blocks(gguf, family: Family, config: dict, projections) -> dict[str, t
     from surogate.io.gguf import ggml_type_id, row_bytes
     from surogate.models.gguf_names import GGUFWeights, gguf_blocks_for
 
-    weights = GGUFWeights(gguf, family.name, config)
+    weights = GGUFWeights(gguf, family.gguf.tensors(), config)
     floats = {ggml_type_id(t) for t in ("F32", "F16", "BF16")}
     out = {}
     for p in projections:

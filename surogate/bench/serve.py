@@ -110,13 +110,12 @@ def bench_ours(model, n: int, prompt_len: int, output_len: int, block_size: int 
 
 def bench_hf(model, n: int, prompt_len: int, output_len: int, device: str) -> ServeResult:
     import torch
-    import transformers
 
-    from surogate.bench.shapes import hf_config
+    from surogate.bench.shapes import hf_config, hf_model_class
 
     spec = model.spec
-    cfg_cls = transformers.Qwen3Config if spec.family == "qwen3" else transformers.LlamaConfig
-    model_cls = transformers.Qwen3ForCausalLM if spec.family == "qwen3" else transformers.LlamaForCausalLM
+    model_cls = hf_model_class(spec)
+    cfg_cls = model_cls.config_class
     dtype = torch.bfloat16 if model.dtype == "bfloat16" else torch.float32
     m = model_cls(cfg_cls(**hf_config(spec))).to(device=device, dtype=dtype).eval()
     if device != "cpu":

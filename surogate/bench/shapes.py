@@ -1,30 +1,15 @@
-"""Named model shapes for benchmarks (random weights; only the architecture matters)."""
+"""Named model shapes for benchmarks (random weights; only the architecture matters), and the
+HF transformers peer of a shape."""
 
 from __future__ import annotations
 
 from surogate.dsl.nn import ModelSpec
 from surogate.errors import InvalidArgumentError
+from surogate.models import REGISTRY, family_for, family_named
 
-SHAPES: dict[str, dict] = {
-    "qwen3-0.6b": dict(family="qwen3", vocab_size=151936, hidden_size=1024, num_layers=28, num_heads=16,
-                       num_kv_heads=8, head_dim=128, intermediate_size=3072, rms_norm_eps=1e-6, qk_norm=True,
-                       tie_word_embeddings=True, rope={"theta": 1000000.0, "rope_type": "default"}),
-    "qwen3-1.7b": dict(family="qwen3", vocab_size=151936, hidden_size=2048, num_layers=28, num_heads=16,
-                       num_kv_heads=8, head_dim=128, intermediate_size=6144, rms_norm_eps=1e-6, qk_norm=True,
-                       tie_word_embeddings=True, rope={"theta": 1000000.0, "rope_type": "default"}),
-    "llama-3.2-1b": dict(family="llama", vocab_size=128256, hidden_size=2048, num_layers=16, num_heads=32,
-                         num_kv_heads=8, head_dim=64, intermediate_size=8192, rms_norm_eps=1e-5,
-                         tie_word_embeddings=True,
-                         rope={"theta": 500000.0, "rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                               "high_freq_factor": 4.0, "original_max_position": 8192.0}),
-    # Small enough for a CPU: SmolLM2-135M's shape.
-    "smollm2-135m": dict(family="llama", vocab_size=49152, hidden_size=576, num_layers=30, num_heads=9,
-                         num_kv_heads=3, head_dim=64, intermediate_size=1536, rms_norm_eps=1e-5,
-                         tie_word_embeddings=True, rope={"theta": 100000.0, "rope_type": "default"}),
-    "tiny": dict(family="llama", vocab_size=4096, hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4,
-                 head_dim=32, intermediate_size=768, rms_norm_eps=1e-5, tie_word_embeddings=False,
-                 rope={"theta": 10000.0, "rope_type": "default"}),
-}
+# Each family's named shapes (its file's bench_shapes: ModelSpec fields), in registry order.
+SHAPES: dict[str, dict] = {name: {"family": f.name, **shape}
+                           for f in REGISTRY for name, shape in f.bench_shapes.items()}
 
 
 def spec_for(name: str) -> ModelSpec:
@@ -36,8 +21,6 @@ def spec_for(name: str) -> ModelSpec:
         path = path / "config.json"
     if name not in SHAPES and path.is_file():
         import json
-
-        from surogate.models import family_for
 
         config = json.loads(path.read_text())
         return family_for(config, source=str(path)).spec_from_config(config)
@@ -58,3 +41,10 @@ def hf_config(spec: ModelSpec) -> dict:
                 num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim,
                 intermediate_size=spec.intermediate_size, rms_norm_eps=spec.rms_norm_eps,
                 tie_word_embeddings=spec.tie_word_embeddings, rope_parameters=rope, max_position_embeddings=131072)
+
+
+def hf_model_class(spec: ModelSpec):
+    """The transformers class of a spec's family (its config class is ``.config_class``)."""
+    import transformers
+
+    return getattr(transformers, family_named(spec.family).hf_architecture)

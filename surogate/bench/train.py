@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from surogate.bench.shapes import hf_config, spec_for
+from surogate.bench.shapes import hf_config, hf_model_class, spec_for
 from surogate.dsl.nn import LoRAConfig
 from surogate.model import Model, _np_dtype
-from surogate.models import FAMILIES
+from surogate.models import family_named
 from surogate.train.lora import ALL_TARGETS, init_lora
 from surogate.train.optimizer import AdamW, AdamWParams
 
@@ -63,7 +63,7 @@ def peak_tflops(device: str) -> float | None:
 
 def random_model(shape: str, dtype: str, seed: int = 0, device: str = "cpu") -> Model:
     spec = spec_for(shape)
-    family = FAMILIES["Qwen3ForCausalLM" if spec.family == "qwen3" else "LlamaForCausalLM"]
+    family = family_named(spec.family)
     probe = Model(spec, family, {}, dtype=dtype)
     g = probe.arch.build(mode="logits", dtype=dtype)
     rng = np.random.default_rng(seed)
@@ -158,11 +158,10 @@ def op_profile(exe, opt: AdamW, top: int = 15) -> str:
 def bench_hf(model: Model, batch: int, seq: int, lora: LoRAConfig | None, steps: int, warmup: int,
              device: str) -> Result:
     import torch
-    import transformers
 
     spec = model.spec
-    cfg_cls = transformers.Qwen3Config if spec.family == "qwen3" else transformers.LlamaConfig
-    model_cls = transformers.Qwen3ForCausalLM if spec.family == "qwen3" else transformers.LlamaForCausalLM
+    model_cls = hf_model_class(spec)
+    cfg_cls = model_cls.config_class
     dtype = torch.bfloat16 if model.dtype == "bfloat16" else torch.float32
     cfg = cfg_cls(**hf_config(spec))
     cfg._attn_implementation = "sdpa"

@@ -2,8 +2,9 @@
 tokenizers and chat templates.
 
 A leaf package: it imports nothing else from surogate but ``errors`` (and the native module, for
-GGUF blocks), and never torch or transformers (they are test-only references). GGUF's
-family-aware parts (tensor names, llama.cpp's row order) live in surogate/models/gguf_names.py.
+GGUF blocks), and never torch or transformers (they are test-only references). It knows no model
+family: a family's GGUF parts (architecture name, tensor names, llama.cpp's row order, the HF
+names its metadata maps to) are in its file in surogate/models/, which passes them in.
 """
 
 from __future__ import annotations

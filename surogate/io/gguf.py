@@ -2,9 +2,10 @@
 
 ``GGUFFile`` memory-maps a file, parses its header (our reader: gguf-py's ``GGUFReader`` takes
 seconds on a large vocabulary; gguf-py stays the reference in the tests) and gives the metadata
-as Python values, the tensors as raw blocks (uint8 views of the mapped file, one row of blocks
-per weight row), and an HF-style ``config.json`` dict built from the hyper-parameters
-(io/gguf_config.py), so a model family builds its spec from a GGUF as from a HF folder.
+as Python values and the tensors as raw blocks (uint8 views of the mapped file, one row of
+blocks per weight row). The HF-style ``config.json`` of a file comes from its family
+(``surogate.models.config_from_gguf``, over io/gguf_config.py), so a model family builds its
+spec from a GGUF as from a HF folder.
 Dequantization runs the native ``gguf_dequantize`` kernel; ``GGUFTensor.matmul`` runs
 ``gguf_matmul`` on the blocks as they are (the path the runtime will take for quantized weights).
 
@@ -22,7 +23,6 @@ import mmap
 import os
 import struct
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -169,14 +169,6 @@ class GGUFFile:
         """UnsupportedError for the first tensor whose type this build cannot decode."""
         for t in self.tensors.values():
             t.check_supported()
-
-    # ---- config -----------------------------------------------------------------------------
-    @cached_property
-    def hf_config(self) -> dict:
-        """The hyper-parameters as an HF config.json dict for the matching transformers class."""
-        from surogate.io.gguf_config import hf_config
-
-        return hf_config(self)
 
     def __repr__(self) -> str:
         return f"GGUFFile({str(self.path)!r}, {self.get('general.architecture')}, {len(self.tensors)} tensors)"

@@ -1,7 +1,13 @@
-"""HF config.json keys from a GGUF file's hyper-parameters (``llama.*`` / ``qwen3.*``), so a
-model family builds its spec from a GGUF as from a Hugging Face folder; and Llama 3 rope
-scaling, which llama.cpp stores as per-frequency divisors (``rope_freqs.weight``) rather than as
-the parameters transformers and our rope kernel take.
+"""llama.cpp's hyper-parameter keys, both ways: the HF config.json keys a GGUF file's
+``{arch}.*`` metadata gives (so a model family builds its spec from a GGUF as from a Hugging
+Face folder), and the ``{arch}.*`` keys ``surogate quantize`` writes from an HF config; and Llama 3
+rope scaling, which llama.cpp stores as per-frequency divisors (``rope_freqs.weight``) rather than
+as the parameters transformers and our rope kernel take.
+
+The keys here are the ones every llama.cpp architecture has (context length, sizes, heads, rope
+base, norm epsilon). This module knows no family: which architecture a file is and the HF names
+it maps to come from the caller (each family's GGUFArchitecture, surogate/models/), and a family
+with keys of its own reads and writes them around these.
 """
 
 from __future__ import annotations
@@ -13,20 +19,11 @@ import numpy as np
 from surogate.errors import FileFormatError, UnsupportedError
 from surogate.io.gguf import GGUFFile
 
-# general.architecture -> (HF architectures entry, HF model_type).
-ARCHITECTURES = {
-    "llama": ("LlamaForCausalLM", "llama"),
-    "qwen3": ("Qwen3ForCausalLM", "qwen3"),
-}
 
-
-def hf_config(gf: GGUFFile) -> dict:
-    """HF config.json keys from a GGUF's hyper-parameters (general.architecture decides the family)."""
+def hf_config(gf: GGUFFile, hf_arch: str, model_type: str) -> dict:
+    """HF config.json keys from a GGUF's hyper-parameters, for the transformers class
+    ``hf_arch`` (config.json's ``architectures``) of ``model_type``."""
     arch = gf.architecture
-    if arch not in ARCHITECTURES:
-        raise UnsupportedError(f"{gf.path}: GGUF architecture {arch!r} is not supported",
-                               hint="supported: " + ", ".join(sorted(ARCHITECTURES)))
-    hf_arch, model_type = ARCHITECTURES[arch]
 
     def key(name: str, default=None, required: bool = False):
         full = f"{arch}.{name}"
@@ -84,6 +81,32 @@ def hf_config(gf: GGUFFile) -> dict:
         if isinstance(token_id, int) and not isinstance(token_id, bool):
             config["pad_token_id" if name == "padding" else f"{name}_token_id"] = token_id
     return config
+
+
+def hyperparameters(arch: str, config: dict, rope: dict) -> dict[str, object]:
+    """``{arch}.*`` keys from an HF config and our rope attributes (``ModelSpec.rope``), as
+    convert_hf_to_gguf.py writes them (the keys ``hf_config`` reads back)."""
+    hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+    head_dim = int(config.get("head_dim") or hidden // heads)
+    rope_dim = int(head_dim * float(config.get("partial_rotary_factor", 1.0)))
+    meta = {
+        f"{arch}.context_length": int(config.get("max_position_embeddings", 2048)),
+        f"{arch}.embedding_length": hidden,
+        f"{arch}.block_count": int(config["num_hidden_layers"]),
+        f"{arch}.feed_forward_length": int(config["intermediate_size"]),
+        f"{arch}.attention.head_count": heads,
+        f"{arch}.attention.head_count_kv": int(config.get("num_key_value_heads") or heads),
+        f"{arch}.attention.key_length": head_dim,
+        f"{arch}.attention.value_length": head_dim,
+        f"{arch}.rope.dimension_count": rope_dim,
+        f"{arch}.rope.freq_base": float(rope.get("theta", 10000.0)),
+        f"{arch}.attention.layer_norm_rms_epsilon": float(config.get("rms_norm_eps", 1e-6)),
+        f"{arch}.vocab_size": int(config["vocab_size"]),
+    }
+    if rope["rope_type"] == "linear":
+        meta[f"{arch}.rope.scaling.type"] = "linear"
+        meta[f"{arch}.rope.scaling.factor"] = float(rope["factor"])
+    return meta
 
 
 # ---- helpers --------------------------------------------------------------------------------

@@ -3,10 +3,11 @@ llama.cpp's convert_hf_to_gguf.py followed by llama-quantize would write it, wit
 quantized by our native ``gguf_quantize``.
 
 What goes in: ``general.*`` (architecture, name, file_type, quantization_version), the family's
-hyper-parameters under ``llama.*`` / ``qwen3.*``, the tokenizer as ``tokenizer.ggml.*`` (byte-level
-BPE: tokens, token types, merges, pre-tokenizer name, special ids) and the chat templates; the
-tensors under llama.cpp's names, Llama's q/k rows in its rope order (models/gguf_names.py), and
-for Llama 3 rope scaling the ``rope_freqs.weight`` llama.cpp reads it from.
+hyper-parameters under ``{arch}.*`` (io/gguf_config.py, plus any keys of the family's own), the
+tokenizer as ``tokenizer.ggml.*`` (byte-level BPE: tokens, token types, merges, pre-tokenizer
+name, special ids) and the chat templates; the tensors under llama.cpp's names, Llama's q/k rows
+in its rope order (the family's GGUF table, planned in models/gguf_names.py), and for Llama 3
+rope scaling the ``rope_freqs.weight`` llama.cpp reads it from.
 
 Types (``QUANT_TYPES``) and the type each tensor gets (after llama.cpp's llama_tensor_get_type;
 n layers; the "more bits" layers are i < n/8, i >= 7n/8 and every third one in between):
@@ -97,32 +98,6 @@ class PlannedTensor:
     read: Callable[[], np.ndarray]  # the values, in GGUF row order
 
 
-def hyperparameters(arch: str, config: dict, rope: dict) -> dict[str, object]:
-    """``{arch}.*`` keys from an HF config and our rope attributes (``ModelSpec.rope``), as
-    convert_hf_to_gguf.py writes them for Llama / Qwen3."""
-    hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
-    head_dim = int(config.get("head_dim") or hidden // heads)
-    rope_dim = int(head_dim * float(config.get("partial_rotary_factor", 1.0)))
-    meta = {
-        f"{arch}.context_length": int(config.get("max_position_embeddings", 2048)),
-        f"{arch}.embedding_length": hidden,
-        f"{arch}.block_count": int(config["num_hidden_layers"]),
-        f"{arch}.feed_forward_length": int(config["intermediate_size"]),
-        f"{arch}.attention.head_count": heads,
-        f"{arch}.attention.head_count_kv": int(config.get("num_key_value_heads") or heads),
-        f"{arch}.attention.key_length": head_dim,
-        f"{arch}.attention.value_length": head_dim,
-        f"{arch}.rope.dimension_count": rope_dim,
-        f"{arch}.rope.freq_base": float(rope.get("theta", 10000.0)),
-        f"{arch}.attention.layer_norm_rms_epsilon": float(config.get("rms_norm_eps", 1e-6)),
-        f"{arch}.vocab_size": int(config["vocab_size"]),
-    }
-    if rope["rope_type"] == "linear":
-        meta[f"{arch}.rope.scaling.type"] = "linear"
-        meta[f"{arch}.rope.scaling.factor"] = float(rope["factor"])
-    return meta
-
-
 def write_gguf(path: str | Path, arch: str, metadata: Mapping[str, object], plan: list[PlannedTensor],
                qtype: str, progress: Progress | None = None) -> Path:
     """Write the file atomically: metadata, tensor infos, then each tensor quantized in turn
@@ -208,5 +183,5 @@ def _add_value(writer, key: str, value) -> None:
         raise TypeError(f"metadata {key}: cannot write a {type(value).__name__}")
 
 
-__all__ = ["QUANT_TYPES", "PlannedTensor", "check_quant_type", "hyperparameters", "quantize", "tensor_type",
+__all__ = ["QUANT_TYPES", "PlannedTensor", "check_quant_type", "quantize", "tensor_type",
            "use_more_bits", "write_gguf"]

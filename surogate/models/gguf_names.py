@@ -1,19 +1,21 @@
-"""GGUF tensor names per family, next to the HF name tables: which GGUF tensor holds which HF
-checkpoint tensor, and in which row order llama.cpp's converter stored it; and the two trips
-through them (io/ knows no family, so they live here).
+"""GGUF tensor names, and the trips through them: which GGUF tensor holds which HF checkpoint
+tensor, and in which row order llama.cpp's converter stored it. The tables themselves are each
+family's (``Family.gguf.tensors``, built in the family file); this module is the mechanism, and
+knows no family (io/ knows none either, so it lives here, next to the HF name tables).
 
-Loading runs GGUF -> HF names (this table) -> our parameters (the family's HF name table, which
-fuses gate and up), so each recipe lives in one place: ``load_gguf_params`` dequantizes (the
-load path of ``load_model``), ``gguf_blocks_for`` keeps GGML blocks for ``gguf_matmul`` (the
-quantized path the runtime will take). Writing runs the table forwards: ``plan_gguf_tensors``
-and ``quantize_to_gguf`` (``surogate quantize``) over io/gguf_writer.py.
+Loading runs GGUF -> HF names (the family's GGUF table) -> our parameters (the family's HF name
+table, which fuses gate and up), so each recipe lives in one place: ``load_gguf_params``
+dequantizes (the load path of ``load_model``), ``gguf_blocks_for`` keeps GGML blocks for
+``gguf_matmul`` (the quantized path). Writing runs the table forwards: ``plan_gguf_tensors`` and
+``quantize_to_gguf`` (``surogate quantize``) over io/gguf_writer.py.
 
 Row order: llama.cpp rotates adjacent pairs (x0, x1), (x2, x3), ... of a Llama head, where HF
 rotates halves (x_j, x_{j+D/2}); so convert_hf_to_gguf.py reorders the rows of q_proj and k_proj
 (weights and biases) per head: HF row t*D/2 + j goes to GGUF row 2j + t (t in 0, 1; D the head
 dim; heads of k counted with num_key_value_heads). ``rope_rows`` undoes or redoes that as a row
-index, which works on raw blocks as well as on values (blocks never cross rows). Qwen2 / Qwen3
-files keep HF's order (llama.cpp runs those families with NEOX rope, which rotates halves).
+index, which works on raw blocks as well as on values (blocks never cross rows). A family's
+table marks the tensors stored that way (``GGUFName.rope_rows``); Qwen2 / Qwen3 files keep HF's
+order (llama.cpp runs those families with NEOX rope, which rotates halves).
 """
 
 from __future__ import annotations
@@ -23,21 +25,18 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from surogate.errors import FileFormatError, NotFoundError, UnsupportedError
 from surogate.io.gguf import GGUFFile, GGUFTensor
 from surogate.io.gguf_config import llama3_rope_factors
-from surogate.io.gguf_writer import (
-    PlannedTensor,
-    Progress,
-    check_quant_type,
-    hyperparameters,
-    tensor_type,
-    write_gguf,
-)
+from surogate.io.gguf_writer import PlannedTensor, Progress, check_quant_type, tensor_type, write_gguf
 from surogate.models.name_table import Direct, NameTable
+
+if TYPE_CHECKING:
+    from surogate.models.family import Family
 
 
 @dataclass(frozen=True)
@@ -73,42 +72,6 @@ def _pattern(name: str) -> re.Pattern:
     return re.compile("^" + re.escape(name).replace(r"\{i\}", r"(?P<i>\d+)") + "$")
 
 
-def _table(rope_permuted: bool, qk_norm: bool) -> GGUFNameTable:
-    L, B = "model.layers.{i}.", "blk.{i}."
-    e = {
-        "model.embed_tokens.weight": GGUFName("token_embd.weight"),
-        "model.norm.weight": GGUFName("output_norm.weight"),
-        "lm_head.weight": GGUFName("output.weight"),
-        L + "input_layernorm.weight": GGUFName(B + "attn_norm.weight"),
-        L + "post_attention_layernorm.weight": GGUFName(B + "ffn_norm.weight"),
-    }
-    for hf, gg in (("self_attn.q_proj", "attn_q"), ("self_attn.k_proj", "attn_k"), ("self_attn.v_proj", "attn_v"),
-                   ("self_attn.o_proj", "attn_output"), ("mlp.gate_proj", "ffn_gate"), ("mlp.up_proj", "ffn_up"),
-                   ("mlp.down_proj", "ffn_down")):
-        rope = gg[-1] if rope_permuted and gg in ("attn_q", "attn_k") else None
-        for part in ("weight", "bias"):
-            e[f"{L}{hf}.{part}"] = GGUFName(f"{B}{gg}.{part}", rope)
-    if qk_norm:
-        e[L + "self_attn.q_norm.weight"] = GGUFName(B + "attn_q_norm.weight")
-        e[L + "self_attn.k_norm.weight"] = GGUFName(B + "attn_k_norm.weight")
-    return GGUFNameTable(e)
-
-
-TABLES: dict[str, Callable[[], GGUFNameTable]] = {
-    "llama": lambda: _table(rope_permuted=True, qk_norm=False),
-    "qwen3": lambda: _table(rope_permuted=False, qk_norm=True),
-}
-# Our family name -> GGUF general.architecture.
-ARCHITECTURES = {"llama": "llama", "qwen3": "qwen3"}
-
-
-def gguf_name_table(family: str) -> GGUFNameTable:
-    if family not in TABLES:
-        raise UnsupportedError(f"no GGUF name table for the {family} family",
-                               hint="supported: " + ", ".join(sorted(TABLES)))
-    return TABLES[family]()
-
-
 def rope_rows(n_rows: int, n_heads: int, to_gguf: bool) -> np.ndarray:
     """Row index that reorders q/k rows into llama.cpp's order (``to_gguf``) or back to HF's."""
     d = n_rows // n_heads
@@ -128,9 +91,8 @@ class GGUFWeights:
     """The HF tensors of a GGUF file, by HF name, in HF row order: ``values`` dequantizes (the
     load path), ``blocks`` keeps GGML blocks for ``gguf_matmul``."""
 
-    def __init__(self, gf: GGUFFile, family: str, config: dict):
-        self.file, self.config = gf, config
-        self.table = gguf_name_table(family)
+    def __init__(self, gf: GGUFFile, table: GGUFNameTable, config: dict):
+        self.file, self.table, self.config = gf, table, config
 
     def tensor(self, hf_name: str) -> tuple[GGUFTensor, np.ndarray | None]:
         """The GGUF tensor behind ``hf_name`` and the row index that puts it in HF order (or None)."""
@@ -186,11 +148,12 @@ def gguf_blocks_for(weights: GGUFWeights, hf_table: NameTable, names: list[str])
     return out
 
 
-def load_gguf_params(gf: GGUFFile, family: str, hf_table: NameTable, config: dict, names: list[str],
+def load_gguf_params(gf: GGUFFile, family: Family, config: dict, names: list[str],
                      dtype: str = "float32") -> dict[str, np.ndarray]:
     """Our parameters ``names`` from a GGUF file, dequantized to ``dtype`` (every tensor's type
     is checked first, so an unsupported one fails before any work)."""
-    weights = GGUFWeights(gf, family, config)
+    weights = GGUFWeights(gf, family.gguf.tensors(), config)
+    hf_table = family.name_table()
     hf_names = []
     for name in names:
         r = hf_table.recipe(name)
@@ -202,13 +165,11 @@ def load_gguf_params(gf: GGUFFile, family: str, hf_table: NameTable, config: dic
 
 # ---- writing: an HF checkpoint -> GGUF tensors ---------------------------------------------
 
-def plan_gguf_tensors(family: str, config: dict, tensors: Mapping[str, Callable[[], np.ndarray]], qtype: str,
+def plan_gguf_tensors(family: Family, config: dict, tensors: Mapping[str, Callable[[], np.ndarray]], qtype: str,
                       source: str = "checkpoint") -> list[PlannedTensor]:
     """Every GGUF tensor to write, from readers of the HF-named tensors: llama.cpp's name, the
     recipe's type, q/k rows in llama.cpp's order; token_embd first, then the layers in order."""
-    from surogate.models.llama import rope_from_config
-
-    table = gguf_name_table(family)
+    table = family.gguf.tensors()
     tied = bool(config.get("tie_word_embeddings", False))
     named = {}
     for hf_name, read in tensors.items():
@@ -216,15 +177,15 @@ def plan_gguf_tensors(family: str, config: dict, tensors: Mapping[str, Callable[
             continue  # a buffer transformers recomputes; a copy of the embedding
         g = table.to_gguf(hf_name)
         if g is None:
-            raise UnsupportedError(f"{source}: tensor {hf_name} has no GGUF name in the {family} table",
+            raise UnsupportedError(f"{source}: tensor {hf_name} has no GGUF name in the {family.name} table",
                                    hint="the checkpoint has a part the GGUF writer does not know; please report it")
         named[g.gguf] = (read, g.rope_rows)
     if not tied and "output.weight" not in named:
         raise FileFormatError(f"{source}: no lm_head.weight, and the config does not tie the embeddings",
                               hint="the checkpoint is incomplete")
     plan = []
-    rope = rope_from_config(config)
-    if family == "llama" and rope["rope_type"] == "llama3":
+    rope = family.spec_from_config(config).rope
+    if family.gguf.rope_freqs and rope["rope_type"] == "llama3":
         # llama.cpp reads Llama 3 rope scaling from per-frequency divisors, not from metadata.
         head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // int(config["num_attention_heads"]))
         factors = llama3_rope_factors(rope["theta"], head_dim, rope["factor"], rope["low_freq_factor"],
@@ -261,14 +222,14 @@ def quantize_to_gguf(model: str | os.PathLike, output: str | os.PathLike, qtype:
     spec = family.spec_from_config(config)  # a config we cannot run fails before any work
     weights = folder.open_weights()
     readers = {name: (lambda n=name: weights.get(n)) for name in weights.keys()}  # noqa: SIM118 (not a dict)
-    plan = plan_gguf_tensors(family.name, config, readers, qtype, source=str(folder.path))
+    plan = plan_gguf_tensors(family, config, readers, qtype, source=str(folder.path))
     if not (folder.path / "tokenizer.json").is_file():
         raise NotFoundError(f"no tokenizer.json in {folder.path}",
                             hint="llama.cpp needs the vocabulary inside the GGUF; add the model's tokenizer files")
     tokenizer = Tokenizer.from_folder(folder)
-    arch = ARCHITECTURES[family.name]
+    arch = family.gguf.name
     name = str(config.get("_name_or_path") or "").rstrip("/").split("/")[-1] or folder.path.resolve().name
-    metadata = {"general.name": name, **hyperparameters(arch, config, spec.rope),
+    metadata = {"general.name": name, **family.gguf.metadata(config, spec.rope),
                 **gguf_tokenizer_metadata(folder.tokenizer_file, tokenizer, spec.vocab_size)}
     return write_gguf(output, arch, metadata, plan, qtype, progress=progress)
 

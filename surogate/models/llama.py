@@ -1,96 +1,65 @@
-"""Llama 3.x (3.1, 3.2): spec from the HF config and the name table. Also the base of the
-families that share its layout (Qwen3 adds qk-norm)."""
+"""Llama 3.x (3.1, 3.2; SmolLM2 has its layout): the dense decoder of dsl/nn.py as it is, and in
+GGUF its q/k rows in llama.cpp's rope order and its Llama 3 rope scaling as rope_freqs.weight.
+
+The worked example of surogate/models/README-dev.md: every part of a family, each in a few lines.
+"""
 
 from __future__ import annotations
 
-from surogate.dsl.nn import ModelSpec
-from surogate.errors import ConfigError
-from surogate.models.name_table import Direct, Fuse, NameTable
+from surogate.dsl import nn
+from surogate.io import gguf_config
+from surogate.models import decoder
+from surogate.models.family import ChatDefaults, Family, GGUFArchitecture, TinyModel
 
-
-def rope_from_config(cfg: dict) -> dict:
-    """Our rope attributes from either HF config style: v4 (rope_theta + rope_scaling) or v5
-    (rope_parameters)."""
-    params = dict(cfg.get("rope_parameters") or {})
-    scaling = cfg.get("rope_scaling") or {}
-    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
-    rope_type = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    src = params if params.get("rope_type") else scaling
-    attrs = {"theta": float(theta), "rope_type": str(rope_type)}
-    if rope_type == "llama3":
-        for key, ours in (("factor", "factor"), ("low_freq_factor", "low_freq_factor"),
-                          ("high_freq_factor", "high_freq_factor"),
-                          ("original_max_position_embeddings", "original_max_position")):
-            if key not in src:
-                raise ConfigError(f"rope_scaling: llama3 rope needs '{key}'", hint="check config.json")
-            attrs[ours] = float(src[key])
-    elif rope_type == "linear":
-        attrs["factor"] = float(src.get("factor", 1.0))
-    elif rope_type != "default":
-        raise ConfigError(f"rope type {rope_type!r} is not supported yet",
-                          hint="supported: default, linear, llama3")
-    return attrs
-
-
-def _req(cfg: dict, key: str):
-    if key not in cfg:
-        raise ConfigError(f"config.json has no '{key}'", hint="is this a complete Hugging Face config?")
-    return cfg[key]
-
-
-def spec_from_config(cfg: dict, family: str = "llama") -> ModelSpec:
-    hidden = int(_req(cfg, "hidden_size"))
-    heads = int(_req(cfg, "num_attention_heads"))
-    layers = int(_req(cfg, "num_hidden_layers"))
-    head_dim = int(cfg.get("head_dim") or hidden // heads)
-    act = cfg.get("hidden_act", "silu")
-    if act not in ("silu", "gelu_pytorch_tanh"):
-        raise ConfigError(f"hidden_act {act!r} is not supported", hint="supported: silu, gelu_pytorch_tanh")
-    windows: list[int] = []
-    window = cfg.get("sliding_window")
-    layer_types = cfg.get("layer_types")
-    if window and cfg.get("use_sliding_window", True) and layer_types:
-        windows = [int(window) if t == "sliding_attention" else 0 for t in layer_types]
-    partial = float(cfg.get("partial_rotary_factor", 1.0))
-    return ModelSpec(
-        family=family,
-        vocab_size=int(_req(cfg, "vocab_size")),
-        hidden_size=hidden,
-        num_layers=layers,
-        num_heads=heads,
-        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=head_dim,
-        intermediate_size=int(_req(cfg, "intermediate_size")),
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        rope=rope_from_config(cfg),
-        rotary_dim=int(head_dim * partial) if partial != 1.0 else None,
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        attention_bias=bool(cfg.get("attention_bias", False)),
-        mlp_bias=bool(cfg.get("mlp_bias", False)),
-        activation=act,
-        sliding_windows=windows,
-        bos_token_id=cfg.get("bos_token_id"),
-        eos_token_id=cfg.get("eos_token_id"),
-    )
-
-
-def name_table(qk_norm: bool = False) -> NameTable:
-    L = "model.layers.{i}."
-    e = {
-        "embed_tokens.weight": Direct("model.embed_tokens.weight"),
-        "norm.weight": Direct("model.norm.weight"),
-        "lm_head.weight": Direct("lm_head.weight"),
-        "layers.{i}.input_layernorm.weight": Direct(L + "input_layernorm.weight"),
-        "layers.{i}.post_attention_layernorm.weight": Direct(L + "post_attention_layernorm.weight"),
-        "layers.{i}.mlp.gate_up_proj.weight": Fuse((L + "mlp.gate_proj.weight", L + "mlp.up_proj.weight")),
-        "layers.{i}.mlp.gate_up_proj.bias": Fuse((L + "mlp.gate_proj.bias", L + "mlp.up_proj.bias")),
-        "layers.{i}.mlp.down_proj.weight": Direct(L + "mlp.down_proj.weight"),
-        "layers.{i}.mlp.down_proj.bias": Direct(L + "mlp.down_proj.bias"),
-    }
-    for p in ("q_proj", "k_proj", "v_proj", "o_proj"):
-        e[f"layers.{{i}}.self_attn.{p}.weight"] = Direct(L + f"self_attn.{p}.weight")
-        e[f"layers.{{i}}.self_attn.{p}.bias"] = Direct(L + f"self_attn.{p}.bias")
-    if qk_norm:
-        e["layers.{i}.self_attn.q_norm.weight"] = Direct(L + "self_attn.q_norm.weight")
-        e["layers.{i}.self_attn.k_norm.weight"] = Direct(L + "self_attn.k_norm.weight")
-    return NameTable(e)
+FAMILY = Family(
+    name="llama",
+    hf_architectures=("LlamaForCausalLM",),
+    model_types=("llama",),
+    spec_from_config=lambda cfg: decoder.spec_from_config(cfg, "llama"),
+    architecture=nn.CausalLM,
+    name_table=decoder.hf_name_table,
+    gguf=GGUFArchitecture(
+        name="llama",
+        # llama.cpp runs Llama with its LLAMA rope (adjacent pairs): q/k rows stored permuted.
+        tensors=lambda: decoder.gguf_tensor_table(rope_permuted=True),
+        config_from_gguf=lambda gf: gguf_config.hf_config(gf, "LlamaForCausalLM", "llama"),
+        metadata=lambda config, rope: gguf_config.hyperparameters("llama", config, rope),
+        rope_freqs=True,
+    ),
+    # Llama 3 templates show their call format (<|python_tag|>, "parameters" under the headers),
+    # which the parser registry reads from the template itself: nothing to assume.
+    chat=ChatDefaults(),
+    bench_shapes={
+        "llama-3.2-1b": dict(vocab_size=128256, hidden_size=2048, num_layers=16, num_heads=32,
+                             num_kv_heads=8, head_dim=64, intermediate_size=8192, rms_norm_eps=1e-5,
+                             tie_word_embeddings=True,
+                             rope={"theta": 500000.0, "rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                   "high_freq_factor": 4.0, "original_max_position": 8192.0}),
+        # Small enough for a CPU: SmolLM2-135M's shape.
+        "smollm2-135m": dict(vocab_size=49152, hidden_size=576, num_layers=30, num_heads=9,
+                             num_kv_heads=3, head_dim=64, intermediate_size=1536, rms_norm_eps=1e-5,
+                             tie_word_embeddings=True, rope={"theta": 100000.0, "rope_type": "default"}),
+        "tiny": dict(vocab_size=4096, hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4,
+                     head_dim=32, intermediate_size=768, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                     rope={"theta": 10000.0, "rope_type": "default"}),
+    },
+    # Two layers, grouped-query attention (4 query heads on 2), untied, a Llama-3-style tokenizer.
+    tiny=TinyModel(
+        tokenizer="llama3",
+        config={"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "max_position_embeddings": 256, "rope_theta": 500000.0,
+                "rms_norm_eps": 1e-5, "tie_word_embeddings": False},
+        bos_token="<|begin_of_text|>",
+        eos_token="<|eot_id|>",
+        variants={
+            "tied-gqa4-hd32-l1": {"tie_word_embeddings": True, "num_attention_heads": 4, "num_key_value_heads": 1,
+                                  "head_dim": 32, "num_hidden_layers": 1},
+            "mha-rope-llama3-l3-odd-vocab": {
+                "num_key_value_heads": 4, "num_hidden_layers": 3, "vocab_size": 509,
+                "rope_parameters": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
+                                    "rope_theta": 500000.0}},
+            "hd128-l4": {"head_dim": 128, "num_attention_heads": 2, "num_key_value_heads": 2, "num_hidden_layers": 4},
+        },
+    ),
+)

@@ -13,9 +13,10 @@ pytest.importorskip("transformers")
 
 import surogate  # noqa: E402
 from sgtest.engine import engine, generate  # noqa: E402
-from sgtest.tiny_models import make_llama, make_qwen3  # noqa: E402
+from sgtest.tiny_models import make_model  # noqa: E402
 from surogate import _native  # noqa: E402
 from surogate.errors import UnsupportedError  # noqa: E402
+from surogate.models import REGISTRY  # noqa: E402
 from surogate.models.gguf_names import quantize_to_gguf  # noqa: E402
 
 # K-quants need rows of 256 values: a hidden size and MLP width that are multiples of 256.
@@ -23,10 +24,9 @@ SHAPE = {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
          "head_dim": 64, "num_hidden_layers": 2}
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3"])
+@pytest.fixture(scope="module", params=[f.name for f in REGISTRY])
 def folder(request, tmp_path_factory):
-    maker = make_llama if request.param == "llama" else make_qwen3
-    return maker(tmp_path_factory.mktemp(request.param), seed=4, initializer_range=0.05, **SHAPE)
+    return make_model(request.param, tmp_path_factory.mktemp(request.param), seed=4, initializer_range=0.05, **SHAPE)
 
 
 def gguf(folder, qtype: str):

@@ -24,7 +24,7 @@ from surogate.errors import (
 )
 from surogate.io import GGUFFile, Tokenizer, is_gguf
 from surogate.io.gguf_config import llama3_rope_factors
-from surogate.models import family_for
+from surogate.models import REGISTRY, config_from_gguf, family_for
 
 
 
@@ -72,7 +72,7 @@ def write_tiny_gguf(path: Path, *, arch: str = "llama", kv: dict | None = None, 
 def test_smollm2_config_and_tensors():
     gf = GGUFFile(smollm2_path())
     assert gf.architecture == "llama" and gf.version == 3
-    config = gf.hf_config
+    config = config_from_gguf(gf)
     expected = {"architectures": ["LlamaForCausalLM"], "hidden_size": 576, "intermediate_size": 1536,
                 "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
                 "rope_theta": 100000.0, "vocab_size": 49152, "tie_word_embeddings": True, "bos_token_id": 1,
@@ -118,11 +118,15 @@ def test_metadata_and_tensor_table_match_gguf_py(tmp_path):
     np.testing.assert_array_equal(ours.tensor("blk.0.attn_q.weight").dequantize(), gguf_dequantize(q8, T.Q8_0))
 
 
-def test_qwen3_config(tmp_path):
-    path = write_tiny_gguf(tmp_path / "q.gguf", arch="qwen3", kv={"qwen3.attention.key_length": 32,
-                                                                  "qwen3.rope.dimension_count": 32})
-    config = GGUFFile(path).hf_config
-    assert config["architectures"] == ["Qwen3ForCausalLM"] and config["head_dim"] == 32
+@pytest.mark.parametrize("family", REGISTRY, ids=[f.name for f in REGISTRY])
+def test_each_family_reads_its_gguf_architecture(tmp_path, family):
+    a = family.gguf.name
+    path = write_tiny_gguf(tmp_path / "q.gguf", arch=a, kv={f"{a}.attention.key_length": 32,
+                                                            f"{a}.rope.dimension_count": 32})
+    config = config_from_gguf(GGUFFile(path))
+    owner = next(f for f in REGISTRY if f.gguf.name == a)  # the first family of a shared architecture
+    assert config["architectures"] == [owner.hf_architecture] and config["head_dim"] == 32
+    assert config["model_type"] in owner.model_types and family_for(config) is owner
     assert config["tie_word_embeddings"] is True and "partial_rotary_factor" not in config
 
 
@@ -130,19 +134,19 @@ def test_llama3_rope_scaling_is_recovered_from_rope_freqs(tmp_path):
     factors = llama3_rope_factors(500000.0, 16, 32.0, 1.0, 4.0, 8192)
     path = write_tiny_gguf(tmp_path / "r.gguf", tensors={"token_embd.weight": np.ones((4, 64), np.float32),
                                                          "rope_freqs.weight": factors})
-    assert GGUFFile(path).hf_config["rope_scaling"] == {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                                                       "high_freq_factor": 4.0,
-                                                       "original_max_position_embeddings": 8192}
+    assert config_from_gguf(GGUFFile(path))["rope_scaling"] == {
+        "rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192}
     path = write_tiny_gguf(tmp_path / "r2.gguf", tensors={"token_embd.weight": np.ones((4, 64), np.float32),
                                                           "rope_freqs.weight": factors[::-1].copy()})
     with pytest.raises(UnsupportedError, match="rope_freqs.weight"):
-        _ = GGUFFile(path).hf_config
+        _ = config_from_gguf(GGUFFile(path))
 
 
 def test_linear_rope_scaling(tmp_path):
     path = write_tiny_gguf(tmp_path / "l.gguf", kv={"llama.rope.scaling.type": "linear",
                                                     "llama.rope.scaling.factor": 4.0})
-    assert GGUFFile(path).hf_config["rope_scaling"] == {"rope_type": "linear", "factor": 4.0}
+    assert config_from_gguf(GGUFFile(path))["rope_scaling"] == {"rope_type": "linear", "factor": 4.0}
 
 
 # ---- errors --------------------------------------------------------------------------------
@@ -213,7 +217,7 @@ def test_random_damage_never_crashes(tmp_path):
         damaged.write_bytes(bytes(buf))
         try:
             gf = GGUFFile(damaged)
-            gf.hf_config  # noqa: B018
+            config_from_gguf(gf)
             Tokenizer.from_gguf(gf)
             for t in gf.tensors.values():
                 t.dequantize()

@@ -16,9 +16,8 @@ import pytest
 from sgtest.smollm2 import smollm2_path
 
 import surogate
-from surogate.dsl.nn import CausalLM
 from surogate.io import GGUFFile
-from surogate.models import family_for
+from surogate.models import config_from_gguf, family_for
 from surogate.models.gguf_names import GGUFWeights, gguf_blocks_for, load_gguf_params, rope_rows
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ", "1, 1, 2, 3, 5, 8, 13,"]
@@ -113,13 +112,14 @@ def test_quantized_matmul_path_equals_dequantized_weights():
     of the dequantized weight: within the int8-activation path's error for N <= 32 tokens, to
     float rounding on the float path above that."""
     gf = GGUFFile(smollm2_path())
-    config = gf.hf_config
+    config = config_from_gguf(gf)
     family = family_for(config)
-    names = [p.name for p in CausalLM(family.spec_from_config(config)).build(mode="logits", dtype="float32").params()
+    names = [p.name for p in family.architecture(family.spec_from_config(config)).build(mode="logits",
+                                                                                         dtype="float32").params()
              if p.name.startswith("layers.4.") and "proj" in p.name]
     assert len(names) == 6
-    blocks = gguf_blocks_for(GGUFWeights(gf, family.name, config), family.name_table(), names)
-    values = load_gguf_params(gf, family.name, family.name_table(), config, names)
+    blocks = gguf_blocks_for(GGUFWeights(gf, family.gguf.tensors(), config), family.name_table(), names)
+    values = load_gguf_params(gf, family, config, names)
     rng = np.random.default_rng(0)
     for name in names:
         w = blocks[name]

@@ -1,8 +1,8 @@
-"""Writing GGUF (`surogate quantize`): tiny HF models (rows of 256 and 512 values, so every K
-type applies) written in each type and read back by gguf-py (metadata, tensor types, values)
-and by transformers (an independent reader of llama.cpp's layout); our loader on our files;
-the tokenizer round trip; SmolLM2 through GGUF -> HF folder -> Q8_0 -> GGUF; and what Q4_K_M
-costs a trained model (see test_q4_k_m_cost_on_a_trained_model)."""
+"""Writing GGUF (`surogate quantize`): each registered family's tiny HF model (rows of 256 and
+512 values, so every K type applies) written in each type and read back by gguf-py (metadata,
+tensor types, values) and by transformers (an independent reader of llama.cpp's layout); our
+loader on our files; the tokenizer round trip; SmolLM2 through GGUF -> HF folder -> Q8_0 ->
+GGUF; and what Q4_K_M costs a trained model (see test_q4_k_m_cost_on_a_trained_model)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import surogate
 from surogate.errors import FileFormatError, NotFoundError, UnsupportedError
 from surogate.io import GGUFFile, Tokenizer, save_hf_tokenizer, save_safetensors
 from surogate.io.gguf_writer import QUANT_TYPES, tensor_type, use_more_bits
+from surogate.models import REGISTRY, config_from_gguf, family_named
 from surogate.models.gguf_names import quantize_to_gguf, rope_rows
 from surogate.train.export import save_hf_folder
 
@@ -34,20 +35,18 @@ REL_RMS = {"F32": 0.0, "F16": 5e-4, "BF16": 3e-3, "Q8_0": 8e-3, "Q6_K": 2.5e-2, 
            "Q5_0": 6e-2, "Q4_K": 0.1}
 FILE_TYPES = {"F32": 0, "F16": 1, "BF16": 32, "Q8_0": 7, "Q6_K": 18, "Q5_K_M": 17, "Q4_K_M": 15}
 TEXT = "Hello world! The quick brown fox jumps over the lazy dog, again and again."
-
-
+FAMILIES = [f.name for f in REGISTRY]
+# What llama.cpp's converter writes for the tokenizer styles of the tiny models: (pre-tokenizer, add BOS).
+TOKENIZER = {"llama3": ("llama-bpe", True), "chatml": ("qwen2", False)}
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """family -> (HF folder, {type: GGUF path}); Qwen3 with head_dim 128 (transformers' GGUF
-    reader ignores key_length and assumes Qwen3's 128) and tied embeddings."""
+    """family -> (HF folder, {type: GGUF path}), for every registered family: its tiny model
+    with the family's GGUF overrides (``Family.tiny.gguf``: rows of 256 values; Qwen3's
+    head_dim of 128, which transformers' GGUF reader assumes)."""
     root = tmp_path_factory.mktemp("tiny")
-    folders = {
-        "llama": tiny_models.make_llama(root / "llama", hidden_size=256, intermediate_size=512),
-        "qwen3": tiny_models.make_qwen3(root / "qwen3", hidden_size=256, intermediate_size=512,
-                                        num_attention_heads=2, num_key_value_heads=1, head_dim=128),
-    }
+    folders = {f.name: tiny_models.make_model(f.name, root / f.name, **f.tiny.gguf) for f in REGISTRY}
     return {family: (folder, {t: quantize_to_gguf(folder, root / f"{family}-{t}.gguf", t) for t in QUANT_TYPES})
             for family, folder in folders.items()}
 
@@ -61,15 +60,16 @@ def hf_tensors(folder: Path) -> dict[str, np.ndarray]:
 
 # ---- metadata and tensor types, read back by gguf-py ---------------------------------------
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_metadata_read_back_by_gguf_py(tiny, family):
     folder, files = tiny[family]
     config = json.loads((folder / "config.json").read_text())
     spec = json.loads((folder / "tokenizer.json").read_text())
     reader = GGUFReader(files["Q4_K_M"])
     meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
-    a = family
-    assert meta["general.architecture"] == family and meta["general.file_type"] == 15
+    a = family_named(family).gguf.name
+    pre, add_bos = TOKENIZER[family_named(family).tiny.tokenizer]
+    assert meta["general.architecture"] == a and meta["general.file_type"] == 15
     assert meta["general.quantization_version"] == 2
     assert (meta[f"{a}.block_count"], meta[f"{a}.embedding_length"], meta[f"{a}.feed_forward_length"]) == (2, 256, 512)
     assert (meta[f"{a}.attention.head_count"], meta[f"{a}.attention.head_count_kv"]) == (
@@ -81,7 +81,7 @@ def test_metadata_read_back_by_gguf_py(tiny, family):
     assert meta[f"{a}.attention.layer_norm_rms_epsilon"] == pytest.approx(config["rms_norm_eps"])
     assert meta[f"{a}.context_length"] == config["max_position_embeddings"]
     assert meta["tokenizer.ggml.model"] == "gpt2"
-    assert meta["tokenizer.ggml.pre"] == {"llama": "llama-bpe", "qwen3": "qwen2"}[family]
+    assert meta["tokenizer.ggml.pre"] == pre
     assert len(meta["tokenizer.ggml.tokens"]) == len(meta["tokenizer.ggml.token_type"]) == config["vocab_size"]
     assert len(meta["tokenizer.ggml.merges"]) == len(spec["model"]["merges"])
     tokens, types = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"]
@@ -90,14 +90,17 @@ def test_metadata_read_back_by_gguf_py(tiny, family):
     assert meta["tokenizer.ggml.eos_token_id"] == config["eos_token_id"]
     assert meta["tokenizer.chat_template"] == json.loads((folder / "tokenizer_config.json").read_text())[
         "chat_template"]
-    assert meta["tokenizer.ggml.add_bos_token"] is (family == "llama")
+    assert meta["tokenizer.ggml.add_bos_token"] is add_bos
     names = {t.name for t in reader.tensors}
     expected = {"token_embd.weight", "output_norm.weight", *(f"blk.{i}.{n}.weight" for i in range(2) for n in (
         "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"))}
-    if family == "llama":
+    model = family_named(family).spec_from_config(config)
+    if not model.tie_word_embeddings:
         expected.add("output.weight")
-    else:
+    if model.qk_norm:
         expected |= {f"blk.{i}.attn_{n}_norm.weight" for i in range(2) for n in ("q", "k")}
+    if model.attention_bias:
+        expected |= {f"blk.{i}.attn_{n}.bias" for i in range(2) for n in ("q", "k", "v")}
     assert names == expected
 
 
@@ -106,12 +109,13 @@ def test_tensor_types_follow_the_recipe(tiny, qtype):
     base = {"Q4_K_M": "Q4_K", "Q5_K_M": "Q5_K"}.get(qtype, qtype)
     more = {"Q4_K_M": "Q6_K", "Q5_K_M": "Q6_K"}.get(qtype, base)
     head = {"Q4_K_M": "Q6_K", "Q5_K_M": "Q6_K"}.get(qtype, base)
-    for family, (_, files) in tiny.items():
+    for family, (folder, files) in tiny.items():
+        tied = json.loads((folder / "config.json").read_text())["tie_word_embeddings"]
         types = {t.name: t.tensor_type.name for t in GGUFReader(files[qtype]).tensors}
         for name, got in types.items():
             if name.endswith("norm.weight"):
                 want = "F32"
-            elif name == ("output.weight" if family == "llama" else "token_embd.weight"):
+            elif name == ("token_embd.weight" if tied else "output.weight"):
                 want = head  # the head: output, or the tied embedding
             elif name in ("blk.1.attn_v.weight", "blk.1.ffn_down.weight"):
                 want = more  # 2 layers: layer 1 (>= 7n/8) is a "more bits" layer
@@ -142,11 +146,9 @@ def test_recipe_choices_and_fallbacks():
 @pytest.mark.parametrize("qtype", QUANT_TYPES)
 def test_stored_weights_close_to_the_source(tiny, qtype):
     """gguf-py decodes our blocks; llama.cpp's q/k row order undone; relative RMS error per type."""
-    from surogate.models.gguf_names import gguf_name_table
-
     for family, (folder, files) in tiny.items():
         config = json.loads((folder / "config.json").read_text())
-        table = gguf_name_table(family)
+        table = family_named(family).gguf.tensors()
         source = hf_tensors(folder)
         for t in GGUFReader(files[qtype]).tensors:
             hf_name = table.to_hf(t.name)
@@ -162,7 +164,7 @@ def test_stored_weights_close_to_the_source(tiny, qtype):
 
 # ---- loading our files -----------------------------------------------------------------------
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_our_loader_on_our_gguf(tiny, family):
     """F32 gives the f32 model's logits; quantized types stay within bounds measured on these
     random models (logits within ~1.4 in magnitude): Q8_0 0.016, Q6_K 0.06, Q4_K_M 0.20."""
@@ -174,10 +176,10 @@ def test_our_loader_on_our_gguf(tiny, family):
                          ("Q4_K_M", 0.4)):
         model = surogate.load_model(files[qtype])
         assert np.abs(model.forward(ids) - want).max() < bound, (family, qtype)
-    assert model.config["tie_word_embeddings"] is (family == "qwen3")
+    assert model.config["tie_word_embeddings"] is reference.spec.tie_word_embeddings
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_transformers_reads_our_gguf_as_we_do(tiny, family):
     """transformers' GGUF loader (its own reader of llama.cpp's names, row order and metadata)
     gives the logits our loader gives from the same file."""
@@ -196,7 +198,7 @@ def test_transformers_reads_our_gguf_as_we_do(tiny, family):
     assert np.abs(ours.forward(ids) - want).max() < 1e-4
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_tokenizer_round_trip(tiny, family):
     folder, files = tiny[family]
     ours, source = Tokenizer.from_gguf(files["Q8_0"]), Tokenizer.from_folder(folder)
@@ -214,14 +216,15 @@ def test_tokenizer_round_trip(tiny, family):
     assert set(ours.eos_token_ids) == set(source.eos_token_ids)
 
 
-def test_llama3_rope_scaling_round_trip(tmp_path):
+@pytest.mark.parametrize("family", [f.name for f in REGISTRY if f.gguf.rope_freqs])
+def test_llama3_rope_scaling_round_trip(tmp_path, family):
     rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
             "original_max_position_embeddings": 64}
-    folder = tiny_models.make_llama(tmp_path / "l3", hidden_size=256, intermediate_size=512,
+    folder = tiny_models.make_model(family, tmp_path / "l3", **family_named(family).tiny.gguf,
                                     rope_scaling=dict(rope), max_position_embeddings=512)
     path = quantize_to_gguf(folder, tmp_path / "l3.gguf", "F32")
     gf = GGUFFile(path)
-    assert "rope_freqs.weight" in gf.tensors and gf.hf_config["rope_scaling"] == rope
+    assert "rope_freqs.weight" in gf.tensors and config_from_gguf(gf)["rope_scaling"] == rope
     reference, ours = surogate.load_model(folder), surogate.load_model(path)
     ids = list(range(1, 200))  # past the original context, where the scaling matters
     assert np.abs(ours.forward(ids) - reference.forward(ids)).max() < 1e-4

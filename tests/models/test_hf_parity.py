@@ -1,5 +1,6 @@
-"""Our Llama / Qwen3 against HF transformers on tiny random checkpoints: logits, loss, every
-gradient of a full fine-tune, LoRA gradients against peft, packing, bf16 vs f32."""
+"""Every registered model family against HF transformers on its tiny random checkpoints (the
+family file's ``tiny`` config and its variants): logits, loss, every gradient of a full
+fine-tune, LoRA gradients against peft; packing, bf16 vs f32, and load errors."""
 
 from __future__ import annotations
 
@@ -10,24 +11,14 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import surogate  # noqa: E402
-from sgtest.tiny_models import make_llama, make_qwen3  # noqa: E402
+from sgtest.tiny_models import make_llama, make_model  # noqa: E402
 from surogate.dsl.nn import LoRAConfig  # noqa: E402
+from surogate.models import REGISTRY  # noqa: E402
 
-LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 64, "rope_theta": 500000.0}
-
-CONFIGS = {
-    "llama-gqa2-untied": ("llama", {}),
-    "llama-tied-gqa4-hd32-l1": ("llama", {"tie_word_embeddings": True, "num_attention_heads": 4, "num_key_value_heads": 1,
-                                          "head_dim": 32, "num_hidden_layers": 1}),
-    "llama-mha-rope-llama3-l3-odd-vocab": ("llama", {"num_key_value_heads": 4, "rope_parameters": LLAMA3_ROPE,
-                                                     "num_hidden_layers": 3, "vocab_size": 509}),
-    "llama-hd128-l4": ("llama", {"head_dim": 128, "num_attention_heads": 2, "num_key_value_heads": 2,
-                                 "num_hidden_layers": 4}),
-    "qwen3-untied": ("qwen3", {}),
-    "qwen3-tied-hd64-gqa4": ("qwen3", {"tie_word_embeddings": True, "head_dim": 64, "num_attention_heads": 4,
-                                       "num_key_value_heads": 1}),
-}
+# "<family>" is the family's tiny config, "<family>-<variant>" that config with a variant's overrides.
+CONFIGS = {f.name: (f.name, {}) for f in REGISTRY} | {
+    f"{f.name}-{variant}": (f.name, dict(overrides))
+    for f in REGISTRY for variant, overrides in f.tiny.variants.items()}
 
 _folders: dict[str, object] = {}
 
@@ -37,9 +28,7 @@ def checkpoint(tmp_path_factory):
     def get(key: str):
         if key not in _folders:
             family, overrides = CONFIGS[key]
-            path = tmp_path_factory.mktemp(key)
-            maker = make_llama if family == "llama" else make_qwen3
-            _folders[key] = maker(path, seed=3, **overrides)
+            _folders[key] = make_model(family, tmp_path_factory.mktemp(key), seed=3, **overrides)
         return _folders[key]
     return get
 
@@ -81,7 +70,7 @@ def test_logits_loss_and_full_finetune_grads_match_transformers(checkpoint, key)
         assert err < 1e-4, f"{name}: max error {err:.2e} of max |grad| {scale:.2e}"
 
 
-@pytest.mark.parametrize("key", ["llama-gqa2-untied", "qwen3-untied"])
+@pytest.mark.parametrize("key", [f.name for f in REGISTRY])
 def test_lora_grads_match_peft(checkpoint, key):
     peft = pytest.importorskip("peft")
     path = checkpoint(key)
@@ -119,7 +108,7 @@ def test_lora_grads_match_peft(checkpoint, key):
 
 
 def test_packed_documents_equal_each_document_alone(checkpoint):
-    ours = surogate.load_model(checkpoint("qwen3-untied"))
+    ours = surogate.load_model(checkpoint("qwen3"))
     docs = [tokens(ours.spec.vocab_size, n, seed=n) for n in (5, 1, 17)]
     packed = ours.forward(docs)
     alone = np.concatenate([ours.forward(d) for d in docs])
@@ -130,7 +119,7 @@ def test_bf16_agrees_with_f32(checkpoint):
     """bf16 storage with f32 accumulation. Documented tolerance: the largest logit difference is
     at most 5% of the f32 logits' standard deviation (measured 2.4% on this model), the loss
     agrees to 0.1%, and the top-1 token agrees on at least 95% of positions (measured 100%)."""
-    path = checkpoint("llama-gqa2-untied")
+    path = checkpoint("llama")
     f32 = surogate.load_model(path)
     bf16 = surogate.load_model(path, dtype="bfloat16")
     ids = tokens(f32.spec.vocab_size, 31, seed=4)

@@ -18,14 +18,12 @@ transformers = pytest.importorskip("transformers")
 
 import surogate  # noqa: E402
 from sgtest.engine import engine, generate, hf_greedy, prompts  # noqa: E402
-from sgtest.tiny_models import make_llama, make_qwen3  # noqa: E402
+from sgtest.tiny_models import make_model  # noqa: E402
+from surogate.models import REGISTRY  # noqa: E402
 
-MAKERS = {"llama": make_llama, "qwen3": make_qwen3}
-
-
-@pytest.fixture(scope="module", params=sorted(MAKERS))
+@pytest.fixture(scope="module", params=[f.name for f in REGISTRY])
 def family(request, tmp_path_factory):
-    path = MAKERS[request.param](tmp_path_factory.mktemp(request.param), seed=21, initializer_range=0.2)
+    path = make_model(request.param, tmp_path_factory.mktemp(request.param), seed=21, initializer_range=0.2)
     ref = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     return path, ref
 

@@ -1,6 +1,7 @@
-"""The engine serving real (tiny) models through their Program over the paged KV cache: greedy
-outputs equal HF transformers' greedy generation token for token, alone and 20 at once, with
-the prefix cache cold and warm, under chunked prefill and preemption; aborts free blocks."""
+"""The engine serving each registered family's tiny model through its Program over the paged KV
+cache: greedy outputs equal HF transformers' greedy generation token for token, alone and 20 at
+once, with the prefix cache cold and warm, under chunked prefill and preemption; aborts free
+blocks."""
 
 from __future__ import annotations
 
@@ -12,15 +13,13 @@ transformers = pytest.importorskip("transformers")
 
 import surogate  # noqa: E402
 from sgtest.engine import engine, generate, hf_greedy, prompts  # noqa: E402
-from sgtest.tiny_models import make_llama, make_qwen3  # noqa: E402
+from sgtest.tiny_models import make_model  # noqa: E402
+from surogate.models import REGISTRY  # noqa: E402
 from surogate.serve.types import SamplingParams  # noqa: E402
 
-MAKERS = {"llama": make_llama, "qwen3": make_qwen3}
-
-
-@pytest.fixture(scope="module", params=sorted(MAKERS))
+@pytest.fixture(scope="module", params=[f.name for f in REGISTRY])
 def family(request, tmp_path_factory):
-    path = MAKERS[request.param](tmp_path_factory.mktemp(request.param), seed=21, initializer_range=0.2)
+    path = make_model(request.param, tmp_path_factory.mktemp(request.param), seed=21, initializer_range=0.2)
     ours = surogate.load_model(path)
     ref = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     return ours, ref

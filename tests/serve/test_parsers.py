@@ -260,3 +260,13 @@ def test_registry_detects_families_from_the_chat_template(tokenizers):
         resolve_parsers(None, tool="mistral")
     assert make_output_parser(ParserChoice("qwen3", "hermes"), None, tools=False).tools is None
     assert make_output_parser(ParserChoice(None, "hermes"), None, tools=False) is None
+
+
+def test_family_defaults_decide_where_the_template_does_not_show_the_format():
+    # A template that takes tools without showing their format: Qwen's family default is Hermes.
+    template = "{% if tools %}{{ tools | tojson }}{% endif %}{{ messages[0].content }}"
+    assert detect_parsers(template, "qwen3") == ParserChoice(None, "hermes")
+    assert detect_parsers(template, "qwen2") == ParserChoice(None, "hermes")
+    assert detect_parsers(template, "llama") == ParserChoice(None, None)
+    assert detect_parsers(template) == ParserChoice(None, None)
+    assert detect_parsers("<think>" + template, "qwen3") == ParserChoice("qwen3", "hermes")

@@ -5,8 +5,9 @@ Llama 3 (post-processor adds ``<|begin_of_text|>``, header-id chat template with
 Qwen3 (ChatML, no BOS, ``<think>`` and tool-call tokens, ``enable_thinking``). The files are
 written the way those repositories ship them: tokenizer.json, a tokenizer_config.json with
 ``added_tokens_decoder`` and an inline ``chat_template``, generation_config.json with several
-eos ids. ``make_llama`` / ``make_qwen3`` add a randomly initialised transformers model (needs
-torch) saved with ``save_pretrained``, sharded when ``max_shard_size`` is given.
+eos ids. ``make_model(family, path)`` adds the family's tiny checkpoint (its ``Family.tiny``), a
+randomly initialised transformers model (needs torch) saved with ``save_pretrained``, sharded when
+``max_shard_size`` is given; ``make_llama`` / ``make_qwen3`` are it for those two.
 """
 
 from __future__ import annotations
@@ -278,34 +279,34 @@ def make_tokenizer(path: str | Path, style: str = "llama3") -> Path:
     return path
 
 
-def make_llama(path: str | Path, *, max_shard_size: int | str | None = None, dtype: str = "float32",
+def make_model(family: str, path: str | Path, *, max_shard_size: int | str | None = None, dtype: str = "float32",
                seed: int = 0, **overrides) -> Path:
+    """The family's tiny checkpoint (``Family.tiny``, in its file: sizes, tokenizer style, special
+    tokens), randomly initialised by transformers, with ``overrides`` of its config keys."""
+    import transformers
+
+    from surogate.models import family_named
+
+    f = family_named(family)
+    tok = build_tokenizer(f.tiny.tokenizer)
+    m = f.tiny.vocab_multiple
+    special = {"eos_token_id": tok.token_to_id(f.tiny.eos_token)}
+    if f.tiny.bos_token is not None:
+        special = {"bos_token_id": tok.token_to_id(f.tiny.bos_token), **special}
+    model_class = getattr(transformers, f.hf_architecture)
+    config = model_class.config_class(**{"vocab_size": -(-tok.get_vocab_size() // m) * m, **f.tiny.config,
+                                         **special, **overrides})
+    return _save_model(path, model_class, config, f.tiny.tokenizer, max_shard_size, dtype, seed)
+
+
+def make_llama(path: str | Path, **kw) -> Path:
     """A 2-layer Llama with grouped-query attention and a Llama-3-style tokenizer."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    tok = build_tokenizer("llama3")
-    config = LlamaConfig(**{
-        "vocab_size": tok.get_vocab_size(), "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
-        "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
-        "bos_token_id": tok.token_to_id("<|begin_of_text|>"), "eos_token_id": tok.token_to_id("<|eot_id|>"),
-        **overrides})
-    return _save_model(path, LlamaForCausalLM, config, "llama3", max_shard_size, dtype, seed)
+    return make_model("llama", path, **kw)
 
 
-def make_qwen3(path: str | Path, *, max_shard_size: int | str | None = None, dtype: str = "float32",
-               seed: int = 0, **overrides) -> Path:
+def make_qwen3(path: str | Path, **kw) -> Path:
     """A 2-layer Qwen3 (q/k norms, tied embeddings, vocab padded past the tokenizer) with a ChatML tokenizer."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    tok = build_tokenizer("chatml")
-    config = Qwen3Config(**{
-        "vocab_size": -(-tok.get_vocab_size() // 64) * 64, "hidden_size": 64, "intermediate_size": 128,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-        "max_position_embeddings": 256, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
-        "bos_token_id": tok.token_to_id("<|endoftext|>"), "eos_token_id": tok.token_to_id("<|im_end|>"),
-        **overrides})
-    return _save_model(path, Qwen3ForCausalLM, config, "chatml", max_shard_size, dtype, seed)
+    return make_model("qwen3", path, **kw)
 
 
 def _save_model(path, model_class, config, style, max_shard_size, dtype, seed) -> Path:

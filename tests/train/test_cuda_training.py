@@ -17,15 +17,16 @@ if not (_native.build_info()["cuda"] and _native.cuda_devices()):
 
 import surogate  # noqa: E402
 from sgtest.qa import sft_config, step_losses, write_qa  # noqa: E402
-from sgtest.tiny_models import make_llama, make_qwen3  # noqa: E402
+from sgtest.tiny_models import make_model  # noqa: E402
 from surogate.dsl.nn import LoRAConfig  # noqa: E402
+from surogate.models import REGISTRY  # noqa: E402
 from surogate.train.lora import ALL_TARGETS, init_lora  # noqa: E402
 from surogate.train.trainer import Trainer  # noqa: E402
 
-@pytest.fixture(scope="module", params=["llama", "qwen3"])
+@pytest.fixture(scope="module", params=[f.name for f in REGISTRY])
 def base(request, tmp_path_factory):
-    maker = make_llama if request.param == "llama" else make_qwen3
-    return maker(tmp_path_factory.mktemp(request.param), seed=5, head_dim=64, initializer_range=0.2)
+    return make_model(request.param, tmp_path_factory.mktemp(request.param), seed=5, head_dim=64,
+                      initializer_range=0.2)
 
 
 def docs(vocab: int) -> list[np.ndarray]:

@@ -3,8 +3,10 @@
 Detection reads what the template writes, since that is what the model was trained to answer
 in: a template that renders ``<tool_call>`` gets the Hermes parser, one that speaks of
 ``<|python_tag|>`` / ``"parameters"`` under Llama 3 headers gets Llama 3 JSON, one that writes
-``<think>`` gets the reasoning parser. The names are vLLM's and SGLang's, so a flag copied from
-their documentation works here (``--reasoning-parser qwen3 --tool-call-parser hermes``).
+``<think>`` gets the reasoning parser. Where the template does not show it, the model family's
+defaults decide (``Family.chat``, in the family's file: Qwen templates that take tools answer in
+Hermes tags). The names are vLLM's and SGLang's, so a flag copied from their documentation works
+here (``--reasoning-parser qwen3 --tool-call-parser hermes``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Callable
 import msgspec
 
 from surogate.errors import NotFoundError
+from surogate.models import chat_defaults_for
 from surogate.serve.parsers.base import OutputParser, ReasoningParser, ToolParser
 from surogate.serve.parsers.reasoning import ThinkReasoningParser
 from surogate.serve.parsers.tool_calls import HermesToolParser, Llama3JsonToolParser
@@ -41,14 +44,16 @@ class ParserChoice(msgspec.Struct, frozen=True):
 
 def detect_parsers(chat_template: str | None, model_type: str | None = None) -> ParserChoice:
     text = chat_template or ""
-    mtype = (model_type or "").lower()
-    reasoning = "qwen3" if "<think>" in text or "</think>" in text else None
+    family = chat_defaults_for(model_type)
+    reasoning = None
+    if "<think>" in text or "</think>" in text:
+        reasoning = (family.reasoning_parser if family else None) or "qwen3"
     if "<tool_call>" in text:
         tool = "hermes"
     elif "<|python_tag|>" in text or ("<|start_header_id|>" in text and '"parameters"' in text):
         tool = "llama3_json"
-    elif mtype.startswith(("qwen2", "qwen3")) and "tools" in text:
-        tool = "hermes"
+    elif family is not None and family.tool_parser and "tools" in text:
+        tool = family.tool_parser
     else:
         tool = None
     return ParserChoice(reasoning=reasoning, tool=tool)

@@ -1,0 +1,80 @@
+"""What a model family is: every part that differs between families, in one value.
+
+A family file (llama.py, qwen3.py) builds one ``Family`` and the registry (registry.py) lists
+it; loading, training, serving, export, ``surogate quantize``, the parser defaults, the bench
+shapes and the parity tests all read a family from here and from nowhere else. README-dev.md
+says how to add one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from surogate.dsl.nn import CausalLM, ModelSpec
+from surogate.models.gguf_names import GGUFNameTable
+from surogate.models.name_table import NameTable
+
+if TYPE_CHECKING:
+    from surogate.io.gguf import GGUFFile
+
+
+@dataclass(frozen=True)
+class GGUFArchitecture:
+    """The family as llama.cpp knows it. The metadata functions say which ``{name}.*`` keys
+    carry which HF config keys (io/gguf_config.py has llama.cpp's keys common to every
+    architecture; a family with keys of its own wraps them)."""
+
+    name: str                                        # general.architecture, llama.cpp's name
+    tensors: Callable[[], GGUFNameTable]             # HF tensor names <-> GGUF names, q/k row order
+    config_from_gguf: Callable[[GGUFFile], dict]     # GGUF metadata -> HF config.json keys (read)
+    metadata: Callable[[dict, dict], dict]           # (HF config, our rope attrs) -> GGUF keys (quantize)
+    rope_freqs: bool = False                         # Llama 3 rope scaling written as rope_freqs.weight
+
+
+@dataclass(frozen=True)
+class ChatDefaults:
+    """What serving assumes of the family's chat template where the template does not show it
+    (surogate/serve/parsers/registry.py reads the template first: ``<tool_call>``, ``<think>``,
+    Llama 3's headers). Names are vLLM's parser names."""
+
+    reasoning_parser: str | None = None  # the name given when the template writes <think>
+    tool_parser: str | None = None       # for a template that takes tools without showing their format
+    model_types: tuple[str, ...] = ()    # config.json model_type prefixes these defaults cover
+
+
+@dataclass(frozen=True)
+class TinyModel:
+    """A tiny random checkpoint of the family, for tests (tests/sgtest/tiny_models.py builds it
+    with transformers): ``config`` holds HF config keys; the vocabulary and the special token ids
+    come from a tokenizer of style ``tokenizer`` (that file's STYLES). ``variants``: named
+    overrides of ``config`` that the parity tests run too (odd sizes, GQA ratios, tying, rope)."""
+
+    tokenizer: str
+    config: Mapping[str, object]
+    bos_token: str | None
+    eos_token: str
+    vocab_multiple: int = 1  # the vocabulary padded past the tokenizer's, as Qwen3's is
+    variants: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
+    # Overrides for the GGUF tests: rows of 256 values, so that every K type applies (and what
+    # transformers' GGUF reader, the reference, assumes of the family).
+    gguf: Mapping[str, object] = field(default_factory=lambda: {"hidden_size": 256, "intermediate_size": 512})
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str                                     # ours: ModelSpec.family, bench shapes, test ids
+    hf_architectures: tuple[str, ...]             # config.json "architectures"; the first is the transformers class
+    model_types: tuple[str, ...]                  # config.json "model_type" (a config without architectures)
+    spec_from_config: Callable[[dict], ModelSpec]  # HF config -> the architecture facts
+    architecture: Callable[[ModelSpec], CausalLM]  # the module tree whose build() traces every graph
+    name_table: Callable[[], NameTable]           # our parameters <-> HF checkpoint tensors
+    gguf: GGUFArchitecture
+    chat: ChatDefaults
+    bench_shapes: Mapping[str, dict]              # named ModelSpec fields (less family) for `surogate bench`
+    tiny: TinyModel
+
+    @property
+    def hf_architecture(self) -> str:
+        return self.hf_architectures[0]
