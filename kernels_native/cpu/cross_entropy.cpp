@@ -379,13 +379,8 @@ Status lm_head_ce_bwd(const OpArgs& a) {
 }  // namespace
 
 void register_cpu_cross_entropy(OpRegistry& reg) {
-  add_op(reg, "lm_head_ce_fwd", 3, 3, 2, lm_head_ce_fwd,
-         "(h[N,C], W[V,C], targets[N] i32) -> (loss[N] f32, lse[N] f32); attrs: ignore_index, label_smoothing, "
-         "chunk, softcap");
-  add_op(reg, "lm_head_ce_bwd", 5, 5, 2, lm_head_ce_bwd,
-         "(h, W, targets, lse, dloss[N] f32) -> (dh[N,C], [dW[V,C]]); attrs: ignore_index, label_smoothing, chunk, "
-         "softcap, accumulate",
-         /*min_out=*/1);
+  add_op(reg, "lm_head_ce_fwd", lm_head_ce_fwd);
+  add_op(reg, "lm_head_ce_bwd", lm_head_ce_bwd);
 }
 
 }  // namespace surogate::cpu

@@ -71,9 +71,7 @@ Status dropout_fwd(const OpArgs& a) {
 }  // namespace
 
 void register_cpu_dropout(OpRegistry& reg) {
-  add_op(reg, "dropout_fwd", 1, 2, 1, dropout_fwd,
-         "(x, [rng int32[2] | int64[1]]) -> (y = mask * x / (1-p)); mask a hash of (seed ^ rng, offset + i); "
-         "attrs: p, seed, offset. Backward: the same op on dy");
+  add_op(reg, "dropout_fwd", dropout_fwd);
 }
 
 }  // namespace surogate::cpu

@@ -123,12 +123,12 @@ Status argmax(const OpArgs& args) {
 }  // namespace
 
 void register_cpu_elementwise(OpRegistry& reg) {
-  add_op(reg, "fill", 0, 0, 1, fill, "() -> (y); attrs: value");
-  add_op(reg, "cast", 1, 1, 1, cast, "(x) -> (y) any float dtypes");
-  add_op(reg, "copy", 1, 1, 1, copy, "(x) -> (y) same dtype");
-  add_op(reg, "add", 2, 2, 1, add, "(a, b) -> (y = alpha*a + beta*b); attrs: alpha, beta");
-  add_op(reg, "scale", 1, 1, 1, scale, "(x) -> (y = alpha*x); attrs: alpha");
-  add_op(reg, "argmax", 1, 1, 1, argmax, "(x [R, V]) -> (y int32 [R]): lowest index of the row max, -1 on NaN / +inf");
+  add_op(reg, "fill", fill);
+  add_op(reg, "cast", cast);
+  add_op(reg, "copy", copy);
+  add_op(reg, "add", add);
+  add_op(reg, "scale", scale);
+  add_op(reg, "argmax", argmax);
 }
 
 }  // namespace surogate::cpu

@@ -150,9 +150,8 @@ Status embedding_bwd(const OpArgs& a) {
 }  // namespace
 
 void register_cpu_embedding(OpRegistry& reg) {
-  add_op(reg, "embedding_fwd", 2, 2, 1, embedding_fwd, "(ids[N] int32, table[V,C]) -> (y[N,C])");
-  add_op(reg, "embedding_bwd", 2, 2, 1, embedding_bwd,
-         "(ids[N] int32, dy[N,C]) -> (dtable[V,C], f32 or dy's dtype); attrs: accumulate");
+  add_op(reg, "embedding_fwd", embedding_fwd);
+  add_op(reg, "embedding_bwd", embedding_bwd);
 }
 
 }  // namespace surogate::cpu

@@ -134,12 +134,9 @@ Status gguf_quantize(const OpArgs& a) {
 }  // namespace
 
 void register_cpu_gguf(OpRegistry& reg) {
-  add_op(reg, "gguf_dequantize", 1, 1, 1, gguf_dequantize,
-         "(q[rows, bytes_per_row] u8) -> (y[rows, cols] f32/bf16/f16); attrs: type (ggml id), cols");
-  add_op(reg, "gguf_quantize", 1, 1, 1, gguf_quantize,
-         "(x[rows, cols] f32/bf16/f16) -> (q[rows, bytes_per_row] u8); attrs: type (ggml id)");
-  add_op(reg, "gguf_matmul", 2, 2, 1, gguf_matmul,
-         "(x[N, K] f32/bf16/f16, Wq[M, bytes_per_row(K)] u8) -> (y[N, M] = x @ dequant(Wq)^T); attrs: type");
+  add_op(reg, "gguf_dequantize", gguf_dequantize);
+  add_op(reg, "gguf_quantize", gguf_quantize);
+  add_op(reg, "gguf_matmul", gguf_matmul);
 }
 
 }  // namespace surogate::cpu

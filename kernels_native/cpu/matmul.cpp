@@ -197,8 +197,7 @@ Status matmul(const OpArgs& a) {
 }  // namespace
 
 void register_cpu_matmul(OpRegistry& reg) {
-  add_op(reg, "matmul", 2, 3, 1, matmul,
-         "(A, B, [bias]) -> (C = alpha*op(A)@op(B) + beta*C + bias); attrs: trans_a, trans_b, alpha, beta");
+  add_op(reg, "matmul", matmul);
 }
 
 }  // namespace surogate::cpu

@@ -329,14 +329,10 @@ Status add_rmsnorm_bwd(const OpArgs& a) {
 }  // namespace
 
 void register_cpu_norm(OpRegistry& reg) {
-  add_op(reg, "rmsnorm_fwd", 2, 2, 2, rmsnorm_fwd,
-         "(x[N,C], w[C]) -> (y[N,C], rstd[N] f32); attrs: eps, weight_offset");
-  add_op(reg, "rmsnorm_bwd", 4, 4, 2, rmsnorm_bwd,
-         "(dy, x, w, rstd) -> (dx, [dw]); attrs: weight_offset, accumulate", 1);
-  add_op(reg, "add_rmsnorm_fwd", 3, 3, 3, add_rmsnorm_fwd,
-         "(x[N,C], residual[N,C], w[C]) -> (y, h = x + residual, rstd[N] f32); attrs: eps, weight_offset");
-  add_op(reg, "add_rmsnorm_bwd", 1, 5, 2, add_rmsnorm_bwd,
-         "(dy, [dh], h, w, rstd) -> (dx = d residual, [dw]); attrs: weight_offset, accumulate", 1);
+  add_op(reg, "rmsnorm_fwd", rmsnorm_fwd);
+  add_op(reg, "rmsnorm_bwd", rmsnorm_bwd);
+  add_op(reg, "add_rmsnorm_fwd", add_rmsnorm_fwd);
+  add_op(reg, "add_rmsnorm_bwd", add_rmsnorm_bwd);
 }
 
 }  // namespace surogate::cpu

@@ -547,14 +547,9 @@ Status adamw8(const OpArgs& a) {
 }  // namespace
 
 void register_cpu_optimizer(OpRegistry& reg) {
-  add_op(reg, "global_norm", 0, kVariadic, 1, global_norm,
-         "(g0, g1, ...) -> (norm[1] float32) = sqrt(sum of squares), absent inputs skipped");
-  add_op(reg, "adamw", 1, kVariadic, 0, adamw,
-         "(hp[8], [norm[1]], then (param, [master], grad, m, v) per group) -> () updates in place; "
-         "attrs: no_decay");
-  add_op(reg, "adamw8", 1, kVariadic, 0, adamw8,
-         "(hp[8], [norm[1]], then (param, [master], grad, m_q u8, m_scale f32, v_q u8, v_scale f32) per group) "
-         "-> () updates in place; 8-bit blockwise (256) cubic-code states; attrs: no_decay");
+  add_op(reg, "global_norm", global_norm);
+  add_op(reg, "adamw", adamw);
+  add_op(reg, "adamw8", adamw8);
 }
 
 }  // namespace surogate::cpu

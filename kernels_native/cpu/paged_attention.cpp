@@ -941,13 +941,8 @@ Status kv_cache_write(const OpArgs& a) {
 }  // namespace
 
 void register_cpu_paged_attention(OpRegistry& reg) {
-  add_op(reg, "kv_cache_write", 3, 3, 2, kv_cache_write,
-         "(k[T,Hkv,D], v[T,Hkv,D], slot_mapping[T] i32) -> (k_cache, v_cache [num_blocks, block_size, Hkv, D], "
-         "written in place; slot -1 skips)");
-  add_op(reg, "paged_attention", 6, 6, 2, paged_attention,
-         "(q[T,Hq,D], k_cache, v_cache, block_tables[S,max_blocks] i32, cu_q[S+1] i32, context_lens[S] i32) -> "
-         "(out[T,Hq,D], [lse[T,Hq] f32]); attrs: scale, window, softcap",
-         1);
+  add_op(reg, "kv_cache_write", kv_cache_write);
+  add_op(reg, "paged_attention", paged_attention);
 }
 
 }  // namespace surogate::cpu

@@ -754,11 +754,8 @@ Status attention_bwd(const OpArgs& a) {
 }  // namespace
 
 void register_cuda_attention(OpRegistry& reg) {
-  add_op(reg, "attention_fwd", 4, 4, 2, attention_fwd,
-         "(q[N,Hq,D], k[N,Hkv,D], v[N,Hkv,D], cu_seqlens[S+1]) -> (out[N,Hq,D], lse[N,Hq] f32); "
-         "attrs: causal, scale, window, softcap");
-  add_op(reg, "attention_bwd", 7, 7, 3, attention_bwd,
-         "(dout, q, k, v, out, lse, cu_seqlens) -> (dq, dk, dv); attrs: causal, scale, window, softcap");
+  add_op(reg, "attention_fwd", attention_fwd);
+  add_op(reg, "attention_bwd", attention_bwd);
 }
 
 }  // namespace surogate::cuda

@@ -253,10 +253,9 @@ Status embedding_bwd(const OpArgs& a) {
 }  // namespace
 
 void register_cuda_embedding(OpRegistry& reg) {
-  add_op(reg, "embedding_fwd", 2, 2, 1, embedding_fwd,
-         "(ids[N] int32, table[V,C]) -> (y[N,C]); out-of-range ids give zero rows (not checked on the host)");
-  add_op(reg, "embedding_bwd", 2, 2, 1, embedding_bwd,
-         "(ids[N] int32, dy[N,C]) -> (dtable[V,C], f32 or dy's dtype); attrs: accumulate; out-of-range ids skipped");
+  // ids are not checked on the host: out-of-range ids give zero rows (forward) or are skipped (backward).
+  add_op(reg, "embedding_fwd", embedding_fwd);
+  add_op(reg, "embedding_bwd", embedding_bwd);
 }
 
 void register_cuda_embed_optim(OpRegistry& reg) {

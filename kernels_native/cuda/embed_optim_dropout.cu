@@ -121,9 +121,8 @@ Status dropout_fwd(const OpArgs& a) {
 }  // namespace
 
 void register_cuda_dropout(OpRegistry& reg) {
-  add_op(reg, "dropout_fwd", 1, 2, 1, dropout_fwd,
-         "(x, [rng int32[2] | int64[1], read on the device]) -> (y = mask * x / (1-p)); mask a hash of "
-         "(seed ^ rng, offset + i), the CPU's bit for bit; attrs: p, seed, offset. Backward: the same op on dy");
+  // rng is read on the device; the mask is the CPU's bit for bit.
+  add_op(reg, "dropout_fwd", dropout_fwd);
 }
 
 }  // namespace surogate::cuda

@@ -351,10 +351,8 @@ Status gguf_matmul(const OpArgs& a) {
 }  // namespace
 
 void register_cuda_gguf(OpRegistry& reg) {
-  add_op(reg, "gguf_dequantize", 1, 1, 1, gguf_dequantize,
-         "(q[rows, bytes_per_row] u8) -> (y[rows, cols] f32/bf16/f16); attrs: type (ggml id), cols");
-  add_op(reg, "gguf_matmul", 2, 2, 1, gguf_matmul,
-         "(x[N, K] f32/bf16/f16, Wq[M, bytes_per_row(K)] u8) -> (y[N, M] = x @ dequant(Wq)^T); attrs: type");
+  add_op(reg, "gguf_dequantize", gguf_dequantize);
+  add_op(reg, "gguf_matmul", gguf_matmul);
 }
 
 }  // namespace surogate::cuda

@@ -126,10 +126,10 @@ Status geglu_bwd(const OpArgs& a) { return gated_bwd<GeluTanh>("geglu_bwd", a); 
 }  // namespace
 
 void register_cuda_gated(OpRegistry& reg) {
-  add_op(reg, "swiglu_fwd", 1, 1, 1, swiglu_fwd, "(gu[N,2F] = [gate, up]) -> (y[N,F] = silu(gate) * up)");
-  add_op(reg, "swiglu_bwd", 2, 2, 1, swiglu_bwd, "(dy[N,F], gu[N,2F]) -> (dgu[N,2F])");
-  add_op(reg, "geglu_fwd", 1, 1, 1, geglu_fwd, "(gu[N,2F] = [gate, up]) -> (y[N,F] = gelu_tanh(gate) * up)");
-  add_op(reg, "geglu_bwd", 2, 2, 1, geglu_bwd, "(dy[N,F], gu[N,2F]) -> (dgu[N,2F])");
+  add_op(reg, "swiglu_fwd", swiglu_fwd);
+  add_op(reg, "swiglu_bwd", swiglu_bwd);
+  add_op(reg, "geglu_fwd", geglu_fwd);
+  add_op(reg, "geglu_bwd", geglu_bwd);
 }
 
 }  // namespace surogate::cuda::nra

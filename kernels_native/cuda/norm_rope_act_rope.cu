@@ -430,15 +430,10 @@ Status qk_norm_rope_bwd(const OpArgs& a) {
 }  // namespace
 
 void register_cuda_rope(OpRegistry& reg) {
-  const std::string attrs = "theta, rotary_dim, rope_type (default|linear|llama3), factor, low_freq_factor, "
-                            "high_freq_factor, original_max_position, attention_factor";
-  add_op(reg, "rope_fwd", 2, 2, 1, rope_fwd, ("(x[N,H,D], pos[N] i32) -> (y); attrs: " + attrs).c_str());
-  add_op(reg, "rope_bwd", 2, 2, 1, rope_bwd,
-         ("(dy[N,H,D], pos[N] i32) -> (dx), rotation by -angle; attrs: " + attrs).c_str());
-  add_op(reg, "qk_norm_rope_fwd", 3, 3, 2, qk_norm_rope_fwd,
-         ("(x[N,H,D], w[D], pos[N]) -> (y, rstd[N,H] f32); attrs: eps, " + attrs).c_str());
-  add_op(reg, "qk_norm_rope_bwd", 5, 5, 2, qk_norm_rope_bwd,
-         ("(dy, x, w, rstd, pos) -> (dx, [dw]); attrs: eps, accumulate, " + attrs).c_str(), /*min_out=*/1);
+  add_op(reg, "rope_fwd", rope_fwd);
+  add_op(reg, "rope_bwd", rope_bwd);
+  add_op(reg, "qk_norm_rope_fwd", qk_norm_rope_fwd);
+  add_op(reg, "qk_norm_rope_bwd", qk_norm_rope_bwd);
 }
 
 }  // namespace surogate::cuda::nra

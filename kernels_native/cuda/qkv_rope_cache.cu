@@ -392,11 +392,7 @@ Status qkv_rope_cache(const OpArgs& a) {
 namespace surogate::cuda {
 
 void register_cuda_qkv_rope_cache(OpRegistry& reg) {
-  add_op(reg, "qkv_rope_cache", 5, 7, 3, nra::qkv_rope_cache,
-         "(q[N,Hq,D], k[N,Hkv,D], v[N,Hkv,D], pos[N] i32, slot_mapping[N] i32, [q_norm[D], k_norm[D]]) -> "
-         "(q_out[N,Hq,D], k_cache, v_cache [num_blocks, block_size, Hkv, D], written in place; slot -1 skips); "
-         "attrs: eps, theta, rotary_dim, rope_type (default|linear|llama3), factor, low_freq_factor, "
-         "high_freq_factor, original_max_position, attention_factor");
+  add_op(reg, "qkv_rope_cache", nra::qkv_rope_cache);
 }
 
 }  // namespace surogate::cuda
