@@ -44,9 +44,8 @@ Status qkv_rope_cache(const OpArgs& a) {
   const int64_t N = dims.N, Hq = dims.Hq, D = dims.D, Hkv = dims.Hkv;
   const int64_t q_row = dims.q_row, k_row = dims.k_row, v_row = dims.v_row;
   const bool norm = dims.norm;
-  RopeConfig cfg;
-  SG_RETURN_IF_ERROR(parse_rope(op, a.attr(), D, &cfg));
-  const float eps = static_cast<float>(a.attr().get_float("eps", 1e-6));
+  const RopeConfig& cfg = dims.rope;
+  const float eps = dims.eps;
   const int32_t* pos = a.in(3).ptr<int32_t>();
   const int32_t* slots = sm.ptr<int32_t>();
   SG_RETURN_IF_ERROR(check_slot_mapping(op, slots, N, kc.shape[0], kc.shape[1]));

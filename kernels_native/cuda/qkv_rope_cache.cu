@@ -337,7 +337,7 @@ Status qkv_rope_cache(const OpArgs& a) {
   const int64_t q_row = dims.q_row, k_row = dims.k_row, v_row = dims.v_row;
   const bool norm = dims.norm;
   RopeConfig cfg;
-  SG_RETURN_IF_ERROR(parse_rope(op, a.attr(), D, &cfg));
+  SG_RETURN_IF_ERROR(device_rope(op, dims.rope, &cfg));
   SG_CHECK(Hq + 2 * Hkv <= (1 << 24), StatusCode::kUnsupported,
            str_cat(op, ": ", Hq, " + 2 x ", Hkv, " heads is above the CUDA kernel's limit"), "run this op on the CPU");
   const int64_t R = cfg.rotary_dim, half = R / 2;
@@ -364,7 +364,7 @@ Status qkv_rope_cache(const OpArgs& a) {
   p.Hkv = static_cast<int>(Hkv);
   p.D = static_cast<int>(D);
   p.half = static_cast<int>(half);
-  p.eps = static_cast<float>(a.attr().get_float("eps", 1e-6));
+  p.eps = dims.eps;
   p.af = cfg.attention_factor;
   bool aligned = true;
   for (const void* ptr : {p.q, p.k, p.v, p.wq, p.wk, static_cast<const void*>(p.q_out),
