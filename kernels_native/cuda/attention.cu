@@ -38,6 +38,7 @@
 #include <type_traits>
 
 #include "core/allocator.h"
+#include "cuda/attention_docs.cuh"
 #include "cuda/attention_flash.cuh"
 #include "cuda/backend.h"
 #include "cuda/common.cuh"
@@ -99,10 +100,8 @@ struct BwdTile {
 
 // ---- masks and documents ---------------------------------------------------------------------
 
-// std::min / std::clamp are host-only without --expt-relaxed-constexpr.
-__device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-__device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
-__device__ __forceinline__ int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return min64(max64(x, lo), hi); }
+// min64 / max64 / clamp64, doc_bounds and find_doc: cuda/attention_docs.cuh.
+using namespace attn;
 
 // Keys [lo(i), hi(i)) of a document of length L are visible to its query i; both bounds are
 // nondecreasing in i (cpu/attention.cpp, AttnConfig). int64: i + window must not overflow.
@@ -131,14 +130,6 @@ struct Mask {
     }
   }
 };
-
-// Document s as [start, start + len), clamped into [0, N] (see the header).
-__device__ __forceinline__ void doc_bounds(const int32_t* cu, int s, int64_t N, int64_t* start, int64_t* len) {
-  const int64_t a = clamp64(cu[s], 0, N);
-  const int64_t b = clamp64(cu[s + 1], a, N);
-  *start = a;
-  *len = b - a;
-}
 
 // off[s] = tiles of `rows` rows in the documents before s; off[S] = all of them. One block: each
 // thread takes a run of documents, then a block-wide exclusive scan of the per-thread counts.
@@ -178,16 +169,6 @@ __global__ void tile_offsets_kernel(const int32_t* cu, int S, int64_t N, int row
     at += tiles(s);
   }
   if (threadIdx.x == kOffsetThreads - 1) off[S] = at;
-}
-
-// The document that owns tile b (off[s] <= b < off[s + 1]); b < off[S] is the caller's check.
-__device__ __forceinline__ int find_doc(const int* off, int S, int b) {
-  int lo = 0, hi = S - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (off[mid] <= b) lo = mid; else hi = mid - 1;
-  }
-  return lo;
 }
 
 // ---- shared-memory tiles ---------------------------------------------------------------------
