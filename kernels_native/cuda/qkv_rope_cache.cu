@@ -25,8 +25,8 @@
 // CUDA graph): positions and slots stay on the GPU, a slot outside the cache skips the token's
 // k and v like -1 (its q is still computed), duplicate slots leave the writers' rows mixed.
 //
-// Past 400 lines because the op is one file, as ggml's: the kernel, its launch shape and the
-// argument checks (cpu/qkv_rope_cache.cpp's, the same messages).
+// Past 400 lines because the op is one file, as ggml's: the kernel and its launch shape (the
+// argument checks and rope attrs are runtime/op_checks.h's, shared with the CPU).
 #include <algorithm>
 #include <climits>
 
