@@ -119,26 +119,30 @@ Status check_global_norm(const OpArgs& a) {
   return Status::OK();
 }
 
-Status check_adamw(const OpArgs& a, AdamwArgs* r) {
-  SG_CHECK_ARG(a.num_inputs >= 2 && (a.num_inputs - 2) % kGroup == 0,
-               str_cat("adamw: got ", a.num_inputs, " inputs, expected 2 + 5*k: hp, norm (or None), then "
-                       "(param, master or None, grad, m, v) per parameter"));
-  r->n_groups = (a.num_inputs - 2) / kGroup;
-  SG_RETURN_IF_ERROR(check_hp_norm(a, "adamw"));
-  SG_RETURN_IF_ERROR(decay_groups(a, "adamw", r->n_groups, &r->decay));
-  for (int g = 0; g < r->n_groups; ++g) SG_RETURN_IF_ERROR(check_group(a, g));
+namespace {
+
+// hp, norm, then groups of `group` inputs (`layout` names them for the arity error), each
+// checked by check_one; the attr no_decay names groups.
+Status check_adam(const OpArgs& a, const char* op, int group, const char* layout,
+                  Status (*check_one)(const OpArgs&, int), AdamwArgs* r) {
+  SG_CHECK_ARG(a.num_inputs >= 2 && (a.num_inputs - 2) % group == 0,
+               str_cat(op, ": got ", a.num_inputs, " inputs, expected 2 + ", group, "*k: hp, norm (or None), then (",
+                       layout, ") per parameter"));
+  r->n_groups = (a.num_inputs - 2) / group;
+  SG_RETURN_IF_ERROR(check_hp_norm(a, op));
+  SG_RETURN_IF_ERROR(decay_groups(a, op, r->n_groups, &r->decay));
+  for (int g = 0; g < r->n_groups; ++g) SG_RETURN_IF_ERROR(check_one(a, g));
   return Status::OK();
 }
 
+}  // namespace
+
+Status check_adamw(const OpArgs& a, AdamwArgs* r) {
+  return check_adam(a, "adamw", kGroup, "param, master or None, grad, m, v", check_group, r);
+}
+
 Status check_adamw8(const OpArgs& a, AdamwArgs* r) {
-  SG_CHECK_ARG(a.num_inputs >= 2 && (a.num_inputs - 2) % kGroup8 == 0,
-               str_cat("adamw8: got ", a.num_inputs, " inputs, expected 2 + 7*k: hp, norm (or None), then "
-                       "(param, master or None, grad, m_q, m_scale, v_q, v_scale) per parameter"));
-  r->n_groups = (a.num_inputs - 2) / kGroup8;
-  SG_RETURN_IF_ERROR(check_hp_norm(a, "adamw8"));
-  SG_RETURN_IF_ERROR(decay_groups(a, "adamw8", r->n_groups, &r->decay));
-  for (int g = 0; g < r->n_groups; ++g) SG_RETURN_IF_ERROR(check_group8(a, g));
-  return Status::OK();
+  return check_adam(a, "adamw8", kGroup8, "param, master or None, grad, m_q, m_scale, v_q, v_scale", check_group8, r);
 }
 
 }  // namespace surogate
