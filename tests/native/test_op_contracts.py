@@ -18,6 +18,8 @@ FLOATS = ["float32", "bfloat16", "float16"]
 
 # CPU ops with no CUDA kernel yet. Adding a CUDA kernel (or a CPU op) means editing this list.
 CUDA_LACKS = {"gguf_quantize"}
+# Ops whose CUDA kernel runs fewer activation dtypes than the CPU's: op -> the dtypes it lacks.
+CUDA_LACKS_DTYPES: dict[str, set[str]] = {}
 
 README_DEV = Path(__file__).resolve().parents[2] / "kernels_native" / "README-dev.md"
 
@@ -77,5 +79,9 @@ def test_cuda_ops_have_contracts_and_lack_only_the_listed_ones():
     cuda = {op["name"]: op for op in _native.list_ops("cuda")}
     assert sorted(n for n, op in cuda.items() if not op["contracted"]) == []
     assert sorted(cpu - set(cuda)) == sorted(CUDA_LACKS)
+    cpu_dtypes = {op["name"]: set(op["dtypes"]) for op in _native.list_ops("cpu")}
+    lacking = {n: cpu_dtypes[n] - set(op["dtypes"]) for n, op in cuda.items() if cpu_dtypes[n] - set(op["dtypes"])}
+    assert lacking == CUDA_LACKS_DTYPES
     for name in cuda:
-        assert _native.supports_op(name, "cuda", "float32") == ("float32" in cuda[name]["dtypes"])
+        for dt in FLOATS:
+            assert _native.supports_op(name, "cuda", dt) == (dt in cuda[name]["dtypes"]), (name, dt)
