@@ -12,6 +12,7 @@
 #include "core/allocator.h"
 #include "core/cpu_features.h"
 #include "core/thread_pool.h"
+#include "runtime/op_contracts.h"
 #include "runtime/op_registry.h"
 #include "runtime/program.h"
 
@@ -335,11 +336,35 @@ PYBIND11_MODULE(_native, m) {
             e["min_inputs"] = d->min_inputs;
             e["max_inputs"] = d->max_inputs;
             e["num_outputs"] = d->num_outputs;
+            e["min_outputs"] = d->min_outputs;
             e["doc"] = d->doc;
+            e["contracted"] = d->contracted;
+            py::list dts;
+            for (DType dt : d->dtypes) dts.append(dtype_name(dt));
+            e["dtypes"] = dts;
             out.append(e);
           }
           return out;
         }, py::arg("device") = "cpu");
+
+  m.def("op_contracts", [] {
+          py::list out;
+          for (const OpContract& c : op_contracts()) {
+            py::dict e;
+            e["name"] = c.name;
+            e["min_inputs"] = c.min_inputs;
+            e["max_inputs"] = c.max_inputs;
+            e["num_outputs"] = c.num_outputs;
+            e["min_outputs"] = c.min_outputs;
+            e["doc"] = c.doc;
+            out.append(e);
+          }
+          return out;
+        }, "The op contract table (runtime/op_contracts.cpp): every op's arity and doc, for all backends.");
+  m.def("supports_op", [](const std::string& name, const std::string& device, py::handle dtype) {
+          return OpRegistry::global().supports(name, parse_device(device).type, parse_dtype(dtype));
+        }, py::arg("name"), py::arg("device") = "cpu", py::arg("dtype") = "float32",
+        "True when the device's backend has a kernel for op `name` on activations of `dtype`.");
 
   py::class_<Program>(m, "Program")
       .def(py::init([](const std::string& device) { return new Program(parse_device(device)); }),

@@ -48,6 +48,7 @@
 
 #include "cpu/common.h"
 #include "cpu/vec_math.h"
+#include "runtime/op_checks_attention.h"
 
 namespace surogate::cpu {
 
@@ -152,11 +153,8 @@ SG_GEMM_VERSION(, 16)
 
 // ---- masks -------------------------------------------------------------------------------
 
-struct AttnConfig {
-  int64_t N = 0, Hq = 0, Hkv = 0, D = 0, G = 1, S = 0;
-  bool causal = true;
-  int64_t window = 0;
-  float scale = 1.0f, softcap = 0.0f;
+// The checked shapes and attrs (runtime/op_checks_attention.h) and the tile size.
+struct AttnConfig : AttentionArgs {
   int64_t tile_tokens = 1;  // query tokens per tile: kTileRows / G, at least 1
 
   // Keys [key_lo(i), key_hi(i)) are visible to query i of a document of length L; both bounds
@@ -194,45 +192,10 @@ void tile_columns(const AttnConfig& c, int64_t L, int64_t t0, int64_t nt, int64_
 
 // ---- validation --------------------------------------------------------------------------
 
-Status check_float_like(const char* op, const char* arg, const Tensor& t, const Tensor& like, const char* like_name) {
-  SG_RETURN_IF_ERROR(check_same_shape(op, arg, t, like_name, like));
-  SG_CHECK(t.dtype == like.dtype, StatusCode::kDTypeUnsupported,
-           str_cat(op, ": ", arg, " is ", dtype_name(t.dtype), " but ", like_name, " is ", dtype_name(like.dtype)),
-           "attention takes q, k, v and their gradients in one dtype; cast first");
-  return check_contiguous(op, arg, t);
-}
-
-Status read_config(const char* op, const OpArgs& a, const Tensor& q, const Tensor& k, const Tensor& v,
-                   const Tensor& cu, AttnConfig* c) {
-  SG_RETURN_IF_ERROR(check_ndim(op, "q", q, 3));
-  SG_RETURN_IF_ERROR(check_ndim(op, "k", k, 3));
-  SG_RETURN_IF_ERROR(check_dtype(op, "q", q, {DType::kF32, DType::kBF16, DType::kF16}));
-  SG_RETURN_IF_ERROR(check_contiguous(op, "q", q));
-  SG_CHECK(k.dtype == q.dtype, StatusCode::kDTypeUnsupported,
-           str_cat(op, ": k is ", dtype_name(k.dtype), " but q is ", dtype_name(q.dtype)),
-           "attention takes q, k and v in one dtype; cast first");
-  SG_RETURN_IF_ERROR(check_contiguous(op, "k", k));
-  SG_RETURN_IF_ERROR(check_float_like(op, "v", v, k, "k"));
-  c->N = q.shape[0];
-  c->Hq = q.shape[1];
-  c->D = q.shape[2];
-  c->Hkv = k.shape[1];
-  SG_CHECK_SHAPE(k.shape[0] == c->N && k.shape[2] == c->D,
-                 str_cat(op, ": k ", k.shape_str(), " does not fit q ", q.shape_str(),
-                         " (want [N, Hkv, D] with the same N tokens and head dim D)"));
-  SG_CHECK_SHAPE(c->D > 0 && c->Hq > 0 && c->Hkv > 0,
-                 str_cat(op, ": q ", q.shape_str(), " and k ", k.shape_str(), " need D > 0 and at least one head"));
-  SG_CHECK(c->Hq % c->Hkv == 0, StatusCode::kShapeMismatch,
-           str_cat(op, ": Hq = ", c->Hq, " query heads is not a multiple of Hkv = ", c->Hkv, " kv heads"),
-           "grouped-query attention shares each kv head among Hq / Hkv query heads");
-  c->G = c->Hq / c->Hkv;
+// The shared checks, then those that read cu_seqlens' values (host memory).
+Status read_config(const char* op, const OpArgs& a, bool backward, const Tensor& cu, AttnConfig* c) {
+  SG_RETURN_IF_ERROR(backward ? check_attention_bwd(a, c) : check_attention_fwd(a, c));
   c->tile_tokens = std::max<int64_t>(1, kTileRows / c->G);
-
-  SG_RETURN_IF_ERROR(check_ndim(op, "cu_seqlens", cu, 1));
-  SG_RETURN_IF_ERROR(check_dtype(op, "cu_seqlens", cu, {DType::kI32}));
-  SG_RETURN_IF_ERROR(check_contiguous(op, "cu_seqlens", cu));
-  SG_CHECK_SHAPE(cu.shape[0] >= 1, str_cat(op, ": cu_seqlens must hold S+1 >= 1 offsets, got ", cu.shape_str()));
-  c->S = cu.shape[0] - 1;
   const int32_t* cs = cu.ptr<int32_t>();
   SG_CHECK(cs[0] == 0, StatusCode::kInvalidArgument, str_cat(op, ": cu_seqlens[0] is ", cs[0], ", must be 0"),
            "cu_seqlens holds document start offsets: [0, len0, len0 + len1, ..., N]");
@@ -245,16 +208,6 @@ Status read_config(const char* op, const OpArgs& a, const Tensor& q, const Tenso
   SG_CHECK(cs[c->S] == c->N, StatusCode::kInvalidArgument,
            str_cat(op, ": cu_seqlens ends at ", cs[c->S], " but q has N = ", c->N, " tokens"),
            "the last offset of cu_seqlens is the total token count");
-
-  const Attrs& at = a.attr();
-  c->causal = at.get_bool("causal", true);
-  c->window = at.get_int("window", 0);
-  SG_CHECK_ARG(c->window >= 0, str_cat(op, ": window = ", c->window, " must be >= 0 (0: no sliding window)"));
-  const double sc = at.get_float("scale", 0.0);
-  c->scale = sc > 0.0 ? static_cast<float>(sc) : static_cast<float>(1.0 / std::sqrt(static_cast<double>(c->D)));
-  const double cap = at.get_float("softcap", 0.0);
-  SG_CHECK_ARG(cap >= 0.0, str_cat(op, ": softcap = ", cap, " must be >= 0 (0: none)"));
-  c->softcap = static_cast<float>(cap);
   return Status::OK();
 }
 
@@ -451,12 +404,7 @@ Status attention_fwd(const OpArgs& a) {
   const Tensor &q = a.in(0), &k = a.in(1), &v = a.in(2), &cu = a.in(3);
   const Tensor &out = a.out(0), &lse = a.out(1);
   AttnConfig c;
-  SG_RETURN_IF_ERROR(read_config(op, a, q, k, v, cu, &c));
-  SG_RETURN_IF_ERROR(check_float_like(op, "out", out, q, "q"));
-  SG_RETURN_IF_ERROR(check_dtype(op, "lse", lse, {DType::kF32}));
-  SG_RETURN_IF_ERROR(check_contiguous(op, "lse", lse));
-  SG_CHECK_SHAPE(lse.ndim == 2 && lse.shape[0] == c.N && lse.shape[1] == c.Hq,
-                 str_cat(op, ": lse must be [N, Hq] = [", c.N, ", ", c.Hq, "], got ", lse.shape_str()));
+  SG_RETURN_IF_ERROR(read_config(op, a, /*backward=*/false, cu, &c));
   SG_DISPATCH_FLOAT(op, q.dtype, T, {
     SG_RETURN_IF_ERROR(attention_fwd_impl<T>(c, q.ptr<T>(), k.ptr<T>(), v.ptr<T>(), cu.ptr<int32_t>(), out.ptr<T>(),
                                              lse.ptr<float>()));
@@ -618,16 +566,7 @@ Status attention_bwd(const OpArgs& a) {
                &cu = a.in(6);
   const Tensor &dq = a.out(0), &dk = a.out(1), &dv = a.out(2);
   AttnConfig c;
-  SG_RETURN_IF_ERROR(read_config(op, a, q, k, v, cu, &c));
-  SG_RETURN_IF_ERROR(check_float_like(op, "dout", dout, q, "q"));
-  SG_RETURN_IF_ERROR(check_float_like(op, "out", out, q, "q"));
-  SG_RETURN_IF_ERROR(check_dtype(op, "lse", lse, {DType::kF32}));
-  SG_RETURN_IF_ERROR(check_contiguous(op, "lse", lse));
-  SG_CHECK_SHAPE(lse.ndim == 2 && lse.shape[0] == c.N && lse.shape[1] == c.Hq,
-                 str_cat(op, ": lse must be [N, Hq] = [", c.N, ", ", c.Hq, "], got ", lse.shape_str()));
-  SG_RETURN_IF_ERROR(check_float_like(op, "dq", dq, q, "q"));
-  SG_RETURN_IF_ERROR(check_float_like(op, "dk", dk, k, "k"));
-  SG_RETURN_IF_ERROR(check_float_like(op, "dv", dv, v, "v"));
+  SG_RETURN_IF_ERROR(read_config(op, a, /*backward=*/true, cu, &c));
   SG_DISPATCH_FLOAT(op, q.dtype, T, {
     SG_RETURN_IF_ERROR(attention_bwd_impl<T>(c, dout.ptr<T>(), q.ptr<T>(), k.ptr<T>(), v.ptr<T>(), out.ptr<T>(),
                                              lse.ptr<float>(), cu.ptr<int32_t>(), dq.ptr<T>(), dk.ptr<T>(),
@@ -639,11 +578,8 @@ Status attention_bwd(const OpArgs& a) {
 }  // namespace
 
 void register_cpu_attention(OpRegistry& reg) {
-  add_op(reg, "attention_fwd", 4, 4, 2, attention_fwd,
-         "(q[N,Hq,D], k[N,Hkv,D], v[N,Hkv,D], cu_seqlens[S+1]) -> (out[N,Hq,D], lse[N,Hq] f32); "
-         "attrs: causal, scale, window, softcap");
-  add_op(reg, "attention_bwd", 7, 7, 3, attention_bwd,
-         "(dout, q, k, v, out, lse, cu_seqlens) -> (dq, dk, dv); attrs: causal, scale, window, softcap");
+  add_op(reg, "attention_fwd", attention_fwd);
+  add_op(reg, "attention_bwd", attention_bwd);
 }
 
 }  // namespace surogate::cpu

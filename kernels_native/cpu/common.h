@@ -8,7 +8,7 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
-#include "runtime/op_registry.h"
+#include "runtime/op_contracts.h"
 
 namespace surogate::cpu {
 
@@ -25,11 +25,9 @@ namespace surogate::cpu {
                       "use float32, bfloat16 or float16");                                         \
   }
 
-// Register helper: OpDef with a fixed number of inputs.
-// min_out: outputs from this index on are optional (-1: all required).
-inline void add_op(OpRegistry& reg, const char* name, int min_in, int max_in, int n_out, OpFn fn, const char* doc,
-                   int min_out = -1) {
-  reg.add(OpDef{name, DeviceType::kCPU, min_in, max_in, n_out, fn, doc, min_out});
+// The CPU kernel of a contracted op (arity and doc: runtime/op_contracts.cpp).
+inline void add_op(OpRegistry& reg, const char* name, OpFn fn, std::initializer_list<DType> dtypes = kFloatDTypes) {
+  add_kernel(reg, DeviceType::kCPU, name, fn, dtypes);
 }
 
 }  // namespace surogate::cpu

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "cpu/common.h"
+#include "runtime/op_checks_matmul.h"
 #include "cpu/vec_math.h"
 #include "cpu/gemm.h"
 
@@ -103,50 +104,6 @@ SG_CPU_CLONES void grad_row(float* z, int64_t n, float lse, float dl, float eps_
   }
 }
 
-struct CeAttrs {
-  int64_t ignore_index = -100;
-  float eps = 0.0f;
-  int64_t chunk = 4096;
-  float cap = 0.0f;
-};
-
-Status read_attrs(const char* op, const OpArgs& a, CeAttrs* out) {
-  CeAttrs c;
-  c.ignore_index = a.attr().get_int("ignore_index", -100);
-  c.eps = static_cast<float>(a.attr().get_float("label_smoothing", 0.0));
-  c.chunk = a.attr().get_int("chunk", 4096);
-  c.cap = static_cast<float>(a.attr().get_float("softcap", 0.0));
-  SG_CHECK_ARG(c.eps >= 0.0f && c.eps <= 1.0f, str_cat(op, ": label_smoothing must be in [0, 1], got ", c.eps));
-  SG_CHECK_ARG(c.chunk >= 1, str_cat(op, ": chunk must be >= 1, got ", c.chunk));
-  SG_CHECK_ARG(c.cap >= 0.0f, str_cat(op, ": softcap must be >= 0 (0 = none), got ", c.cap));
-  *out = c;
-  return Status::OK();
-}
-
-// Shapes and dtypes shared by forward and backward: h[N,C], W[V,C], targets[N] i32.
-Status check_head(const char* op, const Tensor& h, const Tensor& W, const Tensor& targets) {
-  SG_RETURN_IF_ERROR(check_dtype(op, "h", h, {DType::kF32, DType::kBF16, DType::kF16}));
-  SG_RETURN_IF_ERROR(check_dtype(op, "W", W, {DType::kF32, DType::kBF16, DType::kF16}));
-  SG_RETURN_IF_ERROR(check_dtype(op, "targets", targets, {DType::kI32}));
-  SG_RETURN_IF_ERROR(check_ndim(op, "h", h, 2));
-  SG_RETURN_IF_ERROR(check_ndim(op, "W", W, 2));
-  SG_CHECK_SHAPE(W.shape[1] == h.shape[1], str_cat(op, ": h ", h.shape_str(), " and W ", W.shape_str(),
-                                                   " must share the channel dim (W is [V, C], HF layout)"));
-  SG_CHECK_SHAPE(targets.ndim == 1 && targets.shape[0] == h.shape[0],
-                 str_cat(op, ": targets must be [", h.shape[0], "] (one per row of h), got ", targets.shape_str()));
-  for (auto [name, t] : {std::pair<const char*, const Tensor*>{"h", &h}, {"W", &W}, {"targets", &targets}}) {
-    SG_RETURN_IF_ERROR(check_contiguous(op, name, *t));
-  }
-  return Status::OK();
-}
-
-Status check_row_stat(const char* op, const char* name, const Tensor& t, int64_t N) {
-  SG_RETURN_IF_ERROR(check_dtype(op, name, t, {DType::kF32}));
-  SG_RETURN_IF_ERROR(check_contiguous(op, name, t));
-  SG_CHECK_SHAPE(t.ndim == 1 && t.shape[0] == N, str_cat(op, ": ", name, " must be [", N, "], got ", t.shape_str()));
-  return Status::OK();
-}
-
 // Rows whose target is not ignore_index, ascending; a target outside [0, V) fails naming its row.
 Status valid_rows(const char* op, const Tensor& targets, int64_t V, int64_t ignore, std::vector<int64_t>* rows) {
   const int32_t* t = targets.ptr<int32_t>();
@@ -209,12 +166,9 @@ Status lm_head_ce_fwd(const OpArgs& a) {
   const Tensor& targets = a.in(2);
   const Tensor& loss = a.out(0);
   const Tensor& lse = a.out(1);
-  SG_RETURN_IF_ERROR(check_head(op, h, W, targets));
-  const int64_t N = h.shape[0], C = h.shape[1], V = W.shape[0];
-  SG_RETURN_IF_ERROR(check_row_stat(op, "loss", loss, N));
-  SG_RETURN_IF_ERROR(check_row_stat(op, "lse", lse, N));
-  CeAttrs at;
-  SG_RETURN_IF_ERROR(read_attrs(op, a, &at));
+  LmHeadCeArgs at;
+  SG_RETURN_IF_ERROR(check_lm_head_ce_fwd(a, &at));
+  const int64_t N = at.N, C = at.C, V = at.V;
   std::vector<int64_t> rows;
   SG_RETURN_IF_ERROR(valid_rows(op, targets, V, at.ignore_index, &rows));
   std::fill_n(loss.ptr<float>(), N, 0.0f);
@@ -270,23 +224,11 @@ Status lm_head_ce_bwd(const OpArgs& a) {
   const Tensor& lse = a.in(3);
   const Tensor& dloss = a.in(4);
   const Tensor& dh = a.out(0);
-  const bool has_dw = a.has_out(1);
-  SG_RETURN_IF_ERROR(check_head(op, h, W, targets));
-  const int64_t N = h.shape[0], C = h.shape[1], V = W.shape[0];
-  SG_RETURN_IF_ERROR(check_row_stat(op, "lse", lse, N));
-  SG_RETURN_IF_ERROR(check_row_stat(op, "dloss", dloss, N));
-  SG_RETURN_IF_ERROR(check_dtype(op, "dh", dh, {DType::kF32, DType::kBF16, DType::kF16}));
-  SG_RETURN_IF_ERROR(check_contiguous(op, "dh", dh));
-  SG_RETURN_IF_ERROR(check_same_shape(op, "h", h, "dh", dh));
-  if (has_dw) {
-    const Tensor& dW = a.out(1);
-    SG_RETURN_IF_ERROR(check_dtype(op, "dW", dW, {DType::kF32, DType::kBF16, DType::kF16}));
-    SG_RETURN_IF_ERROR(check_contiguous(op, "dW", dW));
-    SG_RETURN_IF_ERROR(check_same_shape(op, "W", W, "dW", dW));
-  }
-  CeAttrs at;
-  SG_RETURN_IF_ERROR(read_attrs(op, a, &at));
-  const bool accumulate = a.attr().get_bool("accumulate", false);
+  LmHeadCeArgs at;
+  SG_RETURN_IF_ERROR(check_lm_head_ce_bwd(a, &at));
+  const bool has_dw = at.dW != nullptr;
+  const int64_t N = at.N, C = at.C, V = at.V;
+  const bool accumulate = at.accumulate;
   std::vector<int64_t> rows;
   SG_RETURN_IF_ERROR(valid_rows(op, targets, V, at.ignore_index, &rows));
   const int64_t nv = static_cast<int64_t>(rows.size());
@@ -379,13 +321,8 @@ Status lm_head_ce_bwd(const OpArgs& a) {
 }  // namespace
 
 void register_cpu_cross_entropy(OpRegistry& reg) {
-  add_op(reg, "lm_head_ce_fwd", 3, 3, 2, lm_head_ce_fwd,
-         "(h[N,C], W[V,C], targets[N] i32) -> (loss[N] f32, lse[N] f32); attrs: ignore_index, label_smoothing, "
-         "chunk, softcap");
-  add_op(reg, "lm_head_ce_bwd", 5, 5, 2, lm_head_ce_bwd,
-         "(h, W, targets, lse, dloss[N] f32) -> (dh[N,C], [dW[V,C]]); attrs: ignore_index, label_smoothing, chunk, "
-         "softcap, accumulate",
-         /*min_out=*/1);
+  add_op(reg, "lm_head_ce_fwd", lm_head_ce_fwd);
+  add_op(reg, "lm_head_ce_bwd", lm_head_ce_bwd);
 }
 
 }  // namespace surogate::cpu

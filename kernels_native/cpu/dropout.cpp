@@ -11,6 +11,7 @@
 #include <cmath>
 
 #include "cpu/common.h"
+#include "runtime/op_checks_pointwise.h"
 
 namespace surogate::cpu {
 
@@ -28,33 +29,18 @@ inline uint64_t splitmix64(uint64_t z) {
 Status dropout_fwd(const OpArgs& a) {
   const Tensor& x = a.in(0);
   const Tensor& y = a.out(0);
-  SG_RETURN_IF_ERROR(check_contiguous("dropout_fwd", "x", x));
-  SG_RETURN_IF_ERROR(check_contiguous("dropout_fwd", "y", y));
-  SG_RETURN_IF_ERROR(check_same_shape("dropout_fwd", "x", x, "y", y));
-  SG_CHECK(x.dtype == y.dtype, StatusCode::kDTypeUnsupported, "dropout_fwd: x and y dtypes differ", "cast first");
-  const double p = a.attr().get_float("p", 0.0);
-  uint64_t seed = static_cast<uint64_t>(a.attr().get_int("seed", 0));
-  const uint64_t offset = static_cast<uint64_t>(a.attr().get_int("offset", 0));
-  if (a.has_in(1)) {
-    const Tensor& r = a.in(1);
-    SG_RETURN_IF_ERROR(check_contiguous("dropout_fwd", "rng", r));
-    if (r.dtype == DType::kI32) {
-      SG_CHECK_SHAPE(r.numel() >= 2, str_cat("dropout_fwd: rng (int32) needs 2 elements, got ", r.shape_str()));
-      const uint32_t* q = static_cast<const uint32_t*>(r.data);
-      seed ^= static_cast<uint64_t>(q[0]) | (static_cast<uint64_t>(q[1]) << 32);
-    } else if (r.dtype == DType::kI64) {
-      SG_CHECK_SHAPE(r.numel() >= 1, str_cat("dropout_fwd: rng (int64) needs 1 element, got ", r.shape_str()));
-      seed ^= *static_cast<const uint64_t*>(r.data);
-    } else {
-      SG_CHECK(false, StatusCode::kDTypeUnsupported,
-               str_cat("dropout_fwd: rng must be int32 or int64, got ", dtype_name(r.dtype)), "");
-    }
+  DropoutArgs d;
+  SG_RETURN_IF_ERROR(check_dropout_fwd(a, &d));
+  uint64_t seed = d.seed;
+  const uint64_t offset = d.offset, thr = d.thr;
+  const float scale = d.scale;
+  if (d.rng == DropoutArgs::kI32) {
+    const uint32_t* q = static_cast<const uint32_t*>(a.in(1).data);
+    seed ^= static_cast<uint64_t>(q[0]) | (static_cast<uint64_t>(q[1]) << 32);
+  } else if (d.rng == DropoutArgs::kI64) {
+    seed ^= *static_cast<const uint64_t*>(a.in(1).data);
   }
   const uint64_t s = splitmix64(seed);
-  // keep iff (h >> 40) >= thr, thr = ceil(p * 2^24): exactly u >= p for the 24-bit u.
-  const double thr_d = std::ceil(p * 16777216.0);
-  const uint64_t thr = p <= 0.0 ? 0 : (p >= 1.0 ? (1ull << 24) : static_cast<uint64_t>(thr_d));
-  const float scale = p >= 1.0 ? 0.0f : static_cast<float>(1.0 / (1.0 - p));
   SG_DISPATCH_FLOAT("dropout_fwd", x.dtype, T, {
     const T* px = x.ptr<T>();
     T* py = y.ptr<T>();
@@ -71,9 +57,7 @@ Status dropout_fwd(const OpArgs& a) {
 }  // namespace
 
 void register_cpu_dropout(OpRegistry& reg) {
-  add_op(reg, "dropout_fwd", 1, 2, 1, dropout_fwd,
-         "(x, [rng int32[2] | int64[1]]) -> (y = mask * x / (1-p)); mask a hash of (seed ^ rng, offset + i); "
-         "attrs: p, seed, offset. Backward: the same op on dy");
+  add_op(reg, "dropout_fwd", dropout_fwd);
 }
 
 }  // namespace surogate::cpu

@@ -5,6 +5,7 @@
 
 #include "cpu/common.h"
 #include "runtime/op_checks.h"
+#include "runtime/op_checks_pointwise.h"
 
 namespace surogate::cpu {
 
@@ -15,8 +16,8 @@ constexpr int64_t kGrain = 1 << 14;
 // fill: () -> (y); attrs: value (default 0)
 Status fill(const OpArgs& a) {
   const Tensor& y = a.out(0);
-  SG_RETURN_IF_ERROR(check_contiguous("fill", "y", y));
-  const float v = static_cast<float>(a.attr().get_float("value", 0.0));
+  float v = 0.0f;
+  SG_RETURN_IF_ERROR(check_fill(a, &v));
   if (v == 0.0f) {
     std::memset(y.data, 0, y.nbytes());
     return Status::OK();
@@ -35,12 +36,7 @@ Status fill(const OpArgs& a) {
 Status cast(const OpArgs& a) {
   const Tensor& x = a.in(0);
   const Tensor& y = a.out(0);
-  SG_RETURN_IF_ERROR(check_contiguous("cast", "x", x));
-  SG_RETURN_IF_ERROR(check_contiguous("cast", "y", y));
-  SG_CHECK_SHAPE(x.numel() == y.numel(), str_cat("cast: x ", x.shape_str(), " and y ", y.shape_str(),
-                                                 " have different element counts"));
-  SG_CHECK(dtype_is_float(x.dtype) && dtype_is_float(y.dtype), StatusCode::kDTypeUnsupported,
-           str_cat("cast: ", dtype_name(x.dtype), " -> ", dtype_name(y.dtype), " is not a float conversion"), "");
+  SG_RETURN_IF_ERROR(check_cast(a));
   const size_t xs = dtype_size(x.dtype), ys = dtype_size(y.dtype);
   parallel_for(0, x.numel(), kGrain, [&](int64_t lo, int64_t hi) {
     convert(static_cast<const char*>(x.data) + lo * xs, x.dtype, static_cast<char*>(y.data) + lo * ys, y.dtype,
@@ -57,13 +53,9 @@ Status add(const OpArgs& args) {
   const Tensor& x = args.in(0);
   const Tensor& z = args.in(1);
   const Tensor& y = args.out(0);
-  SG_RETURN_IF_ERROR(check_same_shape("add", "a", x, "b", z));
-  SG_RETURN_IF_ERROR(check_same_shape("add", "a", x, "y", y));
-  SG_CHECK(x.dtype == z.dtype && x.dtype == y.dtype, StatusCode::kDTypeUnsupported,
-           str_cat("add: dtypes differ (", dtype_name(x.dtype), ", ", dtype_name(z.dtype), ", ", dtype_name(y.dtype),
-                   ")"), "cast first");
-  const float alpha = static_cast<float>(args.attr().get_float("alpha", 1.0));
-  const float beta = static_cast<float>(args.attr().get_float("beta", 1.0));
+  AddArgs r;
+  SG_RETURN_IF_ERROR(check_add(args, &r));
+  const float alpha = r.alpha, beta = r.beta;
   SG_DISPATCH_FLOAT("add", x.dtype, T, {
     const T* pa = x.ptr<T>();
     const T* pb = z.ptr<T>();
@@ -79,9 +71,9 @@ Status add(const OpArgs& args) {
 Status scale(const OpArgs& args) {
   const Tensor& x = args.in(0);
   const Tensor& y = args.out(0);
-  SG_RETURN_IF_ERROR(check_same_shape("scale", "x", x, "y", y));
-  SG_CHECK(x.dtype == y.dtype, StatusCode::kDTypeUnsupported, "scale: x and y dtypes differ", "cast first");
-  const float alpha = static_cast<float>(args.attr().get_float("alpha", 1.0));
+  AddArgs r;
+  SG_RETURN_IF_ERROR(check_scale(args, &r));
+  const float alpha = r.alpha;
   SG_DISPATCH_FLOAT("scale", x.dtype, T, {
     const T* px = x.ptr<T>();
     T* py = y.ptr<T>();
@@ -123,12 +115,12 @@ Status argmax(const OpArgs& args) {
 }  // namespace
 
 void register_cpu_elementwise(OpRegistry& reg) {
-  add_op(reg, "fill", 0, 0, 1, fill, "() -> (y); attrs: value");
-  add_op(reg, "cast", 1, 1, 1, cast, "(x) -> (y) any float dtypes");
-  add_op(reg, "copy", 1, 1, 1, copy, "(x) -> (y) same dtype");
-  add_op(reg, "add", 2, 2, 1, add, "(a, b) -> (y = alpha*a + beta*b); attrs: alpha, beta");
-  add_op(reg, "scale", 1, 1, 1, scale, "(x) -> (y = alpha*x); attrs: alpha");
-  add_op(reg, "argmax", 1, 1, 1, argmax, "(x [R, V]) -> (y int32 [R]): lowest index of the row max, -1 on NaN / +inf");
+  add_op(reg, "fill", fill);
+  add_op(reg, "cast", cast);
+  add_op(reg, "copy", copy);
+  add_op(reg, "add", add);
+  add_op(reg, "scale", scale);
+  add_op(reg, "argmax", argmax);
 }
 
 }  // namespace surogate::cpu

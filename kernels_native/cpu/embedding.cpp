@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cpu/common.h"
+#include "runtime/op_checks_embedding.h"
 
 namespace surogate::cpu {
 
@@ -27,10 +28,8 @@ namespace {
 constexpr int64_t kColumnBlock = 512;
 
 // ids [N] int32 with every id in [0, V).
+// Every id in [0, V) (host memory; the shapes are checked by runtime/op_checks_embedding.h).
 Status check_ids(const char* op, const Tensor& ids, int64_t V) {
-  SG_RETURN_IF_ERROR(check_ndim(op, "ids", ids, 1));
-  SG_RETURN_IF_ERROR(check_contiguous(op, "ids", ids));
-  SG_RETURN_IF_ERROR(check_dtype(op, "ids", ids, {DType::kI32}));
   const int32_t* p = ids.ptr<int32_t>();
   for (int64_t n = 0; n < ids.shape[0]; ++n) {
     SG_CHECK(p[n] >= 0 && p[n] < V, StatusCode::kInvalidArgument,
@@ -40,28 +39,13 @@ Status check_ids(const char* op, const Tensor& ids, int64_t V) {
   return Status::OK();
 }
 
-// t is [rows, C] of a float storage dtype, contiguous.
-Status check_rows(const char* op, const char* name, const Tensor& t, int64_t rows, int64_t C) {
-  SG_RETURN_IF_ERROR(check_ndim(op, name, t, 2));
-  SG_RETURN_IF_ERROR(check_contiguous(op, name, t));
-  SG_RETURN_IF_ERROR(check_dtype(op, name, t, {DType::kF32, DType::kBF16, DType::kF16}));
-  SG_CHECK_SHAPE(t.shape[0] == rows && t.shape[1] == C,
-                 str_cat(op, ": ", name, " is ", t.shape_str(), ", expected [", rows, ", ", C, "]"));
-  return Status::OK();
-}
-
 Status embedding_fwd(const OpArgs& a) {
   const char* op = "embedding_fwd";
   const Tensor &ids = a.in(0), &table = a.in(1), &y = a.out(0);
-  SG_RETURN_IF_ERROR(check_ndim(op, "table", table, 2));
-  const int64_t V = table.shape[0], C = table.shape[1];
-  SG_RETURN_IF_ERROR(check_rows(op, "table", table, V, C));
-  SG_RETURN_IF_ERROR(check_ids(op, ids, V));
-  const int64_t N = ids.shape[0];
-  SG_RETURN_IF_ERROR(check_rows(op, "y", y, N, C));
-  SG_CHECK(y.dtype == table.dtype, StatusCode::kDTypeUnsupported,
-           str_cat(op, ": y is ", dtype_name(y.dtype), " but table is ", dtype_name(table.dtype)),
-           "allocate y in the table's dtype");
+  EmbeddingArgs r;
+  SG_RETURN_IF_ERROR(check_embedding_fwd(a, &r));
+  const int64_t N = r.N, C = r.C;
+  SG_RETURN_IF_ERROR(check_ids(op, ids, r.V));
   const size_t row_bytes = static_cast<size_t>(C) * dtype_size(table.dtype);
   const int32_t* id = ids.ptr<int32_t>();
   const char* src = static_cast<const char*>(table.data);
@@ -97,18 +81,11 @@ void scatter_rows(const int32_t* order, const int32_t* offsets, const std::vecto
 Status embedding_bwd(const OpArgs& a) {
   const char* op = "embedding_bwd";
   const Tensor &ids = a.in(0), &dy = a.in(1), &dtable = a.out(0);
-  SG_RETURN_IF_ERROR(check_ndim(op, "dtable", dtable, 2));
-  const int64_t V = dtable.shape[0], C = dtable.shape[1];
+  EmbeddingArgs r;
+  SG_RETURN_IF_ERROR(check_embedding_bwd(a, &r));
+  const int64_t N = r.N, V = r.V, C = r.C;
   SG_RETURN_IF_ERROR(check_ids(op, ids, V));
-  const int64_t N = ids.shape[0];
-  SG_RETURN_IF_ERROR(check_rows(op, "dy", dy, N, C));
-  SG_RETURN_IF_ERROR(check_rows(op, "dtable", dtable, V, C));
-  SG_CHECK(dtable.dtype == DType::kF32 || dtable.dtype == dy.dtype, StatusCode::kDTypeUnsupported,
-           str_cat(op, ": dtable is ", dtype_name(dtable.dtype), ", expected float32 or dy's ",
-                   dtype_name(dy.dtype)),
-           "keep the embedding gradient in float32 or in the activations' dtype");
-  SG_CHECK_ARG(N < INT32_MAX, str_cat(op, ": ", N, " tokens; at most 2^31 - 2 in one call"));
-  const bool accumulate = a.attr().get_bool("accumulate", false);
+  const bool accumulate = r.accumulate;
 
   // Stable counting sort: order[offsets[v] .. offsets[v + 1]) are the positions of id v, ascending.
   Tensor offsets_t, order_t;
@@ -150,9 +127,8 @@ Status embedding_bwd(const OpArgs& a) {
 }  // namespace
 
 void register_cpu_embedding(OpRegistry& reg) {
-  add_op(reg, "embedding_fwd", 2, 2, 1, embedding_fwd, "(ids[N] int32, table[V,C]) -> (y[N,C])");
-  add_op(reg, "embedding_bwd", 2, 2, 1, embedding_bwd,
-         "(ids[N] int32, dy[N,C]) -> (dtable[V,C], f32 or dy's dtype); attrs: accumulate");
+  add_op(reg, "embedding_fwd", embedding_fwd);
+  add_op(reg, "embedding_bwd", embedding_bwd);
 }
 
 }  // namespace surogate::cpu

@@ -7,13 +7,8 @@
 namespace surogate::cpu {
 
 void register_cpu_fused_matmul(OpRegistry& reg) {
-  add_op(reg, "gated_matmul", 2, 3, 1, gated_matmul_unfused,
-         "(gu[M,2F] = [gate, up], W[N,F], [bias[N]]) -> (y[M,N] = act(gate) * up @ W^T + bias); attrs: act "
-         "(silu | gelu_tanh)");
-  add_op(reg, "add_rmsnorm_matmul", 1, 5, 2, add_rmsnorm_matmul_unfused,
-         "(x[M,K], [residual[M,K]], w[K], W[N,K], [bias[N]]) -> (y[M,N] = rmsnorm(x + residual) w @ W^T + bias, "
-         "[h = x + residual]); attrs: eps, weight_offset",
-         /*min_out=*/1);
+  add_op(reg, "gated_matmul", gated_matmul_unfused);
+  add_op(reg, "add_rmsnorm_matmul", add_rmsnorm_matmul_unfused);
 }
 
 }  // namespace surogate::cpu

@@ -33,6 +33,7 @@
 #include "core/gguf_types.h"
 #include "cpu/common.h"
 #include "cpu/gguf_dot.h"
+#include "runtime/op_checks_gguf.h"
 
 namespace surogate::cpu {
 
@@ -174,31 +175,10 @@ Status gguf_matmul(const OpArgs& a) {
   const Tensor& x = a.in(0);
   const Tensor& Wq = a.in(1);
   const Tensor& y = a.out(0);
-  SG_CHECK_ARG(a.attr().has("type"), "gguf_matmul: attr `type` (the ggml type id of Wq) is required");
-  const auto t = static_cast<GgmlType>(a.attr().get_int("type", -1));
-  const gguf::TypeInfo* info = gguf::type_info(t);
-  SG_CHECK_ARG(info, str_cat("gguf_matmul: unknown GGUF type id ", static_cast<int>(t)));
-  SG_CHECK(info->dequantize, StatusCode::kUnsupported, str_cat("gguf_matmul: unsupported GGUF type ", info->name),
-           "supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q8_K, IQ4_NL, IQ4_XS; requantize the "
-           "weight to one of them");
-  SG_RETURN_IF_ERROR(check_ndim("gguf_matmul", "x", x, 2));
-  SG_RETURN_IF_ERROR(check_ndim("gguf_matmul", "Wq", Wq, 2));
-  SG_RETURN_IF_ERROR(check_ndim("gguf_matmul", "y", y, 2));
-  SG_RETURN_IF_ERROR(check_dtype("gguf_matmul", "Wq", Wq, {DType::kU8}));
-  SG_RETURN_IF_ERROR(check_dtype("gguf_matmul", "x", x, {DType::kF32, DType::kBF16, DType::kF16}));
-  SG_RETURN_IF_ERROR(check_dtype("gguf_matmul", "y", y, {DType::kF32, DType::kBF16, DType::kF16}));
-  SG_RETURN_IF_ERROR(check_contiguous("gguf_matmul", "x", x));
-  SG_RETURN_IF_ERROR(check_contiguous("gguf_matmul", "Wq", Wq));
-  SG_RETURN_IF_ERROR(check_contiguous("gguf_matmul", "y", y));
-  const int64_t N = x.size(0), K = x.size(1), M = Wq.size(0);
-  SG_CHECK_SHAPE(K % info->block_size == 0, str_cat("gguf_matmul: K = ", K, " is not a multiple of the ", info->name,
-                                                    " block size ", info->block_size));
-  const int64_t row_bytes = K / info->block_size * info->type_size;
-  SG_CHECK_SHAPE(Wq.size(1) == row_bytes, str_cat("gguf_matmul: a ", info->name, " row of K = ", K, " values takes ",
-                                                  row_bytes, " bytes, Wq ", Wq.shape_str(), " has ", Wq.size(1)));
-  SG_CHECK_SHAPE(y.size(0) == N && y.size(1) == M,
-                 str_cat("gguf_matmul: y ", y.shape_str(), " should be [", N, ", ", M, "] for x ", x.shape_str(),
-                         " and ", info->name, " Wq ", Wq.shape_str()));
+  GgufArgs g;
+  SG_RETURN_IF_ERROR(check_gguf_matmul(a, &g));
+  const GgmlType t = g.type;
+  const int64_t N = g.rows, K = g.cols, M = g.M, row_bytes = g.bpr;
   SG_CHECK(N <= INT_MAX && M <= INT_MAX && K <= INT_MAX, StatusCode::kInvalidArgument,
            str_cat("gguf_matmul: x ", x.shape_str(), " and Wq ", Wq.shape_str(), " have a size over 2^31 - 1"),
            "the CPU backend's OpenBLAS uses 32-bit indices; split the operands");

@@ -14,6 +14,7 @@
 
 #include "cpu/common.h"
 #include "cpu/gemm.h"
+#include "runtime/op_checks_matmul.h"
 
 namespace surogate::cpu {
 
@@ -52,56 +53,12 @@ void prefill_rows(float* c, int64_t ldc, int64_t nr, int64_t nb, float beta, con
   });
 }
 
-struct Dims {
-  int64_t M = 0, N = 0, K = 0;
-};
-
-Status check_matmul(const OpArgs& a, bool ta, bool tb, Dims* d) {
-  const Tensor& A = a.in(0);
-  const Tensor& B = a.in(1);
-  const Tensor& C = a.out(0);
-  for (auto [name, t] : {std::pair<const char*, const Tensor*>{"A", &A}, {"B", &B}, {"C", &C}}) {
-    SG_RETURN_IF_ERROR(check_dtype("matmul", name, *t, {DType::kF32, DType::kBF16, DType::kF16}));
-    // 2-D operands may be row-strided (a column slice of a wider matrix: LoRA on a fused
-    // projection); anything else must be contiguous. Empty arrays pass (numpy: zero strides).
-    const bool row_strided = t->ndim == 2 && t->strides[1] == 1 && t->strides[0] >= t->shape[1];
-    if (t->numel() > 0 && !row_strided) SG_RETURN_IF_ERROR(check_contiguous("matmul", name, *t));
-  }
-  SG_CHECK_SHAPE(A.ndim == 2 || (A.ndim == 3 && !ta),
-                 str_cat("matmul: A must be 2-D [M, K] (or 3-D [B, T, K] without trans_a), got ", A.describe(),
-                         " with trans_a=", ta));
-  SG_RETURN_IF_ERROR(check_ndim("matmul", "B", B, 2));
-  const int64_t M = ta ? A.shape[1] : A.ndim == 3 ? A.shape[0] * A.shape[1] : A.shape[0];
-  const int64_t K = ta ? A.shape[0] : A.size(-1);
-  const int64_t Kb = tb ? B.shape[1] : B.shape[0];
-  const int64_t N = tb ? B.shape[0] : B.shape[1];
-  SG_CHECK(K == Kb, StatusCode::kShapeMismatch,
-           str_cat("matmul: inner dims differ: op(A) is [", M, ", ", K, "] (A ", A.shape_str(), ", trans_a=", ta,
-                   ") but op(B) is [", Kb, ", ", N, "] (B ", B.shape_str(), ", trans_b=", tb, ")"),
-           "check trans_a / trans_b against the operands' layouts");
-  std::vector<int64_t> want = ta ? std::vector<int64_t>{M, N} : A.shape_vec();
-  if (!ta) want.back() = N;
-  SG_CHECK_SHAPE(C.shape_vec() == want, str_cat("matmul: C is ", C.shape_str(), " but op(A) @ op(B) is [", M, ", ",
-                                                N, "]", A.ndim == 3 ? " (with A's leading dims)" : ""));
-  if (a.has_in(2)) {
-    const Tensor& bias = a.in(2);
-    SG_RETURN_IF_ERROR(check_dtype("matmul", "bias", bias, {DType::kF32, DType::kBF16, DType::kF16}));
-    SG_RETURN_IF_ERROR(check_contiguous("matmul", "bias", bias));
-    SG_CHECK_SHAPE(bias.ndim == 1 && bias.shape[0] == N,
-                   str_cat("matmul: bias must be [", N, "] (one value per column of C), got ", bias.shape_str()));
-  }
-  *d = Dims{M, N, K};
-  return Status::OK();
-}
-
 // matmul: (A, B, [bias]) -> (C); attrs: trans_a, trans_b, alpha (1), beta (0).
 Status matmul(const OpArgs& a) {
-  const bool ta = a.attr().get_bool("trans_a", false);
-  const bool tb = a.attr().get_bool("trans_b", false);
-  const float alpha = static_cast<float>(a.attr().get_float("alpha", 1.0));
-  const float beta = static_cast<float>(a.attr().get_float("beta", 0.0));
-  Dims d;
-  SG_RETURN_IF_ERROR(check_matmul(a, ta, tb, &d));
+  MatmulArgs d;
+  SG_RETURN_IF_ERROR(check_matmul(a, &d));
+  const bool ta = d.trans_a, tb = d.trans_b;
+  const float alpha = d.alpha, beta = d.beta;
   const int64_t M = d.M, N = d.N, K = d.K;
   if (M == 0 || N == 0) return Status::OK();
   const Tensor& A = a.in(0);
@@ -197,8 +154,7 @@ Status matmul(const OpArgs& a) {
 }  // namespace
 
 void register_cpu_matmul(OpRegistry& reg) {
-  add_op(reg, "matmul", 2, 3, 1, matmul,
-         "(A, B, [bias]) -> (C = alpha*op(A)@op(B) + beta*C + bias); attrs: trans_a, trans_b, alpha, beta");
+  add_op(reg, "matmul", matmul);
 }
 
 }  // namespace surogate::cpu

@@ -70,10 +70,13 @@
 #include <vector>
 
 #include "cpu/common.h"
+#include "runtime/op_checks_optimizer.h"
 
 namespace surogate::cpu {
 
 namespace {
+
+using namespace ::surogate::adam;  // the input layout (runtime/op_checks_optimizer.h)
 
 // Work unit of both ops. Fixed, so that global_norm's summation order never changes.
 constexpr int64_t kBlock = 1 << 15;
@@ -129,17 +132,10 @@ double sum_squares_any(const Tensor& t, int64_t lo, int64_t hi) {
 
 Status global_norm(const OpArgs& a) {
   const Tensor& out = a.out(0);
-  SG_CHECK(out.dtype == DType::kF32 && out.numel() == 1, StatusCode::kShapeMismatch,
-           str_cat("global_norm: output norm must be float32[1], got ", out.describe()),
-           "allocate the norm as a float32 tensor of shape [1]");
+  SG_RETURN_IF_ERROR(check_global_norm(a));
   std::vector<Block> blocks;
   for (int i = 0; i < a.num_inputs; ++i) {
-    if (!a.has_in(i)) continue;
-    const Tensor& g = a.in(i);
-    SG_CHECK(dtype_is_float(g.dtype), StatusCode::kDTypeUnsupported,
-             str_cat("global_norm: input ", i, " has dtype ", dtype_name(g.dtype), ", expected a float type"), "");
-    SG_CHECK_ARG(g.is_contiguous(), str_cat("global_norm: input ", i, " ", g.describe(), " must be contiguous"));
-    add_blocks(i, g.numel(), &blocks);
+    if (a.has_in(i)) add_blocks(i, a.in(i).numel(), &blocks);
   }
   std::vector<double> partial(blocks.size(), 0.0);
   parallel_for(0, static_cast<int64_t>(blocks.size()), 1, [&](int64_t lo, int64_t hi) {
@@ -153,9 +149,6 @@ Status global_norm(const OpArgs& a) {
 
 // ---- adamw ------------------------------------------------------------------------------
 
-constexpr int kGroup = 5;  // param, master, grad, m, v
-enum Slot { kParam = 0, kMaster, kGrad, kM, kV };
-const char* const kSlotName[kGroup] = {"param", "master", "grad", "m", "v"};
 
 // The per-step scalars, each rounded once to f32 as torch does when it applies a Python float
 // to an f32 tensor.
@@ -229,42 +222,9 @@ void adamw_dispatch(const Tensor* grp, int64_t lo, int64_t hi, const AdamScalars
   }
 }
 
-// One group's tensors: present where required, of the right dtypes and sizes, writeable.
-Status check_group(const OpArgs& a, int group) {
-  const int base = 2 + kGroup * group;
-  const auto where = [&](int slot) {
-    return str_cat("adamw: group ", group, " (input ", base + slot, ", ", kSlotName[slot], ")");
-  };
-  for (int slot = 0; slot < kGroup; ++slot) {
-    if (!a.has_in(base + slot)) {
-      SG_CHECK_ARG(slot == kMaster, str_cat(where(slot), " is missing; only master is optional"));
-      continue;
-    }
-    const Tensor& t = a.in(base + slot);
-    SG_CHECK_ARG(t.is_contiguous(), str_cat(where(slot), " ", t.describe(), " must be contiguous"));
-    SG_CHECK_SHAPE(t.numel() == a.in(base + kParam).numel(),
-                   str_cat(where(slot), " ", t.describe(), " has ", t.numel(), " elements but param has ",
-                           a.in(base + kParam).numel()));
-    const bool f32_only = slot == kMaster || slot == kM || slot == kV;
-    SG_CHECK(f32_only ? t.dtype == DType::kF32
-                      : (t.dtype == DType::kF32 || t.dtype == DType::kBF16 || t.dtype == DType::kF16),
-             StatusCode::kDTypeUnsupported,
-             str_cat(where(slot), " has dtype ", dtype_name(t.dtype), ", expected ",
-                     f32_only ? "float32" : "float32, bfloat16 or float16"),
-             slot == kMaster ? "master weights are float32" : "");
-    SG_CHECK_ARG(slot == kGrad || !t.readonly,
-                 str_cat(where(slot), " is read-only, but adamw updates it in place"));
-  }
-  return Status::OK();
-}
-
 // hp and norm (inputs 0 and 1) -> the step's scalars and the weight-decay factor 1 - lr*wd.
 Status adam_scalars(const OpArgs& a, const char* op, AdamScalars* out, float* decay_out) {
-  const Tensor& hp_t = a.in(0);
-  SG_CHECK(hp_t.dtype == DType::kF32 && hp_t.numel() == 8 && hp_t.is_contiguous(), StatusCode::kShapeMismatch,
-           str_cat(op, ": hp must be a contiguous float32[8], got ", hp_t.describe()),
-           "hp = [lr, beta1, beta2, eps, weight_decay, step, max_grad_norm, 0]");
-  const float* hp = hp_t.ptr<const float>();
+  const float* hp = a.in(0).ptr<const float>();  // shapes checked by check_adamw / check_adamw8
   const double lr = hp[0], beta1 = hp[1], beta2 = hp[2], eps = hp[3], wd = hp[4], step = hp[5];
   const float max_norm = hp[6];
   SG_CHECK_ARG(beta1 >= 0.0 && beta1 < 1.0 && beta2 >= 0.0 && beta2 < 1.0,
@@ -273,11 +233,6 @@ Status adam_scalars(const OpArgs& a, const char* op, AdamScalars* out, float* de
   SG_CHECK_ARG(max_norm >= 0.0f, str_cat(op, ": max_grad_norm ", max_norm, " must be >= 0 (0: no clipping)"));
 
   AdamScalars s;
-  if (a.has_in(1)) {
-    const Tensor& n = a.in(1);
-    SG_CHECK(n.dtype == DType::kF32 && n.numel() == 1, StatusCode::kShapeMismatch,
-             str_cat(op, ": norm must be float32[1], got ", n.describe()), "pass global_norm's output");
-  }
   if (a.has_in(1) && max_norm > 0.0f) {
     const Tensor& n = a.in(1);
     // clip_grad_norm_: clip_coef = max_norm / (total_norm + 1e-6), clamped to 1. A NaN stays NaN.
@@ -295,34 +250,15 @@ Status adam_scalars(const OpArgs& a, const char* op, AdamScalars* out, float* de
   return Status::OK();
 }
 
-// Which groups get weight decay: all when wd != 0, less the attr no_decay's.
-Status decay_groups(const OpArgs& a, const char* op, int n_groups, std::vector<char>* out) {
-  const double wd = a.in(0).ptr<const float>()[4];
-  out->assign(n_groups, wd != 0.0 ? 1 : 0);
-  for (int64_t g : a.attr().get_ints("no_decay")) {
-    SG_CHECK_ARG(g >= 0 && g < n_groups,
-                 str_cat(op, ": no_decay names group ", g, ", but there are ", n_groups, " groups"));
-    (*out)[g] = 0;
-  }
-  return Status::OK();
-}
-
 Status adamw(const OpArgs& a) {
-  SG_CHECK_ARG(a.num_inputs >= 2 && (a.num_inputs - 2) % kGroup == 0,
-               str_cat("adamw: got ", a.num_inputs, " inputs, expected 2 + 5*k: hp, norm (or None), then "
-                       "(param, master or None, grad, m, v) per parameter"));
-  const int n_groups = (a.num_inputs - 2) / kGroup;
+  AdamwArgs r;
+  SG_RETURN_IF_ERROR(check_adamw(a, &r));
   AdamScalars s;
   float decay = 1.0f;
   SG_RETURN_IF_ERROR(adam_scalars(a, "adamw", &s, &decay));
-  std::vector<char> decays;
-  SG_RETURN_IF_ERROR(decay_groups(a, "adamw", n_groups, &decays));
-
+  const std::vector<char>& decays = r.decay;
   std::vector<Block> blocks;
-  for (int g = 0; g < n_groups; ++g) {
-    SG_RETURN_IF_ERROR(check_group(a, g));
-    add_blocks(g, a.in(2 + kGroup * g).numel(), &blocks);
-  }
+  for (int g = 0; g < r.n_groups; ++g) add_blocks(g, a.in(2 + kGroup * g).numel(), &blocks);
   parallel_for(0, static_cast<int64_t>(blocks.size()), 1, [&](int64_t lo, int64_t hi) {
     for (int64_t b = lo; b < hi; ++b) {
       const Block& blk = blocks[b];
@@ -335,7 +271,6 @@ Status adamw(const OpArgs& a) {
 
 // ---- adamw8 -----------------------------------------------------------------------------
 
-constexpr int64_t kQBlock = 256;  // elements per quantization block (divides kBlock)
 static_assert(kBlock % kQBlock == 0, "work blocks must hold whole quantization blocks");
 
 // A code: the value of each of the 256 byte codes, plus the sorted magnitudes that encoding
@@ -388,12 +323,6 @@ inline uint8_t encode_signed(const Code& c, float x) {
   const int k = nearest_level(c, std::fabs(x));
   return static_cast<uint8_t>(k == 0 ? 0 : (x < 0.0f ? 128 | k : k));
 }
-
-constexpr int kGroup8 = 7;  // param, master, grad, m_q, m_scale, v_q, v_scale
-enum Slot8 { kP8 = 0, kMaster8, kGrad8, kMQ, kMScale, kVQ, kVScale };
-const char* const kSlot8Name[kGroup8] = {"param", "master", "grad", "m_q", "m_scale", "v_q", "v_scale"};
-
-inline int64_t num_qblocks(int64_t n) { return (n + kQBlock - 1) / kQBlock; }
 
 // Elements [lo, hi) (lo a multiple of kQBlock) of one group: whole quantization blocks.
 template <typename P, typename G, bool kHasMaster>
@@ -481,60 +410,15 @@ void adamw8_dispatch(const Tensor* grp, int64_t lo, int64_t hi, const AdamScalar
   }
 }
 
-Status check_group8(const OpArgs& a, int group) {
-  const int base = 2 + kGroup8 * group;
-  const auto where = [&](int slot) {
-    return str_cat("adamw8: group ", group, " (input ", base + slot, ", ", kSlot8Name[slot], ")");
-  };
-  SG_CHECK_ARG(a.has_in(base + kP8), str_cat(where(kP8), " is missing; only master is optional"));
-  const int64_t n = a.in(base + kP8).numel();
-  for (int slot = 0; slot < kGroup8; ++slot) {
-    if (!a.has_in(base + slot)) {
-      SG_CHECK_ARG(slot == kMaster8, str_cat(where(slot), " is missing; only master is optional"));
-      continue;
-    }
-    const Tensor& t = a.in(base + slot);
-    SG_CHECK_ARG(t.is_contiguous(), str_cat(where(slot), " ", t.describe(), " must be contiguous"));
-    const bool is_scale = slot == kMScale || slot == kVScale;
-    const int64_t want = is_scale ? num_qblocks(n) : n;
-    SG_CHECK_SHAPE(t.numel() == want, str_cat(where(slot), " ", t.describe(), " has ", t.numel(),
-                                              " elements, expected ", want, is_scale ? " (ceil(n / 256))" : "",
-                                              " for a param of ", n, " elements"));
-    const char* want_dtype = nullptr;
-    bool ok = false;
-    if (slot == kMQ || slot == kVQ) {
-      ok = t.dtype == DType::kU8;
-      want_dtype = "uint8";
-    } else if (slot == kMaster8 || is_scale) {
-      ok = t.dtype == DType::kF32;
-      want_dtype = "float32";
-    } else {
-      ok = t.dtype == DType::kF32 || t.dtype == DType::kBF16 || t.dtype == DType::kF16;
-      want_dtype = "float32, bfloat16 or float16";
-    }
-    SG_CHECK(ok, StatusCode::kDTypeUnsupported,
-             str_cat(where(slot), " has dtype ", dtype_name(t.dtype), ", expected ", want_dtype), "");
-    SG_CHECK_ARG(slot == kGrad8 || !t.readonly,
-                 str_cat(where(slot), " is read-only, but adamw8 updates it in place"));
-  }
-  return Status::OK();
-}
-
 Status adamw8(const OpArgs& a) {
-  SG_CHECK_ARG(a.num_inputs >= 2 && (a.num_inputs - 2) % kGroup8 == 0,
-               str_cat("adamw8: got ", a.num_inputs, " inputs, expected 2 + 7*k: hp, norm (or None), then "
-                       "(param, master or None, grad, m_q, m_scale, v_q, v_scale) per parameter"));
-  const int n_groups = (a.num_inputs - 2) / kGroup8;
+  AdamwArgs r;
+  SG_RETURN_IF_ERROR(check_adamw8(a, &r));
   AdamScalars s;
   float decay = 1.0f;
   SG_RETURN_IF_ERROR(adam_scalars(a, "adamw8", &s, &decay));
-  std::vector<char> decays;
-  SG_RETURN_IF_ERROR(decay_groups(a, "adamw8", n_groups, &decays));
+  const std::vector<char>& decays = r.decay;
   std::vector<Block> blocks;
-  for (int g = 0; g < n_groups; ++g) {
-    SG_RETURN_IF_ERROR(check_group8(a, g));
-    add_blocks(g, a.in(2 + kGroup8 * g).numel(), &blocks);
-  }
+  for (int g = 0; g < r.n_groups; ++g) add_blocks(g, a.in(2 + kGroup8 * g).numel(), &blocks);
   parallel_for(0, static_cast<int64_t>(blocks.size()), 1, [&](int64_t lo, int64_t hi) {
     for (int64_t b = lo; b < hi; ++b) {
       const Block& blk = blocks[b];
@@ -547,14 +431,9 @@ Status adamw8(const OpArgs& a) {
 }  // namespace
 
 void register_cpu_optimizer(OpRegistry& reg) {
-  add_op(reg, "global_norm", 0, kVariadic, 1, global_norm,
-         "(g0, g1, ...) -> (norm[1] float32) = sqrt(sum of squares), absent inputs skipped");
-  add_op(reg, "adamw", 1, kVariadic, 0, adamw,
-         "(hp[8], [norm[1]], then (param, [master], grad, m, v) per group) -> () updates in place; "
-         "attrs: no_decay");
-  add_op(reg, "adamw8", 1, kVariadic, 0, adamw8,
-         "(hp[8], [norm[1]], then (param, [master], grad, m_q u8, m_scale f32, v_q u8, v_scale f32) per group) "
-         "-> () updates in place; 8-bit blockwise (256) cubic-code states; attrs: no_decay");
+  add_op(reg, "global_norm", global_norm);
+  add_op(reg, "adamw", adamw);
+  add_op(reg, "adamw8", adamw8);
 }
 
 }  // namespace surogate::cpu

@@ -60,6 +60,7 @@
 
 #include "cpu/common.h"
 #include "cpu/paged_attention.h"
+#include "runtime/op_checks_paged_attention.h"
 
 #if defined(__GNUC__) && !defined(__clang__)
 // GNU vectors pass between always-inline helpers only; no ABI is involved.
@@ -677,53 +678,12 @@ Status paged_attention(const OpArgs& a) {
   const Tensor& cu = a.in(4);
   const Tensor& cl = a.in(5);
   const Tensor& out = a.out(0);
-  const bool want_lse = a.has_out(1);
-
-  SG_RETURN_IF_ERROR(check_ndim(op, "q", q, 3));
-  SG_RETURN_IF_ERROR(check_ndim(op, "k_cache", kc, 4));
-  SG_RETURN_IF_ERROR(check_ndim(op, "v_cache", vc, 4));
-  SG_RETURN_IF_ERROR(check_ndim(op, "block_tables", bt, 2));
-  SG_RETURN_IF_ERROR(check_ndim(op, "cu_q", cu, 1));
-  SG_RETURN_IF_ERROR(check_ndim(op, "context_lens", cl, 1));
-  SG_RETURN_IF_ERROR(check_ndim(op, "out", out, 3));
-  SG_RETURN_IF_ERROR(check_dtype(op, "q", q, {DType::kF32, DType::kBF16, DType::kF16}));
-  SG_RETURN_IF_ERROR(check_dtype(op, "block_tables", bt, {DType::kI32}));
-  SG_RETURN_IF_ERROR(check_dtype(op, "cu_q", cu, {DType::kI32}));
-  SG_RETURN_IF_ERROR(check_dtype(op, "context_lens", cl, {DType::kI32}));
-  SG_CHECK(kc.dtype == q.dtype && vc.dtype == q.dtype && out.dtype == q.dtype, StatusCode::kDTypeUnsupported,
-           str_cat(op, ": q, k_cache, v_cache and out must share one dtype (got ", dtype_name(q.dtype), ", ",
-                   dtype_name(kc.dtype), ", ", dtype_name(vc.dtype), ", ", dtype_name(out.dtype), ")"),
-           "keep the cache in the model's activation dtype");
-  const char* names[] = {"q", "k_cache", "v_cache", "block_tables", "cu_q", "context_lens", "out"};
-  const Tensor* ts[] = {&q, &kc, &vc, &bt, &cu, &cl, &out};
-  for (int i = 0; i < 7; ++i) SG_RETURN_IF_ERROR(check_contiguous(op, names[i], *ts[i]));
-
-  const int64_t T = q.shape[0], Hq = q.shape[1], D = q.shape[2];
-  const int64_t NB = kc.shape[0], BS = kc.shape[1], Hkv = kc.shape[2];
-  const int64_t S = bt.shape[0], max_blocks = bt.shape[1];
-  SG_RETURN_IF_ERROR(check_same_shape(op, "k_cache", kc, "v_cache", vc));
-  SG_RETURN_IF_ERROR(check_same_shape(op, "q", q, "out", out));
-  SG_CHECK_SHAPE(kc.shape[3] == D, str_cat(op, ": k_cache ", kc.shape_str(), " has head dim ", kc.shape[3],
-                                           " but q ", q.shape_str(), " has ", D));
-  SG_CHECK_SHAPE(Hkv > 0 && Hq % Hkv == 0,
-                 str_cat(op, ": q has ", Hq, " heads, not a multiple of the cache's ", Hkv, " kv heads"));
-  SG_CHECK_SHAPE(BS > 0 && D > 0, str_cat(op, ": k_cache ", kc.shape_str(), " has an empty block or head"));
-  SG_CHECK_SHAPE(cu.shape[0] == S + 1 && cl.shape[0] == S,
-                 str_cat(op, ": block_tables ", bt.shape_str(), " has ", S, " sequences, so cu_q must have ", S + 1,
-                         " entries and context_lens ", S, " (got ", cu.shape_str(), " and ", cl.shape_str(), ")"));
-  if (want_lse) {
-    const Tensor& lse = a.out(1);
-    SG_RETURN_IF_ERROR(check_dtype(op, "lse", lse, {DType::kF32}));
-    SG_RETURN_IF_ERROR(check_contiguous(op, "lse", lse));
-    SG_CHECK_SHAPE(lse.ndim == 2 && lse.shape[0] == T && lse.shape[1] == Hq,
-                   str_cat(op, ": lse must be [", T, ", ", Hq, "], got ", lse.shape_str()));
-  }
-
-  const double scale = a.attr().get_float("scale", 1.0 / std::sqrt(static_cast<double>(D)));
-  const int64_t window = a.attr().get_int("window", 0);
-  const double softcap = a.attr().get_float("softcap", 0.0);
-  SG_CHECK_ARG(window >= 0, str_cat(op, ": window must be >= 0 (0: none), got ", window));
-  SG_CHECK_ARG(softcap >= 0.0, str_cat(op, ": softcap must be >= 0 (0: none), got ", softcap));
+  PagedAttentionArgs pa;
+  SG_RETURN_IF_ERROR(check_paged_attention(a, &pa));
+  const bool want_lse = pa.lse != nullptr;
+  const int64_t T = pa.T, Hq = pa.Hq, D = pa.D, NB = pa.NB, BS = pa.BS, Hkv = pa.Hkv, S = pa.S;
+  const int64_t max_blocks = pa.max_blocks, window = pa.window;
+  const double scale = pa.scale, softcap = pa.softcap;
 
   const int32_t* cu_q = cu.ptr<int32_t>();
   const int32_t* ctx = cl.ptr<int32_t>();
@@ -898,26 +858,9 @@ Status kv_cache_write(const OpArgs& a) {
   const Tensor& sm = a.in(2);
   const Tensor& kc = a.out(0);
   const Tensor& vc = a.out(1);
-  SG_RETURN_IF_ERROR(check_ndim(op, "k", k, 3));
-  SG_RETURN_IF_ERROR(check_ndim(op, "slot_mapping", sm, 1));
-  SG_RETURN_IF_ERROR(check_ndim(op, "k_cache", kc, 4));
-  SG_RETURN_IF_ERROR(check_same_shape(op, "k", k, "v", v));
-  SG_RETURN_IF_ERROR(check_same_shape(op, "k_cache", kc, "v_cache", vc));
-  SG_RETURN_IF_ERROR(check_dtype(op, "k", k, {DType::kF32, DType::kBF16, DType::kF16}));
-  SG_RETURN_IF_ERROR(check_dtype(op, "slot_mapping", sm, {DType::kI32}));
-  SG_CHECK(v.dtype == k.dtype && kc.dtype == k.dtype && vc.dtype == k.dtype, StatusCode::kDTypeUnsupported,
-           str_cat(op, ": k, v, k_cache and v_cache must share one dtype (got ", dtype_name(k.dtype), ", ",
-                   dtype_name(v.dtype), ", ", dtype_name(kc.dtype), ", ", dtype_name(vc.dtype), ")"),
-           "keep the cache in the model's activation dtype");
-  const char* names[] = {"k", "v", "slot_mapping", "k_cache", "v_cache"};
-  const Tensor* ts[] = {&k, &v, &sm, &kc, &vc};
-  for (int i = 0; i < 5; ++i) SG_RETURN_IF_ERROR(check_contiguous(op, names[i], *ts[i]));
-  const int64_t T = k.shape[0], Hkv = k.shape[1], D = k.shape[2];
-  SG_CHECK_SHAPE(sm.shape[0] == T, str_cat(op, ": slot_mapping ", sm.shape_str(), " must have one slot per token of k ",
-                                           k.shape_str()));
-  SG_CHECK_SHAPE(kc.shape[2] == Hkv && kc.shape[3] == D,
-                 str_cat(op, ": k_cache ", kc.shape_str(), " must be [num_blocks, block_size, ", Hkv, ", ", D,
-                         "] for k ", k.shape_str()));
+  KvCacheWriteArgs kw;
+  SG_RETURN_IF_ERROR(check_kv_cache_write(a, &kw));
+  const int64_t T = kw.T, Hkv = kw.Hkv, D = kw.D;
   const int32_t* slots = sm.ptr<int32_t>();
   SG_RETURN_IF_ERROR(check_slot_mapping(op, slots, T, kc.shape[0], kc.shape[1]));
 
@@ -941,13 +884,8 @@ Status kv_cache_write(const OpArgs& a) {
 }  // namespace
 
 void register_cpu_paged_attention(OpRegistry& reg) {
-  add_op(reg, "kv_cache_write", 3, 3, 2, kv_cache_write,
-         "(k[T,Hkv,D], v[T,Hkv,D], slot_mapping[T] i32) -> (k_cache, v_cache [num_blocks, block_size, Hkv, D], "
-         "written in place; slot -1 skips)");
-  add_op(reg, "paged_attention", 6, 6, 2, paged_attention,
-         "(q[T,Hq,D], k_cache, v_cache, block_tables[S,max_blocks] i32, cu_q[S+1] i32, context_lens[S] i32) -> "
-         "(out[T,Hq,D], [lse[T,Hq] f32]); attrs: scale, window, softcap",
-         1);
+  add_op(reg, "kv_cache_write", kv_cache_write);
+  add_op(reg, "paged_attention", paged_attention);
 }
 
 }  // namespace surogate::cpu

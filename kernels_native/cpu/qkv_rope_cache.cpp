@@ -44,9 +44,8 @@ Status qkv_rope_cache(const OpArgs& a) {
   const int64_t N = dims.N, Hq = dims.Hq, D = dims.D, Hkv = dims.Hkv;
   const int64_t q_row = dims.q_row, k_row = dims.k_row, v_row = dims.v_row;
   const bool norm = dims.norm;
-  RopeConfig cfg;
-  SG_RETURN_IF_ERROR(parse_rope(op, a.attr(), D, &cfg));
-  const float eps = static_cast<float>(a.attr().get_float("eps", 1e-6));
+  const RopeConfig& cfg = dims.rope;
+  const float eps = dims.eps;
   const int32_t* pos = a.in(3).ptr<int32_t>();
   const int32_t* slots = sm.ptr<int32_t>();
   SG_RETURN_IF_ERROR(check_slot_mapping(op, slots, N, kc.shape[0], kc.shape[1]));
@@ -98,11 +97,7 @@ Status qkv_rope_cache(const OpArgs& a) {
 }  // namespace
 
 void register_cpu_qkv_rope_cache(OpRegistry& reg) {
-  add_op(reg, "qkv_rope_cache", 5, 7, 3, qkv_rope_cache,
-         "(q[N,Hq,D], k[N,Hkv,D], v[N,Hkv,D], pos[N] i32, slot_mapping[N] i32, [q_norm[D], k_norm[D]]) -> "
-         "(q_out[N,Hq,D], k_cache, v_cache [num_blocks, block_size, Hkv, D], written in place; slot -1 skips); "
-         "attrs: eps, theta, rotary_dim, rope_type (default|linear|llama3), factor, low_freq_factor, "
-         "high_freq_factor, original_max_position, attention_factor");
+  add_op(reg, "qkv_rope_cache", qkv_rope_cache);
 }
 
 }  // namespace surogate::cpu

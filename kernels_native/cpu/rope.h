@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cpu/common.h"
+#include "runtime/op_checks_rope.h"
 
 namespace surogate::cpu {
 
@@ -38,18 +39,8 @@ template <> inline float rnd<f16_t>(float x) {
   return bits_f32(r | sign);
 }
 
-struct RopeConfig {
-  int64_t rotary_dim = 0;
-  std::vector<float> inv_freq;  // [rotary_dim / 2]
-  float attention_factor = 1.0f;
-};
-
-// The rope attributes of op `op` for head dim D (theta, rotary_dim, rope_type and its factors,
-// attention_factor), checked, with inv_freq computed as HF does (cpu/rope.cpp).
-Status parse_rope(const char* op, const Attrs& at, int64_t D, RopeConfig* cfg);
-
-// pos: int32 [N], contiguous.
-Status check_pos(const char* op, const Tensor& pos, int64_t N);
+// The rope attributes with inv_freq (runtime/op_checks_rope.h: parse_rope).
+using RopeConfig = RopeAttrs;
 
 // cos/sin rows, each [R]: cos[half] then sin[half], already rounded to T.
 struct CosSinTable {

@@ -38,9 +38,11 @@
 #include <type_traits>
 
 #include "core/allocator.h"
+#include "cuda/attention_docs.cuh"
 #include "cuda/attention_flash.cuh"
 #include "cuda/backend.h"
 #include "cuda/common.cuh"
+#include "runtime/op_checks_attention.h"
 
 namespace surogate::cuda {
 
@@ -98,10 +100,8 @@ struct BwdTile {
 
 // ---- masks and documents ---------------------------------------------------------------------
 
-// std::min / std::clamp are host-only without --expt-relaxed-constexpr.
-__device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-__device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
-__device__ __forceinline__ int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return min64(max64(x, lo), hi); }
+// min64 / max64 / clamp64, doc_bounds and find_doc: cuda/attention_docs.cuh.
+using namespace attn;
 
 // Keys [lo(i), hi(i)) of a document of length L are visible to its query i; both bounds are
 // nondecreasing in i (cpu/attention.cpp, AttnConfig). int64: i + window must not overflow.
@@ -130,14 +130,6 @@ struct Mask {
     }
   }
 };
-
-// Document s as [start, start + len), clamped into [0, N] (see the header).
-__device__ __forceinline__ void doc_bounds(const int32_t* cu, int s, int64_t N, int64_t* start, int64_t* len) {
-  const int64_t a = clamp64(cu[s], 0, N);
-  const int64_t b = clamp64(cu[s + 1], a, N);
-  *start = a;
-  *len = b - a;
-}
 
 // off[s] = tiles of `rows` rows in the documents before s; off[S] = all of them. One block: each
 // thread takes a run of documents, then a block-wide exclusive scan of the per-thread counts.
@@ -177,16 +169,6 @@ __global__ void tile_offsets_kernel(const int32_t* cu, int S, int64_t N, int row
     at += tiles(s);
   }
   if (threadIdx.x == kOffsetThreads - 1) off[S] = at;
-}
-
-// The document that owns tile b (off[s] <= b < off[s + 1]); b < off[S] is the caller's check.
-__device__ __forceinline__ int find_doc(const int* off, int S, int b) {
-  int lo = 0, hi = S - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (off[mid] <= b) lo = mid; else hi = mid - 1;
-  }
-  return lo;
 }
 
 // ---- shared-memory tiles ---------------------------------------------------------------------
@@ -511,70 +493,20 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_kernel(Params p) {
 
 // ---- host side -----------------------------------------------------------------------------
 
-struct Config {
-  int64_t N = 0, Hq = 0, Hkv = 0, D = 0, G = 1, S = 0;
-  bool causal = true;
-  int64_t window = 0;
-  float scale = 1.0f, softcap = 0.0f;
-};
+using Config = AttentionArgs;
 
-Status check_float_like(const char* op, const char* arg, const Tensor& t, const Tensor& like, const char* like_name) {
-  SG_RETURN_IF_ERROR(check_same_shape(op, arg, t, like_name, like));
-  SG_CHECK(t.dtype == like.dtype, StatusCode::kDTypeUnsupported,
-           str_cat(op, ": ", arg, " is ", dtype_name(t.dtype), " but ", like_name, " is ", dtype_name(like.dtype)),
-           "attention takes q, k, v and their gradients in one dtype; cast first");
-  return check_contiguous(op, arg, t);
-}
-
-// The CPU op's checks (same messages), less those on cu_seqlens' values: those live on the device.
-Status read_config(const char* op, const OpArgs& a, const Tensor& q, const Tensor& k, const Tensor& v,
-                   const Tensor& cu, Config* c) {
-  SG_RETURN_IF_ERROR(check_ndim(op, "q", q, 3));
-  SG_RETURN_IF_ERROR(check_ndim(op, "k", k, 3));
-  SG_RETURN_IF_ERROR(check_dtype(op, "q", q, {DType::kF32, DType::kBF16, DType::kF16}));
-  SG_RETURN_IF_ERROR(check_contiguous(op, "q", q));
-  SG_CHECK(k.dtype == q.dtype, StatusCode::kDTypeUnsupported,
-           str_cat(op, ": k is ", dtype_name(k.dtype), " but q is ", dtype_name(q.dtype)),
-           "attention takes q, k and v in one dtype; cast first");
-  SG_RETURN_IF_ERROR(check_contiguous(op, "k", k));
-  SG_RETURN_IF_ERROR(check_float_like(op, "v", v, k, "k"));
-  c->N = q.shape[0];
-  c->Hq = q.shape[1];
-  c->D = q.shape[2];
-  c->Hkv = k.shape[1];
-  SG_CHECK_SHAPE(k.shape[0] == c->N && k.shape[2] == c->D,
-                 str_cat(op, ": k ", k.shape_str(), " does not fit q ", q.shape_str(),
-                         " (want [N, Hkv, D] with the same N tokens and head dim D)"));
-  SG_CHECK_SHAPE(c->D > 0 && c->Hq > 0 && c->Hkv > 0,
-                 str_cat(op, ": q ", q.shape_str(), " and k ", k.shape_str(), " need D > 0 and at least one head"));
-  SG_CHECK(c->Hq % c->Hkv == 0, StatusCode::kShapeMismatch,
-           str_cat(op, ": Hq = ", c->Hq, " query heads is not a multiple of Hkv = ", c->Hkv, " kv heads"),
-           "grouped-query attention shares each kv head among Hq / Hkv query heads");
-  c->G = c->Hq / c->Hkv;
+// The shared checks (runtime/op_checks_attention.h; cu_seqlens' values live on the device), then
+// the limits of the CUDA kernels.
+Status read_config(const char* op, const OpArgs& a, bool backward, Config* c) {
+  SG_RETURN_IF_ERROR(backward ? check_attention_bwd(a, c) : check_attention_fwd(a, c));
   SG_CHECK(c->D <= 256, StatusCode::kUnsupported,
            str_cat(op, ": head dim D = ", c->D, " has no CUDA kernel (at most 256)"),
            "run this attention on the CPU backend");
   SG_CHECK(c->Hq <= 65535, StatusCode::kUnsupported, str_cat(op, ": Hq = ", c->Hq, " query heads is over 65535"),
            "the CUDA kernels put heads on the grid's y dimension");
-
-  SG_RETURN_IF_ERROR(check_ndim(op, "cu_seqlens", cu, 1));
-  SG_RETURN_IF_ERROR(check_dtype(op, "cu_seqlens", cu, {DType::kI32}));
-  SG_RETURN_IF_ERROR(check_contiguous(op, "cu_seqlens", cu));
-  SG_CHECK_SHAPE(cu.shape[0] >= 1, str_cat(op, ": cu_seqlens must hold S+1 >= 1 offsets, got ", cu.shape_str()));
-  c->S = cu.shape[0] - 1;
   SG_CHECK(c->N <= INT32_MAX && c->S < INT32_MAX, StatusCode::kInvalidArgument,
            str_cat(op, ": N = ", c->N, " tokens in S = ", c->S, " documents do not fit int32 offsets"),
            "split the batch");
-
-  const Attrs& at = a.attr();
-  c->causal = at.get_bool("causal", true);
-  c->window = at.get_int("window", 0);
-  SG_CHECK_ARG(c->window >= 0, str_cat(op, ": window = ", c->window, " must be >= 0 (0: no sliding window)"));
-  const double sc = at.get_float("scale", 0.0);
-  c->scale = sc > 0.0 ? static_cast<float>(sc) : static_cast<float>(1.0 / std::sqrt(static_cast<double>(c->D)));
-  const double cap = at.get_float("softcap", 0.0);
-  SG_CHECK_ARG(cap >= 0.0, str_cat(op, ": softcap = ", cap, " must be >= 0 (0: none)"));
-  c->softcap = static_cast<float>(cap);
   return Status::OK();
 }
 
@@ -703,12 +635,7 @@ Status attention_fwd(const OpArgs& a) {
   const Tensor &q = a.in(0), &k = a.in(1), &v = a.in(2), &cu = a.in(3);
   const Tensor &out = a.out(0), &lse = a.out(1);
   Config c;
-  SG_RETURN_IF_ERROR(read_config(op, a, q, k, v, cu, &c));
-  SG_RETURN_IF_ERROR(check_float_like(op, "out", out, q, "q"));
-  SG_RETURN_IF_ERROR(check_dtype(op, "lse", lse, {DType::kF32}));
-  SG_RETURN_IF_ERROR(check_contiguous(op, "lse", lse));
-  SG_CHECK_SHAPE(lse.ndim == 2 && lse.shape[0] == c.N && lse.shape[1] == c.Hq,
-                 str_cat(op, ": lse must be [N, Hq] = [", c.N, ", ", c.Hq, "], got ", lse.shape_str()));
+  SG_RETURN_IF_ERROR(read_config(op, a, /*backward=*/false, &c));
   if (c.N == 0) return Status::OK();
   Params p = make_params(c, cu);
   p.q = q.data;
@@ -727,16 +654,7 @@ Status attention_bwd(const OpArgs& a) {
                &cu = a.in(6);
   const Tensor &dq = a.out(0), &dk = a.out(1), &dv = a.out(2);
   Config c;
-  SG_RETURN_IF_ERROR(read_config(op, a, q, k, v, cu, &c));
-  SG_RETURN_IF_ERROR(check_float_like(op, "dout", dout, q, "q"));
-  SG_RETURN_IF_ERROR(check_float_like(op, "out", out, q, "q"));
-  SG_RETURN_IF_ERROR(check_dtype(op, "lse", lse, {DType::kF32}));
-  SG_RETURN_IF_ERROR(check_contiguous(op, "lse", lse));
-  SG_CHECK_SHAPE(lse.ndim == 2 && lse.shape[0] == c.N && lse.shape[1] == c.Hq,
-                 str_cat(op, ": lse must be [N, Hq] = [", c.N, ", ", c.Hq, "], got ", lse.shape_str()));
-  SG_RETURN_IF_ERROR(check_float_like(op, "dq", dq, q, "q"));
-  SG_RETURN_IF_ERROR(check_float_like(op, "dk", dk, k, "k"));
-  SG_RETURN_IF_ERROR(check_float_like(op, "dv", dv, v, "v"));
+  SG_RETURN_IF_ERROR(read_config(op, a, /*backward=*/true, &c));
   if (c.N == 0) return Status::OK();
   Params p = make_params(c, cu);
   p.q = q.data;
@@ -754,11 +672,8 @@ Status attention_bwd(const OpArgs& a) {
 }  // namespace
 
 void register_cuda_attention(OpRegistry& reg) {
-  add_op(reg, "attention_fwd", 4, 4, 2, attention_fwd,
-         "(q[N,Hq,D], k[N,Hkv,D], v[N,Hkv,D], cu_seqlens[S+1]) -> (out[N,Hq,D], lse[N,Hq] f32); "
-         "attrs: causal, scale, window, softcap");
-  add_op(reg, "attention_bwd", 7, 7, 3, attention_bwd,
-         "(dout, q, k, v, out, lse, cu_seqlens) -> (dq, dk, dv); attrs: causal, scale, window, softcap");
+  add_op(reg, "attention_fwd", attention_fwd);
+  add_op(reg, "attention_bwd", attention_bwd);
 }
 
 }  // namespace surogate::cuda

@@ -48,6 +48,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/attention_docs.cuh"
 #include "cuda/common.cuh"
 
 namespace surogate::cuda {
@@ -142,8 +143,7 @@ __device__ __forceinline__ float quad_sum(float v) {
 
 // ---- documents and masks (as in attention.cu) -------------------------------------------------
 
-__device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-__device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+using namespace attn;  // min64 / max64, doc_bounds, find_doc: cuda/attention_docs.cuh
 
 // Keys [lo(i), hi(i)) of a document of length L are visible to its query i (cpu/attention.cpp);
 // both bounds are nondecreasing in i. Queries [qa(j), qb(j)) see key j; nondecreasing in j.
@@ -169,22 +169,6 @@ struct FlashMask {
     return min64(L, causal ? j + window : j + window + 1);
   }
 };
-
-__device__ __forceinline__ void doc_bounds(const int32_t* cu, int s, int64_t N, int64_t* start, int64_t* len) {
-  const int64_t a = min64(max64(cu[s], 0), N);
-  const int64_t b = min64(max64(cu[s + 1], a), N);
-  *start = a;
-  *len = b - a;
-}
-
-__device__ __forceinline__ int find_doc(const int* off, int S, int b) {
-  int lo = 0, hi = S - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (off[mid] <= b) lo = mid; else hi = mid - 1;
-  }
-  return lo;
-}
 
 struct FlashParams {
   const void *q, *k, *v, *dout;

@@ -11,7 +11,7 @@
 
 #include "core/status.h"
 #include "core/tensor.h"
-#include "runtime/op_registry.h"
+#include "runtime/op_contracts.h"
 
 namespace surogate::cuda {
 
@@ -110,9 +110,9 @@ __device__ __forceinline__ void store_as(void* p, DType dt, int64_t i, float v) 
                       "use float32, bfloat16 or float16");                                         \
   }
 
-inline void add_op(OpRegistry& reg, const char* name, int min_in, int max_in, int n_out, OpFn fn, const char* doc,
-                   int min_out = -1) {
-  reg.add(OpDef{name, DeviceType::kCUDA, min_in, max_in, n_out, fn, doc, min_out});
+// The CUDA kernel of a contracted op (arity and doc: runtime/op_contracts.cpp).
+inline void add_op(OpRegistry& reg, const char* name, OpFn fn, std::initializer_list<DType> dtypes = kFloatDTypes) {
+  add_kernel(reg, DeviceType::kCUDA, name, fn, dtypes);
 }
 
 inline int blocks_for(int64_t n, int threads) { return static_cast<int>((n + threads - 1) / threads); }

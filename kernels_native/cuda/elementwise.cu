@@ -4,6 +4,7 @@
 #include "cuda/backend.h"
 #include "cuda/common.cuh"
 #include "runtime/op_checks.h"
+#include "runtime/op_checks_pointwise.h"
 
 namespace surogate::cuda {
 
@@ -109,8 +110,8 @@ int grid_for(int64_t n) { return static_cast<int>(std::min<int64_t>(blocks_for(n
 
 Status fill(const OpArgs& a) {
   const Tensor& y = a.out(0);
-  SG_RETURN_IF_ERROR(check_contiguous("fill", "y", y));
-  const float v = static_cast<float>(a.attr().get_float("value", 0.0));
+  float v = 0.0f;
+  SG_RETURN_IF_ERROR(check_fill(a, &v));
   if (y.numel() == 0) return Status::OK();
   SG_CUDA_DISPATCH_FLOAT("fill", y.dtype, T, {
     fill_kernel<T><<<grid_for(y.numel()), kThreads, 0, current_stream()>>>(y.ptr<T>(), y.numel(), v);
@@ -122,10 +123,7 @@ Status fill(const OpArgs& a) {
 Status cast(const OpArgs& a) {
   const Tensor& x = a.in(0);
   const Tensor& y = a.out(0);
-  SG_RETURN_IF_ERROR(check_contiguous("cast", "x", x));
-  SG_RETURN_IF_ERROR(check_contiguous("cast", "y", y));
-  SG_CHECK_SHAPE(x.numel() == y.numel(), str_cat("cast: x ", x.shape_str(), " and y ", y.shape_str(),
-                                                 " have different element counts"));
+  SG_RETURN_IF_ERROR(check_cast(a));
   if (x.numel() == 0) return Status::OK();
   SG_CUDA_DISPATCH_FLOAT("cast", x.dtype, TI, {
     SG_CUDA_DISPATCH_FLOAT("cast", y.dtype, TO, {
@@ -142,11 +140,9 @@ Status add(const OpArgs& args) {
   const Tensor& x = args.in(0);
   const Tensor& z = args.in(1);
   const Tensor& y = args.out(0);
-  SG_RETURN_IF_ERROR(check_same_shape("add", "a", x, "b", z));
-  SG_RETURN_IF_ERROR(check_same_shape("add", "a", x, "y", y));
-  SG_CHECK(x.dtype == z.dtype && x.dtype == y.dtype, StatusCode::kDTypeUnsupported, "add: dtypes differ", "cast first");
-  const float alpha = static_cast<float>(args.attr().get_float("alpha", 1.0));
-  const float beta = static_cast<float>(args.attr().get_float("beta", 1.0));
+  AddArgs r;
+  SG_RETURN_IF_ERROR(check_add(args, &r));
+  const float alpha = r.alpha, beta = r.beta;
   if (x.numel() == 0) return Status::OK();
   SG_CUDA_DISPATCH_FLOAT("add", x.dtype, T, {
     add_kernel<T><<<grid_for(x.numel()), kThreads, 0, current_stream()>>>(x.ptr<T>(), z.ptr<T>(), y.ptr<T>(), x.numel(), alpha, beta);
@@ -158,9 +154,9 @@ Status add(const OpArgs& args) {
 Status scale(const OpArgs& args) {
   const Tensor& x = args.in(0);
   const Tensor& y = args.out(0);
-  SG_RETURN_IF_ERROR(check_same_shape("scale", "x", x, "y", y));
-  SG_CHECK(x.dtype == y.dtype, StatusCode::kDTypeUnsupported, "scale: x and y dtypes differ", "cast first");
-  const float alpha = static_cast<float>(args.attr().get_float("alpha", 1.0));
+  AddArgs r;
+  SG_RETURN_IF_ERROR(check_scale(args, &r));
+  const float alpha = r.alpha;
   if (x.numel() == 0) return Status::OK();
   SG_CUDA_DISPATCH_FLOAT("scale", x.dtype, T, {
     add_kernel<T><<<grid_for(x.numel()), kThreads, 0, current_stream()>>>(x.ptr<T>(), x.ptr<T>(), y.ptr<T>(), x.numel(), alpha, 0.0f);
@@ -196,12 +192,12 @@ Status argmax(const OpArgs& args) {
 }  // namespace
 
 void register_cuda_elementwise(OpRegistry& reg) {
-  add_op(reg, "fill", 0, 0, 1, fill, "() -> (y); attrs: value");
-  add_op(reg, "cast", 1, 1, 1, cast, "(x) -> (y) f32/bf16/f16");
-  add_op(reg, "copy", 1, 1, 1, copy, "(x) -> (y) same dtype");
-  add_op(reg, "add", 2, 2, 1, add, "(a, b) -> (y = alpha*a + beta*b); attrs: alpha, beta");
-  add_op(reg, "scale", 1, 1, 1, scale, "(x) -> (y = alpha*x); attrs: alpha");
-  add_op(reg, "argmax", 1, 1, 1, argmax, "(x [R, V]) -> (y int32 [R]): lowest index of the row max, -1 on NaN / +inf");
+  add_op(reg, "fill", fill);
+  add_op(reg, "cast", cast);
+  add_op(reg, "copy", copy);
+  add_op(reg, "add", add);
+  add_op(reg, "scale", scale);
+  add_op(reg, "argmax", argmax);
 }
 
 }  // namespace surogate::cuda

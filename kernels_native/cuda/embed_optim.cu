@@ -23,6 +23,7 @@
 #include "cuda/backend.h"
 #include "cuda/common.cuh"
 #include "cuda/embed_optim.cuh"
+#include "runtime/op_checks_embedding.h"
 
 namespace surogate::cuda {
 
@@ -40,21 +41,9 @@ struct alignas(sizeof(T) * VEC) Pack {
 
 bool aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
 
-// t is [rows, C] of a float storage dtype, contiguous (cpu/embedding.cpp's check_rows).
-Status check_rows(const char* op, const char* name, const Tensor& t, int64_t rows, int64_t C) {
-  SG_RETURN_IF_ERROR(check_ndim(op, name, t, 2));
-  SG_RETURN_IF_ERROR(check_contiguous(op, name, t));
-  SG_RETURN_IF_ERROR(check_dtype(op, name, t, {DType::kF32, DType::kBF16, DType::kF16}));
-  SG_CHECK_SHAPE(t.shape[0] == rows && t.shape[1] == C,
-                 str_cat(op, ": ", name, " is ", t.shape_str(), ", expected [", rows, ", ", C, "]"));
-  return Status::OK();
-}
-
-Status check_ids(const char* op, const Tensor& ids) {
-  SG_RETURN_IF_ERROR(check_ndim(op, "ids", ids, 1));
-  SG_RETURN_IF_ERROR(check_contiguous(op, "ids", ids));
-  SG_RETURN_IF_ERROR(check_dtype(op, "ids", ids, {DType::kI32}));
-  SG_CHECK_ARG(ids.shape[0] < INT32_MAX, str_cat(op, ": ", ids.shape[0], " tokens; at most 2^31 - 2 in one call"));
+// The kernels index tokens in int32 (runtime/op_checks_embedding.h has the shared checks).
+Status check_token_count(const char* op, int64_t N) {
+  SG_CHECK_ARG(N < INT32_MAX, str_cat(op, ": ", N, " tokens; at most 2^31 - 2 in one call"));
   return Status::OK();
 }
 
@@ -92,15 +81,10 @@ Status launch_embedding_fwd(const Tensor& ids, const Tensor& table, const Tensor
 Status embedding_fwd(const OpArgs& a) {
   const char* op = "embedding_fwd";
   const Tensor &ids = a.in(0), &table = a.in(1), &y = a.out(0);
-  SG_RETURN_IF_ERROR(check_ndim(op, "table", table, 2));
-  const int64_t V = table.shape[0], C = table.shape[1];
-  SG_RETURN_IF_ERROR(check_rows(op, "table", table, V, C));
-  SG_RETURN_IF_ERROR(check_ids(op, ids));
-  const int64_t N = ids.shape[0];
-  SG_RETURN_IF_ERROR(check_rows(op, "y", y, N, C));
-  SG_CHECK(y.dtype == table.dtype, StatusCode::kDTypeUnsupported,
-           str_cat(op, ": y is ", dtype_name(y.dtype), " but table is ", dtype_name(table.dtype)),
-           "allocate y in the table's dtype");
+  EmbeddingArgs r;
+  SG_RETURN_IF_ERROR(check_embedding_fwd(a, &r));
+  const int64_t N = r.N, V = r.V, C = r.C;
+  SG_RETURN_IF_ERROR(check_token_count(op, N));
   const size_t row_bytes = static_cast<size_t>(C) * dtype_size(table.dtype);
   if (N == 0 || row_bytes == 0) return Status::OK();
   if (row_bytes % 16 == 0 && aligned(table.data, 16) && aligned(y.data, 16)) {
@@ -191,18 +175,11 @@ size_t round_up(size_t x) { return (x + 255) / 256 * 256; }
 Status embedding_bwd(const OpArgs& a) {
   const char* op = "embedding_bwd";
   const Tensor &ids = a.in(0), &dy = a.in(1), &dtable = a.out(0);
-  SG_RETURN_IF_ERROR(check_ndim(op, "dtable", dtable, 2));
-  const int64_t V = dtable.shape[0], C = dtable.shape[1];
-  SG_RETURN_IF_ERROR(check_ids(op, ids));
-  const int64_t N = ids.shape[0];
-  SG_RETURN_IF_ERROR(check_rows(op, "dy", dy, N, C));
-  SG_RETURN_IF_ERROR(check_rows(op, "dtable", dtable, V, C));
-  SG_CHECK(dtable.dtype == DType::kF32 || dtable.dtype == dy.dtype, StatusCode::kDTypeUnsupported,
-           str_cat(op, ": dtable is ", dtype_name(dtable.dtype), ", expected float32 or dy's ",
-                   dtype_name(dy.dtype)),
-           "keep the embedding gradient in float32 or in the activations' dtype");
+  EmbeddingArgs r;
+  SG_RETURN_IF_ERROR(check_embedding_bwd(a, &r));
+  const int64_t N = r.N, V = r.V, C = r.C;
   SG_CHECK_ARG(V < INT32_MAX, str_cat(op, ": a table of ", V, " rows; at most 2^31 - 2"));
-  const bool accumulate = a.attr().get_bool("accumulate", false);
+  const bool accumulate = r.accumulate;
   SG_CHECK_SHAPE((C + kBwdThreads - 1) / kBwdThreads <= 65535,
                  str_cat(op, ": ", C, " channels; this kernel takes at most ", 65535 * kBwdThreads));
   if (V == 0 || C == 0) return Status::OK();
@@ -253,10 +230,9 @@ Status embedding_bwd(const OpArgs& a) {
 }  // namespace
 
 void register_cuda_embedding(OpRegistry& reg) {
-  add_op(reg, "embedding_fwd", 2, 2, 1, embedding_fwd,
-         "(ids[N] int32, table[V,C]) -> (y[N,C]); out-of-range ids give zero rows (not checked on the host)");
-  add_op(reg, "embedding_bwd", 2, 2, 1, embedding_bwd,
-         "(ids[N] int32, dy[N,C]) -> (dtable[V,C], f32 or dy's dtype); attrs: accumulate; out-of-range ids skipped");
+  // ids are not checked on the host: out-of-range ids give zero rows (forward) or are skipped (backward).
+  add_op(reg, "embedding_fwd", embedding_fwd);
+  add_op(reg, "embedding_bwd", embedding_bwd);
 }
 
 void register_cuda_embed_optim(OpRegistry& reg) {

@@ -15,6 +15,7 @@
 #include "cuda/backend.h"
 #include "cuda/common.cuh"
 #include "cuda/embed_optim.cuh"
+#include "runtime/op_checks_pointwise.h"
 
 namespace surogate::cuda {
 
@@ -22,7 +23,8 @@ namespace {
 
 constexpr int kThreads = 256;
 
-enum RngKind : int { kNoRng = 0, kRngI32 = 1, kRngI64 = 2 };
+// The kind of the rng input, as check_dropout_fwd reports it.
+enum RngKind : int { kNoRng = DropoutArgs::kNone, kRngI32 = DropoutArgs::kI32, kRngI64 = DropoutArgs::kI64 };
 
 __host__ __device__ __forceinline__ uint64_t splitmix64(uint64_t z) {
   z += 0x9E3779B97F4A7C15ull;
@@ -73,34 +75,12 @@ __global__ void dropout_kernel(const T* x, T* y, int64_t n, uint64_t seed, const
 Status dropout_fwd(const OpArgs& a) {
   const Tensor& x = a.in(0);
   const Tensor& y = a.out(0);
-  SG_RETURN_IF_ERROR(check_contiguous("dropout_fwd", "x", x));
-  SG_RETURN_IF_ERROR(check_contiguous("dropout_fwd", "y", y));
-  SG_RETURN_IF_ERROR(check_same_shape("dropout_fwd", "x", x, "y", y));
-  SG_CHECK(x.dtype == y.dtype, StatusCode::kDTypeUnsupported, "dropout_fwd: x and y dtypes differ", "cast first");
-  const double p = a.attr().get_float("p", 0.0);
-  const uint64_t seed = static_cast<uint64_t>(a.attr().get_int("seed", 0));
-  const uint64_t offset = static_cast<uint64_t>(a.attr().get_int("offset", 0));
-  const void* rng = nullptr;
-  int rng_kind = kNoRng;
-  if (a.has_in(1)) {
-    const Tensor& r = a.in(1);
-    SG_RETURN_IF_ERROR(check_contiguous("dropout_fwd", "rng", r));
-    if (r.dtype == DType::kI32) {
-      SG_CHECK_SHAPE(r.numel() >= 2, str_cat("dropout_fwd: rng (int32) needs 2 elements, got ", r.shape_str()));
-      rng_kind = kRngI32;
-    } else if (r.dtype == DType::kI64) {
-      SG_CHECK_SHAPE(r.numel() >= 1, str_cat("dropout_fwd: rng (int64) needs 1 element, got ", r.shape_str()));
-      rng_kind = kRngI64;
-    } else {
-      SG_CHECK(false, StatusCode::kDTypeUnsupported,
-               str_cat("dropout_fwd: rng must be int32 or int64, got ", dtype_name(r.dtype)), "");
-    }
-    rng = r.data;
-  }
-  // The same threshold and scale as the CPU, computed the same way on the host.
-  const double thr_d = std::ceil(p * 16777216.0);
-  const uint64_t thr = p <= 0.0 ? 0 : (p >= 1.0 ? (1ull << 24) : static_cast<uint64_t>(thr_d));
-  const float scale = p >= 1.0 ? 0.0f : static_cast<float>(1.0 / (1.0 - p));
+  DropoutArgs d;
+  SG_RETURN_IF_ERROR(check_dropout_fwd(a, &d));
+  const uint64_t seed = d.seed, offset = d.offset, thr = d.thr;
+  const float scale = d.scale;
+  const void* rng = d.rng == DropoutArgs::kNone ? nullptr : a.in(1).data;
+  const int rng_kind = d.rng;
   const int64_t n = x.numel();
   if (n == 0) return Status::OK();
   SG_CUDA_DISPATCH_FLOAT("dropout_fwd", x.dtype, T, {
@@ -121,9 +101,8 @@ Status dropout_fwd(const OpArgs& a) {
 }  // namespace
 
 void register_cuda_dropout(OpRegistry& reg) {
-  add_op(reg, "dropout_fwd", 1, 2, 1, dropout_fwd,
-         "(x, [rng int32[2] | int64[1], read on the device]) -> (y = mask * x / (1-p)); mask a hash of "
-         "(seed ^ rng, offset + i), the CPU's bit for bit; attrs: p, seed, offset. Backward: the same op on dy");
+  // rng is read on the device; the mask is the CPU's bit for bit.
+  add_op(reg, "dropout_fwd", dropout_fwd);
 }
 
 }  // namespace surogate::cuda

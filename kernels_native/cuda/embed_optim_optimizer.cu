@@ -37,17 +37,19 @@
 #include "cuda/backend.h"
 #include "cuda/common.cuh"
 #include "cuda/embed_optim.cuh"
+#include "runtime/op_checks_optimizer.h"
 
 namespace surogate::cuda {
 
 namespace {
+
+using namespace ::surogate::adam;  // the input layout and kQBlock (runtime/op_checks_optimizer.h)
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxItems = 256;            // descriptors per launch (the parameter block's capacity)
 constexpr int64_t kNormChunk = 16384;     // global_norm: elements per chunk (one partial sum each)
 constexpr int64_t kAdamChunk = 8192;      // adamw: elements per chunk
-constexpr int64_t kQBlock = 256;          // adamw8: elements per quantization block (one scale each)
 constexpr int64_t kQChunk = 16 * kQBlock; // adamw8: elements per chunk, whole quantization blocks
 
 // Blocks that keep every SM busy; persistent blocks loop over the chunks, so that the per-block
@@ -154,17 +156,12 @@ __global__ void __launch_bounds__(kThreads) norm_final_kernel(const double* part
 
 Status global_norm(const OpArgs& a) {
   const Tensor& out = a.out(0);
-  SG_CHECK(out.dtype == DType::kF32 && out.numel() == 1, StatusCode::kShapeMismatch,
-           str_cat("global_norm: output norm must be float32[1], got ", out.describe()),
-           "allocate the norm as a float32 tensor of shape [1]");
+  SG_RETURN_IF_ERROR(check_global_norm(a));
   std::vector<NormItem> items;
   int64_t chunks = 0;
   for (int i = 0; i < a.num_inputs; ++i) {
     if (!a.has_in(i)) continue;
     const Tensor& g = a.in(i);
-    SG_CHECK(dtype_is_float(g.dtype), StatusCode::kDTypeUnsupported,
-             str_cat("global_norm: input ", i, " has dtype ", dtype_name(g.dtype), ", expected a float type"), "");
-    SG_CHECK_ARG(g.is_contiguous(), str_cat("global_norm: input ", i, " ", g.describe(), " must be contiguous"));
     if (g.numel() == 0) continue;
     items.push_back(NormItem{g.data, g.numel(), 0, static_cast<int64_t>(g.dtype)});
     chunks += (g.numel() + kNormChunk - 1) / kNormChunk;
@@ -249,10 +246,6 @@ __device__ __forceinline__ Update adam_update(float g_raw, float w, float m_old,
 
 // ---- adamw ------------------------------------------------------------------------------
 
-constexpr int kGroup = 5;  // param, master, grad, m, v
-enum Slot { kParam = 0, kMaster, kGrad, kM, kV };
-const char* const kSlotName[kGroup] = {"param", "master", "grad", "m", "v"};
-
 struct AdamGroup {
   void* param;
   float* master;  // null: no master
@@ -327,31 +320,6 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(const __grid_constant__
 
 // ---- host side shared by adamw and adamw8 -----------------------------------------------
 
-// hp and norm (inputs 0 and 1): their shapes and dtypes (the values stay on the device).
-Status check_hp_norm(const OpArgs& a, const char* op) {
-  const Tensor& hp = a.in(0);
-  SG_CHECK(hp.dtype == DType::kF32 && hp.numel() == 8 && hp.is_contiguous(), StatusCode::kShapeMismatch,
-           str_cat(op, ": hp must be a contiguous float32[8], got ", hp.describe()),
-           "hp = [lr, beta1, beta2, eps, weight_decay, step, max_grad_norm, 0]");
-  if (a.has_in(1)) {
-    const Tensor& n = a.in(1);
-    SG_CHECK(n.dtype == DType::kF32 && n.numel() == 1, StatusCode::kShapeMismatch,
-             str_cat(op, ": norm must be float32[1], got ", n.describe()), "pass global_norm's output");
-  }
-  return Status::OK();
-}
-
-// Per group: 1 when it takes weight decay (the factor itself is 1 when wd == 0), 0 for no_decay.
-Status decay_groups(const OpArgs& a, const char* op, int n_groups, std::vector<char>* out) {
-  out->assign(n_groups, 1);
-  for (int64_t g : a.attr().get_ints("no_decay")) {
-    SG_CHECK_ARG(g >= 0 && g < n_groups,
-                 str_cat(op, ": no_decay names group ", g, ", but there are ", n_groups, " groups"));
-    (*out)[g] = 0;
-  }
-  return Status::OK();
-}
-
 // Launch `kernel` over `groups` in batches of kMaxItems, chunk = elements per chunk.
 template <typename Group, typename Batch>
 Status launch_batches(const std::vector<Group>& groups, int64_t chunk, const OpArgs& a,
@@ -373,46 +341,12 @@ Status launch_batches(const std::vector<Group>& groups, int64_t chunk, const OpA
   return Status::OK();
 }
 
-// One adamw group's tensors: present where required, of the right dtypes and sizes, writeable.
-Status check_group(const OpArgs& a, int group) {
-  const int base = 2 + kGroup * group;
-  const auto where = [&](int slot) {
-    return str_cat("adamw: group ", group, " (input ", base + slot, ", ", kSlotName[slot], ")");
-  };
-  for (int slot = 0; slot < kGroup; ++slot) {
-    if (!a.has_in(base + slot)) {
-      SG_CHECK_ARG(slot == kMaster, str_cat(where(slot), " is missing; only master is optional"));
-      continue;
-    }
-    const Tensor& t = a.in(base + slot);
-    SG_CHECK_ARG(t.is_contiguous(), str_cat(where(slot), " ", t.describe(), " must be contiguous"));
-    SG_CHECK_SHAPE(t.numel() == a.in(base + kParam).numel(),
-                   str_cat(where(slot), " ", t.describe(), " has ", t.numel(), " elements but param has ",
-                           a.in(base + kParam).numel()));
-    const bool f32_only = slot == kMaster || slot == kM || slot == kV;
-    SG_CHECK(f32_only ? t.dtype == DType::kF32
-                      : (t.dtype == DType::kF32 || t.dtype == DType::kBF16 || t.dtype == DType::kF16),
-             StatusCode::kDTypeUnsupported,
-             str_cat(where(slot), " has dtype ", dtype_name(t.dtype), ", expected ",
-                     f32_only ? "float32" : "float32, bfloat16 or float16"),
-             slot == kMaster ? "master weights are float32" : "");
-    SG_CHECK_ARG(slot == kGrad || !t.readonly,
-                 str_cat(where(slot), " is read-only, but adamw updates it in place"));
-  }
-  return Status::OK();
-}
-
 Status adamw(const OpArgs& a) {
-  SG_CHECK_ARG(a.num_inputs >= 2 && (a.num_inputs - 2) % kGroup == 0,
-               str_cat("adamw: got ", a.num_inputs, " inputs, expected 2 + 5*k: hp, norm (or None), then "
-                       "(param, master or None, grad, m, v) per parameter"));
-  const int n_groups = (a.num_inputs - 2) / kGroup;
-  SG_RETURN_IF_ERROR(check_hp_norm(a, "adamw"));
-  std::vector<char> decays;
-  SG_RETURN_IF_ERROR(decay_groups(a, "adamw", n_groups, &decays));
+  AdamwArgs r;
+  SG_RETURN_IF_ERROR(check_adamw(a, &r));
+  const std::vector<char>& decays = r.decay;
   std::vector<AdamGroup> groups;
-  for (int g = 0; g < n_groups; ++g) {
-    SG_RETURN_IF_ERROR(check_group(a, g));
+  for (int g = 0; g < r.n_groups; ++g) {
     const Tensor* t = &a.in(2 + kGroup * g);
     if (t[kParam].numel() == 0) continue;
     groups.push_back(AdamGroup{t[kParam].data, t[kMaster].ptr<float>(), t[kGrad].data, t[kM].ptr<float>(),
@@ -463,9 +397,6 @@ __device__ __forceinline__ int nearest_level(const float* mid, int levels, float
 
 __device__ __forceinline__ float max_keep(float acc, float x) { return acc < x ? x : acc; }  // std::max(acc, x)
 
-constexpr int kGroup8 = 7;  // param, master, grad, m_q, m_scale, v_q, v_scale
-enum Slot8 { kP8 = 0, kMaster8, kGrad8, kMQ, kMScale, kVQ, kVScale };
-const char* const kSlot8Name[kGroup8] = {"param", "master", "grad", "m_q", "m_scale", "v_q", "v_scale"};
 
 struct Adam8Group {
   void* param;
@@ -579,58 +510,12 @@ __global__ void __launch_bounds__(kThreads) adamw8_kernel(const __grid_constant_
   }
 }
 
-inline int64_t num_qblocks(int64_t n) { return (n + kQBlock - 1) / kQBlock; }
-
-Status check_group8(const OpArgs& a, int group) {
-  const int base = 2 + kGroup8 * group;
-  const auto where = [&](int slot) {
-    return str_cat("adamw8: group ", group, " (input ", base + slot, ", ", kSlot8Name[slot], ")");
-  };
-  SG_CHECK_ARG(a.has_in(base + kP8), str_cat(where(kP8), " is missing; only master is optional"));
-  const int64_t n = a.in(base + kP8).numel();
-  for (int slot = 0; slot < kGroup8; ++slot) {
-    if (!a.has_in(base + slot)) {
-      SG_CHECK_ARG(slot == kMaster8, str_cat(where(slot), " is missing; only master is optional"));
-      continue;
-    }
-    const Tensor& t = a.in(base + slot);
-    SG_CHECK_ARG(t.is_contiguous(), str_cat(where(slot), " ", t.describe(), " must be contiguous"));
-    const bool is_scale = slot == kMScale || slot == kVScale;
-    const int64_t want = is_scale ? num_qblocks(n) : n;
-    SG_CHECK_SHAPE(t.numel() == want, str_cat(where(slot), " ", t.describe(), " has ", t.numel(),
-                                              " elements, expected ", want, is_scale ? " (ceil(n / 256))" : "",
-                                              " for a param of ", n, " elements"));
-    const char* want_dtype = nullptr;
-    bool ok = false;
-    if (slot == kMQ || slot == kVQ) {
-      ok = t.dtype == DType::kU8;
-      want_dtype = "uint8";
-    } else if (slot == kMaster8 || is_scale) {
-      ok = t.dtype == DType::kF32;
-      want_dtype = "float32";
-    } else {
-      ok = t.dtype == DType::kF32 || t.dtype == DType::kBF16 || t.dtype == DType::kF16;
-      want_dtype = "float32, bfloat16 or float16";
-    }
-    SG_CHECK(ok, StatusCode::kDTypeUnsupported,
-             str_cat(where(slot), " has dtype ", dtype_name(t.dtype), ", expected ", want_dtype), "");
-    SG_CHECK_ARG(slot == kGrad8 || !t.readonly,
-                 str_cat(where(slot), " is read-only, but adamw8 updates it in place"));
-  }
-  return Status::OK();
-}
-
 Status adamw8(const OpArgs& a) {
-  SG_CHECK_ARG(a.num_inputs >= 2 && (a.num_inputs - 2) % kGroup8 == 0,
-               str_cat("adamw8: got ", a.num_inputs, " inputs, expected 2 + 7*k: hp, norm (or None), then "
-                       "(param, master or None, grad, m_q, m_scale, v_q, v_scale) per parameter"));
-  const int n_groups = (a.num_inputs - 2) / kGroup8;
-  SG_RETURN_IF_ERROR(check_hp_norm(a, "adamw8"));
-  std::vector<char> decays;
-  SG_RETURN_IF_ERROR(decay_groups(a, "adamw8", n_groups, &decays));
+  AdamwArgs r;
+  SG_RETURN_IF_ERROR(check_adamw8(a, &r));
+  const std::vector<char>& decays = r.decay;
   std::vector<Adam8Group> groups;
-  for (int g = 0; g < n_groups; ++g) {
-    SG_RETURN_IF_ERROR(check_group8(a, g));
+  for (int g = 0; g < r.n_groups; ++g) {
     const Tensor* t = &a.in(2 + kGroup8 * g);
     if (t[kP8].numel() == 0) continue;
     groups.push_back(Adam8Group{t[kP8].data, t[kMaster8].ptr<float>(), t[kGrad8].data, t[kMQ].ptr<uint8_t>(),
@@ -644,14 +529,11 @@ Status adamw8(const OpArgs& a) {
 }  // namespace
 
 void register_cuda_optimizer(OpRegistry& reg) {
-  add_op(reg, "global_norm", 0, kVariadic, 1, global_norm,
-         "(g0, g1, ...) -> (norm[1] float32) = sqrt(sum of squares), absent inputs skipped; deterministic");
-  add_op(reg, "adamw", 1, kVariadic, 0, adamw,
-         "(hp[8], [norm[1]], then (param, [master], grad, m, v) per group) -> () updates in place; "
-         "attrs: no_decay. One multi-tensor kernel; hp and norm read on the device (values not validated)");
-  add_op(reg, "adamw8", 1, kVariadic, 0, adamw8,
-         "(hp[8], [norm[1]], then (param, [master], grad, m_q u8, m_scale f32, v_q u8, v_scale f32) per group) "
-         "-> () updates in place; 8-bit blockwise (256) cubic-code states, the CPU's bit for bit; attrs: no_decay");
+  // Deterministic; one multi-tensor kernel per optimizer, hp and norm read on the device (values not
+  // validated); the 8-bit states are the CPU's bit for bit.
+  add_op(reg, "global_norm", global_norm);
+  add_op(reg, "adamw", adamw);
+  add_op(reg, "adamw8", adamw8);
 }
 
 }  // namespace surogate::cuda

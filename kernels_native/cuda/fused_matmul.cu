@@ -54,13 +54,8 @@ Status add_rmsnorm_matmul(const OpArgs& a) {
 }  // namespace
 
 void register_cuda_fused_matmul(OpRegistry& reg) {
-  add_op(reg, "gated_matmul", 2, 3, 1, gated_matmul,
-         "(gu[M,2F] = [gate, up], W[N,F], [bias[N]]) -> (y[M,N] = act(gate) * up @ W^T + bias); attrs: act "
-         "(silu | gelu_tanh)");
-  add_op(reg, "add_rmsnorm_matmul", 1, 5, 2, add_rmsnorm_matmul,
-         "(x[M,K], [residual[M,K]], w[K], W[N,K], [bias[N]]) -> (y[M,N] = rmsnorm(x + residual) w @ W^T + bias, "
-         "[h = x + residual]); attrs: eps, weight_offset",
-         /*min_out=*/1);
+  add_op(reg, "gated_matmul", gated_matmul);
+  add_op(reg, "add_rmsnorm_matmul", add_rmsnorm_matmul);
 }
 
 }  // namespace surogate::cuda

@@ -1,5 +1,5 @@
 // GGUF ops on CUDA: gguf_dequantize and gguf_matmul, the twins of cpu/gguf.cpp and
-// cpu/gguf_matmul.cpp (same inputs, attrs, checks and messages).
+// cpu/gguf_matmul.cpp (same inputs and attrs; the checks are runtime/op_checks_gguf.h's).
 //
 // A quantized tensor is a uint8 tensor [rows, bytes_per_row] of raw GGML blocks; attr `type` is
 // its ggml id. The block decoders (cuda/gguf_decode.cuh) work on 32-value units and give the
@@ -25,6 +25,7 @@
 #include "cuda/backend.h"
 #include "cuda/common.cuh"
 #include "cuda/gguf_decode.cuh"
+#include "runtime/op_checks_gguf.h"
 
 namespace surogate::cuda {
 
@@ -110,15 +111,10 @@ Status launch_dequant(GgmlType t, const uint8_t* q, int64_t bpr, int64_t rows, i
   return Status::OK();
 }
 
-// The ggml type of attr `type`, known to the type table and decodable here (cpu/gguf.cpp's op_type).
-Status op_type(const char* op, const OpArgs& a, GgmlType* t, const gguf::TypeInfo** info) {
-  SG_CHECK_ARG(a.attr().has("type"), str_cat(op, ": attr `type` (a ggml type id) is required"));
-  *t = static_cast<GgmlType>(a.attr().get_int("type", -1));
-  *info = gguf::type_info(*t);
-  SG_CHECK_ARG(*info, str_cat(op, ": unknown GGUF type id ", static_cast<int>(*t)));
-  // The CUDA decoders cover exactly the CPU's (gguf_decode.cuh); asking dispatch_block keeps that honest.
-  const bool decodable = (*info)->dequantize && gguf_dev::has_block(*t);
-  SG_CHECK(decodable, StatusCode::kUnsupported, str_cat(op, ": unsupported GGUF type ", (*info)->name),
+// The shared checks (runtime/op_checks_gguf.h) accept the types the CPU decodes; the CUDA
+// decoders cover exactly those (gguf_decode.cuh), and asking dispatch_block keeps that honest.
+Status check_decodable(const char* op, const GgufArgs& g) {
+  SG_CHECK(gguf_dev::has_block(g.type), StatusCode::kUnsupported, str_cat(op, ": unsupported GGUF type ", g.info->name),
            "supported on CUDA: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q8_K, IQ4_NL, IQ4_XS; "
            "requantize the weight to one of them");
   return Status::OK();
@@ -127,23 +123,11 @@ Status op_type(const char* op, const OpArgs& a, GgmlType* t, const gguf::TypeInf
 Status gguf_dequantize(const OpArgs& a) {
   const Tensor& q = a.in(0);
   const Tensor& y = a.out(0);
-  GgmlType t;
-  const gguf::TypeInfo* info;
-  SG_RETURN_IF_ERROR(op_type("gguf_dequantize", a, &t, &info));
-  SG_RETURN_IF_ERROR(check_ndim("gguf_dequantize", "q", q, 2));
-  SG_RETURN_IF_ERROR(check_ndim("gguf_dequantize", "y", y, 2));
-  SG_RETURN_IF_ERROR(check_dtype("gguf_dequantize", "q", q, {DType::kU8}));
-  SG_RETURN_IF_ERROR(check_dtype("gguf_dequantize", "y", y, {DType::kF32, DType::kBF16, DType::kF16}));
-  SG_RETURN_IF_ERROR(check_contiguous("gguf_dequantize", "q", q));
-  SG_RETURN_IF_ERROR(check_contiguous("gguf_dequantize", "y", y));
-  const int64_t rows = q.size(0), cols = a.attr().get_int("cols", y.size(1));
-  SG_CHECK_SHAPE(y.size(0) == rows && y.size(1) == cols,
-                 str_cat("gguf_dequantize: y ", y.shape_str(), " should be [", rows, ", ", cols, "]"));
-  SG_CHECK_SHAPE(cols % info->block_size == 0, str_cat("gguf_dequantize: cols = ", cols, " is not a multiple of the ",
-                                                       info->name, " block size ", info->block_size));
-  const int64_t bpr = cols / info->block_size * info->type_size;
-  SG_CHECK_SHAPE(q.size(1) == bpr, str_cat("gguf_dequantize: a ", info->name, " row of ", cols, " values takes ", bpr,
-                                           " bytes, q ", q.shape_str(), " has ", q.size(1)));
+  GgufArgs g;
+  SG_RETURN_IF_ERROR(check_gguf_dequantize(a, &g));
+  SG_RETURN_IF_ERROR(check_decodable("gguf_dequantize", g));
+  const GgmlType t = g.type;
+  const int64_t rows = g.rows, cols = g.cols, bpr = g.bpr;
   return launch_dequant(t, q.ptr<uint8_t>(), bpr, rows, cols, y.data, y.dtype);
 }
 
@@ -319,28 +303,11 @@ Status gguf_matmul(const OpArgs& a) {
   const Tensor& x = a.in(0);
   const Tensor& Wq = a.in(1);
   const Tensor& y = a.out(0);
-  SG_CHECK_ARG(a.attr().has("type"), "gguf_matmul: attr `type` (the ggml type id of Wq) is required");
-  GgmlType t;
-  const gguf::TypeInfo* info;
-  SG_RETURN_IF_ERROR(op_type("gguf_matmul", a, &t, &info));
-  SG_RETURN_IF_ERROR(check_ndim("gguf_matmul", "x", x, 2));
-  SG_RETURN_IF_ERROR(check_ndim("gguf_matmul", "Wq", Wq, 2));
-  SG_RETURN_IF_ERROR(check_ndim("gguf_matmul", "y", y, 2));
-  SG_RETURN_IF_ERROR(check_dtype("gguf_matmul", "Wq", Wq, {DType::kU8}));
-  SG_RETURN_IF_ERROR(check_dtype("gguf_matmul", "x", x, {DType::kF32, DType::kBF16, DType::kF16}));
-  SG_RETURN_IF_ERROR(check_dtype("gguf_matmul", "y", y, {DType::kF32, DType::kBF16, DType::kF16}));
-  SG_RETURN_IF_ERROR(check_contiguous("gguf_matmul", "x", x));
-  SG_RETURN_IF_ERROR(check_contiguous("gguf_matmul", "Wq", Wq));
-  SG_RETURN_IF_ERROR(check_contiguous("gguf_matmul", "y", y));
-  const int64_t N = x.size(0), K = x.size(1), M = Wq.size(0);
-  SG_CHECK_SHAPE(K % info->block_size == 0, str_cat("gguf_matmul: K = ", K, " is not a multiple of the ", info->name,
-                                                    " block size ", info->block_size));
-  const int64_t bpr = K / info->block_size * info->type_size;
-  SG_CHECK_SHAPE(Wq.size(1) == bpr, str_cat("gguf_matmul: a ", info->name, " row of K = ", K, " values takes ", bpr,
-                                            " bytes, Wq ", Wq.shape_str(), " has ", Wq.size(1)));
-  SG_CHECK_SHAPE(y.size(0) == N && y.size(1) == M,
-                 str_cat("gguf_matmul: y ", y.shape_str(), " should be [", N, ", ", M, "] for x ", x.shape_str(),
-                         " and ", info->name, " Wq ", Wq.shape_str()));
+  GgufArgs g;
+  SG_RETURN_IF_ERROR(check_gguf_matmul(a, &g));
+  SG_RETURN_IF_ERROR(check_decodable("gguf_matmul", g));
+  const GgmlType t = g.type;
+  const int64_t N = g.rows, K = g.cols, M = g.M, bpr = g.bpr;
   if (N == 0 || M == 0) return Status::OK();
   // The decode kernel reads whole 32-value units; F32 / F16 / BF16 rows of other lengths take
   // the prefill path.
@@ -351,10 +318,8 @@ Status gguf_matmul(const OpArgs& a) {
 }  // namespace
 
 void register_cuda_gguf(OpRegistry& reg) {
-  add_op(reg, "gguf_dequantize", 1, 1, 1, gguf_dequantize,
-         "(q[rows, bytes_per_row] u8) -> (y[rows, cols] f32/bf16/f16); attrs: type (ggml id), cols");
-  add_op(reg, "gguf_matmul", 2, 2, 1, gguf_matmul,
-         "(x[N, K] f32/bf16/f16, Wq[M, bytes_per_row(K)] u8) -> (y[N, M] = x @ dequant(Wq)^T); attrs: type");
+  add_op(reg, "gguf_dequantize", gguf_dequantize);
+  add_op(reg, "gguf_matmul", gguf_matmul);
 }
 
 }  // namespace surogate::cuda

@@ -25,6 +25,7 @@
 #include "cuda/common.cuh"
 #include "cuda/gemv.h"
 #include "cuda/matmul_gemm.h"
+#include "runtime/op_checks_matmul.h"
 
 namespace surogate::cuda {
 
@@ -32,55 +33,12 @@ namespace {
 
 // ---- matmul ---------------------------------------------------------------------------------
 
-struct Dims {
-  int64_t M = 0, N = 0, K = 0;
-};
-
-// The CPU op's checks, word for word: shapes, dtypes, and which operands may be row-strided.
-Status check_matmul(const OpArgs& a, bool ta, bool tb, Dims* d) {
-  const Tensor& A = a.in(0);
-  const Tensor& B = a.in(1);
-  const Tensor& C = a.out(0);
-  for (auto [name, t] : {std::pair<const char*, const Tensor*>{"A", &A}, {"B", &B}, {"C", &C}}) {
-    SG_RETURN_IF_ERROR(check_dtype("matmul", name, *t, {DType::kF32, DType::kBF16, DType::kF16}));
-    const bool row_strided = t->ndim == 2 && t->strides[1] == 1 && t->strides[0] >= t->shape[1];
-    if (t->numel() > 0 && !row_strided) SG_RETURN_IF_ERROR(check_contiguous("matmul", name, *t));
-  }
-  SG_CHECK_SHAPE(A.ndim == 2 || (A.ndim == 3 && !ta),
-                 str_cat("matmul: A must be 2-D [M, K] (or 3-D [B, T, K] without trans_a), got ", A.describe(),
-                         " with trans_a=", ta));
-  SG_RETURN_IF_ERROR(check_ndim("matmul", "B", B, 2));
-  const int64_t M = ta ? A.shape[1] : A.ndim == 3 ? A.shape[0] * A.shape[1] : A.shape[0];
-  const int64_t K = ta ? A.shape[0] : A.size(-1);
-  const int64_t Kb = tb ? B.shape[1] : B.shape[0];
-  const int64_t N = tb ? B.shape[0] : B.shape[1];
-  SG_CHECK(K == Kb, StatusCode::kShapeMismatch,
-           str_cat("matmul: inner dims differ: op(A) is [", M, ", ", K, "] (A ", A.shape_str(), ", trans_a=", ta,
-                   ") but op(B) is [", Kb, ", ", N, "] (B ", B.shape_str(), ", trans_b=", tb, ")"),
-           "check trans_a / trans_b against the operands' layouts");
-  std::vector<int64_t> want = ta ? std::vector<int64_t>{M, N} : A.shape_vec();
-  if (!ta) want.back() = N;
-  SG_CHECK_SHAPE(C.shape_vec() == want, str_cat("matmul: C is ", C.shape_str(), " but op(A) @ op(B) is [", M, ", ",
-                                                N, "]", A.ndim == 3 ? " (with A's leading dims)" : ""));
-  if (a.has_in(2)) {
-    const Tensor& bias = a.in(2);
-    SG_RETURN_IF_ERROR(check_dtype("matmul", "bias", bias, {DType::kF32, DType::kBF16, DType::kF16}));
-    SG_RETURN_IF_ERROR(check_contiguous("matmul", "bias", bias));
-    SG_CHECK_SHAPE(bias.ndim == 1 && bias.shape[0] == N,
-                   str_cat("matmul: bias must be [", N, "] (one value per column of C), got ", bias.shape_str()));
-  }
-  *d = Dims{M, N, K};
-  return Status::OK();
-}
-
 // matmul: (A, B, [bias]) -> (C); attrs: trans_a, trans_b, alpha (1), beta (0).
 Status matmul(const OpArgs& a) {
-  const bool ta = a.attr().get_bool("trans_a", false);
-  const bool tb = a.attr().get_bool("trans_b", false);
-  const float alpha = static_cast<float>(a.attr().get_float("alpha", 1.0));
-  const float beta = static_cast<float>(a.attr().get_float("beta", 0.0));
-  Dims d;
-  SG_RETURN_IF_ERROR(check_matmul(a, ta, tb, &d));
+  MatmulArgs d;
+  SG_RETURN_IF_ERROR(check_matmul(a, &d));
+  const bool ta = d.trans_a, tb = d.trans_b;
+  const float alpha = d.alpha, beta = d.beta;
   if (d.M == 0 || d.N == 0) return Status::OK();
   const Tensor& A = a.in(0);
   const Tensor& B = a.in(1);
@@ -238,49 +196,6 @@ __global__ void ce_grad_kernel(const float* logits, int64_t ldl, TD* dz, int64_t
 
 // ---- lm_head_ce: ops ------------------------------------------------------------------------
 
-struct CeAttrs {
-  int64_t ignore_index = -100;
-  float eps = 0.0f;
-  int64_t chunk = 4096;
-  float cap = 0.0f;
-};
-
-Status read_attrs(const char* op, const OpArgs& a, CeAttrs* out) {
-  CeAttrs c;
-  c.ignore_index = a.attr().get_int("ignore_index", -100);
-  c.eps = static_cast<float>(a.attr().get_float("label_smoothing", 0.0));
-  c.chunk = a.attr().get_int("chunk", 4096);
-  c.cap = static_cast<float>(a.attr().get_float("softcap", 0.0));
-  SG_CHECK_ARG(c.eps >= 0.0f && c.eps <= 1.0f, str_cat(op, ": label_smoothing must be in [0, 1], got ", c.eps));
-  SG_CHECK_ARG(c.chunk >= 1, str_cat(op, ": chunk must be >= 1, got ", c.chunk));
-  SG_CHECK_ARG(c.cap >= 0.0f, str_cat(op, ": softcap must be >= 0 (0 = none), got ", c.cap));
-  *out = c;
-  return Status::OK();
-}
-
-Status check_head(const char* op, const Tensor& h, const Tensor& W, const Tensor& targets) {
-  SG_RETURN_IF_ERROR(check_dtype(op, "h", h, {DType::kF32, DType::kBF16, DType::kF16}));
-  SG_RETURN_IF_ERROR(check_dtype(op, "W", W, {DType::kF32, DType::kBF16, DType::kF16}));
-  SG_RETURN_IF_ERROR(check_dtype(op, "targets", targets, {DType::kI32}));
-  SG_RETURN_IF_ERROR(check_ndim(op, "h", h, 2));
-  SG_RETURN_IF_ERROR(check_ndim(op, "W", W, 2));
-  SG_CHECK_SHAPE(W.shape[1] == h.shape[1], str_cat(op, ": h ", h.shape_str(), " and W ", W.shape_str(),
-                                                   " must share the channel dim (W is [V, C], HF layout)"));
-  SG_CHECK_SHAPE(targets.ndim == 1 && targets.shape[0] == h.shape[0],
-                 str_cat(op, ": targets must be [", h.shape[0], "] (one per row of h), got ", targets.shape_str()));
-  for (auto [name, t] : {std::pair<const char*, const Tensor*>{"h", &h}, {"W", &W}, {"targets", &targets}}) {
-    SG_RETURN_IF_ERROR(check_contiguous(op, name, *t));
-  }
-  return Status::OK();
-}
-
-Status check_row_stat(const char* op, const char* name, const Tensor& t, int64_t N) {
-  SG_RETURN_IF_ERROR(check_dtype(op, name, t, {DType::kF32}));
-  SG_RETURN_IF_ERROR(check_contiguous(op, name, t));
-  SG_CHECK_SHAPE(t.ndim == 1 && t.shape[0] == N, str_cat(op, ": ", name, " must be [", N, "], got ", t.shape_str()));
-  return Status::OK();
-}
-
 // Scratch from the caching allocator; `keep` holds it until the op returns (stream-ordered reuse).
 Status scratch(const Device& dev, int64_t elems, DType dt, std::shared_ptr<void>* keep, void** out) {
   SG_RETURN_IF_ERROR(allocate(dev, static_cast<size_t>(std::max<int64_t>(elems, 1)) * dtype_size(dt), keep));
@@ -306,12 +221,9 @@ Status lm_head_ce_fwd(const OpArgs& a) {
   const Tensor& targets = a.in(2);
   const Tensor& loss = a.out(0);
   const Tensor& lse = a.out(1);
-  SG_RETURN_IF_ERROR(check_head(op, h, W, targets));
-  const int64_t N = h.shape[0], C = h.shape[1], V = W.shape[0];
-  SG_RETURN_IF_ERROR(check_row_stat(op, "loss", loss, N));
-  SG_RETURN_IF_ERROR(check_row_stat(op, "lse", lse, N));
-  CeAttrs at;
-  SG_RETURN_IF_ERROR(read_attrs(op, a, &at));
+  LmHeadCeArgs at;
+  SG_RETURN_IF_ERROR(check_lm_head_ce_fwd(a, &at));
+  const int64_t N = at.N, C = at.C, V = at.V;
   if (N == 0) return Status::OK();
   const Device dev = h.device;
   const int32_t* tgt = targets.ptr<int32_t>();
@@ -358,23 +270,11 @@ Status lm_head_ce_bwd(const OpArgs& a) {
   const Tensor& lse = a.in(3);
   const Tensor& dloss = a.in(4);
   const Tensor& dh = a.out(0);
-  const bool has_dw = a.has_out(1);
-  SG_RETURN_IF_ERROR(check_head(op, h, W, targets));
-  const int64_t N = h.shape[0], C = h.shape[1], V = W.shape[0];
-  SG_RETURN_IF_ERROR(check_row_stat(op, "lse", lse, N));
-  SG_RETURN_IF_ERROR(check_row_stat(op, "dloss", dloss, N));
-  SG_RETURN_IF_ERROR(check_dtype(op, "dh", dh, {DType::kF32, DType::kBF16, DType::kF16}));
-  SG_RETURN_IF_ERROR(check_contiguous(op, "dh", dh));
-  SG_RETURN_IF_ERROR(check_same_shape(op, "h", h, "dh", dh));
-  if (has_dw) {
-    const Tensor& dW = a.out(1);
-    SG_RETURN_IF_ERROR(check_dtype(op, "dW", dW, {DType::kF32, DType::kBF16, DType::kF16}));
-    SG_RETURN_IF_ERROR(check_contiguous(op, "dW", dW));
-    SG_RETURN_IF_ERROR(check_same_shape(op, "W", W, "dW", dW));
-  }
-  CeAttrs at;
-  SG_RETURN_IF_ERROR(read_attrs(op, a, &at));
-  const bool accumulate = a.attr().get_bool("accumulate", false);
+  LmHeadCeArgs at;
+  SG_RETURN_IF_ERROR(check_lm_head_ce_bwd(a, &at));
+  const bool has_dw = at.dW != nullptr;
+  const int64_t N = at.N, C = at.C, V = at.V;
+  const bool accumulate = at.accumulate;
   if (N == 0 || V == 0) {
     // No logits: dh is zero and dW is empty (V == 0) or untouched by zero rows.
     SG_RETURN_IF_ERROR(fill_zero(dh));
@@ -450,15 +350,9 @@ Status lm_head_ce_bwd(const OpArgs& a) {
 }  // namespace
 
 void register_cuda_matmul(OpRegistry& reg) {
-  add_op(reg, "matmul", 2, 3, 1, matmul,
-         "(A, B, [bias]) -> (C = alpha*op(A)@op(B) + beta*C + bias); attrs: trans_a, trans_b, alpha, beta");
-  add_op(reg, "lm_head_ce_fwd", 3, 3, 2, lm_head_ce_fwd,
-         "(h[N,C], W[V,C], targets[N] i32) -> (loss[N] f32, lse[N] f32); attrs: ignore_index, label_smoothing, "
-         "chunk, softcap");
-  add_op(reg, "lm_head_ce_bwd", 5, 5, 2, lm_head_ce_bwd,
-         "(h, W, targets, lse, dloss[N] f32) -> (dh[N,C], [dW[V,C]]); attrs: ignore_index, label_smoothing, chunk, "
-         "softcap, accumulate",
-         /*min_out=*/1);
+  add_op(reg, "matmul", matmul);
+  add_op(reg, "lm_head_ce_fwd", lm_head_ce_fwd);
+  add_op(reg, "lm_head_ce_bwd", lm_head_ce_bwd);
 }
 
 }  // namespace surogate::cuda

@@ -10,6 +10,7 @@
 
 #include "cuda/gated_act.cuh"
 #include "cuda/norm_rope_act.cuh"
+#include "runtime/op_checks_pointwise.h"
 
 namespace surogate::cuda::nra {
 
@@ -55,24 +56,6 @@ __global__ void gated_bwd_kernel(const T* dy, const T* gu, T* dgu, int64_t N, in
   }
 }
 
-// Same checks and messages as cpu/activation.cpp.
-Status check_gated(const char* op, const Tensor& gu, const char* name, const Tensor& x) {
-  SG_RETURN_IF_ERROR(check_ndim(op, "gu", gu, 2));
-  SG_RETURN_IF_ERROR(check_contiguous(op, "gu", gu));
-  SG_RETURN_IF_ERROR(check_dtype(op, "gu", gu, {DType::kF32, DType::kBF16, DType::kF16}));
-  SG_CHECK_SHAPE(gu.shape[1] % 2 == 0,
-                 str_cat(op, ": gu ", gu.shape_str(), " must be [N, 2F] (gate, up), its last dim is odd"));
-  SG_RETURN_IF_ERROR(check_ndim(op, name, x, 2));
-  SG_RETURN_IF_ERROR(check_contiguous(op, name, x));
-  SG_CHECK_SHAPE(x.shape[0] == gu.shape[0] && 2 * x.shape[1] == gu.shape[1],
-                 str_cat(op, ": ", name, " is ", x.shape_str(), ", expected [", gu.shape[0], ", ", gu.shape[1] / 2,
-                         "] for gu ", gu.shape_str()));
-  SG_CHECK(x.dtype == gu.dtype, StatusCode::kDTypeUnsupported,
-           str_cat(op, ": ", name, " is ", dtype_name(x.dtype), " but gu is ", dtype_name(gu.dtype)),
-           "give the activations and their gradients one dtype");
-  return Status::OK();
-}
-
 unsigned grid_for(int64_t items) {
   return static_cast<unsigned>(std::clamp<int64_t>((items + kThreads - 1) / kThreads, 1, 65535 * 16));
 }
@@ -80,8 +63,8 @@ unsigned grid_for(int64_t items) {
 template <typename Act>
 Status gated_fwd(const char* op, const OpArgs& a) {
   const Tensor &gu = a.in(0), &y = a.out(0);
-  SG_RETURN_IF_ERROR(check_gated(op, gu, "y", y));
-  const int64_t N = y.shape[0], F = y.shape[1];
+  int64_t N = 0, F = 0;
+  SG_RETURN_IF_ERROR(check_gated_fwd(op, a, &N, &F));
   if (N * F == 0) return Status::OK();
   SG_CUDA_DISPATCH_FLOAT(op, gu.dtype, T, {
     constexpr int kV = 16 / sizeof(T);
@@ -98,13 +81,8 @@ Status gated_fwd(const char* op, const OpArgs& a) {
 template <typename Act>
 Status gated_bwd(const char* op, const OpArgs& a) {
   const Tensor &dy = a.in(0), &gu = a.in(1), &dgu = a.out(0);
-  SG_RETURN_IF_ERROR(check_gated(op, gu, "dy", dy));
-  SG_RETURN_IF_ERROR(check_same_shape(op, "dgu", dgu, "gu", gu));
-  SG_RETURN_IF_ERROR(check_contiguous(op, "dgu", dgu));
-  SG_CHECK(dgu.dtype == gu.dtype, StatusCode::kDTypeUnsupported,
-           str_cat(op, ": dgu is ", dtype_name(dgu.dtype), " but gu is ", dtype_name(gu.dtype)),
-           "give the activations and their gradients one dtype");
-  const int64_t N = dy.shape[0], F = dy.shape[1];
+  int64_t N = 0, F = 0;
+  SG_RETURN_IF_ERROR(check_gated_bwd(op, a, &N, &F));
   if (N * F == 0) return Status::OK();
   SG_CUDA_DISPATCH_FLOAT(op, gu.dtype, T, {
     constexpr int kV = 16 / sizeof(T);
@@ -126,10 +104,10 @@ Status geglu_bwd(const OpArgs& a) { return gated_bwd<GeluTanh>("geglu_bwd", a); 
 }  // namespace
 
 void register_cuda_gated(OpRegistry& reg) {
-  add_op(reg, "swiglu_fwd", 1, 1, 1, swiglu_fwd, "(gu[N,2F] = [gate, up]) -> (y[N,F] = silu(gate) * up)");
-  add_op(reg, "swiglu_bwd", 2, 2, 1, swiglu_bwd, "(dy[N,F], gu[N,2F]) -> (dgu[N,2F])");
-  add_op(reg, "geglu_fwd", 1, 1, 1, geglu_fwd, "(gu[N,2F] = [gate, up]) -> (y[N,F] = gelu_tanh(gate) * up)");
-  add_op(reg, "geglu_bwd", 2, 2, 1, geglu_bwd, "(dy[N,F], gu[N,2F]) -> (dgu[N,2F])");
+  add_op(reg, "swiglu_fwd", swiglu_fwd);
+  add_op(reg, "swiglu_bwd", swiglu_bwd);
+  add_op(reg, "geglu_fwd", geglu_fwd);
+  add_op(reg, "geglu_bwd", geglu_bwd);
 }
 
 }  // namespace surogate::cuda::nra

@@ -15,6 +15,7 @@
 
 #include "core/allocator.h"
 #include "cuda/norm_rope_act.cuh"
+#include "runtime/op_checks_norm.h"
 
 namespace surogate::cuda::nra {
 
@@ -131,47 +132,6 @@ __global__ void rmsnorm_bwd_kernel(const T* dy, const T* dh, const T* x, const T
   }
 }
 
-// ---- argument checks (cpu/norm.cpp's, same messages) -----------------------------------------
-
-Status check_like(const char* op, const char* name, const Tensor& t, const char* ref_name, const Tensor& ref) {
-  SG_RETURN_IF_ERROR(check_same_shape(op, name, t, ref_name, ref));
-  SG_CHECK(t.dtype == ref.dtype, StatusCode::kDTypeUnsupported,
-           str_cat(op, ": ", name, " is ", dtype_name(t.dtype), " but ", ref_name, " is ", dtype_name(ref.dtype)),
-           "give the activations and their gradients one dtype");
-  return check_contiguous(op, name, t);
-}
-
-Status check_norm_args(const char* op, const char* x_name, const Tensor& x, const Tensor& w, const Tensor& rstd) {
-  SG_RETURN_IF_ERROR(check_ndim(op, x_name, x, 2));
-  SG_RETURN_IF_ERROR(check_contiguous(op, x_name, x));
-  SG_RETURN_IF_ERROR(check_dtype(op, x_name, x, {DType::kF32, DType::kBF16, DType::kF16}));
-  SG_CHECK_ARG(x.shape[1] > 0, str_cat(op, ": ", x_name, " ", x.shape_str(), " has no channels"));
-  SG_RETURN_IF_ERROR(check_ndim(op, "w", w, 1));
-  SG_RETURN_IF_ERROR(check_contiguous(op, "w", w));
-  SG_RETURN_IF_ERROR(check_dtype(op, "w", w, {DType::kF32, DType::kBF16, DType::kF16}));
-  SG_CHECK_SHAPE(w.shape[0] == x.shape[1],
-                 str_cat(op, ": w ", w.shape_str(), " does not match the ", x.shape[1], " channels of ", x_name, " ",
-                         x.shape_str()));
-  SG_RETURN_IF_ERROR(check_ndim(op, "rstd", rstd, 1));
-  SG_RETURN_IF_ERROR(check_contiguous(op, "rstd", rstd));
-  SG_RETURN_IF_ERROR(check_dtype(op, "rstd", rstd, {DType::kF32}));
-  SG_CHECK_SHAPE(rstd.shape[0] == x.shape[0],
-                 str_cat(op, ": rstd ", rstd.shape_str(), " must have one entry per row of ", x_name, " ",
-                         x.shape_str()));
-  return Status::OK();
-}
-
-Status check_dw(const char* op, const OpArgs& a, int slot, const Tensor& w) {
-  if (!a.has_out(slot)) return Status::OK();
-  const Tensor& dw = a.out(slot);
-  SG_RETURN_IF_ERROR(check_same_shape(op, "dw", dw, "w", w));
-  SG_RETURN_IF_ERROR(check_contiguous(op, "dw", dw));
-  SG_CHECK(dw.dtype == DType::kF32 || dw.dtype == w.dtype, StatusCode::kDTypeUnsupported,
-           str_cat(op, ": dw is ", dtype_name(dw.dtype), ", expected float32 or w's ", dtype_name(w.dtype)),
-           "keep weight gradients in float32 or in the weight's dtype");
-  return Status::OK();
-}
-
 // ---- launchers ------------------------------------------------------------------------------
 
 // residual / h null for rmsnorm_fwd.
@@ -241,67 +201,38 @@ Status backward(const char* op, const Tensor& dy, const Tensor* dh, const Tensor
 }
 
 Status rmsnorm_fwd(const OpArgs& a) {
-  const char* op = "rmsnorm_fwd";
-  const Tensor &x = a.in(0), &w = a.in(1), &y = a.out(0), &rstd = a.out(1);
-  SG_RETURN_IF_ERROR(check_norm_args(op, "x", x, w, rstd));
-  SG_RETURN_IF_ERROR(check_like(op, "y", y, "x", x));
-  const float eps = static_cast<float>(a.attr().get_float("eps", 1e-6));
-  const float offset = static_cast<float>(a.attr().get_float("weight_offset", 0.0));
-  return forward(op, x, nullptr, w, y, nullptr, rstd, eps, offset);
+  RmsNormArgs r;
+  SG_RETURN_IF_ERROR(check_rmsnorm_fwd(a, &r));
+  return forward("rmsnorm_fwd", a.in(0), nullptr, a.in(1), a.out(0), nullptr, a.out(1), r.eps, r.offset);
 }
 
 Status add_rmsnorm_fwd(const OpArgs& a) {
-  const char* op = "add_rmsnorm_fwd";
-  const Tensor &x = a.in(0), &res = a.in(1), &w = a.in(2), &y = a.out(0), &h = a.out(1), &rstd = a.out(2);
-  SG_RETURN_IF_ERROR(check_norm_args(op, "x", x, w, rstd));
-  SG_RETURN_IF_ERROR(check_like(op, "residual", res, "x", x));
-  SG_RETURN_IF_ERROR(check_like(op, "y", y, "x", x));
-  SG_RETURN_IF_ERROR(check_like(op, "h", h, "x", x));
-  const float eps = static_cast<float>(a.attr().get_float("eps", 1e-6));
-  const float offset = static_cast<float>(a.attr().get_float("weight_offset", 0.0));
-  return forward(op, x, &res, w, y, &h, rstd, eps, offset);
+  RmsNormArgs r;
+  SG_RETURN_IF_ERROR(check_add_rmsnorm_fwd(a, &r));
+  return forward("add_rmsnorm_fwd", a.in(0), &a.in(1), a.in(2), a.out(0), &a.out(1), a.out(2), r.eps, r.offset);
 }
 
 Status rmsnorm_bwd(const OpArgs& a) {
-  const char* op = "rmsnorm_bwd";
-  const Tensor &dy = a.in(0), &x = a.in(1), &w = a.in(2), &rstd = a.in(3), &dx = a.out(0);
-  SG_RETURN_IF_ERROR(check_norm_args(op, "x", x, w, rstd));
-  SG_RETURN_IF_ERROR(check_like(op, "dy", dy, "x", x));
-  SG_RETURN_IF_ERROR(check_like(op, "dx", dx, "x", x));
-  SG_RETURN_IF_ERROR(check_dw(op, a, 1, w));
-  const float offset = static_cast<float>(a.attr().get_float("weight_offset", 0.0));
-  return backward(op, dy, nullptr, x, w, rstd, dx, a.has_out(1) ? &a.out(1) : nullptr, offset,
-                  a.attr().get_bool("accumulate", false));
+  RmsNormArgs r;
+  SG_RETURN_IF_ERROR(check_rmsnorm_bwd(a, &r));
+  return backward("rmsnorm_bwd", a.in(0), nullptr, a.in(1), a.in(2), a.in(3), a.out(0), r.dw, r.offset,
+                  r.accumulate);
 }
 
 Status add_rmsnorm_bwd(const OpArgs& a) {
-  const char* op = "add_rmsnorm_bwd";
-  // Inputs (dy, [dh], h, w, rstd): dh sits in the middle, so the registry sees inputs 1..4 as
-  // optional and the required ones are checked here.
-  SG_CHECK_ARG(a.num_inputs == 5 && a.has_in(2) && a.has_in(3) && a.has_in(4),
-               str_cat(op, ": takes (dy, [dh], h, w, rstd); h, w and rstd are required"));
-  const Tensor &dy = a.in(0), &h = a.in(2), &w = a.in(3), &rstd = a.in(4), &dx = a.out(0);
-  SG_RETURN_IF_ERROR(check_norm_args(op, "h", h, w, rstd));
-  SG_RETURN_IF_ERROR(check_like(op, "dy", dy, "h", h));
-  if (a.has_in(1)) SG_RETURN_IF_ERROR(check_like(op, "dh", a.in(1), "h", h));
-  SG_RETURN_IF_ERROR(check_like(op, "dx", dx, "h", h));
-  SG_RETURN_IF_ERROR(check_dw(op, a, 1, w));
-  const float offset = static_cast<float>(a.attr().get_float("weight_offset", 0.0));
-  return backward(op, dy, a.has_in(1) ? &a.in(1) : nullptr, h, w, rstd, dx, a.has_out(1) ? &a.out(1) : nullptr,
-                  offset, a.attr().get_bool("accumulate", false));
+  RmsNormArgs r;
+  SG_RETURN_IF_ERROR(check_add_rmsnorm_bwd(a, &r));
+  return backward("add_rmsnorm_bwd", a.in(0), r.dh, a.in(2), a.in(3), a.in(4), a.out(0), r.dw, r.offset,
+                  r.accumulate);
 }
 
 }  // namespace
 
 void register_cuda_rmsnorm(OpRegistry& reg) {
-  add_op(reg, "rmsnorm_fwd", 2, 2, 2, rmsnorm_fwd,
-         "(x[N,C], w[C]) -> (y[N,C], rstd[N] f32); attrs: eps, weight_offset");
-  add_op(reg, "rmsnorm_bwd", 4, 4, 2, rmsnorm_bwd,
-         "(dy, x, w, rstd) -> (dx, [dw]); attrs: weight_offset, accumulate", 1);
-  add_op(reg, "add_rmsnorm_fwd", 3, 3, 3, add_rmsnorm_fwd,
-         "(x[N,C], residual[N,C], w[C]) -> (y, h = x + residual, rstd[N] f32); attrs: eps, weight_offset");
-  add_op(reg, "add_rmsnorm_bwd", 1, 5, 2, add_rmsnorm_bwd,
-         "(dy, [dh], h, w, rstd) -> (dx = d residual, [dw]); attrs: weight_offset, accumulate", 1);
+  add_op(reg, "rmsnorm_fwd", rmsnorm_fwd);
+  add_op(reg, "rmsnorm_bwd", rmsnorm_bwd);
+  add_op(reg, "add_rmsnorm_fwd", add_rmsnorm_fwd);
+  add_op(reg, "add_rmsnorm_bwd", add_rmsnorm_bwd);
 }
 
 }  // namespace surogate::cuda::nra

@@ -3,9 +3,10 @@
 // dim, R = rotary_dim, half = R / 2; HF's non-interleaved rotate_half layout (dims i and i + half
 // pair up, dims [R, D) pass through); the same rounding order, so bf16 results match the CPU's.
 //
-// inv_freq is computed on the host exactly as the CPU does (f32, HF's order of operations, f64
-// pow rounded once) and travels to the kernel as a by-value parameter: no copy, no host sync, and
-// the launch stays capturable in a CUDA graph. That caps half at kMaxHalf (rotary_dim 1024).
+// inv_freq is computed on the host by the code the CPU uses (runtime/op_checks_rope.cpp, with the
+// argument checks both backends share) and travels to the kernel as a by-value parameter: no copy,
+// no host sync, and the launch stays capturable in a CUDA graph. That caps half at kMaxHalf
+// (rotary_dim 1024).
 // cuda/rope.cuh holds these pieces (qkv_rope_cache uses them too).
 // Positions stay on the device: one block per token computes that token's cos / sin into
 // shared memory as the CPU does (f32 angle p * f_i, cos / sin of it in f64 rounded to f32, times
@@ -19,20 +20,11 @@
 // block adds its warps' rows in order into one partial, and reduce_dw_partials sums those.
 #include <algorithm>
 #include <cmath>
-#include <numbers>
 #include <string>
 
 #include "core/allocator.h"
 #include "cuda/norm_rope_act.cuh"
 #include "cuda/rope.cuh"
-
-// inv_freq must be HF's f32 value to the bit (at p ~ 1e5 one ulp of f_i is one ulp of the
-// angle): no fused multiply-adds in the host code that computes it, as in cpu/rope.cpp.
-#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDA_ARCH__)
-#define SG_NO_FP_CONTRACT __attribute__((optimize("fp-contract=off")))
-#else
-#define SG_NO_FP_CONTRACT
-#endif
 
 namespace surogate::cuda::nra {
 
@@ -43,79 +35,15 @@ constexpr int64_t kMaxDwBlocks = 1024;
 constexpr int64_t kMinTokensPerDwBlock = 4;
 constexpr int kMaxWarps = 8;
 
-// ---- host: inv_freq, as cpu/rope.cpp computes it -----------------------------------------------
-
-SG_NO_FP_CONTRACT
-void compute_inv_freq(RopeConfig* cfg, const std::string& type, float theta, float factor, double low_freq_factor,
-                      double high_freq_factor, double original_max_position) {
-  const int64_t half = cfg->rotary_dim / 2;
-  const float dim = static_cast<float>(cfg->rotary_dim);
-  for (int64_t i = 0; i < half; ++i) {
-    const float e = static_cast<float>(2 * i) / dim;
-    const float p = static_cast<float>(std::pow(static_cast<double>(theta), static_cast<double>(e)));
-    float f = 1.0f / p;
-    if (type == "linear") {
-      f = f / factor;
-    } else if (type == "llama3") {
-      // HF: wavelen = 2 pi / inv_freq as reciprocal(inv_freq) * f32(2 pi); comparisons in f32.
-      const float low_freq_wavelen = static_cast<float>(original_max_position / low_freq_factor);
-      const float high_freq_wavelen = static_cast<float>(original_max_position / high_freq_factor);
-      const float wavelen = (1.0f / f) * static_cast<float>(2.0 * std::numbers::pi);
-      const float llama = wavelen > low_freq_wavelen ? f / factor : f;
-      if (!(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen)) {
-        const float smooth =
-            ((1.0f / wavelen) * static_cast<float>(original_max_position) - static_cast<float>(low_freq_factor)) /
-            static_cast<float>(high_freq_factor - low_freq_factor);
-        const float a = (1.0f - smooth) * llama / factor;
-        const float b = smooth * llama;
-        f = a + b;
-      } else {
-        f = llama;
-      }
-    }
-    cfg->inv.f[i] = f;
-  }
-}
-
 }  // namespace
 
-Status parse_rope(const char* op, const Attrs& at, int64_t D, RopeConfig* cfg) {
-  const int64_t R = at.get_int("rotary_dim", D);
-  SG_CHECK_ARG(R > 0 && R % 2 == 0 && R <= D,
-               str_cat(op, ": rotary_dim ", R, " must be even and in (0, D = ", D, "]"));
-  SG_CHECK(R / 2 <= kMaxHalf, StatusCode::kUnsupported,
-           str_cat(op, ": rotary_dim ", R, " is above the CUDA kernel's limit of ", 2 * kMaxHalf),
+Status device_rope(const char* op, const RopeAttrs& r, RopeConfig* cfg) {
+  SG_CHECK(r.rotary_dim / 2 <= kMaxHalf, StatusCode::kUnsupported,
+           str_cat(op, ": rotary_dim ", r.rotary_dim, " is above the CUDA kernel's limit of ", 2 * kMaxHalf),
            "run this op on the CPU");
-  cfg->rotary_dim = R;
-  const double theta = at.get_float("theta", 10000.0);
-  SG_CHECK_ARG(theta > 0, str_cat(op, ": theta must be > 0, got ", theta));
-  cfg->attention_factor = static_cast<float>(at.get_float("attention_factor", 1.0));
-
-  const std::string type = at.get_str("rope_type", "default");
-  float factor = 1.0f;
-  double low = 0.0, high = 0.0, omp = 0.0;
-  if (type == "linear" || type == "llama3") {
-    SG_CHECK(at.has("factor"), StatusCode::kInvalidArgument, str_cat(op, ": rope_type ", type, " needs attr factor"),
-             "pass rope_scaling's factor");
-    factor = static_cast<float>(at.get_float("factor", 1.0));
-    SG_CHECK_ARG(factor > 0, str_cat(op, ": factor must be > 0, got ", factor));
-  }
-  if (type == "llama3") {
-    SG_CHECK(at.has("low_freq_factor") && at.has("high_freq_factor") && at.has("original_max_position"),
-             StatusCode::kInvalidArgument,
-             str_cat(op, ": rope_type llama3 needs attrs low_freq_factor, high_freq_factor, original_max_position"),
-             "take them from rope_scaling (original_max_position = original_max_position_embeddings)");
-    low = at.get_float("low_freq_factor", 0.0);
-    high = at.get_float("high_freq_factor", 0.0);
-    omp = at.get_float("original_max_position", 0.0);
-    SG_CHECK_ARG(low > 0 && high > 0 && high != low && omp > 0,
-                 str_cat(op, ": llama3 needs low_freq_factor, high_freq_factor > 0, different, and "
-                             "original_max_position > 0 (got ", low, ", ", high, ", ", omp, ")"));
-  } else if (type != "default" && type != "linear") {
-    return SG_ERROR(StatusCode::kInvalidArgument, str_cat(op, ": unknown rope_type '", type, "'"),
-                    "use default, linear or llama3");
-  }
-  compute_inv_freq(cfg, type, static_cast<float>(theta), factor, low, high, omp);
+  cfg->rotary_dim = r.rotary_dim;
+  cfg->attention_factor = r.attention_factor;
+  std::copy(r.inv_freq.begin(), r.inv_freq.end(), cfg->inv.f);
   return Status::OK();
 }
 
@@ -257,58 +185,6 @@ __global__ void qk_norm_rope_bwd_kernel(const T* dy, const T* x, const T* w, con
   }
 }
 
-// ---- argument checks (cpu/rope.cpp's, same messages) -----------------------------------------
-
-Status check_pos(const char* op, const Tensor& pos, int64_t N) {
-  SG_RETURN_IF_ERROR(check_dtype(op, "pos", pos, {DType::kI32}));
-  SG_RETURN_IF_ERROR(check_contiguous(op, "pos", pos));
-  SG_CHECK_SHAPE(pos.ndim == 1 && pos.shape[0] == N,
-                 str_cat(op, ": pos ", pos.shape_str(), " must be [N] = [", N, "], one position per token"));
-  return Status::OK();
-}
-
-Status check_x(const char* op, const char* name, const Tensor& x) {
-  SG_RETURN_IF_ERROR(check_ndim(op, name, x, 3));
-  SG_RETURN_IF_ERROR(check_contiguous(op, name, x));
-  return check_dtype(op, name, x, {DType::kF32, DType::kBF16, DType::kF16});
-}
-
-Status check_like(const char* op, const char* a_name, const Tensor& a, const char* b_name, const Tensor& b) {
-  SG_RETURN_IF_ERROR(check_same_shape(op, a_name, a, b_name, b));
-  SG_RETURN_IF_ERROR(check_contiguous(op, b_name, b));
-  SG_CHECK(a.dtype == b.dtype, StatusCode::kDTypeUnsupported,
-           str_cat(op, ": ", b_name, " is ", dtype_name(b.dtype), " but ", a_name, " is ", dtype_name(a.dtype)),
-           "cast first");
-  return Status::OK();
-}
-
-// dw: w's shape, in w's dtype or float32 (the trainer's gradient accumulators are f32).
-Status check_dw(const char* op, const Tensor& w, const Tensor& dw) {
-  SG_RETURN_IF_ERROR(check_same_shape(op, "w", w, "dw", dw));
-  SG_RETURN_IF_ERROR(check_contiguous(op, "dw", dw));
-  SG_CHECK(dw.dtype == w.dtype || dw.dtype == DType::kF32, StatusCode::kDTypeUnsupported,
-           str_cat(op, ": dw is ", dtype_name(dw.dtype), "; it must be float32 or w's ", dtype_name(w.dtype)),
-           "cast first");
-  return Status::OK();
-}
-
-Status check_weight(const char* op, const char* name, const Tensor& w, const Tensor& x) {
-  SG_CHECK_SHAPE(w.ndim == 1 && w.shape[0] == x.shape[2],
-                 str_cat(op, ": ", name, " ", w.shape_str(), " must be [D] = [", x.shape[2], "]"));
-  SG_RETURN_IF_ERROR(check_contiguous(op, name, w));
-  SG_CHECK(w.dtype == x.dtype, StatusCode::kDTypeUnsupported,
-           str_cat(op, ": ", name, " is ", dtype_name(w.dtype), " but x is ", dtype_name(x.dtype)), "cast first");
-  return Status::OK();
-}
-
-Status check_rstd(const char* op, const Tensor& rstd, int64_t N, int64_t H) {
-  SG_RETURN_IF_ERROR(check_dtype(op, "rstd", rstd, {DType::kF32}));
-  SG_RETURN_IF_ERROR(check_contiguous(op, "rstd", rstd));
-  SG_CHECK_SHAPE(rstd.ndim == 2 && rstd.shape[0] == N && rstd.shape[1] == H,
-                 str_cat(op, ": rstd ", rstd.shape_str(), " must be [N, H] = [", N, ", ", H, "]"));
-  return Status::OK();
-}
-
 // Heads index warps and pairs in int arithmetic on the device.
 Status check_heads(const char* op, int64_t H) {
   SG_CHECK(H <= (1 << 24), StatusCode::kUnsupported, str_cat(op, ": ", H, " heads is above the CUDA kernel's limit"),
@@ -323,13 +199,12 @@ int warps_for(int64_t H) { return static_cast<int>(std::clamp<int64_t>(H, 1, kMa
 Status rope_apply(const OpArgs& a, const char* op, float sign) {
   const Tensor& x = a.in(0);
   const Tensor& y = a.out(0);
-  SG_RETURN_IF_ERROR(check_x(op, "x", x));
-  SG_RETURN_IF_ERROR(check_like(op, "x", x, "y", y));
-  const int64_t N = x.shape[0], H = x.shape[1], D = x.shape[2];
-  SG_RETURN_IF_ERROR(check_pos(op, a.in(1), N));
+  RopeArgs ra;
+  SG_RETURN_IF_ERROR(check_rope(op, a, &ra));
+  const int64_t N = ra.N, H = ra.H, D = ra.D;
   SG_RETURN_IF_ERROR(check_heads(op, H));
   RopeConfig cfg;
-  SG_RETURN_IF_ERROR(parse_rope(op, a.attr(), D, &cfg));
+  SG_RETURN_IF_ERROR(device_rope(op, ra.rope, &cfg));
   const int64_t R = cfg.rotary_dim, half = R / 2;
   if (N == 0 || H == 0) return Status::OK();
   const bool copy_pass = R < D && x.data != y.data;
@@ -353,16 +228,13 @@ Status qk_norm_rope_fwd(const OpArgs& a) {
   const Tensor& w = a.in(1);
   const Tensor& y = a.out(0);
   const Tensor& rstd = a.out(1);
-  SG_RETURN_IF_ERROR(check_x(op, "x", x));
-  SG_RETURN_IF_ERROR(check_like(op, "x", x, "y", y));
-  SG_RETURN_IF_ERROR(check_weight(op, "w", w, x));
-  const int64_t N = x.shape[0], H = x.shape[1], D = x.shape[2];
-  SG_RETURN_IF_ERROR(check_pos(op, a.in(2), N));
-  SG_RETURN_IF_ERROR(check_rstd(op, rstd, N, H));
+  RopeArgs ra;
+  SG_RETURN_IF_ERROR(check_qk_norm_rope_fwd(a, &ra));
+  const int64_t N = ra.N, H = ra.H, D = ra.D;
   SG_RETURN_IF_ERROR(check_heads(op, H));
   RopeConfig cfg;
-  SG_RETURN_IF_ERROR(parse_rope(op, a.attr(), D, &cfg));
-  const float eps = static_cast<float>(a.attr().get_float("eps", 1e-6));
+  SG_RETURN_IF_ERROR(device_rope(op, ra.rope, &cfg));
+  const float eps = ra.eps;
   const int64_t half = cfg.rotary_dim / 2;
   if (N == 0 || H == 0) return Status::OK();
   const size_t smem = static_cast<size_t>(3 * half) * sizeof(float);
@@ -383,19 +255,14 @@ Status qk_norm_rope_bwd(const OpArgs& a) {
   const Tensor& w = a.in(2);
   const Tensor& rstd = a.in(3);
   const Tensor& dx = a.out(0);
-  SG_RETURN_IF_ERROR(check_x(op, "x", x));
-  SG_RETURN_IF_ERROR(check_like(op, "x", x, "dy", dy));
-  SG_RETURN_IF_ERROR(check_like(op, "x", x, "dx", dx));
-  SG_RETURN_IF_ERROR(check_weight(op, "w", w, x));
-  const int64_t N = x.shape[0], H = x.shape[1], D = x.shape[2];
-  SG_RETURN_IF_ERROR(check_pos(op, a.in(4), N));
-  SG_RETURN_IF_ERROR(check_rstd(op, rstd, N, H));
+  RopeArgs ra;
+  SG_RETURN_IF_ERROR(check_qk_norm_rope_bwd(a, &ra));
+  const int64_t N = ra.N, H = ra.H, D = ra.D;
   SG_RETURN_IF_ERROR(check_heads(op, H));
-  const bool want_dw = a.has_out(1);
-  if (want_dw) SG_RETURN_IF_ERROR(check_dw(op, w, a.out(1)));
-  const bool accumulate = a.attr().get_bool("accumulate", false);
+  const bool want_dw = ra.dw != nullptr;
+  const bool accumulate = ra.accumulate;
   RopeConfig cfg;
-  SG_RETURN_IF_ERROR(parse_rope(op, a.attr(), D, &cfg));
+  SG_RETURN_IF_ERROR(device_rope(op, ra.rope, &cfg));
   const int64_t half = cfg.rotary_dim / 2;
   if (N == 0) {
     // dw is a sum over no tokens: zero unless accumulating, as on the CPU.
@@ -430,15 +297,10 @@ Status qk_norm_rope_bwd(const OpArgs& a) {
 }  // namespace
 
 void register_cuda_rope(OpRegistry& reg) {
-  const std::string attrs = "theta, rotary_dim, rope_type (default|linear|llama3), factor, low_freq_factor, "
-                            "high_freq_factor, original_max_position, attention_factor";
-  add_op(reg, "rope_fwd", 2, 2, 1, rope_fwd, ("(x[N,H,D], pos[N] i32) -> (y); attrs: " + attrs).c_str());
-  add_op(reg, "rope_bwd", 2, 2, 1, rope_bwd,
-         ("(dy[N,H,D], pos[N] i32) -> (dx), rotation by -angle; attrs: " + attrs).c_str());
-  add_op(reg, "qk_norm_rope_fwd", 3, 3, 2, qk_norm_rope_fwd,
-         ("(x[N,H,D], w[D], pos[N]) -> (y, rstd[N,H] f32); attrs: eps, " + attrs).c_str());
-  add_op(reg, "qk_norm_rope_bwd", 5, 5, 2, qk_norm_rope_bwd,
-         ("(dy, x, w, rstd, pos) -> (dx, [dw]); attrs: eps, accumulate, " + attrs).c_str(), /*min_out=*/1);
+  add_op(reg, "rope_fwd", rope_fwd);
+  add_op(reg, "rope_bwd", rope_bwd);
+  add_op(reg, "qk_norm_rope_fwd", qk_norm_rope_fwd);
+  add_op(reg, "qk_norm_rope_bwd", qk_norm_rope_bwd);
 }
 
 }  // namespace surogate::cuda::nra

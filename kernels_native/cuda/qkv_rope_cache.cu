@@ -25,8 +25,8 @@
 // CUDA graph): positions and slots stay on the GPU, a slot outside the cache skips the token's
 // k and v like -1 (its q is still computed), duplicate slots leave the writers' rows mixed.
 //
-// Past 400 lines because the op is one file, as ggml's: the kernel, its launch shape and the
-// argument checks (cpu/qkv_rope_cache.cpp's, the same messages).
+// Past 400 lines because the op is one file, as ggml's: the kernel and its launch shape (the
+// argument checks and rope attrs are runtime/op_checks.h's, shared with the CPU).
 #include <algorithm>
 #include <climits>
 
@@ -337,7 +337,7 @@ Status qkv_rope_cache(const OpArgs& a) {
   const int64_t q_row = dims.q_row, k_row = dims.k_row, v_row = dims.v_row;
   const bool norm = dims.norm;
   RopeConfig cfg;
-  SG_RETURN_IF_ERROR(parse_rope(op, a.attr(), D, &cfg));
+  SG_RETURN_IF_ERROR(device_rope(op, dims.rope, &cfg));
   SG_CHECK(Hq + 2 * Hkv <= (1 << 24), StatusCode::kUnsupported,
            str_cat(op, ": ", Hq, " + 2 x ", Hkv, " heads is above the CUDA kernel's limit"), "run this op on the CPU");
   const int64_t R = cfg.rotary_dim, half = R / 2;
@@ -364,7 +364,7 @@ Status qkv_rope_cache(const OpArgs& a) {
   p.Hkv = static_cast<int>(Hkv);
   p.D = static_cast<int>(D);
   p.half = static_cast<int>(half);
-  p.eps = static_cast<float>(a.attr().get_float("eps", 1e-6));
+  p.eps = dims.eps;
   p.af = cfg.attention_factor;
   bool aligned = true;
   for (const void* ptr : {p.q, p.k, p.v, p.wq, p.wk, static_cast<const void*>(p.q_out),
@@ -392,11 +392,7 @@ Status qkv_rope_cache(const OpArgs& a) {
 namespace surogate::cuda {
 
 void register_cuda_qkv_rope_cache(OpRegistry& reg) {
-  add_op(reg, "qkv_rope_cache", 5, 7, 3, nra::qkv_rope_cache,
-         "(q[N,Hq,D], k[N,Hkv,D], v[N,Hkv,D], pos[N] i32, slot_mapping[N] i32, [q_norm[D], k_norm[D]]) -> "
-         "(q_out[N,Hq,D], k_cache, v_cache [num_blocks, block_size, Hkv, D], written in place; slot -1 skips); "
-         "attrs: eps, theta, rotary_dim, rope_type (default|linear|llama3), factor, low_freq_factor, "
-         "high_freq_factor, original_max_position, attention_factor");
+  add_op(reg, "qkv_rope_cache", nra::qkv_rope_cache);
 }
 
 }  // namespace surogate::cuda

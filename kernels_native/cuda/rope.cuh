@@ -1,6 +1,6 @@
 // The RoPE pieces that the CUDA rope ops (cuda/norm_rope_act_rope.cu) and the serving op
 // qkv_rope_cache (cuda/qkv_rope_cache.cu) share, so that both round alike: the rope attributes
-// with inv_freq computed on the host as cpu/rope.cpp does, the cos / sin of a (token, frequency)
+// with inv_freq (parsed on the host once for both backends, runtime/op_checks_rope.cpp), the cos / sin of a (token, frequency)
 // pair (one at a time, or a token's row into shared memory) and the rotation of a pair. The
 // formulas and rounding order are cpu/rope.cpp's.
 //
@@ -11,7 +11,7 @@
 #include <cstdint>
 
 #include "cuda/norm_rope_act.cuh"
-#include "runtime/attrs.h"
+#include "runtime/op_checks_rope.h"
 
 namespace surogate::cuda::nra {
 
@@ -27,8 +27,9 @@ struct RopeConfig {
   InvFreq inv{};
 };
 
-// The rope attributes of op `op` for head dim D, checked (cpu/rope.cpp's messages), with inv_freq.
-Status parse_rope(const char* op, const Attrs& at, int64_t D, RopeConfig* cfg);
+// The parsed rope attributes (runtime/op_checks_rope.h) as a kernel parameter; an error naming
+// `op` when rotary_dim is above the kernels' limit (2 kMaxHalf).
+Status device_rope(const char* op, const RopeAttrs& r, RopeConfig* cfg);
 
 // The parameter table into shared memory once per block (indexing a kernel parameter with a
 // per-thread index would serialize on the constant cache).

@@ -88,6 +88,8 @@ Status check_qkv_rope_cache(const OpArgs& a, QkvRopeCacheDims* d) {
       SG_RETURN_IF_ERROR(check_same_dtype(wn[i], w, q));
     }
   }
+  SG_RETURN_IF_ERROR(parse_rope(op, a.attr(), d->D, &d->rope));
+  d->eps = static_cast<float>(a.attr().get_float("eps", 1e-6));
   return Status::OK();
 }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "core/status.h"
+#include "runtime/op_checks_rope.h"
 #include "runtime/op_registry.h"
 
 namespace surogate {
@@ -21,6 +22,8 @@ struct QkvRopeCacheDims {
   int64_t N = 0, Hq = 0, Hkv = 0, D = 0;
   int64_t q_row = 0, k_row = 0, v_row = 0;  // token row strides, in elements
   bool norm = false;                        // q_norm and k_norm given
+  float eps = 1e-6f;                        // of the per-head norm
+  RopeAttrs rope;
 };
 Status check_qkv_rope_cache(const OpArgs& a, QkvRopeCacheDims* d);
 

@@ -1,5 +1,7 @@
 #include "runtime/op_registry.h"
 
+#include <algorithm>
+
 namespace surogate {
 
 OpRegistry& OpRegistry::global() {
@@ -34,6 +36,11 @@ std::vector<const OpDef*> OpRegistry::list(DeviceType backend) const {
     if (d.backend == backend) out.push_back(&d);
   }
   return out;
+}
+
+bool OpRegistry::supports(const std::string& name, DeviceType backend, DType dtype) const {
+  const OpDef* d = find(name, backend);
+  return d != nullptr && std::find(d->dtypes.begin(), d->dtypes.end(), dtype) != d->dtypes.end();
 }
 
 Status check_op_args(const OpDef& def, const Tensor* in, int n_in, const Tensor* out, int n_out) {

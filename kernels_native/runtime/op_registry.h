@@ -2,9 +2,9 @@
 //
 // An op is a plain function `Status fn(const OpArgs&)` that reads its inputs and writes into
 // its outputs, whose memory the caller (a Program, or a test) has already allocated. Ops never
-// allocate their outputs; scratch memory comes from the device's caching allocator. Each op
-// states its arity and, optionally, a `supports` predicate a backend uses to decline shapes or
-// dtypes it has no kernel for (the executor then reports which op and why).
+// allocate their outputs; scratch memory comes from the device's caching allocator. An op's
+// arity and doc come from its contract (runtime/op_contracts.h, one for every backend); each
+// backend's OpDef adds its kernel and the activation dtypes that kernel runs (supports).
 #pragma once
 
 #include <string>
@@ -42,6 +42,8 @@ struct OpDef {
   OpFn fn = nullptr;
   std::string doc;                     // one line: inputs -> outputs, attributes
   int min_outputs = -1;                // outputs from this index on may be absent (not computed); -1: none
+  std::vector<DType> dtypes;           // the activation dtypes this backend's kernel runs
+  bool contracted = false;             // arity and doc come from op_contracts()
 };
 
 constexpr int kVariadic = -1;
@@ -53,6 +55,8 @@ class OpRegistry {
   void add(OpDef def);
   const OpDef* find(const std::string& name, DeviceType backend) const;
   std::vector<const OpDef*> list(DeviceType backend) const;
+  // True when `backend` has a kernel for `name` that runs activations of `dtype`.
+  bool supports(const std::string& name, DeviceType backend, DType dtype) const;
   // Run one op directly (tests, eager helpers). Validates arity and that every tensor is on
   // the op's backend.
   Status call(const std::string& name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,

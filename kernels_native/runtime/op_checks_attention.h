@@ -1,0 +1,28 @@
+// The training attention ops' argument checks and attributes, shared by cpu/attention.cpp and
+// cuda/attention.cu. N packed tokens of S documents, Hq query heads, Hkv kv heads (G = Hq / Hkv
+// query heads share one), D head dim.
+//   attention_fwd  (q[N,Hq,D], k[N,Hkv,D], v[N,Hkv,D], cu_seqlens[S+1] i32) -> (out[N,Hq,D], lse[N,Hq] f32)
+//   attention_bwd  (dout, q, k, v, out, lse, cu_seqlens) -> (dq, dk, dv)
+// Every tensor contiguous; q, k, v and their gradients in one dtype. The values of cu_seqlens
+// (0 first, nondecreasing, N last) are host memory: the CPU checks them, CUDA cannot.
+#pragma once
+
+#include <cstdint>
+
+#include "core/status.h"
+#include "runtime/op_registry.h"
+
+namespace surogate {
+
+struct AttentionArgs {
+  int64_t N = 0, Hq = 0, Hkv = 0, D = 0, G = 1, S = 0;
+  bool causal = true;           // attr causal (default true)
+  int64_t window = 0;           // attr window: 0 none, else the sliding window's keys
+  float scale = 1.0f;           // attr scale, default 1 / sqrt(D)
+  float softcap = 0.0f;         // attr softcap: 0 none
+};
+
+Status check_attention_fwd(const OpArgs& a, AttentionArgs* c);
+Status check_attention_bwd(const OpArgs& a, AttentionArgs* c);
+
+}  // namespace surogate

@@ -1,0 +1,22 @@
+// The embedding ops' argument checks, shared by cpu/embedding.cpp and cuda/embed_optim.cu.
+//   embedding_fwd  (ids[N] i32, table[V,C]) -> (y[N,C]), y in table's dtype
+//   embedding_bwd  (ids[N] i32, dy[N,C]) -> (dtable[V,C], f32 or dy's dtype); attr accumulate
+// The ids' values are host memory on the CPU (which checks them against V) and device memory on
+// CUDA (whose kernels give zero rows or skip out-of-range ids).
+#pragma once
+
+#include <cstdint>
+
+#include "core/status.h"
+#include "runtime/op_registry.h"
+
+namespace surogate {
+
+struct EmbeddingArgs {
+  int64_t N = 0, V = 0, C = 0;
+  bool accumulate = false;  // backward: add into dtable
+};
+Status check_embedding_fwd(const OpArgs& a, EmbeddingArgs* r);
+Status check_embedding_bwd(const OpArgs& a, EmbeddingArgs* r);
+
+}  // namespace surogate

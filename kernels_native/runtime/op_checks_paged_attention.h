@@ -1,0 +1,35 @@
+// The serving attention ops' argument checks and attributes, shared by cpu/paged_attention.cpp and
+// cuda/paged_attention.cu (the cache layout is written down in cpu/paged_attention.cpp). T new
+// tokens of S sequences, Hq query heads over Hkv kv heads, D head dim; the cache is
+// [NB blocks, BS tokens a block, Hkv, D].
+//   kv_cache_write   (k[T,Hkv,D], v, slot_mapping[T] i32) -> (k_cache, v_cache)
+//   paged_attention  (q[T,Hq,D], k_cache, v_cache, block_tables[S, max_blocks] i32, cu_q[S+1] i32,
+//                     context_lens[S] i32) -> (out[T,Hq,D], [lse[T,Hq] f32])
+// Only shapes, dtypes and strides: the values of slot_mapping, cu_q, context_lens and
+// block_tables are host memory on the CPU (which checks them) and device memory on CUDA.
+#pragma once
+
+#include <cstdint>
+
+#include "core/status.h"
+#include "runtime/op_registry.h"
+
+namespace surogate {
+
+struct KvCacheWriteArgs {
+  int64_t T = 0, Hkv = 0, D = 0;
+};
+Status check_kv_cache_write(const OpArgs& a, KvCacheWriteArgs* r);
+
+struct PagedAttentionArgs {
+  int64_t T = 0, Hq = 0, D = 0;
+  int64_t NB = 0, BS = 0, Hkv = 0;
+  int64_t S = 0, max_blocks = 0;
+  double scale = 0.0;    // attr scale, default 1 / sqrt(D)
+  int64_t window = 0;    // attr window: 0 none
+  double softcap = 0.0;  // attr softcap: 0 none
+  const Tensor* lse = nullptr;  // the optional lse output
+};
+Status check_paged_attention(const OpArgs& a, PagedAttentionArgs* r);
+
+}  // namespace surogate

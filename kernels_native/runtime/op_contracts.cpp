@@ -1,0 +1,120 @@
+#include "runtime/op_contracts.h"
+
+namespace surogate {
+
+namespace {
+
+#define SG_ROPE_ATTRS                                                                                  \
+  "theta, rotary_dim, rope_type (default|linear|llama3), factor, low_freq_factor, high_freq_factor, " \
+  "original_max_position, attention_factor"
+
+constexpr int V = kVariadic;
+
+// name, min_inputs, max_inputs, num_outputs, min_outputs, doc
+constexpr OpContract kContracts[] = {
+    {"fill", 0, 0, 1, -1, "() -> (y); attrs: value"},
+    {"cast", 1, 1, 1, -1, "(x) -> (y) any float dtypes"},
+    {"copy", 1, 1, 1, -1, "(x) -> (y) same dtype"},
+    {"add", 2, 2, 1, -1, "(a, b) -> (y = alpha*a + beta*b); attrs: alpha, beta"},
+    {"scale", 1, 1, 1, -1, "(x) -> (y = alpha*x); attrs: alpha"},
+    {"argmax", 1, 1, 1, -1, "(x [R, V]) -> (y int32 [R]): lowest index of the row max, -1 on NaN / +inf"},
+    {"matmul", 2, 3, 1, -1,
+     "(A, B, [bias]) -> (C = alpha*op(A)@op(B) + beta*C + bias); attrs: trans_a, trans_b, alpha, beta"},
+    {"embedding_fwd", 2, 2, 1, -1, "(ids[N] int32, table[V,C]) -> (y[N,C])"},
+    {"embedding_bwd", 2, 2, 1, -1, "(ids[N] int32, dy[N,C]) -> (dtable[V,C], f32 or dy's dtype); attrs: accumulate"},
+    {"rmsnorm_fwd", 2, 2, 2, -1, "(x[N,C], w[C]) -> (y[N,C], rstd[N] f32); attrs: eps, weight_offset"},
+    {"rmsnorm_bwd", 4, 4, 2, 1, "(dy, x, w, rstd) -> (dx, [dw]); attrs: weight_offset, accumulate"},
+    {"add_rmsnorm_fwd", 3, 3, 3, -1,
+     "(x[N,C], residual[N,C], w[C]) -> (y, h = x + residual, rstd[N] f32); attrs: eps, weight_offset"},
+    // dh sits in the middle of (dy, [dh], h, w, rstd): inputs 1..4 look optional to the registry and
+    // check_add_rmsnorm_bwd requires h, w and rstd.
+    {"add_rmsnorm_bwd", 1, 5, 2, 1,
+     "(dy, [dh], h, w, rstd) -> (dx = d residual, [dw]); attrs: weight_offset, accumulate"},
+    {"rope_fwd", 2, 2, 1, -1, "(x[N,H,D], pos[N] i32) -> (y); attrs: " SG_ROPE_ATTRS},
+    {"rope_bwd", 2, 2, 1, -1, "(dy[N,H,D], pos[N] i32) -> (dx), rotation by -angle; attrs: " SG_ROPE_ATTRS},
+    {"qk_norm_rope_fwd", 3, 3, 2, -1, "(x[N,H,D], w[D], pos[N]) -> (y, rstd[N,H] f32); attrs: eps, " SG_ROPE_ATTRS},
+    {"qk_norm_rope_bwd", 5, 5, 2, 1, "(dy, x, w, rstd, pos) -> (dx, [dw]); attrs: eps, accumulate, " SG_ROPE_ATTRS},
+    {"swiglu_fwd", 1, 1, 1, -1, "(gu[N,2F] = [gate, up]) -> (y[N,F] = silu(gate) * up)"},
+    {"swiglu_bwd", 2, 2, 1, -1, "(dy[N,F], gu[N,2F]) -> (dgu[N,2F])"},
+    {"geglu_fwd", 1, 1, 1, -1, "(gu[N,2F] = [gate, up]) -> (y[N,F] = gelu_tanh(gate) * up)"},
+    {"geglu_bwd", 2, 2, 1, -1, "(dy[N,F], gu[N,2F]) -> (dgu[N,2F])"},
+    {"attention_fwd", 4, 4, 2, -1,
+     "(q[N,Hq,D], k[N,Hkv,D], v[N,Hkv,D], cu_seqlens[S+1]) -> (out[N,Hq,D], lse[N,Hq] f32); "
+     "attrs: causal, scale, window, softcap"},
+    {"attention_bwd", 7, 7, 3, -1,
+     "(dout, q, k, v, out, lse, cu_seqlens) -> (dq, dk, dv); attrs: causal, scale, window, softcap"},
+    {"lm_head_ce_fwd", 3, 3, 2, -1,
+     "(h[N,C], W[V,C], targets[N] i32) -> (loss[N] f32, lse[N] f32); attrs: ignore_index, label_smoothing, "
+     "chunk, softcap"},
+    {"lm_head_ce_bwd", 5, 5, 2, 1,
+     "(h, W, targets, lse, dloss[N] f32) -> (dh[N,C], [dW[V,C]]); attrs: ignore_index, label_smoothing, chunk, "
+     "softcap, accumulate"},
+    {"kv_cache_write", 3, 3, 2, -1,
+     "(k[T,Hkv,D], v[T,Hkv,D], slot_mapping[T] i32) -> (k_cache, v_cache [num_blocks, block_size, Hkv, D], "
+     "written in place; slot -1 skips)"},
+    {"qkv_rope_cache", 5, 7, 3, -1,
+     "(q[N,Hq,D], k[N,Hkv,D], v[N,Hkv,D], pos[N] i32, slot_mapping[N] i32, [q_norm[D], k_norm[D]]) -> "
+     "(q_out[N,Hq,D], k_cache, v_cache [num_blocks, block_size, Hkv, D], written in place; slot -1 skips); "
+     "attrs: eps, " SG_ROPE_ATTRS},
+    {"paged_attention", 6, 6, 2, 1,
+     "(q[T,Hq,D], k_cache, v_cache, block_tables[S,max_blocks] i32, cu_q[S+1] i32, context_lens[S] i32) -> "
+     "(out[T,Hq,D], [lse[T,Hq] f32]); attrs: scale, window, softcap"},
+    {"gated_matmul", 2, 3, 1, -1,
+     "(gu[M,2F] = [gate, up], W[N,F], [bias[N]]) -> (y[M,N] = act(gate) * up @ W^T + bias); attrs: act "
+     "(silu | gelu_tanh)"},
+    // residual sits in the middle of (x, [residual], w, W, [bias]): as add_rmsnorm_bwd.
+    {"add_rmsnorm_matmul", 1, 5, 2, 1,
+     "(x[M,K], [residual[M,K]], w[K], W[N,K], [bias[N]]) -> (y[M,N] = rmsnorm(x + residual) w @ W^T + bias, "
+     "[h = x + residual]); attrs: eps, weight_offset"},
+    {"gguf_dequantize", 1, 1, 1, -1,
+     "(q[rows, bytes_per_row] u8) -> (y[rows, cols] f32/bf16/f16); attrs: type (ggml id), cols"},
+    {"gguf_quantize", 1, 1, 1, -1,
+     "(x[rows, cols] f32/bf16/f16) -> (q[rows, bytes_per_row] u8); attrs: type (ggml id)"},
+    {"gguf_matmul", 2, 2, 1, -1,
+     "(x[N, K] f32/bf16/f16, Wq[M, bytes_per_row(K)] u8) -> (y[N, M] = x @ dequant(Wq)^T); attrs: type"},
+    {"dropout_fwd", 1, 2, 1, -1,
+     "(x, [rng int32[2] | int64[1]]) -> (y = mask * x / (1-p)); mask a hash of (seed ^ rng, offset + i); "
+     "attrs: p, seed, offset. Backward: the same op on dy"},
+    {"global_norm", 0, V, 1, -1, "(g0, g1, ...) -> (norm[1] float32) = sqrt(sum of squares), absent inputs skipped"},
+    {"adamw", 1, V, 0, -1,
+     "(hp[8], [norm[1]], then (param, [master], grad, m, v) per group) -> () updates in place; attrs: no_decay"},
+    {"adamw8", 1, V, 0, -1,
+     "(hp[8], [norm[1]], then (param, [master], grad, m_q u8, m_scale f32, v_q u8, v_scale f32) per group) "
+     "-> () updates in place; 8-bit blockwise (256) cubic-code states; attrs: no_decay"},
+};
+
+#undef SG_ROPE_ATTRS
+
+}  // namespace
+
+std::span<const OpContract> op_contracts() { return kContracts; }
+
+const OpContract* find_op_contract(std::string_view name) {
+  for (const OpContract& c : kContracts) {
+    if (name == c.name) return &c;
+  }
+  return nullptr;
+}
+
+void add_kernel(OpRegistry& reg, DeviceType backend, const char* name, OpFn fn, std::initializer_list<DType> dtypes) {
+  OpDef def;
+  def.name = name;
+  def.backend = backend;
+  def.fn = fn;
+  def.dtypes.assign(dtypes.begin(), dtypes.end());
+  if (const OpContract* c = find_op_contract(name)) {
+    def.min_inputs = c->min_inputs;
+    def.max_inputs = c->max_inputs;
+    def.num_outputs = c->num_outputs;
+    def.min_outputs = c->min_outputs;
+    def.doc = c->doc;
+    def.contracted = true;
+  } else {
+    def.max_inputs = kVariadic;
+    def.num_outputs = kVariadic;
+    def.doc = "no contract: add one to runtime/op_contracts.cpp";
+  }
+  reg.add(std::move(def));
+}
+
+}  // namespace surogate
