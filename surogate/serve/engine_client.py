@@ -69,6 +69,8 @@ class OutputStream:
                 outs = self._process(outs)
             except Exception as e:  # a parser or tokenizer bug: the consumer decides what its client sees
                 outs, self._error = [], e
+            if not outs and self._error is None:  # nothing kept (outputs after a stop string): no wake-up
+                return None
         with self._cond:
             self._items.extend(outs)
             self._cond.notify_all()
