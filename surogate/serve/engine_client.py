@@ -271,13 +271,12 @@ class EngineClient:
     def _dispatch(self, raw: list[tuple]) -> None:
         """One engine step's outputs (or several, when the poller fell behind): grouped by
         stream, each stream gets its share in one ``put``, and each event loop one wake-up."""
-        by_stream: dict[OutputStream, list[RequestOutput]] = {}
         with self._lock:
-            streams = self._streams
-            for t in raw:
-                stream = streams.get(t[0])
-                if stream is not None:
-                    by_stream.setdefault(stream, []).append(RequestOutput.from_native(t))
+            streams = [self._streams.get(t[0]) for t in raw]
+        by_stream: dict[OutputStream, list[RequestOutput]] = {}
+        for stream, t in zip(streams, raw):
+            if stream is not None:  # None: forgotten (its consumer left, or a stop string ended it)
+                by_stream.setdefault(stream, []).append(RequestOutput.from_native(t))
         wake: dict[asyncio.AbstractEventLoop, list[asyncio.Future]] = {}
         for stream, outs in by_stream.items():
             waiter = stream.put(outs)
