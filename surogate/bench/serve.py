@@ -2,11 +2,12 @@
 
 N requests of `prompt_len` random tokens each ask for `output_len` tokens (ignore_eos, greedy),
 all submitted at once through the generation API (surogate.serve.LLM, token ids in and out: no
-detokenization, as the engine's own figure), each read by its own consumer as a client would. Reported: output tokens/s over the whole run (prefill
-included), time to first token and inter-token latency percentiles, and single-stream decode
-speed (first token to last, as llama.cpp's tg figure: the prompt is the time to first token). The peer is HF
-transformers `generate` on the same shape and device: one batched call for all N prompts (equal
-lengths, so no padding) and one single-stream call.
+detokenization, so the figure is the engine's), each read by its own consumer as a client would.
+Reported: output tokens/s over the whole run (prefill included), time to first token and
+inter-token latency percentiles, and single-stream decode speed (first token to last, as
+llama.cpp's tg figure: the prompt is the time to first token). The peer is HF transformers
+`generate` on the same shape and device: one batched call for all N prompts (equal lengths, so
+no padding) and one single-stream call.
 """
 
 from __future__ import annotations

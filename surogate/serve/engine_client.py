@@ -151,10 +151,16 @@ class EngineClient:
         the base model. Its outputs go to ``stream`` (default: its own, for ``stream(id)`` /
         ``wait(id)``). Bad input raises InvalidArgumentError naming the field."""
         slot = self._slot(adapter)
+        params = params or SamplingParams()
+        if params.n != 1 or params.stop:
+            field = "n" if params.n != 1 else "stop"
+            raise InvalidArgumentError(f"SamplingParams.{field} is the generation API's: the engine runs one sequence "
+                                       "per request and sees only token ids",
+                                       hint="submit through surogate.serve.LLM, which fans n out and applies stop strings")
         with self._lock:  # the poller dispatches under this lock: the stream exists before any output
             if self._closed:
                 raise InvalidArgumentError("the engine client is closed", hint="create a new EngineClient")
-            request_id = self._engine.submit(prompt_ids, params or SamplingParams(), -1 if slot is None else slot)
+            request_id = self._engine.submit(prompt_ids, params, -1 if slot is None else slot)
             self._streams[request_id] = stream if stream is not None else OutputStream()
         return request_id
 

@@ -18,7 +18,6 @@ Leaving early (``close``, the ``with`` block, the client gone) aborts what still
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -106,11 +105,12 @@ class LLM:
         requests, processors = [], []
         for prompt, p in zip(items, per_prompt):
             for i in range(p.n):
-                one = msgspec.structs.replace(p, n=1, seed=None if p.seed is None else p.seed + i)
+                # the engine's copy: one sequence, its own seed; stop strings stay with the processor
+                one = msgspec.structs.replace(p, n=1, seed=None if p.seed is None else p.seed + i, stop=[])
                 requests.append((prompt.token_ids, one))
                 parser = make_output_parser(self.parsers, prompt.text, tools=tools, reasoning=reasoning,
-                                            max_tool_calls=max_tool_calls) if one.detokenize else None
-                processors.append(OutputProcessor(self.tokenizer, one, parser))
+                                            max_tool_calls=max_tool_calls) if p.detokenize else None
+                processors.append(OutputProcessor(self.tokenizer, p, parser))
         return Generation(self, requests, processors, adapter)
 
     def generate(self, prompts: PromptInput | Sequence[PromptInput], params: SamplingParams | Sequence[SamplingParams]
@@ -139,7 +139,6 @@ class Generation:
         self._live: set = set()  # engine requests neither finished nor aborted
         self._unread = len(processors)  # answers whose last output the consumer has not taken yet
         self._stream = OutputStream(self._process)
-        self.submitted_at = time.perf_counter()
         try:
             for i, (prompt_ids, params) in enumerate(requests):
                 rid = client.submit(prompt_ids, params, adapter, stream=self._stream)
