@@ -3,8 +3,9 @@
 Reusing vLLM's names (serving-protocols.md §4) lets Grafana dashboards and the Kubernetes
 inference gateway, which read ``num_requests_waiting`` and ``kv_cache_usage_perc``, port over.
 Per-request histograms and counters are observed by the gateway when a request ends; the engine
-gauges and its counters are read from ``EngineClient.stats()`` (``EngineStats``) at scrape time. One registry per
-app (never the process-global one), so several apps can live in one process.
+gauges and its counters are read from ``EngineClient.stats()`` (``EngineStats``, by field name)
+at scrape time. One registry per app (never the process-global one), so several apps can live
+in one process.
 """
 
 from __future__ import annotations

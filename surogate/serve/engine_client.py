@@ -156,7 +156,7 @@ class EngineClient:
             field = "n" if params.n != 1 else "stop"
             raise InvalidArgumentError(f"SamplingParams.{field} is the generation API's: the engine runs one sequence "
                                        "per request and sees only token ids",
-                                       hint="submit through surogate.serve.LLM, which fans n out and applies stop strings")
+                                       hint="submit through surogate.serve.LLM: it fans n out and applies stop strings")
         with self._lock:  # the poller dispatches under this lock: the stream exists before any output
             if self._closed:
                 raise InvalidArgumentError("the engine client is closed", hint="create a new EngineClient")
