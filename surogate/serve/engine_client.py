@@ -129,7 +129,7 @@ class EngineClient:
                 )
             native = _native.serve.PyModelRunner(runner.run, int(runner.vocab_size))
         self._engine = _native.serve.Engine(native, config)
-        self._streams: dict[int, OutputStream] = {}
+        self._streams: dict[int, tuple[OutputStream, int]] = {}  # request id -> (its stream, its index there)
         self._lock = threading.Lock()
         self._closed = False
         self._engine.start()
@@ -146,10 +146,11 @@ class EngineClient:
         return self._engine.max_model_len
 
     def submit(self, prompt_ids: Sequence[int], params: SamplingParams | None = None, adapter: str | int | None = None,
-               *, stream: OutputStream | None = None) -> int:
+               *, stream: OutputStream | None = None, index: int = 0) -> int:
         """Queue a request; returns its id. ``adapter``: a served adapter's name or slot; None =
         the base model. Its outputs go to ``stream`` (default: its own, for ``stream(id)`` /
-        ``wait(id)``). Bad input raises InvalidArgumentError naming the field."""
+        ``wait(id)``) with ``index`` set (which of the stream's requests it is: known before any
+        output arrives). Bad input raises InvalidArgumentError naming the field."""
         slot = self._slot(adapter)
         params = params or SamplingParams()
         if params.n != 1 or params.stop:
@@ -161,7 +162,7 @@ class EngineClient:
             if self._closed:
                 raise InvalidArgumentError("the engine client is closed", hint="create a new EngineClient")
             request_id = self._engine.submit(prompt_ids, params, -1 if slot is None else slot)
-            self._streams[request_id] = stream if stream is not None else OutputStream()
+            self._streams[request_id] = (stream if stream is not None else OutputStream(), index)
         return request_id
 
     async def stream(self, request_id: int) -> AsyncIterator[RequestOutput]:
@@ -261,7 +262,7 @@ class EngineClient:
 
     def _stream(self, request_id: int) -> OutputStream:
         with self._lock:
-            stream = self._streams.get(request_id)
+            stream, _ = self._streams.get(request_id, (None, 0))
         if stream is None:
             raise NotFoundError(f"no request {request_id} in this engine client",
                                 hint="use the id submit() returned; a finished request's stream ends once")
@@ -280,9 +281,11 @@ class EngineClient:
         with self._lock:
             streams = [self._streams.get(t[0]) for t in raw]
         by_stream: dict[OutputStream, list[RequestOutput]] = {}
-        for stream, t in zip(streams, raw):
-            if stream is not None:  # None: forgotten (its consumer left, or a stop string ended it)
-                by_stream.setdefault(stream, []).append(RequestOutput.from_native(t))
+        for target, t in zip(streams, raw):
+            if target is not None:  # None: forgotten (its consumer left, or a stop string ended it)
+                out = RequestOutput.from_native(t)
+                out.index = target[1]
+                by_stream.setdefault(target[0], []).append(out)
         wake: dict[asyncio.AbstractEventLoop, list[asyncio.Future]] = {}
         for stream, outs in by_stream.items():
             waiter = stream.put(outs)

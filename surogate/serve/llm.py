@@ -47,7 +47,7 @@ class LLM:
         self.max_model_len = max_model_len if max_model_len is not None else client.max_model_len
         self.template_defaults = dict(template_defaults or {})  # like vLLM's --default-chat-template-kwargs
         self.chat_template = chat_template  # a template name or text; None: the model's own
-        self.queued: set = set()  # engine requests submitted that have no output yet (admission reads it)
+        self.queued: set = set()  # one entry per engine request submitted with no output yet (admission reads it)
 
     @classmethod
     def for_model(cls, client: EngineClient | None, tokenizer: Tokenizer, max_model_len: int, *,
@@ -134,17 +134,15 @@ class Generation:
         self.client = client = llm.client
         self.processors = processors
         self.request_ids: list = []
-        self._queued = llm.queued
-        self._index: dict = {}  # engine request id -> answer index
+        self._queued = llm.queued  # holds (self, answer index) until the answer's first output
         self._live: set = set()  # engine requests neither finished nor aborted
         self._unread = len(processors)  # answers whose last output the consumer has not taken yet
         self._stream = OutputStream(self._process)
         try:
             for i, (prompt_ids, params) in enumerate(requests):
-                rid = client.submit(prompt_ids, params, adapter, stream=self._stream)
-                self._index[rid] = i
+                self._queued.add((self, i))  # before submit: its first output may come at once
+                rid = client.submit(prompt_ids, params, adapter, stream=self._stream, index=i)
                 self._live.add(rid)
-                self._queued.add(rid)
                 self.request_ids.append(rid)
         except BaseException:
             self.close()
@@ -160,18 +158,16 @@ class Generation:
     def _process(self, outs: list[RequestOutput]) -> list[RequestOutput]:
         keep = []
         for out in outs:
-            rid = out.request_id
-            i = self._index[rid]
+            rid, i = out.request_id, out.index
             proc = self.processors[i]
             if proc.num_tokens == 0:
-                self._queued.discard(rid)
+                self._queued.discard((self, i))
             if not proc.process(out):
                 continue
-            out.index = i
             keep.append(out)
             if proc.finished:
                 self._live.discard(rid)
-                self._queued.discard(rid)
+                self._queued.discard((self, i))
                 if proc.stopped_by_string:  # the engine knows only stop tokens: it would go on
                     self.client.abort(rid)
                 self.client.forget(rid)
@@ -225,15 +221,15 @@ class Generation:
         (drain the stream to read it). Idempotent."""
         live, self._live = list(self._live), set()
         for rid in live:
-            self._queued.discard(rid)
             self.client.abort(rid)
+        for i in range(len(self.processors)):  # an aborted request waits for nothing
+            self._queued.discard((self, i))
 
     def close(self) -> None:
         """The consumer is gone: abort what still runs and drop the outputs still to come."""
         self.abort()
         for rid in self.request_ids:
             self.client.forget(rid)
-            self._queued.discard(rid)
 
     def __enter__(self) -> Generation:
         return self

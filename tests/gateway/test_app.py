@@ -46,7 +46,7 @@ class IdleEngine(EngineClient):
     def max_model_len(self) -> int:
         return 512
 
-    def submit(self, prompt_ids, params=None, adapter=None, *, stream=None) -> str:
+    def submit(self, prompt_ids, params=None, adapter=None, *, stream=None, index=0) -> str:
         request_id = f"r{len(self.submitted)}"
         self.submitted.append((request_id, list(prompt_ids), params, adapter))
         return request_id
