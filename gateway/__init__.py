@@ -2,7 +2,7 @@
 
 ``GatewayApp(models, config)`` is an ASGI application (no web framework); ``server.serve``
 runs it with granian. Wire types are msgspec Structs per API (``openai/``, ``anthropic/``),
-errors are rendered in each API's envelope (``errors.py``), and generation goes through the
-narrow ``EngineClient`` protocol (``engine.py``). Importing this package loads neither granian
-nor the engine.
+errors are rendered in each API's envelope (``errors.py``), and generation goes through
+``surogate.serve.LLM``, the generation API every caller shares (``serving.start``). Importing
+this package loads no granian and starts no engine.
 """

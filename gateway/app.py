@@ -95,7 +95,7 @@ def _admin_target(gw: Gateway, name: str | None) -> ServedModel | ApiError:
 
 async def _sleep(gw: Gateway, ctx: RequestContext, name: str | None):
     """Pause a model: new requests get 503 / 529 until it wakes; requests already running finish,
-    then an engine that can (``release``) gives its memory back: KV cache, Programs and the
+    then the engine gives its memory back (``EngineClient.release``): KV cache, Programs and the
     weights' device copies (vLLM's sleep level 1; the weights stay in host memory). The reply
     comes once that is done. Idempotent."""
     model = _admin_target(gw, name)
@@ -104,13 +104,12 @@ async def _sleep(gw: Gateway, ctx: RequestContext, name: str | None):
     if model.engine is None:
         return errors.model_loading(model.name)
     model.asleep = True
-    release = getattr(model.engine, "release", None)
+    engine = model.engine
     async with model.transition:  # a wake-up waits for this sleep to finish, then undoes it
-        if release is not None and not model.released:
-            idle = getattr(model.engine, "idle", lambda: True)
-            while not idle():  # requests admitted before the sleep finish first
+        if not model.released:
+            while not engine.idle():  # requests admitted before the sleep finish first
                 await asyncio.sleep(0.02)
-            await asyncio.to_thread(release)
+            await asyncio.to_thread(engine.release)
             model.released = True
     return JSONReply(SleepResponse(model=model.name, status=model.status))
 
@@ -185,7 +184,7 @@ class GatewayApp:
         while self._inflight and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         for ctx in list(self._inflight):
-            await ctx.abort_all()
+            ctx.abort_all()
         deadline = time.monotonic() + 5.0
         while self._inflight and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
@@ -220,7 +219,7 @@ class GatewayApp:
                                                                f"Internal error (request id {request_id})."))
         finally:
             self._inflight.discard(ctx)
-            await ctx.abort_all()
+            ctx.abort_all()
             self.metrics.observe(ctx, route.path if isinstance(route, Route) else "unmatched")
             if self.config.log_requests:
                 access_log.info(json_bytes(_log_line(ctx, method)).decode())
@@ -309,7 +308,7 @@ class GatewayApp:
         finally:
             watcher.cancel()
             task.cancel()
-            await ctx.abort_all()
+            ctx.abort_all()
 
     # -- sending --
 

@@ -1,11 +1,11 @@
-"""Per-request state the edge and the handlers share: ids, timings, token counts, and the engine
-requests in flight (so a client that goes away gets them aborted, streaming or not)."""
+"""Per-request state the edge and the handlers share: ids, timings, token counts, and the
+generations in flight (so a client that goes away gets them aborted, streaming or not)."""
 
 from __future__ import annotations
 
 import time
 
-from .engine import EngineClient, resolve
+from surogate.serve import Generation
 
 
 class RequestContext:
@@ -30,41 +30,18 @@ class RequestContext:
         self.disconnected = False
         self.responded = False  # the last byte of the reply was sent
         self.error: str | None = None
-        self._live: dict[str, EngineClient] = {}
-        self._queues: dict[str, set[str]] = {}  # request id -> its model's queue (ServedModel.queued)
+        self._live: list[Generation] = []
 
-    # -- engine requests --
+    # -- generations --
 
-    def track(self, engine: EngineClient, request_id: str, queue: set[str] | None = None) -> None:
-        """A submitted engine request; ``queue`` counts it as waiting until ``dequeue``."""
-        self._live[request_id] = engine
-        if queue is not None:
-            queue.add(request_id)
-            self._queues[request_id] = queue
+    def track(self, generation: Generation) -> None:
+        self._live.append(generation)
 
-    def dequeue(self, request_id: str) -> None:
-        """The request has output (or is over): it no longer waits."""
-        queue = self._queues.pop(request_id, None)
-        if queue is not None:
-            queue.discard(request_id)
-
-    def untrack(self, request_id: str) -> None:
-        self._live.pop(request_id, None)
-        self.dequeue(request_id)
-
-    @property
-    def live(self) -> list[str]:
-        return list(self._live)
-
-    async def abort(self, request_id: str) -> None:
-        self.dequeue(request_id)
-        engine = self._live.pop(request_id, None)
-        if engine is not None:
-            await resolve(engine.abort(request_id))
-
-    async def abort_all(self) -> None:
-        for request_id in list(self._live):
-            await self.abort(request_id)
+    def abort_all(self) -> None:
+        """Abort every engine request still running; the answers end with reason "abort"."""
+        live, self._live = self._live, []
+        for generation in live:
+            generation.abort()
 
     # -- timings --
 

@@ -3,8 +3,9 @@
 Reusing vLLM's names (serving-protocols.md §4) lets Grafana dashboards and the Kubernetes
 inference gateway, which read ``num_requests_waiting`` and ``kv_cache_usage_perc``, port over.
 Per-request histograms and counters are observed by the gateway when a request ends; the engine
-gauges and its counters are read from ``EngineClient.stats()`` at scrape time. One registry per
-app (never the process-global one), so several apps can live in one process.
+gauges and its counters are read from ``EngineClient.stats()`` (``EngineStats``, by field name)
+at scrape time. One registry per app (never the process-global one), so several apps can live
+in one process.
 """
 
 from __future__ import annotations
@@ -80,15 +81,15 @@ class Metrics:
 class _EngineCollector:
     """The engine's own numbers, read when Prometheus scrapes."""
 
-    GAUGES = (("num_requests_running", "num_requests_running", "Requests running on the engine."),
-              ("num_requests_waiting", "num_requests_waiting", "Requests waiting to be scheduled."),
-              ("kv_cache_usage_perc", "kv_cache_usage", "KV-cache usage, 0 to 1."))
+    GAUGES = (("num_requests_running", "num_running", "Requests running on the engine."),
+              ("num_requests_waiting", "num_waiting", "Requests waiting to be scheduled."),
+              ("kv_cache_usage_perc", "kv_usage", "KV-cache usage, 0 to 1."))
     COUNTERS = (("num_preemptions", "num_preemptions", "Preemptions."),
                 ("prefix_cache_queries", "prefix_cache_queries", "Prefix-cache lookups, in tokens."),
                 ("prefix_cache_hits", "prefix_cache_hits", "Prefix-cache hits, in tokens."),
-                ("engine_step_seconds", "engine_step_seconds",
+                ("engine_step_seconds", "step_seconds",
                  "Engine wall time in steps: scheduling, the model, sampling, outputs."),
-                ("engine_model_seconds", "engine_model_seconds", "Engine wall time in the model's forward passes."))
+                ("engine_model_seconds", "model_seconds", "Engine wall time in the model's forward passes."))
 
     def __init__(self, models: ModelTable):
         self.models = models
@@ -109,7 +110,5 @@ class _EngineCollector:
                 log.exception("engine stats for %s failed", model.name)
                 continue
             for name, field, _ in (*self.GAUGES, *self.COUNTERS):
-                value = getattr(stats, field, None)
-                if value is not None:
-                    families[name].add_metric([model.name], float(value))
+                families[name].add_metric([model.name], float(getattr(stats, field)))
         yield from families.values()

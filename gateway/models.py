@@ -1,16 +1,17 @@
 """The models a gateway serves, by the names clients use in ``model``.
 
-A ``ServedModel`` is a tokenizer (enough for templates, /tokenize and count_tokens) plus the
-engine that generates for it, which is None while the model loads: generation then answers 503
+A ``ServedModel`` is a name and the model's generation API (``surogate.serve.LLM``: tokenizer,
+chat template and parsers, enough for templates, /tokenize and count_tokens, around the engine
+client that generates), whose engine is None while the model loads: generation then answers 503
 (OpenAI) / 529 (Anthropic) with ``Retry-After``, and /health reports ``loading``. An asleep model
 (``POST /sleep``) answers the same way and /health reports ``sleeping``; once its running requests
-finish, an engine that can (``release``) gives its KV cache, Programs and the weights' device
-copies back until ``POST /wake_up`` (``restore``). LoRA adapters are served
-under their own names and resolve to (base model, adapter name).
+finish, the engine gives its KV cache, Programs and the weights' device copies back
+(``EngineClient.release``) until ``POST /wake_up`` (``restore``). LoRA adapters are served under
+their own names and resolve to (base model, adapter name); the engine client knows their slots.
 
-Admission: ``queued`` holds the engine requests submitted for the model that have no output yet;
-once ``GatewayConfig.max_queued_requests`` of them wait, a new request is a 429 before anything
-reaches the engine.
+Admission: ``queued`` (the LLM's) holds the engine requests submitted for the model that have no
+output yet; once ``GatewayConfig.max_queued_requests`` of them wait, a new request is a 429
+before anything reaches the engine.
 """
 
 from __future__ import annotations
@@ -24,36 +25,46 @@ from typing import Any
 import msgspec
 
 from surogate.io import Tokenizer
+from surogate.serve import LLM, EngineClient
 from surogate.serve.frontend import Limits
-from surogate.serve.parsers import ParserChoice, resolve_parsers
-
-from .engine import EngineClient
 
 
 @dataclass
 class ServedModel:
     name: str
-    tokenizer: Tokenizer
-    engine: EngineClient | None
-    max_model_len: int
-    parsers: ParserChoice = field(default_factory=ParserChoice)
+    llm: LLM
     adapters: tuple[str, ...] = ()
-    template_defaults: dict[str, Any] = field(default_factory=dict)  # like vLLM's --default-chat-template-kwargs
-    chat_template: str | None = None  # a template name or text; None: the model's own
     owned_by: str = "surogate"
     created: int = field(default_factory=lambda: int(time.time()))
     asleep: bool = False
     released: bool = False  # asleep with its memory given back (the engine's release())
     transition: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False, compare=False)  # sleep / wake
-    queued: set[str] = field(default_factory=set)  # engine request ids with no output yet
 
     @classmethod
     def from_tokenizer(cls, name: str, tokenizer: Tokenizer, engine: EngineClient | None, max_model_len: int, *,
                        model_type: str | None = None, reasoning_parser: str = "auto", tool_parser: str = "auto",
+                       template_defaults: dict[str, Any] | None = None, chat_template: str | None = None,
                        **kw) -> ServedModel:
         """Parsers detected from the tokenizer's chat template (or named: ``hermes``, ``none``, ...)."""
-        parsers = resolve_parsers(tokenizer.chat_template, model_type, reasoning=reasoning_parser, tool=tool_parser)
-        return cls(name, tokenizer, engine, max_model_len, parsers=parsers, **kw)
+        llm = LLM.for_model(engine, tokenizer, max_model_len, model_type=model_type, reasoning_parser=reasoning_parser,
+                            tool_parser=tool_parser, template_defaults=template_defaults, chat_template=chat_template)
+        return cls(name, llm, **kw)
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.llm.tokenizer
+
+    @property
+    def engine(self) -> EngineClient | None:
+        return self.llm.client
+
+    @property
+    def max_model_len(self) -> int:
+        return self.llm.max_model_len
+
+    @property
+    def queued(self) -> set:
+        return self.llm.queued
 
     @property
     def status(self) -> str:

@@ -1,23 +1,21 @@
 """What every generation endpoint shares: the gateway's state, the prepared ``Job``, model
-lookup, and the processors that turn engine output into deltas."""
+lookup, admission, and driving a generation (``surogate.serve.LLM.submit``) to an SSE body or
+a collected answer."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import aclosing, suppress
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
 
-from surogate.serve.frontend import ChoiceDelta, OutputProcessor, Prompt, SamplingOptions
-from surogate.serve.parsers import make_output_parser
+from surogate.serve import Generation, RequestOutput, SamplingParams
+from surogate.serve.frontend import Prompt
 
 from . import errors
 from .context import RequestContext
-from .engine import EngineStep
 from .errors import ApiError
 from .models import GatewayConfig, ModelTable, ServedModel
 from .sse import PING, Ids
@@ -43,16 +41,10 @@ class Job(msgspec.Struct):
     model: ServedModel
     adapter: str | None
     prompt: Prompt
-    opts: SamplingOptions
+    opts: SamplingParams
     tools: bool = False  # the request offered tools: parse calls
     max_tool_calls: int | None = None
     reasoning: bool = True
-
-    def processors(self, count: int | None = None) -> list[OutputProcessor]:
-        return [OutputProcessor(self.model.tokenizer, self.opts,
-                                make_output_parser(self.model.parsers, self.prompt.text, tools=self.tools,
-                                                   reasoning=self.reasoning, max_tool_calls=self.max_tool_calls))
-                for _ in range(self.opts.n if count is None else count)]
 
 
 def ready(job: Job, config: GatewayConfig) -> ApiError | None:
@@ -92,70 +84,58 @@ def parse_logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int
 
 # -- driving a run ----------------------------------------------------------------------------------
 
-StepFn = Callable[[int, ChoiceDelta, EngineStep | None], bytes | None]
+StepFn = Callable[[RequestOutput], bytes | None]
 
 
-async def streamed(ctx: RequestContext, run: AsyncIterator, head: Callable[[], bytes], step: StepFn,
+def start(ctx: RequestContext, jobs: Sequence[Job]) -> Generation:
+    """Submit every answer of ``jobs`` (one model and adapter; ``n`` each) before any reply byte
+    is sent, so the engine refusing one is still an HTTP error; the context aborts them if the
+    client goes away. Answers are indexed ``job * n + answer``."""
+    first = jobs[0]
+    gen = first.model.llm.submit([j.prompt for j in jobs], [j.opts for j in jobs], adapter=first.adapter,
+                                 tools=first.tools, max_tool_calls=first.max_tool_calls, reasoning=first.reasoning)
+    ctx.track(gen)
+    return gen
+
+
+async def streamed(ctx: RequestContext, gen: Generation, head: Callable[[], bytes], step: StepFn,
                    tail: Callable[[], bytes], fail: Callable[[ApiError], bytes], *, ping: bytes = PING,
                    ping_every: float = 0) -> AsyncIterator[bytes]:
-    """An SSE body: ``head``, each step's bytes, ``tail``. An engine failure after the 200 header
-    can only be told in the stream, in the API's own error event. While nothing comes for
-    ``ping_every`` seconds (a long prefill, a long queue) ``ping`` is sent, so proxies and clients
-    do not drop a quiet connection (llama.cpp's ``--sse-ping-interval``)."""
+    """An SSE body: ``head``, the bytes of the outputs, ``tail``. Everything that arrived since
+    the last read goes out as one body message (one send per engine step, not per answer). An
+    engine failure after the 200 header can only be told in the stream, in the API's own error
+    event. While nothing comes for ``ping_every`` seconds (a long prefill, a long queue) ``ping``
+    is sent, so proxies and clients do not drop a quiet connection (llama.cpp's
+    ``--sse-ping-interval``)."""
     yield head()
     try:
-        async with aclosing(run) as outputs:
-            async for item in _with_pings(outputs, ping_every):
-                if item is None:
+        while not gen.done:
+            outs = await gen.next_batch(ping_every or None)
+            if not outs:
+                if not gen.done:
                     yield ping
-                    continue
-                i, delta, engine_step = item
-                _note(ctx, delta)
-                chunk = step(i, delta, engine_step)
-                if chunk:
-                    yield chunk
+                continue
+            chunk = b"".join(filter(None, [step(out) for out in _noted(ctx, outs)]))
+            if chunk:
+                yield chunk
     except Exception as e:
         log.exception("request %s: generation failed", ctx.request_id)
         ctx.error = type(e).__name__
         yield fail(errors.from_exception(e))
         return
+    finally:
+        gen.close()
     yield tail()
 
 
-async def _with_pings(outputs: AsyncIterator, every: float) -> AsyncIterator:
-    """The items of ``outputs``, with a None whenever ``every`` seconds pass without one."""
-    if not every:
-        async for item in outputs:
-            yield item
-        return
-    pending = None
-    try:
-        while True:
-            if pending is None:
-                pending = asyncio.ensure_future(anext(outputs))
-            done, _ = await asyncio.wait({pending}, timeout=every)
-            if not done:
-                yield None
-                continue
-            task, pending = pending, None
-            try:
-                item = task.result()
-            except StopAsyncIteration:
-                return
-            yield item
-    finally:
-        if pending is not None:  # stopped while waiting: let the read finish its cancellation first
-            pending.cancel()
-            with suppress(BaseException):
-                await pending
-
-
-async def collected(ctx: RequestContext, run: AsyncIterator, step: StepFn) -> None:
+async def collected(ctx: RequestContext, gen: Generation, step: StepFn) -> None:
     """Run to the end without streaming (an engine failure propagates: the edge answers 500)."""
-    async with aclosing(run) as outputs:
-        async for i, delta, engine_step in outputs:
-            _note(ctx, delta)
-            step(i, delta, engine_step)
+    try:
+        while not gen.done:
+            for out in _noted(ctx, await gen.next_batch()):
+                step(out)
+    finally:
+        gen.close()
 
 
 def totals(ctx: RequestContext, processors) -> tuple[int, int]:
@@ -164,6 +144,12 @@ def totals(ctx: RequestContext, processors) -> tuple[int, int]:
     return ctx.completion_tokens, sum(p.reasoning_tokens for p in processors)
 
 
-def _note(ctx: RequestContext, delta: ChoiceDelta) -> None:
-    if delta.finish_reason is not None:
-        ctx.finish_reasons.append(delta.finish_reason)
+def _noted(ctx: RequestContext, outs: list[RequestOutput]) -> list[RequestOutput]:
+    """The request's timings, cached tokens and finish reasons, as its outputs are read."""
+    for out in outs:
+        ctx.on_tokens(out.num_tokens)
+        if out.num_cached_tokens > ctx.cached_tokens:
+            ctx.cached_tokens = out.num_cached_tokens
+        if out.finish_reason is not None:
+            ctx.finish_reasons.append(out.finish_reason)
+    return outs

@@ -11,7 +11,7 @@ from typing import Any
 
 from msgspec import UNSET, Struct, UnsetType
 
-from surogate.serve.frontend import RequestError, encode_prompt, render_chat, template_kwargs
+from surogate.serve.frontend import RequestError
 
 from . import errors
 from .context import RequestContext
@@ -61,15 +61,13 @@ async def tokenize(gw: Gateway, ctx: RequestContext, req: TokenizeRequest) -> JS
     tok = model.tokenizer
     try:
         if req.prompt is not None:
-            ids = encode_prompt(tok, req.prompt, add_special_tokens=req.add_special_tokens is not False).token_ids
+            ids = model.llm.encode(req.prompt, add_special_tokens=req.add_special_tokens is not False).token_ids
         else:
             tools = [{"type": "function", "function": convert._function(t.function)} for t in req.tools or []]
-            ids = render_chat(tok, convert.chat_messages(req.messages), tools or None,
-                              kwargs=template_kwargs(model.template_defaults,
-                                                     chat_template_kwargs=req.chat_template_kwargs),
-                              add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
-                              continue_final_message=req.continue_final_message,
-                              chat_template=model.chat_template).token_ids
+            ids = model.llm.render(convert.chat_messages(req.messages), tools or None,
+                                   chat_template_kwargs=req.chat_template_kwargs,
+                                   add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
+                                   continue_final_message=req.continue_final_message).token_ids
     except RequestError as e:
         return errors.from_exception(e)
     strs = [tok.id_to_token(i) or "" for i in ids] if req.return_token_strs else UNSET
@@ -83,7 +81,7 @@ async def detokenize(gw: Gateway, ctx: RequestContext, req: DetokenizeRequest) -
     model, _ = found
     ctx.model = req.model
     try:
-        ids = encode_prompt(model.tokenizer, req.tokens, param="tokens").token_ids if req.tokens else []
+        ids = model.llm.encode(req.tokens, param="tokens").token_ids if req.tokens else []
     except RequestError as e:
         return errors.from_exception(e)
     return JSONReply(DetokenizeResponse(prompt=model.tokenizer.decode(ids)))

@@ -16,15 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from surogate.serve.frontend import (
-    Prompt,
-    RequestError,
-    SamplingOptions,
-    check_sampling,
-    fit_to_context,
-    render_chat,
-    template_kwargs,
-)
+from surogate.serve import SamplingParams
+from surogate.serve.frontend import Prompt, RequestError, check_sampling, fit_to_context
 
 from .. import errors
 from ..errors import ApiError
@@ -49,13 +42,11 @@ def messages_job(gw: Gateway, req: a.MessagesRequest | a.CountTokensRequest) -> 
         thinking = req.thinking
         enable = True if isinstance(thinking, a.ThinkingEnabled) else False if isinstance(
             thinking, a.ThinkingDisabled) else None
-        kwargs = template_kwargs(model.template_defaults, chat_template_kwargs=req.chat_template_kwargs,
-                                 enable_thinking=enable)
-        prompt: Prompt = render_chat(model.tokenizer, anthropic_messages(req.system, req.messages), tools,
-                                     kwargs=kwargs, chat_template=model.chat_template)
+        prompt: Prompt = model.llm.render(anthropic_messages(req.system, req.messages), tools, enable_thinking=enable,
+                                          chat_template_kwargs=req.chat_template_kwargs)
         if isinstance(req, a.CountTokensRequest):
-            return Job(model, adapter, prompt, SamplingOptions())
-        opts = SamplingOptions(
+            return Job(model, adapter, prompt, SamplingParams())
+        opts = SamplingParams(
             max_tokens=req.max_tokens, temperature=_or(req.temperature, 1.0), top_p=_or(req.top_p, 1.0),
             top_k=_or(req.top_k, 0), min_p=_or(req.min_p, 0.0), repetition_penalty=_or(req.repetition_penalty, 1.0),
             seed=req.seed, stop=list(req.stop_sequences or []))

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from ..context import RequestContext
 from ..errors import ApiError
-from ..generate import fan_out, start
 from ..http import JSONReply, StreamReply
-from ..serving import Gateway, collected, ready, streamed, totals
+from ..serving import Gateway, collected, ready, start, streamed, totals
 from ..sse import event
 from . import convert
 from . import protocol as a
@@ -24,13 +23,10 @@ async def messages(gw: Gateway, ctx: RequestContext, req: a.MessagesRequest) -> 
                                                                  job.opts.max_tokens, bool(req.stream))
     if (err := ready(job, gw.config)) is not None:
         return err
-    processors = job.processors()
-    run = await start(ctx, job.model, fan_out(job.prompt.token_ids, job.opts), processors, job.adapter)
+    gen = start(ctx, [job])
+    processors = gen.processors
     out = MessageStream(id=gw.ids.new("msg_"), model=req.model, input_tokens=ctx.prompt_tokens, ids=gw.ids)
     proc = processors[0]
-
-    def step(i, d, _):
-        return out.delta(d)
 
     def ending():
         totals(ctx, processors)
@@ -38,9 +34,9 @@ async def messages(gw: Gateway, ctx: RequestContext, req: a.MessagesRequest) -> 
         return proc.finish_reason, proc.stop_reason, proc.num_tokens
 
     if req.stream:
-        return StreamReply(streamed(ctx, run, out.start, step, lambda: out.end(*ending()), out.error,
+        return StreamReply(streamed(ctx, gen, out.start, out.delta, lambda: out.end(*ending()), out.error,
                                     ping=PING_EVENT, ping_every=gw.config.sse_ping_seconds))
-    await collected(ctx, run, step)
+    await collected(ctx, gen, out.delta)
     return JSONReply(out.message(*ending()))
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from surogate.serve.frontend import ChoiceDelta
+from surogate.serve.types import RequestOutput
 
 from ..errors import ApiError, error_body
 from ..sse import Ids, event
@@ -46,7 +46,7 @@ class MessageStream:
     def start(self) -> bytes:
         return event("message_start", a.MessageStartEvent(self._message([], None, None, 0)))
 
-    def delta(self, d: ChoiceDelta) -> bytes:
+    def delta(self, d: RequestOutput) -> bytes:
         out = []
         if d.reasoning:
             out.append(self._open_block("thinking", a.ThinkingBlock(thinking="", signature="")))

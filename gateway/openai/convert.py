@@ -1,4 +1,4 @@
-"""OpenAI requests -> ``Job``s (prompt ids, sampling options, tool and reasoning settings).
+"""OpenAI requests -> ``Job``s (prompt ids, sampling parameters, tool and reasoning settings).
 
 Each function returns a Job or an ApiError naming the request field in OpenAI's spelling
 (``messages[2].content[0].type``, ``max_completion_tokens``). Features that need machinery the
@@ -10,16 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from surogate.serve.frontend import (
-    Prompt,
-    RequestError,
-    SamplingOptions,
-    check_sampling,
-    encode_prompt,
-    fit_to_context,
-    render_chat,
-    template_kwargs,
-)
+from surogate.serve import SamplingParams
+from surogate.serve.frontend import Prompt, RequestError, check_sampling, encode_prompt, fit_to_context
 
 from .. import errors
 from ..errors import ApiError
@@ -41,13 +33,11 @@ def chat_job(gw: Gateway, req: p.ChatCompletionRequest) -> Job | ApiError:
         messages = chat_messages(req.messages)
         offer_tools = bool(req.tools) and req.tool_choice != "none"
         tools = [{"type": "function", "function": _function(t.function)} for t in req.tools] if offer_tools else None
-        kwargs = template_kwargs(model.template_defaults, chat_template_kwargs=req.chat_template_kwargs,
-                                 reasoning_effort=req.reasoning_effort)
         continue_final = bool(req.continue_final_message)
         add_prompt = req.add_generation_prompt if req.add_generation_prompt is not None else not continue_final
-        prompt = render_chat(model.tokenizer, messages, tools, kwargs=kwargs, add_generation_prompt=add_prompt,
-                             continue_final_message=continue_final, chat_template=model.chat_template,
-                             documents=req.documents)
+        prompt = model.llm.render(messages, tools, reasoning_effort=req.reasoning_effort,
+                                  chat_template_kwargs=req.chat_template_kwargs, add_generation_prompt=add_prompt,
+                                  continue_final_message=continue_final, documents=req.documents)
         max_name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         if req.top_logprobs is not None and not req.logprobs:
             return errors.invalid("`top_logprobs` needs `logprobs: true`", param="top_logprobs")
@@ -179,9 +169,8 @@ def responses_job(gw: Gateway, req: p.ResponsesRequest) -> Job | ApiError:
                 tools.append({"type": "function", "function": _drop_none(
                     {"name": t.name, "description": t.description, "parameters": t.parameters})})
         effort = req.reasoning.effort if req.reasoning else None
-        kwargs = template_kwargs(model.template_defaults, chat_template_kwargs=req.chat_template_kwargs,
-                                 reasoning_effort=effort)
-        prompt = render_chat(model.tokenizer, messages, tools, kwargs=kwargs, chat_template=model.chat_template)
+        prompt = model.llm.render(messages, tools, reasoning_effort=effort,
+                                  chat_template_kwargs=req.chat_template_kwargs)
         opts = _sampling(req, model.tokenizer.vocab_size, max_tokens=req.max_output_tokens,
                          logprobs=req.top_logprobs)
         limits = gw.models.limits(model, gw.config)
@@ -273,10 +262,10 @@ def _refuse_chat(req: p.ChatCompletionRequest) -> ApiError | None:
     return None
 
 
-def _sampling(req, vocab_size: int, *, max_tokens: int | None, logprobs: int | None) -> SamplingOptions:
+def _sampling(req, vocab_size: int, *, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
     """The sampling fields every OpenAI endpoint shares (extensions included when the request has them)."""
     get = lambda name, default: default if getattr(req, name, None) is None else getattr(req, name)  # noqa: E731
-    return SamplingOptions(
+    return SamplingParams(
         n=get("n", 1), max_tokens=max_tokens, min_tokens=get("min_tokens", 0),
         temperature=get("temperature", 1.0), top_p=get("top_p", 1.0), top_k=get("top_k", 0), min_p=get("min_p", 0.0),
         presence_penalty=get("presence_penalty", 0.0), frequency_penalty=get("frequency_penalty", 0.0),

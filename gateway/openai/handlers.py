@@ -1,19 +1,16 @@
 """OpenAI endpoints: convert (first line), submit to the engine, reply as JSON or as a stream.
 
 Every generation handler has the same shape: ``convert`` gives a Job or an error value; a model
-still loading is a 503; the engine requests are submitted before the reply starts; then the
-stream module's encoder turns deltas into chunks, or collects them into the final object.
+still loading is a 503; the generation (all answers) is submitted before the reply starts; then
+the stream module's encoder turns its outputs into chunks, or collects them into the final object.
 """
 
 from __future__ import annotations
 
-from surogate.serve.frontend import prompt_logprobs_entries
-
 from ..context import RequestContext
 from ..errors import ApiError
-from ..generate import fan_out, start
 from ..http import JSONReply, StreamReply
-from ..serving import Gateway, collected, ready, streamed, totals
+from ..serving import Gateway, collected, ready, start, streamed, totals
 from . import convert
 from . import protocol as p
 from .stream import ChatStream, CompletionStream, ResponsesStream, usage
@@ -28,8 +25,8 @@ async def chat_completions(gw: Gateway, ctx: RequestContext, req: p.ChatCompleti
     _note(ctx, req.model, job.prompt.token_ids, job.opts, bool(req.stream))
     if (err := ready(job, gw.config)) is not None:
         return err
-    processors = job.processors()
-    run = await start(ctx, job.model, fan_out(job.prompt.token_ids, job.opts), processors, job.adapter)
+    gen = start(ctx, [job])
+    processors = gen.processors
     out = ChatStream(id=gw.ids.new("chatcmpl-"), created=int(gw.clock()), model=req.model, n=job.opts.n,
                      include_usage=bool(req.stream_options and req.stream_options.include_usage),
                      reasoning_field=gw.config.reasoning_field, logprobs=job.opts.logprobs is not None, ids=gw.ids)
@@ -39,9 +36,9 @@ async def chat_completions(gw: Gateway, ctx: RequestContext, req: p.ChatCompleti
         return usage(ctx.prompt_tokens, completion, ctx.cached_tokens, reasoning)
 
     if req.stream:
-        return StreamReply(streamed(ctx, run, out.start, lambda i, d, _: out.delta(i, d),
+        return StreamReply(streamed(ctx, gen, out.start, lambda o: out.delta(o.index, o),
                                     lambda: out.end(final_usage()), out.error, ping_every=gw.config.sse_ping_seconds))
-    await collected(ctx, run, lambda i, d, _: out.delta(i, d))
+    await collected(ctx, gen, lambda o: out.delta(o.index, o))
     return JSONReply(out.completion(final_usage()))
 
 
@@ -54,9 +51,8 @@ async def completions(gw: Gateway, ctx: RequestContext, req: p.CompletionRequest
     if (err := ready(first, gw.config)) is not None:
         return err
     n = first.opts.n
-    processors = [proc for job in jobs for proc in job.processors()]
-    requests = [r for job in jobs for r in fan_out(job.prompt.token_ids, job.opts)]
-    run = await start(ctx, first.model, requests, processors, first.adapter)
+    gen = start(ctx, jobs)
+    processors = gen.processors
     want_logprobs = first.opts.logprobs is not None
     out = CompletionStream(id=gw.ids.new("cmpl-"), created=int(gw.clock()), model=req.model,
                            num_choices=len(processors),
@@ -64,27 +60,24 @@ async def completions(gw: Gateway, ctx: RequestContext, req: p.CompletionRequest
                            logprobs=want_logprobs)
     echoed: set[int] = set()
 
-    def step(i, d, engine_step) -> bytes:
-        head = b""
+    def step(o) -> bytes:
+        i, head = o.index, b""
         if req.echo and i not in echoed:
             echoed.add(i)
             job = jobs[i // n]
             text = job.prompt.text if job.prompt.text is not None else job.model.tokenizer.decode(job.prompt.token_ids)
-            entries = []
-            if want_logprobs and engine_step is not None and engine_step.prompt_logprobs is not None:
-                entries = prompt_logprobs_entries(job.model.tokenizer, job.prompt.token_ids,
-                                                  engine_step.prompt_logprobs)
+            entries = o.prompt_logprobs if want_logprobs and o.prompt_logprobs is not None else []
             head = out.echo(i, text, entries)
-        return head + out.delta(i, d)
+        return head + out.delta(i, o)
 
     def final_usage() -> p.Usage:
         completion, _ = totals(ctx, processors)
         return usage(ctx.prompt_tokens, completion, ctx.cached_tokens)
 
     if req.stream:
-        return StreamReply(streamed(ctx, run, lambda: b"", step, lambda: out.end(final_usage()), out.error,
+        return StreamReply(streamed(ctx, gen, lambda: b"", step, lambda: out.end(final_usage()), out.error,
                                     ping_every=gw.config.sse_ping_seconds))
-    await collected(ctx, run, step)
+    await collected(ctx, gen, step)
     return JSONReply(out.completion(final_usage()))
 
 
@@ -95,8 +88,8 @@ async def responses(gw: Gateway, ctx: RequestContext, req: p.ResponsesRequest) -
     _note(ctx, req.model, job.prompt.token_ids, job.opts, bool(req.stream))
     if (err := ready(job, gw.config)) is not None:
         return err
-    processors = job.processors()
-    run = await start(ctx, job.model, fan_out(job.prompt.token_ids, job.opts), processors, job.adapter)
+    gen = start(ctx, [job])
+    processors = gen.processors
     base = p.Response(id=gw.ids.new("resp_"), created_at=int(gw.clock()), instructions=req.instructions,
                       metadata=req.metadata or {}, model=req.model, status="in_progress",
                       parallel_tool_calls=req.parallel_tool_calls is not False, temperature=req.temperature,
@@ -117,9 +110,9 @@ async def responses(gw: Gateway, ctx: RequestContext, req: p.ResponsesRequest) -
         return "completed", final, None
 
     if req.stream:
-        return StreamReply(streamed(ctx, run, out.start, lambda i, d, _: out.delta(d), lambda: out.end(*ending()),
+        return StreamReply(streamed(ctx, gen, out.start, out.delta, lambda: out.end(*ending()),
                                     out.error, ping_every=gw.config.sse_ping_seconds))
-    await collected(ctx, run, lambda i, d, _: out.delta(d))
+    await collected(ctx, gen, out.delta)
     return JSONReply(out.response(*ending()))
 
 

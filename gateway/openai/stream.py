@@ -13,14 +13,14 @@ Responses (§2.4): ``response.created``, ``response.in_progress``, then per outp
 ``response.completed`` (or ``response.incomplete`` at the token limit) whose ``output`` holds the
 same items with the same ids. No ``[DONE]``.
 
-The encoders take the frontend's ``ChoiceDelta``s; ids come from an ``Ids``.
+The encoders take the generation API's ``RequestOutput``s (text already parsed); ids come from an ``Ids``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from surogate.serve.frontend import ChoiceDelta, TokenLogprob
+from surogate.serve.types import RequestOutput, TokenLogprob
 
 from ..errors import ApiError, error_body
 from ..sse import DONE, Ids, data, event
@@ -73,7 +73,7 @@ class ChatStream:
         return b"".join(self._chunk(i, p.ChoiceDelta(role="assistant", content=""))
                         for i in range(len(self.choices)))
 
-    def delta(self, index: int, d: ChoiceDelta) -> bytes:
+    def delta(self, index: int, d: RequestOutput) -> bytes:
         c = self.choices[index]
         out = []
         if d.logprobs and self.want_logprobs:
@@ -199,7 +199,7 @@ class CompletionStream:
         c.offset = len(prompt_text)  # the answer's offsets count from the end of the echoed prompt
         return self._chunk(index, prompt_text, lp) if prompt_text or lp else b""
 
-    def delta(self, index: int, d: ChoiceDelta) -> bytes:
+    def delta(self, index: int, d: RequestOutput) -> bytes:
         c = self.choices[index]
         lp = self._logprobs(c, d.logprobs or []) if self.want_logprobs and d.logprobs else None
         out = b""
@@ -264,7 +264,7 @@ class ResponsesStream:
         return (self._event(p.ResponseCreatedEvent, response=snapshot)
                 + self._event(p.ResponseInProgressEvent, response=snapshot))
 
-    def delta(self, d: ChoiceDelta) -> bytes:
+    def delta(self, d: RequestOutput) -> bytes:
         out = []
         if d.reasoning or d.tool_calls:
             self._held = []  # logprobs describe output_text only

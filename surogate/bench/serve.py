@@ -1,11 +1,13 @@
 """`surogate bench serve`: offline generation throughput and latency, ours and HF generate's.
 
 N requests of `prompt_len` random tokens each ask for `output_len` tokens (ignore_eos, greedy),
-all submitted at once to the engine. Reported: output tokens/s over the whole run (prefill
-included), time to first token and inter-token latency percentiles, and single-stream decode
-speed (first token to last, as llama.cpp's tg figure: the prompt is the time to first token). The peer is HF
-transformers `generate` on the same shape and device: one batched call for all N prompts (equal
-lengths, so no padding) and one single-stream call.
+all submitted at once through the generation API (surogate.serve.LLM, token ids in and out: no
+detokenization, so the figure is the engine's), each read by its own consumer as a client would.
+Reported: output tokens/s over the whole run (prefill included), time to first token and
+inter-token latency percentiles, and single-stream decode speed (first token to last, as
+llama.cpp's tg figure: the prompt is the time to first token). The peer is HF transformers
+`generate` on the same shape and device: one batched call for all N prompts (equal lengths, so
+no padding) and one single-stream call.
 """
 
 from __future__ import annotations
@@ -17,9 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from surogate.bench.train import random_model
-from surogate.serve.engine_client import EngineClient
+from surogate.serve import LLM, EngineClient, EngineConfig, Generation, SamplingParams
 from surogate.serve.model_runner import ProgramRunner
-from surogate.serve.types import EngineConfig, SamplingParams
 
 
 @dataclass
@@ -46,21 +47,21 @@ def bench_ours(model, n: int, prompt_len: int, output_len: int, block_size: int 
     runner = ProgramRunner(model, num_blocks=num_blocks, block_size=block_size)
     cfg = EngineConfig(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max(n, 1),
                        max_num_batched_tokens=max(2048, prompt_len), enable_prefix_caching=False, seed=0)
-    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True, detokenize=False)
     with EngineClient(runner, cfg) as client:
+        llm = LLM(client, None)  # no tokenizer: token ids only
         # Warm-up: compiles the Programs of the shapes this run will use (the batch, then one
         # request alone), as a server does once for its shapes.
-        for rid in [client.submit(p, params) for p in _prompts(model.spec.vocab_size, n, prompt_len, seed=1)]:
-            client.wait(rid, timeout=3600)
-        client.wait(client.submit(_prompts(model.spec.vocab_size, 1, prompt_len, seed=3)[0], params), timeout=3600)
+        llm.generate(_prompts(model.spec.vocab_size, n, prompt_len, seed=1), params)
+        llm.generate(_prompts(model.spec.vocab_size, 1, prompt_len, seed=3)[0], params)
         ttft, itl = [], []
         arrivals: list[tuple[float, int]] = []  # (time, tokens) of every output
         total = 0
 
-        async def consume(rid: int, t0: float) -> None:
+        async def consume(gen: Generation, t0: float) -> None:
             nonlocal total
             last = None
-            async for out in client.stream(rid):  # timestamps as the outputs arrive
+            async for out in gen:  # timestamps as the outputs arrive
                 now = time.perf_counter()
                 k = len(out.new_token_ids)
                 if k == 0:
@@ -75,8 +76,8 @@ def bench_ours(model, n: int, prompt_len: int, output_len: int, block_size: int 
 
         async def all_requests() -> None:
             t0 = time.perf_counter()
-            ids = [client.submit(p, params) for p in _prompts(model.spec.vocab_size, n, prompt_len)]
-            await asyncio.gather(*(consume(rid, t0) for rid in ids))
+            gens = [llm.submit(p, params) for p in _prompts(model.spec.vocab_size, n, prompt_len)]
+            await asyncio.gather(*(consume(gen, t0) for gen in gens))
 
         t0 = time.perf_counter()
         asyncio.run(all_requests())
@@ -92,8 +93,9 @@ def bench_ours(model, n: int, prompt_len: int, output_len: int, block_size: int 
         stamps: list[float] = []
 
         async def single_stream() -> None:
-            async for out in client.generate(_prompts(model.spec.vocab_size, 1, prompt_len, seed=2)[0], params):
-                stamps.extend([time.perf_counter()] * len(out.new_token_ids))
+            async with llm.submit(_prompts(model.spec.vocab_size, 1, prompt_len, seed=2)[0], params) as gen:
+                async for out in gen:
+                    stamps.extend([time.perf_counter()] * len(out.new_token_ids))
 
         before = client.stats()
         asyncio.run(single_stream())

@@ -54,7 +54,6 @@ def serve(
     """Serve models over OpenAI- and Anthropic-compatible HTTP APIs."""
     try:
         from surogate.gateway.models import GatewayConfig, ServedModel
-        from surogate.gateway.engine import NativeEngine
         from surogate.gateway.server import serve as run_server
     except ImportError as e:
         raise NotFoundError(f"the gateway's dependencies are missing ({e.name})",
@@ -77,9 +76,7 @@ def serve(
                    loras=loras if i == 0 else None, kv_cache_tokens=kv_cache_tokens,
                    gpu_memory_utilization=gpu_memory_utilization, kv_share=1.0 / (len(sources) - i),
                    max_num_seqs=max_num_seqs, max_model_len=max_model_len)
-        served.append(ServedModel.from_tokenizer(m.name, m.model.tokenizer, NativeEngine(m.client, m.adapters, m.runner),
-                                                 m.max_model_len, model_type=m.model.config.get("model_type"),
-                                                 adapters=tuple(m.adapters)))
+        served.append(ServedModel(m.name, m.llm(), adapters=tuple(m.adapters)))
         typer.echo(f"serving {m.name} (max_model_len {m.max_model_len}, KV cache {m.kv_cache_tokens:,} tokens) "
                    f"on http://{host}:{port}/v1", err=True)
     run_server(served, GatewayConfig(api_keys=keys, max_queued_requests=max_queued_requests), host=host, port=port,

@@ -1,10 +1,13 @@
-"""Serving: the engine client (submit / stream / abort) over the native continuous-batching
-engine, and its wire types. The frontend (templates, detokenization, stop strings, parsers) and
-the model and adapter registries build on these."""
+"""Serving: ``LLM``, the generation API (prompts or messages in, streamed outputs out: ``n``, stop
+strings, adapters, logprobs, abort; detokenization and parsers inside), over ``EngineClient``,
+the handle on one model's native continuous-batching engine. ``types`` is the one vocabulary of
+both: ``SamplingParams`` in, ``RequestOutput`` (with ``TokenLogprob``s) out. See README-dev.md."""
 
 from __future__ import annotations
 
 from surogate.serve.engine_client import EngineClient
-from surogate.serve.types import EngineConfig, EngineStats, Request, RequestOutput, SamplingParams, TokenLogprob
+from surogate.serve.llm import LLM, Generation
+from surogate.serve.types import EngineConfig, EngineStats, RequestOutput, SamplingParams, TokenLogprob
 
-__all__ = ["EngineClient", "EngineConfig", "EngineStats", "Request", "RequestOutput", "SamplingParams", "TokenLogprob"]
+__all__ = ["LLM", "EngineClient", "EngineConfig", "EngineStats", "Generation", "RequestOutput", "SamplingParams",
+           "TokenLogprob"]

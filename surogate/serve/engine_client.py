@@ -4,7 +4,12 @@
 ``RequestOutput``s (``wait(id)`` blocks for all of them instead); ``generate`` does both and aborts
 the request if the consumer goes away (client disconnect -> KV blocks freed). Each submitted
 request is read to its end once, by one of them. A poller thread waits on the native output
-channel with the GIL released and hands each output to its request's stream.
+channel with the GIL released and hands each engine step's outputs to their ``OutputStream``s:
+one per request, or one for all the answers of a generation (surogate.serve.llm passes its own,
+which detokenizes, applies stop strings and parsers as the outputs arrive, a step at a time).
+
+The client also knows the model's LoRA adapters by name (``submit(..., adapter="name")``), and
+gives the model's memory back while it sleeps (``release`` / ``restore``).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import atexit
 import collections
 import threading
 import weakref
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 from surogate import _native
@@ -25,6 +30,8 @@ _POLL_SECONDS = 0.05
 # Clients still open at exit are closed before the interpreter goes away: their engine thread may
 # be about to call a Python runner, which must not happen during finalization.
 _OPEN_CLIENTS: weakref.WeakSet[EngineClient] = weakref.WeakSet()
+
+Waiter = tuple[asyncio.AbstractEventLoop, asyncio.Future]
 
 
 @atexit.register
@@ -39,56 +46,90 @@ def _resolve(futures: list[asyncio.Future]) -> None:
             fut.set_result(None)
 
 
-class _Stream:
-    """One request's outputs, for one consumer: async (``get``) or blocking (``get_sync``)."""
+class OutputStream:
+    """Engine outputs for one consumer, async (``take``) or blocking (``take_sync``), from one
+    request or several. The poller ``put``s each engine step's outputs for it at once, after
+    ``process`` (a hook: the generation API's detokenization and parsers, which returns the
+    outputs to keep) has run on them in the poller's thread. A consumer takes everything queued
+    at once, so a consumer that falls behind catches up in one wake-up."""
 
-    def __init__(self) -> None:
+    def __init__(self, process: Callable[[list[RequestOutput]], list[RequestOutput]] | None = None) -> None:
         self._items: collections.deque[RequestOutput] = collections.deque()
         self._cond = threading.Condition()
-        self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future] | None = None
+        self._waiter: Waiter | None = None
+        self._process = process
+        self._error: BaseException | None = None
 
-    def put(self, out: RequestOutput) -> tuple[asyncio.AbstractEventLoop, asyncio.Future] | None:
-        """Queue an output; returns the async consumer's (loop, future) to wake, if one waits
-        (the caller wakes each loop once for a whole batch of outputs)."""
+    def put(self, outs: list[RequestOutput]) -> Waiter | None:
+        """Queue a step's outputs; returns the async consumer's (loop, future) to wake, if one
+        waits (the caller wakes each loop once for a whole step). A ``process`` that raises
+        fails the stream: its consumer gets the error."""
+        if self._process is not None:
+            try:
+                outs = self._process(outs)
+            except Exception as e:  # a parser or tokenizer bug: the consumer decides what its client sees
+                outs, self._error = [], e
+            if not outs and self._error is None:  # nothing kept (outputs after a stop string): no wake-up
+                return None
         with self._cond:
-            self._items.append(out)
+            self._items.extend(outs)
             self._cond.notify_all()
             waiter, self._waiter = self._waiter, None
         return waiter
 
-    async def get(self) -> RequestOutput:
-        loop = asyncio.get_running_loop()
-        while True:
-            with self._cond:
-                if self._items:
-                    return self._items.popleft()
-                fut = loop.create_future()
-                self._waiter = (loop, fut)
-            await fut
+    def _take(self) -> list[RequestOutput]:
+        if self._error is not None:
+            raise self._error
+        items = list(self._items)
+        self._items.clear()
+        return items
 
-    def get_sync(self, timeout: float | None) -> RequestOutput:
+    async def take(self, timeout: float | None = None) -> list[RequestOutput]:
+        """Every output queued now, waiting for the next step's when there is none; [] once
+        ``timeout`` seconds pass without one."""
+        loop = asyncio.get_running_loop()
         with self._cond:
-            if not self._cond.wait_for(lambda: self._items, timeout):
-                raise TimeoutError(f"no engine output within {timeout} s")
-            return self._items.popleft()
+            if self._items or self._error is not None:
+                return self._take()
+            fut = loop.create_future()
+            self._waiter = (loop, fut)
+        timer = loop.call_later(timeout, _resolve, [fut]) if timeout is not None else None
+        try:
+            await fut
+        finally:
+            if timer is not None:
+                timer.cancel()
+        with self._cond:
+            if self._waiter is not None and self._waiter[1] is fut:
+                self._waiter = None
+            return self._take()
+
+    def take_sync(self, timeout: float | None = None) -> list[RequestOutput]:
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._items or self._error is not None, timeout):
+                return []
+            return self._take()
 
 
 class EngineClient:
     """Drives a native engine over ``runner``: a ``_native.serve.ModelRunner``, an object that
     holds one as ``.native`` (surogate.serve.model_runner.ProgramRunner), or any object with
-    ``vocab_size`` and ``run(step: StepInput) -> float32 array [len(step.logits_rows), V]``."""
+    ``vocab_size`` and ``run(step: StepInput) -> float32 array [len(step.logits_rows), V]``.
+    ``adapters``: the LoRA adapters the runner holds, served name -> slot."""
 
-    def __init__(self, runner: Any, config: EngineConfig) -> None:
-        runner = getattr(runner, "native", runner)
-        if not isinstance(runner, _native.serve.ModelRunner):
+    def __init__(self, runner: Any, config: EngineConfig, adapters: Mapping[str, int] | None = None) -> None:
+        self.runner = runner  # what release / restore act on (a ProgramRunner has both)
+        self.adapters = dict(adapters or {})
+        native = getattr(runner, "native", runner)
+        if not isinstance(native, _native.serve.ModelRunner):
             if not (hasattr(runner, "run") and hasattr(runner, "vocab_size")):
                 raise InvalidArgumentError(
                     f"runner {type(runner).__name__} is not a model runner",
                     hint="pass a _native.serve.ModelRunner or an object with vocab_size and run(step)",
                 )
-            runner = _native.serve.PyModelRunner(runner.run, int(runner.vocab_size))
-        self._engine = _native.serve.Engine(runner, config)
-        self._streams: dict[int, _Stream] = {}
+            native = _native.serve.PyModelRunner(runner.run, int(runner.vocab_size))
+        self._engine = _native.serve.Engine(native, config)
+        self._streams: dict[int, tuple[OutputStream, int]] = {}  # request id -> (its stream, its index there)
         self._lock = threading.Lock()
         self._closed = False
         self._engine.start()
@@ -104,31 +145,39 @@ class EngineClient:
     def max_model_len(self) -> int:
         return self._engine.max_model_len
 
-    def submit(
-        self, prompt_ids: Sequence[int], params: SamplingParams | None = None, adapter: int | None = None
-    ) -> int:
-        """Queue a request; returns its id. Bad input raises InvalidArgumentError naming the field."""
+    def submit(self, prompt_ids: Sequence[int], params: SamplingParams | None = None, adapter: str | int | None = None,
+               *, stream: OutputStream | None = None, index: int = 0) -> int:
+        """Queue a request; returns its id. ``adapter``: a served adapter's name or slot; None =
+        the base model. Its outputs go to ``stream`` (default: its own, for ``stream(id)`` /
+        ``wait(id)``) with ``index`` set (which of the stream's requests it is: known before any
+        output arrives). Bad input raises InvalidArgumentError naming the field."""
+        slot = self._slot(adapter)
+        params = params or SamplingParams()
+        if params.n != 1 or params.stop:
+            field = "n" if params.n != 1 else "stop"
+            raise InvalidArgumentError(f"SamplingParams.{field} is the generation API's: the engine runs one sequence "
+                                       "per request and sees only token ids",
+                                       hint="submit through surogate.serve.LLM: it fans n out and applies stop strings")
         with self._lock:  # the poller dispatches under this lock: the stream exists before any output
             if self._closed:
                 raise InvalidArgumentError("the engine client is closed", hint="create a new EngineClient")
-            request_id = self._engine.submit(prompt_ids, params or SamplingParams(), -1 if adapter is None else adapter)
-            self._streams[request_id] = _Stream()
+            request_id = self._engine.submit(prompt_ids, params, -1 if slot is None else slot)
+            self._streams[request_id] = (stream if stream is not None else OutputStream(), index)
         return request_id
 
     async def stream(self, request_id: int) -> AsyncIterator[RequestOutput]:
         """The request's outputs as they come, the last one with ``finish_reason`` set."""
         stream = self._stream(request_id)
         while True:
-            out = await stream.get()
-            if out.finished:
-                self._forget(request_id)
-            yield out
-            if out.finished:
-                return
+            for out in await stream.take():
+                if out.finished:
+                    self.forget(request_id)
+                yield out
+                if out.finished:
+                    return
 
-    async def generate(
-        self, prompt_ids: Sequence[int], params: SamplingParams | None = None, adapter: int | None = None
-    ) -> AsyncIterator[RequestOutput]:
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams | None = None,
+                       adapter: str | int | None = None) -> AsyncIterator[RequestOutput]:
         """submit + stream; leaving the loop early (or cancellation) aborts the request."""
         request_id = self.submit(prompt_ids, params, adapter)
         finished = False
@@ -139,28 +188,52 @@ class EngineClient:
         finally:
             if not finished:
                 self.abort(request_id)
-                self._forget(request_id)  # nobody reads the "abort" output
+                self.forget(request_id)  # nobody reads the "abort" output
 
     def wait(self, request_id: int, timeout: float | None = None) -> list[RequestOutput]:
         """Block until the request finishes; all its outputs, in order."""
         stream = self._stream(request_id)
         outs: list[RequestOutput] = []
         while not outs or not outs[-1].finished:
-            outs.append(stream.get_sync(timeout))
-        self._forget(request_id)
+            got = stream.take_sync(timeout)
+            if not got:
+                raise TimeoutError(f"no engine output within {timeout} s")
+            outs.extend(got)
+        self.forget(request_id)
         return outs
 
     def abort(self, request_id: int) -> None:
-        """Finish the request now with reason "abort"; its KV blocks are freed before the next step."""
+        """Finish the request now with reason "abort"; its KV blocks are freed before the next
+        step. A finished (or unknown) request is left alone."""
         self._engine.abort(request_id)
+
+    def forget(self, request_id: int) -> None:
+        """Drop the request's stream: its outputs still to come are discarded."""
+        with self._lock:
+            self._streams.pop(request_id, None)
 
     def stats(self) -> EngineStats:
         return EngineStats(**self._engine.stats())
+
+    def idle(self) -> bool:
+        s = self._engine.stats()
+        return s["num_running"] == 0 and s["num_waiting"] == 0
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached prefix (before the KV memory is released or rewritten); waits for
         the engine to do it between steps. Returns how many blocks left the cache."""
         return self._engine.reset_prefix_cache()
+
+    def release(self) -> None:
+        """Sleep, once no request runs (``idle``): forget the prefix cache and let the runner
+        give its memory back (KV cache, Programs, device weights) until ``restore``."""
+        self.reset_prefix_cache()
+        if hasattr(self.runner, "release"):
+            self.runner.release()
+
+    def restore(self) -> None:
+        if hasattr(self.runner, "restore"):
+            self.runner.restore()
 
     def close(self) -> None:
         """Stop the engine; requests in flight finish with "abort"."""
@@ -178,33 +251,48 @@ class EngineClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _stream(self, request_id: int) -> _Stream:
+    def _slot(self, adapter: str | int | None) -> int | None:
+        if not isinstance(adapter, str):
+            return adapter
+        slot = self.adapters.get(adapter)
+        if slot is None:
+            raise NotFoundError(f"no LoRA adapter named {adapter!r} on this engine",
+                                hint=f"served adapters: {sorted(self.adapters) or 'none'}")
+        return slot
+
+    def _stream(self, request_id: int) -> OutputStream:
         with self._lock:
-            stream = self._streams.get(request_id)
+            stream, _ = self._streams.get(request_id, (None, 0))
         if stream is None:
             raise NotFoundError(f"no request {request_id} in this engine client",
                                 hint="use the id submit() returned; a finished request's stream ends once")
         return stream
-
-    def _forget(self, request_id: int) -> None:
-        with self._lock:
-            self._streams.pop(request_id, None)
 
     def _poll_loop(self) -> None:
         while True:
             raw = self._engine.poll(_POLL_SECONDS)
             if not raw and (self._closed or not self._engine.running):
                 return
-            wake: dict[asyncio.AbstractEventLoop, list[asyncio.Future]] = {}
-            for t in raw:
+            self._dispatch(raw)
+
+    def _dispatch(self, raw: list[tuple]) -> None:
+        """One engine step's outputs (or several, when the poller fell behind): grouped by
+        stream, each stream gets its share in one ``put``, and each event loop one wake-up."""
+        with self._lock:
+            streams = [self._streams.get(t[0]) for t in raw]
+        by_stream: dict[OutputStream, list[RequestOutput]] = {}
+        for target, t in zip(streams, raw):
+            if target is not None:  # None: forgotten (its consumer left, or a stop string ended it)
                 out = RequestOutput.from_native(t)
-                with self._lock:
-                    stream = self._streams.get(out.request_id)
-                waiter = stream.put(out) if stream is not None else None
-                if waiter is not None:
-                    wake.setdefault(waiter[0], []).append(waiter[1])
-            for loop, futures in wake.items():  # one wake-up per event loop for a step's outputs
-                try:
-                    loop.call_soon_threadsafe(_resolve, futures)
-                except RuntimeError:  # the loop closed: its consumers are gone
-                    pass
+                out.index = target[1]
+                by_stream.setdefault(target[0], []).append(out)
+        wake: dict[asyncio.AbstractEventLoop, list[asyncio.Future]] = {}
+        for stream, outs in by_stream.items():
+            waiter = stream.put(outs)
+            if waiter is not None:
+                wake.setdefault(waiter[0], []).append(waiter[1])
+        for loop, futures in wake.items():  # one wake-up per event loop for a step's outputs
+            try:
+                loop.call_soon_threadsafe(_resolve, futures)
+            except RuntimeError:  # the loop closed: its consumers are gone
+                pass

@@ -1,20 +1,21 @@
-"""The serving frontend: requests become prompt ids and sampling options; token ids become text.
+"""The serving frontend: requests become prompt ids and sampling parameters; token ids become text.
 
-In: the API layer (surogate.gateway) maps each API's request onto the neutral pieces here
-(template-format messages and tools, ``SamplingOptions``); this module renders the chat template
+In: an API layer (surogate.gateway) maps each API's request onto the neutral pieces here
+(template-format messages and tools, ``SamplingParams``); this module renders the chat template
 with the thinking controls, tokenizes, and checks the numbers against the model (context length,
 logprob and ``n`` limits), raising ``RequestError`` naming the API's own field.
 
-Out: ``OutputProcessor`` turns one sequence's engine outputs (new token ids, logprobs, finish
-reason) into ``ChoiceDelta``s: incremental detokenization, stop strings held back and cut,
-then the reasoning and tool-call parsers. It is the same pipeline for streaming and
-non-streaming answers; a non-streaming answer is the sum of its deltas.
+Out: ``OutputProcessor`` fills one answer's engine outputs (``RequestOutput``: new token ids,
+logprobs, finish reason) with their text, in place: incremental detokenization, stop strings
+held back and cut, then the reasoning and tool-call parsers. It is the same pipeline for
+streaming and non-streaming answers; a non-streaming answer is the sum of its outputs. The
+generation API (surogate.serve.llm) runs one per answer.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -22,8 +23,9 @@ import msgspec
 from surogate.errors import InvalidArgumentError
 from surogate.io import Tokenizer
 from surogate.serve.detokenizer import IncrementalDetokenizer
-from surogate.serve.parsers import OutputParser, ToolCallDelta
+from surogate.serve.parsers import OutputParser
 from surogate.serve.stop import StopMatcher
+from surogate.serve.types import RequestOutput, SamplingParams, TokenLogprob
 
 
 class RequestError(InvalidArgumentError):
@@ -36,31 +38,6 @@ class RequestError(InvalidArgumentError):
 
 
 # -- requests -------------------------------------------------------------------------------------
-
-class SamplingOptions(msgspec.Struct, kw_only=True):
-    """One request's sampling settings, resolved. ``stop`` strings are applied here, in the
-    frontend; everything else is the engine's (its SamplingParams takes these fields)."""
-
-    n: int = 1
-    max_tokens: int | None = None  # None: whatever the context leaves
-    min_tokens: int = 0
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0 (or -1): off
-    min_p: float = 0.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    seed: int | None = None
-    stop: list[str] = msgspec.field(default_factory=list)
-    stop_token_ids: list[int] = msgspec.field(default_factory=list)
-    include_stop_str_in_output: bool = False
-    ignore_eos: bool = False
-    logprobs: int | None = None  # alternatives per generated token; None: no logprobs, 0: the chosen token's
-    prompt_logprobs: int | None = None
-    skip_special_tokens: bool = True
-    logit_bias: dict[int, float] | None = None
-
 
 class Prompt(msgspec.Struct):
     token_ids: list[int]
@@ -75,7 +52,7 @@ class Limits(msgspec.Struct, frozen=True):
     vocab_size: int | None = None  # the tokenizer's: stop_token_ids must be token ids
 
 
-def check_sampling(opts: SamplingOptions, limits: Limits, names: Mapping[str, str] | None = None) -> None:
+def check_sampling(opts: SamplingParams, limits: Limits, names: Mapping[str, str] | None = None) -> None:
     """Ranges, in the API's field names (``names`` maps ours to theirs)."""
     names = names or {}
 
@@ -107,8 +84,8 @@ def check_sampling(opts: SamplingOptions, limits: Limits, names: Mapping[str, st
              f"must be between 0 and {limits.max_logprobs}, got {value}")
 
 
-def fit_to_context(opts: SamplingOptions, prompt_len: int, limits: Limits, *, prompt_param: str,
-                   max_tokens_param: str) -> SamplingOptions:
+def fit_to_context(opts: SamplingParams, prompt_len: int, limits: Limits, *, prompt_param: str,
+                   max_tokens_param: str) -> SamplingParams:
     """Fill in ``max_tokens`` from the context left, or refuse a request that cannot fit."""
     room = limits.max_model_len - prompt_len
     if room <= 0:
@@ -199,46 +176,24 @@ def _template_message(message: Mapping) -> dict:
 
 # -- outputs --------------------------------------------------------------------------------------
 
-class TopLogprob(msgspec.Struct, frozen=True):
-    token_id: int
-    token: str
-    bytes: list[int]
-    logprob: float
-
-
-class TokenLogprob(msgspec.Struct, frozen=True):
-    token_id: int
-    token: str
-    bytes: list[int]
-    logprob: float
-    top: list[TopLogprob]
-
-
-class ChoiceDelta(msgspec.Struct):
-    """What one engine step added to one answer, after every frontend stage."""
-
-    content: str = ""
-    reasoning: str = ""
-    tool_calls: list[ToolCallDelta] = msgspec.field(default_factory=list)
-    logprobs: list[TokenLogprob] | None = None
-    finish_reason: str | None = None  # stop | length | tool_calls | abort, on the last delta
-    stop_reason: str | int | None = None  # the stop string or stop token id that ended it (None for EOS)
-    num_tokens: int = 0  # tokens this step generated
-
-
 class OutputProcessor:
-    """One answer's pipeline: detokenize, stop strings, parsers. Feed ``step`` each engine output;
-    when ``stopped_by_string`` turns true the engine request must be aborted (the engine knows
-    only stop tokens)."""
+    """One answer's pipeline: detokenize, stop strings, parsers. ``process`` fills each engine
+    output's text fields in place; when ``stopped_by_string`` turns true the engine request must
+    be aborted (the engine knows only stop tokens). With ``detokenize=False`` only the finish
+    reason is worked out (token ids in, token ids out)."""
 
-    def __init__(self, tokenizer: Tokenizer, opts: SamplingOptions, parser: OutputParser | None = None):
+    def __init__(self, tokenizer: Tokenizer | None, opts: SamplingParams, parser: OutputParser | None = None):
         self.tokenizer = tokenizer
         self.opts = opts
         self.parser = parser
-        self._detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=opts.skip_special_tokens)
-        self._stop = StopMatcher(opts.stop, opts.include_stop_str_in_output)
+        self.detokenize = opts.detokenize and tokenizer is not None
+        self._detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=opts.skip_special_tokens) \
+            if self.detokenize else None
+        self._stop = StopMatcher(opts.stop if self.detokenize else (), opts.include_stop_str_in_output)
         self._stop_ids = frozenset(opts.stop_token_ids)
-        self._eos_ids = frozenset(tokenizer.eos_token_ids) if not opts.ignore_eos else frozenset()
+        eos = (tokenizer.eos_token_ids if tokenizer is not None else opts.eos_token_ids) if not opts.ignore_eos else ()
+        self._end_ids = self._stop_ids | frozenset(eos)
+        self._eos_ids = frozenset(eos)
         self.num_tokens = 0
         self.reasoning_tokens = 0
         self.finish_reason: str | None = None
@@ -256,58 +211,78 @@ class OutputProcessor:
     def num_tool_calls(self) -> int:
         return self.parser.num_tool_calls if self.parser is not None else 0
 
-    def step(self, token_ids: Sequence[int], logprobs: Sequence | None = None,
-             finish_reason: str | None = None) -> ChoiceDelta:
-        """``logprobs``: per new token, ``(logprob, [(token_id, logprob), ...])``.
-        ``finish_reason`` from the engine: stop (EOS or a stop token), length or abort."""
-        if self.finished:  # outputs still in flight after a stop string: dropped
-            return ChoiceDelta()
-        ids = list(token_ids)
-        out = ChoiceDelta(num_tokens=len(ids))
+    def process(self, out: RequestOutput) -> bool:
+        """Fill ``out``'s content, reasoning, tool calls, stop reason, token texts of its
+        logprobs, and the answer's finish reason (stop | length | tool_calls | abort). False:
+        the answer had already ended (outputs still in flight after a stop string), drop it."""
+        if self.finish_reason is not None:
+            return False
+        ids = out.new_token_ids
+        finish_reason = out.finish_reason
+        if finish_reason == "error":  # the client sees an aborted answer; finish_message says why
+            finish_reason = "abort"
         if self.parser is not None and self.parser.in_reasoning:
             self.reasoning_tokens += len(ids)
         self.num_tokens += len(ids)
-        if logprobs is not None:
-            out.logprobs = [token_logprob(self.tokenizer, t, lp) for t, lp in zip(ids, logprobs)]
         visible = ids
-        if finish_reason == "stop" and ids and ids[-1] in self._stop_ids | self._eos_ids:
+        if finish_reason == "stop" and ids and ids[-1] in self._end_ids:
             if ids[-1] in self._stop_ids and ids[-1] not in self._eos_ids:
                 out.stop_reason = ids[-1]
             if not self.opts.include_stop_str_in_output:
                 visible = ids[:-1]
-        text = self._detok.push(visible)
-        if finish_reason is not None:
-            text += self._detok.flush()
-        text = self._stop.push(text)
-        if self._stop.matched is not None:
-            finish_reason, out.stop_reason = "stop", self._stop.matched
-        elif finish_reason is not None:
-            text += self._stop.flush()
-        if self.parser is None:
-            out.content = text
-        else:
-            parsed = self.parser.feed(text) if text else None
+        if self._detok is not None:
+            tok = self.tokenizer
+            if out.logprobs is not None:
+                decode_logprobs(tok, out.logprobs)
+            if out.prompt_logprobs is not None:
+                decode_logprobs(tok, out.prompt_logprobs)
+            text = self._detok.push(visible)
             if finish_reason is not None:
-                tail = self.parser.finish()
-                if parsed is None:
-                    parsed = tail
-                else:
-                    parsed.extend(tail)
-            if parsed is not None:
-                out.content, out.reasoning, out.tool_calls = parsed.content, parsed.reasoning, parsed.tool_calls
+                text += self._detok.flush()
+            text = self._stop.push(text)
+            if self._stop.matched is not None:
+                finish_reason, out.stop_reason = "stop", self._stop.matched
+            elif finish_reason is not None:
+                text += self._stop.flush()
+            if self.parser is None:
+                out.content = text
+            else:
+                parsed = self.parser.feed(text) if text else None
+                if finish_reason is not None:
+                    tail = self.parser.finish()
+                    if parsed is None:
+                        parsed = tail
+                    else:
+                        parsed.extend(tail)
+                if parsed is not None:
+                    out.content, out.reasoning, out.tool_calls = parsed.content, parsed.reasoning, parsed.tool_calls
         if finish_reason is not None:
             if finish_reason == "stop" and self.num_tool_calls:
                 finish_reason = "tool_calls"
-            self.finish_reason = out.finish_reason = finish_reason
+            self.finish_reason = finish_reason
             self.stop_reason = out.stop_reason
+        out.finish_reason = finish_reason
+        return True
+
+    def step(self, token_ids: Sequence[int], logprobs: list[TokenLogprob] | None = None,
+             finish_reason: str | None = None) -> RequestOutput:
+        """Feed token ids as the engine would (tests, replays): ``process`` on a RequestOutput
+        made of them, which is returned (empty when dropped)."""
+        ids = list(token_ids)
+        out = RequestOutput(0, ids, logprobs, None, finish_reason, None, None, 0, 0, self.num_tokens + len(ids))
+        self.process(out)
         return out
 
 
-def token_logprob(tokenizer: Tokenizer, token_id: int, entry) -> TokenLogprob:
-    """``entry``: ``(logprob, [(token_id, logprob), ...])`` as the engine reports it."""
-    logprob, top = entry
-    return TokenLogprob(token_id, *token_text(tokenizer, token_id), float(logprob),
-                        [TopLogprob(t, *token_text(tokenizer, t), float(lp)) for t, lp in top])
+def decode_logprobs(tokenizer: Tokenizer, entries: Sequence[TokenLogprob | None]) -> Sequence[TokenLogprob | None]:
+    """Fill in the text and bytes of each token and of its alternatives (``None`` entries, the
+    prompt's first token, stay)."""
+    for e in entries:
+        if e is not None and e.bytes is None:
+            e.token, e.bytes = token_text(tokenizer, e.token_id)
+            for t in e.top:
+                t.token, t.bytes = token_text(tokenizer, t.token_id)
+    return entries
 
 
 def token_text(tokenizer: Tokenizer, token_id: int) -> tuple[str, list[int]]:
@@ -319,13 +294,6 @@ def token_text(tokenizer: Tokenizer, token_id: int) -> tuple[str, list[int]]:
         if piece and all(c in _BYTE_DECODER for c in piece):
             return text, [_BYTE_DECODER[c] for c in piece]
     return text, list(text.encode("utf-8"))
-
-
-def prompt_logprobs_entries(tokenizer: Tokenizer, prompt_ids: Sequence[int],
-                            entries: Iterable | None) -> list[TokenLogprob | None]:
-    """Prompt logprobs from the engine (``None`` for the first token, which has no context)."""
-    return [None if entry is None else token_logprob(tokenizer, token_id, entry)
-            for token_id, entry in zip(prompt_ids, entries or ())]
 
 
 def _bytes_to_unicode() -> dict[str, int]:

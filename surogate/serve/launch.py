@@ -1,5 +1,6 @@
 """Start serving a model: load it, size its KV cache, start its engine, describe it for the
-gateway. `surogate serve` and the TUI call this; tests can too."""
+gateway. `surogate serve` and the TUI call this; tests can too. ``launch(path).llm()`` is the
+model's generation API."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass, field
 from surogate.errors import InvalidArgumentError
 from surogate.model import Model, load_model
 from surogate.serve.engine_client import EngineClient
+from surogate.serve.llm import LLM
 from surogate.serve.model_runner import ProgramRunner
 from surogate.serve.types import EngineConfig
 
@@ -21,6 +23,12 @@ class Launched:
     kv_cache_tokens: int
     runner: ProgramRunner
     adapters: dict[str, int] = field(default_factory=dict)  # served adapter name -> engine slot
+
+    def llm(self, **kw) -> LLM:
+        """The generation API over this engine: parsers detected from the chat template (``kw``:
+        ``reasoning_parser``, ``tool_parser``, ``template_defaults``, ``chat_template``)."""
+        return LLM.for_model(self.client, self.model.tokenizer, self.max_model_len,
+                             model_type=self.model.config.get("model_type"), **kw)
 
 
 CPU_KV_TOKENS = 16384  # the CPU's default KV cache, in tokens
@@ -78,7 +86,7 @@ def launch(source: str, *, name: str | None = None, dtype: str = "float32", devi
     client = EngineClient(runner, EngineConfig(
         num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, max_model_len=limit,
-        eos_token_ids=list(model.tokenizer.eos_token_ids), seed=seed))
+        eos_token_ids=list(model.tokenizer.eos_token_ids), seed=seed), adapters=adapters)
     served_name = name or _default_name(source)
     return Launched(served_name, model, client, limit, num_blocks * block_size, runner, adapters)
 

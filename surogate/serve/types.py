@@ -1,17 +1,24 @@
-"""The engine's wire types: what a request carries into the native engine and what comes back.
+"""Serving's one vocabulary, from the engine to the wire: what a request asks for
+(``SamplingParams``), what comes back for it (``RequestOutput``, with ``TokenLogprob``s), and the
+engine's configuration and counters.
 
 Field names and meanings follow vLLM's ``SamplingParams`` and the OpenAI API (see
 ``kernels_native/serve/sampling_params.h`` for the exact formulas). The native side reads
 ``SamplingParams`` and ``EngineConfig`` by attribute name and validates them; an out-of-range
-value raises ``InvalidArgumentError`` naming the field.
+value raises ``InvalidArgumentError`` naming the field. The fields it does not read (``n``, stop
+strings, detokenization) are the generation API's (surogate.serve.llm): it fans ``n`` out into
+one engine request per answer and applies stop strings to the text.
 """
 
 from __future__ import annotations
 
 import msgspec
 
+from surogate.serve.parsers.base import ToolCallDelta
+
 
 class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    n: int = 1  # answers per prompt: one engine request each, seeds offset by the answer's index
     temperature: float = 1.0  # 0 = greedy
     top_k: int = 0  # 0 or -1 = off
     top_p: float = 1.0
@@ -22,55 +29,97 @@ class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     seed: int | None = None
     max_tokens: int | None = None  # None = up to the context limit
     min_tokens: int = 0
+    stop: list[str] = msgspec.field(default_factory=list)  # stop strings: matched on the text, never shown
     stop_token_ids: list[int] = msgspec.field(default_factory=list)
+    include_stop_str_in_output: bool = False
     eos_token_ids: list[int] = msgspec.field(default_factory=list)  # empty = the model's (EngineConfig)
     ignore_eos: bool = False
     logprobs: int | None = None  # top-N, 0..20; the chosen token's logprob is always included
     prompt_logprobs: int | None = None  # top-N, 0..20
+    detokenize: bool = True  # False: token ids only (no text, no stop strings, no parsers)
+    skip_special_tokens: bool = True
+    logit_bias: dict[int, float] | None = None  # checked against the vocabulary; the engine does not apply it yet
 
 
-class Request(msgspec.Struct, kw_only=True):
-    prompt_token_ids: list[int]
-    params: SamplingParams = msgspec.field(default_factory=SamplingParams)
-    adapter: int | None = None  # LoRA adapter slot id; None = the base model
-
-
-class TokenLogprob(msgspec.Struct, array_like=True):
-    """A token's raw model logprob (log_softmax of the logits, before penalties and temperature),
-    its rank (1 = most likely) and the top-N ``(token_id, logprob)`` pairs, most likely first."""
+class TokenLogprob(msgspec.Struct):
+    """A token's raw model logprob (log_softmax of the logits, before penalties and temperature)
+    and its rank (1 = most likely). For a sampled token, ``top`` holds the N most likely
+    alternatives, most likely first (as TokenLogprobs whose own ``top`` is empty). ``token`` and
+    ``bytes`` are its text and UTF-8 bytes, filled in by the generation API's detokenization."""
 
     token_id: int
     logprob: float
     rank: int
-    top: list[tuple[int, float]]
+    top: list[TokenLogprob] = []
+    token: str = ""
+    bytes: list[int] | None = None
+
+    @classmethod
+    def from_native(cls, t: tuple) -> TokenLogprob:
+        """``(token_id, logprob, rank, [(token_id, logprob), ...])`` as the engine sends it."""
+        token_id, logprob, rank, top = t
+        return cls(token_id, logprob, rank, [cls(tid, lp, i + 1) for i, (tid, lp) in enumerate(top)])
 
 
 class RequestOutput(msgspec.Struct):
-    """What one engine step produced for one request. Field order = the native tuple's order."""
+    """What one engine step produced for one request. The first ten fields are the engine's (in
+    the native tuple's order); the generation API fills the rest in place: which answer this is,
+    the text this step added after detokenization, stop strings and the parsers, and why the
+    answer ended. A finished answer's outputs summed (``merge``) are the whole answer."""
 
     request_id: int
     new_token_ids: list[int]  # a stop / eos token that finished the request is included
     logprobs: list[TokenLogprob] | None  # one per new token, when asked for
     prompt_logprobs: list[TokenLogprob | None] | None  # once; entry 0 (first prompt token) is None
-    finish_reason: str | None  # None while running; "stop", "length", "abort" or "error"
+    # None while running. The engine's: "stop", "length", "abort" or "error"; once through the
+    # generation API: "stop" (EOS, a stop token or string), "length", "tool_calls" or "abort".
+    finish_reason: str | None
     finish_message: str | None  # why, for "error" (and "length" at the context limit)
     stop_token_id: int | None  # the token that finished it with "stop"
     num_prompt_tokens: int
     num_cached_tokens: int  # prompt tokens served by the prefix cache
     num_output_tokens: int  # generated so far, these included
+    index: int = 0  # the answer's place in its generation: prompt * n + answer
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[ToolCallDelta] = []
+    stop_reason: str | int | None = None  # the stop string or stop token id that ended it (None for EOS)
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    @property
+    def num_tokens(self) -> int:
+        """Tokens this step generated."""
+        return len(self.new_token_ids)
+
     @classmethod
     def from_native(cls, t: tuple) -> RequestOutput:
         out = cls(*t)
         if out.logprobs is not None:
-            out.logprobs = [TokenLogprob(*lp) for lp in out.logprobs]
+            out.logprobs = [TokenLogprob.from_native(lp) for lp in out.logprobs]
         if out.prompt_logprobs is not None:
-            out.prompt_logprobs = [None if lp is None else TokenLogprob(*lp) for lp in out.prompt_logprobs]
+            out.prompt_logprobs = [None if lp is None else TokenLogprob.from_native(lp) for lp in out.prompt_logprobs]
         return out
+
+    def merge(self, later: RequestOutput) -> None:
+        """Add a later output of the same answer to this one (a non-streaming answer is the sum
+        of its streamed outputs)."""
+        self.new_token_ids.extend(later.new_token_ids)
+        if later.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + later.logprobs
+        if self.prompt_logprobs is None:
+            self.prompt_logprobs = later.prompt_logprobs
+        self.content += later.content
+        self.reasoning += later.reasoning
+        if later.tool_calls:
+            self.tool_calls = self.tool_calls + later.tool_calls
+        for f in ("finish_reason", "finish_message", "stop_token_id", "stop_reason"):
+            if getattr(later, f) is not None:
+                setattr(self, f, getattr(later, f))
+        self.num_output_tokens = later.num_output_tokens
+        self.num_cached_tokens = max(self.num_cached_tokens, later.num_cached_tokens)
 
 
 class EngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -85,6 +134,8 @@ class EngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class EngineStats(msgspec.Struct, kw_only=True):
+    """The engine's gauges and counters (totals since start); /metrics exports them as they are."""
+
     num_running: int
     num_waiting: int
     num_blocks: int

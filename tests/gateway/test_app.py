@@ -4,8 +4,8 @@ status, body limits, 400s naming the field, models, count_tokens, tokenize, metr
 document, request ids and the access log.
 
 No engine: models are served with ``engine=None`` (a model still loading), and where the edge's
-engine handling is under test (what is submitted, abort on disconnect) with ``IdleEngine``, which
-implements the ``EngineClient`` protocol but never produces a token.
+engine handling is under test (what is submitted, abort on disconnect) with ``IdleEngine``, an
+``EngineClient`` with no native engine behind it, which never produces a token.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from types import SimpleNamespace
 
 import anthropic
 import openai
@@ -21,9 +20,9 @@ import pytest
 from openapi_spec_validator import validate
 
 from surogate.gateway.app import GatewayApp
-from surogate.gateway.engine import EngineClient
 from surogate.gateway.models import GatewayConfig, ServedModel
 from surogate.gateway.sse import Ids
+from surogate.serve import EngineClient, EngineStats
 
 try:
     import httpx2 as httpx
@@ -34,30 +33,38 @@ KEY = "sk-test"
 CREATED = 1_700_000_000
 
 
-class IdleEngine:
+class IdleEngine(EngineClient):
     """An ``EngineClient`` that accepts requests and never answers: it records what the gateway
-    submits and aborts. It generates nothing; generation is tested against the real engine."""
+    submits and aborts (the calls the generation API makes) and starts no native engine. It
+    generates nothing; generation is tested against the real engine."""
 
     def __init__(self):
         self.submitted: list[tuple[str, list[int], object, str | None]] = []
         self.aborted: list[str] = []
 
-    def submit(self, prompt_ids, params, adapter=None) -> str:
+    @property
+    def max_model_len(self) -> int:
+        return 512
+
+    def submit(self, prompt_ids, params=None, adapter=None, *, stream=None, index=0) -> str:
         request_id = f"r{len(self.submitted)}"
         self.submitted.append((request_id, list(prompt_ids), params, adapter))
         return request_id
 
-    async def stream(self, request_id):
-        await asyncio.Event().wait()
-        yield  # pragma: no cover
-
-    async def abort(self, request_id) -> None:
+    def abort(self, request_id) -> None:
         self.aborted.append(request_id)
 
-    def stats(self):
-        return SimpleNamespace(num_requests_running=len(self.submitted) - len(self.aborted), num_requests_waiting=3,
-                               kv_cache_usage=0.25, num_preemptions=0, prefix_cache_queries=100,
-                               prefix_cache_hits=40, engine_step_seconds=2.5, engine_model_seconds=2.25)
+    def forget(self, request_id) -> None:
+        pass
+
+    def stats(self) -> EngineStats:
+        return EngineStats(num_running=len(self.submitted) - len(self.aborted), num_waiting=3, num_blocks=64,
+                           blocks_used=16, blocks_free=48, blocks_cached=0, kv_usage=0.25, prefix_cache_queries=100,
+                           prefix_cache_hits=40, prompt_tokens=0, generation_tokens=0, num_preemptions=0,
+                           num_steps=0, num_finished=0, step_seconds=2.5, model_seconds=2.25, last_error=None)
+
+    def close(self) -> None:
+        pass
 
 
 def make_app(tiny_tokenizers, engine=None, **config) -> GatewayApp:

@@ -24,7 +24,8 @@ from surogate.gateway.errors import ApiError, Kind
 from surogate.gateway.openai import protocol as p
 from surogate.gateway.openai.stream import ChatStream, CompletionStream, ResponsesStream, usage
 from surogate.gateway.sse import Ids, encoder
-from surogate.serve.frontend import OutputProcessor, SamplingOptions
+from surogate.serve import SamplingParams, TokenLogprob
+from surogate.serve.frontend import OutputProcessor
 from surogate.serve.parsers import ParserChoice, make_output_parser
 
 try:  # the SDKs' HTTP library (httpx, or its successor httpx2 in newer SDKs)
@@ -52,13 +53,14 @@ def golden(name: str, data: bytes) -> None:
 
 def answer(tok, text, *, tools=True, opts=None, batch=4, finish="stop", logprobs=False, eos=True):
     """Deltas for ``text`` as the engine would produce it, ``batch`` tokens per step."""
-    opts = opts or SamplingOptions()
+    opts = opts or SamplingParams()
     proc = OutputProcessor(tok, opts, make_output_parser(ParserChoice("qwen3", "hermes"), None, tools=tools))
     ids = tok.encode(text, add_special_tokens=False) + ([tok.eos_token_id] if eos else [])
     deltas = []
     for i in range(0, len(ids), batch):
         step = ids[i:i + batch]
-        lp = [(-0.25, [(t, -0.25), (0, -3.5)]) for t in step] if logprobs else None
+        lp = [TokenLogprob(t, -0.25, 1, [TokenLogprob(t, -0.25, 1), TokenLogprob(0, -3.5, 2)]) for t in step] \
+            if logprobs else None
         deltas.append(proc.step(step, lp, finish if i + batch >= len(ids) else None))
         if proc.finished:
             break
@@ -138,7 +140,7 @@ def test_chat_stream_with_reasoning_and_parallel_tool_calls(tiny_tokenizers):
 
 def test_chat_stream_two_choices_stop_string_and_logprobs(tiny_tokenizers):
     tok = tiny_tokenizers["chatml"]
-    opts = SamplingOptions(stop=["world"], logprobs=1)
+    opts = SamplingParams(stop=["world"], logprobs=1)
     procs, runs = zip(*(answer(tok, ANSWER_TEXT, tools=False, opts=opts, batch=b, logprobs=True, finish=f)
                         for b, f in ((3, "stop"), (5, "length"))), strict=True)
     out = ChatStream(id="chatcmpl-n", created=CREATED, model="tiny", n=2, logprobs=True, ids=Ids("n"),
@@ -178,7 +180,7 @@ def test_chat_stream_error_after_the_header_reaches_the_sdk():
 
 def test_completions_stream_with_echo_and_logprobs(tiny_tokenizers):
     tok = tiny_tokenizers["chatml"]
-    proc, deltas = answer(tok, "Hello world! The quick brown fox", tools=False, opts=SamplingOptions(logprobs=1),
+    proc, deltas = answer(tok, "Hello world! The quick brown fox", tools=False, opts=SamplingParams(logprobs=1),
                           logprobs=True, finish="length", eos=False)
     out = CompletionStream(id="cmpl-t", created=CREATED, model="tiny", num_choices=1, include_usage=True,
                            logprobs=True)
@@ -302,7 +304,7 @@ def test_anthropic_stream_thinking_text_and_tool_use(tiny_tokenizers):
 
 def test_anthropic_stop_sequence_and_stream_error(tiny_tokenizers):
     tok = tiny_tokenizers["chatml"]
-    proc, deltas = answer(tok, ANSWER_TEXT, tools=False, opts=SamplingOptions(stop=["Hello"]))
+    proc, deltas = answer(tok, ANSWER_TEXT, tools=False, opts=SamplingParams(stop=["Hello"]))
     out = MessageStream(id="msg_s", model="tiny", input_tokens=3, ids=Ids("s"))
     body = out.start() + b"".join(out.delta(d) for d in deltas) + out.end(proc.finish_reason, proc.stop_reason,
                                                                           proc.num_tokens)

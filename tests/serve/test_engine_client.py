@@ -115,3 +115,12 @@ def test_bad_requests_raise_at_submit():
             client.submit([V])
     with pytest.raises(InvalidArgumentError, match="not a model runner"):
         EngineClient(object(), config())
+
+
+def test_n_and_stop_strings_belong_to_the_generation_api():
+    with EngineClient(CountingRunner(), config()) as client:
+        with pytest.raises(InvalidArgumentError, match="SamplingParams.n") as e:
+            client.submit([1], SamplingParams(n=2))
+        assert "LLM" in e.value.hint
+        with pytest.raises(InvalidArgumentError, match="SamplingParams.stop"):
+            client.submit([1], SamplingParams(stop=["x"]))

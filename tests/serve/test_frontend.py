@@ -15,17 +15,18 @@ from surogate.serve.frontend import (
     Limits,
     OutputProcessor,
     RequestError,
-    SamplingOptions,
     check_sampling,
+    decode_logprobs,
     encode_prompt,
     fit_to_context,
-    prompt_logprobs_entries,
     render_chat,
     template_kwargs,
     token_text,
 )
 from surogate.serve.parsers import ParserChoice, make_output_parser
 from surogate.serve.stop import StopMatcher
+from surogate.serve.types import SamplingParams
+from surogate.serve.types import TokenLogprob
 
 SEED = 7
 TEXTS = [
@@ -131,7 +132,7 @@ def test_stop_strings_split_across_tokens_never_leak(tok, text):
         at = full.find(stop)
         for include in (False, True):
             for batch in (1, 2):
-                proc, steps = run(tok, ids, SamplingOptions(stop=[stop], include_stop_str_in_output=include),
+                proc, steps = run(tok, ids, SamplingParams(stop=[stop], include_stop_str_in_output=include),
                                   batch=batch)
                 emitted, seen = "", ""
                 for d in steps:
@@ -161,15 +162,15 @@ def test_earliest_stop_string_wins_and_held_text_is_released():
 def test_eos_and_stop_token_ids(chatml):
     ids = chatml.encode("Hello world!", add_special_tokens=False)
     eos = chatml.eos_token_id
-    opts = SamplingOptions(skip_special_tokens=False)
+    opts = SamplingParams(skip_special_tokens=False)
     proc, steps = run(chatml, [*ids, eos], opts, finish="stop")
     assert "".join(d.content for d in steps) == "Hello world!"  # the EOS text is not part of the answer
     assert proc.stop_reason is None and proc.num_tokens == len(ids) + 1
     stop_id = ids[-1]
-    proc, steps = run(chatml, ids, SamplingOptions(stop_token_ids=[stop_id]), finish="stop")
+    proc, steps = run(chatml, ids, SamplingParams(stop_token_ids=[stop_id]), finish="stop")
     assert proc.stop_reason == stop_id
     assert "".join(d.content for d in steps) == chatml.decode(ids[:-1])
-    proc, steps = run(chatml, ids, SamplingOptions(stop_token_ids=[stop_id], include_stop_str_in_output=True),
+    proc, steps = run(chatml, ids, SamplingParams(stop_token_ids=[stop_id], include_stop_str_in_output=True),
                       finish="stop")
     assert "".join(d.content for d in steps) == "Hello world!"
 
@@ -179,10 +180,11 @@ def test_output_processor_with_parsers_and_logprobs(chatml):
             '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
     ids = [*chatml.encode(text, add_special_tokens=False), chatml.eos_token_id]
     parser = make_output_parser(ParserChoice("qwen3", "hermes"), None, tools=True)
-    proc = OutputProcessor(chatml, SamplingOptions(logprobs=2), parser)
+    proc = OutputProcessor(chatml, SamplingParams(logprobs=2), parser)
     out = []
     for i, t in enumerate(ids):
-        out.append(proc.step([t], [(-0.5, [(t, -0.5), (0, -2.0)])], "stop" if i == len(ids) - 1 else None))
+        lp = TokenLogprob(t, -0.5, 1, [TokenLogprob(t, -0.5, 1), TokenLogprob(0, -2.0, 2)])
+        out.append(proc.step([t], [lp], "stop" if i == len(ids) - 1 else None))
     assert "".join(d.reasoning for d in out) == "The user wants weather 🙂."
     assert "".join(d.content for d in out) == "Checking."
     assert [c.name for d in out for c in d.tool_calls if c.name] == ["get_weather"]
@@ -198,7 +200,7 @@ def test_output_processor_with_parsers_and_logprobs(chatml):
 
 def test_prompt_logprobs_entries(chatml):
     ids = chatml.encode("Hello world", add_special_tokens=False)
-    entries = prompt_logprobs_entries(chatml, ids, [None, *[(-1.0, [])] * (len(ids) - 1)])
+    entries = decode_logprobs(chatml, [None, *[TokenLogprob(i, -1.0, 1) for i in ids[1:]]])
     assert entries[0] is None and [e.token for e in entries[1:]] == [chatml.decode([i]) for i in ids[1:]]
 
 
@@ -251,21 +253,21 @@ def test_template_errors_name_messages(llama3):
 
 def test_sampling_checks_and_context_fit():
     limits = Limits(max_model_len=100, max_logprobs=5)
-    check_sampling(SamplingOptions(), limits)
+    check_sampling(SamplingParams(), limits)
     with pytest.raises(RequestError) as e:
-        check_sampling(SamplingOptions(logprobs=9), limits, {"logprobs": "top_logprobs"})
+        check_sampling(SamplingParams(logprobs=9), limits, {"logprobs": "top_logprobs"})
     assert e.value.param == "top_logprobs"
     with pytest.raises(RequestError) as e:
-        check_sampling(SamplingOptions(top_p=0), limits)
+        check_sampling(SamplingParams(top_p=0), limits)
     assert e.value.param == "top_p"
-    assert fit_to_context(SamplingOptions(), 30, limits, prompt_param="messages",
+    assert fit_to_context(SamplingParams(), 30, limits, prompt_param="messages",
                           max_tokens_param="max_tokens").max_tokens == 70
     with pytest.raises(RequestError) as e:
-        fit_to_context(SamplingOptions(max_tokens=71), 30, limits, prompt_param="messages",
+        fit_to_context(SamplingParams(max_tokens=71), 30, limits, prompt_param="messages",
                        max_tokens_param="max_completion_tokens")
     assert (e.value.param, e.value.code) == ("max_completion_tokens", "context_length_exceeded")
     with pytest.raises(RequestError) as e:
-        fit_to_context(SamplingOptions(), 100, limits, prompt_param="prompt", max_tokens_param="max_tokens")
+        fit_to_context(SamplingParams(), 100, limits, prompt_param="prompt", max_tokens_param="max_tokens")
     assert e.value.param == "prompt"
 
 

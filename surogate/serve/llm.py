@@ -1,0 +1,244 @@
+"""LLM: the generation API of one served model, for every caller (the gateway, the TUI, the
+benchmarks, GRPO rollouts).
+
+In: a prompt as token ids, text, or chat messages (``render``: the chat template with tools and
+thinking controls), and one ``SamplingParams`` per prompt. ``submit`` fans each prompt out into
+``n`` engine requests (the seed offset by the answer's index, so the answers differ), all
+submitted before it returns (so an engine that refuses one is an error at the call, with the
+others aborted), and returns a ``Generation``: the merged stream of their outputs.
+
+Out: ``RequestOutput``s, each filled in by its answer's ``OutputProcessor`` (detokenization, stop
+strings, reasoning and tool-call parsers) in the engine client's poller thread, one engine step's
+outputs at a time; ``index`` says which answer (prompt * n + answer). A stop string the engine
+cannot see aborts its engine request there and then. Read a Generation with ``async for`` or
+``for`` (one output at a time), ``next_batch`` (everything that arrived: one wake-up per engine
+step however many answers stream), or ``result`` (each answer summed into one output).
+Leaving early (``close``, the ``with`` block, the client gone) aborts what still runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from surogate.errors import InvalidArgumentError
+from surogate.io import Tokenizer
+from surogate.serve.engine_client import EngineClient, OutputStream
+from surogate.serve.frontend import OutputProcessor, Prompt, encode_prompt, render_chat, template_kwargs
+from surogate.serve.parsers import ParserChoice, make_output_parser, resolve_parsers
+from surogate.serve.types import RequestOutput, SamplingParams
+
+PromptInput = Prompt | str | Sequence[int]
+
+
+class LLM:
+    """A model's tokenizer, chat template and output parsers around its engine client.
+    ``client`` None: not attached yet (a model still loading); rendering and tokenizing work,
+    ``submit`` does not."""
+
+    def __init__(self, client: EngineClient | None, tokenizer: Tokenizer | None, *,
+                 parsers: ParserChoice | None = None, max_model_len: int | None = None,
+                 template_defaults: Mapping[str, Any] | None = None, chat_template: str | None = None):
+        self.client = client
+        self.tokenizer = tokenizer
+        self.parsers = parsers or ParserChoice()
+        self.max_model_len = max_model_len if max_model_len is not None else client.max_model_len
+        self.template_defaults = dict(template_defaults or {})  # like vLLM's --default-chat-template-kwargs
+        self.chat_template = chat_template  # a template name or text; None: the model's own
+        self.queued: set = set()  # one entry per engine request submitted with no output yet (admission reads it)
+
+    @classmethod
+    def for_model(cls, client: EngineClient | None, tokenizer: Tokenizer, max_model_len: int, *,
+                  model_type: str | None = None, reasoning_parser: str = "auto", tool_parser: str = "auto",
+                  **kw) -> LLM:
+        """Parsers detected from the tokenizer's chat template (or named: ``hermes``, ``none``, ...)."""
+        parsers = resolve_parsers(tokenizer.chat_template, model_type, reasoning=reasoning_parser, tool=tool_parser)
+        return cls(client, tokenizer, parsers=parsers, max_model_len=max_model_len, **kw)
+
+    # -- in --
+
+    def encode(self, prompt: PromptInput, *, add_special_tokens: bool = True, param: str = "prompt") -> Prompt:
+        """A completion prompt: text (tokenized) or token ids (checked against the vocabulary)."""
+        if isinstance(prompt, Prompt):
+            return prompt
+        if self.tokenizer is None:
+            if isinstance(prompt, str):
+                raise InvalidArgumentError("this LLM has no tokenizer: a prompt must be token ids",
+                                           hint="pass token ids, or build the LLM with the model's tokenizer")
+            return Prompt(list(prompt))
+        return encode_prompt(self.tokenizer, prompt, add_special_tokens=add_special_tokens, param=param)
+
+    def render(self, messages: Sequence[Mapping], tools: Sequence[Mapping] | None = None, *,
+               enable_thinking: bool | None = None, reasoning_effort: str | None = None,
+               chat_template_kwargs: Mapping[str, Any] | None = None, add_generation_prompt: bool = True,
+               continue_final_message: bool = False, documents: Sequence[Mapping] | None = None) -> Prompt:
+        """Chat messages (template format) through the model's chat template, with the thinking
+        controls (``frontend.template_kwargs``' precedence) over the model's template defaults."""
+        kwargs = template_kwargs(self.template_defaults, chat_template_kwargs=chat_template_kwargs,
+                                 enable_thinking=enable_thinking, reasoning_effort=reasoning_effort)
+        return render_chat(self.tokenizer, messages, tools, kwargs=kwargs, add_generation_prompt=add_generation_prompt,
+                           continue_final_message=continue_final_message, chat_template=self.chat_template,
+                           documents=documents)
+
+    # -- run --
+
+    def submit(self, prompts: PromptInput | Sequence[PromptInput], params: SamplingParams | Sequence[SamplingParams]
+               | None = None, *, adapter: str | int | None = None, tools: bool = False,
+               max_tool_calls: int | None = None, reasoning: bool = True) -> Generation:
+        """Start generating: ``params`` is one SamplingParams for all prompts or one per prompt.
+        ``tools``: the prompt offered tools, so tool calls are parsed; ``reasoning``: parse
+        reasoning (``<think>``) when the model has a reasoning parser."""
+        if self.client is None:
+            raise InvalidArgumentError("this model has no engine yet (it is loading)", hint="retry once it has loaded")
+        many = isinstance(prompts, Sequence) and not isinstance(prompts, str) and bool(prompts) \
+            and not isinstance(prompts[0], int)
+        items = [self.encode(p) for p in (prompts if many else [prompts])]
+        if params is None or isinstance(params, SamplingParams):
+            per_prompt = [params or SamplingParams()] * len(items)
+        else:
+            per_prompt = list(params)
+            if len(per_prompt) != len(items):
+                raise InvalidArgumentError(f"{len(per_prompt)} SamplingParams for {len(items)} prompts",
+                                           hint="pass one SamplingParams, or one per prompt")
+        requests, processors = [], []
+        for prompt, p in zip(items, per_prompt):
+            for i in range(p.n):
+                # the engine's copy: one sequence, its own seed; stop strings stay with the processor
+                one = msgspec.structs.replace(p, n=1, seed=None if p.seed is None else p.seed + i, stop=[])
+                requests.append((prompt.token_ids, one))
+                parser = make_output_parser(self.parsers, prompt.text, tools=tools, reasoning=reasoning,
+                                            max_tool_calls=max_tool_calls) if p.detokenize else None
+                processors.append(OutputProcessor(self.tokenizer, p, parser))
+        return Generation(self, requests, processors, adapter)
+
+    def generate(self, prompts: PromptInput | Sequence[PromptInput], params: SamplingParams | Sequence[SamplingParams]
+                 | None = None, **kw) -> list[RequestOutput]:
+        """Blocking: each answer in full, in order (prompt * n + answer)."""
+        with self.submit(prompts, params, **kw) as gen:
+            return gen.result()
+
+    def chat(self, messages: Sequence[Mapping], params: SamplingParams | None = None, *,
+             tools: Sequence[Mapping] | None = None, adapter: str | int | None = None, **render_kw) -> Generation:
+        """``render`` + ``submit``: the conversation's answers, tool calls parsed when tools are offered."""
+        return self.submit(self.render(messages, tools, **render_kw), params, adapter=adapter, tools=bool(tools))
+
+
+class Generation:
+    """The answers of one ``LLM.submit``, as one stream. ``processors[i]`` holds answer i's
+    totals once it ends (``num_tokens``, ``reasoning_tokens``, ``finish_reason``, ``stop_reason``)."""
+
+    def __init__(self, llm: LLM, requests: list[tuple[list[int], SamplingParams]],
+                 processors: list[OutputProcessor], adapter: str | int | None):
+        self.client = client = llm.client
+        self.processors = processors
+        self.request_ids: list = []
+        self._queued = llm.queued  # holds (self, answer index) until the answer's first output
+        self._live: set = set()  # engine requests neither finished nor aborted
+        self._unread = len(processors)  # answers whose last output the consumer has not taken yet
+        self._stream = OutputStream(self._process)
+        try:
+            for i, (prompt_ids, params) in enumerate(requests):
+                self._queued.add((self, i))  # before submit: its first output may come at once
+                rid = client.submit(prompt_ids, params, adapter, stream=self._stream, index=i)
+                self._live.add(rid)
+                self.request_ids.append(rid)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def done(self) -> bool:
+        """Every answer's last output was read."""
+        return self._unread == 0
+
+    # -- the poller's side: one engine step's outputs for this generation --
+
+    def _process(self, outs: list[RequestOutput]) -> list[RequestOutput]:
+        keep = []
+        for out in outs:
+            rid, i = out.request_id, out.index
+            proc = self.processors[i]
+            if proc.num_tokens == 0:
+                self._queued.discard((self, i))
+            if not proc.process(out):
+                continue
+            keep.append(out)
+            if proc.finished:
+                self._live.discard(rid)
+                self._queued.discard((self, i))
+                if proc.stopped_by_string:  # the engine knows only stop tokens: it would go on
+                    self.client.abort(rid)
+                self.client.forget(rid)
+        return keep
+
+    # -- the consumer's side --
+
+    async def next_batch(self, timeout: float | None = None) -> list[RequestOutput]:
+        """Every output that arrived since the last call, waiting for the next engine step's when
+        none has; [] once ``timeout`` seconds pass without one, or when ``done``."""
+        if self._unread == 0:
+            return []
+        return self._read(await self._stream.take(timeout))
+
+    def next_batch_sync(self, timeout: float | None = None) -> list[RequestOutput]:
+        if self._unread == 0:
+            return []
+        return self._read(self._stream.take_sync(timeout))
+
+    def _read(self, outs: list[RequestOutput]) -> list[RequestOutput]:
+        for out in outs:
+            if out.finish_reason is not None:  # each answer's last (process drops anything after it)
+                self._unread -= 1
+        return outs
+
+    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        while not self.done:
+            for out in await self.next_batch():
+                yield out
+
+    def __iter__(self) -> Iterator[RequestOutput]:
+        while not self.done:
+            yield from self.next_batch_sync()
+
+    def result(self, timeout: float | None = None) -> list[RequestOutput]:
+        """Blocking: each answer's outputs summed into one, in answer order."""
+        answers: list[RequestOutput | None] = [None] * len(self.processors)
+        while not self.done:
+            outs = self.next_batch_sync(timeout)
+            if not outs and not self.done:
+                raise TimeoutError(f"no engine output within {timeout} s")
+            for out in outs:
+                if answers[out.index] is None:
+                    answers[out.index] = out
+                else:
+                    answers[out.index].merge(out)
+        return answers
+
+    def abort(self) -> None:
+        """Abort every engine request still running; each answer still ends, with reason "abort"
+        (drain the stream to read it). Idempotent."""
+        live, self._live = list(self._live), set()
+        for rid in live:
+            self.client.abort(rid)
+        for i in range(len(self.processors)):  # an aborted request waits for nothing
+            self._queued.discard((self, i))
+
+    def close(self) -> None:
+        """The consumer is gone: abort what still runs and drop the outputs still to come."""
+        self.abort()
+        for rid in self.request_ids:
+            self.client.forget(rid)
+
+    def __enter__(self) -> Generation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Generation:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
