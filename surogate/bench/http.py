@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,28 +155,34 @@ def write_random_model(model, folder: Path) -> Path:
     return folder
 
 
-@contextmanager
-def surogate_serve(folder: Path, *, device: str, dtype: str, max_num_seqs: int, queue: int,
-                   timeout: float = 900):
-    """`surogate serve FOLDER` on a free loopback port; yields its URL once /health answers."""
+SERVE_CODE = "import sys; sys.argv = ['surogate'] + sys.argv[1:]; from surogate.cli.main import main; main()"
+
+
+def free_port() -> int:
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    code = "import sys; sys.argv = ['surogate'] + sys.argv[1:]; from surogate.cli.main import main; main()"
+        return s.getsockname()[1]
+
+
+@contextmanager
+def surogate_serve(*args: str, timeout: float = 900, show_log: Callable[[str], None] | None = None
+                   ) -> Iterator[str]:
+    """`surogate serve ARGS --port P` on a free loopback port; yields its URL once /health
+    answers 200, stops it after. ``show_log`` gets its output once it has stopped."""
+    port = free_port()
     # -P: the installed surogate (or PYTHONPATH's), never a source folder that happens to be the cwd
-    args = [sys.executable, "-P", "-c", code, "serve", str(folder), "--port", str(port), "--device", device,
-            "--dtype", dtype, "--max-num-seqs", str(max_num_seqs), "--max-queued-requests", str(queue)]
+    argv = [sys.executable, "-P", "-c", SERVE_CODE, "serve", *args, "--port", str(port)]
     with tempfile.TemporaryFile(mode="w+") as log:  # a file: a full pipe would block the server
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
         url = f"http://127.0.0.1:{port}"
         try:
             deadline = time.time() + timeout
             while True:
                 if proc.poll() is not None:
                     log.seek(0)
-                    raise SurogateError(f"surogate serve {folder} exited with {proc.returncode}",
+                    raise SurogateError(f"surogate serve {' '.join(args)} exited with {proc.returncode}",
                                         hint="its output ends:\n" + log.read()[-3000:])
                 try:
                     with urllib.request.urlopen(f"{url}/health", timeout=1) as r:
@@ -184,7 +191,7 @@ def surogate_serve(folder: Path, *, device: str, dtype: str, max_num_seqs: int, 
                 except OSError:
                     pass
                 if time.time() > deadline:
-                    raise SurogateError(f"surogate serve {folder} did not answer /health in {timeout:.0f} s")
+                    raise SurogateError(f"surogate serve {' '.join(args)} did not answer /health in {timeout:.0f} s")
                 time.sleep(0.3)
             yield url
         finally:
@@ -194,6 +201,9 @@ def surogate_serve(folder: Path, *, device: str, dtype: str, max_num_seqs: int, 
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+            if show_log is not None:
+                log.seek(0)
+                show_log(log.read())
 
 
 # ---- the report ---------------------------------------------------------------------------
@@ -294,8 +304,8 @@ def run(model_name: str, *, n: int, prompt_len: int, output_len: int, dtype: str
         if url is not None:
             h = load(url)
         else:
-            with surogate_serve(folder, device=device, dtype=dtype, max_num_seqs=max_num_seqs,
-                                queue=max(1024, n)) as base:
+            with surogate_serve(str(folder), "--device", device, "--dtype", dtype, "--max-num-seqs",
+                                str(max_num_seqs), "--max-queued-requests", str(max(1024, n))) as base:
                 h = load(base)
         eng = None
         if engine:
