@@ -114,7 +114,10 @@ def chat_prompts(path: str | Path, n: int) -> list[str]:
     if not path.is_file():
         raise NotFoundError(f"--dataset {path}: no such file", hint="'random', or a JSON / JSONL chat set")
     text = path.read_text(encoding="utf-8")
-    rows = json.loads(text) if text.lstrip().startswith("[") else [json.loads(x) for x in text.splitlines() if x.strip()]
+    if text.lstrip().startswith("["):
+        rows = json.loads(text)
+    else:  # JSONL
+        rows = [json.loads(x) for x in text.splitlines() if x.strip()]
     prompts = []
     for row in rows:
         turns = row.get("conversations") or row.get("messages") or []
@@ -317,6 +320,7 @@ def run(model_name: str, *, n: int, prompt_len: int, output_len: int, dtype: str
     title = (f"\n{model_name}, {dtype}, {device}: {n} streams x ({prompt_len if dataset == 'random' else 'chat'} "
              f"prompt + {output_len} output tokens), {prompts_are}, {rate}, against {where}")
     if eng is not None:
-        title += "\nengine: the same model in this process, all requests at once, the same --max-num-seqs"
+        same = "model" if url is None or Path(model_name).is_dir() else "shape (random weights)"
+        title += f"\nengine: the same {same} in this process, all requests at once, the same --max-num-seqs"
     print(report(h, eng, title))
     return h

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from surogate.errors import InvalidArgumentError
+from surogate.errors import InvalidArgumentError, OutOfMemoryError
 from surogate.model import Model, load_model
 from surogate.serve.engine_client import EngineClient
 from surogate.serve.model_runner import ProgramRunner
@@ -170,14 +170,21 @@ def profile_memory(model: Model, block_size: int, max_num_seqs: int, max_num_bat
     from surogate import _native
 
     dev = model.device
-    runner = ProgramRunner(model, ProgramRunner.profile_blocks(max_num_batched_tokens, max_num_seqs, block_size),
-                           block_size)
-    kv = sum(_native.allocation_size(a.nbytes) for a in runner.caches.values())
+    runner = None
     try:
+        runner = ProgramRunner(model, ProgramRunner.profile_blocks(max_num_batched_tokens, max_num_seqs, block_size),
+                               block_size)
+        kv = sum(_native.allocation_size(a.nbytes) for a in runner.caches.values())
         step = runner.profile(max_num_batched_tokens, max_num_seqs)
         stats, mem = _native.allocator_stats(dev), _native.device_memory(dev)
+    except OutOfMemoryError as e:  # not even the weights and one step fit beside what others hold
+        raise OutOfMemoryError(
+            f"{dev} cannot hold the weights and a step of the largest bucket (--max-num-seqs {max_num_seqs}, "
+            f"{max_num_batched_tokens} batched tokens) before any KV cache: {e.message}",
+            hint="free the GPU of other processes, lower --max-num-seqs, or use a GPU with more memory") from None
     finally:
-        runner.close()
+        if runner is not None:
+            runner.close()
         _native.empty_cache(dev)  # its blocks are of sizes no one asks for again
     return MemoryProfile(total=mem["total_bytes"],
                          outside=mem["total_bytes"] - mem["free_bytes"] - stats["reserved_bytes"],

@@ -136,3 +136,21 @@ def test_cpu_default_and_explicit_sizes(tmp_path):
         m.client.close()
     with pytest.raises(InvalidArgumentError, match="gpu-memory-utilization"):
         launch(str(path), device="cpu", gpu_memory_utilization=1.5)
+
+
+def test_weights_and_a_step_that_do_not_fit_are_named_as_such(monkeypatch):
+    from types import SimpleNamespace
+
+    from surogate.errors import OutOfMemoryError
+    from surogate.serve import launch as launch_module
+
+    class Full(ProgramRunner):
+        def __init__(self, *args, **kwargs):
+            raise OutOfMemoryError("CUDA out of memory on cuda:0: asked for 1200 MiB, 903 MiB free of 143155 MiB")
+
+    monkeypatch.setattr(launch_module, "ProgramRunner", Full)
+    monkeypatch.setattr(_native, "empty_cache", lambda device: None)  # nothing to give back on this CPU build
+    with pytest.raises(OutOfMemoryError) as e:
+        launch_module.profile_memory(SimpleNamespace(device="cuda:0"), 16, 128, 2048)
+    assert "cuda:0 cannot hold the weights and a step of the largest bucket (--max-num-seqs 128" in e.value.message
+    assert "903 MiB free" in e.value.message and "free the GPU of other processes" in e.value.hint
