@@ -293,15 +293,19 @@ def run(model_name: str, *, n: int, prompt_len: int, output_len: int, dtype: str
             model = random_model(model_name, dtype, seed=seed, device=device)
             if url is None:
                 folder = write_random_model(model, Path(tmp) / model_name)
+        # The warm-up sends prompts of the same shapes that share no prefix with the timed ones:
+        # the same prompts would be served from the prefix cache and skip their prefill.
         if dataset == "random":
             prompts: list = random_prompts(model.spec.vocab_size, n, prompt_len, seed)
+            warm = random_prompts(model.spec.vocab_size, n, prompt_len, seed + 1)
         else:
             prompts = chat_prompts(dataset, n)
+            warm = [f"(warm-up {i}) {p}" for i, p in enumerate(prompts)]
 
         def load(base: str) -> HttpResult:
             name = served_model_name(base, api_key)
             if warmup:  # compiles the Programs of the load's buckets, as the engine's run below does
-                run_load(base, name, prompts, output_len, api_key=api_key, seed=seed)
+                run_load(base, name, warm, output_len, api_key=api_key, seed=seed)
             return run_load(base, name, prompts, output_len, request_rate, api_key, seed)
 
         if url is not None:
