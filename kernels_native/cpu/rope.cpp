@@ -29,9 +29,11 @@
 //      bit except where a cos/sin value differs by an ulp before its rounding to T.
 //   qk_norm_rope_fwd (Qwen3RMSNorm, then RoPE): rstd = 1 / sqrt(sum(x^2) / D + eps) in f32,
 //      n = T(w * T(x * rstd)), y = rope(n) as above. rstd [N, H] is saved in f32.
+//      Attr weight_offset o (0; Gemma3RMSNorm's `1 + w` is o = 1): o != 0 gives
+//      n = T(x * rstd * (w + o)), rounded once, as cpu/norm.cpp does for that case.
 //   qk_norm_rope_bwd works in f32 and rounds once at the store: g = rope_bwd(dy) (unrounded, with
-//      the T-rounded cos/sin of the forward), xhat = x rstd,
-//      dx = rstd (g w - xhat mean(g w xhat)), dw = sum over tokens and heads of g xhat.
+//      the T-rounded cos/sin of the forward), xhat = x rstd, w' = w + o (the forward's offset),
+//      dx = rstd (g w' - xhat mean(g w' xhat)), dw = sum over tokens and heads of g xhat.
 //
 // cos/sin come from a per-call table: one row per position of [min pos, max pos] when that range
 // is shorter than N (packed documents restarting at 0, batches of equal sequences), else one row
@@ -253,6 +255,7 @@ Status qk_norm_rope_fwd(const OpArgs& a) {
   RopeConfig cfg;
   SG_RETURN_IF_ERROR(parse_rope(op, a.attr(), D, &cfg));
   const float eps = static_cast<float>(a.attr().get_float("eps", 1e-6));
+  const float offset = static_cast<float>(a.attr().get_float("weight_offset", 0.0));
   const int64_t R = cfg.rotary_dim;
   const int32_t* pos = a.in(2).ptr<int32_t>();
   SG_DISPATCH_FLOAT(op, x.dtype, T, {
@@ -272,7 +275,7 @@ Status qk_norm_rope_fwd(const OpArgs& a) {
           const T* xr = px + (n * H + h) * D;
           T* yr = py + (n * H + h) * D;
           load_row(xr, xs.data(), D);
-          pr[n * H + h] = norm_rope_head(xs.data(), wf.data(), eps, c, D, R, nb.data(), yr);
+          pr[n * H + h] = norm_rope_head(xs.data(), wf.data(), eps, c, D, R, nb.data(), yr, offset);
         }
       }
     });
@@ -301,6 +304,7 @@ Status qk_norm_rope_bwd(const OpArgs& a) {
   const bool want_dw = a.has_out(1);
   if (want_dw) SG_RETURN_IF_ERROR(check_dw(op, w, a.out(1)));
   const bool accumulate = a.attr().get_bool("accumulate", false);
+  const float offset = static_cast<float>(a.attr().get_float("weight_offset", 0.0));
   RopeConfig cfg;
   SG_RETURN_IF_ERROR(parse_rope(op, a.attr(), D, &cfg));
   const int64_t R = cfg.rotary_dim, half = R / 2;
@@ -315,6 +319,7 @@ Status qk_norm_rope_bwd(const OpArgs& a) {
     float* part = want_dw ? partial.ptr<float>() : nullptr;
     std::vector<float> wf(D);
     load_row(w.ptr<T>(), wf.data(), D);
+    for (float& v : wf) v += offset;  // dx sees w + o; dw does not depend on it
     const T* pdy = dy.ptr<T>();
     const T* px = x.ptr<T>();
     T* pdx = dx.ptr<T>();
@@ -382,9 +387,9 @@ void register_cpu_rope(OpRegistry& reg) {
   add_op(reg, "rope_bwd", 2, 2, 1, rope_bwd,
          (std::string("(dy[N,H,D], pos[N] i32) -> (dx), rotation by -angle; attrs: ") + attrs).c_str());
   add_op(reg, "qk_norm_rope_fwd", 3, 3, 2, qk_norm_rope_fwd,
-         (std::string("(x[N,H,D], w[D], pos[N]) -> (y, rstd[N,H] f32); attrs: eps, ") + attrs).c_str());
+         (std::string("(x[N,H,D], w[D], pos[N]) -> (y, rstd[N,H] f32); attrs: eps, weight_offset, ") + attrs).c_str());
   add_op(reg, "qk_norm_rope_bwd", 5, 5, 2, qk_norm_rope_bwd,
-         (std::string("(dy, x, w, rstd, pos) -> (dx, [dw]); attrs: eps, accumulate, ") + attrs).c_str(),
+         (std::string("(dy, x, w, rstd, pos) -> (dx, [dw]); attrs: eps, weight_offset, accumulate, ") + attrs).c_str(),
          /*min_out=*/1);
 }
 
