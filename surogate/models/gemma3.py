@@ -150,7 +150,6 @@ def gguf_metadata(config: dict, rope: dict) -> dict:
                                    f"({theirs}); a GGUF file cannot say otherwise",
                                    hint="only Gemma 3 configs with llama.cpp's fixed choices can be written as GGUF")
     meta = gguf_config.hyperparameters("gemma3", config, rope)
-    del meta["gemma3.rope.dimension_count"]  # convert_hf_to_gguf.py does not write it for gemma3
     meta["gemma3.attention.sliding_window"] = int(config.get("sliding_window", 4096))
     return meta
 
@@ -189,27 +188,28 @@ FAMILY = Family(
                              intermediate_size=10240, window=1024,
                              rope={"theta": 1_000_000.0, "rope_type": "linear", "factor": 8.0}),
     },
-    # Three layers (sliding, global, sliding) with a window of 4, GQA 4/2, head 16, tied, q/k
+    # Three layers (sliding, global, sliding: pattern 2) with a window of 4, GQA 4/2, head 16, tied, q/k
     # norms; a query scalar that is not head_dim so that its scaling shows; Gemma's template.
     tiny=TinyModel(
         tokenizer="gemma",
         config={"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4,
                 "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 256, "rms_norm_eps": 1e-6,
                 "tie_word_embeddings": True, "sliding_window": 4, "query_pre_attn_scalar": 32,
-                "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+                "sliding_window_pattern": 2,
                 "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
                                     "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
                 "pad_token_id": None},
         bos_token="<bos>",
-        eos_token="<end_of_turn>",
+        eos_token="<eos>",  # as Gemma 3's config (1); generation_config adds <end_of_turn>
         variants={
             "untied-mha-l2": {"tie_word_embeddings": False, "num_key_value_heads": 4, "num_hidden_layers": 2,
                                    "layer_types": ["full_attention", "sliding_attention"]},
         },
         # GGUF: llama.cpp's fixed choices (every 6th layer global, local rope base 10000, query
-        # scalar = head_dim) and head 128 rows of 256 values.
+        # scalar = head_dim), rows of 256 values, head 256 (transformers' GGUF reader keeps
+        # query_pre_attn_scalar's default of 256).
         gguf={"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 2, "num_key_value_heads": 1,
-              "head_dim": 128, "query_pre_attn_scalar": 128, "num_hidden_layers": 2, "layer_types": None,
+              "head_dim": 256, "query_pre_attn_scalar": 256, "num_hidden_layers": 2, "sliding_window_pattern": 6,
               "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
                                   "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
     ),
