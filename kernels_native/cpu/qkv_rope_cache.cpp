@@ -8,7 +8,8 @@
 //   q_out = qk_norm_rope_fwd(q, q_norm), k_cache[slot] = qk_norm_rope_fwd(k, k_norm), v_cache[slot] = v
 // without them:
 //   q_out = rope_fwd(q), k_cache[slot] = rope_fwd(k), v_cache[slot] = v
-// bit for bit (the same helpers, cpu/rope.h, in the same order); attrs: eps and the rope attrs of
+// bit for bit (the same helpers, cpu/rope.h, in the same order); attrs: eps, weight_offset (the
+// norms' `w + offset`, qk_norm_rope_fwd's; Gemma's 1) and the rope attrs of
 // rope_fwd (cpu/rope.cpp's header has the formulas). Slots are kv_cache_write's (cpu/paged_attention.cpp):
 // -1 skips the token's k and v (its q is still computed), anything else outside the cache or a
 // slot used twice is an error raised before anything is written.
@@ -46,6 +47,7 @@ Status qkv_rope_cache(const OpArgs& a) {
   const bool norm = dims.norm;
   const RopeConfig& cfg = dims.rope;
   const float eps = dims.eps;
+  const float offset = static_cast<float>(a.attr().get_float("weight_offset", 0.0));
   const int32_t* pos = a.in(3).ptr<int32_t>();
   const int32_t* slots = sm.ptr<int32_t>();
   SG_RETURN_IF_ERROR(check_slot_mapping(op, slots, N, kc.shape[0], kc.shape[1]));
@@ -74,7 +76,7 @@ Status qkv_rope_cache(const OpArgs& a) {
       auto head = [&](const T* x, T* y, const float* w, const float* c) {
         if (norm) {
           load_row(x, xs.data(), D);
-          norm_rope_head(xs.data(), w, eps, c, D, R, nb.data(), y);
+          norm_rope_head(xs.data(), w, eps, c, D, R, nb.data(), y, offset);
         } else {
           load_row(x, xs.data(), R);
           rotate_pairs(xs.data(), xs.data() + half, c, c + half, 1.0f, y, y + half, half);

@@ -29,9 +29,11 @@
 //      bit except where a cos/sin value differs by an ulp before its rounding to T.
 //   qk_norm_rope_fwd (Qwen3RMSNorm, then RoPE): rstd = 1 / sqrt(sum(x^2) / D + eps) in f32,
 //      n = T(w * T(x * rstd)), y = rope(n) as above. rstd [N, H] is saved in f32.
+//      Attr weight_offset o (0; Gemma3RMSNorm's `1 + w` is o = 1): o != 0 gives
+//      n = T(x * rstd * (w + o)), rounded once, as cpu/norm.cpp does for that case.
 //   qk_norm_rope_bwd works in f32 and rounds once at the store: g = rope_bwd(dy) (unrounded, with
-//      the T-rounded cos/sin of the forward), xhat = x rstd,
-//      dx = rstd (g w - xhat mean(g w xhat)), dw = sum over tokens and heads of g xhat.
+//      the T-rounded cos/sin of the forward), xhat = x rstd, w' = w + o (the forward's offset),
+//      dx = rstd (g w' - xhat mean(g w' xhat)), dw = sum over tokens and heads of g xhat.
 //
 // cos/sin come from a per-call table: one row per position of [min pos, max pos] when that range
 // is shorter than N (packed documents restarting at 0, batches of equal sequences), else one row
@@ -112,6 +114,7 @@ Status qk_norm_rope_fwd(const OpArgs& a) {
   const int64_t N = ra.N, H = ra.H, D = ra.D;
   const RopeConfig& cfg = ra.rope;
   const float eps = ra.eps;
+  const float offset = static_cast<float>(a.attr().get_float("weight_offset", 0.0));
   const int64_t R = cfg.rotary_dim;
   const int32_t* pos = a.in(2).ptr<int32_t>();
   SG_DISPATCH_FLOAT(op, x.dtype, T, {
@@ -131,7 +134,7 @@ Status qk_norm_rope_fwd(const OpArgs& a) {
           const T* xr = px + (n * H + h) * D;
           T* yr = py + (n * H + h) * D;
           load_row(xr, xs.data(), D);
-          pr[n * H + h] = norm_rope_head(xs.data(), wf.data(), eps, c, D, R, nb.data(), yr);
+          pr[n * H + h] = norm_rope_head(xs.data(), wf.data(), eps, c, D, R, nb.data(), yr, offset);
         }
       }
     });
@@ -153,6 +156,7 @@ Status qk_norm_rope_bwd(const OpArgs& a) {
   const bool want_dw = ra.dw != nullptr;
   const bool accumulate = ra.accumulate;
   const RopeConfig& cfg = ra.rope;
+  const float offset = static_cast<float>(a.attr().get_float("weight_offset", 0.0));
   const int64_t R = cfg.rotary_dim, half = R / 2;
   const int32_t* pos = a.in(4).ptr<int32_t>();
   const int64_t blocks = (N + kDwBlock - 1) / kDwBlock;
@@ -165,6 +169,7 @@ Status qk_norm_rope_bwd(const OpArgs& a) {
     float* part = want_dw ? partial.ptr<float>() : nullptr;
     std::vector<float> wf(D);
     load_row(w.ptr<T>(), wf.data(), D);
+    for (float& v : wf) v += offset;  // dx sees w + o; dw does not depend on it
     const T* pdy = dy.ptr<T>();
     const T* px = x.ptr<T>();
     T* pdx = dx.ptr<T>();

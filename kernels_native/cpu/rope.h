@@ -117,13 +117,18 @@ inline float sum_squares(const float* __restrict v, int64_t n) {
 }
 
 // One head of qk_norm_rope_fwd: xs = the head's D values in f32, w = the weight in f32;
-// nb is [D] scratch. Returns rstd = 1 / sqrt(sum(x^2) / D + eps); y = rope(T(w T(x rstd))).
+// nb is [D] scratch. Returns rstd = 1 / sqrt(sum(x^2) / D + eps); y = rope(T(w T(x rstd))), or with
+// a weight offset o != 0 (Gemma's `1 + w`) y = rope(T(x rstd (w + o))).
 template <typename T>
 inline float norm_rope_head(const float* __restrict xs, const float* __restrict w, float eps, const float* c,
-                            int64_t D, int64_t R, float* __restrict nb, T* __restrict y) {
+                            int64_t D, int64_t R, float* __restrict nb, T* __restrict y, float offset = 0.0f) {
   const int64_t half = R / 2;
   const float r = 1.0f / std::sqrt(sum_squares(xs, D) / static_cast<float>(D) + eps);
-  for (int64_t j = 0; j < D; ++j) nb[j] = rnd<T>(rnd<T>(xs[j] * r) * w[j]);
+  if (offset == 0.0f) {  // Qwen3RMSNorm: x rstd rounded to T, then times w
+    for (int64_t j = 0; j < D; ++j) nb[j] = rnd<T>(rnd<T>(xs[j] * r) * w[j]);
+  } else {  // Gemma3RMSNorm: x rstd (w + offset) in f32, rounded once (cpu/norm.cpp's two orders)
+    for (int64_t j = 0; j < D; ++j) nb[j] = rnd<T>(xs[j] * r * (w[j] + offset));
+  }
   rotate_pairs(nb, nb + half, c, c + half, 1.0f, y, y + half, half);
   for (int64_t j = R; j < D; ++j) y[j] = store<T>(nb[j]);
   return r;

@@ -86,7 +86,11 @@ __global__ void rope_kernel(const T* x, const int32_t* pos, T* y, InvFreq inv, f
 // n = T(w T(x rstd)) per head, rstd = 1 / sqrt(sum x^2 / D + eps), then y = rope(n).
 template <typename T>
 __global__ void qk_norm_rope_fwd_kernel(const T* x, const T* w, const int32_t* pos, T* y, float* rstd, InvFreq inv,
-                                        float af, float eps, int64_t N, int H, int64_t D, int64_t half) {
+                                        float af, float eps, float offset, int64_t N, int H, int64_t D, int64_t half) {
+  // offset 0: T(w T(x r)) (Qwen3RMSNorm); else T(x r (w + offset)), one rounding (Gemma3RMSNorm).
+  auto normed = [offset](float xv, float r, float wv) {
+    return offset == 0.0f ? rnd<T>(rnd<T>(xv * r) * wv) : rnd<T>(xv * r * (wv + offset));
+  };
   extern __shared__ float smem[];
   float* fr = smem;
   float* cs = smem + half;
@@ -108,11 +112,11 @@ __global__ void qk_norm_rope_fwd_kernel(const T* x, const T* w, const int32_t* p
       if (lane == 0) rstd[n * H + h] = r;
       __syncwarp();  // every lane's reads of this head precede any write (y may alias x)
       for (int64_t i = lane; i < half; i += 32) {
-        const float a = rnd<T>(rnd<T>(ld(x[off + i]) * r) * ld(w[i]));
-        const float b = rnd<T>(rnd<T>(ld(x[off + i + half]) * r) * ld(w[i + half]));
+        const float a = normed(ld(x[off + i]), r, ld(w[i]));
+        const float b = normed(ld(x[off + i + half]), r, ld(w[i + half]));
         rotate<T>(a, b, cs[i], cs[half + i], y + off + i, y + off + i + half);
       }
-      for (int64_t j = R + lane; j < D; j += 32) y[off + j] = st<T>(rnd<T>(ld(x[off + j]) * r) * ld(w[j]));
+      for (int64_t j = R + lane; j < D; j += 32) y[off + j] = st<T>(normed(ld(x[off + j]), r, ld(w[j])));
     }
   }
 }
@@ -121,8 +125,8 @@ __global__ void qk_norm_rope_fwd_kernel(const T* x, const T* w, const int32_t* p
 // dx = rstd (q - xhat mean(q xhat)), partial[b, :] = sum of g xhat over the block's tokens and heads.
 template <typename T>
 __global__ void qk_norm_rope_bwd_kernel(const T* dy, const T* x, const T* w, const float* rstd, const int32_t* pos,
-                                        T* dx, float* partial, InvFreq inv, float af, int64_t N, int H, int64_t D,
-                                        int64_t half, int64_t tokens_per_block) {
+                                        T* dx, float* partial, InvFreq inv, float af, float offset, int64_t N, int H,
+                                        int64_t D, int64_t half, int64_t tokens_per_block) {
   extern __shared__ float smem[];
   float* fr = smem;
   float* cs = smem + half;
@@ -151,17 +155,17 @@ __global__ void qk_norm_rope_bwd_kernel(const T* dy, const T* x, const T* w, con
         for (int64_t i = lane; i < half; i += 32) {
           const float g1 = ld(dy[off + i]), g2 = ld(dy[off + i + half]), c = cs[i], s = cs[half + i];
           const float ga = g1 * c + g2 * s, gb = g2 * c - g1 * s;
-          dot += ga * ld(w[i]) * (ld(x[off + i]) * r) + gb * ld(w[i + half]) * (ld(x[off + i + half]) * r);
+          dot += ga * (ld(w[i]) + offset) * (ld(x[off + i]) * r) + gb * (ld(w[i + half]) + offset) * (ld(x[off + i + half]) * r);
         }
-        for (int64_t j = R + lane; j < D; j += 32) dot += ld(dy[off + j]) * ld(w[j]) * (ld(x[off + j]) * r);
+        for (int64_t j = R + lane; j < D; j += 32) dot += ld(dy[off + j]) * (ld(w[j]) + offset) * (ld(x[off + j]) * r);
         const float m = warp_sum(dot) * inv_d;
         __syncwarp();  // every lane's reads of this head precede any write (dx may alias dy or x)
         for (int64_t i = lane; i < half; i += 32) {
           const float g1 = ld(dy[off + i]), g2 = ld(dy[off + i + half]), c = cs[i], s = cs[half + i];
           const float ga = g1 * c + g2 * s, gb = g2 * c - g1 * s;
           const float xa = ld(x[off + i]) * r, xb = ld(x[off + i + half]) * r;
-          dx[off + i] = st<T>(r * (ga * ld(w[i]) - xa * m));
-          dx[off + i + half] = st<T>(r * (gb * ld(w[i + half]) - xb * m));
+          dx[off + i] = st<T>(r * (ga * (ld(w[i]) + offset) - xa * m));
+          dx[off + i + half] = st<T>(r * (gb * (ld(w[i + half]) + offset) - xb * m));
           if (partial) {  // columns i and i + half belong to this lane alone
             acc[i] += ga * xa;
             acc[i + half] += gb * xb;
@@ -169,7 +173,7 @@ __global__ void qk_norm_rope_bwd_kernel(const T* dy, const T* x, const T* w, con
         }
         for (int64_t j = R + lane; j < D; j += 32) {
           const float g = ld(dy[off + j]), xh = ld(x[off + j]) * r;
-          dx[off + j] = st<T>(r * (g * ld(w[j]) - xh * m));
+          dx[off + j] = st<T>(r * (g * (ld(w[j]) + offset) - xh * m));
           if (partial) acc[j] += g * xh;
         }
       }
@@ -242,7 +246,7 @@ Status qk_norm_rope_fwd(const OpArgs& a) {
   SG_CUDA_DISPATCH_FLOAT(op, x.dtype, T, {
     qk_norm_rope_fwd_kernel<T><<<grid, 32 * warps_for(H), smem, current_stream()>>>(
         x.ptr<T>(), w.ptr<T>(), a.in(2).ptr<int32_t>(), y.ptr<T>(), rstd.ptr<float>(), cfg.inv, cfg.attention_factor,
-        eps, N, static_cast<int>(H), D, half);
+        eps, static_cast<float>(a.attr().get_float("weight_offset", 0.0)), N, static_cast<int>(H), D, half);
   });
   SG_CUDA_CHECK_LAUNCH();
   return Status::OK();
@@ -287,7 +291,8 @@ Status qk_norm_rope_bwd(const OpArgs& a) {
                                           x.device.index, "the per-warp dw accumulators"));
     qk_norm_rope_bwd_kernel<T><<<grid, 32 * warps, smem, current_stream()>>>(
         dy.ptr<T>(), x.ptr<T>(), w.ptr<T>(), rstd.ptr<float>(), a.in(4).ptr<int32_t>(), dx.ptr<T>(), partial,
-        cfg.inv, cfg.attention_factor, N, static_cast<int>(H), D, half, tokens_per_block);
+        cfg.inv, cfg.attention_factor, static_cast<float>(a.attr().get_float("weight_offset", 0.0)), N,
+        static_cast<int>(H), D, half, tokens_per_block);
   });
   SG_CUDA_CHECK_LAUNCH();
   if (want_dw) SG_RETURN_IF_ERROR(reduce_dw_partials(op, partial, nblocks, D, a.out(1), accumulate));

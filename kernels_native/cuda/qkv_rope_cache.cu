@@ -63,6 +63,7 @@ struct QkvArgs {
   int TC = 1;       // head tasks per CTA and token (all of them when chunks == 1)
   int chunks = 1;   // CTAs per token (TT == 1 when > 1)
   float eps = 0.0f, af = 1.0f;
+  float offset = 0.0f;  // weight_offset: the norms multiply by (w + offset) (Gemma's 1)
 };
 
 // A head in registers. Lane g of its group holds units i = u G + g (u < K) of V elements:
@@ -155,10 +156,11 @@ __device__ __forceinline__ void load_floats(const float* s, float (&o)[V]) {
 
 // y = rope(x), or with NORM y = rope(T(w T(x r))), r = rstd: the rope ops' formulas and roundings
 // (cpu/rope.cpp). cs = the token's cos [half] then sin [half]; w = the norm weight [D] in f32 (both
-// in shared memory, 16-byte aligned on the pack path).
+// in shared memory, 16-byte aligned on the pack path), the weight offset already added; one_round
+// (a weight offset was given, Gemma3RMSNorm): y = rope(T(x r w)) with one rounding.
 template <typename T, int V, int K, bool NORM>
 __device__ __forceinline__ void rope_head(const HeadRegs<T, V, K>& h, const float* w, float r, const float* cs,
-                                          int hv, int dv, int g, int G, T* y) {
+                                          int hv, int dv, int g, int G, T* y, bool one_round) {
   constexpr int C = V % 4 == 0 ? 4 : 1;
   const int half = hv * V, R = 2 * half;
   Pack<T, V>* yu = units<T, V>(y);
@@ -180,8 +182,8 @@ __device__ __forceinline__ void rope_head(const HeadRegs<T, V, K>& h, const floa
         for (int j = 0; j < C; ++j) {
           float xa = ld(h.a[u].v[j0 + j]), xb = ld(h.b[u].v[j0 + j]);
           if constexpr (NORM) {
-            xa = rnd<T>(rnd<T>(xa * r) * wa[j]);
-            xb = rnd<T>(rnd<T>(xb * r) * wb[j]);
+            xa = one_round ? rnd<T>(xa * r * wa[j]) : rnd<T>(rnd<T>(xa * r) * wa[j]);
+            xb = one_round ? rnd<T>(xb * r * wb[j]) : rnd<T>(rnd<T>(xb * r) * wb[j]);
           }
           rotate<T>(xa, xb, c[j], sn[j], &ya.v[j0 + j], &yb.v[j0 + j]);
         }
@@ -197,7 +199,10 @@ __device__ __forceinline__ void rope_head(const HeadRegs<T, V, K>& h, const floa
           float wc[C];
           load_floats<C>(w + R + e + j0, wc);
 #pragma unroll
-          for (int j = 0; j < C; ++j) yc.v[j0 + j] = st<T>(rnd<T>(ld(h.c[u].v[j0 + j]) * r) * wc[j]);
+          for (int j = 0; j < C; ++j) {
+            const float xc = ld(h.c[u].v[j0 + j]);
+            yc.v[j0 + j] = st<T>(one_round ? xc * r * wc[j] : rnd<T>(xc * r) * wc[j]);
+          }
         }
         yu[2 * hv + i] = yc;
       } else {
@@ -243,7 +248,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks) qkv_rope_cache_kernel
     for (int u = threadIdx.x; u < 2 * dv; u += blockDim.x) {
       const Pack<T, V> x = u < dv ? units<T, V>(wq)[u] : units<T, V>(wk)[u - dv];
 #pragma unroll
-      for (int j = 0; j < V; ++j) ws[u * V + j] = ld(x.v[j]);
+      for (int j = 0; j < V; ++j) ws[u * V + j] = ld(x.v[j]) + p.offset;
     }
   }
   // Each (token, frequency) pair of the CTA once. inv.f[i] with a per-thread i replays on the
@@ -262,13 +267,15 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks) qkv_rope_cache_kernel
   // 16-byte aligned on the pack path: 2 half, half and e are multiples of V >= 4 floats.
   const float* c = cs + tt * 2 * half;
   if (task < Hq) {
-    rope_head<T, V, K, NORM>(h, ws, r, c, hv, dv, g, G, static_cast<T*>(p.q_out) + (n * Hq + task) * D);
+    rope_head<T, V, K, NORM>(h, ws, r, c, hv, dv, g, G, static_cast<T*>(p.q_out) + (n * Hq + task) * D,
+                             p.offset != 0.0f);
     return;
   }
   if (slot < 0 || slot >= p.n_slots) return;  // -1: padding; anything else outside: not ours to write
   const int64_t row = static_cast<int64_t>(slot) * Hkv;
   if (task < Hq + Hkv) {
-    rope_head<T, V, K, NORM>(h, ws + D, r, c, hv, dv, g, G, static_cast<T*>(p.kc) + (row + (task - Hq)) * D);
+    rope_head<T, V, K, NORM>(h, ws + D, r, c, hv, dv, g, G, static_cast<T*>(p.kc) + (row + (task - Hq)) * D,
+                             p.offset != 0.0f);
   } else {
     store_head(static_cast<T*>(p.vc) + (row + (task - Hq - Hkv)) * D, hv, dv, g, G, h);
   }
@@ -365,6 +372,7 @@ Status qkv_rope_cache(const OpArgs& a) {
   p.D = static_cast<int>(D);
   p.half = static_cast<int>(half);
   p.eps = dims.eps;
+  p.offset = static_cast<float>(a.attr().get_float("weight_offset", 0.0));
   p.af = cfg.attention_factor;
   bool aligned = true;
   for (const void* ptr : {p.q, p.k, p.v, p.wq, p.wk, static_cast<const void*>(p.q_out),

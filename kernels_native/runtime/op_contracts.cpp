@@ -32,8 +32,8 @@ constexpr OpContract kContracts[] = {
      "(dy, [dh], h, w, rstd) -> (dx = d residual, [dw]); attrs: weight_offset, accumulate"},
     {"rope_fwd", 2, 2, 1, -1, "(x[N,H,D], pos[N] i32) -> (y); attrs: " SG_ROPE_ATTRS},
     {"rope_bwd", 2, 2, 1, -1, "(dy[N,H,D], pos[N] i32) -> (dx), rotation by -angle; attrs: " SG_ROPE_ATTRS},
-    {"qk_norm_rope_fwd", 3, 3, 2, -1, "(x[N,H,D], w[D], pos[N]) -> (y, rstd[N,H] f32); attrs: eps, " SG_ROPE_ATTRS},
-    {"qk_norm_rope_bwd", 5, 5, 2, 1, "(dy, x, w, rstd, pos) -> (dx, [dw]); attrs: eps, accumulate, " SG_ROPE_ATTRS},
+    {"qk_norm_rope_fwd", 3, 3, 2, -1, "(x[N,H,D], w[D], pos[N]) -> (y, rstd[N,H] f32); attrs: eps, weight_offset, " SG_ROPE_ATTRS},
+    {"qk_norm_rope_bwd", 5, 5, 2, 1, "(dy, x, w, rstd, pos) -> (dx, [dw]); attrs: eps, weight_offset, accumulate, " SG_ROPE_ATTRS},
     {"swiglu_fwd", 1, 1, 1, -1, "(gu[N,2F] = [gate, up]) -> (y[N,F] = silu(gate) * up)"},
     {"swiglu_bwd", 2, 2, 1, -1, "(dy[N,F], gu[N,2F]) -> (dgu[N,2F])"},
     {"geglu_fwd", 1, 1, 1, -1, "(gu[N,2F] = [gate, up]) -> (y[N,F] = gelu_tanh(gate) * up)"},
@@ -55,7 +55,7 @@ constexpr OpContract kContracts[] = {
     {"qkv_rope_cache", 5, 7, 3, -1,
      "(q[N,Hq,D], k[N,Hkv,D], v[N,Hkv,D], pos[N] i32, slot_mapping[N] i32, [q_norm[D], k_norm[D]]) -> "
      "(q_out[N,Hq,D], k_cache, v_cache [num_blocks, block_size, Hkv, D], written in place; slot -1 skips); "
-     "attrs: eps, " SG_ROPE_ATTRS},
+     "attrs: eps, weight_offset, " SG_ROPE_ATTRS},
     {"paged_attention", 6, 6, 2, 1,
      "(q[T,Hq,D], k_cache, v_cache, block_tables[S,max_blocks] i32, cu_q[S+1] i32, context_lens[S] i32) -> "
      "(out[T,Hq,D], [lse[T,Hq] f32]); attrs: scale, window, softcap"},

@@ -182,6 +182,15 @@ def _add(c: RuleContext, n: Node, gy: list) -> list:
     return [gy[0] if c.needs(a) else None, gy[0] if c.needs(b) else None]
 
 
+@rule("scale")
+def _scale(c: RuleContext, n: Node, gy: list) -> list:
+    (x,) = n.inputs
+    if c.grad_spec(x) is None:
+        return [None]
+    (dx,) = c.g.node("scale", [gy[0]], [c.grad_spec(x)], **n.attrs)
+    return [dx]
+
+
 @rule("lm_head_ce_fwd")
 def _lm_head_ce(c: RuleContext, n: Node, gy: list) -> list:
     h, w, targets = n.inputs

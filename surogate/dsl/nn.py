@@ -1,4 +1,4 @@
-"""Modules: Linear (with LoRA slices), Attention, MLP, Block, CausalLM.
+"""Modules: Linear (with LoRA slices), Attention, MLP, Block, SandwichBlock, CausalLM.
 
 A module holds configuration; calling it inside a graph declares its parameters (named like
 the HF checkpoint's tensors, so that name tables stay short) and adds its nodes. Building a
@@ -60,12 +60,21 @@ class ModelSpec:
     final_softcap: float = 0.0
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
+    # Gemma: every RMSNorm multiplies by (weight_offset + w), the embedding rows are scaled by
+    # sqrt(hidden) (embed_scale), the attention scores by attn_scale (0: 1 / sqrt(head_dim)), and
+    # sliding-window layers rotate with their own rope (rope_sliding; None: `rope` everywhere).
+    norm_offset: float = 0.0
+    embed_scale: bool = False
+    attn_scale: float = 0.0
+    rope_sliding: dict | None = None
 
     def window(self, layer: int) -> int:
         return self.sliding_windows[layer] if self.sliding_windows else 0
 
-    def rope_attrs(self) -> dict:
-        attrs = dict(self.rope)
+    def rope_attrs(self, layer: int | None = None) -> dict:
+        """The rope attributes of ``layer`` (a sliding-window layer's own when rope_sliding is set)."""
+        sliding = layer is not None and self.rope_sliding is not None and self.window(layer) > 0
+        attrs = dict(self.rope_sliding if sliding else self.rope)
         attrs["rotary_dim"] = self.rotary_dim or self.head_dim
         return attrs
 
@@ -91,13 +100,26 @@ class KVCache:
         return g.input(g.scoped("k_cache"), shape, dtype), g.input(g.scoped("v_cache"), shape, dtype)
 
 
-def pre_norm(x: Value, residual: Value | None, w: Value, eps: float, name: str) -> tuple[Value, Value]:
+def pre_norm(x: Value, residual: Value | None, w: Value, eps: float, name: str,
+             weight_offset: float = 0.0) -> tuple[Value, Value]:
     """(rmsnorm(x + residual) * w, x + residual): the input of a block's attention or MLP, with
     the residual add folded in, and the residual stream after this point. residual None (a
-    model's first layer): rmsnorm(x) * w, and the stream is x itself."""
+    model's first layer): rmsnorm(x) * w, and the stream is x itself. ``weight_offset``: the
+    norm multiplies by (weight_offset + w) (Gemma's 1)."""
     if residual is None:
-        return ops.rmsnorm(x, w, eps, name=name), x
-    return ops.add_rmsnorm(x, residual, w, eps, name=name)
+        return ops.rmsnorm(x, w, eps, name=name, weight_offset=weight_offset), x
+    return ops.add_rmsnorm(x, residual, w, eps, name=name, weight_offset=weight_offset)
+
+
+def round_to(value: float, dtype: str) -> float:
+    """``value`` rounded to ``dtype`` (nearest, ties to even), as torch's ``tensor(value).to(dtype)``."""
+    import numpy as np
+
+    if dtype == "bfloat16":
+        bits = int(np.array(value, np.float32).view(np.uint32))
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return float(np.array(bits, np.uint32).view(np.float32))
+    return float(np.float16(value)) if dtype == "float16" else float(np.float32(value))
 
 
 class Linear:
@@ -151,7 +173,7 @@ class Attention:
         q = ops.view(self.q(g, x, dtype, lora), (n, Hq, D))
         k = ops.view(self.k(g, x, dtype, lora), (n, Hkv, D))
         v = ops.view(self.v(g, x, dtype, lora), (n, Hkv, D))
-        rope = s.rope_attrs()
+        rope = s.rope_attrs(self.layer)
         qn = kn = None
         if s.qk_norm:
             qn = g.param("self_attn.q_norm.weight", (D,), dtype, trainable=lora is None)
@@ -159,18 +181,19 @@ class Attention:
         if kv is not None:  # serving: rope, the cache write and attention over the cache
             k_cache, v_cache = kv.layer(g, s, dtype)
             q = ops.qkv_rope_cache(q, k, v, pos, kv.slots, k_cache, v_cache, rope, q_norm=qn, k_norm=kn,
-                                   eps=s.rms_norm_eps, name="q_rope")
+                                   eps=s.rms_norm_eps, weight_offset=s.norm_offset, name="q_rope")
             o = ops.paged_attention(q, k_cache, v_cache, kv.block_tables, kv.cu_q, kv.context_lens,
-                                    window=s.window(self.layer), softcap=s.attn_softcap, name="attn")
+                                    scale=s.attn_scale, window=s.window(self.layer), softcap=s.attn_softcap,
+                                    name="attn")
         else:
             if s.qk_norm:
-                q = ops.qk_norm_rope(q, qn, pos, s.rms_norm_eps, rope, name="q_rope")
-                k = ops.qk_norm_rope(k, kn, pos, s.rms_norm_eps, rope, name="k_rope")
+                q = ops.qk_norm_rope(q, qn, pos, s.rms_norm_eps, rope, name="q_rope", weight_offset=s.norm_offset)
+                k = ops.qk_norm_rope(k, kn, pos, s.rms_norm_eps, rope, name="k_rope", weight_offset=s.norm_offset)
             else:
                 q = ops.rope(q, pos, rope, name="q_rope")
                 k = ops.rope(k, pos, rope, name="k_rope")
-            o = ops.attention(q, k, v, cu, causal=True, window=s.window(self.layer), softcap=s.attn_softcap,
-                              name="attn")
+            o = ops.attention(q, k, v, cu, causal=True, scale=s.attn_scale, window=s.window(self.layer),
+                              softcap=s.attn_softcap, name="attn")
         o = ops.view(o, (n, Hq * D))
         return self.o(g, o, dtype, lora)
 
@@ -209,13 +232,43 @@ class Block:
         return self.mlp(g, y, dtype, lora), h
 
 
+class SandwichBlock:
+    """Gemma's decoder block: each of attention and MLP between a pre-norm and a post-norm (its
+    output normed before it joins the residual stream), HF's input_layernorm /
+    post_attention_layernorm around attention and pre_feedforward_layernorm /
+    post_feedforward_layernorm around the MLP, each times (spec.norm_offset + w). Returns
+    (delta, residual) like Block: the normed MLP output is added by the next block's first norm."""
+
+    def __init__(self, spec: ModelSpec, layer: int):
+        self.spec, self.layer = spec, layer
+        self.attn = Attention(spec, layer)
+        self.mlp = MLP(spec)
+
+    def __call__(self, g: Graph, x: Value, residual: Value | None, pos: Value, cu: Value, dtype: str,
+                 lora: LoRAConfig | None, kv: KVCache | None = None) -> tuple[Value, Value]:
+        s = self.spec
+        eps, off = s.rms_norm_eps, s.norm_offset
+
+        def norm_weight(name: str) -> Value:
+            return g.param(f"{name}.weight", (s.hidden_size,), dtype, trainable=lora is None)
+
+        y, h = pre_norm(x, residual, norm_weight("input_layernorm"), eps, "ln1", off)
+        a = ops.rmsnorm(self.attn(g, y, pos, cu, dtype, lora, kv), norm_weight("post_attention_layernorm"), eps,
+                        name="attn_post_norm", weight_offset=off)
+        y, h = pre_norm(a, h, norm_weight("pre_feedforward_layernorm"), eps, "ln2", off)
+        m = ops.rmsnorm(self.mlp(g, y, dtype, lora), norm_weight("post_feedforward_layernorm"), eps,
+                        name="mlp_post_norm", weight_offset=off)
+        return m, h
+
+
 class CausalLM:
     """Embedding, blocks, final norm and head. `build` traces a graph for training (per-token
-    loss, fused with the head) or for logits (inference and tests)."""
+    loss, fused with the head) or for logits (inference and tests). ``block``: the decoder block
+    class (Block; Gemma's SandwichBlock)."""
 
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, block: type = Block):
         self.spec = spec
-        self.blocks = [Block(spec, i) for i in range(spec.num_layers)]
+        self.blocks = [block(spec, i) for i in range(spec.num_layers)]
 
     def build(self, *, mode: str = "train", dtype: str = "float32", lora: LoRAConfig | None = None,
               ce_chunk: int = 4096, kv: KVCache | None = None, quant: dict[str, int] | None = None) -> Graph:
@@ -227,6 +280,12 @@ class CausalLM:
         if (mode == "serve") != (kv is not None):
             raise ValueError("mode 'serve' and a KV cache go together")
         s = self.spec
+        if s.final_softcap and mode != "train":
+            from surogate.errors import UnsupportedError
+
+            raise UnsupportedError(f"{s.family}: final logit soft-capping ({s.final_softcap}) is applied in training "
+                                   f"only; mode {mode!r} has no op for it yet",
+                                   hint="train with it, or set final_logit_softcapping to null for inference")
         if lora is not None and lora.dropout > 0 and mode != "train":
             lora = dataclasses.replace(lora, dropout=0.0)  # dropout only in training graphs
         g = Graph(f"{s.family}-{mode}")
@@ -244,6 +303,8 @@ class CausalLM:
             cu = g.input("cu_seqlens", (Dim("S1"),), "int32")
         emb = g.param("embed_tokens.weight", (s.vocab_size, s.hidden_size), dtype, trainable=lora is None)
         x = ops.embedding(ids, emb, name="embed")
+        if s.embed_scale:  # HF multiplies by sqrt(hidden) rounded to the embedding's dtype
+            x = ops.scale(x, round_to(math.sqrt(s.hidden_size), dtype), name="embed_scaled")
         residual = None
         for i, block in enumerate(self.blocks):
             with g.scope(f"layers.{i}"):
@@ -253,7 +314,7 @@ class CausalLM:
             rows = g.input("logits_rows", (Dim("R"),), "int32")
             x = ops.embedding(rows, x, name="x_rows")
             residual = ops.embedding(rows, residual, name="residual_rows")
-        y, _ = ops.add_rmsnorm(x, residual, fn, s.rms_norm_eps, name="final_norm")
+        y, _ = ops.add_rmsnorm(x, residual, fn, s.rms_norm_eps, name="final_norm", weight_offset=s.norm_offset)
         head = emb if s.tie_word_embeddings else g.param("lm_head.weight", (s.vocab_size, s.hidden_size), dtype,
                                                          trainable=lora is None)
         if mode == "train":

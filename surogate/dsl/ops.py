@@ -178,11 +178,19 @@ def rope(x: Value, pos: Value, rope_attrs: dict, name: str = "rope") -> Value:
     return y
 
 
-def qk_norm_rope(x: Value, w: Value, pos: Value, eps: float, rope_attrs: dict, name: str = "qk") -> Value:
+def _offset_attr(weight_offset: float) -> dict:
+    # Only a non-zero offset is written, so that the graphs of families without one stay as pinned
+    # (tests/compile/fuse_golden.json).
+    return {"weight_offset": float(weight_offset)} if weight_offset else {}
+
+
+def qk_norm_rope(x: Value, w: Value, pos: Value, eps: float, rope_attrs: dict, name: str = "qk",
+                 weight_offset: float = 0.0) -> Value:
+    """Per-head RMSNorm (times ``w + weight_offset``), then rope."""
     N, H, D = x.shape
     y, _ = _g(x).node("qk_norm_rope_fwd", [x, w, pos],
                       [(name, x.shape, x.dtype), (name + ".rstd", (N, H), "float32")],
-                      eps=float(eps), **rope_attrs)
+                      eps=float(eps), **_offset_attr(weight_offset), **rope_attrs)
     return y
 
 
@@ -207,7 +215,7 @@ def kv_cache_write(k: Value, v: Value, slots: Value, k_cache: Value, v_cache: Va
 
 def qkv_rope_cache(q: Value, k: Value, v: Value, pos: Value, slots: Value, k_cache: Value, v_cache: Value,
                    rope_attrs: dict, *, q_norm: Value | None = None, k_norm: Value | None = None, eps: float = 1e-6,
-                   name: str = "q_rope") -> Value:
+                   weight_offset: float = 0.0, name: str = "q_rope") -> Value:
     """Serving: rope on q and k (each head RMS-normed first when q_norm / k_norm are given), k and
     v stored at their cache slots (slot -1: skip), all in one op. Returns the roped q. Forward
     only: autodiff refuses it (serving graphs are not differentiated)."""
@@ -216,7 +224,8 @@ def qkv_rope_cache(q: Value, k: Value, v: Value, pos: Value, slots: Value, k_cac
     _check((q_norm is None) == (k_norm is None), f"qkv_rope_cache {name}: give both q_norm and k_norm or neither")
     norms = [q_norm, k_norm] if q_norm is not None else []
     q_out, _, _ = _g(q).node("qkv_rope_cache", [q, k, v, pos, slots, *norms],
-                             [(name, q.shape, q.dtype), k_cache, v_cache], eps=float(eps), **rope_attrs)
+                             [(name, q.shape, q.dtype), k_cache, v_cache], eps=float(eps),
+                             **_offset_attr(weight_offset), **rope_attrs)
     return q_out
 
 
@@ -244,6 +253,12 @@ def swiglu(gu: Value, name: str = "act") -> Value:
 def geglu(gu: Value, name: str = "act") -> Value:
     N, F2 = gu.shape
     (y,) = _g(gu).node("geglu_fwd", [gu], [(name, (N, F2 // 2), gu.dtype)])
+    return y
+
+
+def scale(x: Value, alpha: float, name: str = "scale") -> Value:
+    """alpha * x, rounded to x's dtype (Gemma's embedding times sqrt(hidden))."""
+    (y,) = _g(x).node("scale", [x], [(name, x.shape, x.dtype)], alpha=float(alpha))
     return y
 
 

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 class GGUFName:
     gguf: str
     rope_rows: str | None = None  # "q" / "k": rows in llama.cpp's interleaved rope order
+    shift: float = 0.0  # the GGUF value is the HF value plus this (Gemma's norms: llama.cpp adds the 1)
 
 
 class GGUFNameTable:
@@ -57,7 +58,7 @@ class GGUFNameTable:
         for pat, g in self._forward:
             m = pat.match(hf_name)
             if m:
-                return GGUFName(g.gguf.format(**m.groupdict()), g.rope_rows)
+                return GGUFName(g.gguf.format(**m.groupdict()), g.rope_rows, g.shift)
         return None
 
     def to_hf(self, gguf_name: str) -> str | None:
@@ -108,6 +109,14 @@ class GGUFWeights:
         return t, rope_rows(t.shape[0], heads_for(name.rope_rows, self.config), to_gguf=False)
 
     def values(self, hf_name: str, dtype: str = "float32") -> np.ndarray:
+        shift = self.table.to_gguf(hf_name).shift
+        if shift:  # in f32, then to dtype: one rounding, as transformers' reader (weights - 1) has it
+            from surogate.io.gguf import _np_dtype
+
+            return (self._values(hf_name, "float32") - np.float32(shift)).astype(_np_dtype(dtype))
+        return self._values(hf_name, dtype)
+
+    def _values(self, hf_name: str, dtype: str) -> np.ndarray:
         t, order = self.tensor(hf_name)
         if order is None:
             return t.dequantize(dtype)
@@ -116,6 +125,9 @@ class GGUFWeights:
         return t.dequantize(dtype, rows=order)
 
     def blocks(self, hf_name: str) -> GGUFTensor:
+        if self.table.to_gguf(hf_name).shift:
+            raise UnsupportedError(f"{hf_name}: stored shifted (llama.cpp adds Gemma's 1); it cannot be kept as blocks",
+                                   hint="dequantize it instead")
         t, order = self.tensor(hf_name)
         if len(t.shape) != 2:
             raise UnsupportedError(f"{t.name}: only 2-D weights are kept as blocks", hint="dequantize it instead")
@@ -179,6 +191,8 @@ def plan_gguf_tensors(family: Family, config: dict, tensors: Mapping[str, Callab
         if g is None:
             raise UnsupportedError(f"{source}: tensor {hf_name} has no GGUF name in the {family.name} table",
                                    hint="the checkpoint has a part the GGUF writer does not know; please report it")
+        if g.shift:
+            read = (lambda r=read, shift=g.shift: np.asarray(r(), np.float32) + np.float32(shift))
         named[g.gguf] = (read, g.rope_rows)
     if not tied and "output.weight" not in named:
         raise FileFormatError(f"{source}: no lm_head.weight, and the config does not tie the embeddings",

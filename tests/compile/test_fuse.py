@@ -12,7 +12,7 @@ import pytest
 from surogate.compile import Executable, fuse_serving
 from surogate.dsl import Graph, ops
 from surogate.dsl.graph import Dim
-from surogate.dsl.nn import CausalLM, KVCache, LoRAConfig, ModelSpec
+from surogate.dsl.nn import CausalLM, KVCache, LoRAConfig, ModelSpec, SandwichBlock
 from surogate.errors import InvalidArgumentError
 
 N = Dim("N")
@@ -250,6 +250,43 @@ def test_a_fused_serving_program_computes_the_plain_ones_numbers(fuse_qkv):
         for kind in ("weight", "bias"):
             weights[f"layers.{i}.self_attn.qkv_proj.{kind}"] = np.concatenate(
                 [weights[f"layers.{i}.self_attn.{p}_proj.{kind}"] for p in "qkv"])
+    fused = fuse_serving(build())
+    assert {"add_rmsnorm_matmul", "gated_matmul"} <= set(ops_of(fused))
+    np.testing.assert_array_equal(run_serving_step(fused, weights, spec), run_serving_step(plain, weights, spec))
+
+
+# ---- Gemma's sandwich block: (1 + w) norms, post-norms -------------------------------------------
+def gemma_spec() -> ModelSpec:
+    return tiny_spec(family="gemma3", qk_norm=True, activation="gelu_pytorch_tanh", norm_offset=1.0,
+                     embed_scale=True, attn_scale=0.3, sliding_windows=[4, 0],
+                     rope_sliding={"theta": 10000.0, "rope_type": "default"})
+
+
+def test_gemma_pre_norms_fold_with_their_offset_and_the_post_norms_stay():
+    spec = gemma_spec()
+    L = spec.num_layers
+    g = fuse_serving(CausalLM(spec, block=SandwichBlock).build(mode="serve", kv=KVCache(4, 4, True)))
+    fused = [n for n in g.nodes if n.op == "add_rmsnorm_matmul"]
+    # each layer's input norm into qkv and pre-feedforward norm into gate_up, the (1 + w) kept
+    assert len(fused) == 2 * L and {n.attrs["weight_offset"] for n in fused} == {1.0}
+    post = [n for n in g.nodes if n.op == "rmsnorm_fwd"]  # the post-norms read attention / the MLP, feed the stream
+    assert sorted(n.outputs[0].name for n in post) == sorted(
+        f"layers.{i}.{k}_post_norm" for i in range(L) for k in ("attn", "mlp"))
+    assert {n.attrs["weight_offset"] for n in post} == {1.0}
+    assert ops_of(g).count("gated_matmul") == L
+    assert {n.attrs["weight_offset"] for n in g.nodes if n.op == "qkv_rope_cache"} == {1.0}
+
+
+@pytest.mark.parametrize("fuse_qkv", [False, True])
+def test_a_fused_gemma_serving_program_computes_the_plain_ones_numbers(fuse_qkv):
+    spec = gemma_spec()
+    build = lambda: CausalLM(spec, block=SandwichBlock).build(mode="serve", kv=KVCache(4, 4, fuse_qkv))  # noqa: E731
+    plain = build()
+    rng = np.random.default_rng(1)
+    weights = {p.name: rng.normal(0, 0.3, p.shape).astype(np.float32) for p in plain.params()}
+    for i in range(spec.num_layers):
+        weights[f"layers.{i}.self_attn.qkv_proj.weight"] = np.concatenate(
+            [weights[f"layers.{i}.self_attn.{p}_proj.weight"] for p in "qkv"])
     fused = fuse_serving(build())
     assert {"add_rmsnorm_matmul", "gated_matmul"} <= set(ops_of(fused))
     np.testing.assert_array_equal(run_serving_step(fused, weights, spec), run_serving_step(plain, weights, spec))

@@ -16,17 +16,20 @@ from sgtest.engine import engine, generate  # noqa: E402
 from sgtest.tiny_models import make_model  # noqa: E402
 from surogate import _native  # noqa: E402
 from surogate.errors import UnsupportedError  # noqa: E402
-from surogate.models import REGISTRY  # noqa: E402
+from surogate.models import REGISTRY, family_named  # noqa: E402
 from surogate.models.gguf_names import quantize_to_gguf  # noqa: E402
 
-# K-quants need rows of 256 values: a hidden size and MLP width that are multiples of 256.
+# K-quants need rows of 256 values: a hidden size and MLP width that are multiples of 256. A
+# family's own GGUF overrides (Family.tiny.gguf) win: what its llama.cpp architecture fixes (Gemma 3's
+# query scalar = head_dim) and transformers' GGUF reader assumes.
 SHAPE = {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
          "head_dim": 64, "num_hidden_layers": 2}
 
 
 @pytest.fixture(scope="module", params=[f.name for f in REGISTRY])
 def folder(request, tmp_path_factory):
-    return make_model(request.param, tmp_path_factory.mktemp(request.param), seed=4, initializer_range=0.05, **SHAPE)
+    return make_model(request.param, tmp_path_factory.mktemp(request.param), seed=4, initializer_range=0.05,
+                      **{**SHAPE, **family_named(request.param).tiny.gguf})
 
 
 def gguf(folder, qtype: str):

@@ -22,6 +22,7 @@ from sgtest import tiny_models
 
 import surogate
 from surogate.errors import FileFormatError, NotFoundError, UnsupportedError
+from surogate.dsl.nn import SandwichBlock
 from surogate.io import GGUFFile, Tokenizer, save_hf_tokenizer, save_safetensors
 from surogate.io.gguf_writer import QUANT_TYPES, tensor_type, use_more_bits
 from surogate.models import REGISTRY, config_from_gguf, family_named
@@ -37,7 +38,7 @@ FILE_TYPES = {"F32": 0, "F16": 1, "BF16": 32, "Q8_0": 7, "Q6_K": 18, "Q5_K_M": 1
 TEXT = "Hello world! The quick brown fox jumps over the lazy dog, again and again."
 FAMILIES = [f.name for f in REGISTRY]
 # What llama.cpp's converter writes for the tokenizer styles of the tiny models: (pre-tokenizer, add BOS).
-TOKENIZER = {"llama3": ("llama-bpe", True), "chatml": ("qwen2", False)}
+TOKENIZER = {"llama3": ("llama-bpe", True), "chatml": ("qwen2", False), "gemma": ("qwen2", True)}
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +77,9 @@ def test_metadata_read_back_by_gguf_py(tiny, family):
         config["num_attention_heads"], config["num_key_value_heads"])
     head_dim = config.get("head_dim") or 256 // config["num_attention_heads"]
     assert meta[f"{a}.attention.key_length"] == meta[f"{a}.rope.dimension_count"] == head_dim
-    theta = (config.get("rope_parameters") or {}).get("rope_theta", config.get("rope_theta"))  # v5 / v4 config
+    rope = config.get("rope_parameters") or {}
+    rope = rope.get("full_attention", rope)  # v5 per-kind (Gemma 3: the global layers' base is the file's)
+    theta = rope.get("rope_theta", config.get("rope_theta"))  # v5 / v4 config
     assert meta[f"{a}.rope.freq_base"] == theta
     assert meta[f"{a}.attention.layer_norm_rms_epsilon"] == pytest.approx(config["rms_norm_eps"])
     assert meta[f"{a}.context_length"] == config["max_position_embeddings"]
@@ -101,6 +104,8 @@ def test_metadata_read_back_by_gguf_py(tiny, family):
         expected |= {f"blk.{i}.attn_{n}_norm.weight" for i in range(2) for n in ("q", "k")}
     if model.attention_bias:
         expected |= {f"blk.{i}.attn_{n}.bias" for i in range(2) for n in ("q", "k", "v")}
+    if isinstance(family_named(family).architecture(model).blocks[0], SandwichBlock):  # Gemma's post-norms
+        expected |= {f"blk.{i}.{n}_post_norm.weight" for i in range(2) for n in ("attn", "ffn")}
     assert names == expected
 
 
@@ -153,12 +158,12 @@ def test_stored_weights_close_to_the_source(tiny, qtype):
         for t in GGUFReader(files[qtype]).tensors:
             hf_name = table.to_hf(t.name)
             want = source[hf_name]
-            got = gguf_dequantize(t.data, t.tensor_type).reshape(want.shape)
+            got = gguf_dequantize(t.data, t.tensor_type).reshape(want.shape) - table.to_gguf(hf_name).shift
             kind = table.to_gguf(hf_name).rope_rows
             if kind:
                 heads = config["num_key_value_heads" if kind == "k" else "num_attention_heads"]
                 got = got[rope_rows(len(got), heads, to_gguf=False)]
-            err = np.sqrt(np.mean((got - want) ** 2) / np.mean(want ** 2))
+            err = np.sqrt(np.mean((got - want) ** 2) / (np.mean(want ** 2) or 1.0))  # Gemma's norms start at 0
             assert err <= REL_RMS[t.tensor_type.name], (family, t.name, t.tensor_type.name, err)
 
 

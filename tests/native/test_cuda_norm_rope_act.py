@@ -207,6 +207,21 @@ def test_qk_norm_rope_bwd(dtype, rope, dw_mode):
           accumulate=dw_mode == "accumulate", **ROPE[rope])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rope", ["default", "partial-1e6"])
+def test_qk_norm_rope_weight_offset(dtype, rope):
+    """Gemma's (1 + w): the forward's single rounding and the backward through w + 1, as the CPU."""
+    D = 64
+    pos = positions("random")
+    x, w, dy = rand((N, H, D), dtype, 1, 3.0), rand((D,), dtype, 2), rand((N, H, D), dtype, 4)
+    check("qk_norm_rope_fwd", [x, w, pos], [((N, H, D), dtype), ((N, H), "float32")], [dtype, "float32-sum"],
+          eps=1e-6, weight_offset=1.0, **ROPE[rope])
+    _, rstd = run_cpu("qk_norm_rope_fwd", [x, w, pos], [((N, H, D), dtype), ((N, H), "float32")], weight_offset=1.0,
+                      **ROPE[rope])
+    check("qk_norm_rope_bwd", [dy, x, w, rstd, pos], [((N, H, D), dtype), rand((D,), dtype, 5)], [dtype, dtype],
+          weight_offset=1.0, **ROPE[rope])
+
+
 def test_qk_norm_rope_head_dim_128_many_tokens():
     # Qwen3's head dim, 16 heads (two per warp), enough tokens for several per dw partial.
     n, h, d = 4500, 16, 128

@@ -68,6 +68,13 @@ def test_matches_cpu(dtype, norm, rope):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d,r", [(256, 256), (64, 32), (72, 72)])
+def test_weight_offset_matches_cpu(dtype, d, r):
+    """Gemma's (1 + w) norms (head 256 as Gemma 3's, a partial rotary, single-element units)."""
+    check(make_case(3, 19, 8, 4, d, dtype, num_blocks=12), True, weight_offset=1.0, rotary_dim=r, theta=10_000.0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("norm", [True, False])
 @pytest.mark.parametrize("d,r", [(128, 128), (80, 32), (128, 64), (256, 256), (64, 2), (34, 34), (72, 72), (512, 512),
                                  (96, 48)])

@@ -51,6 +51,14 @@ def test_equals_the_ops_it_fuses(dtype, norm, rope):
     assert_same(fused(c, norm, eps=1e-5, **ROPE[rope]), composed(c, norm, eps=1e-5, **ROPE[rope]))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_weight_offset_equals_the_ops_it_fuses(dtype):
+    """Gemma's (1 + w) norms: weight_offset reaches both norms, with qk_norm_rope_fwd's rounding."""
+    c = make_case(2, 11, 4, 2, 64, dtype)
+    assert_same(fused(c, True, weight_offset=1.0, theta=10_000.0), composed(c, True, weight_offset=1.0, theta=10_000.0))
+    assert not all(np.array_equal(a, b) for a, b in zip(fused(c, True, weight_offset=1.0), fused(c, True)))
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("norm", [True, False])
 @pytest.mark.parametrize("d,r", [(80, 32), (128, 64), (64, 2), (128, 128)])

@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb, rotate_half
+from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 from sgtest.ops import as_dtype, assert_close, finite_difference, run_op, sample_indices
@@ -147,6 +148,28 @@ def test_qk_norm_rope_fwd_matches_qwen3(D, positions, dtype):
         assert_matches_hf_low_precision(y, expected.float().numpy(), dtype)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_qk_norm_rope_fwd_weight_offset_matches_gemma3(dtype):
+    """weight_offset 1: Gemma3RMSNorm's x rstd (1 + w), rounded once, then rope."""
+    rng = np.random.default_rng(5)
+    pos = POSITIONS["packed"](rng).astype(np.int32)
+    N, H, D, theta, eps = len(pos), 4, 64, 10_000.0, 1e-6
+    x = as_dtype(3.0 * rng.standard_normal((N, H, D)), dtype)
+    w = as_dtype(0.3 * rng.standard_normal(D), dtype)
+    tdt = TORCH_DTYPE[dtype]
+    norm = Gemma3RMSNorm(D, eps=eps).to(tdt)
+    with torch.no_grad():
+        norm.weight.copy_(torch.from_numpy(w.astype(np.float32)))
+        cos, sin = hf_cos_sin(pos, D, {"rope_type": "default", "rope_theta": theta}, tdt)
+        expected = hf_rope(norm(torch.from_numpy(x.astype(np.float32)).to(tdt)), cos, sin)
+    y, _ = run_op("qk_norm_rope_fwd", [x, w, pos], [((N, H, D), dtype), ((N, H), "float32")], theta=theta,
+                  eps=eps, weight_offset=1.0)
+    if dtype == "float32":
+        assert_close(y, expected.numpy(), rtol=1e-5, atol=2e-5)
+    else:
+        assert_matches_hf_low_precision(y, expected.float().numpy(), dtype)
+
+
 # ---- backward -------------------------------------------------------------------------------
 
 
@@ -229,6 +252,23 @@ def test_qk_norm_rope_bwd_matches_autograd_f64(R, dtype):
     acc32 = np.ones(D, np.float32)
     run_op("qk_norm_rope_bwd", [dy, x, w, rstd, pos], [np.zeros_like(x), acc32], accumulate=True, **attrs)
     assert_close(acc32, 1.0 + wt.grad.numpy(), "float32", rtol=1e-4, atol=1e-4)
+
+
+def test_qk_norm_rope_bwd_weight_offset_is_the_shifted_weight():
+    """weight_offset o: dx is the backward through w + o, dw the same sum as without it (f32: exact)."""
+    rng = np.random.default_rng(8)
+    x, dy = rng.standard_normal((2, 7, 3, 32)).astype(np.float32)
+    w = (0.3 * rng.standard_normal(32)).astype(np.float32)
+    pos = np.arange(7, dtype=np.int32)
+    outs = [(x.shape, "float32"), ((7, 3), "float32")]
+    y, rstd = run_op("qk_norm_rope_fwd", [x, w, pos], outs, weight_offset=1.0)
+    y1, rstd1 = run_op("qk_norm_rope_fwd", [x, w + 1, pos], outs)
+    np.testing.assert_allclose(y, y1, rtol=1e-6, atol=1e-6)
+    dx, dw = run_op("qk_norm_rope_bwd", [dy, x, w, rstd, pos], [(x.shape, "float32"), ((32,), "float32")],
+                    weight_offset=1.0)
+    dx1, dw1 = run_op("qk_norm_rope_bwd", [dy, x, w + 1, rstd1, pos], [(x.shape, "float32"), ((32,), "float32")])
+    np.testing.assert_array_equal(dx, dx1)
+    np.testing.assert_array_equal(dw, dw1)
 
 
 def test_qk_norm_rope_bwd_finite_differences():

@@ -199,6 +199,26 @@ CHATML_TEMPLATE = """{%- if tools %}
 {%- endif %}
 """
 
+# Gemma 3's template, shortened: a system turn folds into the first user turn; the assistant is "model".
+GEMMA_TEMPLATE = """{{- bos_token }}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set first_user_prefix = messages[0]['content'] + '\\n\\n' %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set first_user_prefix = "" %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+{%- for message in loop_messages %}
+    {%- set role = "model" if message['role'] == 'assistant' else message['role'] %}
+    {{- '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else "") }}
+    {{- message['content'] | trim }}
+    {{- '<end_of_turn>\\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<start_of_turn>model\\n' }}
+{%- endif %}
+"""
+
 STYLES = {
     "llama3": dict(
         pattern=LLAMA3_PATTERN,
@@ -221,6 +241,16 @@ STYLES = {
         eos=["<|im_end|>", "<|endoftext|>"],
         template=CHATML_TEMPLATE,
     ),
+    "gemma": dict(
+        pattern=QWEN_PATTERN,
+        special=["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"],
+        plain=[],
+        config=dict(bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>",
+                    tokenizer_class="PreTrainedTokenizerFast", clean_up_tokenization_spaces=False),
+        eos=["<eos>", "<end_of_turn>"],
+        template=GEMMA_TEMPLATE,
+        bos="<bos>",  # the tokenizer adds it, as Gemma's does
+    ),
 }
 
 
@@ -242,8 +272,8 @@ def build_tokenizer(style: str = "llama3") -> Tokenizer:
         tok.model.ignore_merges = True  # as in Llama 3's tokenizer.json
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in s["special"]])
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in s["plain"]])
-    if style == "llama3":
-        bos = s["special"][0]
+    if style in ("llama3", "gemma"):
+        bos = s.get("bos", s["special"][0])
         tok.post_processor = processors.Sequence([
             processors.ByteLevel(trim_offsets=False),
             processors.TemplateProcessing(single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
@@ -270,8 +300,8 @@ def make_tokenizer(path: str | Path, style: str = "llama3") -> Path:
               "model_max_length": 131072}
     _write_json(path / "tokenizer_config.json", config)
     generation = {"eos_token_id": [tok.token_to_id(t) for t in s["eos"]]}
-    if style == "llama3":
-        generation["bos_token_id"] = tok.token_to_id("<|begin_of_text|>")
+    if style in ("llama3", "gemma"):
+        generation["bos_token_id"] = tok.token_to_id(s.get("bos", "<|begin_of_text|>"))
     gen_path = path / "generation_config.json"
     if gen_path.exists():  # keep what save_pretrained wrote, with our eos ids
         generation = {**json.loads(gen_path.read_text()), **generation}

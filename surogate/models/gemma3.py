@@ -1,0 +1,216 @@
+"""Gemma 3 (text: Gemma3ForCausalLM, model_type gemma3_text; the language model of the 4B and
+larger checkpoints has the same layout).
+
+What Gemma adds to the dense decoder: the sandwich block (dsl/nn.py SandwichBlock: a pre- and a
+post-norm around attention and around the MLP), every RMSNorm times (1 + w) (qk-norm too), the
+embedding rows scaled by sqrt(hidden) in the embedding's dtype, attention scores scaled by
+query_pre_attn_scalar**-0.5, GeGLU, sliding-window layers interleaved with global ones
+(layer_types, else every sliding_window_pattern-th layer global), each kind with its own rope
+(rope_local_base_freq on sliding layers; rope_theta and rope_scaling on global ones), and
+the final logits soft-capped where the config sets it (in training; Gemma 3 does not set it).
+attn_logit_softcapping is refused: transformers' Gemma 3 ignores it and llama.cpp refuses it.
+
+In GGUF (llama.cpp's convert_hf_to_gguf.py Gemma3Model): architecture "gemma3", NEOX rope (q/k
+rows in HF's order), every norm weight stored with the 1 already added (GGUFName.shift), the
+four block norms as attn_norm / attn_post_norm / ffn_norm / ffn_post_norm. llama.cpp keeps only
+the global rope base and the window; it fixes the rest for the architecture (every 6th layer
+global, local rope base 10000, attention scale head_dim**-0.5 but for the 27B's 62 layers,
+(hidden / heads)**-0.5), so a file is read with those and a config that differs is refused at
+write time rather than written as a file llama.cpp would run differently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from surogate.dsl import nn
+from surogate.errors import ConfigError, UnsupportedError
+from surogate.io import gguf_config
+from surogate.models import decoder
+from surogate.models.family import ChatDefaults, Family, GGUFArchitecture, TinyModel
+from surogate.models.gguf_names import GGUFName, GGUFNameTable
+from surogate.models.name_table import Direct, NameTable
+
+NORM_OFFSET = 1.0  # Gemma3RMSNorm: x * rstd * (1 + w)
+PATTERN = 6  # transformers' default sliding_window_pattern, and llama.cpp's fixed one
+LOCAL_THETA = 10000.0  # rope_local_base_freq's default, and llama.cpp's fixed one
+
+
+def layer_types(cfg: dict) -> list[str]:
+    """Each layer's attention kind: the config's layer_types, else every sliding_window_pattern-th
+    layer full attention (HF's rule)."""
+    n = int(cfg["num_hidden_layers"])
+    types = cfg.get("layer_types")
+    if types is None:
+        pattern = int(cfg.get("sliding_window_pattern") or PATTERN)
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
+    if len(types) != n or not set(types) <= {"sliding_attention", "full_attention"}:
+        raise ConfigError(f"config.json: layer_types must give sliding_attention or full_attention for each of the "
+                          f"{n} layers, got {types}", hint="check config.json")
+    return list(types)
+
+
+def _ropes(cfg: dict) -> tuple[dict, dict]:
+    """(global rope, sliding rope) in our attributes, from v5's per-kind rope_parameters or v4's
+    rope_theta + rope_scaling (global) and rope_local_base_freq (sliding)."""
+    params = cfg.get("rope_parameters") or {}
+    if "full_attention" in params or "sliding_attention" in params:
+        full = dict(params.get("full_attention") or {})
+        sliding = dict(params.get("sliding_attention") or {})
+        full.setdefault("rope_theta", cfg.get("rope_theta", 1_000_000.0))
+        sliding.setdefault("rope_theta", cfg.get("rope_local_base_freq", LOCAL_THETA))
+        return (decoder.rope_from_config({"rope_parameters": {"rope_type": "default", **full}}),
+                decoder.rope_from_config({"rope_parameters": {"rope_type": "default", **sliding}}))
+    glob = decoder.rope_from_config({"rope_theta": cfg.get("rope_theta", 1_000_000.0), "rope_parameters": params,
+                                     "rope_scaling": cfg.get("rope_scaling")})
+    return glob, {"theta": float(cfg.get("rope_local_base_freq", LOCAL_THETA)), "rope_type": "default"}
+
+
+def spec_from_config(cfg: dict) -> nn.ModelSpec:
+    if cfg.get("attn_logit_softcapping"):
+        # transformers' Gemma3Attention never passes it to attention, and llama.cpp's converter
+        # refuses it: there is no reference for what it would mean.
+        raise UnsupportedError("config.json: attn_logit_softcapping is set, which Gemma 3 does not use "
+                               "(transformers ignores it, llama.cpp refuses it)",
+                               hint="set it to null, as Gemma 3's own configs have it")
+    if cfg.get("use_bidirectional_attention"):
+        raise UnsupportedError("config.json: use_bidirectional_attention (EmbeddingGemma) is not supported",
+                               hint="only causal Gemma 3 language models run here")
+    types = layer_types(cfg)
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
+    glob, sliding = _ropes(cfg)
+    head_dim = int(cfg.get("head_dim") or 256)
+    base = {**cfg, "hidden_act": act, "head_dim": head_dim, "layer_types": types, "rope_parameters": None,
+            "rope_scaling": None, "tie_word_embeddings": cfg.get("tie_word_embeddings", True),
+            "sliding_window": cfg.get("sliding_window", 4096)}
+    spec = decoder.spec_from_config(base, "gemma3", qk_norm=True)
+    return dataclasses.replace(
+        spec, rope=glob, rope_sliding=sliding, norm_offset=NORM_OFFSET, embed_scale=True,
+        attn_scale=float(cfg.get("query_pre_attn_scalar", head_dim)) ** -0.5,
+        final_softcap=float(cfg.get("final_logit_softcapping") or 0.0))
+
+
+_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
+
+
+def hf_name_table() -> NameTable:
+    t = decoder.hf_name_table(qk_norm=True)
+    L = "model.layers.{i}."
+    extra = {f"layers.{{i}}.{n}.weight": Direct(f"{L}{n}.weight") for n in _NORMS}
+    return NameTable({**t.entries, **extra})
+
+
+_GGUF_NORMS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "attn_post_norm",
+               "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "ffn_post_norm",
+               "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+
+
+def gguf_tensor_table() -> GGUFNameTable:
+    """llama.cpp's Gemma 3 names; its converter adds Gemma's 1 to every norm weight."""
+    e = dict(decoder.gguf_tensor_table(rope_permuted=False, qk_norm=True).entries)
+    L, B = "model.layers.{i}.", "blk.{i}."
+    for hf, gg in _GGUF_NORMS.items():
+        e[f"{L}{hf}.weight"] = GGUFName(f"{B}{gg}.weight", shift=NORM_OFFSET)
+    e["model.norm.weight"] = GGUFName("output_norm.weight", shift=NORM_OFFSET)
+    return GGUFNameTable(e)
+
+
+def _llama_cpp_scalar(layers: int, hidden: int, heads: int, head_dim: int) -> int:
+    # llama.cpp's f_attention_scale for gemma3: (hidden / heads)**-0.5 for the 27B (62 layers),
+    # head_dim**-0.5 otherwise.
+    return hidden // heads if layers == 62 else head_dim
+
+
+def config_from_gguf(gf) -> dict:
+    cfg = gguf_config.hf_config(gf, "Gemma3ForCausalLM", "gemma3_text")
+    n = cfg["num_hidden_layers"]
+    window = gf.get("gemma3.attention.sliding_window")
+    cfg.update(
+        hidden_activation="gelu_pytorch_tanh", hidden_act="gelu_pytorch_tanh",
+        sliding_window=int(window) if window is not None else 4096,
+        layer_types=["sliding_attention" if (i + 1) % PATTERN else "full_attention" for i in range(n)],
+        rope_local_base_freq=LOCAL_THETA,
+        query_pre_attn_scalar=_llama_cpp_scalar(n, cfg["hidden_size"], cfg["num_attention_heads"], cfg["head_dim"]))
+    return cfg
+
+
+def gguf_metadata(config: dict, rope: dict) -> dict:
+    spec = spec_from_config(config)
+    fixed = {
+        "layer_types": (layer_types(config),
+                        ["sliding_attention" if (i + 1) % PATTERN else "full_attention" for i in range(spec.num_layers)]),
+        "rope_local_base_freq": (spec.rope_sliding, {"theta": LOCAL_THETA, "rope_type": "default"}),
+        "query_pre_attn_scalar": (round(spec.attn_scale ** -2, 6),
+                                  _llama_cpp_scalar(spec.num_layers, spec.hidden_size, spec.num_heads, spec.head_dim)),
+        "final_logit_softcapping": (spec.final_softcap, 0.0),
+    }
+    for key, (ours, theirs) in fixed.items():
+        if ours != theirs:
+            raise UnsupportedError(f"config.json: {key} is not what llama.cpp's gemma3 architecture fixes it to "
+                                   f"({theirs}); a GGUF file cannot say otherwise",
+                                   hint="only Gemma 3 configs with llama.cpp's fixed choices can be written as GGUF")
+    meta = gguf_config.hyperparameters("gemma3", config, rope)
+    meta["gemma3.attention.sliding_window"] = int(config.get("sliding_window", 4096))
+    return meta
+
+
+def _shape(**kw) -> dict:
+    """A bench shape: Gemma 3's fixed choices around the real config's numbers."""
+    layers, window = kw.pop("num_layers"), kw.pop("window")
+    return dict(num_layers=layers, head_dim=256, rms_norm_eps=1e-6, qk_norm=True, tie_word_embeddings=True,
+                activation="gelu_pytorch_tanh", norm_offset=NORM_OFFSET, embed_scale=True, attn_scale=256 ** -0.5,
+                sliding_windows=[window if (i + 1) % PATTERN else 0 for i in range(layers)],
+                rope_sliding={"theta": LOCAL_THETA, "rope_type": "default"}, **kw)
+
+
+FAMILY = Family(
+    name="gemma3",
+    hf_architectures=("Gemma3ForCausalLM",),
+    model_types=("gemma3_text",),
+    spec_from_config=spec_from_config,
+    architecture=lambda spec: nn.CausalLM(spec, block=nn.SandwichBlock),
+    name_table=hf_name_table,
+    gguf=GGUFArchitecture(
+        name="gemma3",
+        tensors=gguf_tensor_table,
+        config_from_gguf=config_from_gguf,
+        metadata=gguf_metadata,
+    ),
+    # Gemma's template (<start_of_turn>user ... <end_of_turn>) shows no tool-call or reasoning
+    # format of its own: nothing to assume.
+    chat=ChatDefaults(),
+    bench_shapes={
+        # google/gemma-3-1b-it's config.json.
+        "gemma-3-1b": _shape(vocab_size=262144, hidden_size=1152, num_layers=26, num_heads=4, num_kv_heads=1,
+                             intermediate_size=6912, window=512, rope={"theta": 1_000_000.0, "rope_type": "default"}),
+        # google/gemma-3-4b-it's text_config.
+        "gemma-3-4b": _shape(vocab_size=262208, hidden_size=2560, num_layers=34, num_heads=8, num_kv_heads=4,
+                             intermediate_size=10240, window=1024,
+                             rope={"theta": 1_000_000.0, "rope_type": "linear", "factor": 8.0}),
+    },
+    # Three layers (sliding, global, sliding: pattern 2) with a window of 4, GQA 4/2, head 16, tied, q/k
+    # norms; a query scalar that is not head_dim so that its scaling shows; Gemma's template.
+    tiny=TinyModel(
+        tokenizer="gemma",
+        config={"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 256, "rms_norm_eps": 1e-6,
+                "tie_word_embeddings": True, "sliding_window": 4, "query_pre_attn_scalar": 32,
+                "sliding_window_pattern": 2,
+                "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+                                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+                "pad_token_id": None},
+        bos_token="<bos>",
+        eos_token="<eos>",  # as Gemma 3's config (1); generation_config adds <end_of_turn>
+        variants={
+            "untied-mha-l2": {"tie_word_embeddings": False, "num_key_value_heads": 4, "num_hidden_layers": 2,
+                                   "layer_types": ["full_attention", "sliding_attention"]},
+        },
+        # GGUF: llama.cpp's fixed choices (every 6th layer global, local rope base 10000, query
+        # scalar = head_dim), rows of 256 values, head 256 (transformers' GGUF reader keeps
+        # query_pre_attn_scalar's default of 256).
+        gguf={"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 2, "num_key_value_heads": 1,
+              "head_dim": 256, "query_pre_attn_scalar": 256, "num_hidden_layers": 2, "sliding_window_pattern": 6,
+              "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                  "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+    ),
+)
