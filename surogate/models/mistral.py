@@ -61,22 +61,23 @@ FAMILY = Family(
                            head_dim=128, intermediate_size=14336, rms_norm_eps=1e-5, tie_word_embeddings=False,
                            rope={"theta": 1000000.0, "rope_type": "default"}),
     },
-    # Two layers, GQA 4/2, untied, v0.1's sliding window shrunk to 8 tokens (shorter than the
-    # parity tests' sequences); a Mistral-style tokenizer ([INST], [TOOL_CALLS]).
+    # Mistral-7B-v0.1 shrunk: two layers, GQA 4/2, untied, rope base 1e4, its sliding window cut to
+    # 8 tokens (shorter than the parity tests' sequences); a Mistral-style tokenizer ([INST], [TOOL_CALLS]).
     tiny=TinyModel(
         tokenizer="mistral",
         config={"hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2, "num_attention_heads": 4,
-                "num_key_value_heads": 2, "max_position_embeddings": 256, "rope_theta": 1000000.0,
+                "num_key_value_heads": 2, "max_position_embeddings": 256, "rope_theta": 10000.0,
                 "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "sliding_window": 8},
         bos_token="<s>",
         eos_token="</s>",
+        vocab_multiple=128,  # as Mistral's vocabularies are (32000, 32768, 131072)
         variants={
-            # v0.2 / v0.3: no window; Nemo's head_dim apart from hidden / heads.
-            "full-hd32-gqa4": {"sliding_window": None, "head_dim": 32, "num_attention_heads": 4,
+            # v0.3: no window, rope base 1e6; Nemo's head_dim apart from hidden / heads.
+            "full-hd32-gqa4": {"sliding_window": None, "rope_theta": 1000000.0, "head_dim": 32, "num_attention_heads": 4,
                                "num_key_value_heads": 1, "num_hidden_layers": 3},
             "w3-mha": {"sliding_window": 3, "num_key_value_heads": 4},
         },
-        # The GGUF file has no window (llama.cpp's llama has none): the GGUF checks run v0.3's config.
+        # The GGUF file has no window (llama.cpp's llama has none): the GGUF checks run without one.
         gguf={"hidden_size": 256, "intermediate_size": 512, "sliding_window": None},
     ),
 )

@@ -37,7 +37,13 @@ FILE_TYPES = {"F32": 0, "F16": 1, "BF16": 32, "Q8_0": 7, "Q6_K": 18, "Q5_K_M": 1
 TEXT = "Hello world! The quick brown fox jumps over the lazy dog, again and again."
 FAMILIES = [f.name for f in REGISTRY]
 # What llama.cpp's converter writes for the tokenizer styles of the tiny models: (pre-tokenizer, add BOS).
-TOKENIZER = {"llama3": ("llama-bpe", True), "chatml": ("qwen2", False)}
+TOKENIZER = {"llama3": ("llama-bpe", True), "chatml": ("qwen2", False), "mistral": ("llama-bpe", True)}
+# Families whose GGUF files transformers' GGUF loader cannot read, and why; our reader is checked
+# against gguf-py and against the HF folder for them all the same.
+TRANSFORMERS_CANNOT_READ = {
+    "mistral": "transformers renames a 'llama' GGUF whose general.name says Mistral to an architecture 'mistral' "
+               "that its gguf-py lacks (NotImplementedError), llama.cpp's own Mistral files included",
+}
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +185,9 @@ def test_our_loader_on_our_gguf(tiny, family):
     assert model.config["tie_word_embeddings"] is reference.spec.tie_word_embeddings
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", [
+    pytest.param(f, marks=pytest.mark.skip(reason=TRANSFORMERS_CANNOT_READ[f])) if f in TRANSFORMERS_CANNOT_READ else f
+    for f in FAMILIES])
 def test_transformers_reads_our_gguf_as_we_do(tiny, family):
     """transformers' GGUF loader (its own reader of llama.cpp's names, row order and metadata)
     gives the logits our loader gives from the same file."""

@@ -259,7 +259,7 @@ STYLES = {
     "mistral": dict(
         pattern=LLAMA3_PATTERN,
         special=["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]",
-                 "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[ARGS]"],
+                 "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[ARGS]", "[CALL_ID]"],
         plain=[],
         config=dict(bos_token="<s>", eos_token="</s>", unk_token="<unk>", tokenizer_class="LlamaTokenizerFast",
                     clean_up_tokenization_spaces=False, legacy=False),
@@ -284,8 +284,8 @@ def build_tokenizer(style: str = "llama3") -> Tokenizer:
     trainer = trainers.BpeTrainer(vocab_size=400, min_frequency=1, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(CORPUS, trainer)
-    if style == "llama3":
-        tok.model.ignore_merges = True  # as in Llama 3's tokenizer.json
+    if style in ("llama3", "mistral"):
+        tok.model.ignore_merges = True  # as in Llama 3's tokenizer.json (and what llama.cpp's llama-bpe assumes)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in s["special"]])
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in s["plain"]])
     if s.get("bos"):
