@@ -90,3 +90,37 @@ def test_a_window_gguf_cannot_hold_is_said_and_runs_full(tmp_path, family, windo
     a, b = gguf_model.forward(ids), hf_model.forward(ids)
     np.testing.assert_allclose(a[:8], b[:8], atol=1e-5, rtol=0)  # within the window: the same model
     assert np.abs(a[8:] - b[8:]).max() > 1e-4
+
+
+def test_qwen2_biases_through_gguf(tmp_path):
+    """transformers starts biases at zero; with values, they travel into the GGUF (F32, as
+    llama.cpp keeps 1-D tensors), read back by transformers' GGUF loader and ours, and are added
+    after gguf_matmul when the weights stay GGML blocks."""
+    torch = pytest.importorskip("torch")
+    import transformers
+
+    f = family_named("qwen2")
+    folder = tiny_models.make_model("qwen2", tmp_path / "m", seed=4, initializer_range=0.05, **f.tiny.gguf)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            if name.endswith(".bias"):
+                p.copy_(torch.randn(p.shape, generator=gen))
+    ref.save_pretrained(folder)
+    ids = list(range(1, 30))
+    want = surogate.load_model(folder).forward(ids)
+    f32 = quantize_to_gguf(folder, tmp_path / "m.f32.gguf", "F32")
+    np.testing.assert_allclose(surogate.load_model(f32).forward(ids), want, atol=1e-5, rtol=0)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=f32.name, dtype=torch.float32)
+    with torch.no_grad():
+        np.testing.assert_allclose(hf(torch.tensor([ids])).logits[0].numpy(), want, atol=1e-4, rtol=0)
+    q8 = quantize_to_gguf(folder, tmp_path / "m.q8.gguf", "Q8_0")
+    deq, blk = surogate.load_model(q8), surogate.load_model(q8, quantized=True)
+    assert "layers.0.self_attn.q_proj.weight" in blk.quant
+    a, b = deq.forward(ids), blk.forward(ids)
+    assert np.abs(a - b).max() < 0.05 * np.abs(a).max()
+    # Without the biases the answer is far off: the bound above would catch a dropped add.
+    no_bias = surogate.load_model(folder)
+    no_bias.params.update({n: np.zeros_like(v) for n, v in no_bias.params.items() if n.endswith(".bias")})
+    assert np.abs(no_bias.forward(ids) - a).max() > 0.2 * np.abs(a).max()
