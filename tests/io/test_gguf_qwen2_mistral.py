@@ -13,7 +13,7 @@ import logging
 import numpy as np
 import pytest
 from gguf import GGUFReader, get_tensor_name_map
-from gguf.constants import MODEL_ARCH, MODEL_ARCH_NAMES
+from gguf.constants import MODEL_ARCH_NAMES
 from sgtest import tiny_models
 
 import surogate

@@ -3,10 +3,11 @@
 Detection reads what the template writes, since that is what the model was trained to answer
 in: a template that renders ``<tool_call>`` gets the Hermes parser, one that speaks of
 ``<|python_tag|>`` / ``"parameters"`` under Llama 3 headers gets Llama 3 JSON, one that writes
-``[TOOL_CALLS]`` gets Mistral's, one that writes ``<think>`` gets the reasoning parser. Where the template does not show it, the model family's
-defaults decide (``Family.chat``, in the family's file: Qwen templates that take tools answer in
-Hermes tags). The names are vLLM's and SGLang's, so a flag copied from their documentation works
-here (``--reasoning-parser qwen3 --tool-call-parser hermes``).
+``[TOOL_CALLS]`` gets Mistral's, one that writes ``<think>`` gets the reasoning parser. Where
+the template does not show it, the model family's defaults decide (``Family.chat``, in the
+family's file: Qwen templates that take tools answer in Hermes tags). The names are vLLM's and
+SGLang's, so a flag copied from their documentation works here (``--reasoning-parser qwen3
+--tool-call-parser hermes``).
 """
 
 from __future__ import annotations
