@@ -139,6 +139,12 @@ class _Lowering:
         y, *ts = (self.buf(v) for v in n.outputs)
         if w.dtype == "uint8":  # GGML blocks, multiplied without dequantizing them first
             self.emit("gguf_matmul", [x, w], [y], n, type=n.inputs[1].meta["ggml_type"])
+            if bias is not None:  # y += ones[N, 1] @ bias[1, Cout] (Qwen2's q/k/v biases stay f32 in GGUF)
+                N, Cout = y.shape
+                ones = self.temp("ones.col", (N, 1), y.dtype)
+                self.emit("fill", [], [ones], n, value=1.0)
+                b2 = self.new_buf(Buf(bias.name + ".row", (1, Cout), bias.dtype, "view", base=bias))
+                self.emit("matmul", [ones, b2], [y], n, beta=1.0)
         else:
             self.emit("matmul", [x, w, bias], [y], n, trans_b=1)
         rng, dattrs = self.lora_dropout(n)

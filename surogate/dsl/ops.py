@@ -90,7 +90,6 @@ def linear(x: Value, w: Value, bias: Value | None = None, lora: list[LoRASlice] 
         qtype = w.meta["ggml_type"]
         _check(Cin_w == row_bytes(qtype, Cin), f"linear {name}: {w.name} rows of {Cin_w} bytes do not hold {Cin} "
                                                 f"values of GGML type {qtype}")
-        _check(bias is None, f"linear {name}: a bias beside a quantized weight is not supported")
     else:
         _check(Cin == Cin_w, f"linear {name}: input width {Cin} != weight {w.name} {w.shape}")
     lora = lora or []

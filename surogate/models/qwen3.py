@@ -25,9 +25,8 @@ FAMILY = Family(
         metadata=lambda config, rope: gguf_config.hyperparameters("qwen3", config, rope),
     ),
     # Qwen templates offer tools in the system turn and answer in <tool_call> JSON (Hermes); some
-    # speak of tools without showing the tag. Qwen2 / 2.5 and Qwen3-MoE share that, until they
-    # have files of their own.
-    chat=ChatDefaults(reasoning_parser="qwen3", tool_parser="hermes", model_types=("qwen2", "qwen3")),
+    # speak of tools without showing the tag. Qwen3-MoE shares that (qwen2.py has Qwen2's).
+    chat=ChatDefaults(reasoning_parser="qwen3", tool_parser="hermes", model_types=("qwen3",)),
     bench_shapes={
         "qwen3-0.6b": dict(vocab_size=151936, hidden_size=1024, num_layers=28, num_heads=16,
                            num_kv_heads=8, head_dim=128, intermediate_size=3072, rms_norm_eps=1e-6, qk_norm=True,

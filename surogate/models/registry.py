@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from surogate.errors import UnsupportedError
-from surogate.models import gemma3, llama, qwen3
+from surogate.models import gemma3, llama, mistral, qwen2, qwen3
 from surogate.models.family import ChatDefaults, Family
 
 if TYPE_CHECKING:
@@ -16,6 +16,8 @@ if TYPE_CHECKING:
 REGISTRY: tuple[Family, ...] = (
     llama.FAMILY,
     qwen3.FAMILY,
+    qwen2.FAMILY,
+    mistral.FAMILY,
     gemma3.FAMILY,
 )
 

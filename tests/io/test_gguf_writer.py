@@ -38,7 +38,14 @@ FILE_TYPES = {"F32": 0, "F16": 1, "BF16": 32, "Q8_0": 7, "Q6_K": 18, "Q5_K_M": 1
 TEXT = "Hello world! The quick brown fox jumps over the lazy dog, again and again."
 FAMILIES = [f.name for f in REGISTRY]
 # What llama.cpp's converter writes for the tokenizer styles of the tiny models: (pre-tokenizer, add BOS).
-TOKENIZER = {"llama3": ("llama-bpe", True), "chatml": ("qwen2", False), "gemma": ("qwen2", True)}
+TOKENIZER = {"llama3": ("llama-bpe", True), "chatml": ("qwen2", False), "mistral": ("llama-bpe", True),
+             "gemma": ("qwen2", True)}
+# Families whose GGUF files transformers' GGUF loader cannot read, and why; our reader is checked
+# against gguf-py and against the HF folder for them all the same.
+TRANSFORMERS_CANNOT_READ = {
+    "mistral": "transformers renames a 'llama' GGUF whose general.name says Mistral to an architecture 'mistral' "
+               "that its gguf-py lacks (NotImplementedError), llama.cpp's own Mistral files included",
+}
 
 
 @pytest.fixture(scope="module")
@@ -118,8 +125,8 @@ def test_tensor_types_follow_the_recipe(tiny, qtype):
         tied = json.loads((folder / "config.json").read_text())["tie_word_embeddings"]
         types = {t.name: t.tensor_type.name for t in GGUFReader(files[qtype]).tensors}
         for name, got in types.items():
-            if name.endswith("norm.weight"):
-                want = "F32"
+            if name.endswith(("norm.weight", ".bias")):
+                want = "F32"  # 1-D tensors stay F32, as llama.cpp's converter keeps them
             elif name == ("token_embd.weight" if tied else "output.weight"):
                 want = head  # the head: output, or the tied embedding
             elif name in ("blk.1.attn_v.weight", "blk.1.ffn_down.weight"):
@@ -163,7 +170,8 @@ def test_stored_weights_close_to_the_source(tiny, qtype):
             if kind:
                 heads = config["num_key_value_heads" if kind == "k" else "num_attention_heads"]
                 got = got[rope_rows(len(got), heads, to_gguf=False)]
-            err = np.sqrt(np.mean((got - want) ** 2) / (np.mean(want ** 2) or 1.0))  # Gemma's norms start at 0
+            # (transformers starts biases at zero: a zero tensor must come back zero)
+            err = np.sqrt(np.mean((got - want) ** 2) / max(np.mean(want ** 2), 1e-30))
             assert err <= REL_RMS[t.tensor_type.name], (family, t.name, t.tensor_type.name, err)
 
 
@@ -184,7 +192,9 @@ def test_our_loader_on_our_gguf(tiny, family):
     assert model.config["tie_word_embeddings"] is reference.spec.tie_word_embeddings
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", [
+    pytest.param(f, marks=pytest.mark.skip(reason=TRANSFORMERS_CANNOT_READ[f])) if f in TRANSFORMERS_CANNOT_READ else f
+    for f in FAMILIES])
 def test_transformers_reads_our_gguf_as_we_do(tiny, family):
     """transformers' GGUF loader (its own reader of llama.cpp's names, row order and metadata)
     gives the logits our loader gives from the same file."""

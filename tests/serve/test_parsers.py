@@ -16,6 +16,7 @@ from surogate.serve.detokenizer import IncrementalDetokenizer
 from surogate.serve.parsers import (
     HermesToolParser,
     Llama3JsonToolParser,
+    MistralToolParser,
     OutputParser,
     ParserChoice,
     ThinkReasoningParser,
@@ -32,7 +33,7 @@ SEED = 1234
 @pytest.fixture(scope="module")
 def tokenizers(tmp_path_factory):
     return {style: Tokenizer.from_folder(tiny_models.make_tokenizer(tmp_path_factory.mktemp(style), style))
-            for style in ("chatml", "llama3")}
+            for style in ("chatml", "llama3", "mistral")}
 
 
 def collect(parser: OutputParser, chunks) -> dict:
@@ -247,6 +248,66 @@ def test_json_call_scanner_reports_progress():
     assert bad.failed
 
 
+# -- Mistral tool calls ------------------------------------------------------------------------
+
+MISTRAL_CASES = [
+    # (name, text, content, calls, needs the special tokens in the text)
+    ("v3 single", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]', "",
+     calls(("get_weather", {"city": "Paris"})), False),
+    ("v3 parallel",
+     '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_time", '
+     '"arguments": {"tz": "CET"}}]', "", calls(("get_weather", {"city": "Paris"}), ("get_time", {"tz": "CET"})), False),
+    ("v3 with an id and arguments first",
+     '[TOOL_CALLS][{"arguments": {"q": "a]}"}, "name": "search", "id": "a1b2c3d4e"}]', "",
+     calls(("search", '{"q": "a]}"}')), False),
+    ("v3 no arguments", '[TOOL_CALLS][{"name": "now"}]', "", calls(("now", "{}")), False),
+    ("v3 after text", 'Let me look.\n\n[TOOL_CALLS][{"name": "f", "arguments": {"a": 1}}]', "Let me look.",
+     calls(("f", {"a": 1})), True),
+    ("v3 cut off", '[TOOL_CALLS][{"name": "f", "arguments": {"city": "Par', "", calls(("f", '{"city": "Par')), False),
+    ("v11 single", '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}', "", calls(("get_weather", {"city": "Paris"})),
+     True),
+    ("v11 parallel, text around",
+     'Sure.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{"tz": "CET"} Done.',
+     "Sure.Done.", calls(("get_weather", {"city": "Paris"}), ("get_time", {"tz": "CET"})), True),
+    ("v11 call id", '[TOOL_CALLS]f[CALL_ID]a1b2c3d4e[ARGS]{"x": [1, {"y": "}"}]}', "",
+     calls(("f", '{"x": [1, {"y": "}"}]}')), True),
+    ("v11 cut off in the arguments", '[TOOL_CALLS]f[ARGS]{"q": "lon', "", calls(("f", '{"q": "lon')), True),
+    ("v11 cut off before [ARGS]", "[TOOL_CALLS]get_wea", "[TOOL_CALLS]get_wea", [], True),
+    ("not a name after the tag", "[TOOL_CALLS]well, no call here", "[TOOL_CALLS]well, no call here", [], True),
+    ("plain answer", "The weather in Paris is sunny.", "The weather in Paris is sunny.", [], False),
+    ("an array answer, not calls", "[1, 2] are the numbers", "[1, 2] are the numbers", [], False),
+    ("objects without names", '[{"city": "Paris"}]', '[{"city": "Paris"}]', [], False),
+    ("an empty array", "[] nothing", "[] nothing", [], False),
+    ("a tag that never completes", "see [TOOL_CA", "see [TOOL_CA", [], False),
+]
+
+
+@pytest.mark.parametrize("name,text,content,expected_calls,special", MISTRAL_CASES, ids=[c[0] for c in MISTRAL_CASES])
+@pytest.mark.parametrize("skip_special_tokens", [True, False])
+def test_mistral_parser_all_chunkings(name, text, content, expected_calls, special, skip_special_tokens, tokenizers):
+    """Every chunking of the text, and token by token through the tiny Mistral tokenizer, where
+    [TOOL_CALLS] / [ARGS] / [CALL_ID] are special tokens: skipped, a v3 answer is still calls
+    (the bare array); the v11 form and calls after text need them kept."""
+    if skip_special_tokens and special:
+        pytest.skip("the v11 form and calls after text need the special tokens in the text")
+    check_all_ways(lambda: OutputParser(None, MistralToolParser()), text,
+                   {"content": content, "reasoning": "", "calls": expected_calls}, tokenizers["mistral"],
+                   skip_special_tokens)
+
+
+def test_mistral_template_round_trip(tokenizers):
+    """What the tiny Mistral template renders for an assistant's calls parses back to those calls."""
+    tok = tokenizers["mistral"]
+    tool_calls = [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
+                  {"type": "function", "function": {"name": "get_time", "arguments": '{"tz": "CET"}'}}]
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": tool_calls}]
+    rendered = tok.apply_chat_template(chat, tokenize=False)
+    answer = rendered[rendered.index("[/INST]") + len("[/INST]"):].removesuffix(tok.eos_token)
+    assert answer.startswith("[TOOL_CALLS][")
+    assert collect(OutputParser(None, MistralToolParser()), list(answer))["calls"] == calls(
+        ("get_weather", {"city": "Paris"}), ("get_time", {"tz": "CET"}))
+
+
 # -- registry -------------------------------------------------------------------------------------
 
 
@@ -256,8 +317,10 @@ def test_registry_detects_families_from_the_chat_template(tokenizers):
     assert detect_parsers(None) == ParserChoice(None, None)
     assert resolve_parsers(tokenizers["chatml"].chat_template, tool="none") == ParserChoice("qwen3", None)
     assert resolve_parsers(None, reasoning="deepseek_r1", tool="llama3") == ParserChoice("deepseek_r1", "llama3")
-    with pytest.raises(LookupError, match="no tool-call parser named 'mistral'"):
-        resolve_parsers(None, tool="mistral")
+    assert detect_parsers(tokenizers["mistral"].chat_template) == ParserChoice(None, "mistral")
+    assert resolve_parsers(None, tool="mistral") == ParserChoice(None, "mistral")
+    with pytest.raises(LookupError, match="no tool-call parser named 'mistral_v99'"):
+        resolve_parsers(None, tool="mistral_v99")
     assert make_output_parser(ParserChoice("qwen3", "hermes"), None, tools=False).tools is None
     assert make_output_parser(ParserChoice(None, "hermes"), None, tools=False) is None
 
@@ -267,6 +330,8 @@ def test_family_defaults_decide_where_the_template_does_not_show_the_format():
     template = "{% if tools %}{{ tools | tojson }}{% endif %}{{ messages[0].content }}"
     assert detect_parsers(template, "qwen3") == ParserChoice(None, "hermes")
     assert detect_parsers(template, "qwen2") == ParserChoice(None, "hermes")
+    assert detect_parsers(template, "qwen2_moe") == ParserChoice(None, "hermes")
+    assert detect_parsers(template, "mistral") == ParserChoice(None, "mistral")
     assert detect_parsers(template, "llama") == ParserChoice(None, None)
     assert detect_parsers(template) == ParserChoice(None, None)
     assert detect_parsers("<think>" + template, "qwen3") == ParserChoice("qwen3", "hermes")

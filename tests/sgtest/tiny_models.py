@@ -2,7 +2,8 @@
 
 ``make_tokenizer`` writes a byte-level BPE tokenizer trained on a few sentences, in the style of
 Llama 3 (post-processor adds ``<|begin_of_text|>``, header-id chat template with tools) or of
-Qwen3 (ChatML, no BOS, ``<think>`` and tool-call tokens, ``enable_thinking``). The files are
+Qwen3 (ChatML, no BOS, ``<think>`` and tool-call tokens, ``enable_thinking``) or of Mistral v3
+(``<s>``, ``[INST]`` turns, ``[TOOL_CALLS]``). The files are
 written the way those repositories ship them: tokenizer.json, a tokenizer_config.json with
 ``added_tokens_decoder`` and an inline ``chat_template``, generation_config.json with several
 eos ids. ``make_model(family, path)`` adds the family's tiny checkpoint (its ``Family.tiny``), a
@@ -219,6 +220,39 @@ GEMMA_TEMPLATE = """{{- bos_token }}
 {%- endif %}
 """
 
+# Mistral's v3 template (7B-Instruct-v0.3), shortened: [INST] turns, the tools in
+# [AVAILABLE_TOOLS] before the last user turn, calls after [TOOL_CALLS], results in [TOOL_RESULTS].
+MISTRAL_TEMPLATE = """{{- bos_token }}
+{%- set user_messages = messages | selectattr("role", "equalto", "user") | list %}
+{%- for message in messages %}
+    {%- if message["role"] == "user" %}
+        {%- if tools and (message == user_messages[-1]) %}
+            {{- "[AVAILABLE_TOOLS][" }}
+            {%- for tool in tools %}
+                {{- tool | tojson }}
+                {%- if not loop.last %}{{- ", " }}{%- endif %}
+            {%- endfor %}
+            {{- "][/AVAILABLE_TOOLS]" }}
+        {%- endif %}
+        {{- "[INST]" + message["content"] + "[/INST]" }}
+    {%- elif message["role"] == "assistant" and message.tool_calls is defined and message.tool_calls %}
+        {{- "[TOOL_CALLS][" }}
+        {%- for tool_call in message.tool_calls %}
+            {%- set fn = tool_call.function if tool_call.function is defined else tool_call %}
+            {{- '{"name": "' + fn.name + '", "arguments": ' }}
+            {%- if fn.arguments is string %}{{- fn.arguments }}{%- else %}{{- fn.arguments | tojson }}{%- endif %}
+            {{- "}" }}
+            {%- if not loop.last %}{{- ", " }}{%- endif %}
+        {%- endfor %}
+        {{- "]" + eos_token }}
+    {%- elif message["role"] == "assistant" %}
+        {{- message["content"] + eos_token }}
+    {%- elif message["role"] == "tool" %}
+        {{- '[TOOL_RESULTS]{"content": ' + message["content"] | tojson + "}[/TOOL_RESULTS]" }}
+    {%- endif %}
+{%- endfor %}
+"""
+
 STYLES = {
     "llama3": dict(
         pattern=LLAMA3_PATTERN,
@@ -229,6 +263,7 @@ STYLES = {
                     clean_up_tokenization_spaces=True, model_input_names=["input_ids", "attention_mask"]),
         eos=["<|end_of_text|>", "<|eot_id|>"],
         template=LLAMA3_TEMPLATE,
+        bos="<|begin_of_text|>",
     ),
     "chatml": dict(
         pattern=QWEN_PATTERN,
@@ -251,6 +286,17 @@ STYLES = {
         template=GEMMA_TEMPLATE,
         bos="<bos>",  # the tokenizer adds it, as Gemma's does
     ),
+    "mistral": dict(
+        pattern=LLAMA3_PATTERN,
+        special=["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]",
+                 "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[ARGS]", "[CALL_ID]"],
+        plain=[],
+        config=dict(bos_token="<s>", eos_token="</s>", unk_token="<unk>", tokenizer_class="LlamaTokenizerFast",
+                    clean_up_tokenization_spaces=False, legacy=False),
+        eos=["</s>"],
+        template=MISTRAL_TEMPLATE,
+        bos="<s>",
+    ),
 }
 
 
@@ -268,12 +314,12 @@ def build_tokenizer(style: str = "llama3") -> Tokenizer:
     trainer = trainers.BpeTrainer(vocab_size=400, min_frequency=1, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(CORPUS, trainer)
-    if style == "llama3":
-        tok.model.ignore_merges = True  # as in Llama 3's tokenizer.json
+    if style in ("llama3", "mistral"):
+        tok.model.ignore_merges = True  # as in Llama 3's tokenizer.json (and what llama.cpp's llama-bpe assumes)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in s["special"]])
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in s["plain"]])
-    if style in ("llama3", "gemma"):
-        bos = s.get("bos", s["special"][0])
+    if s.get("bos"):
+        bos = s["bos"]
         tok.post_processor = processors.Sequence([
             processors.ByteLevel(trim_offsets=False),
             processors.TemplateProcessing(single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
@@ -300,8 +346,8 @@ def make_tokenizer(path: str | Path, style: str = "llama3") -> Path:
               "model_max_length": 131072}
     _write_json(path / "tokenizer_config.json", config)
     generation = {"eos_token_id": [tok.token_to_id(t) for t in s["eos"]]}
-    if style in ("llama3", "gemma"):
-        generation["bos_token_id"] = tok.token_to_id(s.get("bos", "<|begin_of_text|>"))
+    if s.get("bos"):
+        generation["bos_token_id"] = tok.token_to_id(s["bos"])
     gen_path = path / "generation_config.json"
     if gen_path.exists():  # keep what save_pretrained wrote, with our eos ids
         generation = {**json.loads(gen_path.read_text()), **generation}
