@@ -82,7 +82,7 @@ class SurogateApp(App):
              "add_folder"),
             ("Library: inspect model", "Config, tensors and chat template of the selected model", "library",
              "inspect"),
-            ("Library: serve model", "Open Serve with the selected model", "library", "serve"),
+            ("Library: serve model", "Start the gateway with the selected model (on Serve)", "library", "serve"),
             ("Library: merge adapter", "Merge a LoRA adapter into the selected model", "library", "merge"),
             ("Library: quantize model", "Write the selected model as GGUF (surogate quantize)", "library",
              "quantize"),
@@ -112,7 +112,7 @@ class SurogateApp(App):
 
     async def on_library_screen_serve_model(self, message: LibraryScreen.ServeModel) -> None:
         await self.action_go("serve")
-        self.screen.set_model(message.target)
+        self.screen.serve(message.target)
 
     async def on_library_screen_train_model(self, message: LibraryScreen.TrainModel) -> None:
         await self.action_go("train")
@@ -120,3 +120,5 @@ class SurogateApp(App):
 
     def on_serve_screen_ready(self, message: ServeScreen.Ready) -> None:
         self.gateway_url = message.url
+        if isinstance(self.screen, ChatScreen):  # shown already: list the models now (else when shown)
+            self.screen.set_url(message.url)

@@ -17,6 +17,8 @@
 #include "runtime/program.h"
 
 #ifdef SG_WITH_CUDA
+#include <cuda_runtime.h>
+
 #include "cuda/backend.h"
 #endif
 
@@ -227,6 +229,35 @@ py::list cuda_devices() {
   }
 #endif
   return out;
+}
+
+py::dict device_memory(const std::string& device) {
+  const Device dev = parse_device(device);
+  if (dev.is_cpu()) {
+    throw_status(SG_ERROR(StatusCode::kInvalidArgument, "device_memory is for a GPU, not the cpu",
+                          "pass \"cuda\" or \"cuda:N\""));
+  }
+#ifdef SG_WITH_CUDA
+  size_t free_b = 0, total_b = 0;
+  int before = 0;
+  cudaGetDevice(&before);  // restored: the caller's thread keeps its current device
+  cudaError_t err = cudaSetDevice(dev.index);
+  if (err == cudaSuccess) err = cudaMemGetInfo(&free_b, &total_b);
+  cudaSetDevice(before);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    throw_status(SG_ERROR(StatusCode::kDeviceError,
+                          str_cat("cudaMemGetInfo on ", device, ": ", cudaGetErrorString(err)),
+                          "run `surogate doctor` to list the GPUs"));
+  }
+  py::dict d;
+  d["free_bytes"] = free_b;
+  d["total_bytes"] = total_b;
+  return d;
+#else
+  throw_status(SG_ERROR(StatusCode::kUnsupported, str_cat("this build has no CUDA backend (", device, ")"),
+                        "install a build with CUDA; `surogate doctor` shows this one's"));
+#endif
 }
 
 }  // namespace
@@ -454,6 +485,11 @@ PYBIND11_MODULE(_native, m) {
     d["num_backend_allocs"] = s.num_backend_allocs;
     return d;
   }, py::arg("device") = "cpu");
+  m.def("allocation_size", [](size_t bytes) { return allocation_size(bytes); }, py::arg("bytes"),
+        "The bytes the caching allocator holds for a request of `bytes` (it rounds sizes up).");
+  m.def("device_memory", &device_memory, py::arg("device"),
+        "{free_bytes, total_bytes} of a GPU as its driver counts them: every process's memory, this one's "
+        "CUDA context included (allocator_stats counts only this process's caching allocator).");
   m.def("empty_cache", [](const std::string& device) { empty_cache(parse_device(device)); },
         py::arg("device") = "cpu");
   m.def("reset_peak_stats", [](const std::string& device) { reset_peak_stats(parse_device(device)); },

@@ -62,6 +62,8 @@ struct AllocatorStats {
 
 // Allocate `bytes` on `dev`. The returned pointer's deleter gives the block back to the cache.
 Status allocate(const Device& dev, size_t bytes, std::shared_ptr<void>* out);
+// The bytes a request of `bytes` holds (its rounded size; what reserved_bytes counts).
+size_t allocation_size(size_t bytes);
 AllocatorStats allocator_stats(const Device& dev);
 void reset_peak_stats(const Device& dev);
 // Return every cached (unused) block of `dev` to its backend.

@@ -41,11 +41,13 @@ def _prompts(vocab: int, n: int, length: int, seed: int = 0) -> list[list[int]]:
     return [rng.integers(3, vocab, length).tolist() for _ in range(n)]
 
 
-def bench_ours(model, n: int, prompt_len: int, output_len: int, block_size: int = 16) -> ServeResult:
+def bench_ours(model, n: int, prompt_len: int, output_len: int, block_size: int = 16,
+               max_num_seqs: int | None = None) -> ServeResult:
+    """``max_num_seqs`` None: all ``n`` run at once (else the rest wait, as behind a server)."""
     tokens = n * (prompt_len + output_len) + block_size * n
     num_blocks = -(-tokens // block_size)
     runner = ProgramRunner(model, num_blocks=num_blocks, block_size=block_size)
-    cfg = EngineConfig(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max(n, 1),
+    cfg = EngineConfig(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs or max(n, 1),
                        max_num_batched_tokens=max(2048, prompt_len), enable_prefix_caching=False, seed=0)
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True, detokenize=False)
     with EngineClient(runner, cfg) as client:

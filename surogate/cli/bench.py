@@ -35,16 +35,40 @@ def train(
 
 @app.command()
 def serve(
-    model: Annotated[str, typer.Option(help="A named shape: tiny, smollm2-135m, qwen3-0.6b, llama-3.2-1b.")] = "tiny",
-    requests: Annotated[int, typer.Option(help="Concurrent requests.")] = 16,
+    model: Annotated[str, typer.Option(help="A named shape: tiny, smollm2-135m, qwen3-0.6b, llama-3.2-1b "
+                                            "(random weights); with --http also an HF model folder.")] = "tiny",
+    requests: Annotated[int, typer.Option(help="Concurrent requests (--http: streams).")] = 16,
     prompt_len: Annotated[int, typer.Option(help="Prompt tokens per request.")] = 64,
     output_len: Annotated[int, typer.Option(help="Output tokens per request (ignore_eos).")] = 32,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
     vs: Annotated[str | None, typer.Option(help="Peer to run in the same process: hf.")] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto (a GPU when there is one).")] = "auto",
     profile: Annotated[bool, typer.Option(help="Also print where a decode step's time goes.")] = False,
+    http: Annotated[bool, typer.Option(help="Through HTTP: a real `surogate serve` (or --url), streaming "
+                                            "/v1/completions clients, `vllm bench serve`'s table beside the "
+                                            "engine's offline figure.")] = False,
+    url: Annotated[str | None, typer.Option(help="--http: the base URL of a running OpenAI-compatible server "
+                                                 "(llama.cpp, vLLM, ours) instead of starting one.",
+                                            show_default=False)] = None,
+    request_rate: Annotated[float, typer.Option(help="--http: requests a second, Poisson arrivals; inf: all at "
+                                                     "once.")] = float("inf"),
+    dataset: Annotated[str, typer.Option(help="--http: 'random' token prompts, or a chat set (JSON / JSONL of "
+                                              "ShareGPT conversations or OpenAI messages).")] = "random",
+    max_num_seqs: Annotated[int, typer.Option(help="--http: the server's (and the engine figure's) "
+                                                   "--max-num-seqs.")] = 128,
+    engine: Annotated[bool, typer.Option(help="--http: also the engine's offline figure and the ratio.")] = True,
+    api_key: Annotated[str | None, typer.Option(help="--http with --url: the server's API key.",
+                                                show_default=False)] = None,
 ) -> None:
-    """Offline generation throughput and latency: ours, and with --vs hf HF generate."""
+    """Offline generation throughput and latency: ours, and with --vs hf HF generate; with --http as
+    streaming HTTP clients see it, beside the engine's own figure."""
+    if http or url is not None:
+        from surogate.bench.http import run as run_http
+
+        run_http(model, n=requests, prompt_len=prompt_len, output_len=output_len, dtype=dtype, device=device,
+                 url=url, request_rate=request_rate, dataset=dataset, max_num_seqs=max_num_seqs, engine=engine,
+                 api_key=api_key)
+        return
     from surogate.bench.serve import run
 
     run(model, n=requests, prompt_len=prompt_len, output_len=output_len, dtype=dtype, vs=vs, device=device,

@@ -38,11 +38,13 @@ def serve(
                                                  "them as they are (less memory, faster decode); off: dequantize "
                                                  "to --dtype at load.")] = False,
     kv_cache_tokens: Annotated[int | None, typer.Option(
-        help="KV cache capacity per model, in tokens. Default: 16384 on the CPU; on a GPU, what fits in "
-             "--gpu-memory-utilization after the weights, split evenly between the models.",
+        help="KV cache capacity per model, in tokens. Default: 16384 on the CPU; on a GPU, what is left of "
+             "--gpu-memory-utilization once a profile run measured the weights, the largest step and other "
+             "processes' memory, split evenly between the models.",
         show_default=False)] = None,
     gpu_memory_utilization: Annotated[float, typer.Option(
-        help="GPU: the fraction of its memory that weights, KV caches and activations may take.")] = 0.9,
+        help="GPU: the fraction of its memory that other processes and ours (weights, KV caches, activations) "
+             "may take together.")] = 0.9,
     max_num_seqs: Annotated[int, typer.Option(help="Sequences running at once per model.")] = 128,
     shutdown_grace: Annotated[float, typer.Option(help="On SIGTERM / Ctrl-C: seconds requests in flight get to "
                                                        "finish before they are aborted.")] = 5.0,

@@ -1,6 +1,12 @@
 """Start serving a model: load it, size its KV cache, start its engine, describe it for the
 gateway. `surogate serve` and the TUI call this; tests can too. ``launch(path).llm()`` is the
-model's generation API."""
+model's generation API.
+
+The KV cache on a GPU is sized as vLLM sizes it: a profile run (a runner with the smallest cache
+runs the largest steps the limits allow) measures what a step needs beside the weights, the
+driver says what other processes hold, and the cache gets what is left of
+--gpu-memory-utilization x the GPU's memory, less room for the Programs of buckets compiled
+later, counted as the allocator rounds its arrays."""
 
 from __future__ import annotations
 
@@ -32,16 +38,48 @@ class Launched:
 
 
 CPU_KV_TOKENS = 16384  # the CPU's default KV cache, in tokens
-GPU_RESERVE = 2 << 30  # bytes a GPU keeps beside weights and KV: CUDA context, cuBLAS, step activations, graphs
+MIN_KV_BLOCKS = 16  # a GPU KV cache smaller than this is an error, not a server
+MAX_KV_TOKENS = 2**31  # a step's slots (block x block_size + offset) are int32
+# Room kept for the Programs of the buckets a server meets after the profile run: each holds its
+# own activations arena and CUDA graph. Over the 38 token buckets of a 2048-token budget the
+# planner's arenas add up to 10-22 times the largest (qwen3-0.6b, llama-3.2-1b); 16 times the
+# profiled step, and at least 1 GiB.
+LATER_PROGRAMS = 16
+LATER_PROGRAMS_MIN = 1 << 30
 
 
-def kv_tokens_for(total: int, used: int, fraction: float, share: float, bytes_per_token: int,
-                  block_size: int) -> int:
-    """The KV cache a GPU holds, in tokens (whole blocks): ``share`` of what is left of
-    ``fraction`` of its ``total`` memory once ``used`` bytes (weights, earlier models) and a
-    reserve for everything else are taken (vLLM's gpu_memory_utilization, split between models)."""
-    budget = (total * fraction - used - GPU_RESERVE) * share
-    return max(int(budget // bytes_per_token) // block_size * block_size, 0)
+@dataclass(frozen=True)
+class MemoryProfile:
+    """A GPU's memory as the profile run found it, in bytes."""
+    total: int  # the device's memory
+    outside: int  # held outside our allocator: other processes, this process's CUDA context and graphs
+    peak: int  # our allocator's peak during the run, its small KV cache left out: weights, other models, a step
+    step: int  # of which the largest step's own buffers (arena, scratch, inputs)
+
+    @property
+    def later_programs(self) -> int:
+        return max(LATER_PROGRAMS * self.step, LATER_PROGRAMS_MIN)
+
+    def kv_budget(self, fraction: float, share: float) -> int:
+        """The bytes a KV cache may take: ``share`` of what is left of ``fraction`` of the GPU once
+        what others hold, our peak and room for later Programs are taken (vLLM's
+        gpu_memory_utilization, split between the models of one GPU)."""
+        return int((self.total * fraction - self.outside - self.peak - self.later_programs) * share)
+
+
+def kv_tokens_for(budget: int, num_arrays: int, block_bytes: int, block_size: int, pad_blocks: int,
+                  allocation_size=lambda n: n) -> int:
+    """The largest KV cache, in tokens (whole blocks), whose ``num_arrays`` arrays (a K and a V per
+    layer) of ``pad_blocks`` more blocks each fit in ``budget`` bytes as the allocator holds them
+    (``allocation_size``: the bytes it reserves for a request, _native.allocation_size)."""
+    def fits(blocks: int) -> bool:
+        return num_arrays * allocation_size((blocks + pad_blocks) * block_bytes) <= budget
+
+    lo, hi = 0, max(budget // (num_arrays * block_bytes) - pad_blocks, 0)  # the answer is in [lo, hi]
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo * block_size
 
 
 def launch(source: str, *, name: str | None = None, dtype: str = "float32", device: str = "cpu",
@@ -49,9 +87,10 @@ def launch(source: str, *, name: str | None = None, dtype: str = "float32", devi
            gpu_memory_utilization: float = 0.9, kv_share: float = 1.0, block_size: int = 16,
            max_num_seqs: int = 128, max_num_batched_tokens: int = 2048, max_model_len: int | None = None,
            seed: int | None = None) -> Launched:
-    """``kv_cache_tokens`` None: 16,384 on the CPU; on a GPU, what fits in
-    ``gpu_memory_utilization`` of its memory after the weights (``kv_share`` of it, when several
-    models share the GPU)."""
+    """``kv_cache_tokens`` None: 16,384 on the CPU; on a GPU, what is left of
+    ``gpu_memory_utilization`` of its memory once a profile run measured the weights, a step of
+    the largest bucket and what other processes hold (``kv_share`` of it, when several models
+    share the GPU)."""
     if kv_cache_tokens is not None and kv_cache_tokens < block_size:
         raise InvalidArgumentError(f"--kv-cache-tokens {kv_cache_tokens} is less than one block ({block_size})")
     if not 0 < gpu_memory_utilization <= 1:
@@ -69,7 +108,8 @@ def launch(source: str, *, name: str | None = None, dtype: str = "float32", devi
     if model.tokenizer is None:
         raise InvalidArgumentError(f"{source} has no tokenizer", hint="serve a folder with tokenizer.json")
     if kv_cache_tokens is None:
-        kv_cache_tokens = _auto_kv_tokens(model, gpu_memory_utilization, kv_share, block_size)
+        kv_cache_tokens = _auto_kv_tokens(model, gpu_memory_utilization, kv_share, block_size, max_num_seqs,
+                                          max_num_batched_tokens)
     num_blocks = kv_cache_tokens // block_size
     limit = int(model.config.get("max_position_embeddings") or num_blocks * block_size)
     limit = min(limit, num_blocks * block_size)
@@ -91,24 +131,65 @@ def launch(source: str, *, name: str | None = None, dtype: str = "float32", devi
     return Launched(served_name, model, client, limit, num_blocks * block_size, runner, adapters)
 
 
-def _auto_kv_tokens(model: Model, fraction: float, share: float, block_size: int) -> int:
+def _auto_kv_tokens(model: Model, fraction: float, share: float, block_size: int, max_num_seqs: int,
+                    max_num_batched_tokens: int) -> int:
     if model.device == "cpu":
         return CPU_KV_TOKENS
     from surogate import _native
     from surogate.model import _np_dtype
 
-    index = int(model.device.partition(":")[2] or 0)
-    total = next(d["total_memory"] for d in _native.cuda_devices() if d["index"] == index)
-    used = _native.allocator_stats(model.device)["reserved_bytes"]
     s = model.spec
-    per_token = 2 * s.num_layers * s.num_kv_heads * s.head_dim * _np_dtype(model.dtype).itemsize
-    tokens = kv_tokens_for(total, used, fraction, share, per_token, block_size)
-    if tokens < 16 * block_size:
-        raise InvalidArgumentError(
-            f"{model.device} has room for a KV cache of only {tokens} tokens at --gpu-memory-utilization {fraction} "
-            f"({total / 2**30:.1f} GiB, {used / 2**30:.1f} GiB already in use)",
-            hint="raise --gpu-memory-utilization, serve fewer models on this GPU, or set --kv-cache-tokens")
-    return tokens
+    p = profile_memory(model, block_size, max_num_seqs, max_num_batched_tokens)
+    return gpu_kv_tokens(p, fraction, share, num_arrays=2 * s.num_layers,
+                         block_bytes=block_size * s.num_kv_heads * s.head_dim * _np_dtype(model.dtype).itemsize,
+                         block_size=block_size, allocation_size=_native.allocation_size, device=model.device,
+                         step=f"--max-num-seqs {max_num_seqs}, {max_num_batched_tokens} batched tokens")
+
+
+def gpu_kv_tokens(p: MemoryProfile, fraction: float, share: float, *, num_arrays: int, block_bytes: int,
+                  block_size: int, allocation_size=lambda n: n, device: str = "cuda", step: str = "") -> int:
+    """The KV cache a profiled GPU holds, in tokens; an error with the numbers when it has no
+    room for MIN_KV_BLOCKS blocks. ``step`` names the limits the profiled step came from."""
+    pad_blocks = ProgramRunner.pad_blocks_for(block_size)
+    budget = p.kv_budget(fraction, share)
+    tokens = kv_tokens_for(budget, num_arrays, block_bytes, block_size, pad_blocks, allocation_size)
+    if tokens >= MIN_KV_BLOCKS * block_size:
+        return min(tokens, MAX_KV_TOKENS // block_size * block_size - pad_blocks * block_size)
+    GiB = 2**30
+    need = num_arrays * allocation_size((MIN_KV_BLOCKS + pad_blocks) * block_bytes)
+    at_least = (p.outside + p.peak + p.later_programs + need / share) / p.total
+    raise InvalidArgumentError(
+        f"{device} has no room for a KV cache at --gpu-memory-utilization {fraction}: "
+        f"{fraction} x {p.total / GiB:.1f} GiB = {fraction * p.total / GiB:.1f} GiB, of which other processes "
+        f"and this one's CUDA context hold {p.outside / GiB:.1f} GiB, the weights and a step of the largest "
+        f"bucket ({step}) {p.peak / GiB:.1f} GiB, the Programs of later buckets {p.later_programs / GiB:.1f} GiB"
+        + (f", the models sharing the GPU {1 - share:.0%} of the rest" if share < 1 else "")
+        + f"; that leaves {max(budget, 0) / GiB:.2f} GiB, and {MIN_KV_BLOCKS * block_size} tokens need "
+          f"{need / GiB:.2f} GiB",
+        hint=(f"raise --gpu-memory-utilization to {at_least:.2f} or more" if at_least <= 1 else
+              "free the GPU of other processes, or use a GPU with more memory or a smaller model")
+        + ", lower --max-num-seqs, or set --kv-cache-tokens")
+
+
+def profile_memory(model: Model, block_size: int, max_num_seqs: int, max_num_batched_tokens: int) -> MemoryProfile:
+    """The profile run (as vLLM's): a runner with the smallest KV cache runs the largest steps
+    (ProgramRunner.profile), then our allocator's peak and the driver's view of the GPU say what
+    a step needs and what others hold; the runner is dropped and its memory given back."""
+    from surogate import _native
+
+    dev = model.device
+    runner = ProgramRunner(model, ProgramRunner.profile_blocks(max_num_batched_tokens, max_num_seqs, block_size),
+                           block_size)
+    kv = sum(_native.allocation_size(a.nbytes) for a in runner.caches.values())
+    try:
+        step = runner.profile(max_num_batched_tokens, max_num_seqs)
+        stats, mem = _native.allocator_stats(dev), _native.device_memory(dev)
+    finally:
+        runner.close()
+        _native.empty_cache(dev)  # its blocks are of sizes no one asks for again
+    return MemoryProfile(total=mem["total_bytes"],
+                         outside=mem["total_bytes"] - mem["free_bytes"] - stats["reserved_bytes"],
+                         peak=stats["peak_allocated_bytes"] - kv, step=step)
 
 
 def _default_name(source: str) -> str:

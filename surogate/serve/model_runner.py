@@ -50,7 +50,7 @@ class ProgramRunner:
         self.model = model
         self.block_size = block_size
         self.num_blocks = num_blocks  # what the engine may hand out
-        self.pad_blocks = math.ceil(MAX_PAD / block_size)
+        self.pad_blocks = self.pad_blocks_for(block_size)
         self.total_blocks = num_blocks + self.pad_blocks
         s = model.spec
         self.vocab_size = s.vocab_size
@@ -77,15 +77,20 @@ class ProgramRunner:
         if self.fuse_qkv:
             self._fuse_qkv()
 
-    def release(self) -> None:
-        """Give the memory back (a sleeping model): every Program with its scratch and graphs, the
-        KV cache, the fused weights, the adapters' and the model's device copies (host arrays
-        stay). The engine must be idle with its prefix cache reset (the cache's contents are gone);
-        ``restore`` makes it all again, and the Programs compile anew as steps meet them."""
+    def close(self) -> None:
+        """Drop what this runner made: its Programs with their scratch and graphs, the KV cache,
+        the fused weights (the model's weights stay); a runner closed is not used again."""
         self.native.forget(-2)
         self._programs.clear()
         self.caches.clear()
         self.fused.clear()
+
+    def release(self) -> None:
+        """Give the memory back (a sleeping model): what ``close`` drops, and the adapters' and
+        the model's device copies (host arrays stay). The engine must be idle with its prefix
+        cache reset (the cache's contents are gone); ``restore`` makes it all again, and the
+        Programs compile anew as steps meet them."""
+        self.close()
         for slot, (cfg, host, _) in list(self.adapters.items()):
             self.adapters[slot] = (cfg, host, {})
         self.model.release_device_memory()
@@ -181,8 +186,72 @@ class ProgramRunner:
         self._programs[key] = exe
         return exe
 
+    @staticmethod
+    def pad_blocks_for(block_size: int) -> int:
+        """The scratch blocks after the engine's, for the padding tokens of a bucket."""
+        return math.ceil(MAX_PAD / block_size)
+
+    @staticmethod
+    def profile_blocks(max_num_batched_tokens: int, max_num_seqs: int, block_size: int) -> int:
+        """The KV blocks ``profile`` needs (beside the pad blocks)."""
+        return _profile_shape(max_num_batched_tokens, max_num_seqs, block_size)[2]
+
+    def profile(self, max_num_batched_tokens: int, max_num_seqs: int) -> int:
+        """The profile run: the largest steps an engine of these limits schedules, each run three
+        times (eagerly, captured into a CUDA graph, replayed) so that the allocator sees all a
+        step needs. One is a full token budget (a prefill chunk beside one decode token of every
+        other sequence, a logits row each), one a full decode batch. Returns the bytes the steps
+        took at their peak above what was allocated once their Programs were compiled (which
+        uploads the weights): arenas, scratch, inputs. Resets the device's peak statistics. The
+        runner's KV cache needs ``profile_blocks`` blocks; its contents are scratch after."""
+        need = self.profile_blocks(max_num_batched_tokens, max_num_seqs, self.block_size)
+        if need > self.num_blocks:
+            raise InvalidArgumentError(f"the profile run needs {need} KV blocks, the runner has {self.num_blocks}",
+                                       hint="make it with num_blocks=ProgramRunner.profile_blocks(...)")
+        steps = _profile_steps(max_num_batched_tokens, max_num_seqs, self.block_size)
+        for step in steps:
+            self._compile(*self.native.bucket_key(step, -1))
+        device = self.model.device
+        _native.reset_peak_stats(device)
+        base = _native.allocator_stats(device)["allocated_bytes"]
+        for step in steps:
+            for _ in range(3):
+                self.run(step, logits=False)
+        return _native.allocator_stats(device)["peak_allocated_bytes"] - base
+
     def run(self, step, logits: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """One step (a ``_native.serve.StepInput``) outside an engine: (logits float32 [R, V],
         argmax int32 [R]); rows whose ``need_logits`` is 0 may be left unfilled. ``logits=False``:
         no logits come back (timing the step as the engine sees it)."""
         return self.native.run(step, logits)
+
+
+def _profile_shape(max_num_batched_tokens: int, max_num_seqs: int, block_size: int) -> tuple[int, int, int]:
+    """(sequences of the full-budget step, tokens of its prefill chunk, blocks the profile run uses)."""
+    S = max(min(max_num_seqs, max_num_batched_tokens), 1)
+    first = max_num_batched_tokens - (S - 1)  # the other sequences decode one token each
+    return S, first, max(-(-first // block_size) + S - 1, max_num_seqs)
+
+
+def _profile_steps(max_num_batched_tokens: int, max_num_seqs: int, block_size: int) -> list:
+    """The profile run's steps (see ProgramRunner.profile). Every sequence starts at position 0
+    in blocks of its own; block tables are padded with -1."""
+    S, first, _ = _profile_shape(max_num_batched_tokens, max_num_seqs, block_size)
+    n0 = -(-first // block_size)
+    tables = [list(range(n0))] + [[n0 + i] + [-1] * (n0 - 1) for i in range(S - 1)]
+    mixed = _step([first] + [1] * (S - 1), tables, block_size)
+    decode = _step([1] * max_num_seqs, [[i] for i in range(max_num_seqs)], block_size)
+    return [mixed, decode]
+
+
+def _step(lens: list[int], tables: list[list[int]], block_size: int):
+    """A step of sequences starting at position 0, ``lens[s]`` tokens each, their last token's
+    logits row wanted."""
+    positions = np.concatenate([np.arange(n) for n in lens]).astype(np.int32)
+    slots = np.concatenate([[t[p // block_size] * block_size + p % block_size for p in range(n)]
+                            for n, t in zip(lens, tables)]).astype(np.int32)
+    cu_q = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    return _native.serve.StepInput.make(
+        token_ids=np.zeros(len(positions), np.int32), positions=positions, slot_mapping=slots, cu_q=cu_q,
+        context_lens=np.asarray(lens, np.int32), block_tables=np.asarray(tables, np.int32).reshape(-1),
+        logits_rows=cu_q[1:] - 1, block_size=block_size)

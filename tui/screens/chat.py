@@ -15,7 +15,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Input, Label, Select
 
-from surogate.tui.gateway_client import ChatDelta, ChatError, list_models, stream_chat
+from surogate.tui.gateway_client import ChatDelta, list_models, stream_chat
 from surogate.tui.notify import WorkerErrors, describe, notify_error
 from surogate.tui.widgets.chat_message import ChatMessage
 from surogate.tui.widgets.nav_bar import NavBar
@@ -74,12 +74,15 @@ class ChatScreen(WorkerErrors, Screen):
         self.action_refresh_models()
 
     def on_screen_resume(self) -> None:
+        """Shown again: the gateway may have started (or changed) meanwhile, so ask it again."""
         url = self.app.gateway_url
-        if url and self.query_one("#chat-url", Input).value != url:
+        if url:
             self.set_url(url)
+        else:
+            self.action_refresh_models()
 
     def set_url(self, url: str) -> None:
-        """The Serve screen's gateway became ready: point here at it."""
+        """The Serve screen's gateway became ready: point here at it and list its models."""
         box = self.query_one("#chat-url", Input)
         if box.value != url:
             box.value = url
@@ -123,6 +126,15 @@ class ChatScreen(WorkerErrors, Screen):
         except ValueError as e:
             self.notify(str(e), title="Sampling", severity="error", markup=False)
             return
+        select = self.query_one("#chat-model", Select)
+        if select.is_blank():  # never a request for no model: say why, and ask the gateway again
+            url = self.query_one("#chat-url", Input).value.strip()
+            self.notify(f"No model to send to: {url} lists none yet. Start the gateway on Serve (3), or check "
+                        "the URL; the list refreshes when it answers (ctrl+r asks now)", title="Chat",
+                        severity="warning", markup=False)
+            self.action_refresh_models()
+            return
+        model = str(select.value)
         event.input.value = ""
         transcript = self.query_one("#transcript", VerticalScroll)
         history = [m.as_message() for m in transcript.query(ChatMessage) if m.content or m.tool_calls]
@@ -133,11 +145,9 @@ class ChatScreen(WorkerErrors, Screen):
         answer = ChatMessage("assistant")
         transcript.mount(answer)
         transcript.scroll_end(animate=False)
-        model = self.query_one("#chat-model", Select).value
         self.streaming = True
         self.cancel.clear()
-        self.stream(self.query_one("#chat-url", Input).value.strip(),
-                    None if model is Select.BLANK else str(model), messages, params, answer)
+        self.stream(self.query_one("#chat-url", Input).value.strip(), model, messages, params, answer)
 
     def _sampling(self) -> dict:
         def read(widget_id: str, cast, name: str, lo: float, hi: float):
@@ -157,15 +167,10 @@ class ChatScreen(WorkerErrors, Screen):
         return params
 
     @work(thread=True, exit_on_error=False, group="chat")
-    def stream(self, url: str, model: str | None, messages: list[dict], params: dict, widget: ChatMessage) -> None:
+    def stream(self, url: str, model: str, messages: list[dict], params: dict, widget: ChatMessage) -> None:
         t0 = time.monotonic()
         finish, usage, error = None, None, None
         try:
-            if model is None:
-                models = list_models(url)
-                if not models:
-                    raise ChatError("the gateway serves no model")
-                model = models[0]
             for delta in stream_chat(url, {"model": model, "messages": messages, **params},
                                      cancelled=self.cancel.is_set):
                 if delta.kind == "finish":
@@ -177,7 +182,7 @@ class ChatScreen(WorkerErrors, Screen):
         except Exception as e:
             error = e
         dt = time.monotonic() - t0
-        parts = [f"{model or '?'}", f"{dt:.1f} s"]
+        parts = [model, f"{dt:.1f} s"]
         if self.cancel.is_set():
             parts.insert(0, "stopped")
         elif finish:

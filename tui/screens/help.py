@@ -21,7 +21,7 @@ SECTIONS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     )),
     ("Library", (
         ("enter  i", "inspect: config, tensors, chat template"),
-        ("s", "serve the model (opens Serve)"),
+        ("s", "serve the model (starts the gateway on Serve)"),
         ("t", "train on it (opens Train with the model filled in)"),
         ("m", "merge a LoRA adapter found beside it"),
         ("k", "quantize to GGUF (surogate quantize)"),

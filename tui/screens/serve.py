@@ -155,6 +155,21 @@ class ServeScreen(WorkerErrors, Screen):
         self.query_one("#serve-model", Input).value = short_path(target) if Path(target).exists() else target
         self.query_one("#serve-log").focus()
 
+    def serve(self, target: str) -> None:
+        """Start serving ``target`` (the Library's s). A gateway already running stays: it says
+        what it serves, and how to serve this one instead."""
+        shown = short_path(target) if Path(target).exists() else target
+        if self.server is not None and self.server.running:
+            running = self.server.model or "the default model"
+            if running == shown:
+                self.notify(f"Already serving {shown}", markup=False)
+            else:
+                self.notify(f"The gateway is serving {running}: x stops it, then s serves {shown}",
+                            severity="warning", markup=False)
+            return
+        self.set_model(target)
+        self.action_start()
+
     def on_input_submitted(self) -> None:
         self.action_start()
 
