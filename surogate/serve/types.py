@@ -118,9 +118,14 @@ class RequestOutput(msgspec.Struct, gc=False):
         self.reasoning += later.reasoning
         if later.tool_calls:
             self.tool_calls = self.tool_calls + later.tool_calls
-        for f in ("finish_reason", "finish_message", "stop_token_id", "stop_reason"):
-            if getattr(later, f) is not None:
-                setattr(self, f, getattr(later, f))
+        if later.finish_reason is not None:  # field by field: merge runs per output for a lagging stream
+            self.finish_reason = later.finish_reason
+        if later.finish_message is not None:
+            self.finish_message = later.finish_message
+        if later.stop_token_id is not None:
+            self.stop_token_id = later.stop_token_id
+        if later.stop_reason is not None:
+            self.stop_reason = later.stop_reason
         self.num_output_tokens = later.num_output_tokens
         self.num_cached_tokens = max(self.num_cached_tokens, later.num_cached_tokens)
 
