@@ -65,8 +65,9 @@ class Metrics:
             self.request_success.labels(model, reason).inc()
         if ctx.first_token_at is not None:
             self.ttft.labels(model).observe(ctx.first_token_at - ctx.started)
+        itl = self.itl.labels(model)  # one label lookup per request, not per gap
         for gap in ctx.inter_token:
-            self.itl.labels(model).observe(gap)
+            itl.observe(gap)
         self.e2e.labels(model).observe(ctx.elapsed)
         self.request_prompt_tokens.labels(model).observe(ctx.prompt_tokens)
         self.request_generation_tokens.labels(model).observe(ctx.completion_tokens)

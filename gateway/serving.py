@@ -115,7 +115,7 @@ async def streamed(ctx: RequestContext, gen: Generation, head: Callable[[], byte
                 if not gen.done:
                     yield ping
                 continue
-            chunk = b"".join(filter(None, [step(out) for out in _noted(ctx, outs)]))
+            chunk = b"".join(filter(None, [step(out) for out in coalesce(_noted(ctx, outs))]))
             if chunk:
                 yield chunk
     except Exception as e:
@@ -136,6 +136,30 @@ async def collected(ctx: RequestContext, gen: Generation, step: StepFn) -> None:
                 step(out)
     finally:
         gen.close()
+
+
+def coalesce(outs: list[RequestOutput]) -> list[RequestOutput]:
+    """A consumer that fell behind reads several steps of an answer at once: each run of one
+    answer's text-only outputs becomes one (one chunk on the wire, not one per step). Tool calls
+    and a finished output end a run, and reasoning never follows content in one, so the chunks
+    keep their order."""
+    if len(outs) < 2:
+        return outs
+    merged: list[RequestOutput] = []
+    last: dict[int, RequestOutput] = {}  # answer -> its output still open for merging
+    for out in outs:
+        acc = last.get(out.index)
+        if (acc is not None and not out.tool_calls and not (acc.content and out.reasoning)
+                and (acc.logprobs is None) == (out.logprobs is None)):
+            acc.merge(out)
+        else:
+            merged.append(out)
+            acc = out
+        if acc.finish_reason is not None or acc.tool_calls:
+            last.pop(out.index, None)
+        else:
+            last[out.index] = acc
+    return merged
 
 
 def totals(ctx: RequestContext, processors) -> tuple[int, int]:

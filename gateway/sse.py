@@ -25,6 +25,31 @@ def event(name: str, obj) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + encoder.encode(obj) + b"\n\n"
 
 
+_MARK = "\x00surogate-sse-field\x00"  # no client-given string holds a NUL: found only where placed
+_MARK_JSON = encoder.encode(_MARK)
+
+
+class Template:
+    """``data: <json>\n\n`` of one chunk whose string field(s) vary, encoded once: ``make(MARK)``
+    builds the chunk with ``Template.MARK`` in the varying field(s); ``fill(text)`` is then the
+    same bytes as ``data(make(text))`` (msgspec escapes a string the same wherever it stands),
+    without building and encoding the Structs per chunk. ``None`` from ``build`` when the mark
+    does not show (then encode as usual)."""
+
+    MARK = _MARK
+
+    def __init__(self, parts: list[bytes]):
+        self._parts = parts
+
+    @classmethod
+    def build(cls, obj) -> Template | None:
+        parts = data(obj).split(_MARK_JSON)
+        return cls(parts) if len(parts) > 1 else None
+
+    def fill(self, text: str) -> bytes:
+        return encoder.encode(text).join(self._parts)
+
+
 class Ids:
     """``chatcmpl-...``, ``call_...``, ``msg_...``: random in production; ``Ids(seed="t")`` counts
     instead, so golden transcripts are byte-stable."""

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from surogate.serve.types import RequestOutput, TokenLogprob
 
 from ..errors import ApiError, error_body
-from ..sse import DONE, Ids, data, event
+from ..sse import DONE, Ids, Template, data, event
 from . import protocol as p
 
 
@@ -62,12 +62,28 @@ class ChatStream:
         self.want_logprobs = logprobs
         self.ids = ids or Ids()
         self.choices = [_Choice() for _ in range(n)]
+        self._templates: dict[tuple[str, int], Template | None] = {}  # (field, index) -> its chunk, prebuilt
 
-    def _chunk(self, index: int, delta: p.ChoiceDelta, *, finish_reason=None, logprobs=None, stop_reason=p.UNSET):
+    def _text_chunk(self, kind: str, index: int, text: str) -> bytes:
+        """A content or reasoning chunk (no logprobs): the bytes of ``_chunk`` from a template
+        built once per choice."""
+        t = self._templates.get((kind, index), False)
+        if t is False:
+            delta = p.ChoiceDelta(content=Template.MARK) if kind == "content" else self._reasoning_delta(Template.MARK)
+            t = self._templates[kind, index] = Template.build(self._struct(index, delta))
+        if t is not None:
+            return t.fill(text)
+        return self._chunk(index, p.ChoiceDelta(content=text) if kind == "content" else self._reasoning_delta(text))
+
+    def _struct(self, index: int, delta: p.ChoiceDelta, *, finish_reason=None, logprobs=None,
+                stop_reason=p.UNSET) -> p.ChatCompletionChunk:
         choice = p.ChunkChoice(delta=delta, index=index, finish_reason=finish_reason, logprobs=logprobs,
                                stop_reason=stop_reason)
-        return data(p.ChatCompletionChunk(id=self.id, choices=[choice], created=self.created, model=self.model,
-                                          usage=None if self.include_usage else p.UNSET))
+        return p.ChatCompletionChunk(id=self.id, choices=[choice], created=self.created, model=self.model,
+                                     usage=None if self.include_usage else p.UNSET)
+
+    def _chunk(self, index: int, delta: p.ChoiceDelta, *, finish_reason=None, logprobs=None, stop_reason=p.UNSET):
+        return data(self._struct(index, delta, finish_reason=finish_reason, logprobs=logprobs, stop_reason=stop_reason))
 
     def start(self) -> bytes:
         return b"".join(self._chunk(i, p.ChoiceDelta(role="assistant", content=""))
@@ -81,10 +97,13 @@ class ChatStream:
             c.pending_logprobs.extend(d.logprobs)
         if d.reasoning:
             c.reasoning.append(d.reasoning)
-            out.append(self._chunk(index, self._reasoning_delta(d.reasoning)))
+            out.append(self._text_chunk("reasoning", index, d.reasoning))
         if d.content:
             c.content.append(d.content)
-            out.append(self._chunk(index, p.ChoiceDelta(content=d.content), logprobs=self._take_logprobs(c)))
+            if self.want_logprobs:
+                out.append(self._chunk(index, p.ChoiceDelta(content=d.content), logprobs=self._take_logprobs(c)))
+            else:
+                out.append(self._text_chunk("content", index, d.content))
         for call in d.tool_calls:
             out.append(self._chunk(index, p.ChoiceDelta(tool_calls=[self._call_delta(c, call)])))
         if d.finish_reason is not None:
@@ -184,12 +203,23 @@ class CompletionStream:
         self.include_usage = include_usage
         self.want_logprobs = logprobs
         self.choices = [_CompletionChoice() for _ in range(num_choices)]
+        self._text_chunks: dict[int, Template | None] = {}  # index -> its plain text chunk, prebuilt
 
-    def _chunk(self, index: int, text: str, logprobs=None, finish_reason=None, stop_reason=p.UNSET) -> bytes:
+    def _text_chunk(self, index: int, text: str) -> bytes:
+        """``_chunk(index, text)``'s bytes from a template built once per choice (most chunks)."""
+        t = self._text_chunks.get(index, False)
+        if t is False:
+            t = self._text_chunks[index] = Template.build(self._struct(index, Template.MARK))
+        return t.fill(text) if t is not None else self._chunk(index, text)
+
+    def _struct(self, index: int, text: str, logprobs=None, finish_reason=None, stop_reason=p.UNSET) -> p.Completion:
         choice = p.CompletionChoice(finish_reason=finish_reason, index=index, logprobs=logprobs, text=text,
                                     stop_reason=stop_reason)
-        return data(p.Completion(id=self.id, choices=[choice], created=self.created, model=self.model,
-                                 usage=None if self.include_usage else p.UNSET))
+        return p.Completion(id=self.id, choices=[choice], created=self.created, model=self.model,
+                            usage=None if self.include_usage else p.UNSET)
+
+    def _chunk(self, index: int, text: str, logprobs=None, finish_reason=None, stop_reason=p.UNSET) -> bytes:
+        return data(self._struct(index, text, logprobs, finish_reason, stop_reason))
 
     def echo(self, index: int, prompt_text: str, prompt_logprobs: Sequence[TokenLogprob | None] = ()) -> bytes:
         """The prompt itself first (``echo: true``), with its logprobs when asked."""
@@ -203,9 +233,12 @@ class CompletionStream:
         c = self.choices[index]
         lp = self._logprobs(c, d.logprobs or []) if self.want_logprobs and d.logprobs else None
         out = b""
-        if d.content or lp:
+        if lp:
             c.text.append(d.content)
             out += self._chunk(index, d.content, lp)
+        elif d.content:
+            c.text.append(d.content)
+            out += self._text_chunk(index, d.content)
         if d.finish_reason is not None:
             c.finish_reason, c.stop_reason = d.finish_reason, d.stop_reason
             out += self._chunk(index, "", finish_reason=d.finish_reason, stop_reason=d.stop_reason)

@@ -41,7 +41,10 @@ class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     logit_bias: dict[int, float] | None = None  # checked against the vocabulary; the engine does not apply it yet
 
 
-class TokenLogprob(msgspec.Struct):
+# gc=False on the per-token outputs: made by the thousand a second and never part of a reference
+# cycle (they hold ints, strings and lists of each other), so the collector need not track them,
+# and their allocations do not trigger collections.
+class TokenLogprob(msgspec.Struct, gc=False):
     """A token's raw model logprob (log_softmax of the logits, before penalties and temperature)
     and its rank (1 = most likely). For a sampled token, ``top`` holds the N most likely
     alternatives, most likely first (as TokenLogprobs whose own ``top`` is empty). ``token`` and
@@ -61,7 +64,7 @@ class TokenLogprob(msgspec.Struct):
         return cls(token_id, logprob, rank, [cls(tid, lp, i + 1) for i, (tid, lp) in enumerate(top)])
 
 
-class RequestOutput(msgspec.Struct):
+class RequestOutput(msgspec.Struct, gc=False):
     """What one engine step produced for one request. The first ten fields are the engine's (in
     the native tuple's order); the generation API fills the rest in place: which answer this is,
     the text this step added after detokenization, stop strings and the parsers, and why the
@@ -115,9 +118,14 @@ class RequestOutput(msgspec.Struct):
         self.reasoning += later.reasoning
         if later.tool_calls:
             self.tool_calls = self.tool_calls + later.tool_calls
-        for f in ("finish_reason", "finish_message", "stop_token_id", "stop_reason"):
-            if getattr(later, f) is not None:
-                setattr(self, f, getattr(later, f))
+        if later.finish_reason is not None:  # field by field: merge runs per output for a lagging stream
+            self.finish_reason = later.finish_reason
+        if later.finish_message is not None:
+            self.finish_message = later.finish_message
+        if later.stop_token_id is not None:
+            self.stop_token_id = later.stop_token_id
+        if later.stop_reason is not None:
+            self.stop_reason = later.stop_reason
         self.num_output_tokens = later.num_output_tokens
         self.num_cached_tokens = max(self.num_cached_tokens, later.num_cached_tokens)
 
