@@ -30,17 +30,41 @@ def spec_for(name: str) -> ModelSpec:
     return ModelSpec(**SHAPES[name])
 
 
-def hf_config(spec: ModelSpec) -> dict:
-    """The transformers config dict of a spec (for the peer)."""
-    rope = {"rope_theta": spec.rope["theta"], "rope_type": spec.rope.get("rope_type", "default")}
+def _hf_rope(r: dict) -> dict:
+    """Our rope attributes as transformers' rope_parameters."""
+    rope = {"rope_theta": r["theta"], "rope_type": r.get("rope_type", "default")}
     if rope["rope_type"] == "llama3":
-        rope.update(factor=spec.rope["factor"], low_freq_factor=spec.rope["low_freq_factor"],
-                    high_freq_factor=spec.rope["high_freq_factor"],
-                    original_max_position_embeddings=int(spec.rope["original_max_position"]))
-    return dict(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers,
-                num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim,
-                intermediate_size=spec.intermediate_size, rms_norm_eps=spec.rms_norm_eps,
-                tie_word_embeddings=spec.tie_word_embeddings, rope_parameters=rope, max_position_embeddings=131072)
+        rope.update(factor=r["factor"], low_freq_factor=r["low_freq_factor"], high_freq_factor=r["high_freq_factor"],
+                    original_max_position_embeddings=int(r["original_max_position"]))
+    elif rope["rope_type"] == "linear":
+        rope.update(factor=r["factor"])
+    return rope
+
+
+def hf_config(spec: ModelSpec) -> dict:
+    """The transformers config dict of a spec (for the peer): the same architecture, so that the
+    peer computes what we compute (its sliding windows, query scale and per-kind rope too)."""
+    cfg = dict(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers,
+               num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim,
+               intermediate_size=spec.intermediate_size, rms_norm_eps=spec.rms_norm_eps,
+               tie_word_embeddings=spec.tie_word_embeddings, rope_parameters=_hf_rope(spec.rope),
+               max_position_embeddings=131072, hidden_act=spec.activation, hidden_activation=spec.activation)
+    if spec.attention_bias:
+        cfg["attention_bias"] = True
+    windows = [w for w in spec.sliding_windows if w]
+    if windows:
+        cfg["sliding_window"] = max(windows)
+        cfg["layer_types"] = ["sliding_attention" if w else "full_attention" for w in spec.sliding_windows]
+    if spec.rope_sliding is not None:
+        # Gemma 3: each kind of layer has its own rope (transformers v5's per-kind rope_parameters).
+        cfg["rope_parameters"] = {"full_attention": _hf_rope(spec.rope),
+                                  "sliding_attention": _hf_rope(spec.rope_sliding)}
+    if spec.attn_scale:
+        scalar = round(spec.attn_scale ** -2, 6)
+        cfg["query_pre_attn_scalar"] = int(scalar) if scalar == int(scalar) else scalar  # transformers wants an int
+    if spec.final_softcap:
+        cfg["final_logit_softcapping"] = spec.final_softcap
+    return cfg
 
 
 def hf_model_class(spec: ModelSpec):

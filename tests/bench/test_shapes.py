@@ -34,3 +34,12 @@ def test_shape_has_the_parameters_transformers_gives_its_config(name):
         recipe = table.recipe(param)
         parts = recipe.hf if isinstance(recipe.hf, tuple) else (recipe.hf,)
         assert shape[0] == sum(theirs[p][0] for p in parts) and shape[1:] == theirs[parts[0]][1:], param
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_peers_config_is_the_same_model(name):
+    # The peer (HF transformers in `bench train / serve --vs hf`) is built from hf_config(spec):
+    # read back by the family, it must give the spec itself (windows, per-kind rope, query
+    # scale), or the two sides of a benchmark compute different models.
+    spec = spec_for(name)
+    assert family_named(spec.family).spec_from_config(hf_config(spec)) == spec
