@@ -93,12 +93,20 @@ losses = step_losses
 
 @pytest.mark.parametrize("optimizer", ["adamw", "adamw_8bit"])
 def test_trainer_on_cuda_follows_the_cpu_curve_and_resumes(base, data, tmp_path, optimizer):
-    cpu = Trainer(config(base, data, tmp_path / "cpu", device="cpu", optimizer=optimizer))
+    # lr 2e-3, not sft_config's 2e-2: at 2e-2 these tiny models (initializer 0.2) run a chaotic
+    # curve (loss 7.3 -> 0.9 in six steps) that multiplies round-off about tenfold a step. Measured
+    # on the H200: Qwen2's CPU / GPU losses agree to 1e-8 at step 1 and 2.7e-3 at step 6 at 2e-2
+    # (the per-parameter gradients at its step-3 state agree to 4e-6), to 9e-8 throughout at 2e-3,
+    # where the loss still falls 7.3 -> 5.2: a wrong update on the GPU still shows at once.
+    kw = dict(optimizer=optimizer, learning_rate=2e-3)
+    cpu = Trainer(config(base, data, tmp_path / "cpu", device="cpu", **kw))
     cpu.train()
-    gpu = Trainer(config(base, data, tmp_path / "gpu", device="cuda", optimizer=optimizer))
+    gpu = Trainer(config(base, data, tmp_path / "gpu", device="cuda", **kw))
     assert gpu.exe.device.startswith("cuda")
     gpu.train()
-    assert np.allclose(losses(tmp_path / "gpu"), losses(tmp_path / "cpu"), rtol=2e-3), \
+    # 8-bit moments: a round-off difference can move a value to the next code.
+    rtol = 1e-4 if optimizer == "adamw" else 2e-3
+    assert np.allclose(losses(tmp_path / "gpu"), losses(tmp_path / "cpu"), rtol=rtol), \
         (losses(tmp_path / "gpu"), losses(tmp_path / "cpu"))
     # Outputs come from the device: the adapter equals the CPU run's to f32 round-off.
     from safetensors.numpy import load_file
@@ -110,7 +118,7 @@ def test_trainer_on_cuda_follows_the_cpu_curve_and_resumes(base, data, tmp_path,
     for k in a:
         assert rel_err(a[k], b[k]) < tol, k
     # Resume on the GPU from the step-3 checkpoint: steps 4..6 again, as before.
-    resumed = Trainer(config(base, data, tmp_path / "gpu", device="cuda", optimizer=optimizer,
+    resumed = Trainer(config(base, data, tmp_path / "gpu", device="cuda", **kw,
                              resume_from_checkpoint=str(tmp_path / "gpu" / "checkpoints" / "step_00000003")))
     resumed.train()
     again = losses(tmp_path / "gpu")
