@@ -278,7 +278,7 @@ def run(model_name: str, *, n: int, prompt_len: int, output_len: int, dtype: str
         engine: bool = True, warmup: bool = True, api_key: str | None = None, seed: int = 0) -> HttpResult:
     """The HTTP load against ``url`` or a `surogate serve` started for ``model_name`` (a named
     shape, or an HF folder served as it is), then the engine's offline figure. Prints the table."""
-    from surogate.bench.serve import bench_ours
+    from surogate.bench.serve import bench_ours, warmup_prompts
     from surogate.bench.train import random_model
     from surogate.model import resolve_device
 
@@ -293,19 +293,21 @@ def run(model_name: str, *, n: int, prompt_len: int, output_len: int, dtype: str
             model = random_model(model_name, dtype, seed=seed, device=device)
             if url is None:
                 folder = write_random_model(model, Path(tmp) / model_name)
-        # The warm-up sends prompts of the same shapes that share no prefix with the timed ones:
-        # the same prompts would be served from the prefix cache and skip their prefill.
+        # The engine figure's warm-up (serve.warmup_prompts: the load, then one request alone, of
+        # the same shapes and no prefix shared with the timed prompts): warmed once, a single
+        # stream captured its prefill's CUDA graph in the timed request, the engine's did not.
         if dataset == "random":
             prompts: list = random_prompts(model.spec.vocab_size, n, prompt_len, seed)
-            warm = random_prompts(model.spec.vocab_size, n, prompt_len, seed + 1)
+            warm = warmup_prompts(model.spec.vocab_size, n, prompt_len, seed)
         else:
             prompts = chat_prompts(dataset, n)
-            warm = [f"(warm-up {i}) {p}" for i, p in enumerate(prompts)]
+            warm = [[f"(warm-up {i}) {p}" for i, p in enumerate(prompts)], [f"(warm-up alone) {prompts[0]}"]]
 
         def load(base: str) -> HttpResult:
             name = served_model_name(base, api_key)
-            if warmup:  # compiles the Programs of the load's buckets, as the engine's run below does
-                run_load(base, name, warm, output_len, api_key=api_key, seed=seed)
+            if warmup:
+                for loads in warm:
+                    run_load(base, name, loads, output_len, api_key=api_key, seed=seed)
             return run_load(base, name, prompts, output_len, request_rate, api_key, seed)
 
         if url is not None:

@@ -24,7 +24,7 @@ _json = msgspec.json.Decoder()
 class StreamResult:
     ok: bool = False
     error: str = ""
-    start: float = 0.0  # perf_counter when the request was sent
+    start: float = 0.0  # perf_counter before connecting (`vllm bench serve`'s clock)
     ttft: float | None = None  # seconds to the first event with a choice
     itl: list[float] = field(default_factory=list)  # between events with a choice
     latency: float = 0.0  # to the end of the stream
@@ -50,7 +50,6 @@ class _Stream(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
-        self.result.start = time.perf_counter()
         transport.write(self.request)
 
     def data_received(self, data: bytes) -> None:
@@ -175,7 +174,7 @@ def post_request(url: str, body: bytes, api_key: str | None = None) -> tuple[str
 async def stream(host: str, port: int, request: bytes, timeout: float = 3600) -> StreamResult:
     """Send ``request`` (from post_request) and read its event stream to the end."""
     loop = asyncio.get_running_loop()
-    result = StreamResult()
+    result = StreamResult(start=time.perf_counter())  # TTFT counts the connection too: a user's first token does
     done = loop.create_future()
     try:
         transport, _ = await loop.create_connection(lambda: _Stream(request, result, done), host, port)

@@ -10,7 +10,8 @@ import json
 
 import pytest
 
-from surogate.bench.http import chat_prompts, report, run
+from surogate.bench.http import chat_prompts, random_prompts, report, run
+from surogate.bench.serve import warmup_prompts
 from surogate.bench.sse_client import post_request, stream
 
 
@@ -86,6 +87,16 @@ def test_the_client_counts_what_went_wrong():
     assert not r.ok and r.error
     r = fetch(head + chunked([sse({"error": {"message": "engine died"}})]))
     assert not r.ok and "engine died" in r.error
+
+
+def test_both_sides_warm_up_each_shape_twice_with_prompts_of_their_own():
+    # A GPU Program is captured into a CUDA graph the second time its shape runs: a single stream
+    # warmed once would capture its prefill in the timed request (the engine's side did not).
+    warm = warmup_prompts(100, 4, 8, seed=0)
+    assert [len(w) for w in warm] == [4, 1] and all(len(p) == 8 for w in warm for p in w)
+    timed = {tuple(p) for p in random_prompts(100, 4, 8, seed=0)}
+    assert not timed & {tuple(p) for w in warm for p in w}  # else the prefix cache skips the prefill
+    assert len(warmup_prompts(100, 1, 8)) == 2  # one stream: its shapes met twice before timing
 
 
 def test_chat_set_prompts(tmp_path):
