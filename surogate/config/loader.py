@@ -305,8 +305,8 @@ def _check_dpo(c, fail) -> None:
         fail("max_length", f"must be at least 16, got {c.max_length}", "prompt + completion tokens, e.g. 1024")
     for key in ("max_prompt_length", "max_completion_length"):
         value = getattr(c, key)
-        if value is not None and not 1 <= value < c.max_length:
-            fail(key, f"must be in [1, max_length={c.max_length}), got {value}", "null: no separate limit")
+        if value is not None and value < 1:
+            fail(key, f"must be at least 1, got {value}", "null: no limit of its own (max_length still applies)")
 
 
 # -- type descriptions for messages --
