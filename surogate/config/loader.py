@@ -41,7 +41,8 @@ _NOT_YET = {"recipe": {"fp8", "fp8_hybrid", "fp8-hybrid", "nvfp4", "fp4", "nvfp4
 
 
 def load_config(source: str | os.PathLike | Mapping[str, Any], kind: str = "sft") -> SFTConfig:
-    """The config in a YAML file (or an already-parsed mapping), validated. ``kind``: a key of CONFIG_KINDS (sft, pt, dpo)."""
+    """The config in a YAML file (or an already-parsed mapping), validated. ``kind``: a key of
+    CONFIG_KINDS (sft, pt, dpo)."""
     if kind not in CONFIG_KINDS:
         raise ConfigError(f"unknown config kind {kind!r}", hint=f"use one of: {', '.join(CONFIG_KINDS)}")
     cls = CONFIG_KINDS[kind]

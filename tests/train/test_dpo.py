@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
+from sgtest.preference import conversational, dpo_config, write_pairs, write_rows  # noqa: E402
 from sgtest.qa import interrupt_after, step_losses, step_records  # noqa: E402
 from sgtest.tiny_models import make_qwen3  # noqa: E402
 from surogate.config import load_config  # noqa: E402
@@ -25,22 +26,6 @@ from surogate.errors import ConfigError, FileFormatError  # noqa: E402
 from surogate.train.checkpoint import latest_checkpoint  # noqa: E402
 from surogate.train.dpo import DPOTrainer  # noqa: E402
 from surogate.train.lora import save_peft_adapter  # noqa: E402
-
-PAIRS = [("What is the capital of France?", "Paris.", "London."), ("Name a primary color.", "Red.", "Green."),
-         ("What is 2 + 2?", "4.", "5."), ("Say hello.", "Hello!", "Goodbye!"), ("Opposite of up?", "Down.", "Left."),
-         ("Color of the sky?", "Blue.", "Orange."), ("First letter?", "A.", "Z."), ("Largest planet?", "Jupiter.", "Mars.")]
-
-
-def conversational(prompt, chosen, rejected) -> dict:
-    return {"prompt": [{"role": "user", "content": prompt}], "chosen": [{"role": "assistant", "content": chosen}],
-            "rejected": [{"role": "assistant", "content": rejected}]}
-
-
-def write_rows(path, rows):
-    with open(path, "w") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -50,16 +35,10 @@ def base(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    return write_rows(tmp_path_factory.mktemp("data") / "pref.jsonl", [conversational(*p) for p in PAIRS])
+    return write_pairs(tmp_path_factory.mktemp("data") / "pref.jsonl")
 
 
-def config(base, data, out, **kw):
-    c = {"model": str(base), "output_dir": str(out), "datasets": [{"path": str(data), "type": "preference"}],
-         "max_length": 48, "max_prompt_length": 32, "per_device_train_batch_size": 2,
-         "gradient_accumulation_steps": 2, "recipe": "fp32", "learning_rate": 1e-2, "lr_scheduler_type": "constant",
-         "max_steps": 6, "lora_rank": 8, "lora_alpha": 16, "save_steps": 0, "eval_steps": 0, "seed": 7}
-    c.update(kw)
-    return load_config(c, kind="dpo")
+config = dpo_config
 
 
 # -- the loss against torch --
