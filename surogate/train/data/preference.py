@@ -23,8 +23,6 @@ micro-batch, N tokens in a micro-batch.
 from __future__ import annotations
 
 import logging
-import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -36,7 +34,7 @@ from surogate.config.sft import DatasetConfig
 from surogate.errors import ConfigError, InvalidArgumentError
 from surogate.io import Tokenizer
 from surogate.train.data import cache
-from surogate.train.data.dataset import BatchIterator, BatchPosition, DataStats
+from surogate.train.data.dataset import DataStats, PackedDataset
 from surogate.train.data.formats import RowError, _fields, _json_value, _kind, _message
 from surogate.train.data.packing import Batch, Documents, PackPlan, collate
 from surogate.train.data.sources import RowErrors, fingerprint, read_rows, resolve_files
@@ -188,49 +186,31 @@ class PreferenceEncoder:
 
 # -- the dataset --
 
-class PreferencePairs:
-    """P pairs as 2P documents (chosen 2i, rejected 2i+1), served B pairs per micro-batch in an
-    order fixed by (seed, epoch); ``iterator`` is the SFT data's ``BatchIterator``."""
+class PreferencePairs(PackedDataset):
+    """P pairs as 2P documents (chosen 2i, rejected 2i+1); a "row" of the SFT dataset is a pair
+    here, so the epoch order, ``batches`` and ``iterator`` are the SFT data's."""
 
     def __init__(self, docs: Documents, max_length: int, *, pad_id: int = 0, seed: int = 0,
                  stats: DataStats | None = None):
         assert len(docs) % 2 == 0
         self.docs = docs
         self.max_length = max_length
+        self.sequence_len = 2 * max_length  # a pair's room in the micro-batch
         self.pad_id = pad_id
         self.seed = seed
         self.stats = stats or DataStats(documents=len(docs), tokens=docs.num_tokens, target_tokens=docs.num_targets)
 
     @property
-    def num_rows(self) -> int:  # a "row" here is a pair (BatchIterator's unit)
+    def num_rows(self) -> int:
         return len(self.docs) // 2
-
-    def __len__(self) -> int:
-        return self.num_rows
-
-    def num_batches(self, batch_size: int) -> int:
-        return math.ceil(self.num_rows / batch_size)
-
-    def order(self, epoch: int, shuffle: bool = True) -> np.ndarray:
-        if not shuffle:
-            return np.arange(self.num_rows)
-        return np.random.default_rng([self.seed, epoch]).permutation(self.num_rows)
 
     def batch(self, pairs) -> PairBatch:
         """The micro-batch of these pair indices (-1: a padding slot, left out)."""
         real = [int(p) for p in pairs if p >= 0]
-        n = len(pairs) * 2 * self.max_length
         docs = np.array([d for p in real for d in (2 * p, 2 * p + 1)], np.int64)
-        b = collate(self.docs, PackPlan(np.array([0, len(docs)], np.int64), docs), [0], n, self.pad_id)
+        b = collate(self.docs, PackPlan(np.array([0, len(docs)], np.int64), docs), [0],
+                    len(pairs) * self.sequence_len, self.pad_id)
         return PairBatch(**b.__dict__, pairs=len(real))
-
-    def batches(self, batch_size: int, *, epoch: int = 0, shuffle: bool = True) -> Iterator[PairBatch]:
-        order = self.order(epoch, shuffle)
-        for i in range(self.num_batches(batch_size)):
-            yield self.batch(order[i * batch_size:(i + 1) * batch_size].tolist())
-
-    def iterator(self, batch_size: int, position: BatchPosition | tuple[int, int] = (0, 0)) -> BatchIterator:
-        return BatchIterator(self, batch_size, BatchPosition(*position))
 
 
 def build_preference_datasets(config, tokenizer: Tokenizer, *, cache_dir=None
