@@ -152,6 +152,12 @@ def test_resume_reproduces_the_uninterrupted_curve(base, data, tmp_path):
             assert by_step[r["step"]][k] == r[k], (r["step"], k)
 
 
+def test_recompute_and_separate_phases_change_nothing(base, data, tmp_path):
+    DPOTrainer(config(base, data, tmp_path / "a", max_steps=3)).train()
+    DPOTrainer(config(base, data, tmp_path / "b", max_steps=3, recompute=True)).train()
+    assert step_losses(tmp_path / "b") == pytest.approx(step_losses(tmp_path / "a"), rel=1e-6)
+
+
 def test_evaluation_reports_rewards(base, data, tmp_path):
     DPOTrainer(config(base, data, tmp_path / "run", max_steps=2, eval_steps=2, validation_split_ratio=0.25)).train()
     evals = [json.loads(x) for x in open(tmp_path / "run" / "metrics.jsonl")]

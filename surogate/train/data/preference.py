@@ -295,7 +295,8 @@ def _load(encoder: PreferenceEncoder, dataset: DatasetConfig, name: str, stats: 
         log.warning("%s (%s): skipped %d malformed rows, e.g. %s", name, dataset.path, errors.count,
                     "; ".join(errors.examples[:3]))
     if encoder.truncated:
-        log.warning("%s (%s): %d completions were truncated (max_length=%d)", name, dataset.path,
+        log.warning("%s (%s): %d sequences were truncated (max_prompt_length / max_completion_length / "
+                    "max_length=%d)", name, dataset.path,
                     encoder.truncated, c.max_length)
     docs = Documents.from_arrays(kept)
     cache.save(path, docs, counts)
