@@ -152,7 +152,7 @@ def test_resume_reproduces_the_uninterrupted_curve(base, data, tmp_path):
             assert by_step[r["step"]][k] == r[k], (r["step"], k)
 
 
-def test_recompute_and_separate_phases_change_nothing(base, data, tmp_path):
+def test_recompute_changes_nothing(base, data, tmp_path):
     DPOTrainer(config(base, data, tmp_path / "a", max_steps=3)).train()
     DPOTrainer(config(base, data, tmp_path / "b", max_steps=3, recompute=True)).train()
     assert step_losses(tmp_path / "b") == pytest.approx(step_losses(tmp_path / "a"), rel=1e-6)
