@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from surogate.config.distill import DistillConfig
 from surogate.config.dpo import DPOConfig
 from surogate.config.sft import PTConfig, SFTConfig
 
-CONFIG_KINDS: dict[str, type[SFTConfig]] = {"sft": SFTConfig, "pt": PTConfig, "dpo": DPOConfig}
+CONFIG_KINDS: dict[str, type[SFTConfig]] = {"sft": SFTConfig, "pt": PTConfig, "dpo": DPOConfig,
+                                            "distill": DistillConfig}

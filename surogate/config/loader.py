@@ -42,7 +42,7 @@ _NOT_YET = {"recipe": {"fp8", "fp8_hybrid", "fp8-hybrid", "nvfp4", "fp4", "nvfp4
 
 def load_config(source: str | os.PathLike | Mapping[str, Any], kind: str = "sft") -> SFTConfig:
     """The config in a YAML file (or an already-parsed mapping), validated. ``kind``: a key of
-    CONFIG_KINDS (sft, pt, dpo)."""
+    CONFIG_KINDS (sft, pt, dpo, distill)."""
     if kind not in CONFIG_KINDS:
         raise ConfigError(f"unknown config kind {kind!r}", hint=f"use one of: {', '.join(CONFIG_KINDS)}")
     cls = CONFIG_KINDS[kind]
@@ -235,6 +235,19 @@ def _check_values(c: SFTConfig, where: _Where) -> None:
                      "run `surogate dpo` with this dataset, or use a messages / instruction / text dataset")
     if c.kind == "dpo":
         _check_dpo(c, fail)
+    if c.kind == "distill":
+        d = c.distillation
+        if not d.teacher_model.strip():
+            fail("distillation.teacher_model", "empty path", "a local HF model folder with the student's tokenizer")
+        if not 1 <= d.top_k <= 64:
+            fail("distillation.top_k", f"must be in [1, 64], got {d.top_k}",
+                 "each teacher token costs one forward + backward pass of the student; 4 to 16 is typical")
+        for key in ("kd_weight", "ce_weight"):
+            if getattr(d, key) < 0:
+                fail(f"distillation.{key}", f"must not be negative, got {getattr(d, key)}")
+        if d.kd_weight == 0 and d.ce_weight == 0:
+            fail("distillation.kd_weight", "kd_weight and ce_weight are both 0: nothing to train on",
+                 "set kd_weight (the KL to the teacher) above 0")
     if c.validation_datasets and c.validation_split_ratio:
         fail("validation_split_ratio", "set together with validation_datasets",
              "use one: validation_datasets, or a split of the training data")

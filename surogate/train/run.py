@@ -1,4 +1,4 @@
-"""Entry point of `surogate sft`, `pt` and `dpo`: config file in, trained outputs out."""
+"""Entry point of `surogate sft`, `pt`, `dpo` and `distill`: config file in, trained outputs out."""
 
 from __future__ import annotations
 
@@ -17,6 +17,10 @@ def run(config_path: str | Path, kind: str) -> TrainResult:
         from surogate.train.dpo import DPOTrainer
 
         trainer = DPOTrainer(cfg)
+    elif kind == "distill":
+        from surogate.train.distill import DistillTrainer
+
+        trainer = DistillTrainer(cfg)
     else:
         trainer = Trainer(cfg)
     result = trainer.train()

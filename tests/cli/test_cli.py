@@ -15,9 +15,8 @@ from surogate.cli import doctor
 
 NOT_BUILT = {
     "grpo": ["grpo", "config.yaml"],
-    "distill": ["distill", "config.yaml"],
 }
-COMMANDS = [*NOT_BUILT, "bench", "doctor", "merge", "sft", "pt", "dpo", "serve", "quantize", "models", "tui"]
+COMMANDS = [*NOT_BUILT, "bench", "doctor", "merge", "sft", "pt", "dpo", "distill", "serve", "quantize", "models", "tui"]
 
 
 def run(*args: str, code: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:

@@ -30,7 +30,7 @@ def error_of(source, kind: str = "sft") -> ConfigError:
 
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
 def test_every_example_config_loads(path: Path) -> None:
-    kind = path.name.split("-")[0]  # sft-*.yaml, pt-*.yaml, dpo-*.yaml
+    kind = path.name.split("-")[0]  # sft-*.yaml, pt-*.yaml, dpo-*.yaml, distill-*.yaml
     config = load_config(path, kind=kind)
     assert isinstance(config, CONFIG_KINDS[kind]) and config.kind == kind
     assert config.datasets and config.metrics_path
