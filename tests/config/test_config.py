@@ -38,7 +38,8 @@ def test_every_example_config_loads(path: Path) -> None:
 
 def test_examples_exist() -> None:
     names = {p.name for p in CONFIGS.glob("*.yaml")}
-    assert {"sft-lora-qwen3.yaml", "sft-lora-tiny.yaml", "pt-tiny.yaml", "dpo-lora-tiny.yaml"} <= names
+    assert {"sft-lora-qwen3.yaml", "sft-lora-tiny.yaml", "pt-tiny.yaml", "dpo-lora-tiny.yaml",
+            "distill-lora-tiny.yaml"} <= names
 
 
 def test_defaults() -> None:

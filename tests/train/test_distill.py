@@ -123,3 +123,46 @@ def test_config_errors_name_the_key(student, teacher, data, tmp_path):
     with pytest.raises(ConfigError) as info:
         load_config({"model": "m", "datasets": [{"path": "d"}]}, kind="distill")
     assert "distillation" in info.value.message
+
+
+def test_resume_reproduces_the_uninterrupted_curve(student, teacher, data, tmp_path):
+    from sgtest.qa import interrupt_after
+
+    DistillTrainer(config(student, teacher, data, tmp_path / "a", save_steps=3)).train()
+    full = step_records(tmp_path / "a")
+    interrupted = DistillTrainer(config(student, teacher, data, tmp_path / "b", save_steps=3))
+    interrupt_after(interrupted, 4)
+    with pytest.raises(KeyboardInterrupt):
+        interrupted.train()
+    DistillTrainer(config(student, teacher, data, tmp_path / "b", save_steps=3, resume_from_checkpoint=True)).train()
+    by_step = {r["step"]: r for r in step_records(tmp_path / "b")}
+    assert [(by_step[r["step"]]["loss"], by_step[r["step"]]["kl"]) for r in full] == [(r["loss"], r["kl"]) for r in full]
+
+
+def test_surogate_distill_command(student, teacher, data, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(f"""model: {student}
+output_dir: {tmp_path / 'out'}
+datasets:
+  - path: {data}
+    type: messages
+distillation:
+  teacher_model: {teacher}
+  top_k: 2
+sequence_len: 64
+per_device_train_batch_size: 2
+gradient_accumulation_steps: 1
+max_steps: 2
+recipe: fp32
+save_steps: 0
+eval_steps: 0
+""")
+    proc = subprocess.run([sys.executable, "-P", "-m", "surogate.cli.main", "distill", str(cfg)], capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "out" / "adapter" / "adapter_model.safetensors").is_file()
+    assert [r["step"] for r in step_records(tmp_path / "out")] == [1, 2]

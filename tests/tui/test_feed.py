@@ -77,4 +77,6 @@ def test_a_dpo_runs_reward_metrics_are_kept():
               {"type": "step", "step": 2, "loss": 0.5, "rewards/chosen": 0.3, "rewards/rejected": -0.2,
                "rewards/margins": 0.5, "rewards/accuracies": 1.0, "logps/chosen": -9.0}])
     assert m.rewards == {"chosen": 0.3, "rejected": -0.2, "margins": 0.5, "accuracies": 1.0}
-    assert RunMetrics().rewards == {}  # an SFT run shows no reward lines
+    assert RunMetrics().rewards == {} and RunMetrics().kl is None  # an SFT run shows neither
+    m.apply({"type": "step", "step": 3, "loss": 0.4, "kl": 0.25, "ce": 1.5})
+    assert m.kl == 0.25
