@@ -7,7 +7,8 @@ import json
 
 PAIRS = [("What is the capital of France?", "Paris.", "London."), ("Name a primary color.", "Red.", "Green."),
          ("What is 2 + 2?", "4.", "5."), ("Say hello.", "Hello!", "Goodbye!"),
-         ("Opposite of up?", "Down.", "Left."), ("Color of the sky?", "Blue.", "Orange."), ("First letter?", "A.", "Z."), ("Largest planet?", "Jupiter.", "Mars.")]
+         ("Opposite of up?", "Down.", "Left."), ("Color of the sky?", "Blue.", "Orange."),
+         ("First letter?", "A.", "Z."), ("Largest planet?", "Jupiter.", "Mars.")]
 
 
 def conversational(prompt, chosen, rejected) -> dict:
