@@ -208,8 +208,8 @@ def _scored_text(tok, batch, d):
 
 
 def test_the_loss_sees_the_completion_only(base, tmp_path):
-    rows = [conversational("Say hi.", "Hi there.", "No."),
-            {"prompt": "Q: 2+2? A:", "chosen": " 4", "rejected": " 5"},
+    rows = [{k: json.dumps(v) for k, v in conversational("Say hi.", "Hi there.", "No.").items()},  # JSON strings
+            {"prompt": "Q: 2+2? A:", "chosen": " 4", "rejected": "[5]"},
             {"chosen": [{"role": "user", "content": "Yes?"}, {"role": "assistant", "content": "Yes."}],
              "rejected": [{"role": "user", "content": "Yes?"}, {"role": "assistant", "content": "No."}]}]
     train, tok = _pairs(base, tmp_path, rows, max_prompt_length=None)
@@ -219,6 +219,7 @@ def test_the_loss_sees_the_completion_only(base, tmp_path):
     assert chosen.strip().endswith("Hi there.<|im_end|>") and "Say hi." not in chosen
     assert rejected.strip().endswith("No.<|im_end|>")
     assert _scored_text(tok, b, 2) == " 4" + tok.eos_token  # plain strings: TRL appends eos
+    assert _scored_text(tok, b, 3) == "[5]" + tok.eos_token  # text that starts with "[" stays text
     implicit = _scored_text(tok, b, 4)  # no prompt field: the shared start is the prompt
     assert implicit.strip().endswith("Yes.<|im_end|>") and "Yes?" not in implicit
 

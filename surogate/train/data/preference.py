@@ -22,6 +22,7 @@ micro-batch, N tokens in a micro-batch.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,7 @@ from surogate.errors import ConfigError, InvalidArgumentError
 from surogate.io import Tokenizer
 from surogate.train.data import cache
 from surogate.train.data.dataset import DataStats, PackedDataset
-from surogate.train.data.formats import RowError, _fields, _json_value, _kind, _message
+from surogate.train.data.formats import RowError, _fields, _kind, _message
 from surogate.train.data.packing import Batch, Documents, PackPlan, collate
 from surogate.train.data.sources import RowErrors, fingerprint, read_rows, resolve_files
 
@@ -89,8 +90,13 @@ def _side(record: dict, field: str, key: str, allow_empty: bool = False) -> list
     if field not in record:
         raise RowError(f"no {field!r} field (fields: {_fields(record)})", key=key)
     value = record[field]
-    if isinstance(value, str) and value.lstrip()[:1] == "[":
-        value = _json_value(value, field)
+    if isinstance(value, str) and value.lstrip()[:1] == "[":  # messages stored as a JSON string (CSV, hub sets)
+        try:
+            decoded = json.loads(value)
+        except json.JSONDecodeError:
+            decoded = None
+        if isinstance(decoded, list) and decoded and all(isinstance(m, dict) for m in decoded):
+            value = decoded  # else it is plain text that starts with "["
     if isinstance(value, str):
         if not value and not allow_empty:
             raise RowError(f"field {field!r} is empty")
