@@ -91,11 +91,14 @@ class Model:
 
     # ---- compilation ------------------------------------------------------------------------
     def executable(self, mode: str, n_tokens: int, n_docs: int, lora: LoRAConfig | None = None,
-                   grads: bool = False, recompute: bool = False) -> Executable:
+                   grads: bool = False, recompute: bool = False, shared: bool = True) -> Executable:
+        """The compiled Program for this shape, bound to the model's weights; one per shape and
+        setup (cached) unless ``shared`` is False: then a new one the caller may bind other
+        weights to (DPO's frozen reference copy)."""
         key = (mode, n_tokens, n_docs,
                None if lora is None else (lora.rank, lora.alpha, lora.targets, lora.dropout), grads,
                recompute)
-        exe = self._cache.get(key)
+        exe = self._cache.get(key) if shared else None
         if exe is None:
             g = self.arch.build(mode=mode, dtype=self.dtype, lora=lora, quant=self.quant)
             keep = [g.outputs["loss" if mode == "train" else "logits"]]
@@ -105,7 +108,8 @@ class Model:
             for name in exe.external_names("param"):
                 if name in self.params:
                     exe.bind(name, self.params[name], self.device_param(name))
-            self._cache[key] = exe
+            if shared:
+                self._cache[key] = exe
         return exe
 
     def _feed(self, exe: Executable, ids, pos, cu, lora_params: dict | None = None) -> None:

@@ -2,7 +2,8 @@
 and fold its lines into what the Train screen shows.
 
 Lines: ``start`` (total_steps, start_step, tokens_per_step, output_dir), ``step`` (loss, lr,
-grad_norm, tokens_per_second, epoch, elapsed), ``eval`` (eval_loss), ``gpu`` (a list of per-GPU
+grad_norm, tokens_per_second, epoch, elapsed; a DPO run adds rewards/chosen, rewards/rejected,
+rewards/margins, rewards/accuracies; a distill run kl and ce), ``eval`` (eval_loss), ``gpu`` (a list of per-GPU
 samples) and ``end`` (final loss, eval loss, output). Unknown types and malformed lines are
 skipped: the feed is written by another process and may be mid-line when read.
 """
@@ -84,6 +85,9 @@ class RunMetrics:
     updated_at: float | None = None
     ended: bool = False
     output: str | None = None
+    # Preference runs (surogate dpo): the last step's TRL metrics, by name without "rewards/".
+    rewards: dict[str, float] = field(default_factory=dict)
+    kl: float | None = None  # distillation runs: the student's KL to the teacher's top-k
 
     def apply(self, record: dict) -> None:
         kind = record.get("type")
@@ -111,6 +115,10 @@ class RunMetrics:
             self.tokens_per_second = record.get("tokens_per_second", self.tokens_per_second)
             self.epoch = record.get("epoch", self.epoch)
             self.elapsed = record.get("elapsed", self.elapsed)
+            self.kl = record.get("kl", self.kl)
+            for key, value in record.items():
+                if key.startswith("rewards/") and isinstance(value, (int, float)):
+                    self.rewards[key.removeprefix("rewards/")] = float(value)
         elif kind == "eval":
             value = record.get("eval_loss")
             if isinstance(value, (int, float)):

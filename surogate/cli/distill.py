@@ -1,4 +1,4 @@
-"""`surogate distill CONFIG`: knowledge distillation from a teacher's top-k logits."""
+"""`surogate distill CONFIG`: knowledge distillation from a teacher's top-k next-token distribution."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from typing import Annotated
 
 import typer
 
-from surogate.cli.not_built import not_built
-
 
 def distill(
     config: Annotated[Path, typer.Argument(metavar="CONFIG", help="The run's YAML config.", show_default=False)],
 ) -> None:
-    """Distill a teacher model into a student (top-k logits)."""
-    not_built("distill", 'training: distillation, after issue #5 sft/pt')
+    """Distill a teacher model into a student (the teacher's top-k, computed on the fly)."""
+    from surogate.train.run import run
+
+    run(config, "distill")

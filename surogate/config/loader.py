@@ -18,7 +18,8 @@ from typing import Any
 import msgspec
 import yaml
 
-from surogate.config.sft import CONFIG_KINDS, SFTConfig
+from surogate.config.kinds import CONFIG_KINDS
+from surogate.config.sft import SFTConfig
 from surogate.errors import ConfigError
 
 # Keys of the original Surogate (and of other trainers) that have another name here.
@@ -33,13 +34,15 @@ _RENAMED = {
     "base_model": "model",
     "max_seq_length": "sequence_len",
     "lora_r": "lora_rank",
+    "dpo_beta": "beta",
 }
 # Values of known keys that name features this version does not have.
 _NOT_YET = {"recipe": {"fp8", "fp8_hybrid", "fp8-hybrid", "nvfp4", "fp4", "nvfp4_quartet"}}
 
 
 def load_config(source: str | os.PathLike | Mapping[str, Any], kind: str = "sft") -> SFTConfig:
-    """The config in a YAML file (or an already-parsed mapping), validated. ``kind``: "sft" or "pt"."""
+    """The config in a YAML file (or an already-parsed mapping), validated. ``kind``: a key of
+    CONFIG_KINDS (sft, pt, dpo, distill)."""
     if kind not in CONFIG_KINDS:
         raise ConfigError(f"unknown config kind {kind!r}", hint=f"use one of: {', '.join(CONFIG_KINDS)}")
     cls = CONFIG_KINDS[kind]
@@ -48,6 +51,9 @@ def load_config(source: str | os.PathLike | Mapping[str, Any], kind: str = "sft"
     else:
         data, where = _read_yaml(Path(source))
     _check_keys(data, msgspec.inspect.type_info(cls), "", where)
+    for key, instead in getattr(cls, "not_used", {}).items():
+        if key in data:
+            raise ConfigError(f"{key}: not used by surogate {kind}", where=where(key), hint=instead)
     _check_not_yet(data, where)
     try:
         config = msgspec.convert(data, cls)
@@ -219,6 +225,29 @@ def _check_values(c: SFTConfig, where: _Where) -> None:
             if c.kind == "pt" and d.train_on not in (None, "all"):
                 fail(f"{group}[{i}].train_on", f"pretraining trains on every token, got {d.train_on!r}",
                      "remove it (surogate pt always uses all)")
+    for group in ("datasets", "validation_datasets"):
+        for i, d in enumerate(getattr(c, group)):
+            if c.kind == "dpo" and d.type not in ("auto", "preference"):
+                fail(f"{group}[{i}].type", f"surogate dpo trains on preference rows, got {d.type!r}",
+                     "use type: preference (rows with prompt, chosen and rejected)")
+            if c.kind != "dpo" and d.type == "preference":
+                fail(f"{group}[{i}].type", f"preference rows train with surogate dpo, not surogate {c.kind}",
+                     "run `surogate dpo` with this dataset, or use a messages / instruction / text dataset")
+    if c.kind == "dpo":
+        _check_dpo(c, fail)
+    if c.kind == "distill":
+        d = c.distillation
+        if not d.teacher_model.strip():
+            fail("distillation.teacher_model", "empty path", "a local HF model folder with the student's tokenizer")
+        if not 1 <= d.top_k <= 64:
+            fail("distillation.top_k", f"must be in [1, 64], got {d.top_k}",
+                 "each teacher token costs one forward + backward pass of the student; 4 to 16 is typical")
+        for key in ("kd_weight", "ce_weight"):
+            if getattr(d, key) < 0:
+                fail(f"distillation.{key}", f"must not be negative, got {getattr(d, key)}")
+        if d.kd_weight == 0 and d.ce_weight == 0:
+            fail("distillation.kd_weight", "kd_weight and ce_weight are both 0: nothing to train on",
+                 "set kd_weight (the KL to the teacher) above 0")
     if c.validation_datasets and c.validation_split_ratio:
         fail("validation_split_ratio", "set together with validation_datasets",
              "use one: validation_datasets, or a split of the training data")
@@ -277,6 +306,21 @@ def _check_values(c: SFTConfig, where: _Where) -> None:
         fail("resume_from_checkpoint", "empty path", "true resumes from the latest checkpoint in output_dir")
     if len(set(c.report_to)) != len(c.report_to):
         fail("report_to", "a reporter is listed twice")
+
+
+def _check_dpo(c, fail) -> None:
+    if not c.beta > 0:
+        fail("beta", f"must be positive, got {c.beta}", "TRL's default is 0.1")
+    if not 0 <= c.label_smoothing < 0.5:
+        fail("label_smoothing", f"must be in [0, 0.5), got {c.label_smoothing}", "0 is plain DPO")
+    if c.label_smoothing and c.loss_type != "sigmoid":
+        fail("label_smoothing", f"applies to loss_type: sigmoid only, not {c.loss_type!r}", "remove it")
+    if c.max_length < 16:
+        fail("max_length", f"must be at least 16, got {c.max_length}", "prompt + completion tokens, e.g. 1024")
+    for key in ("max_prompt_length", "max_completion_length"):
+        value = getattr(c, key)
+        if value is not None and value < 1:
+            fail(key, f"must be at least 1, got {value}", "null: no limit of its own (max_length still applies)")
 
 
 # -- type descriptions for messages --

@@ -13,7 +13,7 @@ from typing import ClassVar, Literal
 
 import msgspec
 
-DatasetType = Literal["auto", "messages", "instruction", "text"]
+DatasetType = Literal["auto", "messages", "instruction", "text", "preference"]
 TrainOn = Literal["assistant", "last_turn", "all"]
 LoRATarget = Literal["all", "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -39,6 +39,11 @@ class DatasetConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fr
     system_field: str = "system"  # a per-row system prompt, when the row has it
     system_prompt: str | None = None  # a fixed system prompt for rows without one
     tools_field: str = "tools"
+    # preference (surogate dpo): TRL's prompt / chosen / rejected rows, messages or plain strings;
+    # without a prompt field the prompt is the messages chosen and rejected share at the start.
+    prompt_field: str = "prompt"
+    chosen_field: str = "chosen"
+    rejected_field: str = "rejected"
     train_on: TrainOn | None = None  # overrides the run's train_on for this dataset
 
 
@@ -136,6 +141,3 @@ class PTConfig(SFTConfig, forbid_unknown_fields=True, kw_only=True, frozen=True)
     kind: ClassVar[str] = "pt"
 
     train_on: Literal["all"] = "all"
-
-
-CONFIG_KINDS: dict[str, type[SFTConfig]] = {"sft": SFTConfig, "pt": PTConfig}

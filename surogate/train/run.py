@@ -1,4 +1,4 @@
-"""Entry point of `surogate sft` and `surogate pt`: config file in, trained outputs out."""
+"""Entry point of `surogate sft`, `pt`, `dpo` and `distill`: config file in, trained outputs out."""
 
 from __future__ import annotations
 
@@ -13,7 +13,16 @@ from surogate.train.trainer import TrainResult, Trainer
 def run(config_path: str | Path, kind: str) -> TrainResult:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     cfg = load_config(config_path, kind=kind)
-    trainer = Trainer(cfg)
+    if kind == "dpo":
+        from surogate.train.dpo import DPOTrainer
+
+        trainer = DPOTrainer(cfg)
+    elif kind == "distill":
+        from surogate.train.distill import DistillTrainer
+
+        trainer = DistillTrainer(cfg)
+    else:
+        trainer = Trainer(cfg)
     result = trainer.train()
     print(f"{kind}: {result.steps} steps, final loss {result.final_loss:.4f}"
           + (f", eval loss {result.eval_loss:.4f}" if result.eval_loss is not None else "")

@@ -57,9 +57,9 @@ class Trainer:
         if self.model.tokenizer is None:
             raise ConfigError(f"{cfg.model} has no tokenizer.json", where="model",
                               hint="training needs the model's tokenizer")
-        self.train_data, self.eval_data = build_datasets(cfg, self.model.tokenizer)
+        self.train_data, self.eval_data = self._datasets()
         self.B = cfg.per_device_train_batch_size
-        self.N = self.B * cfg.sequence_len
+        self.N = self.B * self._tokens_per_row()
         per_epoch = math.ceil(self.train_data.num_batches(self.B) / cfg.gradient_accumulation_steps)
         self.total_steps = cfg.max_steps if cfg.max_steps > 0 else max(1, per_epoch * cfg.num_epochs)
         self.steps_per_epoch = per_epoch
@@ -76,6 +76,14 @@ class Trainer:
                                 total_steps=self.total_steps)
 
     # ---- setup ------------------------------------------------------------------------------
+    def _datasets(self):
+        """(train, eval or None): what the iterator and `_step` consume (a DPO trainer's are pairs)."""
+        return build_datasets(self.cfg, self.model.tokenizer)
+
+    def _tokens_per_row(self) -> int:
+        """Tokens per batch row: a micro-batch is B rows, N = B * this tokens."""
+        return self.cfg.sequence_len
+
     def _build(self) -> None:
         m = self.model
         self.exe = m.executable("train", self.N, self.N, lora=self.lora, grads=True, recompute=self.cfg.recompute)
@@ -147,6 +155,11 @@ class Trainer:
             self.inputs[LORA_RNG].view(np.uint32)[:] = np.frombuffer(key, np.uint32)
             self.exe.push(LORA_RNG)
 
+    def _step_with_metrics(self, batches: list[Batch], step: int) -> tuple[float, int, dict]:
+        """(the step's loss, its target tokens, further metrics for the step line)."""
+        loss, targets = self._step(batches, step)
+        return loss, targets, {}
+
     def _step(self, batches: list[Batch], step: int = 0) -> tuple[float, int]:
         total = sum(b.num_target_tokens for b in batches)
         seed = 1.0 / max(total, 1)
@@ -172,6 +185,10 @@ class Trainer:
             loss_sum += float(self.eval_exe.read("loss")[valid].sum(dtype=np.float64))
             count += int(valid.sum())
         return loss_sum / max(count, 1)
+
+    def _eval_metrics(self) -> dict:
+        """The eval line's values; ``eval_loss`` first."""
+        return {"eval_loss": self.evaluate()}
 
     # ---- checkpoints ------------------------------------------------------------------------
     def _sync_to_host(self) -> None:
@@ -221,7 +238,7 @@ class Trainer:
             while state.step < self.total_steps:
                 t0 = time.perf_counter()
                 batches = [next(it) for _ in range(c.gradient_accumulation_steps)]
-                loss, targets = self._step(batches, state.step)
+                loss, targets, extra = self._step_with_metrics(batches, state.step)
                 lr = self.schedule.lr_at(state.step + 1)
                 norm = self.opt.apply(lr)
                 dt = time.perf_counter() - t0
@@ -235,15 +252,17 @@ class Trainer:
                     self.feed.step(state.step, loss=loss, lr=lr, grad_norm=norm, start_step=start,
                                    tokens_per_second=self.N * len(batches) / dt, target_tokens=targets,
                                    epoch=state.step / self.steps_per_epoch, step_time=dt,
-                                   elapsed=round(time.monotonic() - self.feed.t0, 3))
+                                   elapsed=round(time.monotonic() - self.feed.t0, 3), **extra)
                 if c.eval_steps > 0 and self.eval_exe is not None and state.step % c.eval_steps == 0:
-                    eval_loss = self.evaluate()
-                    self.feed.eval(state.step, eval_loss=eval_loss)
+                    record = self._eval_metrics()
+                    eval_loss = record["eval_loss"]
+                    self.feed.eval(state.step, **record)
                 if c.save_steps > 0 and state.step % c.save_steps == 0 and state.step < self.total_steps:
                     save_checkpoint(ckpt_root, state, self._trainable_state(), self.opt.state(), c.save_total_limit)
             if self.eval_exe is not None and (c.eval_steps == 0 or self.total_steps % c.eval_steps != 0):
-                eval_loss = self.evaluate()
-                self.feed.eval(state.step, eval_loss=eval_loss)
+                record = self._eval_metrics()
+                eval_loss = record["eval_loss"]
+                self.feed.eval(state.step, **record)
             save_checkpoint(ckpt_root, state, self._trainable_state(), self.opt.state(), c.save_total_limit)
             output, merged = self.save_outputs()
             self.feed.write({"type": "end", "step": state.step, "loss": loss, "eval_loss": eval_loss,

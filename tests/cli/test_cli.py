@@ -14,11 +14,9 @@ from surogate import _native
 from surogate.cli import doctor
 
 NOT_BUILT = {
-    "dpo": ["dpo", "config.yaml"],
     "grpo": ["grpo", "config.yaml"],
-    "distill": ["distill", "config.yaml"],
 }
-COMMANDS = [*NOT_BUILT, "bench", "doctor", "merge", "sft", "pt", "serve", "quantize", "models", "tui"]
+COMMANDS = [*NOT_BUILT, "bench", "doctor", "merge", "sft", "pt", "dpo", "distill", "serve", "quantize", "models", "tui"]
 
 
 def run(*args: str, code: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:

@@ -68,3 +68,15 @@ def test_read_metrics_bounds_one_run_of_a_shared_feed(tmp_path):
     assert read_metrics(path, 0, middle).losses == [(1, 5.0)]
     assert read_metrics(path, middle).losses == [(1, 4.0)] and read_metrics(path, middle).total_steps == 3
     assert read_metrics(tmp_path / "missing.jsonl").losses == []
+
+
+def test_a_dpo_runs_reward_metrics_are_kept():
+    m = RunMetrics()
+    m.extend([{"type": "start", "total_steps": 4, "start_step": 0},
+              {"type": "step", "step": 1, "loss": 0.69, "rewards/margins": 0.0, "rewards/accuracies": 0.0},
+              {"type": "step", "step": 2, "loss": 0.5, "rewards/chosen": 0.3, "rewards/rejected": -0.2,
+               "rewards/margins": 0.5, "rewards/accuracies": 1.0, "logps/chosen": -9.0}])
+    assert m.rewards == {"chosen": 0.3, "rejected": -0.2, "margins": 0.5, "accuracies": 1.0}
+    assert RunMetrics().rewards == {} and RunMetrics().kl is None  # an SFT run shows neither
+    m.apply({"type": "step", "step": 3, "loss": 0.4, "kl": 0.25, "ce": 1.5})
+    assert m.kl == 0.25

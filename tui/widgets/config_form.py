@@ -12,10 +12,10 @@ from textual.widgets import Input, Label, Select
 
 # (key, label, default, choices or None)
 FIELDS: tuple[tuple[str, str, str, tuple[str, ...] | None], ...] = (
-    ("kind", "Kind", "sft", ("sft", "pt")),
+    ("kind", "Kind", "sft", ("sft", "pt", "dpo")),
     ("model", "Model", "", None),
     ("dataset_path", "Dataset", "", None),
-    ("dataset_type", "Dataset type", "auto", ("auto", "messages", "instruction", "text")),
+    ("dataset_type", "Dataset type", "auto", ("auto", "messages", "instruction", "text", "preference")),
     ("output_dir", "Output dir", "output/run", None),
     ("recipe", "Recipe", "bf16", ("bf16", "fp32")),
     ("lora_rank", "LoRA rank", "16", None),
@@ -85,6 +85,8 @@ class ConfigForm(VerticalScroll):
         for key in ("lora_rank", "lora_alpha", "learning_rate", "max_steps", "sequence_len",
                     "per_device_train_batch_size", "gradient_accumulation_steps"):
             data[key] = _yaml_scalar(self.raw(key))
+        if self.kind == "dpo":  # DPO's length limit is TRL's max_length (prompt + completion)
+            data["max_length"] = data.pop("sequence_len")
         return data
 
     def mark_error(self, key_path: str | None) -> None:

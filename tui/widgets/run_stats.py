@@ -1,6 +1,7 @@
 """The numbers beside the loss chart: state, step and progress with ETA, loss, eval loss, learning
-rate, grad norm, throughput, epoch. Everything comes from the feed (its own clock), so a
-finished run reads the same every time it is opened."""
+rate, grad norm, throughput, epoch; for a DPO run the reward margin, accuracy and the chosen /
+rejected rewards, for a distill run the KL to the teacher. Everything comes from the feed (its
+own clock), so a finished run reads the same every time it is opened."""
 
 from __future__ import annotations
 
@@ -53,4 +54,13 @@ class RunStats(Widget):
         text.append(f"gnorm  {_g(m.grad_norm, '.3f')}\n")
         text.append(f"tok/s  {_g(m.tokens_per_second, ',.0f')}\n")
         text.append(f"epoch  {_g(m.epoch, '.2f')}")
+        if m.rewards:  # a preference run: TRL's reward metrics of the last step
+            r = m.rewards
+            text.append(f"\nmargin {_g(r.get('margins'), '.4f')}\n")
+            acc = r.get("accuracies")
+            text.append(f"acc    {_g(acc * 100 if acc is not None else None, '.0f')}%\n")
+            text.append(f"chosen {_g(r.get('chosen'), '.4f')}\n")
+            text.append(f"reject {_g(r.get('rejected'), '.4f')}")
+        if m.kl is not None:  # a distillation run
+            text.append(f"\nkl     {_g(m.kl, '.4f')}")
         return text
