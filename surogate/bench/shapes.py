@@ -37,10 +37,33 @@ def hf_config(spec: ModelSpec) -> dict:
         rope.update(factor=spec.rope["factor"], low_freq_factor=spec.rope["low_freq_factor"],
                     high_freq_factor=spec.rope["high_freq_factor"],
                     original_max_position_embeddings=int(spec.rope["original_max_position"]))
-    return dict(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers,
-                num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim,
-                intermediate_size=spec.intermediate_size, rms_norm_eps=spec.rms_norm_eps,
-                tie_word_embeddings=spec.tie_word_embeddings, rope_parameters=rope, max_position_embeddings=131072)
+    cfg = dict(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers,
+               num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim,
+               intermediate_size=spec.intermediate_size, rms_norm_eps=spec.rms_norm_eps,
+               tie_word_embeddings=spec.tie_word_embeddings, rope_parameters=rope, max_position_embeddings=131072)
+    if spec.family == "gemma4":
+        cfg.update(_gemma4_keys(spec))
+    return cfg
+
+
+def _gemma4_keys(spec: ModelSpec) -> dict:
+    """Gemma4TextConfig's keys for what a Gemma 4 spec holds per layer."""
+    n = spec.num_layers
+    types = ["sliding_attention" if spec.window(i) else "full_attention" for i in range(n)]
+    full = types.index("full_attention")
+    angles = spec.rope.get("rope_angles", spec.head_dim_of(full) // 2)
+    return dict(
+        layer_types=types, sliding_window=max(spec.sliding_windows or [0]) or 512,
+        per_layer_config={i: {"head_dim": spec.head_dim_of(i), "num_key_value_heads": spec.kv_heads_of(i)}
+                          for i in range(n) if types[i] == "full_attention"},
+        num_kv_shared_layers=sum(spec.kv_source(i) != i for i in range(n)),
+        use_double_wide_mlp=len(set(spec.layer_intermediate_sizes)) > 1,
+        hidden_size_per_layer_input=spec.per_layer_input_size,
+        vocab_size_per_layer_input=spec.per_layer_vocab_size or spec.vocab_size,
+        attention_k_eq_v=spec.attention_k_eq_v, final_logit_softcapping=spec.final_softcap or None,
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": spec.rope_sliding["theta"]},
+                         "full_attention": {"rope_type": "proportional", "rope_theta": spec.rope["theta"],
+                                            "partial_rotary_factor": 2 * angles / spec.head_dim_of(full)}})
 
 
 def hf_model_class(spec: ModelSpec):
