@@ -166,9 +166,12 @@ def gguf_tensor_table() -> GGUFNameTable:
     return GGUFNameTable(e)
 
 
+NO_GGUF = ("llama.cpp's gemma4 metadata (per-layer head dims and kv heads, KV sharing, per-layer inputs, "
+           "the proportional rope) is not mapped to and from Gemma4TextConfig yet")
+
+
 def _no_gguf(*_args) -> dict:
-    raise UnsupportedError("Gemma 4 GGUF files are not read or written by this version: llama.cpp's gemma4 "
-                           "metadata for per-layer head dims, KV sharing and per-layer inputs is not mapped yet",
+    raise UnsupportedError(f"Gemma 4 GGUF files are not read or written by this version: {NO_GGUF}",
                            hint="serve and train Gemma 4 from its Hugging Face folder")
 
 
@@ -200,7 +203,8 @@ FAMILY = Family(
     spec_from_config=spec_from_config,
     architecture=Gemma4CausalLM,
     name_table=hf_name_table,
-    gguf=GGUFArchitecture(name="gemma4", tensors=gguf_tensor_table, config_from_gguf=_no_gguf, metadata=_no_gguf),
+    gguf=GGUFArchitecture(name="gemma4", tensors=gguf_tensor_table, config_from_gguf=_no_gguf, metadata=_no_gguf,
+                          unsupported=NO_GGUF),
     chat=ChatDefaults(),
     bench_shapes={
         # google/gemma-4-E2B-it's text_config: 35 layers (4 sliding : 1 full), the last 20 sharing K / V,
