@@ -205,7 +205,9 @@ FAMILY = Family(
     name_table=hf_name_table,
     gguf=GGUFArchitecture(name="gemma4", tensors=gguf_tensor_table, config_from_gguf=_no_gguf, metadata=_no_gguf,
                           unsupported=NO_GGUF),
-    chat=ChatDefaults(),
+    # Gemma 4's template writes <|tool_call> and <|channel>thought (serve/parsers/registry.py
+    # detects both); for a template that takes tools without showing them, the same parsers.
+    chat=ChatDefaults(reasoning_parser="gemma4", tool_parser="gemma4", model_types=("gemma4",)),
     bench_shapes={
         # google/gemma-4-E2B-it's text_config: 35 layers (4 sliding : 1 full), the last 20 sharing K / V,
         # double-wide MLPs there, per-layer inputs of 256.
