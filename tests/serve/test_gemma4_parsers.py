@@ -19,7 +19,7 @@ CASES = [
     # (generated text, content, calls)
     (f"<|tool_call>call:get_weather{{city:{Q}Paris, FR{Q},days:3}}<tool_call|>", "",
      [("get_weather", {"city": "Paris, FR", "days": 3})]),
-    (f"Let me look.<|tool_call>call:a{{x:true,y:null,z:-1.5e3}}<tool_call|><|tool_call>call:b{{}}<tool_call|>",
+    ("Let me look.<|tool_call>call:a{x:true,y:null,z:-1.5e3}<tool_call|><|tool_call>call:b{}<tool_call|>",
      "Let me look.", [("a", {"x": True, "y": None, "z": -1500.0}), ("b", {})]),
     (f"<|tool_call>call:nest{{opts:{{unit:{Q}C{Q},levels:[1,2,{Q}x,y{Q}]}},{Q}odd key{Q}:{Q}}}{Q}}}<tool_call|>done",
      "done", [("nest", {"opts": {"unit": "C", "levels": [1, 2, "x,y"]}, "odd key": "}"})]),
