@@ -183,8 +183,9 @@ class Model:
     # ---- names ------------------------------------------------------------------------------
     def to_hf(self, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Our parameter-named tensors (weights or gradients) under the checkpoint's names."""
-        F = self.spec.intermediate_size
-        return self.family.name_table().export(tensors, lambda name, r: [F, F])
+        # A fused tensor's parts are equal (gate and up; Gemma 4's layers have their own widths).
+        return self.family.name_table().export(
+            tensors, lambda name, r: [tensors[name].shape[r.axis] // len(r.hf)] * len(r.hf))
 
     def __repr__(self) -> str:
         s = self.spec

@@ -1,5 +1,7 @@
 // Gated MLP activation CPU ops, forward and backward: swiglu_fwd / swiglu_bwd (Llama, Qwen,
-// Mistral) and geglu_fwd / geglu_bwd (Gemma's gelu_pytorch_tanh).
+// Mistral) and geglu_fwd / geglu_bwd (Gemma's gelu_pytorch_tanh); act_mul_fwd / act_mul_bwd are
+// y = act(a) * b over two tensors (Gemma 4's per-layer input gate, gelu_tanh(gate) * input, with
+// geglu's math and roundings per element), b also one value (act none: Gemma 4's layer scalar).
 //
 // Shapes: N rows (tokens), F intermediate channels. gu, dgu: [N, 2F]; y, dy: [N, F]; one
 // storage dtype T (f32, bf16 or f16), math in f32.
@@ -168,6 +170,69 @@ Status gated_bwd(const char* op, const OpArgs& a) {
   return Status::OK();
 }
 
+struct NoAct {
+  static float act(float g) { return g; }
+  static float grad(float g, float* a) {
+    *a = g;
+    return 1.0f;
+  }
+};
+
+// act_mul over [lo, hi): b[i], or b[0] for a broadcast b.
+template <typename Act, typename T>
+void act_mul_fwd_range(const T* x, const T* b, T* y, int64_t lo, int64_t hi, bool broadcast) {
+  if (!broadcast) return gated_fwd_row<Act, T>(x + lo, b + lo, y + lo, hi - lo);
+  const float bv = load(b[0]);
+  for (int64_t i = lo; i < hi; ++i) y[i] = store<T>(round_to<T>(Act::act(load(x[i]))) * bv);
+}
+
+template <typename Act, typename T>
+void act_mul_bwd_range(const T* dy, const T* x, const T* b, T* dx, T* db, int64_t lo, int64_t hi, bool broadcast) {
+  if (!broadcast && db != nullptr) return gated_bwd_row<Act, T>(dy + lo, x + lo, b + lo, dx + lo, db + lo, hi - lo);
+  for (int64_t i = lo; i < hi; ++i) {
+    float a;
+    dx[i] = store<T>(load(dy[i]) * load(b[broadcast ? 0 : i]) * Act::grad(load(x[i]), &a));
+  }
+}
+
+template <typename Act>
+Status act_mul_fwd_as(const OpArgs& a, const ActMulArgs& r) {
+  SG_DISPATCH_FLOAT("act_mul_fwd", a.in(0).dtype, T, {
+    const T* x = a.in(0).ptr<T>();
+    const T* b = a.in(1).ptr<T>();
+    T* y = a.out(0).ptr<T>();
+    parallel_for(0, r.n, 8192, [&](int64_t lo, int64_t hi) { act_mul_fwd_range<Act, T>(x, b, y, lo, hi, r.broadcast); });
+  });
+  return Status::OK();
+}
+
+template <typename Act>
+Status act_mul_bwd_as(const OpArgs& a, const ActMulArgs& r) {
+  SG_DISPATCH_FLOAT("act_mul_bwd", a.in(0).dtype, T, {
+    const T* d = a.in(0).ptr<T>();
+    const T* x = a.in(1).ptr<T>();
+    const T* b = a.in(2).ptr<T>();
+    T* dx = a.out(0).ptr<T>();
+    T* db = a.has_out(1) ? a.out(1).ptr<T>() : nullptr;
+    parallel_for(0, r.n, 8192, [&](int64_t lo, int64_t hi) {
+      act_mul_bwd_range<Act, T>(d, x, b, dx, db, lo, hi, r.broadcast);
+    });
+  });
+  return Status::OK();
+}
+
+Status act_mul_fwd(const OpArgs& a) {
+  ActMulArgs r;
+  SG_RETURN_IF_ERROR(check_act_mul_fwd(a, &r));
+  return r.gelu ? act_mul_fwd_as<GeluTanh>(a, r) : act_mul_fwd_as<NoAct>(a, r);
+}
+
+Status act_mul_bwd(const OpArgs& a) {
+  ActMulArgs r;
+  SG_RETURN_IF_ERROR(check_act_mul_bwd(a, &r));
+  return r.gelu ? act_mul_bwd_as<GeluTanh>(a, r) : act_mul_bwd_as<NoAct>(a, r);
+}
+
 Status swiglu_fwd(const OpArgs& a) { return gated_fwd<Silu>("swiglu_fwd", a); }
 Status swiglu_bwd(const OpArgs& a) { return gated_bwd<Silu>("swiglu_bwd", a); }
 Status geglu_fwd(const OpArgs& a) { return gated_fwd<GeluTanh>("geglu_fwd", a); }
@@ -180,6 +245,8 @@ void register_cpu_activation(OpRegistry& reg) {
   add_op(reg, "swiglu_bwd", swiglu_bwd);
   add_op(reg, "geglu_fwd", geglu_fwd);
   add_op(reg, "geglu_bwd", geglu_bwd);
+  add_op(reg, "act_mul_fwd", act_mul_fwd);
+  add_op(reg, "act_mul_bwd", act_mul_bwd);
 }
 
 }  // namespace surogate::cpu

@@ -1,5 +1,9 @@
-// Elementwise CPU ops: fill, cast, copy, add, scale, and argmax over rows. Outputs may alias
-// inputs (y = x + y).
+// Elementwise CPU ops: fill, cast, copy, add, scale, softcap_fwd, and argmax over rows. Outputs
+// may alias inputs (y = x + y).
+//
+// softcap_fwd (the final logit soft-capping of Gemma 2 / 4 in inference graphs; training folds it
+// into lm_head_ce): y = T(T(tanh(T(x / cap))) * cap), rounded at HF's three places
+// (logits / cap, tanh, * cap are three tensors of the logits' dtype).
 #include <cmath>
 #include <limits>
 
@@ -84,6 +88,23 @@ Status scale(const OpArgs& args) {
   return Status::OK();
 }
 
+// softcap_fwd: (x) -> (y); attr cap.
+Status softcap_fwd(const OpArgs& args) {
+  float cap = 0.0f;
+  SG_RETURN_IF_ERROR(check_softcap_fwd(args, &cap));
+  SG_DISPATCH_FLOAT("softcap_fwd", args.in(0).dtype, T, {
+    const T* px = args.in(0).ptr<T>();
+    T* py = args.out(0).ptr<T>();
+    parallel_for(0, args.in(0).numel(), kGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        const float t = load(store<T>(std::tanh(load(store<T>(load(px[i]) / cap)))));
+        py[i] = store<T>(t * cap);
+      }
+    });
+  });
+  return Status::OK();
+}
+
 // argmax: (x [R, V]) -> (y int32 [R]); the lowest index of each row's largest value, -1 for a
 // row holding a NaN or +inf (serving: the greedy token, and the sampler's non-finite check).
 Status argmax(const OpArgs& args) {
@@ -120,6 +141,7 @@ void register_cpu_elementwise(OpRegistry& reg) {
   add_op(reg, "copy", copy);
   add_op(reg, "add", add);
   add_op(reg, "scale", scale);
+  add_op(reg, "softcap_fwd", softcap_fwd);
   add_op(reg, "argmax", argmax);
 }
 

@@ -12,6 +12,8 @@
 // inv_freq f_i, float32 like HF, in HF's order of float32 operations (rope_type attr):
 //   default: f_i = 1 / theta^(f32(2i) / f32(R))
 //   linear:  f_i / factor (HF scales inv_freq rather than positions; equal up to rounding, we follow HF)
+//   proportional (Gemma 4's global layers): f_i as default for i < rope_angles (attr, default
+//            R / 2), 0 beyond (those pairs pass through: cos 1, sin 0), each then / factor (default 1)
 //   llama3:  _compute_llama3_parameters with factor, low_freq_factor, high_freq_factor and
 //            original_max_position (= original_max_position_embeddings); all four are required.
 // attention_factor (default 1, which is what HF uses for these three types) scales cos and sin.

@@ -1,5 +1,5 @@
-// Elementwise CUDA ops: fill, cast, copy, add, scale, argmax over rows — the CUDA twins of
-// cpu/elementwise.cpp.
+// Elementwise CUDA ops: fill, cast, copy, add, scale, softcap_fwd, argmax over rows — the CUDA
+// twins of cpu/elementwise.cpp (softcap's three roundings are written there).
 #include "core/allocator.h"
 #include "cuda/backend.h"
 #include "cuda/common.cuh"
@@ -30,6 +30,14 @@ template <typename T>
 __global__ void add_kernel(const T* a, const T* b, T* y, int64_t n, float alpha, float beta) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     y[i] = st<T>(alpha * ld(a[i]) + beta * ld(b[i]));
+  }
+}
+
+template <typename T>
+__global__ void softcap_kernel(const T* x, T* y, int64_t n, float cap) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float t = ld(st<T>(tanhf(ld(st<T>(ld(x[i]) / cap)))));
+    y[i] = st<T>(t * cap);
   }
 }
 
@@ -165,6 +173,18 @@ Status scale(const OpArgs& args) {
   return Status::OK();
 }
 
+Status softcap_fwd(const OpArgs& args) {
+  float cap = 0.0f;
+  SG_RETURN_IF_ERROR(check_softcap_fwd(args, &cap));
+  const int64_t n = args.in(0).numel();
+  if (n == 0) return Status::OK();
+  SG_CUDA_DISPATCH_FLOAT("softcap_fwd", args.in(0).dtype, T, {
+    softcap_kernel<T><<<grid_for(n), kThreads, 0, current_stream()>>>(args.in(0).ptr<T>(), args.out(0).ptr<T>(), n, cap);
+  });
+  SG_CUDA_CHECK_LAUNCH();
+  return Status::OK();
+}
+
 Status argmax(const OpArgs& args) {
   const Tensor& x = args.in(0);
   const Tensor& y = args.out(0);
@@ -197,6 +217,7 @@ void register_cuda_elementwise(OpRegistry& reg) {
   add_op(reg, "copy", copy);
   add_op(reg, "add", add);
   add_op(reg, "scale", scale);
+  add_op(reg, "softcap_fwd", softcap_fwd);
   add_op(reg, "argmax", argmax);
 }
 

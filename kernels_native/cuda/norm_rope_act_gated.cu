@@ -1,4 +1,5 @@
-// Gated MLP activations on CUDA: swiglu_fwd / swiglu_bwd and geglu_fwd / geglu_bwd (gelu_tanh).
+// Gated MLP activations on CUDA: swiglu_fwd / swiglu_bwd and geglu_fwd / geglu_bwd (gelu_tanh),
+// and act_mul_fwd / act_mul_bwd (act(a) * b over two tensors, b also one value; cpu/activation.cpp).
 // The contract is cpu/activation.cpp's (read its header): N rows, F channels, gu [N, 2F] = [gate, up],
 // y / dy [N, F]; math in f32 with the forward's two roundings (a = T(act(gate)), y = T(a up)) and
 // one rounding per backward output. The activations themselves are cuda/gated_act.cuh's.
@@ -56,6 +57,34 @@ __global__ void gated_bwd_kernel(const T* dy, const T* gu, T* dgu, int64_t N, in
   }
 }
 
+struct NoAct {
+  static __device__ __forceinline__ float act(float g) { return g; }
+  static __device__ __forceinline__ float grad(float g, float* a) {
+    *a = g;
+    return 1.0f;
+  }
+};
+
+// act_mul: element k of a / y, b[k] or (broadcast) b[0]; the gated kernels' math per element.
+template <typename Act, typename T>
+__global__ void act_mul_fwd_kernel(const T* x, const T* b, T* y, int64_t n, bool broadcast) {
+  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n; k += int64_t(gridDim.x) * blockDim.x) {
+    y[k] = st<T>(rnd<T>(Act::act(ld(x[k]))) * ld(b[broadcast ? 0 : k]));
+  }
+}
+
+// db may be null (not wanted; always for a broadcast b).
+template <typename Act, typename T>
+__global__ void act_mul_bwd_kernel(const T* dy, const T* x, const T* b, T* dx, T* db, int64_t n, bool broadcast) {
+  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n; k += int64_t(gridDim.x) * blockDim.x) {
+    const float d = ld(dy[k]), u = ld(b[broadcast ? 0 : k]);
+    float a;
+    const float da = Act::grad(ld(x[k]), &a);
+    dx[k] = st<T>(d * u * da);
+    if (db != nullptr) db[k] = st<T>(d * a);
+  }
+}
+
 unsigned grid_for(int64_t items) {
   return static_cast<unsigned>(std::clamp<int64_t>((items + kThreads - 1) / kThreads, 1, 65535 * 16));
 }
@@ -96,6 +125,43 @@ Status gated_bwd(const char* op, const OpArgs& a) {
   return Status::OK();
 }
 
+template <typename Act>
+Status act_mul_fwd_as(const OpArgs& a, const ActMulArgs& r) {
+  SG_CUDA_DISPATCH_FLOAT("act_mul_fwd", a.in(0).dtype, T, {
+    act_mul_fwd_kernel<Act, T><<<grid_for(r.n), kThreads, 0, current_stream()>>>(
+        a.in(0).ptr<T>(), a.in(1).ptr<T>(), a.out(0).ptr<T>(), r.n, r.broadcast);
+  });
+  return Status::OK();
+}
+
+template <typename Act>
+Status act_mul_bwd_as(const OpArgs& a, const ActMulArgs& r) {
+  SG_CUDA_DISPATCH_FLOAT("act_mul_bwd", a.in(0).dtype, T, {
+    act_mul_bwd_kernel<Act, T><<<grid_for(r.n), kThreads, 0, current_stream()>>>(
+        a.in(0).ptr<T>(), a.in(1).ptr<T>(), a.in(2).ptr<T>(), a.out(0).ptr<T>(),
+        a.has_out(1) ? a.out(1).ptr<T>() : nullptr, r.n, r.broadcast);
+  });
+  return Status::OK();
+}
+
+Status act_mul_fwd(const OpArgs& a) {
+  ActMulArgs r;
+  SG_RETURN_IF_ERROR(check_act_mul_fwd(a, &r));
+  if (r.n == 0) return Status::OK();
+  SG_RETURN_IF_ERROR(r.gelu ? act_mul_fwd_as<GeluTanh>(a, r) : act_mul_fwd_as<NoAct>(a, r));
+  SG_CUDA_CHECK_LAUNCH();
+  return Status::OK();
+}
+
+Status act_mul_bwd(const OpArgs& a) {
+  ActMulArgs r;
+  SG_RETURN_IF_ERROR(check_act_mul_bwd(a, &r));
+  if (r.n == 0) return Status::OK();
+  SG_RETURN_IF_ERROR(r.gelu ? act_mul_bwd_as<GeluTanh>(a, r) : act_mul_bwd_as<NoAct>(a, r));
+  SG_CUDA_CHECK_LAUNCH();
+  return Status::OK();
+}
+
 Status swiglu_fwd(const OpArgs& a) { return gated_fwd<Silu>("swiglu_fwd", a); }
 Status swiglu_bwd(const OpArgs& a) { return gated_bwd<Silu>("swiglu_bwd", a); }
 Status geglu_fwd(const OpArgs& a) { return gated_fwd<GeluTanh>("geglu_fwd", a); }
@@ -108,6 +174,8 @@ void register_cuda_gated(OpRegistry& reg) {
   add_op(reg, "swiglu_bwd", swiglu_bwd);
   add_op(reg, "geglu_fwd", geglu_fwd);
   add_op(reg, "geglu_bwd", geglu_bwd);
+  add_op(reg, "act_mul_fwd", act_mul_fwd);
+  add_op(reg, "act_mul_bwd", act_mul_bwd);
 }
 
 }  // namespace surogate::cuda::nra

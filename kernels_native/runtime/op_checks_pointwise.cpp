@@ -1,6 +1,9 @@
 #include "runtime/op_checks_pointwise.h"
 
 #include <cmath>
+#include <initializer_list>
+#include <string>
+#include <utility>
 
 namespace surogate {
 
@@ -85,6 +88,65 @@ Status check_gated_bwd(const char* op, const OpArgs& a, int64_t* N, int64_t* F) 
            "give the activations and their gradients one dtype");
   *N = dy.shape[0];
   *F = dy.shape[1];
+  return Status::OK();
+}
+
+namespace {
+
+// Tensors of one shape and one float dtype, contiguous (the elementwise ops over separate tensors).
+Status check_same_float(const char* op, std::initializer_list<std::pair<const char*, const Tensor*>> ts) {
+  const auto& [n0, t0] = *ts.begin();
+  for (const auto& [name, t] : ts) {
+    SG_RETURN_IF_ERROR(check_contiguous(op, name, *t));
+    SG_RETURN_IF_ERROR(check_dtype(op, name, *t, {DType::kF32, DType::kBF16, DType::kF16}));
+    SG_RETURN_IF_ERROR(check_same_shape(op, name, *t, n0, *t0));
+    SG_CHECK(t->dtype == t0->dtype, StatusCode::kDTypeUnsupported,
+             str_cat(op, ": ", name, " is ", dtype_name(t->dtype), " but ", n0, " is ", dtype_name(t0->dtype)),
+             "give the op's tensors one dtype");
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+namespace {
+
+// The attributes and b's form, after a, b and y (or dy, da) were checked.
+Status act_mul_args(const char* op, const OpArgs& args, const Tensor& x, const Tensor& b, ActMulArgs* r) {
+  SG_RETURN_IF_ERROR(check_contiguous(op, "b", b));
+  SG_CHECK(b.dtype == x.dtype, StatusCode::kDTypeUnsupported,
+           str_cat(op, ": b is ", dtype_name(b.dtype), " but a is ", dtype_name(x.dtype)), "give a and b one dtype");
+  r->broadcast = b.numel() == 1 && x.numel() != 1;
+  if (!r->broadcast) SG_RETURN_IF_ERROR(check_same_shape(op, "b", b, "a", x));
+  const std::string act = args.attr().get_str("act", "none");
+  SG_CHECK_ARG(act == "none" || act == "gelu_tanh", str_cat(op, ": act must be none or gelu_tanh, got '", act, "'"));
+  r->gelu = act == "gelu_tanh";
+  r->n = x.numel();
+  return Status::OK();
+}
+
+}  // namespace
+
+Status check_act_mul_fwd(const OpArgs& a, ActMulArgs* r) {
+  SG_RETURN_IF_ERROR(check_same_float("act_mul_fwd", {{"a", &a.in(0)}, {"y", &a.out(0)}}));
+  return act_mul_args("act_mul_fwd", a, a.in(0), a.in(1), r);
+}
+
+Status check_act_mul_bwd(const OpArgs& a, ActMulArgs* r) {
+  SG_RETURN_IF_ERROR(check_same_float("act_mul_bwd", {{"dy", &a.in(0)}, {"a", &a.in(1)}, {"da", &a.out(0)}}));
+  SG_RETURN_IF_ERROR(act_mul_args("act_mul_bwd", a, a.in(1), a.in(2), r));
+  if (a.has_out(1)) {
+    SG_CHECK_ARG(!r->broadcast, "act_mul_bwd: db of a broadcast b (one value) is not supported");
+    SG_RETURN_IF_ERROR(check_same_float("act_mul_bwd", {{"db", &a.out(1)}, {"b", &a.in(2)}}));
+  }
+  return Status::OK();
+}
+
+Status check_softcap_fwd(const OpArgs& a, float* cap) {
+  SG_RETURN_IF_ERROR(check_same_float("softcap_fwd", {{"x", &a.in(0)}, {"y", &a.out(0)}}));
+  const double c = a.attr().get_float("cap", 0.0);
+  SG_CHECK_ARG(c > 0, str_cat("softcap_fwd: cap must be > 0, got ", c));
+  *cap = static_cast<float>(c);
   return Status::OK();
 }
 

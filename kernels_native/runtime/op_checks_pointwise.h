@@ -5,6 +5,9 @@
 //   add          (a, b) -> (y = alpha a + beta b)           scale (x) -> (y = alpha x)
 //   swiglu_fwd / geglu_fwd  (gu[N,2F]) -> (y[N,F])          swiglu_bwd / geglu_bwd (dy[N,F], gu) -> (dgu)
 //   dropout_fwd  (x, [rng int32[2] | int64[1]]) -> (y); attrs p, seed, offset
+//   act_mul_fwd  (a, b) -> (y = act(a) * b), b of a's shape or one value; attr act (none | gelu_tanh)
+//   act_mul_bwd  (dy, a, b) -> (da, [db]) (db only for b of a's shape)
+//   softcap_fwd  (x) -> (y = cap tanh(x / cap)); attr cap
 #pragma once
 
 #include <cstdint>
@@ -26,6 +29,19 @@ Status check_scale(const OpArgs& a, AddArgs* r);
 // op names the caller (swiglu_fwd or geglu_fwd, ...); *N, *F the rows and the half width of gu.
 Status check_gated_fwd(const char* op, const OpArgs& a, int64_t* N, int64_t* F);
 Status check_gated_bwd(const char* op, const OpArgs& a, int64_t* N, int64_t* F);
+
+// act(a) * b (Gemma 4: its per-layer input gate, gelu_tanh(gate) * per_layer_input, and its layer
+// scalar, x * s with s one value): n elements of a; b of a's shape, or one value (broadcast).
+struct ActMulArgs {
+  int64_t n = 0;
+  bool broadcast = false;  // b holds one value
+  bool gelu = false;       // act: gelu_tanh, else none
+};
+Status check_act_mul_fwd(const OpArgs& a, ActMulArgs* r);
+Status check_act_mul_bwd(const OpArgs& a, ActMulArgs* r);
+
+// softcap_fwd: *cap > 0.
+Status check_softcap_fwd(const OpArgs& a, float* cap);
 
 struct DropoutArgs {
   enum Rng : int { kNone = 0, kI32 = 1, kI64 = 2 };  // the optional rng input's kind

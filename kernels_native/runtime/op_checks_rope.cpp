@@ -23,7 +23,7 @@ namespace {
 
 SG_NO_FP_CONTRACT
 void compute_inv_freq(RopeAttrs* cfg, const std::string& type, float theta, float factor, double low_freq_factor,
-                      double high_freq_factor, double original_max_position) {
+                      double high_freq_factor, double original_max_position, int64_t rope_angles) {
   SG_FP_CONTRACT_OFF_BODY
   const int64_t half = cfg->rotary_dim / 2;
   const float dim = static_cast<float>(cfg->rotary_dim);
@@ -32,7 +32,11 @@ void compute_inv_freq(RopeAttrs* cfg, const std::string& type, float theta, floa
     const float e = static_cast<float>(2 * i) / dim;
     const float p = static_cast<float>(std::pow(static_cast<double>(theta), static_cast<double>(e)));
     float f = 1.0f / p;
-    if (type == "linear") {
+    if (type == "proportional") {
+      // HF's _compute_proportional_rope_parameters: the first rope_angles pairs rotate at
+      // theta^(-2i / R), the rest not at all (inv_freq 0: cos 1, sin 0), all divided by factor.
+      f = i < rope_angles ? f / factor : 0.0f / factor;
+    } else if (type == "linear") {
       f = f / factor;
     } else if (type == "llama3") {
       // HF: wavelen = 2*pi / inv_freq is reciprocal(inv_freq) * f32(2 pi); comparisons against
@@ -70,6 +74,14 @@ Status parse_rope(const char* op, const Attrs& at, int64_t D, RopeAttrs* cfg) {
   const std::string type = at.get_str("rope_type", "default");
   float factor = 1.0f;
   double low = 0.0, high = 0.0, omp = 0.0;
+  int64_t angles = R / 2;
+  if (type == "proportional") {
+    factor = static_cast<float>(at.get_float("factor", 1.0));
+    SG_CHECK_ARG(factor > 0, str_cat(op, ": factor must be > 0, got ", factor));
+    angles = at.get_int("rope_angles", R / 2);
+    SG_CHECK_ARG(angles >= 0 && angles <= R / 2,
+                 str_cat(op, ": rope_angles ", angles, " must be in [0, rotary_dim / 2 = ", R / 2, "]"));
+  }
   if (type == "linear" || type == "llama3") {
     SG_CHECK(at.has("factor"), StatusCode::kInvalidArgument, str_cat(op, ": rope_type ", type, " needs attr factor"),
              "pass rope_scaling's factor");
@@ -87,11 +99,11 @@ Status parse_rope(const char* op, const Attrs& at, int64_t D, RopeAttrs* cfg) {
     SG_CHECK_ARG(low > 0 && high > 0 && high != low && omp > 0,
                  str_cat(op, ": llama3 needs low_freq_factor, high_freq_factor > 0, different, and "
                              "original_max_position > 0 (got ", low, ", ", high, ", ", omp, ")"));
-  } else if (type != "default" && type != "linear") {
+  } else if (type != "default" && type != "linear" && type != "proportional") {
     return SG_ERROR(StatusCode::kInvalidArgument, str_cat(op, ": unknown rope_type '", type, "'"),
-                    "use default, linear or llama3");
+                    "use default, linear, llama3 or proportional");
   }
-  compute_inv_freq(cfg, type, static_cast<float>(theta), factor, low, high, omp);
+  compute_inv_freq(cfg, type, static_cast<float>(theta), factor, low, high, omp, angles);
   return Status::OK();
 }
 

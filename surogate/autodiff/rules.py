@@ -176,6 +176,26 @@ RULES["swiglu_fwd"] = _glu("swiglu_bwd")
 RULES["geglu_fwd"] = _glu("geglu_bwd")
 
 
+@rule("act_mul_fwd")
+def _act_mul(c: RuleContext, n: Node, gy: list) -> list:
+    a, b = n.inputs
+    da, db = c.grad_spec(a), c.grad_spec(b)
+    if c.needs(b) and b.shape != a.shape:
+        raise UnsupportedError(f"act_mul: the gradient of a broadcast b ({b.name}) is not supported (node {n})",
+                               hint="keep the one-value factor frozen (a buffer, as Gemma 4's layer_scalar)")
+    if da is None and db is None:
+        return [None, None]
+    dx, dw = c.g.node("act_mul_bwd", [gy[0], a, b], [da or (a.name + ".grad_unused", a.shape, a.dtype), db],
+                      **n.attrs)
+    return [dx if da else None, dw]
+
+
+@rule("softcap_fwd")
+def _softcap(c: RuleContext, n: Node, gy: list) -> list:
+    raise UnsupportedError(f"softcap_fwd has no derivative (node {n}): soft-capped logits are an inference output",
+                           hint="train through CausalLM.build(mode='train'), whose lm_head_ce applies the cap")
+
+
 @rule("add")
 def _add(c: RuleContext, n: Node, gy: list) -> list:
     a, b = n.inputs

@@ -98,6 +98,8 @@ def _fuse_group(g: Graph, readers: dict[Value, list[Node]], x: Value, prefix: st
     views = [_only_reader(readers, n.outputs[0]) for n in lins]
     if any(v is None or v.op != "view" for v in views):
         return
+    if any(r.op != "qkv_rope_cache" for v in views for r in readers.get(v.outputs[0], [])):
+        return  # only qkv_rope_cache reads column slices (Gemma 4's value norm reads v whole)
     if not all(plain_weights(n) and len(n.outputs) == 1 + len(n.attrs["lora"]) for n in lins):
         return  # a GGML-block weight: the three stay apart
     ws = [n.inputs[1] for n in lins]

@@ -1,4 +1,5 @@
-"""Modules: Linear (with LoRA slices), Attention, MLP, Block, SandwichBlock, CausalLM.
+"""Modules: Linear (with LoRA slices), Attention, MLP, Block, SandwichBlock, CausalLM (Gemma 4's
+layer is nn_gemma4.py's).
 
 A module holds configuration; calling it inside a graph declares its parameters (named like
 the HF checkpoint's tensors, so that name tables stay short) and adds its nodes. Building a
@@ -67,15 +68,44 @@ class ModelSpec:
     embed_scale: bool = False
     attn_scale: float = 0.0
     rope_sliding: dict | None = None
+    # Layers that differ in their attention (Gemma 4): each layer's head dim and kv heads (empty:
+    # head_dim and num_kv_heads everywhere), and the layer whose K / V each attends over (empty:
+    # its own; an earlier layer: a KV-shared layer, without K / V projections or a cache).
+    layer_head_dims: list[int] = field(default_factory=list)
+    layer_kv_heads: list[int] = field(default_factory=list)
+    kv_sources: list[int] = field(default_factory=list)
+    # Gemma 4 (nn_gemma4.py): per-layer input embeddings of this width (0: none) over a vocabulary
+    # of per_layer_vocab_size, each layer's MLP width (empty: intermediate_size), the full-attention
+    # layers' values taken from their key projection (attention_k_eq_v), values RMS-normed, and a
+    # scalar (a checkpoint buffer) multiplying each layer's output.
+    per_layer_input_size: int = 0
+    per_layer_vocab_size: int = 0
+    layer_intermediate_sizes: list[int] = field(default_factory=list)
+    attention_k_eq_v: bool = False
+    value_norm: bool = False
+    layer_scalar: bool = False
 
     def window(self, layer: int) -> int:
         return self.sliding_windows[layer] if self.sliding_windows else 0
+
+    def head_dim_of(self, layer: int) -> int:
+        return self.layer_head_dims[layer] if self.layer_head_dims else self.head_dim
+
+    def kv_heads_of(self, layer: int) -> int:
+        return self.layer_kv_heads[layer] if self.layer_kv_heads else self.num_kv_heads
+
+    def kv_source(self, layer: int) -> int:
+        return self.kv_sources[layer] if self.kv_sources else layer
+
+    def cache_layers(self) -> list[int]:
+        """The layers with a KV cache of their own (serving)."""
+        return [i for i in range(self.num_layers) if self.kv_source(i) == i]
 
     def rope_attrs(self, layer: int | None = None) -> dict:
         """The rope attributes of ``layer`` (a sliding-window layer's own when rope_sliding is set)."""
         sliding = layer is not None and self.rope_sliding is not None and self.window(layer) > 0
         attrs = dict(self.rope_sliding if sliding else self.rope)
-        attrs["rotary_dim"] = self.rotary_dim or self.head_dim
+        attrs["rotary_dim"] = self.rotary_dim or (self.head_dim if layer is None else self.head_dim_of(layer))
         return attrs
 
 
@@ -95,9 +125,16 @@ class KVCache:
     cu_q: Value | None = None
     context_lens: Value | None = None
 
-    def layer(self, g: Graph, spec: ModelSpec, dtype: str) -> tuple[Value, Value]:
-        shape = (self.num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim)
-        return g.input(g.scoped("k_cache"), shape, dtype), g.input(g.scoped("v_cache"), shape, dtype)
+    def layer(self, g: Graph, spec: ModelSpec, dtype: str, layer: int | None = None) -> tuple[Value, Value]:
+        """The cache inputs of the layer in scope; with ``layer``, of that layer (its own shape; a
+        KV-shared layer gets its source's, declared once)."""
+        if layer is None:
+            shape = (self.num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim)
+            return g.input(g.scoped("k_cache"), shape, dtype), g.input(g.scoped("v_cache"), shape, dtype)
+        src = spec.kv_source(layer)
+        shape = (self.num_blocks, self.block_size, spec.kv_heads_of(src), spec.head_dim_of(src))
+        names = (f"layers.{src}.k_cache", f"layers.{src}.v_cache")
+        return tuple(g.values[n] if n in g.values else g.input(n, shape, dtype) for n in names)
 
 
 def pre_norm(x: Value, residual: Value | None, w: Value, eps: float, name: str,
@@ -280,12 +317,6 @@ class CausalLM:
         if (mode == "serve") != (kv is not None):
             raise ValueError("mode 'serve' and a KV cache go together")
         s = self.spec
-        if s.final_softcap and mode != "train":
-            from surogate.errors import UnsupportedError
-
-            raise UnsupportedError(f"{s.family}: final logit soft-capping ({s.final_softcap}) is applied in training "
-                                   f"only; mode {mode!r} has no op for it yet",
-                                   hint="train with it, or set final_logit_softcapping to null for inference")
         if lora is not None and lora.dropout > 0 and mode != "train":
             lora = dataclasses.replace(lora, dropout=0.0)  # dropout only in training graphs
         g = Graph(f"{s.family}-{mode}")
@@ -302,9 +333,7 @@ class CausalLM:
         else:
             cu = g.input("cu_seqlens", (Dim("S1"),), "int32")
         emb = g.param("embed_tokens.weight", (s.vocab_size, s.hidden_size), dtype, trainable=lora is None)
-        x = ops.embedding(ids, emb, name="embed")
-        if s.embed_scale:  # HF multiplies by sqrt(hidden) rounded to the embedding's dtype
-            x = ops.scale(x, round_to(math.sqrt(s.hidden_size), dtype), name="embed_scaled")
+        x = self.embed(g, ids, emb, dtype, lora)
         residual = None
         for i, block in enumerate(self.blocks):
             with g.scope(f"layers.{i}"):
@@ -313,8 +342,8 @@ class CausalLM:
         if mode == "serve":  # only the rows that need logits go through the final norm and head
             rows = g.input("logits_rows", (Dim("R"),), "int32")
             x = ops.embedding(rows, x, name="x_rows")
-            residual = ops.embedding(rows, residual, name="residual_rows")
-        y, _ = ops.add_rmsnorm(x, residual, fn, s.rms_norm_eps, name="final_norm", weight_offset=s.norm_offset)
+            residual = None if residual is None else ops.embedding(rows, residual, name="residual_rows")
+        y, _ = pre_norm(x, residual, fn, s.rms_norm_eps, "final_norm", s.norm_offset)
         head = emb if s.tie_word_embeddings else g.param("lm_head.weight", (s.vocab_size, s.hidden_size), dtype,
                                                          trainable=lora is None)
         if mode == "train":
@@ -322,8 +351,18 @@ class CausalLM:
             loss = ops.lm_head_ce(y, head, targets, softcap=s.final_softcap, chunk=ce_chunk, name="loss")
             g.mark_output("loss", loss)
         else:
-            logits = ops.linear(y, head, name="logits")
+            if s.final_softcap:  # the capped value is the one named "logits" (what callers read)
+                logits = ops.softcap(ops.linear(y, head, name="logits_uncapped"), s.final_softcap, name="logits")
+            else:
+                logits = ops.linear(y, head, name="logits")
             g.mark_output("logits", logits)
             if mode == "serve":
                 g.mark_output("argmax", ops.argmax(logits))
         return g
+
+    def embed(self, g: Graph, ids: Value, table: Value, dtype: str, lora: LoRAConfig | None) -> Value:
+        """The rows the first block reads: the token embeddings (Gemma: scaled)."""
+        x = ops.embedding(ids, table, name="embed")
+        if self.spec.embed_scale:  # HF multiplies by sqrt(hidden) rounded to the embedding's dtype
+            x = ops.scale(x, round_to(math.sqrt(self.spec.hidden_size), dtype), name="embed_scaled")
+        return x

@@ -255,6 +255,29 @@ def geglu(gu: Value, name: str = "act") -> Value:
     return y
 
 
+def act_mul(a: Value, b: Value, act: str = "none", name: str = "act_mul") -> Value:
+    """act(a) * b, act "none" or "gelu_tanh" (geglu over two tensors); b of a's shape, or of one
+    value (a scalar tensor: Gemma 4's layer scalar), whose gradient is then not available."""
+    _check(act in ("none", "gelu_tanh"), f"act_mul {name}: act {act!r} is not 'none' or 'gelu_tanh'")
+    _check(b.shape == a.shape or b.shape in ((1,), (1, 1)), f"act_mul {name}: b {b.shape} is neither {a.shape} nor one value")
+    (y,) = _g(a).node("act_mul_fwd", [a, b], [(name, a.shape, a.dtype)], act=act)
+    return y
+
+
+def softcap(x: Value, cap: float, name: str = "softcap") -> Value:
+    """cap * tanh(x / cap) (Gemma's final logit soft-capping in inference graphs). Forward only:
+    training graphs fold it into lm_head_ce."""
+    _check(cap > 0, f"softcap {name}: cap must be > 0, got {cap}")
+    (y,) = _g(x).node("softcap_fwd", [x], [(name, x.shape, x.dtype)], cap=float(cap))
+    return y
+
+
+def fill(g: Graph, shape: Shape, dtype: str, value: float, name: str) -> Value:
+    """A constant tensor (a norm without a weight reads ones)."""
+    (y,) = g.node("fill", [], [(name, tuple(shape), dtype)], value=float(value))
+    return y
+
+
 def scale(x: Value, alpha: float, name: str = "scale") -> Value:
     """alpha * x, rounded to x's dtype (Gemma's embedding times sqrt(hidden))."""
     (y,) = _g(x).node("scale", [x], [(name, x.shape, x.dtype)], alpha=float(alpha))

@@ -140,8 +140,10 @@ def _auto_kv_tokens(model: Model, fraction: float, share: float, block_size: int
 
     s = model.spec
     p = profile_memory(model, block_size, max_num_seqs, max_num_batched_tokens)
-    return gpu_kv_tokens(p, fraction, share, num_arrays=2 * s.num_layers,
-                         block_bytes=block_size * s.num_kv_heads * s.head_dim * _np_dtype(model.dtype).itemsize,
+    layers = s.cache_layers()  # layers differ in K / V width (Gemma 4): counted at the widest
+    return gpu_kv_tokens(p, fraction, share, num_arrays=2 * len(layers),
+                         block_bytes=block_size * max(s.kv_heads_of(i) * s.head_dim_of(i) for i in layers)
+                         * _np_dtype(model.dtype).itemsize,
                          block_size=block_size, allocation_size=_native.allocation_size, device=model.device,
                          step=f"--max-num-seqs {max_num_seqs}, {max_num_batched_tokens} batched tokens")
 

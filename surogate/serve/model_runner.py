@@ -13,7 +13,8 @@ as one sub-step per adapter, each through a Program with that adapter's LoRA sli
 engine keeps each adapter's prefix-cache chain apart.
 
 Weights are bound to every Program without copies (on a GPU: the model's one device copy); the
-KV cache is one array per layer and per K / V (numpy on the CPU, a device tensor on a GPU),
+KV cache is one array per layer and per K / V (each layer's own shape; none for a layer that
+shares an earlier layer's K / V) (numpy on the CPU, a device tensor on a GPU),
 shared by all Programs. The padding tokens of a bucket write and read scratch blocks at the end
 of the cache, which the engine never hands out.
 """
@@ -68,9 +69,9 @@ class ProgramRunner:
     def _allocate(self) -> None:
         """The KV cache (zeros: one array per layer and K / V) and the fused q/k/v weights."""
         m, s = self.model, self.model.spec
-        shape = (self.total_blocks, self.block_size, s.num_kv_heads, s.head_dim)
         dt = _np_dtype(m.dtype)
-        for i in range(s.num_layers):
+        for i in s.cache_layers():  # a KV-shared layer reads its source's (Gemma 4)
+            shape = (self.total_blocks, self.block_size, s.kv_heads_of(i), s.head_dim_of(i))
             for kv in ("k", "v"):
                 self.caches[f"layers.{i}.{kv}_cache"] = np.zeros(shape, dt) if m.device == "cpu" else \
                     _native.zeros(list(shape), m.dtype, m.device)

@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 
 from surogate.bench.shapes import SHAPES, hf_config, hf_model_class, spec_for  # noqa: E402
 from surogate.models import REGISTRY, family_named  # noqa: E402
+from surogate.models.name_table import Slice  # noqa: E402
 
 NAMES = [name for f in REGISTRY for name in f.bench_shapes]
 
@@ -23,15 +24,22 @@ def test_shapes_are_the_families_own():
 def test_shape_has_the_parameters_transformers_gives_its_config(name):
     spec = spec_for(name)
     family = family_named(spec.family)
-    ours = {p.name: p.shape for p in family.architecture(spec).build(mode="logits").params()}
+    params = family.architecture(spec).build(mode="logits").params()
+    ours = {p.name: p.shape for p in params}
+    trained = {p.name for p in params if p.trainable}  # the rest are HF buffers (Gemma 4's layer_scalar)
     model_cls = hf_model_class(spec)
     with torch.device("meta"):
         ref = model_cls(model_cls.config_class(**hf_config(spec)))
     theirs = {name: tuple(p.shape) for name, p in ref.named_parameters()}
-    assert sum(map(math.prod, ours.values())) == sum(map(math.prod, theirs.values()))
+    assert sum(math.prod(s) for n, s in ours.items() if n in trained) == sum(map(math.prod, theirs.values()))
+    theirs |= {name: tuple(b.shape) for name, b in ref.named_buffers()}
     table = family.name_table()
     for param, shape in ours.items():
         recipe = table.recipe(param)
+        if isinstance(recipe, Slice):  # one layer's part of a tensor packed over the layers (Gemma 4)
+            full, ax = theirs[recipe.hf], recipe.axis
+            assert full[ax] == spec.num_layers * shape[ax] and full[:ax] + full[ax + 1:] == shape[:ax] + shape[ax + 1:]
+            continue
         parts = recipe.hf if isinstance(recipe.hf, tuple) else (recipe.hf,)
         assert shape[0] == sum(theirs[p][0] for p in parts) and shape[1:] == theirs[parts[0]][1:], param
 

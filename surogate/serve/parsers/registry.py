@@ -3,7 +3,8 @@
 Detection reads what the template writes, since that is what the model was trained to answer
 in: a template that renders ``<tool_call>`` gets the Hermes parser, one that speaks of
 ``<|python_tag|>`` / ``"parameters"`` under Llama 3 headers gets Llama 3 JSON, one that writes
-``[TOOL_CALLS]`` gets Mistral's, one that writes ``<think>`` gets the reasoning parser. Where
+``[TOOL_CALLS]`` gets Mistral's, one that writes ``<|tool_call>`` Gemma 4's, one that writes
+``<think>`` (Gemma 4: ``<|channel>``) gets the reasoning parser. Where
 the template does not show it, the model family's defaults decide (``Family.chat``, in the
 family's file: Qwen templates that take tools answer in Hermes tags). The names are vLLM's and
 SGLang's, so a flag copied from their documentation works here (``--reasoning-parser qwen3
@@ -19,9 +20,12 @@ import msgspec
 from surogate.errors import NotFoundError
 from surogate.models import chat_defaults_for
 from surogate.serve.parsers.base import OutputParser, ReasoningParser, ToolParser
+from surogate.serve.parsers.gemma4_tool_calls import Gemma4ToolParser
 from surogate.serve.parsers.mistral_tool_calls import MistralToolParser
 from surogate.serve.parsers.reasoning import ThinkReasoningParser
 from surogate.serve.parsers.tool_calls import HermesToolParser, Llama3JsonToolParser
+
+GEMMA4_THOUGHT = ("<|channel>thought", "<channel|>")  # Gemma 4's thinking block
 
 # name -> factory(prompt_text) ; deepseek_r1 starts in reasoning even when the prompt did not open it
 REASONING_PARSERS: dict[str, Callable[[str | None], ReasoningParser]] = {
@@ -29,6 +33,8 @@ REASONING_PARSERS: dict[str, Callable[[str | None], ReasoningParser]] = {
     "think": lambda prompt: ThinkReasoningParser.for_prompt(prompt),
     "glm45": lambda prompt: ThinkReasoningParser.for_prompt(prompt),
     "deepseek_r1": lambda prompt: ThinkReasoningParser.for_prompt(prompt, force_reasoning=True),
+    "gemma4": lambda prompt: ThinkReasoningParser.for_prompt(prompt, start_tag=GEMMA4_THOUGHT[0],
+                                                             end_tag=GEMMA4_THOUGHT[1]),
 }
 TOOL_PARSERS: dict[str, Callable[[], ToolParser]] = {
     "hermes": HermesToolParser,
@@ -37,6 +43,7 @@ TOOL_PARSERS: dict[str, Callable[[], ToolParser]] = {
     "llama3_json": Llama3JsonToolParser,
     "llama3": Llama3JsonToolParser,
     "mistral": MistralToolParser,
+    "gemma4": Gemma4ToolParser,
 }
 
 
@@ -51,12 +58,16 @@ def detect_parsers(chat_template: str | None, model_type: str | None = None) -> 
     reasoning = None
     if "<think>" in text or "</think>" in text:
         reasoning = (family.reasoning_parser if family else None) or "qwen3"
+    elif "<|channel>" in text:
+        reasoning = "gemma4"
     if "<tool_call>" in text:
         tool = "hermes"
     elif "<|python_tag|>" in text or ("<|start_header_id|>" in text and '"parameters"' in text):
         tool = "llama3_json"
     elif "[TOOL_CALLS]" in text:
         tool = "mistral"
+    elif "<|tool_call>" in text:
+        tool = "gemma4"
     elif family is not None and family.tool_parser and "tools" in text:
         tool = family.tool_parser
     else:

@@ -1,0 +1,248 @@
+"""Gemma 4 (text: Gemma4ForCausalLM, model_type gemma4_text; the language model of
+google/gemma-4-E2B-it, E4B-it and 31B-it), dense layers only.
+
+What Gemma 4 changes from Gemma 3 (gemma3.py), as transformers' modeling_gemma4.py does it (the
+graph is dsl/nn_gemma4.py's): RMSNorm weights used as they are (no 1 + w); attention scores
+unscaled; values RMS-normed; full-attention layers with their own head dim (global_head_dim,
+saved by transformers as per_layer_config) and, with attention_k_eq_v, their own kv heads
+(num_global_key_value_heads) and values taken from the key projection; their rope
+"proportional" (only partial_rotary_factor of the pairs rotate); the last num_kv_shared_layers
+layers attending over the K / V of the last earlier layer of their kind (and, with
+use_double_wide_mlp, an MLP twice as wide); per-layer input embeddings (hidden_size_per_layer_input,
+the E2B / E4B models); a scalar per layer (layer_scalar, a checkpoint buffer); final logit
+soft-capping (30 in Google's configs), in training and inference.
+
+Refused by name: enable_moe_block (the 26B-A4B's mixture of experts, issue 17) and
+use_bidirectional_attention (the vision / embedding uses).
+
+GGUF: llama.cpp's "gemma4" exists in gguf-py (0.19) with its tensor names, but this tree does not
+write or read it yet: its metadata keys for the per-layer geometry were not checked against
+llama.cpp's loader here, and a file we cannot prove it runs the same is not written
+(gguf_metadata refuses with that reason).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from surogate.dsl import nn
+from surogate.dsl.nn_gemma4 import Gemma4CausalLM
+from surogate.errors import ConfigError, UnsupportedError
+from surogate.models import decoder, gemma3
+from surogate.models.family import ChatDefaults, Family, GGUFArchitecture, TinyModel
+from surogate.models.gguf_names import GGUFName, GGUFNameTable
+from surogate.models.name_table import Direct, NameTable, Slice
+
+SOFTCAP = 30.0  # final_logit_softcapping of every Google Gemma 4 config
+
+
+def layer_types(cfg: dict) -> list[str]:
+    """Gemma 3's rule (gemma3.layer_types), and the last layer full attention, as
+    Gemma4TextConfig forces it."""
+    types = gemma3.layer_types(cfg)
+    types[-1] = "full_attention"
+    return types
+
+
+def kv_sources(types: list[str], shared: int) -> list[int]:
+    """Each layer's K / V source (Gemma4TextConfig.kv_sharing_modes): the last `shared` layers
+    read the last earlier layer of their kind."""
+    n = len(types)
+    if not 0 <= shared < n:
+        raise ConfigError(f"config.json: num_kv_shared_layers is {shared}, it must be in [0, {n})",
+                          hint="some layer has to compute the keys and values the others share")
+    first = n - shared
+    out = list(range(n))
+    for i in range(first, n):
+        own = [j for j in range(first) if types[j] == types[i]]
+        if not own:
+            raise ConfigError(f"config.json: layer {i} ({types[i]}) shares K / V, but no earlier layer of its kind "
+                              f"computes them", hint="check layer_types and num_kv_shared_layers")
+        out[i] = own[-1]
+    return out
+
+
+def _per_layer(cfg: dict, types: list[str]) -> tuple[list[int], list[int]]:
+    """(head dims, kv heads) per layer: transformers' saved per_layer_config, else the rule of
+    Gemma4TextConfig (full layers: global_head_dim, and num_global_key_value_heads with
+    attention_k_eq_v)."""
+    head_dim = int(cfg.get("head_dim") or 256)
+    kv = int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
+    saved = cfg.get("per_layer_config")
+    if saved is None:
+        glob = {"head_dim": int(cfg.get("global_head_dim") or 512)}
+        if cfg.get("attention_k_eq_v") and cfg.get("num_global_key_value_heads"):
+            glob["num_key_value_heads"] = int(cfg["num_global_key_value_heads"])
+        saved = {i: glob for i, t in enumerate(types) if t == "full_attention"}
+    saved = {int(k): v for k, v in saved.items()}
+    dims = [int(saved.get(i, {}).get("head_dim", head_dim)) for i in range(len(types))]
+    heads = [int(saved.get(i, {}).get("num_key_value_heads", kv)) for i in range(len(types))]
+    return dims, heads
+
+
+def _rope(params: dict, head_dim: int) -> dict:
+    if params.get("rope_type") == "proportional":
+        # HF: rope_angles = int(partial_rotary_factor * head_dim // 2) pairs rotate, at
+        # theta^(-2i / head_dim); the rest do not.
+        angles = int(float(params.get("partial_rotary_factor", 1.0)) * head_dim // 2)
+        return {"theta": float(params["rope_theta"]), "rope_type": "proportional", "rope_angles": angles,
+                "factor": float(params.get("factor", 1.0))}
+    return decoder.rope_from_config({"rope_parameters": params})
+
+
+DEFAULT_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                   "rope_theta": 1_000_000.0}}
+
+
+def spec_from_config(cfg: dict) -> nn.ModelSpec:
+    if cfg.get("enable_moe_block"):
+        raise UnsupportedError("config.json: enable_moe_block is set (Gemma 4's mixture-of-experts layers, as in "
+                               "gemma-4-26B-A4B): not supported yet", hint="dense Gemma 4 models run; MoE is issue 17")
+    if cfg.get("use_bidirectional_attention"):
+        raise UnsupportedError(f"config.json: use_bidirectional_attention is {cfg['use_bidirectional_attention']!r}: "
+                               "only causal Gemma 4 language models run here", hint="set it to null")
+    types = layer_types(cfg)
+    dims, heads = _per_layer(cfg, types)
+    n = len(types)
+    srcs = kv_sources(types, int(cfg.get("num_kv_shared_layers") or 0))
+    rope = {**DEFAULT_ROPE, **(cfg.get("rope_parameters") or {})}
+    full = next((i for i, t in enumerate(types) if t == "full_attention"), 0)
+    sliding = next((i for i, t in enumerate(types) if t == "sliding_attention"), full)
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
+    base = {**cfg, "hidden_act": act, "head_dim": dims[sliding], "num_key_value_heads": heads[sliding],
+            "layer_types": types, "rope_parameters": None, "rope_scaling": None,
+            "tie_word_embeddings": cfg.get("tie_word_embeddings", True), "sliding_window": cfg.get("sliding_window", 512)}
+    spec = decoder.spec_from_config(base, "gemma4", qk_norm=True)
+    F = spec.intermediate_size
+    double = bool(cfg.get("use_double_wide_mlp"))
+    P = int(cfg.get("hidden_size_per_layer_input") or 0)
+    uniform = len(set(dims)) == 1 and len(set(heads)) == 1
+    return dataclasses.replace(
+        spec, rope=_rope(rope["full_attention"], dims[full]), rope_sliding=_rope(rope["sliding_attention"], dims[sliding]),
+        embed_scale=True, attn_scale=1.0, final_softcap=float(cfg.get("final_logit_softcapping") or 0.0),
+        layer_head_dims=[] if uniform else dims, layer_kv_heads=[] if uniform else heads,
+        kv_sources=[] if srcs == list(range(n)) else srcs,
+        layer_intermediate_sizes=[2 * F if double and srcs[i] != i else F for i in range(n)] if double else [],
+        per_layer_input_size=P, per_layer_vocab_size=int(cfg.get("vocab_size_per_layer_input") or spec.vocab_size),
+        attention_k_eq_v=bool(cfg.get("attention_k_eq_v")), value_norm=True, layer_scalar=True)
+
+
+_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm",
+          "post_per_layer_input_norm")
+
+
+def hf_name_table() -> NameTable:
+    t = decoder.hf_name_table(qk_norm=True)
+    L = "model.layers.{i}."
+    extra = {f"layers.{{i}}.{n}.weight": Direct(f"{L}{n}.weight") for n in _NORMS}
+    extra.update({
+        "layers.{i}.layer_scalar": Direct(L + "layer_scalar"),
+        "layers.{i}.per_layer_input_gate.weight": Direct(L + "per_layer_input_gate.weight"),
+        "layers.{i}.per_layer_projection.weight": Direct(L + "per_layer_projection.weight"),
+        "layers.{i}.embed_tokens_per_layer.weight": Slice("model.embed_tokens_per_layer.weight", axis=1),
+        "layers.{i}.per_layer_model_projection.weight": Slice("model.per_layer_model_projection.weight", axis=0),
+        "per_layer_projection_norm.weight": Direct("model.per_layer_projection_norm.weight"),
+    })
+    return NameTable({**t.entries, **extra})
+
+
+# llama.cpp's names (gguf-py's MODEL_TENSORS for gemma4), for the name-table tests and a later writer.
+_GGUF = {"input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",
+         "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
+         "post_per_layer_input_norm": "post_norm", "self_attn.q_norm": "attn_q_norm",
+         "self_attn.k_norm": "attn_k_norm", "per_layer_input_gate": "inp_gate", "per_layer_projection": "proj"}
+
+
+def gguf_tensor_table() -> GGUFNameTable:
+    e = dict(decoder.gguf_tensor_table(rope_permuted=False, qk_norm=True).entries)
+    L, B = "model.layers.{i}.", "blk.{i}."
+    for hf, gg in _GGUF.items():
+        e[f"{L}{hf}.weight"] = GGUFName(f"{B}{gg}.weight")
+    e[L + "layer_scalar"] = GGUFName(B + "layer_output_scale.weight")
+    e["model.embed_tokens_per_layer.weight"] = GGUFName("per_layer_token_embd.weight")
+    e["model.per_layer_model_projection.weight"] = GGUFName("per_layer_model_proj.weight")
+    e["model.per_layer_projection_norm.weight"] = GGUFName("per_layer_proj_norm.weight")
+    return GGUFNameTable(e)
+
+
+NO_GGUF = ("llama.cpp's gemma4 metadata (per-layer head dims and kv heads, KV sharing, per-layer inputs, "
+           "the proportional rope) is not mapped to and from Gemma4TextConfig yet")
+
+
+def _no_gguf(*_args) -> dict:
+    raise UnsupportedError(f"Gemma 4 GGUF files are not read or written by this version: {NO_GGUF}",
+                           hint="serve and train Gemma 4 from its Hugging Face folder")
+
+
+def _shape(**kw) -> dict:
+    """A bench shape from a real config's numbers (Gemma 4's fixed choices around them)."""
+    layers, pattern, window = kw.pop("num_layers"), kw.pop("pattern"), kw.pop("window")
+    glob_dim, glob_kv, shared = kw.pop("global_head_dim"), kw.pop("global_kv_heads"), kw.pop("kv_shared")
+    double, F = kw.pop("double_wide"), kw["intermediate_size"]
+    types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
+    types[-1] = "full_attention"
+    srcs = kv_sources(types, shared)
+    full = [t == "full_attention" for t in types]
+    return dict(num_layers=layers, head_dim=256, rms_norm_eps=1e-6, qk_norm=True, tie_word_embeddings=True,
+                activation="gelu_pytorch_tanh", embed_scale=True, attn_scale=1.0, final_softcap=SOFTCAP,
+                sliding_windows=[0 if f else window for f in full],
+                rope={"theta": 1_000_000.0, "rope_type": "proportional", "rope_angles": glob_dim // 8, "factor": 1.0},
+                rope_sliding={"theta": 10_000.0, "rope_type": "default"},
+                layer_head_dims=[glob_dim if f else 256 for f in full],
+                layer_kv_heads=[glob_kv if f else kw["num_kv_heads"] for f in full],
+                kv_sources=srcs if shared else [],
+                layer_intermediate_sizes=[2 * F if double and srcs[i] != i else F for i in range(layers)],
+                attention_k_eq_v=glob_kv != kw["num_kv_heads"], value_norm=True, layer_scalar=True, **kw)
+
+
+FAMILY = Family(
+    name="gemma4",
+    hf_architectures=("Gemma4ForCausalLM",),
+    model_types=("gemma4_text",),
+    spec_from_config=spec_from_config,
+    architecture=Gemma4CausalLM,
+    name_table=hf_name_table,
+    gguf=GGUFArchitecture(name="gemma4", tensors=gguf_tensor_table, config_from_gguf=_no_gguf, metadata=_no_gguf,
+                          unsupported=NO_GGUF),
+    # Gemma 4's template writes <|tool_call> and <|channel>thought (serve/parsers/registry.py
+    # detects both); for a template that takes tools without showing them, the same parsers.
+    chat=ChatDefaults(reasoning_parser="gemma4", tool_parser="gemma4", model_types=("gemma4",)),
+    bench_shapes={
+        # google/gemma-4-E2B-it's text_config: 35 layers (4 sliding : 1 full), the last 20 sharing K / V,
+        # double-wide MLPs there, per-layer inputs of 256.
+        "gemma-4-e2b": _shape(vocab_size=262144, hidden_size=1536, num_layers=35, num_heads=8, num_kv_heads=1,
+                              intermediate_size=6144, pattern=5, window=512, global_head_dim=512, global_kv_heads=1,
+                              kv_shared=20, double_wide=True, per_layer_input_size=256, per_layer_vocab_size=262144),
+        # google/gemma-4-31B-it's text_config: 60 layers (5 : 1), K = V on the full layers (4 kv heads of 512).
+        "gemma-4-31b": _shape(vocab_size=262144, hidden_size=5376, num_layers=60, num_heads=32, num_kv_heads=16,
+                              intermediate_size=21504, pattern=6, window=1024, global_head_dim=512, global_kv_heads=4,
+                              kv_shared=0, double_wide=False),
+    },
+    # Five layers (sliding, sliding, full, sliding, full) with a window of 4; the full layers with head 32
+    # (p-rope over a quarter) beside the sliding ones' 16; per-layer inputs of 8; the last two layers
+    # sharing K / V (double-wide MLPs); soft-capped logits; Gemma's template.
+    tiny=TinyModel(
+        tokenizer="gemma",
+        config={"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 5, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 16, "global_head_dim": 32, "max_position_embeddings": 256,
+                "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "sliding_window": 4,
+                "layer_types": ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention",
+                                "full_attention"],
+                "num_kv_shared_layers": 2, "use_double_wide_mlp": True, "hidden_size_per_layer_input": 8,
+                "final_logit_softcapping": SOFTCAP, "pad_token_id": None,
+                "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                                    "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                       "rope_theta": 1e6}}},
+        bos_token="<bos>",
+        eos_token="<eos>",
+        variants={
+            # The 31B's layout: K = V on the full layers with their own kv heads, no sharing, no
+            # per-layer inputs, untied, no soft-capping.
+            "k-eq-v": {"attention_k_eq_v": True, "num_global_key_value_heads": 1, "num_kv_shared_layers": 0,
+                       "use_double_wide_mlp": False, "hidden_size_per_layer_input": 0, "tie_word_embeddings": False,
+                       "final_logit_softcapping": None, "num_hidden_layers": 3,
+                       "layer_types": ["sliding_attention", "full_attention", "full_attention"]},
+        },
+    ),
+)
