@@ -124,7 +124,8 @@ def spec_from_config(cfg: dict) -> nn.ModelSpec:
         layer_head_dims=[] if uniform else dims, layer_kv_heads=[] if uniform else heads,
         kv_sources=[] if srcs == list(range(n)) else srcs,
         layer_intermediate_sizes=[2 * F if double and srcs[i] != i else F for i in range(n)] if double else [],
-        per_layer_input_size=P, per_layer_vocab_size=int(cfg.get("vocab_size_per_layer_input") or spec.vocab_size),
+        per_layer_input_size=P,
+        per_layer_vocab_size=int(cfg.get("vocab_size_per_layer_input") or spec.vocab_size) if P else 0,
         attention_k_eq_v=bool(cfg.get("attention_k_eq_v")), value_norm=True, layer_scalar=True)
 
 
@@ -192,7 +193,7 @@ def _shape(**kw) -> dict:
                 layer_head_dims=[glob_dim if f else 256 for f in full],
                 layer_kv_heads=[glob_kv if f else kw["num_kv_heads"] for f in full],
                 kv_sources=srcs if shared else [],
-                layer_intermediate_sizes=[2 * F if double and srcs[i] != i else F for i in range(layers)],
+                layer_intermediate_sizes=[2 * F if srcs[i] != i else F for i in range(layers)] if double else [],
                 attention_k_eq_v=glob_kv != kw["num_kv_heads"], value_norm=True, layer_scalar=True, **kw)
 
 
