@@ -37,10 +37,12 @@ def hf_config(spec: ModelSpec) -> dict:
         rope.update(factor=spec.rope["factor"], low_freq_factor=spec.rope["low_freq_factor"],
                     high_freq_factor=spec.rope["high_freq_factor"],
                     original_max_position_embeddings=int(spec.rope["original_max_position"]))
-    return dict(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers,
-                num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim,
-                intermediate_size=spec.intermediate_size, rms_norm_eps=spec.rms_norm_eps,
-                tie_word_embeddings=spec.tie_word_embeddings, rope_parameters=rope, max_position_embeddings=131072)
+    config = dict(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers,
+                  num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim,
+                  intermediate_size=spec.intermediate_size, rms_norm_eps=spec.rms_norm_eps,
+                  tie_word_embeddings=spec.tie_word_embeddings, rope_parameters=rope, max_position_embeddings=131072)
+    extra = family_named(spec.family).bench_hf_config
+    return {**config, **extra(spec)} if extra else config
 
 
 def hf_model_class(spec: ModelSpec):

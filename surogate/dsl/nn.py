@@ -67,6 +67,11 @@ class ModelSpec:
     embed_scale: bool = False
     attn_scale: float = 0.0
     rope_sliding: dict | None = None
+    # Hybrid layouts (LFM2): each layer's mixer, "attention" or "conv" (a gated short convolution
+    # of conv_kernel taps); empty: attention everywhere.
+    layer_kinds: list[str] = field(default_factory=list)
+    conv_kernel: int = 3
+    conv_bias: bool = False
 
     def window(self, layer: int) -> int:
         return self.sliding_windows[layer] if self.sliding_windows else 0
