@@ -278,7 +278,8 @@ FAMILY = Family(
             "l2-taps2": {"num_hidden_layers": 2, "layer_types": ["full_attention", "conv"], "conv_L_cache": 2,
                          "num_key_value_heads": 1},
         },
-        gguf={"hidden_size": 256, "intermediate_size": 768, "block_multiple_of": 256, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "num_hidden_layers": 3, "layer_types": ["conv", "full_attention", "conv"]},
+        gguf={"hidden_size": 256, "intermediate_size": 512, "block_auto_adjust_ff_dim": False,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+              "layer_types": ["conv", "full_attention"]},
     ),
 )
