@@ -95,10 +95,21 @@ class KVCache:
     num_blocks: int
     block_size: int
     fuse_qkv: bool = False
+    # Per-sequence recurrent state beside the KV blocks (LFM2's conv layers): num_state_slots rows
+    # per layer, indexed by the step input state_slots [S] (the engine's slot of each sequence).
+    num_state_slots: int = 0
+    state_slots: Value | None = None
     slots: Value | None = None
     block_tables: Value | None = None
     cu_q: Value | None = None
     context_lens: Value | None = None
+
+    def conv_state(self, g: Graph, channels: int, taps: int, dtype: str) -> Value:
+        """This layer's conv state [num_state_slots, taps - 1, channels] (the last inputs of each
+        sequence's convolution), a graph input the op rewrites; the step's state_slots with it."""
+        if self.state_slots is None:
+            self.state_slots = g.input("state_slots", (Dim("S"),), "int32")
+        return g.input(g.scoped("conv_state"), (self.num_state_slots, taps - 1, channels), dtype)
 
     def layer(self, g: Graph, spec: ModelSpec, dtype: str) -> tuple[Value, Value]:
         shape = (self.num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim)
