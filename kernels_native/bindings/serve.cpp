@@ -336,6 +336,9 @@ void bind_serve(py::module_& parent) {
       .def_property_readonly("logits_rows",
                              [](const StepInput& s) { return int32_array(s.logits_rows, {s.num_logits_rows()}); })
       .def_property_readonly("adapter_ids", [](const StepInput& s) { return int32_array(s.adapter_ids, {s.num_seqs}); })
+      .def_property_readonly("state_slots", [](const StepInput& s) {
+        return int32_array(s.state_slots, {static_cast<int64_t>(s.state_slots.size())});
+      })
       .def_property_readonly("request_ids", [](const StepInput& s) {
         return py::array_t<int64_t>({static_cast<py::ssize_t>(s.num_seqs)}, s.request_ids.data());
       })

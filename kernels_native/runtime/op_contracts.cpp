@@ -69,6 +69,14 @@ constexpr OpContract kContracts[] = {
     {"add_rmsnorm_matmul", 1, 5, 2, 1,
      "(x[M,K], [residual[M,K]], w[K], W[N,K], [bias[N]]) -> (y[M,N] = rmsnorm(x + residual) w @ W^T + bias, "
      "[h = x + residual]); attrs: eps, weight_offset"},
+    {"short_conv_fwd", 3, 4, 1, -1,
+     "(bcx[N,3C] = [B, C, x], w[C,L] | [C,1,L], cu_seqlens[S+1] i32, [bias[C]]) -> (y[N,C] = C * causal "
+     "depthwise conv1d(B * x) per document)"},
+    {"short_conv_bwd", 4, 5, 3, 1,
+     "(dy[N,C], bcx, w, cu_seqlens, [bias]) -> (dbcx[N,3C], [dw], [dbias]); attrs: accumulate"},
+    {"short_conv_cache", 5, 6, 2, -1,
+     "(bcx[T,3C], w, state_slots[S] i32, cu_q[S+1] i32, context_lens[S] i32, [bias]) -> (y[T,C], "
+     "conv_state[P, L-1, C] read and rewritten in place; a span at position 0 starts from zeros)"},
     {"gguf_dequantize", 1, 1, 1, -1,
      "(q[rows, bytes_per_row] u8) -> (y[rows, cols] f32/bf16/f16); attrs: type (ggml id), cols"},
     {"gguf_quantize", 1, 1, 1, -1,

@@ -23,6 +23,9 @@
 //   need_logits   [R]     (uint8) 1: the engine reads this row's logits (sampling knobs, logprobs,
 //                         prompt logprobs); 0: the row's argmax is all it needs (plain greedy)
 //   adapter_ids   [S]     LoRA adapter slot per sequence, -1 = the base model
+//   state_slots   [S]     the sequence's recurrent-state slot in [0, max_num_seqs) (a conv or SSM
+//                         state the runner keeps per sequence beside the KV blocks), -1 = none;
+//                         a span starting at position 0 must not read what the slot held
 //   request_ids   [S]     (int64) the engine's request ids, for logging and per-request state
 //
 // Writes to the cache happen before attention reads it (as in a layer: store K/V, then attend),
@@ -54,6 +57,7 @@ struct StepInput {
   std::vector<int32_t> logits_rows;
   std::vector<uint8_t> need_logits;
   std::vector<int32_t> adapter_ids;
+  std::vector<int32_t> state_slots;
   std::vector<int64_t> request_ids;
 
   int32_t num_logits_rows() const { return static_cast<int32_t>(logits_rows.size()); }  // R

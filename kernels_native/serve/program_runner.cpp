@@ -12,9 +12,10 @@ namespace surogate::serve {
 namespace {
 
 // The step inputs, in the order of Bucket::off.
-constexpr const char* kInputs[7] = {"input_ids", "position_ids", "slot_mapping", "block_tables",
-                                    "cu_q",      "context_lens", "logits_rows"};
-enum { kIds, kPos, kSlots, kTables, kCuQ, kCtx, kRows };
+constexpr const char* kInputs[8] = {"input_ids", "position_ids", "slot_mapping", "block_tables",
+                                    "cu_q",      "context_lens", "logits_rows",  "state_slots"};
+enum { kIds, kPos, kSlots, kTables, kCuQ, kCtx, kRows, kStates };
+constexpr int kOptional = kStates;  // inputs from here on: bound when the Program has them
 
 int pow2(int n) {
   int p = 1;
@@ -68,18 +69,20 @@ Status ProgramRunner::bucket(const BucketKey& key, Bucket** out) {
   SG_RETURN_IF_ERROR(compile_(key, &b->program, &b->owner));
   SG_CHECK(b->program != nullptr && b->program->device() == config_.device, StatusCode::kInternal,
            "the step compiler returned no Program for this runner's device", "");
-  const int64_t sizes[7] = {key.T, key.T, key.T, int64_t{key.S} * key.B, key.S + 1, key.S, key.R};
-  const std::vector<int64_t> shapes[7] = {{key.T}, {key.T}, {key.T}, {key.S, key.B}, {key.S + 1}, {key.S}, {key.R}};
+  const int64_t sizes[8] = {key.T, key.T, key.T, int64_t{key.S} * key.B, key.S + 1, key.S, key.R, key.S};
+  const std::vector<int64_t> shapes[8] = {{key.T}, {key.T}, {key.T}, {key.S, key.B}, {key.S + 1}, {key.S}, {key.R},
+                                          {key.S}};
   int64_t total = 0;
-  for (int i = 0; i < 7; ++i) {
+  for (int i = 0; i < 8; ++i) {
     b->off[i] = total;
     total += sizes[i];
   }
   b->host.assign(total, 0);
   SG_RETURN_IF_ERROR(allocate(config_.device, static_cast<size_t>(total) * sizeof(int32_t), &b->inputs));
   auto* base = static_cast<int32_t*>(b->inputs.get());
-  for (int i = 0; i < 7; ++i) {
+  for (int i = 0; i < 8; ++i) {
     const int id = b->program->find_buffer(kInputs[i]);
+    if (id < 0 && i >= kOptional) continue;
     SG_CHECK(id >= 0, StatusCode::kInternal, str_cat("the step Program has no input '", kInputs[i], "'"), "");
     SG_RETURN_IF_ERROR(b->program->bind(id, Tensor::view_of(base + b->off[i], DType::kI32, shapes[i], config_.device,
                                                             b->inputs)));
@@ -129,6 +132,7 @@ Status ProgramRunner::run(const StepInput& in, StepOutput* out) {
         const auto row = in.block_tables.begin() + static_cast<ptrdiff_t>(s) * in.max_blocks_per_seq;
         sub.block_tables.insert(sub.block_tables.end(), row, row + in.max_blocks_per_seq);
         sub.adapter_ids.push_back(a);
+        if (!in.state_slots.empty()) sub.state_slots.push_back(in.state_slots[s]);
         ++sub.num_seqs;
         for (int r = 0; r < R; ++r) {
           if (row_seq[r] != s) continue;
@@ -185,6 +189,9 @@ Status ProgramRunner::run_one(const StepInput& in, int adapter, StepOutput* out,
   std::fill(cu + S + 1, cu + key.S + 1, tp);
   std::copy_n(in.context_lens.data(), S, ctx);
   std::fill(ctx + S, ctx + key.S, 0);
+  int32_t* states = h + b->off[kStates];
+  std::fill_n(states, key.S, -1);
+  if (!in.state_slots.empty()) std::copy_n(in.state_slots.data(), S, states);
   if (pad) {  // the padding sequence: its own scratch blocks at the end of the cache
     const int scratch = config_.num_blocks * bs;
     for (int i = 0; i < pad; ++i) {

@@ -11,7 +11,8 @@
 //   block-table width and logits rows: powers of two (padding rows read row 0, dropped).
 //
 // A bucket's step inputs (input_ids, position_ids, slot_mapping, block_tables, cu_q,
-// context_lens, logits_rows: all int32) live in one buffer on the Program's device, bound here,
+// context_lens, logits_rows, and state_slots where the model keeps per-sequence state: all
+// int32; padding sequences have slot -1) live in one buffer on the Program's device, bound here,
 // filled on the host and copied up in one transfer. The Program computes `logits` [R, V] and
 // `argmax` [R] (int32); the argmax comes back every step, logits rows only where the engine
 // needs them (StepInput::need_logits), converted to float32 on the host. On the CPU the
@@ -79,7 +80,7 @@ class ProgramRunner : public ModelRunner {
     BucketKey key;
     std::shared_ptr<void> inputs;   // the packed int32 inputs on the program's device
     std::vector<int32_t> host;      // their host image
-    int64_t off[7] = {};            // element offset of each input in both
+    int64_t off[8] = {};            // element offset of each input in both
     int logits_id = -1, argmax_id = -1;  // the program's outputs
   };
 

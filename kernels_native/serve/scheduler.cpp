@@ -10,6 +10,7 @@ namespace surogate::serve {
 Scheduler::Scheduler(const SchedulerConfig& config, BlockManager* block_manager)
     : config_(config), block_manager_(block_manager) {
   assert(config_.max_num_seqs > 0 && config_.max_num_batched_tokens > 0 && config_.max_model_len > 0);
+  for (int32_t s = config_.max_num_seqs - 1; s >= 0; --s) free_state_slots_.push_back(s);
 }
 
 void Scheduler::add(Sequence* seq) {
@@ -77,6 +78,9 @@ StepPlan Scheduler::schedule() {
     if (!bm.can_allocate(*seq)) break;  // FIFO: later requests do not overtake it
     waiting_.pop_front();
     bm.allocate(*seq);
+    assert(!free_state_slots_.empty());
+    seq->state_slot = free_state_slots_.back();
+    free_state_slots_.pop_back();
     seq->status = SequenceStatus::kRunning;
     running_.push_back(seq);
     const int len = std::min(seq->num_uncomputed_tokens(), budget);
@@ -115,6 +119,7 @@ void Scheduler::build_input(StepPlan& plan) const {
     std::copy_n(seq.block_table.begin(), block_manager_->blocks_for(end),
                 in.block_tables.begin() + static_cast<ptrdiff_t>(s) * in.max_blocks_per_seq);
     in.adapter_ids.push_back(seq.adapter_id);
+    in.state_slots.push_back(seq.state_slot);
     in.request_ids.push_back(static_cast<int64_t>(seq.id));
     in.max_query_len = std::max(in.max_query_len, ss.len);
     in.max_context_len = std::max(in.max_context_len, end);
@@ -152,6 +157,8 @@ void Scheduler::finish(Sequence* seq, FinishReason reason, std::string message) 
   if (seq->status == SequenceStatus::kRunning) {
     running_.erase(std::find(running_.begin(), running_.end(), seq));
     block_manager_->deallocate(*seq);
+    free_state_slots_.push_back(seq->state_slot);
+    seq->state_slot = -1;
   } else if (seq->status == SequenceStatus::kWaiting) {
     auto it = std::find(waiting_.begin(), waiting_.end(), seq);
     if (it != waiting_.end()) waiting_.erase(it);
@@ -163,6 +170,8 @@ void Scheduler::finish(Sequence* seq, FinishReason reason, std::string message) 
 
 void Scheduler::preempt(Sequence* seq) {
   block_manager_->deallocate(*seq);
+  free_state_slots_.push_back(seq->state_slot);
+  seq->state_slot = -1;
   seq->status = SequenceStatus::kWaiting;
   seq->num_computed_tokens = 0;
   seq->num_cached_tokens = 0;

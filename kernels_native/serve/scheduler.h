@@ -12,6 +12,9 @@
 //      in a step that preempted). A prompt longer than the budget is split across steps (chunked
 //      prefill). A prompt that can never fit (more tokens than max_model_len or the whole cache)
 //      finishes with an error instead of waiting forever.
+// Each running sequence also holds one of max_num_seqs recurrent-state slots (StepInput::
+// state_slots), so a model with per-sequence state beside its KV blocks (a conv or SSM state)
+// finds it again next step; a slot is always free at admission (no more than max_num_seqs run).
 // The result is a StepPlan: each sequence's token span and logits rows, plus the flattened
 // StepInput for the runner.
 #pragma once
@@ -76,6 +79,7 @@ class Scheduler {
   std::deque<Sequence*> waiting_;
   std::vector<Sequence*> running_;
   int64_t num_preemptions_ = 0;
+  std::vector<int32_t> free_state_slots_;  // of [0, max_num_seqs); back = next handed out
 };
 
 }  // namespace surogate::serve

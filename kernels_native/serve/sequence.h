@@ -73,6 +73,9 @@ class Sequence {
   int num_registered_blocks = 0;       // leading blocks already offered to the prefix cache
   int num_cached_tokens = 0;
   int num_computed_tokens = 0;
+  // The slot of the runner's per-sequence recurrent state (LFM2's conv state, later SSM states)
+  // while running, -1 otherwise: taken at admission, given back at preemption and finish.
+  int32_t state_slot = -1;
 
   SamplingParams params;
   std::mt19937_64 rng;

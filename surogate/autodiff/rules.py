@@ -143,6 +143,17 @@ def _attention(c: RuleContext, n: Node, gy: list) -> list:
     return [dq if c.needs(q) else None, dk if c.needs(k) else None, dv if c.needs(v) else None, None]
 
 
+@rule("short_conv_fwd")
+def _short_conv(c: RuleContext, n: Node, gy: list) -> list:
+    bcx, w, cu, bias = n.inputs
+    spec, dw, db = c.grad_spec(bcx), c.param_grad(w), c.param_grad(bias)
+    if spec is None and dw is None and db is None:
+        return [None] * 4
+    dbcx, _, _ = c.g.node("short_conv_bwd", [gy[0], bcx, w, cu, bias],
+                          [spec or (bcx.name + ".grad_unused", bcx.shape, bcx.dtype), dw, db], accumulate=1)
+    return [dbcx if spec else None, None, None, None]
+
+
 def _serving_only(c: RuleContext, n: Node, gy: list) -> list:
     raise UnsupportedError(f"{n.op} is a serving op (it reads or writes the paged KV cache) and has no derivative "
                            f"(node {n})", hint="differentiate a training graph: CausalLM.build(mode='train')")
@@ -150,6 +161,7 @@ def _serving_only(c: RuleContext, n: Node, gy: list) -> list:
 
 RULES["qkv_rope_cache"] = _serving_only
 RULES["paged_attention"] = _serving_only
+RULES["short_conv_cache"] = _serving_only
 
 
 def _serving_fusion(c: RuleContext, n: Node, gy: list) -> list:

@@ -64,29 +64,9 @@ def hf_config(spec: ModelSpec) -> dict:
         cfg["query_pre_attn_scalar"] = int(scalar) if scalar == int(scalar) else scalar  # transformers wants an int
     if spec.final_softcap:
         cfg["final_logit_softcapping"] = spec.final_softcap
-    if spec.family == "gemma4":
-        cfg.update(_gemma4_keys(spec))
-    return cfg
+    extra = family_named(spec.family).bench_hf_config  # what only the family's config class says
+    return {**cfg, **extra(spec)} if extra else cfg
 
-
-def _gemma4_keys(spec: ModelSpec) -> dict:
-    """Gemma4TextConfig's keys for what a Gemma 4 spec holds per layer."""
-    n = spec.num_layers
-    types = ["sliding_attention" if spec.window(i) else "full_attention" for i in range(n)]
-    full = types.index("full_attention")
-    angles = spec.rope.get("rope_angles", spec.head_dim_of(full) // 2)
-    return dict(
-        layer_types=types, sliding_window=max(spec.sliding_windows or [0]) or 512,
-        per_layer_config={i: {"head_dim": spec.head_dim_of(i), "num_key_value_heads": spec.kv_heads_of(i)}
-                          for i in range(n) if types[i] == "full_attention"},
-        num_kv_shared_layers=sum(spec.kv_source(i) != i for i in range(n)),
-        use_double_wide_mlp=len(set(spec.layer_intermediate_sizes)) > 1,
-        hidden_size_per_layer_input=spec.per_layer_input_size,
-        vocab_size_per_layer_input=spec.per_layer_vocab_size or spec.vocab_size,
-        attention_k_eq_v=spec.attention_k_eq_v, final_logit_softcapping=spec.final_softcap or None,
-        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": spec.rope_sliding["theta"]},
-                         "full_attention": {"rope_type": "proportional", "rope_theta": spec.rope["theta"],
-                                            "partial_rotary_factor": 2 * angles / spec.head_dim_of(full)}})
 
 
 def hf_model_class(spec: ModelSpec):

@@ -84,6 +84,11 @@ class ModelSpec:
     attention_k_eq_v: bool = False
     value_norm: bool = False
     layer_scalar: bool = False
+    # Hybrid layouts (LFM2): each layer's mixer, "attention" or "conv" (a gated short convolution
+    # of conv_kernel taps); empty: attention everywhere.
+    layer_kinds: list[str] = field(default_factory=list)
+    conv_kernel: int = 3
+    conv_bias: bool = False
 
     def window(self, layer: int) -> int:
         return self.sliding_windows[layer] if self.sliding_windows else 0
@@ -99,7 +104,8 @@ class ModelSpec:
 
     def cache_layers(self) -> list[int]:
         """The layers with a KV cache of their own (serving)."""
-        return [i for i in range(self.num_layers) if self.kv_source(i) == i]
+        return [i for i in range(self.num_layers)
+                if self.kv_source(i) == i and not (self.layer_kinds and self.layer_kinds[i] == "conv")]
 
     def rope_attrs(self, layer: int | None = None) -> dict:
         """The rope attributes of ``layer`` (a sliding-window layer's own when rope_sliding is set)."""
@@ -120,10 +126,21 @@ class KVCache:
     num_blocks: int
     block_size: int
     fuse_qkv: bool = False
+    # Per-sequence recurrent state beside the KV blocks (LFM2's conv layers): num_state_slots rows
+    # per layer, indexed by the step input state_slots [S] (the engine's slot of each sequence).
+    num_state_slots: int = 0
+    state_slots: Value | None = None
     slots: Value | None = None
     block_tables: Value | None = None
     cu_q: Value | None = None
     context_lens: Value | None = None
+
+    def conv_state(self, g: Graph, channels: int, taps: int, dtype: str) -> Value:
+        """This layer's conv state [num_state_slots, taps - 1, channels] (the last inputs of each
+        sequence's convolution), a graph input the op rewrites; the step's state_slots with it."""
+        if self.state_slots is None:
+            self.state_slots = g.input("state_slots", (Dim("S"),), "int32")
+        return g.input(g.scoped("conv_state"), (self.num_state_slots, taps - 1, channels), dtype)
 
     def layer(self, g: Graph, spec: ModelSpec, dtype: str, layer: int | None = None) -> tuple[Value, Value]:
         """The cache inputs of the layer in scope; with ``layer``, of that layer (its own shape; a

@@ -242,6 +242,30 @@ def paged_attention(q: Value, k_cache: Value, v_cache: Value, block_tables: Valu
     return out
 
 
+# ---- short convolution ----------------------------------------------------------------------
+def short_conv(bcx: Value, w: Value, cu_seqlens: Value, bias: Value | None = None, name: str = "conv") -> Value:
+    """LFM2's gated short convolution: bcx [N, 3C] = [B, C, x] (in_proj's output) ->
+    C * causal_depthwise_conv1d(B * x) [N, C], w [C, 1, L] (HF's Conv1d layout) or [C, L], the
+    window stopping at each document's start (cu_seqlens)."""
+    N, C3 = bcx.shape
+    C, L = w.shape[0], w.shape[-1]
+    _check(C3 == 3 * C, f"short_conv {name}: bcx width {C3} != 3 x the {C} channels of {w.name} {w.shape}")
+    _check(bias is None or bias.shape == (C,), f"short_conv {name}: bias {None if bias is None else bias.shape}")
+    (y,) = _g(bcx).node("short_conv_fwd", [bcx, w, cu_seqlens, bias], [(name, (N, C), bcx.dtype)])
+    return y
+
+
+def short_conv_cache(bcx: Value, w: Value, state_slots: Value, cu_q: Value, context_lens: Value, conv_state: Value,
+                     bias: Value | None = None, name: str = "conv") -> Value:
+    """Serving: short_conv over each sequence's span of the step, its window continued from
+    conv_state[state_slots[s]] ([slots, L-1, C], the sequence's last L-1 inputs B * x), which the
+    op then rewrites (in place); a span at position 0 starts from zeros. Forward only."""
+    N, C3 = bcx.shape
+    (y, _) = _g(bcx).node("short_conv_cache", [bcx, w, state_slots, cu_q, context_lens, bias],
+                          [(name, (N, C3 // 3), bcx.dtype), conv_state])
+    return y
+
+
 # ---- activations ----------------------------------------------------------------------------
 def swiglu(gu: Value, name: str = "act") -> Value:
     N, F2 = gu.shape

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from surogate.dsl.nn import CausalLM, ModelSpec
+from surogate.dsl.nn import CausalLM, LoRAConfig, ModelSpec
 from surogate.models.gguf_names import GGUFNameTable
 from surogate.models.name_table import NameTable
 
@@ -75,6 +75,10 @@ class Family:
     chat: ChatDefaults
     bench_shapes: Mapping[str, dict]              # named ModelSpec fields (less family) for `surogate bench`
     tiny: TinyModel
+    # peft's module names a LoRA adapter targets by default (the HF names of the projections).
+    lora_targets: tuple[str, ...] = LoRAConfig.targets
+    # HF config keys a bench shape needs beyond bench/shapes.py's common ones (a hybrid's layers).
+    bench_hf_config: Callable[[ModelSpec], dict] | None = None
 
     @property
     def hf_architecture(self) -> str:

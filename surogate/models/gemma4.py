@@ -197,12 +197,34 @@ def _shape(**kw) -> dict:
                 attention_k_eq_v=glob_kv != kw["num_kv_heads"], value_norm=True, layer_scalar=True, **kw)
 
 
+def bench_hf_config(spec: nn.ModelSpec) -> dict:
+    """Gemma4TextConfig's keys for what a Gemma 4 bench shape holds per layer (bench/shapes.py
+    hf_config gives the common ones)."""
+    n = spec.num_layers
+    types = ["sliding_attention" if spec.window(i) else "full_attention" for i in range(n)]
+    full = types.index("full_attention")
+    angles = spec.rope.get("rope_angles", spec.head_dim_of(full) // 2)
+    return dict(
+        layer_types=types, sliding_window=max(spec.sliding_windows or [0]) or 512,
+        per_layer_config={i: {"head_dim": spec.head_dim_of(i), "num_key_value_heads": spec.kv_heads_of(i)}
+                          for i in range(n) if types[i] == "full_attention"},
+        num_kv_shared_layers=sum(spec.kv_source(i) != i for i in range(n)),
+        use_double_wide_mlp=len(set(spec.layer_intermediate_sizes)) > 1,
+        hidden_size_per_layer_input=spec.per_layer_input_size,
+        vocab_size_per_layer_input=spec.per_layer_vocab_size or spec.vocab_size,
+        attention_k_eq_v=spec.attention_k_eq_v, final_logit_softcapping=spec.final_softcap or None,
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": spec.rope_sliding["theta"]},
+                         "full_attention": {"rope_type": "proportional", "rope_theta": spec.rope["theta"],
+                                            "partial_rotary_factor": 2 * angles / spec.head_dim_of(full)}})
+
+
 FAMILY = Family(
     name="gemma4",
     hf_architectures=("Gemma4ForCausalLM",),
     model_types=("gemma4_text",),
     spec_from_config=spec_from_config,
     architecture=Gemma4CausalLM,
+    bench_hf_config=bench_hf_config,
     name_table=hf_name_table,
     gguf=GGUFArchitecture(name="gemma4", tensors=gguf_tensor_table, config_from_gguf=_no_gguf, metadata=_no_gguf,
                           unsupported=NO_GGUF),

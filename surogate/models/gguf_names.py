@@ -20,6 +20,7 @@ order (llama.cpp runs those families with NEOX rope, which rotates halves).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -44,6 +45,8 @@ class GGUFName:
     gguf: str
     rope_rows: str | None = None  # "q" / "k": rows in llama.cpp's interleaved rope order
     shift: float = 0.0  # the GGUF value is the HF value plus this (Gemma's norms: llama.cpp adds the 1)
+    squeeze: int | None = None  # the GGUF tensor is the HF one without this axis of size 1 (LFM2's conv [C, 1, L])
+    f32: bool = False  # written F32 whatever the type asked (what llama.cpp's op reads: ggml_ssm_conv)
 
 
 class GGUFNameTable:
@@ -58,7 +61,7 @@ class GGUFNameTable:
         for pat, g in self._forward:
             m = pat.match(hf_name)
             if m:
-                return GGUFName(g.gguf.format(**m.groupdict()), g.rope_rows, g.shift)
+                return dataclasses.replace(g, gguf=g.gguf.format(**m.groupdict()))
         return None
 
     def to_hf(self, gguf_name: str) -> str | None:
@@ -109,6 +112,12 @@ class GGUFWeights:
         return t, rope_rows(t.shape[0], heads_for(name.rope_rows, self.config), to_gguf=False)
 
     def values(self, hf_name: str, dtype: str = "float32") -> np.ndarray:
+        axis = self.table.to_gguf(hf_name).squeeze
+        if axis is not None:
+            return np.expand_dims(self._shifted(hf_name, dtype), axis)
+        return self._shifted(hf_name, dtype)
+
+    def _shifted(self, hf_name: str, dtype: str) -> np.ndarray:
         shift = self.table.to_gguf(hf_name).shift
         if shift:  # in f32, then to dtype: one rounding, as transformers' reader (weights - 1) has it
             from surogate.io.gguf import _np_dtype
@@ -193,7 +202,9 @@ def plan_gguf_tensors(family: Family, config: dict, tensors: Mapping[str, Callab
                                    hint="the checkpoint has a part the GGUF writer does not know; please report it")
         if g.shift:
             read = (lambda r=read, shift=g.shift: np.asarray(r(), np.float32) + np.float32(shift))
-        named[g.gguf] = (read, g.rope_rows)
+        if g.squeeze is not None:
+            read = (lambda r=read, axis=g.squeeze: np.squeeze(np.asarray(r()), axis))
+        named[g.gguf] = (read, g.rope_rows, g.f32)
     if not tied and "output.weight" not in named:
         raise FileFormatError(f"{source}: no lm_head.weight, and the config does not tie the embeddings",
                               hint="the checkpoint is incomplete")
@@ -207,12 +218,12 @@ def plan_gguf_tensors(family: Family, config: dict, tensors: Mapping[str, Callab
         plan.append(PlannedTensor("rope_freqs.weight", "F32", factors.shape, lambda f=factors: f))
     n_layers = int(config["num_hidden_layers"])
     for gguf_name in sorted(named, key=_gguf_order):
-        read, rope_kind = named[gguf_name]
+        read, rope_kind, f32 = named[gguf_name]
         shape = tuple(np.shape(read()))  # safetensors readers are mmap views: cheap
         if rope_kind is not None:
             order = rope_rows(shape[0], heads_for(rope_kind, config), to_gguf=True)
             read = (lambda r=read, order=order: np.asarray(r())[order])
-        t = tensor_type(qtype, gguf_name, shape, n_layers, has_output="output.weight" in named)
+        t = "F32" if f32 else tensor_type(qtype, gguf_name, shape, n_layers, has_output="output.weight" in named)
         plan.append(PlannedTensor(gguf_name, t, shape, read))
     return plan
 

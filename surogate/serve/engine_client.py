@@ -17,14 +17,19 @@ from __future__ import annotations
 import asyncio
 import atexit
 import collections
+import logging
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
+import msgspec
+
 from surogate import _native
 from surogate.errors import InvalidArgumentError, NotFoundError
 from surogate.serve.types import EngineConfig, EngineStats, RequestOutput, SamplingParams
+
+log = logging.getLogger(__name__)
 
 _POLL_SECONDS = 0.05
 # Clients still open at exit are closed before the interpreter goes away: their engine thread may
@@ -128,6 +133,12 @@ class EngineClient:
                     hint="pass a _native.serve.ModelRunner or an object with vocab_size and run(step)",
                 )
             native = _native.serve.PyModelRunner(runner.run, int(runner.vocab_size))
+        if getattr(runner, "has_recurrent_state", False) and config.enable_prefix_caching:
+            # A cached prefix restores KV blocks, not the conv state of the tokens before it
+            # (no snapshots at block boundaries yet): such a sequence must compute its prompt.
+            log.warning("prefix caching is off: the model keeps a per-sequence recurrent state (conv layers) "
+                        "that cached KV blocks cannot restore")
+            config = msgspec.structs.replace(config, enable_prefix_caching=False)
         self._engine = _native.serve.Engine(native, config)
         self._streams: dict[int, tuple[OutputStream, int]] = {}  # request id -> (its stream, its index there)
         self._lock = threading.Lock()

@@ -115,7 +115,7 @@ def launch(source: str, *, name: str | None = None, dtype: str = "float32", devi
     limit = min(limit, num_blocks * block_size)
     if max_model_len is not None:
         limit = min(limit, max_model_len)
-    runner = ProgramRunner(model, num_blocks=num_blocks, block_size=block_size)
+    runner = ProgramRunner(model, num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs)
     adapters = {}
     for slot, (adapter_name, adapter_path) in enumerate((loras or {}).items()):  # PEFT folders
         from surogate.models.peft import load_peft_adapter
@@ -183,7 +183,7 @@ def profile_memory(model: Model, block_size: int, max_num_seqs: int, max_num_bat
     runner = None
     try:
         runner = ProgramRunner(model, ProgramRunner.profile_blocks(max_num_batched_tokens, max_num_seqs, block_size),
-                               block_size)
+                               block_size, max_num_seqs=max_num_seqs)
         kv = sum(_native.allocation_size(a.nbytes) for a in runner.caches.values())
         step = runner.profile(max_num_batched_tokens, max_num_seqs)
         stats, mem = _native.allocator_stats(dev), _native.device_memory(dev)

@@ -43,11 +43,13 @@ class ProgramRunner:
     """A loaded Model served through a native ``_native.serve.ProgramRunner`` (``.native``,
     what EngineClient hands the engine); ``run(step)`` runs one step outside an engine."""
 
-    def __init__(self, model: Model, num_blocks: int, block_size: int = 16, fuse_qkv: bool | None = None):
+    def __init__(self, model: Model, num_blocks: int, block_size: int = 16, fuse_qkv: bool | None = None,
+                 max_num_seqs: int = 128):
         """``fuse_qkv``: serve each layer's q, k and v projections as one matmul over a fused copy
         of their weights, made here (default: on a GPU, where a decode step's small matmuls cost
         their launch more than their bytes). The copy is taken now: a runner whose model's
-        weights change afterwards (training) must be made anew."""
+        weights change afterwards (training) must be made anew. ``max_num_seqs``: the engine's,
+        the number of per-sequence state slots a model with conv layers keeps."""
         self.model = model
         self.block_size = block_size
         self.num_blocks = num_blocks  # what the engine may hand out
@@ -56,6 +58,7 @@ class ProgramRunner:
         s = model.spec
         self.vocab_size = s.vocab_size
         self.fuse_qkv = model.device != "cpu" if fuse_qkv is None else fuse_qkv
+        self.max_num_seqs = max_num_seqs
         self.caches: dict[str, object] = {}
         self.fused: dict[str, tuple[np.ndarray | None, object]] = {}  # name -> (host array, device twin)
         self.released = False
@@ -66,15 +69,27 @@ class ProgramRunner:
         self.native = _native.serve.ProgramRunner(model.device, s.vocab_size, block_size, num_blocks,
                                                   self.pad_blocks, self._compile)
 
+    @property
+    def has_recurrent_state(self) -> bool:
+        """Whether the model keeps per-sequence state beside its KV blocks (conv layers), which
+        the prefix cache cannot restore: the engine runs such a model without prefix caching."""
+        return "conv" in self.model.spec.layer_kinds
+
     def _allocate(self) -> None:
-        """The KV cache (zeros: one array per layer and K / V) and the fused q/k/v weights."""
+        """The KV cache (zeros: one array per attention layer and K / V), the conv state of each
+        conv layer (one row per state slot) and the fused q/k/v weights."""
         m, s = self.model, self.model.spec
         dt = _np_dtype(m.dtype)
+        def zeros(shape):
+            return np.zeros(shape, dt) if m.device == "cpu" else _native.zeros(list(shape), m.dtype, m.device)
+
+        for i in range(s.num_layers):
+            if s.layer_kinds and s.layer_kinds[i] == "conv":
+                self.caches[f"layers.{i}.conv_state"] = zeros((self.max_num_seqs, s.conv_kernel - 1, s.hidden_size))
         for i in s.cache_layers():  # a KV-shared layer reads its source's (Gemma 4)
             shape = (self.total_blocks, self.block_size, s.kv_heads_of(i), s.head_dim_of(i))
             for kv in ("k", "v"):
-                self.caches[f"layers.{i}.{kv}_cache"] = np.zeros(shape, dt) if m.device == "cpu" else \
-                    _native.zeros(list(shape), m.dtype, m.device)
+                self.caches[f"layers.{i}.{kv}_cache"] = zeros(shape)
         if self.fuse_qkv:
             self._fuse_qkv()
 
@@ -168,7 +183,8 @@ class ProgramRunner:
         m = self.model
         lora = self.adapters[slot][0] if slot >= 0 else None
         g = fuse_serving(m.arch.build(mode="serve", dtype=m.dtype, quant=m.quant, lora=lora,
-                                      kv=KVCache(self.total_blocks, self.block_size, self.fuse_qkv)))
+                                      kv=KVCache(self.total_blocks, self.block_size, self.fuse_qkv,
+                                                 num_state_slots=self.max_num_seqs)))
         exe = Executable(g, {"N": T, "S": S, "S1": S + 1, "B": B, "R": R}, m.device,
                          keep=[g.outputs["logits"], g.outputs["argmax"]])
         for name in exe.external_names("param"):

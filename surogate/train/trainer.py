@@ -66,7 +66,9 @@ class Trainer:
         warmup = cfg.warmup_steps or int(round(cfg.warmup_ratio * self.total_steps))
         self.schedule = Schedule(cfg.lr_scheduler_type, cfg.learning_rate, self.total_steps, warmup,
                                  cfg.final_lr_fraction, cfg.wsd_decay_steps_fraction)
-        self.lora = LoRAConfig(cfg.lora_rank, float(cfg.lora_alpha), tuple(cfg.lora_targets),
+        # "all": every projection of the family, by its own HF names (LFM2's out_proj, w1, in_proj ...).
+        targets = self.model.family.lora_targets if "all" in cfg.lora_target_modules else tuple(cfg.lora_targets)
+        self.lora = LoRAConfig(cfg.lora_rank, float(cfg.lora_alpha), tuple(targets),
                                dropout=float(cfg.lora_dropout)) if cfg.lora else None
         self._build()
         self.feed = MetricsFeed(cfg.metrics_path if "jsonl" in cfg.report_to else None,

@@ -83,15 +83,19 @@ def test_metadata_read_back_by_gguf_py(tiny, family):
     assert meta["general.architecture"] == a and meta["general.file_type"] == 15
     assert meta["general.quantization_version"] == 2
     assert (meta[f"{a}.block_count"], meta[f"{a}.embedding_length"], meta[f"{a}.feed_forward_length"]) == (2, 256, 512)
+    model = family_named(family).spec_from_config(config)
+    kv = config["num_key_value_heads"]
+    if model.layer_kinds:  # a hybrid: llama.cpp's per-layer count, 0 for a layer without attention
+        kv = [kv if k == "attention" else 0 for k in model.layer_kinds]
     assert (meta[f"{a}.attention.head_count"], meta[f"{a}.attention.head_count_kv"]) == (
-        config["num_attention_heads"], config["num_key_value_heads"])
+        config["num_attention_heads"], kv)
     head_dim = config.get("head_dim") or 256 // config["num_attention_heads"]
     assert meta[f"{a}.attention.key_length"] == meta[f"{a}.rope.dimension_count"] == head_dim
     rope = config.get("rope_parameters") or {}
     rope = rope.get("full_attention", rope)  # v5 per-kind (Gemma 3: the global layers' base is the file's)
     theta = rope.get("rope_theta", config.get("rope_theta"))  # v5 / v4 config
     assert meta[f"{a}.rope.freq_base"] == theta
-    assert meta[f"{a}.attention.layer_norm_rms_epsilon"] == pytest.approx(config["rms_norm_eps"])
+    assert meta[f"{a}.attention.layer_norm_rms_epsilon"] == pytest.approx(model.rms_norm_eps)
     assert meta[f"{a}.context_length"] == config["max_position_embeddings"]
     assert meta["tokenizer.ggml.model"] == "gpt2"
     assert meta["tokenizer.ggml.pre"] == pre
@@ -105,13 +109,17 @@ def test_metadata_read_back_by_gguf_py(tiny, family):
         "chat_template"]
     assert meta["tokenizer.ggml.add_bos_token"] is add_bos
     names = {t.name for t in reader.tensors}
-    expected = {"token_embd.weight", "output_norm.weight", *(f"blk.{i}.{n}.weight" for i in range(2) for n in (
-        "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"))}
-    model = family_named(family).spec_from_config(config)
+    attn = [i for i in range(2) if not model.layer_kinds or model.layer_kinds[i] == "attention"]
+    mixer = {i: ("attn_q", "attn_k", "attn_v", "attn_output") if i in attn else
+             ("shortconv.conv", "shortconv.in_proj", "shortconv.out_proj") for i in range(2)}
+    final_norm = "token_embd_norm" if family == "lfm2" else "output_norm"  # llama.cpp's name for LFM2's embedding_norm
+    expected = {"token_embd.weight", f"{final_norm}.weight", *(
+        f"blk.{i}.{n}.weight" for i in range(2) for n in ("attn_norm", *mixer[i], "ffn_norm", "ffn_gate", "ffn_up",
+                                                          "ffn_down"))}
     if not model.tie_word_embeddings:
         expected.add("output.weight")
     if model.qk_norm:
-        expected |= {f"blk.{i}.attn_{n}_norm.weight" for i in range(2) for n in ("q", "k")}
+        expected |= {f"blk.{i}.attn_{n}_norm.weight" for i in attn for n in ("q", "k")}
     if model.attention_bias:
         expected |= {f"blk.{i}.attn_{n}.bias" for i in range(2) for n in ("q", "k", "v")}
     if isinstance(family_named(family).architecture(model).blocks[0], SandwichBlock):  # Gemma's post-norms
@@ -127,8 +135,10 @@ def test_tensor_types_follow_the_recipe(tiny, qtype):
     for family, (folder, files) in tiny.items():
         tied = json.loads((folder / "config.json").read_text())["tie_word_embeddings"]
         types = {t.name: t.tensor_type.name for t in GGUFReader(files[qtype]).tensors}
+        table = family_named(family).gguf.tensors()
+        kept_f32 = {g.gguf.replace("{i}", str(i)) for g in table.entries.values() if g.f32 for i in range(2)}
         for name, got in types.items():
-            if name.endswith(("norm.weight", ".bias")):
+            if name.endswith(("norm.weight", ".bias")) or name in kept_f32:
                 want = "F32"  # 1-D tensors stay F32, as llama.cpp's converter keeps them
             elif name == ("token_embd.weight" if tied else "output.weight"):
                 want = head  # the head: output, or the tied embedding

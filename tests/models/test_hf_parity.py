@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers")
 import surogate  # noqa: E402
 from sgtest.tiny_models import make_llama, make_model  # noqa: E402
 from surogate.dsl.nn import LoRAConfig  # noqa: E402
-from surogate.models import REGISTRY  # noqa: E402
+from surogate.models import REGISTRY, family_named  # noqa: E402
 
 # "<family>" is the family's tiny config, "<family>-<variant>" that config with a variant's overrides.
 CONFIGS = {f.name: (f.name, {}) for f in REGISTRY} | {
@@ -76,7 +76,7 @@ def test_lora_grads_match_peft(checkpoint, key):
     path = checkpoint(key)
     ours = surogate.load_model(path)
     ref = hf_model(path)
-    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    targets = list(family_named(key).lora_targets)
     cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets, lora_dropout=0.0, init_lora_weights=True)
     pm = peft.get_peft_model(ref, cfg)
     # B starts at zero in both; give it values so that every A/B gradient is non-trivial.

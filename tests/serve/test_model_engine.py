@@ -35,7 +35,10 @@ def test_greedy_alone_and_concurrent_equals_transformers_cold_and_warm(family, f
         assert generate(client, ps, 10) == expected  # 20 at once (some prefixes now cached)
         hits_before = client.stats().prefix_cache_hits
         assert generate(client, ps, 10) == expected  # warm: every full prompt block is cached
-        assert client.stats().prefix_cache_hits > hits_before
+        if client.runner.has_recurrent_state:  # conv layers: the engine runs without the prefix cache
+            assert client.stats().prefix_cache_hits == hits_before == 0
+        else:
+            assert client.stats().prefix_cache_hits > hits_before
 
 
 def test_chunked_prefill_and_preemption_change_nothing(family):

@@ -15,6 +15,7 @@ from surogate.io import Tokenizer
 from surogate.serve.detokenizer import IncrementalDetokenizer
 from surogate.serve.parsers import (
     HermesToolParser,
+    Lfm2ToolParser,
     Llama3JsonToolParser,
     MistralToolParser,
     OutputParser,
@@ -335,3 +336,42 @@ def test_family_defaults_decide_where_the_template_does_not_show_the_format():
     assert detect_parsers(template, "llama") == ParserChoice(None, None)
     assert detect_parsers(template) == ParserChoice(None, None)
     assert detect_parsers("<think>" + template, "qwen3") == ParserChoice("qwen3", "hermes")
+
+
+# -- LFM2 pythonic tool calls ------------------------------------------------------------------
+
+S, E = "<|tool_call_start|>", "<|tool_call_end|>"
+LFM2_CASES = [
+    # (name, text, content, calls)
+    ("single", f'{S}[get_weather(city="Paris")]{E}', "", calls(("get_weather", {"city": "Paris"}))),
+    ("parallel, literals of every kind",
+     f'{S}[f(a=1, b=-2.5, c=True, d=None), g(xs=[1, "two", (3, 4)], m={{"k": "v]"}})]{E}', "",
+     calls(("f", {"a": 1, "b": -2.5, "c": True, "d": None}), ("g", {"xs": [1, "two", [3, 4]], "m": {"k": "v]"}}))),
+    ("no arguments, text around", f"Checking.\n{S}[now()]{E}\nDone.", "Checking.Done.", calls(("now", {}))),
+    ("two sections", f"{S}[a(x=1)]{E} and {S}[b(y='q)')]{E}", "and", calls(("a", {"x": 1}), ("b", {"y": "q)"}))),
+    ("a bare call without brackets", f"{S}lookup(q=\"x\"){E}", "", calls(("lookup", {"q": "x"}))),
+    ("unicode argument", f'{S}[say(text="héllo ✓")]{E}', "", [("say", json.dumps({"text": "héllo ✓"},
+                                                                                 ensure_ascii=False))]),
+    ("cut off after a complete list", f'{S}[f(a=1)]', "", calls(("f", {"a": 1}))),
+    ("cut off inside a call", f'{S}[f(a="Par', f'{S}[f(a="Par', []),
+    ("positional arguments are not calls", f"x {S}[f(1, 2)]{E}", f"x {S}[f(1, 2)]{E}", []),
+    ("a non-literal value is not a call", f"{S}[f(a=b)]{E}", f"{S}[f(a=b)]{E}", []),
+    ("not a list of calls", f"{S}hello there{E}", f"{S}hello there{E}", []),
+    ("plain answer", "The weather in Paris is sunny.", "The weather in Paris is sunny.", []),
+    ("a tag that never completes", "see <|tool_ca", "see <|tool_ca", []),
+]
+
+
+@pytest.mark.parametrize("name,text,content,expected_calls", LFM2_CASES, ids=[c[0] for c in LFM2_CASES])
+def test_lfm2_parser_all_chunkings(name, text, content, expected_calls):
+    check_all_ways(lambda: OutputParser(None, Lfm2ToolParser()), text,
+                   {"content": content, "reasoning": "", "calls": expected_calls})
+
+
+def test_lfm2_detected_from_its_template_and_by_family():
+    template = ("{%- if tools %}<|tool_list_start|>{{ tools | tojson }}<|tool_list_end|>{%- endif %}"
+                "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endfor %}"
+                "{# calls are written <|tool_call_start|>[f(a=1)]<|tool_call_end|> #}")
+    assert detect_parsers(template) == ParserChoice(None, "lfm2")
+    assert detect_parsers("{{ tools }}<|im_start|>", "lfm2") == ParserChoice(None, "lfm2")
+    assert resolve_parsers(None, tool="lfm2") == ParserChoice(None, "lfm2")

@@ -16,8 +16,10 @@ def prompts(vocab: int, n: int, seed: int = 0) -> list[list[int]]:
 
 
 def engine(model, num_blocks: int = 64, block_size: int = 16, fuse_qkv: bool | None = None, **kw) -> EngineClient:
-    runner = ProgramRunner(model, num_blocks=num_blocks, block_size=block_size, fuse_qkv=fuse_qkv)
-    return EngineClient(runner, EngineConfig(num_blocks=num_blocks, block_size=block_size, **kw))
+    config = EngineConfig(num_blocks=num_blocks, block_size=block_size, **kw)
+    runner = ProgramRunner(model, num_blocks=num_blocks, block_size=block_size, fuse_qkv=fuse_qkv,
+                           max_num_seqs=config.max_num_seqs)
+    return EngineClient(runner, config)
 
 
 def generate(client: EngineClient, ps: list[list[int]], n: int) -> list[list[int]]:

@@ -1,4 +1,4 @@
-"""Output parsers: reasoning (``<think>``) and tool calls (Hermes / Qwen, Llama 3 JSON, Mistral), incremental.
+"""Output parsers: reasoning (``<think>``) and tool calls (Hermes / Qwen, Llama 3 JSON, Mistral, LFM2 pythonic), incremental.
 
 ``make_output_parser(resolve_parsers(template, model_type), prompt_text, tools=True)`` gives the
 parser for one answer; feed it text deltas, then ``finish()``.
@@ -7,6 +7,7 @@ parser for one answer; feed it text deltas, then ``finish()``.
 from __future__ import annotations
 
 from surogate.serve.parsers.base import OutputParser, ParsedDelta, ToolCallDelta
+from surogate.serve.parsers.lfm2_tool_calls import Lfm2ToolParser
 from surogate.serve.parsers.mistral_tool_calls import MistralToolParser
 from surogate.serve.parsers.reasoning import ThinkReasoningParser, initial_state
 from surogate.serve.parsers.registry import (
@@ -23,6 +24,7 @@ __all__ = [
     "REASONING_PARSERS",
     "TOOL_PARSERS",
     "HermesToolParser",
+    "Lfm2ToolParser",
     "Llama3JsonToolParser",
     "MistralToolParser",
     "OutputParser",

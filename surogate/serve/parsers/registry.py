@@ -4,7 +4,8 @@ Detection reads what the template writes, since that is what the model was train
 in: a template that renders ``<tool_call>`` gets the Hermes parser, one that speaks of
 ``<|python_tag|>`` / ``"parameters"`` under Llama 3 headers gets Llama 3 JSON, one that writes
 ``[TOOL_CALLS]`` gets Mistral's, one that writes ``<|tool_call>`` Gemma 4's, one that writes
-``<think>`` (Gemma 4: ``<|channel>``) gets the reasoning parser. Where
+``<|tool_call_start|>`` LFM2's pythonic calls, one that writes ``<think>`` (Gemma 4: ``<|channel>``)
+gets the reasoning parser. Where
 the template does not show it, the model family's defaults decide (``Family.chat``, in the
 family's file: Qwen templates that take tools answer in Hermes tags). The names are vLLM's and
 SGLang's, so a flag copied from their documentation works here (``--reasoning-parser qwen3
@@ -21,6 +22,7 @@ from surogate.errors import NotFoundError
 from surogate.models import chat_defaults_for
 from surogate.serve.parsers.base import OutputParser, ReasoningParser, ToolParser
 from surogate.serve.parsers.gemma4_tool_calls import Gemma4ToolParser
+from surogate.serve.parsers.lfm2_tool_calls import Lfm2ToolParser
 from surogate.serve.parsers.mistral_tool_calls import MistralToolParser
 from surogate.serve.parsers.reasoning import ThinkReasoningParser
 from surogate.serve.parsers.tool_calls import HermesToolParser, Llama3JsonToolParser
@@ -44,6 +46,7 @@ TOOL_PARSERS: dict[str, Callable[[], ToolParser]] = {
     "llama3": Llama3JsonToolParser,
     "mistral": MistralToolParser,
     "gemma4": Gemma4ToolParser,
+    "lfm2": Lfm2ToolParser,
 }
 
 
@@ -68,6 +71,8 @@ def detect_parsers(chat_template: str | None, model_type: str | None = None) -> 
         tool = "mistral"
     elif "<|tool_call>" in text:
         tool = "gemma4"
+    elif "<|tool_call_start|>" in text:
+        tool = "lfm2"
     elif family is not None and family.tool_parser and "tools" in text:
         tool = family.tool_parser
     else:
