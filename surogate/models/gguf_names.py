@@ -170,7 +170,7 @@ def load_gguf_params(gf: GGUFFile, family: Family, config: dict, names: list[str
     for name in names:
         r = hf_table.recipe(name)
         if r is not None:
-            hf_names.extend([r.hf] if isinstance(r, Direct) else r.hf)
+            hf_names.extend([r.hf] if isinstance(r.hf, str) else r.hf)
     weights.check_supported(hf_names)
     return hf_table.load(names, lambda hf: weights.values(hf, dtype), source=str(gf.path))
 

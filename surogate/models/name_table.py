@@ -2,8 +2,9 @@
 
 A table maps our parameter names (with ``{i}`` for the layer index) to a recipe over HF
 checkpoint names: `Direct` (one tensor) or `Fuse` (several tensors concatenated along an
-axis, e.g. gate_proj and up_proj into one gate_up projection). Export runs the recipe
-backwards (`Fuse` splits).
+axis, e.g. gate_proj and up_proj into one gate_up projection) or `Experts` (a mixture-of-experts
+layer's per-expert tensors stacked into one [E, ...] tensor). Export runs the recipe backwards
+(`Fuse` splits; `Experts` writes the stacked tensor under transformers 5's name).
 """
 
 from __future__ import annotations
@@ -28,7 +29,20 @@ class Fuse:
     axis: int = 0
 
 
-Recipe = Direct | Fuse
+@dataclass(frozen=True)
+class Experts:
+    """One [E, ...] tensor of a mixture-of-experts layer: ``hf`` is transformers 5's name of the
+    stacked tensor (``mlp.experts.gate_up_proj``), read as it is when the checkpoint has it;
+    otherwise (the per-expert layout the hub's checkpoints and transformers' save_pretrained
+    write) each expert e's ``parts`` (names with ``{e}``) are concatenated along ``axis`` and the
+    experts stacked, for e = 0, 1, ... while the checkpoint has them."""
+
+    hf: str
+    parts: tuple[str, ...]
+    axis: int = 0
+
+
+Recipe = Direct | Fuse | Experts
 
 
 class NameTable:
@@ -44,11 +58,15 @@ class NameTable:
                 i = m.groupdict().get("i")
                 if isinstance(r, Direct):
                     return Direct(r.hf.format(i=i))
+                if isinstance(r, Experts):
+                    return Experts(r.hf.format(i=i), tuple(h.replace("{i}", str(i)) for h in r.parts), r.axis)
                 return Fuse(tuple(h.format(i=i) for h in r.hf), r.axis)
         return None
 
-    def load(self, names: list[str], read: Callable[[str], np.ndarray], source: str = "checkpoint") -> dict[str, np.ndarray]:
-        """Our parameters `names` assembled from checkpoint tensors (read(hf_name) -> array)."""
+    def load(self, names: list[str], read: Callable[[str], np.ndarray], source: str = "checkpoint",
+             has: Callable[[str], bool] | None = None) -> dict[str, np.ndarray]:
+        """Our parameters `names` assembled from checkpoint tensors (read(hf_name) -> array);
+        `has(hf_name)` says whether the checkpoint holds a tensor (None: every name asked for)."""
         out = {}
         for name in names:
             r = self.recipe(name)
@@ -57,6 +75,8 @@ class NameTable:
                                       hint="this is a gap in the model family's name table; please report it")
             if isinstance(r, Direct):
                 out[name] = read(r.hf)
+            elif isinstance(r, Experts):
+                out[name] = _stack_experts(r, read, has, source)
             else:
                 parts = [read(h) for h in r.hf]
                 out[name] = np.concatenate(parts, axis=r.axis)
@@ -69,10 +89,25 @@ class NameTable:
             r = self.recipe(name)
             if r is None:
                 continue
-            if isinstance(r, Direct):
+            if isinstance(r, (Direct, Experts)):
                 out[r.hf] = arr
             else:
                 bounds = np.cumsum(sizes(name, r))[:-1]
                 for h, part in zip(r.hf, np.split(arr, bounds, axis=r.axis)):
                     out[h] = part
         return out
+
+
+def _stack_experts(r: Experts, read: Callable[[str], np.ndarray], has: Callable[[str], bool] | None,
+                   source: str) -> np.ndarray:
+    if has is None or has(r.hf):
+        return read(r.hf)
+    experts = []
+    while all(has(p.format(e=len(experts))) for p in r.parts):
+        e = len(experts)
+        parts = [read(p.format(e=e)) for p in r.parts]
+        experts.append(parts[0] if len(parts) == 1 else np.concatenate(parts, axis=r.axis))
+    if not experts:
+        raise FileFormatError(f"{source}: no tensor {r.hf} and no per-expert {r.parts[0].format(e=0)}",
+                              hint="the checkpoint lacks this mixture-of-experts layer's expert weights")
+    return np.stack(experts)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from surogate.errors import UnsupportedError
-from surogate.models import gemma3, llama, mistral, qwen2, qwen3
+from surogate.models import gemma3, llama, mistral, qwen2, qwen3, qwen3_moe
 from surogate.models.family import ChatDefaults, Family
 
 if TYPE_CHECKING:
@@ -19,6 +19,7 @@ REGISTRY: tuple[Family, ...] = (
     qwen2.FAMILY,
     mistral.FAMILY,
     gemma3.FAMILY,
+    qwen3_moe.FAMILY,
 )
 
 FAMILIES: dict[str, Family] = {arch: f for f in REGISTRY for arch in f.hf_architectures}  # HF architectures
