@@ -37,10 +37,16 @@ def hf_config(spec: ModelSpec) -> dict:
         rope.update(factor=spec.rope["factor"], low_freq_factor=spec.rope["low_freq_factor"],
                     high_freq_factor=spec.rope["high_freq_factor"],
                     original_max_position_embeddings=int(spec.rope["original_max_position"]))
-    return dict(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers,
-                num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim,
-                intermediate_size=spec.intermediate_size, rms_norm_eps=spec.rms_norm_eps,
-                tie_word_embeddings=spec.tie_word_embeddings, rope_parameters=rope, max_position_embeddings=131072)
+    cfg = dict(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers,
+               num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim,
+               intermediate_size=spec.intermediate_size, rms_norm_eps=spec.rms_norm_eps,
+               tie_word_embeddings=spec.tie_word_embeddings, rope_parameters=rope, max_position_embeddings=131072)
+    if spec.moe is not None:  # Qwen3-MoE's keys: the layers not listed are dense (mlp_only_layers)
+        m = spec.moe
+        cfg.update(num_experts=m.num_experts, num_experts_per_tok=m.top_k, moe_intermediate_size=m.intermediate_size,
+                   norm_topk_prob=m.norm_topk_prob, decoder_sparse_step=1,
+                   mlp_only_layers=[i for i in range(spec.num_layers) if i not in m.layers])
+    return cfg
 
 
 def hf_model_class(spec: ModelSpec):
