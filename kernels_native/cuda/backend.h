@@ -35,5 +35,7 @@ void register_cuda_paged_attention(OpRegistry& reg);  // kv_cache_write and page
 void register_cuda_qkv_rope_cache(OpRegistry& reg);  // qkv_rope_cache (serving: q / k rope + KV cache write)
 void register_cuda_gguf(OpRegistry& reg);  // gguf_dequantize and gguf_matmul
 void register_cuda_fused_matmul(OpRegistry& reg);  // gated_matmul and add_rmsnorm_matmul (serving)
+void register_cuda_moe(OpRegistry& reg);  // MoE router, permute / unpermute, load-balancing loss (fwd + bwd)
+void register_cuda_moe_gemm(OpRegistry& reg);  // moe_grouped_matmul and its weight gradient (one launch, all experts)
 
 }  // namespace surogate::cuda
