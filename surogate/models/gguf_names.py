@@ -44,6 +44,14 @@ class GGUFName:
     gguf: str
     rope_rows: str | None = None  # "q" / "k": rows in llama.cpp's interleaved rope order
     shift: float = 0.0  # the GGUF value is the HF value plus this (Gemma's norms: llama.cpp adds the 1)
+    # More GGUF tensors of the same HF tensor: it is gguf's and these, equal parts concatenated
+    # along `axis` (a MoE layer's stacked gate_up_proj [E, 2F, C] is llama.cpp's ffn_gate_exps
+    # and ffn_up_exps, each [E, F, C]).
+    parts: tuple[str, ...] = ()
+    axis: int = 0
+
+    def names(self) -> tuple[str, ...]:
+        return (self.gguf, *self.parts)
 
 
 class GGUFNameTable:
@@ -58,7 +66,9 @@ class GGUFNameTable:
         for pat, g in self._forward:
             m = pat.match(hf_name)
             if m:
-                return GGUFName(g.gguf.format(**m.groupdict()), g.rope_rows, g.shift)
+                groups = m.groupdict()
+                return GGUFName(g.gguf.format(**groups), g.rope_rows, g.shift,
+                                tuple(p.format(**groups) for p in g.parts), g.axis)
         return None
 
     def to_hf(self, gguf_name: str) -> str | None:
@@ -109,6 +119,13 @@ class GGUFWeights:
         return t, rope_rows(t.shape[0], heads_for(name.rope_rows, self.config), to_gguf=False)
 
     def values(self, hf_name: str, dtype: str = "float32") -> np.ndarray:
+        name = self.table.to_gguf(hf_name)
+        if name is not None and name.parts:  # one HF tensor in several GGUF tensors
+            for part in name.names():
+                if part not in self.file.tensors:
+                    raise FileFormatError(f"{self.file.path}: no tensor {part} for {hf_name}",
+                                          hint="the file lacks a tensor this architecture needs")
+            return np.concatenate([self.file.tensors[p].dequantize(dtype) for p in name.names()], axis=name.axis)
         shift = self.table.to_gguf(hf_name).shift
         if shift:  # in f32, then to dtype: one rounding, as transformers' reader (weights - 1) has it
             from surogate.io.gguf import _np_dtype
@@ -135,6 +152,12 @@ class GGUFWeights:
 
     def check_supported(self, hf_names: list[str]) -> None:
         for name in hf_names:
+            g = self.table.to_gguf(name)
+            if g is not None and g.parts:
+                for part in g.names():
+                    if part in self.file.tensors:
+                        self.file.tensors[part].check_supported()
+                continue
             self.tensor(name)[0].check_supported()
 
 
@@ -183,6 +206,7 @@ def plan_gguf_tensors(family: Family, config: dict, tensors: Mapping[str, Callab
     recipe's type, q/k rows in llama.cpp's order; token_embd first, then the layers in order."""
     table = family.gguf.tensors()
     tied = bool(config.get("tie_word_embeddings", False))
+    tensors = stack_expert_tensors(family, config, tensors)
     named = {}
     for hf_name, read in tensors.items():
         if hf_name.endswith("rotary_emb.inv_freq") or (tied and hf_name == "lm_head.weight"):
@@ -193,6 +217,11 @@ def plan_gguf_tensors(family: Family, config: dict, tensors: Mapping[str, Callab
                                    hint="the checkpoint has a part the GGUF writer does not know; please report it")
         if g.shift:
             read = (lambda r=read, shift=g.shift: np.asarray(r(), np.float32) + np.float32(shift))
+        if g.parts:  # equal parts along g.axis, one GGUF tensor each
+            for j, part in enumerate(g.names()):
+                named[part] = ((lambda r=read, j=j, n=len(g.names()), ax=g.axis: np.split(np.asarray(r()), n, axis=ax)[j]),
+                               g.rope_rows)
+            continue
         named[g.gguf] = (read, g.rope_rows)
     if not tied and "output.weight" not in named:
         raise FileFormatError(f"{source}: no lm_head.weight, and the config does not tie the embeddings",
@@ -215,6 +244,37 @@ def plan_gguf_tensors(family: Family, config: dict, tensors: Mapping[str, Callab
         t = tensor_type(qtype, gguf_name, shape, n_layers, has_output="output.weight" in named)
         plan.append(PlannedTensor(gguf_name, t, shape, read))
     return plan
+
+
+def stack_expert_tensors(family: Family, config: dict, tensors: Mapping[str, Callable[[], np.ndarray]]
+                         ) -> dict[str, Callable[[], np.ndarray]]:
+    """The HF tensors with a MoE layer's per-expert tensors (``mlp.experts.{e}.gate_proj.weight``)
+    replaced by the stacked tensor of the family's name_table.Experts recipe, which the GGUF
+    table names (llama.cpp stores each projection of all experts as one tensor)."""
+    from surogate.models.name_table import Experts
+
+    out = dict(tensors)
+    recipes = [r for r in family.name_table().entries.values() if isinstance(r, Experts)]
+    for i in range(int(config["num_hidden_layers"])):
+        for r in recipes:
+            fused = r.hf.format(i=i)
+            parts = [p.replace("{i}", str(i)) for p in r.parts]
+            if fused in out or parts[0].format(e=0) not in out:
+                continue
+            count = 0
+            while all(p.format(e=count) in out for p in parts):
+                count += 1
+            names = [[p.format(e=e) for p in parts] for e in range(count)]
+
+            def read(names=names, axis=r.axis, src=dict(out)):
+                experts = [np.concatenate([np.asarray(src[n]()) for n in ns], axis=axis) for ns in names]
+                return np.stack(experts)
+
+            for ns in names:
+                for n in ns:
+                    del out[n]
+            out[fused] = read
+    return out
 
 
 def quantize_to_gguf(model: str | os.PathLike, output: str | os.PathLike, qtype: str = "Q8_0", *,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from surogate.dsl import nn
+from surogate.errors import UnsupportedError
 from surogate.io import gguf_config
 from surogate.models import decoder
 from surogate.models.family import ChatDefaults, Family, GGUFArchitecture, TinyModel
@@ -67,9 +68,38 @@ def gguf_tensor_table() -> GGUFNameTable:
     return GGUFNameTable({
         **table.entries,
         L + "mlp.gate.weight": GGUFName(B + "ffn_gate_inp.weight"),
-        L + "mlp.experts.gate_up_proj": GGUFName(B + "ffn_gate_up_exps.weight"),
+        # llama.cpp's convert_hf_to_gguf.py stacks each projection over the experts: gate and up
+        # apart, [E, F, C] each (our gate_up_proj is the two along axis 1), down [E, C, F].
+        L + "mlp.experts.gate_up_proj": GGUFName(B + "ffn_gate_exps.weight", parts=(B + "ffn_up_exps.weight",), axis=1),
         L + "mlp.experts.down_proj": GGUFName(B + "ffn_down_exps.weight"),
     })
+
+
+def config_from_gguf(gf) -> dict:
+    """llama.cpp's qwen3moe keys -> Qwen3MoeConfig's. Every layer of a qwen3moe file is sparse
+    and its top-k weights are renormalised (llama.cpp's qwen3moe graph does both)."""
+    config = gguf_config.hf_config(gf, "Qwen3MoeForCausalLM", "qwen3_moe")
+    a = gf.architecture
+    config.update(num_experts=int(gf.get(f"{a}.expert_count") or 0),
+                  num_experts_per_tok=int(gf.get(f"{a}.expert_used_count") or 0),
+                  moe_intermediate_size=int(gf.get(f"{a}.expert_feed_forward_length") or config["intermediate_size"]),
+                  norm_topk_prob=bool(gf.get(f"{a}.expert_weights_norm", True)), decoder_sparse_step=1,
+                  mlp_only_layers=[])
+    return config
+
+
+def gguf_metadata(config: dict, rope: dict) -> dict:
+    meta = gguf_config.hyperparameters("qwen3moe", config, rope)
+    layers = sparse_layers(config)
+    if layers != tuple(range(int(config["num_hidden_layers"]))):
+        raise UnsupportedError(f"qwen3moe GGUF: layers {sorted(set(range(int(config['num_hidden_layers']))) - set(layers))} "
+                               "are dense (mlp_only_layers / decoder_sparse_step); llama.cpp's qwen3moe has experts "
+                               "in every layer", hint="keep the model as a Hugging Face folder")
+    meta.update({"qwen3moe.expert_count": num_experts(config),
+                 "qwen3moe.expert_used_count": int(config.get("num_experts_per_tok", 8)),
+                 "qwen3moe.expert_feed_forward_length": int(config["moe_intermediate_size"]),
+                 "qwen3moe.expert_weights_norm": bool(config.get("norm_topk_prob", False))})
+    return meta
 
 
 def _tiny_moe(**kw) -> dict:
@@ -89,8 +119,8 @@ FAMILY = Family(
     gguf=GGUFArchitecture(
         name="qwen3moe",
         tensors=gguf_tensor_table,
-        config_from_gguf=lambda gf: gguf_config.hf_config(gf, "Qwen3MoeForCausalLM", "qwen3moe"),
-        metadata=lambda config, rope: gguf_config.hyperparameters("qwen3moe", config, rope),
+        config_from_gguf=config_from_gguf,
+        metadata=gguf_metadata,
     ),
     # Qwen3's templates (qwen3.py): <think> reasoning, Hermes tool calls. The "qwen3" prefix of
     # Qwen3's own defaults already covers this model type; these say the same.
@@ -120,7 +150,14 @@ FAMILY = Family(
                                                mlp_only_layers=[]),
             "no-aux-tied": _tiny_moe(output_router_logits=False, tie_word_embeddings=True),
         },
-        gguf={"hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 256,
-              "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 128},
+        # Every layer sparse and renormalised, as llama.cpp's qwen3moe runs.
+        # transformers' GGUF reader does not read expert_feed_forward_length (it keeps Qwen3MoeConfig's
+        # 768) and writes no router weights' type of its own: the tiny GGUF uses that width.
+        # The top-k of a random tiny model's router is full of near ties, which any rounding of the
+        # weights flips (a jump in the logits, not the quantization's error): here every token goes
+        # to all 4 experts (top 4 of 4), so the GGUF bounds measure the rounding alone.
+        gguf={"hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 768, "mlp_only_layers": [],
+              "num_hidden_layers": 2, "num_experts": 4, "num_experts_per_tok": 4,
+              "norm_topk_prob": True, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 128},
     ),
 )

@@ -113,6 +113,9 @@ def test_metadata_read_back_by_gguf_py(tiny, family):
         expected |= {f"blk.{i}.attn_{n}.bias" for i in range(2) for n in ("q", "k", "v")}
     if isinstance(family_named(family).architecture(model).blocks[0], SandwichBlock):  # Gemma's post-norms
         expected |= {f"blk.{i}.{n}_post_norm.weight" for i in range(2) for n in ("attn", "ffn")}
+    for i in model.moe.layers if model.moe else ():  # experts stacked per projection, the router
+        expected -= {f"blk.{i}.{n}.weight" for n in ("ffn_gate", "ffn_up", "ffn_down")}
+        expected |= {f"blk.{i}.{n}.weight" for n in ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")}
     assert names == expected
 
 
