@@ -60,7 +60,8 @@ class GGUFNameTable:
     def __init__(self, entries: dict[str, GGUFName]):
         self.entries = entries
         self._forward = [(_pattern(hf), g) for hf, g in entries.items()]
-        self._backward = [(_pattern(g.gguf), hf) for hf, g in entries.items()]
+        # Each part of a split HF tensor names it too (GGUFName.parts).
+        self._backward = [(_pattern(name), hf) for hf, g in entries.items() for name in g.names()]
 
     def to_gguf(self, hf_name: str) -> GGUFName | None:
         for pat, g in self._forward:

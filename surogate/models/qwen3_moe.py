@@ -152,12 +152,12 @@ FAMILY = Family(
         },
         # Every layer sparse and renormalised, as llama.cpp's qwen3moe runs.
         # transformers' GGUF reader does not read expert_feed_forward_length (it keeps Qwen3MoeConfig's
-        # 768) and writes no router weights' type of its own: the tiny GGUF uses that width.
-        # The top-k of a random tiny model's router is full of near ties, which any rounding of the
-        # weights flips (a jump in the logits, not the quantization's error): here every token goes
-        # to all 4 experts (top 4 of 4), so the GGUF bounds measure the rounding alone.
+        # 768): the tiny GGUF uses that width. The top-k of a random tiny router is full of near ties,
+        # which any rounding of the weights flips (a jump in the logits, not the quantization's error):
+        # here every token goes to all 6 experts (top 6 of 6; 2 and 8 met a near tie on the Q8_0
+        # blocks greedy path), so the GGUF bounds measure the rounding alone.
         gguf={"hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 768, "mlp_only_layers": [],
-              "num_hidden_layers": 2, "num_experts": 4, "num_experts_per_tok": 4,
+              "num_hidden_layers": 2, "num_experts": 6, "num_experts_per_tok": 6,
               "norm_topk_prob": True, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 128},
     ),
 )
