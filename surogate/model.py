@@ -19,6 +19,7 @@ from surogate.errors import FileFormatError, InvalidArgumentError, UnsupportedEr
 from surogate.models import Family, family_for, family_for_gguf
 
 DTYPES = ("float32", "bfloat16")
+AUX_SEED = "daux_loss"  # the training graph input that seeds a MoE model's aux_loss with its coefficient
 
 
 def _np_dtype(name: str) -> np.dtype:
@@ -102,8 +103,11 @@ class Model:
         if exe is None:
             g = self.arch.build(mode=mode, dtype=self.dtype, lora=lora, quant=self.quant)
             keep = [g.outputs["loss" if mode == "train" else "logits"]]
+            aux = g.outputs.get("aux_loss")  # a MoE model's load-balancing loss
+            if aux is not None:
+                keep.append(aux)
             if grads:
-                backward(g, g.outputs["loss"])
+                backward(g, g.outputs["loss"], extra={AUX_SEED: aux} if aux is not None else None)
             exe = Executable(g, {"N": n_tokens, "S1": n_docs + 1}, self.device, keep=keep, recompute=recompute)
             for name in exe.external_names("param"):
                 if name in self.params:
@@ -169,11 +173,18 @@ class Model:
                 arr = np.zeros(exe.buf(name).shape, np.float32)
                 exe.bind(name, arr)
                 out[name[len("grad."):]] = arr
+        coef = self.spec.moe.router_aux_loss_coef if self.spec.moe is not None else 0.0
+        has_aux = "aux_loss" in exe.graph.outputs
+        if grads and has_aux:
+            exe.bind(AUX_SEED, np.array([coef], np.float32))
         exe.run()
         for name in list(out):
             out[name] = exe.pull("grad." + name)
         per_token = exe.read("loss")
-        return float(per_token[valid].sum() / max(n_valid, 1)), out
+        value = float(per_token[valid].sum() / max(n_valid, 1))
+        if has_aux:  # HF: loss + router_aux_loss_coef * load_balancing_loss_func(...)
+            value += coef * float(exe.read("aux_loss")[0])
+        return value, out
 
     def _check_ids(self, ids: np.ndarray) -> None:
         if ids.min() < 0 or ids.max() >= self.spec.vocab_size:
@@ -255,7 +266,8 @@ def load_model(path_or_id: str | Path, device: str = "cpu", dtype: str = "float3
     else:
         weights = folder.open_weights()
         target = _np_dtype(dtype)
-        params = family.name_table().load(names, lambda hf: np.ascontiguousarray(weights.get(hf).astype(target)))
+        params = family.name_table().load(names, lambda hf: np.ascontiguousarray(weights.get(hf).astype(target)),
+                                          has=weights.__contains__)
         # A weights-only folder still loads (token ids in, logits out); a damaged tokenizer does not.
         tokenizer = Tokenizer.from_folder(folder) if (folder.path / "tokenizer.json").is_file() else None
         source = folder.path

@@ -19,6 +19,7 @@ void register_cpu_qkv_rope_cache(OpRegistry& reg);
 void register_cpu_dropout(OpRegistry& reg);
 void register_cpu_fused_matmul(OpRegistry& reg);
 void register_cpu_short_conv(OpRegistry& reg);
+void register_cpu_moe(OpRegistry& reg);
 }  // namespace cpu
 
 void register_cpu_ops(OpRegistry& reg) {
@@ -37,6 +38,7 @@ void register_cpu_ops(OpRegistry& reg) {
   cpu::register_cpu_dropout(reg);
   cpu::register_cpu_fused_matmul(reg);
   cpu::register_cpu_short_conv(reg);
+  cpu::register_cpu_moe(reg);
 }
 
 }  // namespace surogate

@@ -171,6 +171,8 @@ void register_backend() {
   register_cuda_gguf(reg);
   register_cuda_fused_matmul(reg);
   register_cuda_short_conv(reg);
+  register_cuda_moe(reg);
+  register_cuda_moe_gemm(reg);
 }
 
 }  // namespace surogate::cuda

@@ -233,3 +233,66 @@ def _lm_head_ce(c: RuleContext, n: Node, gy: list) -> list:
     dh, _ = c.g.node("lm_head_ce_bwd", [h, w, targets, lse, gy[0]],
                      [dh_spec or (h.name + ".grad_unused", h.shape, h.dtype), dw], accumulate=1, **n.attrs)
     return [dh if dh_spec else None, None, None]
+
+
+# ---- mixture of experts ---------------------------------------------------------------------
+@rule("moe_router_fwd")
+def _moe_router(c: RuleContext, n: Node, gy: list) -> list:
+    (logits,) = n.inputs
+    w, idx, probs = n.outputs
+    spec = c.grad_spec(logits)
+    if spec is None or (gy[0] is None and gy[2] is None):
+        return [None]
+    dw = gy[0]
+    if dw is None:  # only the load-balancing loss reads this router
+        (dw,) = c.g.node("fill", [], [(w.name + ".grad_zero", w.shape, w.dtype)], value=0.0)
+    (dl,) = c.g.node("moe_router_bwd", [dw, probs, idx, gy[2]], [spec], **n.attrs)
+    return [dl]
+
+
+@rule("moe_permute")
+def _moe_permute(c: RuleContext, n: Node, gy: list) -> list:
+    x, _ = n.inputs
+    _, rows, _ = n.outputs
+    if c.grad_spec(x) is None or gy[0] is None:
+        return [None, None]
+    (dx,) = c.g.node("moe_unpermute_fwd", [gy[0], rows, None], [c.grad_spec(x)])  # a sum over the K copies
+    return [dx, None]
+
+
+@rule("moe_unpermute_fwd")
+def _moe_unpermute(c: RuleContext, n: Node, gy: list) -> list:
+    yp, rows, w = n.inputs
+    need_yp, need_w = c.needs(yp), c.needs(w)
+    if not (need_yp or need_w):
+        return [None, None, None]
+    dyp_spec = c.grad_spec(yp) or (yp.name + ".grad_unused", yp.shape, yp.dtype)
+    dyp, dw = c.g.node("moe_unpermute_bwd", [gy[0], rows, yp, w], [dyp_spec, c.grad_spec(w) if need_w else None])
+    return [dyp if need_yp else None, None, dw if need_w else None]
+
+
+@rule("moe_grouped_matmul")
+def _moe_grouped_matmul(c: RuleContext, n: Node, gy: list) -> list:
+    x, w, offsets = n.inputs
+    dx = None
+    if c.grad_spec(x) is not None:
+        (dx,) = c.g.node("moe_grouped_matmul", [gy[0], w, offsets], [c.grad_spec(x)], trans_b=0)
+    dw = c.param_grad(w)
+    if dw is not None:
+        c.g.node("moe_grouped_matmul_wgrad", [gy[0], x, offsets], [dw], accumulate=1)
+    return [dx, None, None]
+
+
+@rule("moe_aux_loss_fwd")
+def _moe_aux_loss(c: RuleContext, n: Node, gy: list) -> list:
+    loss, counts = n.outputs
+    probs = n.inputs[0::2]
+    if gy[0] is None or not any(c.needs(p) for p in probs):
+        return [None] * len(n.inputs)
+    # The same gradient reaches every layer's probs: counts (from the top-k choice) have none.
+    (dp,) = c.g.node("moe_aux_loss_bwd", [gy[0], counts], [(loss.name + ".dprobs", probs[0].shape, "float32")],
+                     num_layers=len(probs))
+    out: list = []
+    for p in probs:
+        out += [dp if c.needs(p) else None, None]
+    return out

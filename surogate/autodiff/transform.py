@@ -21,10 +21,11 @@ def needs_grad(g: Graph) -> set[Value]:
     return need
 
 
-def backward(g: Graph, loss: Value, seed_name: str = "dloss") -> dict[str, Value]:
+def backward(g: Graph, loss: Value, seed_name: str = "dloss", extra: dict[str, Value] | None = None) -> dict[str, Value]:
     """Add backward nodes for d(sum(seed * loss))/d(params). The seed is a new graph input of
-    loss's shape (the trainer fills it, e.g. with 1 / number of target tokens). Returns the
-    gradient accumulator of every trainable parameter, by parameter name."""
+    loss's shape (the trainer fills it, e.g. with 1 / number of target tokens). ``extra``: more
+    losses in the objective, seed name -> loss (a MoE model's aux_loss, seeded with its
+    coefficient). Returns the gradient accumulator of every trainable parameter, by name."""
     forward_nodes = list(g.nodes)
     g.backward_start = len(forward_nodes)  # where compile may insert recomputation
     need = needs_grad(g)
@@ -32,6 +33,9 @@ def backward(g: Graph, loss: Value, seed_name: str = "dloss") -> dict[str, Value
         raise ValueError(f"{loss.name} does not depend on any trainable parameter")
     ctx = RuleContext(g, need)
     partial: dict[Value, list[Value]] = {loss: [g.input(seed_name, loss.shape, loss.dtype)]}
+    for name, v in (extra or {}).items():
+        if v in need:
+            partial.setdefault(v, []).append(g.input(name, v.shape, v.dtype))
 
     def total(v: Value | None) -> Value | None:
         parts = partial.get(v) if v is not None else None

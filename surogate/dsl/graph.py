@@ -23,12 +23,17 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Dim:
-    """A symbolic dimension, bound to an int at compile time."""
+    """A symbolic dimension, bound to an int at compile time; ``times`` a fixed multiple of it
+    (the N * top_k rows a mixture-of-experts layer sends to its experts)."""
 
     name: str
+    times: int = 1
+
+    def __mul__(self, k: int) -> Dim:
+        return Dim(self.name, self.times * int(k))
 
     def __repr__(self) -> str:
-        return self.name
+        return self.name if self.times == 1 else f"{self.name}*{self.times}"
 
 
 Shape = tuple[int | Dim, ...]
@@ -40,7 +45,7 @@ def bind_shape(shape: Shape, dims: dict[str, int]) -> tuple[int, ...]:
         if isinstance(d, Dim):
             if d.name not in dims:
                 raise KeyError(f"symbolic dimension {d.name} is not bound (bound: {sorted(dims)})")
-            out.append(dims[d.name])
+            out.append(dims[d.name] * d.times)
         else:
             out.append(int(d))
     return tuple(out)
@@ -87,6 +92,9 @@ class Graph:
         # Serving graphs: the KV cache descriptor they were built over (surogate.dsl.nn.KVCache),
         # which also carries the serving options the fusion pass reads; None otherwise.
         self.kv: Any = None
+        # Mixture-of-experts layers: each router's (probs, idx), in layer order, for the
+        # load-balancing loss (surogate.dsl.nn.MoE appends them).
+        self.moe_routers: list[tuple[Value, Value]] = []
 
     # ---- naming ---------------------------------------------------------------------------
     def scoped(self, name: str) -> str:

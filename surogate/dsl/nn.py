@@ -1,4 +1,4 @@
-"""Modules: Linear (with LoRA slices), Attention, MLP, Block, SandwichBlock, CausalLM (Gemma 4's
+"""Modules: Linear (with LoRA slices), Attention, MLP, MoE, Block, SandwichBlock, CausalLM (Gemma 4's
 layer is nn_gemma4.py's).
 
 A module holds configuration; calling it inside a graph declares its parameters (named like
@@ -34,6 +34,21 @@ class LoRAConfig:
     @property
     def scale(self) -> float:
         return self.alpha / (math.sqrt(self.rank) if self.use_rslora else self.rank)
+
+
+@dataclass
+class MoESpec:
+    """A sparse mixture-of-experts MLP (Qwen3-MoE): a router picks ``top_k`` of ``num_experts``
+    SwiGLU experts (width ``intermediate_size`` each) per token, on the ``layers`` listed (the
+    others keep the dense MLP). ``router_aux_loss_coef`` > 0 adds transformers'
+    load_balancing_loss_func times it to the training loss (HF: with output_router_logits)."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    layers: tuple[int, ...]
+    norm_topk_prob: bool = False
+    router_aux_loss_coef: float = 0.0
 
 
 @dataclass
@@ -89,6 +104,7 @@ class ModelSpec:
     layer_kinds: list[str] = field(default_factory=list)
     conv_kernel: int = 3
     conv_bias: bool = False
+    moe: MoESpec | None = None  # sparse MLP layers (None: every layer dense)
 
     def window(self, layer: int) -> int:
         return self.sliding_windows[layer] if self.sliding_windows else 0
@@ -266,6 +282,39 @@ class MLP:
         return self.down(g, a, dtype, lora)
 
 
+class MoE:
+    """The sparse MLP of a mixture-of-experts layer, as vLLM's fused_moe runs it: the router
+    (``mlp.gate``, a Linear to E logits) picks K experts per token, the token rows are permuted
+    into expert-contiguous order, each projection is one grouped GEMM over all experts (weights
+    [E, out, in], transformers 5's ``mlp.experts.gate_up_proj`` / ``down_proj``), and the rows
+    come back weighted by the router. The router's (probs, idx) are kept in ``Graph.moe_routers``
+    for the load-balancing loss."""
+
+    def __init__(self, spec: ModelSpec):
+        self.spec = spec
+        m = spec.moe
+        self.gate = Linear("mlp.gate", spec.hidden_size, [("gate", m.num_experts)])
+
+    def __call__(self, g: Graph, x: Value, dtype: str, lora: LoRAConfig | None) -> Value:
+        m, C = self.spec.moe, self.spec.hidden_size
+        E, F = m.num_experts, m.intermediate_size
+        logits = self.gate(g, x, dtype, lora)
+        w, idx, probs = ops.moe_router(logits, m.top_k, m.norm_topk_prob, name="mlp.router")
+        g.moe_routers.append((probs, idx))
+        w_gu = g.param("mlp.experts.gate_up_proj", (E, 2 * F, C), dtype, trainable=lora is None)
+        w_down = g.param("mlp.experts.down_proj", (E, C, F), dtype, trainable=lora is None)
+        xp, rows, offsets = ops.moe_permute(x, idx, E, name="mlp.permute")
+        gu = ops.moe_grouped_matmul(xp, w_gu, offsets, name="mlp.experts.gate_up")
+        a = ops.swiglu(gu, name="mlp.experts.act")
+        yp = ops.moe_grouped_matmul(a, w_down, offsets, name="mlp.experts.down")
+        return ops.moe_unpermute(yp, rows, w, name="mlp.unpermute")
+
+
+def mlp_for(spec: ModelSpec, layer: int) -> MLP | MoE:
+    """The MLP of ``layer``: sparse where spec.moe lists the layer, dense otherwise."""
+    return MoE(spec) if spec.moe is not None and layer in spec.moe.layers else MLP(spec)
+
+
 class Block:
     """Pre-norm decoder block. Returns (delta, residual): the residual add is folded into the
     next norm (add_rmsnorm), as the fused kernels want."""
@@ -273,7 +322,7 @@ class Block:
     def __init__(self, spec: ModelSpec, layer: int):
         self.spec, self.layer = spec, layer
         self.attn = Attention(spec, layer)
-        self.mlp = MLP(spec)
+        self.mlp = mlp_for(spec, layer)
 
     def __call__(self, g: Graph, x: Value, residual: Value | None, pos: Value, cu: Value, dtype: str,
                  lora: LoRAConfig | None, kv: KVCache | None = None) -> tuple[Value, Value]:
@@ -367,6 +416,9 @@ class CausalLM:
             targets = g.input("targets", (N,), "int32")
             loss = ops.lm_head_ce(y, head, targets, softcap=s.final_softcap, chunk=ce_chunk, name="loss")
             g.mark_output("loss", loss)
+            if s.moe is not None and s.moe.router_aux_loss_coef > 0 and g.moe_routers:
+                # Seeded with the coefficient (graph input daux_loss) by whoever runs the backward.
+                g.mark_output("aux_loss", ops.moe_aux_loss(g.moe_routers))
         else:
             if s.final_softcap:  # the capped value is the one named "logits" (what callers read)
                 logits = ops.softcap(ops.linear(y, head, name="logits_uncapped"), s.final_softcap, name="logits")

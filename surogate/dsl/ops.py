@@ -334,3 +334,57 @@ def argmax(x: Value, name: str = "argmax") -> Value:
     R, _ = x.shape
     (y,) = _g(x).node("argmax", [x], [(name, (R,), "int32")])
     return y
+
+
+# ---- mixture of experts ---------------------------------------------------------------------
+# The fused_moe op set (kernels_native/runtime/op_checks_moe.h): route, permute the rows into
+# expert-contiguous order, one grouped GEMM per projection over all experts, un-permute with the
+# routing weights. E experts, K = top_k per token; the permuted rows are N * K, a static shape.
+def moe_router(logits: Value, top_k: int, norm_topk_prob: bool, name: str = "router") -> tuple[Value, Value, Value]:
+    """(weights [N, K] in logits' dtype, expert indices int32 [N, K], probs f32 [N, E]): softmax
+    over the experts, the K largest, renormalised to sum 1 with norm_topk_prob."""
+    N, E = logits.shape
+    _check(1 <= top_k <= E, f"moe_router {name}: top_k {top_k} is not in [1, {E}]")
+    w, idx, p = _g(logits).node("moe_router_fwd", [logits],
+                                [(name + ".weights", (N, top_k), logits.dtype), (name + ".idx", (N, top_k), "int32"),
+                                 (name + ".probs", (N, E), "float32")], norm_topk_prob=int(norm_topk_prob))
+    return w, idx, p
+
+
+def moe_permute(x: Value, idx: Value, num_experts: int, name: str = "permute") -> tuple[Value, Value, Value]:
+    """(xp [N * K, C]: x's rows grouped by expert, rows int32 [N, K]: where each (token, choice)
+    went, offsets int32 [E + 1]: each expert's first row)."""
+    N, C = x.shape
+    _, K = idx.shape
+    M = N * K
+    xp, rows, off = _g(x).node("moe_permute", [x, idx],
+                               [(name, (M, C), x.dtype), (name + ".rows", (N, K), "int32"),
+                                (name + ".offsets", (num_experts + 1,), "int32")])
+    return xp, rows, off
+
+
+def moe_unpermute(yp: Value, rows: Value, weights: Value, name: str = "unpermute") -> Value:
+    """y[n] = sum_k weights[n, k] yp[rows[n, k]]: the experts' outputs weighted back to their tokens."""
+    N, K = rows.shape
+    _, C = yp.shape
+    (y,) = _g(yp).node("moe_unpermute_fwd", [yp, rows, weights], [(name, (N, C), yp.dtype)])
+    return y
+
+
+def moe_grouped_matmul(x: Value, w: Value, offsets: Value, name: str = "experts") -> Value:
+    """Each expert's rows of x [M, Cin] (offsets from moe_permute) times its w[e].T, w [E, Cout, Cin]."""
+    M, Cin = x.shape
+    E, Cout, Cin_w = w.shape
+    _check(Cin == Cin_w, f"moe_grouped_matmul {name}: input width {Cin} != weight {w.name} {w.shape}")
+    _check(offsets.shape == (E + 1,), f"moe_grouped_matmul {name}: offsets {offsets.shape} != ({E + 1},)")
+    (y,) = _g(x).node("moe_grouped_matmul", [x, w, offsets], [(name, (M, Cout), x.dtype)], trans_b=1)
+    return y
+
+
+def moe_aux_loss(routers: list[tuple[Value, Value]], name: str = "aux_loss") -> Value:
+    """transformers' load_balancing_loss_func over the (probs, idx) of every MoE layer: f32 [1]."""
+    _check(bool(routers), f"moe_aux_loss {name}: no MoE layer")
+    E = routers[0][0].shape[1]
+    ins = [v for pair in routers for v in pair]
+    loss, _ = _g(*ins).node("moe_aux_loss_fwd", ins, [(name, (1,), "float32"), (name + ".counts", (E,), "float32")])
+    return loss

@@ -47,6 +47,14 @@ class GGUFName:
     shift: float = 0.0  # the GGUF value is the HF value plus this (Gemma's norms: llama.cpp adds the 1)
     squeeze: int | None = None  # the GGUF tensor is the HF one without this axis of size 1 (LFM2's conv [C, 1, L])
     f32: bool = False  # written F32 whatever the type asked (what llama.cpp's op reads: ggml_ssm_conv)
+    # More GGUF tensors of the same HF tensor: it is gguf's and these, equal parts concatenated
+    # along `axis` (a MoE layer's stacked gate_up_proj [E, 2F, C] is llama.cpp's ffn_gate_exps
+    # and ffn_up_exps, each [E, F, C]).
+    parts: tuple[str, ...] = ()
+    axis: int = 0
+
+    def names(self) -> tuple[str, ...]:
+        return (self.gguf, *self.parts)
 
 
 class GGUFNameTable:
@@ -55,13 +63,16 @@ class GGUFNameTable:
     def __init__(self, entries: dict[str, GGUFName]):
         self.entries = entries
         self._forward = [(_pattern(hf), g) for hf, g in entries.items()]
-        self._backward = [(_pattern(g.gguf), hf) for hf, g in entries.items()]
+        # Each part of a split HF tensor names it too (GGUFName.parts).
+        self._backward = [(_pattern(name), hf) for hf, g in entries.items() for name in g.names()]
 
     def to_gguf(self, hf_name: str) -> GGUFName | None:
         for pat, g in self._forward:
             m = pat.match(hf_name)
             if m:
-                return dataclasses.replace(g, gguf=g.gguf.format(**m.groupdict()))
+                groups = m.groupdict()
+                return dataclasses.replace(g, gguf=g.gguf.format(**groups),
+                                           parts=tuple(p.format(**groups) for p in g.parts))
         return None
 
     def to_hf(self, gguf_name: str) -> str | None:
@@ -112,9 +123,15 @@ class GGUFWeights:
         return t, rope_rows(t.shape[0], heads_for(name.rope_rows, self.config), to_gguf=False)
 
     def values(self, hf_name: str, dtype: str = "float32") -> np.ndarray:
-        axis = self.table.to_gguf(hf_name).squeeze
-        if axis is not None:
-            return np.expand_dims(self._shifted(hf_name, dtype), axis)
+        name = self.table.to_gguf(hf_name)
+        if name is not None and name.parts:  # one HF tensor in several GGUF tensors
+            for part in name.names():
+                if part not in self.file.tensors:
+                    raise FileFormatError(f"{self.file.path}: no tensor {part} for {hf_name}",
+                                          hint="the file lacks a tensor this architecture needs")
+            return np.concatenate([self.file.tensors[p].dequantize(dtype) for p in name.names()], axis=name.axis)
+        if name is not None and name.squeeze is not None:
+            return np.expand_dims(self._shifted(hf_name, dtype), name.squeeze)
         return self._shifted(hf_name, dtype)
 
     def _shifted(self, hf_name: str, dtype: str) -> np.ndarray:
@@ -144,6 +161,12 @@ class GGUFWeights:
 
     def check_supported(self, hf_names: list[str]) -> None:
         for name in hf_names:
+            g = self.table.to_gguf(name)
+            if g is not None and g.parts:
+                for part in g.names():
+                    if part in self.file.tensors:
+                        self.file.tensors[part].check_supported()
+                continue
             self.tensor(name)[0].check_supported()
 
 
@@ -192,6 +215,7 @@ def plan_gguf_tensors(family: Family, config: dict, tensors: Mapping[str, Callab
     recipe's type, q/k rows in llama.cpp's order; token_embd first, then the layers in order."""
     table = family.gguf.tensors()
     tied = bool(config.get("tie_word_embeddings", False))
+    tensors = stack_expert_tensors(family, config, tensors)
     named = {}
     for hf_name, read in tensors.items():
         if hf_name.endswith("rotary_emb.inv_freq") or (tied and hf_name == "lm_head.weight"):
@@ -204,6 +228,11 @@ def plan_gguf_tensors(family: Family, config: dict, tensors: Mapping[str, Callab
             read = (lambda r=read, shift=g.shift: np.asarray(r(), np.float32) + np.float32(shift))
         if g.squeeze is not None:
             read = (lambda r=read, axis=g.squeeze: np.squeeze(np.asarray(r()), axis))
+        if g.parts:  # equal parts along g.axis, one GGUF tensor each
+            for j, part in enumerate(g.names()):
+                named[part] = ((lambda r=read, j=j, n=len(g.names()), ax=g.axis: np.split(np.asarray(r()), n, axis=ax)[j]),
+                               g.rope_rows, g.f32)
+            continue
         named[g.gguf] = (read, g.rope_rows, g.f32)
     if not tied and "output.weight" not in named:
         raise FileFormatError(f"{source}: no lm_head.weight, and the config does not tie the embeddings",
@@ -226,6 +255,37 @@ def plan_gguf_tensors(family: Family, config: dict, tensors: Mapping[str, Callab
         t = "F32" if f32 else tensor_type(qtype, gguf_name, shape, n_layers, has_output="output.weight" in named)
         plan.append(PlannedTensor(gguf_name, t, shape, read))
     return plan
+
+
+def stack_expert_tensors(family: Family, config: dict, tensors: Mapping[str, Callable[[], np.ndarray]]
+                         ) -> dict[str, Callable[[], np.ndarray]]:
+    """The HF tensors with a MoE layer's per-expert tensors (``mlp.experts.{e}.gate_proj.weight``)
+    replaced by the stacked tensor of the family's name_table.Experts recipe, which the GGUF
+    table names (llama.cpp stores each projection of all experts as one tensor)."""
+    from surogate.models.name_table import Experts
+
+    out = dict(tensors)
+    recipes = [r for r in family.name_table().entries.values() if isinstance(r, Experts)]
+    for i in range(int(config["num_hidden_layers"])):
+        for r in recipes:
+            fused = r.hf.format(i=i)
+            parts = [p.replace("{i}", str(i)) for p in r.parts]
+            if fused in out or parts[0].format(e=0) not in out:
+                continue
+            count = 0
+            while all(p.format(e=count) in out for p in parts):
+                count += 1
+            names = [[p.format(e=e) for p in parts] for e in range(count)]
+
+            def read(names=names, axis=r.axis, src=dict(out)):
+                experts = [np.concatenate([np.asarray(src[n]()) for n in ns], axis=axis) for ns in names]
+                return np.stack(experts)
+
+            for ns in names:
+                for n in ns:
+                    del out[n]
+            out[fused] = read
+    return out
 
 
 def quantize_to_gguf(model: str | os.PathLike, output: str | os.PathLike, qtype: str = "Q8_0", *,

@@ -2,9 +2,11 @@
 
 A table maps our parameter names (with ``{i}`` for the layer index) to a recipe over HF
 checkpoint names: `Direct` (one tensor), `Fuse` (several tensors concatenated along an
-axis, e.g. gate_proj and up_proj into one gate_up projection) or `Slice` (layer i's equal part
-of one tensor packed over the layers, Gemma 4's per-layer input tables). Export runs the recipe
-backwards (`Fuse` splits, `Slice` joins).
+axis, e.g. gate_proj and up_proj into one gate_up projection), `Slice` (layer i's equal part
+of one tensor packed over the layers, Gemma 4's per-layer input tables) or `Experts` (a
+mixture-of-experts layer's per-expert tensors stacked into one [E, ...] tensor). Export runs
+the recipe backwards (`Fuse` splits, `Slice` joins; `Experts` writes the stacked tensor under
+transformers 5's name).
 """
 
 from __future__ import annotations
@@ -39,7 +41,19 @@ class Slice:
     index: int = 0
 
 
-Recipe = Direct | Fuse | Slice
+class Experts:
+    """One [E, ...] tensor of a mixture-of-experts layer: ``hf`` is transformers 5's name of the
+    stacked tensor (``mlp.experts.gate_up_proj``), read as it is when the checkpoint has it;
+    otherwise (the per-expert layout the hub's checkpoints and transformers' save_pretrained
+    write) each expert e's ``parts`` (names with ``{e}``) are concatenated along ``axis`` and the
+    experts stacked, for e = 0, 1, ... while the checkpoint has them."""
+
+    hf: str
+    parts: tuple[str, ...]
+    axis: int = 0
+
+
+Recipe = Direct | Fuse | Slice | Experts
 
 
 class NameTable:
@@ -57,11 +71,15 @@ class NameTable:
                     return Direct(r.hf.format(i=i))
                 if isinstance(r, Slice):
                     return Slice(r.hf, r.axis, int(i))
+                if isinstance(r, Experts):
+                    return Experts(r.hf.format(i=i), tuple(h.replace("{i}", str(i)) for h in r.parts), r.axis)
                 return Fuse(tuple(h.format(i=i) for h in r.hf), r.axis)
         return None
 
-    def load(self, names: list[str], read: Callable[[str], np.ndarray], source: str = "checkpoint") -> dict[str, np.ndarray]:
-        """Our parameters `names` assembled from checkpoint tensors (read(hf_name) -> array)."""
+    def load(self, names: list[str], read: Callable[[str], np.ndarray], source: str = "checkpoint",
+             has: Callable[[str], bool] | None = None) -> dict[str, np.ndarray]:
+        """Our parameters `names` assembled from checkpoint tensors (read(hf_name) -> array);
+        `has(hf_name)` says whether the checkpoint holds a tensor (None: every name asked for)."""
         out = {}
         recipes = {name: self.recipe(name) for name in names}
         n_slices: dict[str, int] = {}  # a sliced tensor -> how many of our parameters share it
@@ -82,6 +100,8 @@ class NameTable:
                     raise FileFormatError(f"{source}: {r.hf} {full.shape} does not split into {n} layers along "
                                           f"axis {r.axis}", hint="the weights and the config do not belong together")
                 out[name] = np.ascontiguousarray(np.split(full, n, axis=r.axis)[r.index])
+            elif isinstance(r, Experts):
+                out[name] = _stack_experts(r, read, has, source)
             else:
                 parts = [read(h) for h in r.hf]
                 out[name] = np.concatenate(parts, axis=r.axis)
@@ -95,7 +115,7 @@ class NameTable:
             r = self.recipe(name)
             if r is None:
                 continue
-            if isinstance(r, Direct):
+            if isinstance(r, (Direct, Experts)):
                 out[r.hf] = arr
             elif isinstance(r, Slice):
                 sliced.setdefault(r.hf, {})[r.index] = (arr, r.axis)
@@ -107,3 +127,18 @@ class NameTable:
             if sorted(got) == list(range(len(got))):
                 out[hf] = np.concatenate([got[k][0] for k in range(len(got))], axis=got[0][1])
         return out
+
+
+def _stack_experts(r: Experts, read: Callable[[str], np.ndarray], has: Callable[[str], bool] | None,
+                   source: str) -> np.ndarray:
+    if has is None or has(r.hf):
+        return read(r.hf)
+    experts = []
+    while all(has(p.format(e=len(experts))) for p in r.parts):
+        e = len(experts)
+        parts = [read(p.format(e=e)) for p in r.parts]
+        experts.append(parts[0] if len(parts) == 1 else np.concatenate(parts, axis=r.axis))
+    if not experts:
+        raise FileFormatError(f"{source}: no tensor {r.hf} and no per-expert {r.parts[0].format(e=0)}",
+                              hint="the checkpoint lacks this mixture-of-experts layer's expert weights")
+    return np.stack(experts)

@@ -25,7 +25,7 @@ import numpy as np
 from surogate.config import SFTConfig
 from surogate.dsl.nn import LORA_RNG, LoRAConfig
 from surogate.errors import ConfigError
-from surogate.model import Model, _np_dtype, load_model, resolve_device
+from surogate.model import AUX_SEED, Model, _np_dtype, load_model, resolve_device
 from surogate.train.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
 from surogate.train.data import Batch, build_datasets
 from surogate.train.export import save_hf_folder, write_sidecars
@@ -113,6 +113,8 @@ class Trainer:
                        "dloss": np.zeros(self.N, np.float32)}
         if LORA_RNG in self.exe.lowered.by_value:  # lora_dropout: the per-micro-batch seed
             self.inputs[LORA_RNG] = np.zeros(2, np.int32)
+        if AUX_SEED in self.exe.lowered.by_value:  # a MoE model's load-balancing loss: its coefficient
+            self.inputs[AUX_SEED] = np.zeros(1, np.float32)
         for n, a in self.inputs.items():
             self.exe.bind(n, a)
         self.exe.use_graphs(self.cfg.cuda_graphs)  # GPU: each micro-batch and optimizer step is one graph
@@ -165,16 +167,21 @@ class Trainer:
     def _step(self, batches: list[Batch], step: int = 0) -> tuple[float, int]:
         total = sum(b.num_target_tokens for b in batches)
         seed = 1.0 / max(total, 1)
-        loss_sum = 0.0
+        loss_sum, aux_sum = 0.0, 0.0
         for micro, b in enumerate(batches):
             self._dropout_seed(step, micro)
             self._load_batch(b)
             valid = b.targets != -100
             self.inputs["dloss"][:] = np.where(valid, seed, 0.0)
             self.exe.push("dloss")
+            if AUX_SEED in self.inputs:  # coef * the mean over micro-batches of each one's aux loss
+                self.inputs[AUX_SEED][:] = self.model.spec.moe.router_aux_loss_coef / len(batches)
+                self.exe.push(AUX_SEED)
             self.exe.run(*MICRO_BATCH)
             loss_sum += float(self.exe.read("loss")[valid].sum(dtype=np.float64))
-        return loss_sum / max(total, 1), total
+            if AUX_SEED in self.inputs:
+                aux_sum += float(self.inputs[AUX_SEED][0]) * float(self.exe.read("aux_loss")[0])
+        return loss_sum / max(total, 1) + aux_sum, total
 
     def evaluate(self) -> float | None:
         if self.eval_exe is None:

@@ -26,7 +26,7 @@ from surogate.dsl.nn import SandwichBlock
 from surogate.io import GGUFFile, Tokenizer, save_hf_tokenizer, save_safetensors
 from surogate.io.gguf_writer import QUANT_TYPES, tensor_type, use_more_bits
 from surogate.models import REGISTRY, config_from_gguf, family_named
-from surogate.models.gguf_names import quantize_to_gguf, rope_rows
+from surogate.models.gguf_names import quantize_to_gguf, rope_rows, stack_expert_tensors
 from surogate.train.export import save_hf_folder
 
 # Relative RMS error of the stored weights against the source, per GGML type: measured on
@@ -124,6 +124,9 @@ def test_metadata_read_back_by_gguf_py(tiny, family):
         expected |= {f"blk.{i}.attn_{n}.bias" for i in range(2) for n in ("q", "k", "v")}
     if isinstance(family_named(family).architecture(model).blocks[0], SandwichBlock):  # Gemma's post-norms
         expected |= {f"blk.{i}.{n}_post_norm.weight" for i in range(2) for n in ("attn", "ffn")}
+    for i in model.moe.layers if model.moe else ():  # experts stacked per projection, the router
+        expected -= {f"blk.{i}.{n}.weight" for n in ("ffn_gate", "ffn_up", "ffn_down")}
+        expected |= {f"blk.{i}.{n}.weight" for n in ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")}
     assert names == expected
 
 
@@ -174,10 +177,15 @@ def test_stored_weights_close_to_the_source(tiny, qtype):
     for family, (folder, files) in tiny.items():
         config = json.loads((folder / "config.json").read_text())
         table = family_named(family).gguf.tensors()
-        source = hf_tensors(folder)
+        # A MoE layer's per-expert tensors as the stacked ones the GGUF names (split in parts).
+        source = {n: read() for n, read in stack_expert_tensors(
+            family_named(family), config, {n: (lambda a=a: a) for n, a in hf_tensors(folder).items()}).items()}
         for t in GGUFReader(files[qtype]).tensors:
             hf_name = table.to_hf(t.name)
             want = source[hf_name]
+            g = table.to_gguf(hf_name)
+            if g.parts:
+                want = np.split(want, len(g.names()), axis=g.axis)[g.names().index(t.name)]
             got = gguf_dequantize(t.data, t.tensor_type).reshape(want.shape) - table.to_gguf(hf_name).shift
             kind = table.to_gguf(hf_name).rope_rows
             if kind:

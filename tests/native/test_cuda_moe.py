@@ -1,0 +1,128 @@
+"""CUDA mixture-of-experts ops (cuda/moe.cu, cuda/moe_gemm.cu) against the CPU backend
+(tests/native/test_moe.py holds the CPU against torch): router and its backward, permutation and
+un-permutation, the grouped GEMM over experts (tiles inside one expert, tiles straddling several,
+experts with no rows) and its weight gradient, the load-balancing loss.
+
+Skipped on machines without a CUDA build and a GPU. Shape letters: N tokens, C channels,
+E experts, K chosen per token, M = N * K permuted rows.
+"""
+
+import numpy as np
+import pytest
+
+from sgtest.ops import TOLERANCE, as_dtype
+from surogate import _native
+
+COVERS = ("moe_router_fwd", "moe_router_bwd", "moe_permute", "moe_unpermute_fwd", "moe_unpermute_bwd",
+          "moe_grouped_matmul", "moe_grouped_matmul_wgrad", "moe_aux_loss_fwd", "moe_aux_loss_bwd")
+
+pytestmark = pytest.mark.cuda
+
+HAS_CUDA = bool(_native.build_info()["cuda"]) and len(_native.cuda_devices()) > 0
+if not HAS_CUDA:
+    pytest.skip("no CUDA build or no GPU", allow_module_level=True)
+
+FLOATS = ["float32", "bfloat16", "float16"]
+
+
+def run_on(device, name, inputs, outputs, **attrs):
+    """outputs: (shape, dtype) pairs (zeros) or host arrays (copied up); returns host arrays."""
+    ins = [None if x is None else _native.tensor(x).to(device) for x in inputs]
+    outs = [_native.tensor(o).to(device) if isinstance(o, np.ndarray) else _native.zeros(list(o[0]), o[1], device)
+            for o in outputs]
+    _native.call_op(name, ins, outs, attrs)
+    return [o.to("cpu").numpy() for o in outs]
+
+
+def both(name, inputs, outputs, **attrs):
+    return run_on("cpu", name, inputs, outputs, **attrs), run_on("cuda", name, inputs, outputs, **attrs)
+
+
+def rand(shape, dtype, seed=0, scale=1.0):
+    return as_dtype(scale * np.random.default_rng(seed).standard_normal(shape).astype(np.float32), dtype)
+
+
+def close(got, want, dtype):
+    rtol, atol = TOLERANCE[dtype]
+    want = np.asarray(want, np.float64)
+    scale = max(1.0, float(np.abs(want).max()))
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=rtol, atol=atol * scale)
+
+
+def routed(n, e, k, seed=0):
+    """(idx, rows, offsets) of a random routing, made by the CPU ops."""
+    logits = rand((n, e), "float32", seed)
+    _, idx, _ = run_on("cpu", "moe_router_fwd", [logits], [((n, k), "float32"), ((n, k), "int32"), ((n, e), "float32")])
+    x = rand((n, 8), "float32", seed)
+    _, rows, off = run_on("cpu", "moe_permute", [x, idx], [((n * k, 8), "float32"), ((n, k), "int32"),
+                                                           ((e + 1,), "int32")])
+    return idx, rows, off
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("norm", [0, 1])
+@pytest.mark.parametrize("n,e,k", [(1, 4, 1), (37, 8, 2), (300, 128, 8)])
+def test_router_matches_cpu(n, e, k, norm, dtype):
+    logits = rand((n, e), dtype, seed=e)
+    outs = [((n, k), dtype), ((n, k), "int32"), ((n, e), "float32")]
+    (w0, i0, p0), (w1, i1, p1) = both("moe_router_fwd", [logits], outs, norm_topk_prob=norm)
+    assert np.array_equal(i0, i1)
+    close(p1, p0, "float32")
+    close(w1.astype(np.float32), w0.astype(np.float32), dtype)
+    dw, dp = rand((n, k), dtype, 1), rand((n, e), "float32", 2)
+    (d0,), (d1,) = both("moe_router_bwd", [dw, p0, i0, dp], [((n, e), dtype)], norm_topk_prob=norm)
+    close(d1.astype(np.float32), d0.astype(np.float32), dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("n,e,k,c", [(1, 4, 1, 8), (33, 8, 2, 72), (700, 128, 8, 256)])
+def test_permute_and_unpermute_match_cpu(n, e, k, c, dtype):
+    idx, _, _ = routed(n, e, k, seed=n)
+    x = rand((n, c), dtype, 3)
+    (xp0, r0, o0), (xp1, r1, o1) = both("moe_permute", [x, idx], [((n * k, c), dtype), ((n, k), "int32"),
+                                                                  ((e + 1,), "int32")])
+    assert np.array_equal(r0, r1) and np.array_equal(o0, o1) and np.array_equal(xp0, xp1)
+    yp, w, dy = rand((n * k, c), dtype, 4), rand((n, k), dtype, 5), rand((n, c), dtype, 6)
+    (y0,), (y1,) = both("moe_unpermute_fwd", [yp, r0, w], [((n, c), dtype)])
+    close(y1.astype(np.float32), y0.astype(np.float32), dtype)
+    (s0,), (s1,) = both("moe_unpermute_fwd", [yp, r0, None], [((n, c), dtype)])
+    close(s1.astype(np.float32), s0.astype(np.float32), dtype)
+    (g0, dw0), (g1, dw1) = both("moe_unpermute_bwd", [dy, r0, yp, w], [((n * k, c), dtype), ((n, k), dtype)])
+    close(g1.astype(np.float32), g0.astype(np.float32), dtype)
+    close(dw1.astype(np.float32), dw0.astype(np.float32), dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("counts", [[5], [3, 0, 70, 1], [0, 0, 2, 0], [200, 1, 17, 0, 9, 64, 2, 130]])
+@pytest.mark.parametrize("kin,nout", [(64, 96), (40, 24), (2048, 768)])
+def test_grouped_matmul_and_wgrad_match_cpu(counts, kin, nout, dtype):
+    m, e = sum(counts), len(counts)
+    off = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    x = rand((m, kin), dtype, 0)
+    w = rand((e, nout, kin), dtype, 1, scale=1 / np.sqrt(kin))
+    (y0,), (y1,) = both("moe_grouped_matmul", [x, w, off], [((m, nout), dtype)])
+    close(y1.astype(np.float32), y0.astype(np.float32), dtype)
+    dy = rand((m, nout), dtype, 2)
+    (dx0,), (dx1,) = both("moe_grouped_matmul", [dy, w, off], [((m, kin), dtype)], trans_b=0)
+    close(dx1.astype(np.float32), dx0.astype(np.float32), dtype)
+    base = rand((e, nout, kin), "float32", 3)
+    (dw0,), (dw1,) = both("moe_grouped_matmul_wgrad", [dy, x, off], [base.copy()], accumulate=1)
+    close(dw1, dw0, dtype)
+    (dw0,), (dw1,) = both("moe_grouped_matmul_wgrad", [dy, x, off], [base.copy()])
+    close(dw1, dw0, dtype)
+
+
+@pytest.mark.parametrize("layers,n,e,k", [(1, 11, 4, 1), (3, 257, 128, 8)])
+def test_aux_loss_matches_cpu(layers, n, e, k):
+    ins = []
+    for layer in range(layers):
+        logits = rand((n, e), "float32", layer)
+        _, idx, p = run_on("cpu", "moe_router_fwd", [logits],
+                           [((n, k), "float32"), ((n, k), "int32"), ((n, e), "float32")])
+        ins += [p, idx]
+    (l0, c0), (l1, c1) = both("moe_aux_loss_fwd", ins, [((1,), "float32"), ((e,), "float32")])
+    assert np.array_equal(c0, c1)
+    np.testing.assert_allclose(l1, l0, rtol=1e-6)
+    (d0,), (d1,) = both("moe_aux_loss_bwd", [np.array([0.5], np.float32), c0], [((n, e), "float32")],
+                        num_layers=layers)
+    np.testing.assert_allclose(d1, d0, rtol=1e-6)
