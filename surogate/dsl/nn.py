@@ -37,6 +37,9 @@ class LoRAConfig:
 
 
 @dataclass
+EXPERT_PROJECTIONS = frozenset({"gate_proj", "up_proj", "down_proj"})  # HF / peft names in an MoE layer
+
+
 class MoESpec:
     """A sparse mixture-of-experts MLP (Qwen3-MoE): a router picks ``top_k`` of ``num_experts``
     SwiGLU experts (width ``intermediate_size`` each) per token, on the ``layers`` listed (the
@@ -298,6 +301,15 @@ class MoE:
     def __call__(self, g: Graph, x: Value, dtype: str, lora: LoRAConfig | None) -> Value:
         m, C = self.spec.moe, self.spec.hidden_size
         E, F = m.num_experts, m.intermediate_size
+        expert_targets = sorted(set(lora.targets) & EXPERT_PROJECTIONS) if lora is not None else []
+        if expert_targets:
+            from surogate.errors import UnsupportedError
+
+            # peft gives each expert an adapter of its own; grouped LoRA matmuls are not built yet.
+            raise UnsupportedError(f"LoRA on a mixture-of-experts layer's expert projections ({', '.join(expert_targets)}) "
+                                   "is not supported yet", hint="target the attention projections: "
+                                   "lora_target_modules: [q_proj, k_proj, v_proj, o_proj] (or 'all', which means them "
+                                   "for MoE families)")
         logits = self.gate(g, x, dtype, lora)
         w, idx, probs = ops.moe_router(logits, m.top_k, m.norm_topk_prob, name="mlp.router")
         g.moe_routers.append((probs, idx))

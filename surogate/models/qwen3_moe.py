@@ -125,6 +125,8 @@ FAMILY = Family(
     spec_from_config=spec_from_config,
     architecture=nn.CausalLM,
     bench_hf_config=bench_hf_config,
+    # LoRA on attention: expert adapters (peft's one per expert) are not built yet (dsl/nn.py MoE).
+    lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"),
     name_table=hf_name_table,
     gguf=GGUFArchitecture(
         name="qwen3moe",
