@@ -78,6 +78,9 @@ def parse_logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int
         if not 0 <= token < vocab_size:
             raise errors.ApiErrorException(errors.invalid(f"logit_bias: token id {token} is outside the vocabulary",
                                                           param="logit_bias"))
+        if not -100.0 <= value <= 100.0:  # OpenAI's range (NaN fails too)
+            raise errors.ApiErrorException(errors.invalid(f"logit_bias[{key}] = {value} is outside [-100, 100]",
+                                                          param="logit_bias"))
         out[token] = float(value)
     return out
 
