@@ -13,6 +13,7 @@ import msgspec
 
 from surogate.serve import Generation, RequestOutput, SamplingParams
 from surogate.serve.frontend import Prompt
+from surogate.serve.parsers import ForcedTools
 
 from . import errors
 from .context import RequestContext
@@ -42,7 +43,7 @@ class Job(msgspec.Struct):
     adapter: str | None
     prompt: Prompt
     opts: SamplingParams
-    tools: bool = False  # the request offered tools: parse calls
+    tools: bool | ForcedTools = False  # the request offered tools: parse calls (ForcedTools: forced, as JSON)
     max_tool_calls: int | None = None
     reasoning: bool = True
 
