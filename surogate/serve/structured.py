@@ -40,6 +40,15 @@ def _llguidance() -> Any:
 
 def grammar_text(spec: StructuredOutputsParams) -> tuple[str, str]:
     """(llguidance grammar, the spec's field name) for the one kind the spec sets."""
+    try:
+        return _grammar_text(spec)
+    except (ValueError, TypeError) as e:  # llguidance's own refusals of a schema it cannot read
+        if isinstance(e, InvalidArgumentError):
+            raise
+        raise InvalidArgumentError(f"structured_outputs: {e}", hint="check the schema / regex / grammar") from None
+
+
+def _grammar_text(spec: StructuredOutputsParams) -> tuple[str, str]:
     llg = _llguidance()
     given = [k for k in ("json", "json_object", "regex", "choice", "grammar") if getattr(spec, k) not in (None, False)]
     if len(given) != 1:
