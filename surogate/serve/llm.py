@@ -58,7 +58,7 @@ class LLM:
             if self.tokenizer is None:
                 raise InvalidArgumentError("structured outputs need the model's tokenizer; this LLM has none",
                                            hint="build the LLM with the model's tokenizer")
-            self._grammars = Grammars(self.tokenizer)
+            self._grammars = Grammars(self.tokenizer, self.client.vocab_size if self.client is not None else None)
         return self._grammars
 
     @classmethod

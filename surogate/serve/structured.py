@@ -87,10 +87,13 @@ def _grammar_text(spec: StructuredOutputsParams) -> tuple[str, str]:
 
 
 class Grammars:
-    """One model's grammar compiler: its tokenizer in llguidance's form (built once, ~0.2 s)."""
+    """One model's grammar compiler: its tokenizer in llguidance's form (built once, ~0.2 s).
+    ``vocab_size``: the model's (its logits rows), which may exceed the tokenizer's (padded
+    embeddings); the ids past the tokenizer's are never allowed."""
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int | None = None) -> None:
         self._tokenizer = tokenizer
+        self._vocab_size = max(vocab_size or 0, tokenizer.vocab_size)
         self._ll: Any = None
         self._lock = threading.Lock()
 
@@ -100,8 +103,8 @@ class Grammars:
             if self._ll is None:
                 llg = _llguidance()
                 t = self._tokenizer
-                self._ll = llg.LLTokenizer(t._backend.to_str(), n_vocab=t.vocab_size, eos_token=list(t.eos_token_ids)
-                                           or t.eos_token_id)
+                self._ll = llg.LLTokenizer(t._backend.to_str(), n_vocab=self._vocab_size,
+                                           eos_token=list(t.eos_token_ids) or t.eos_token_id)
             return self._ll
 
     def compile(self, spec: StructuredOutputsParams) -> str:
@@ -148,7 +151,9 @@ class TokenMasks:
             matchers = [self._matchers[rid] for rid in request_ids]
         batch = []
         for i, (m, tokens) in enumerate(zip(matchers, new_tokens)):
-            if tokens and not m.consume_tokens(tokens):
+            # A stopped matcher (the grammar is complete) allows only EOS; an engine that does not
+            # stop there (ignore_eos, or EOS ids the engine does not know) keeps getting that mask.
+            if tokens and not m.is_stopped() and not m.consume_tokens(tokens):
                 raise RuntimeError(f"request {request_ids[i]}: the grammar refused a sampled token: {m.get_error()}")
             batch.append((m, i))
         if self._executor is None:
