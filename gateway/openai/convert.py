@@ -235,8 +235,8 @@ def responses_job(gw: Gateway, req: p.ResponsesRequest) -> Job | ApiError:
                          logprobs=req.top_logprobs)
         forced = forced_tools({t["function"]["name"]: t["function"].get("parameters") or {} for t in tools},
                               req.tool_choice, req.parallel_tool_calls) if tools is not None else None
-        opts.structured_outputs = constraint(req.structured_outputs, _text_format(req.text.format if req.text else None),
-                                             forced, "text.format")
+        text_format = _text_format(req.text.format if req.text else None)
+        opts.structured_outputs = constraint(req.structured_outputs, text_format, forced, "text.format")
         opts.max_reasoning_tokens = reasoning_budget(effort, req.max_reasoning_tokens)
         limits = gw.models.limits(model, gw.config)
         check_sampling(opts, limits, {"max_tokens": "max_output_tokens", "logprobs": "top_logprobs"})

@@ -298,9 +298,9 @@ class PyTokenMasker : public TokenMasker {
         tokens.append(py::cast(r.new_tokens));
       }
       const auto n = static_cast<py::ssize_t>(requests.size());
-      py::array_t<int32_t> view({n, static_cast<py::ssize_t>(words)},
-                                {static_cast<py::ssize_t>(words * sizeof(int32_t)), static_cast<py::ssize_t>(sizeof(int32_t))},
-                                reinterpret_cast<int32_t*>(rows), py::none());  // no copy, no owner: valid during the call
+      const auto w = static_cast<py::ssize_t>(words), es = static_cast<py::ssize_t>(sizeof(int32_t));
+      // no copy and no owner (a base of None): a view valid during the call
+      py::array_t<int32_t> view({n, w}, {w * es, es}, reinterpret_cast<int32_t*>(rows), py::none());
       fn_(ids, tokens, view);
       return Status::OK();
     } catch (py::error_already_set& e) {
@@ -634,9 +634,11 @@ void bind_serve(py::module_& parent) {
           if (!allowed_mask.is_none()) {
             auto a = py::array_t<int32_t, py::array::c_style | py::array::forcecast>::ensure(allowed_mask);
             if (!a || a.ndim() != 1 || a.size() != mask_words(V)) {
-              bad_field("argument", "allowed_mask", str_cat("must be int32 [", mask_words(V), "] (ceil(V / 32) words)"), "");
+              bad_field("argument", "allowed_mask", str_cat("must be int32 [", mask_words(V), "] (ceil(V / 32) words)"),
+                        "");
             }
-            mask.assign(reinterpret_cast<const uint32_t*>(a.data()), reinterpret_cast<const uint32_t*>(a.data()) + a.size());
+            const auto* words = reinterpret_cast<const uint32_t*>(a.data());
+            mask.assign(words, words + a.size());
           }
           const uint32_t* allowed = mask.empty() ? nullptr : mask.data();
           std::mt19937_64 rng(p.seed);

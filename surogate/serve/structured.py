@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from surogate.errors import InvalidArgumentError, SurogateError
+from surogate.errors import InvalidArgumentError
 from surogate.io import Tokenizer
 from surogate.serve.types import StructuredOutputsParams
 
@@ -34,7 +34,8 @@ def _llguidance() -> Any:
     try:
         import llguidance
     except ImportError:
-        raise SurogateError("llguidance is not installed", hint=_INSTALL_HINT) from None
+        raise InvalidArgumentError("structured outputs are off on this server: llguidance is not installed",
+                                   hint=_INSTALL_HINT) from None
     return llguidance
 
 

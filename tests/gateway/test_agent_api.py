@@ -4,6 +4,7 @@ Responses text.format) and forced tool calls, each checked on what a client rece
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -77,7 +78,8 @@ def test_bad_logit_bias_is_a_400_naming_the_field(client, bias, what):
 # -- structured outputs ----------------------------------------------------------------------------
 
 jsonschema = pytest.importorskip("jsonschema")
-pytest.importorskip("llguidance")
+# the grammar engine is the serve extra's; without it only these tests skip
+needs_llguidance = pytest.mark.skipif(importlib.util.find_spec("llguidance") is None, reason="llguidance not installed")
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 40},
                                            "age": {"type": "integer", "minimum": 0, "maximum": 150},
@@ -87,6 +89,7 @@ PROMPTS = ["Describe a famous scientist.", "Invent a person who lives in Italy."
            "Give me a JSON object about a painter."]
 
 
+@needs_llguidance
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_json_schema_answers_validate_over_prompts_and_seeds(client, seed):
     fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
@@ -99,6 +102,7 @@ def test_json_schema_answers_validate_over_prompts_and_seeds(client, seed):
         jsonschema.validate(json.loads(choice.message.content), PERSON)
 
 
+@needs_llguidance
 def test_json_object_with_n_and_streaming(client):
     r = client.chat.completions.create(model=MODEL, messages=ASK, n=3, temperature=1.0, seed=5, max_tokens=60,
                                        response_format={"type": "json_object"})
@@ -111,14 +115,17 @@ def test_json_object_with_n_and_streaming(client):
     jsonschema.validate(json.loads(text), PERSON)
 
 
+@needs_llguidance
 def test_the_same_prompt_with_and_without_a_grammar_shares_the_prefix_cache(client):
     plain = client.chat.completions.create(model=MODEL, messages=ASK, temperature=0, max_tokens=5)
     again = client.chat.completions.create(model=MODEL, messages=ASK, temperature=0, max_tokens=40,
                                            response_format={"type": "json_object"})
     assert isinstance(json.loads(again.choices[0].message.content), dict)
     assert plain.choices[0].message.content != again.choices[0].message.content
+    assert again.usage.prompt_tokens_details.cached_tokens > 0  # the prompt's blocks came from the cache
 
 
+@needs_llguidance
 @pytest.mark.parametrize("constraint,check", [
     ({"choice": ["yes", "no", "maybe"]}, lambda t: t in ("yes", "no", "maybe")),
     ({"regex": "[0-9]{3}-[a-z]{2}"}, lambda t: len(t) == 6 and t[:3].isdigit() and t[3] == "-" and t[4:].isalpha()),
@@ -135,6 +142,7 @@ def test_vllm_structured_outputs_on_chat_and_completions(client, constraint, che
     assert check(c.choices[0].text), c.choices[0].text
 
 
+@needs_llguidance
 def test_responses_text_format_json_schema(client):
     r = client.responses.create(model=MODEL, input="Describe a person.", max_output_tokens=80, temperature=0,
                                 text={"format": {"type": "json_schema", "name": "person", "schema": PERSON,
@@ -142,6 +150,7 @@ def test_responses_text_format_json_schema(client):
     jsonschema.validate(json.loads(r.output_text), PERSON)
 
 
+@needs_llguidance
 def test_a_bad_schema_is_a_400(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=5,
@@ -161,6 +170,7 @@ TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
 
 
+@needs_llguidance
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
 def test_forced_tool_choice_always_yields_a_valid_call(client, seed, choice):
@@ -176,6 +186,7 @@ def test_forced_tool_choice_always_yields_a_valid_call(client, seed, choice):
             jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
 
 
+@needs_llguidance
 def test_forced_tool_choice_streams_a_call(client):
     name, args = None, ""
     for chunk in client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], stream=True,
@@ -188,6 +199,7 @@ def test_forced_tool_choice_streams_a_call(client):
     jsonschema.validate(json.loads(args), SCHEMAS["get_weather"])
 
 
+@needs_llguidance
 def test_responses_forced_tool_choice(client):
     tool = {"type": "function", "name": "get_weather", "parameters": WEATHER["function"]["parameters"]}
     r = client.responses.create(model=MODEL, input="Weather in Rome?", tools=[tool], tool_choice="required",
@@ -197,6 +209,7 @@ def test_responses_forced_tool_choice(client):
     jsonschema.validate(json.loads(calls[0].arguments), SCHEMAS["get_weather"])
 
 
+@needs_llguidance
 @pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "get_time"}])
 def test_anthropic_tool_choice_any_and_tool_yield_a_valid_call(server, choice):
     anthropic = pytest.importorskip("anthropic")
