@@ -13,6 +13,7 @@ import msgspec
 
 from surogate.serve import Generation, RequestOutput, SamplingParams
 from surogate.serve.frontend import Prompt
+from surogate.serve.parsers import ForcedTools
 
 from . import errors
 from .context import RequestContext
@@ -42,7 +43,7 @@ class Job(msgspec.Struct):
     adapter: str | None
     prompt: Prompt
     opts: SamplingParams
-    tools: bool = False  # the request offered tools: parse calls
+    tools: bool | ForcedTools = False  # the request offered tools: parse calls (ForcedTools: forced, as JSON)
     max_tool_calls: int | None = None
     reasoning: bool = True
 
@@ -77,6 +78,9 @@ def parse_logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int
                                                           param="logit_bias")) from None
         if not 0 <= token < vocab_size:
             raise errors.ApiErrorException(errors.invalid(f"logit_bias: token id {token} is outside the vocabulary",
+                                                          param="logit_bias"))
+        if not -100.0 <= value <= 100.0:  # OpenAI's range (NaN fails too)
+            raise errors.ApiErrorException(errors.invalid(f"logit_bias[{key}] = {value} is outside [-100, 100]",
                                                           param="logit_bias"))
         out[token] = float(value)
     return out

@@ -7,16 +7,19 @@
   as llama.cpp does; ``tool_use`` blocks become the assistant's ``tool_calls``; ``thinking`` blocks
   become its ``reasoning_content`` (a 400 on thinking history was a real complaint: llm-scaler
   #341); ``redacted_thinking`` is dropped.
-- ``thinking: {type: enabled}`` / ``disabled`` set ``enable_thinking`` for the template.
-- ``tool_choice: any`` / ``tool`` would need constrained decoding: refused. ``none`` hides the
-  tools; ``disable_parallel_tool_use`` keeps one call.
+- ``thinking: {type: enabled}`` / ``disabled`` set ``enable_thinking`` for the template;
+  ``budget_tokens`` caps the reasoning span (the engine closes it with ``</think>`` there).
+- ``tool_choice: any`` / ``tool`` force a call: the answer is generated under a JSON schema of
+  the tools' ``input_schema`` (ForcedTools). ``none`` hides the tools;
+  ``disable_parallel_tool_use`` keeps one call.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from surogate.serve import SamplingParams
+from surogate.serve import SamplingParams, StructuredOutputsParams
+from surogate.serve.parsers import ForcedTools
 from surogate.serve.frontend import Prompt, RequestError, check_sampling, fit_to_context
 
 from .. import errors
@@ -33,9 +36,6 @@ def messages_job(gw: Gateway, req: a.MessagesRequest | a.CountTokensRequest) -> 
         return found
     model, adapter = found
     choice = req.tool_choice
-    if isinstance(choice, (a.ToolChoiceAny, a.ToolChoiceTool)):
-        return errors.unsupported("tool_choice", f"tool_choice {type(choice).__struct_config__.tag!r} (forcing a tool "
-                                  "call needs constrained decoding, which)")
     try:
         offer = bool(req.tools) and not isinstance(choice, a.ToolChoiceNone)
         tools = [_tool(t, i) for i, t in enumerate(req.tools)] if offer else None
@@ -49,15 +49,34 @@ def messages_job(gw: Gateway, req: a.MessagesRequest | a.CountTokensRequest) -> 
         opts = SamplingParams(
             max_tokens=req.max_tokens, temperature=_or(req.temperature, 1.0), top_p=_or(req.top_p, 1.0),
             top_k=_or(req.top_k, 0), min_p=_or(req.min_p, 0.0), repetition_penalty=_or(req.repetition_penalty, 1.0),
-            seed=req.seed, stop=list(req.stop_sequences or []))
+            seed=req.seed, stop=list(req.stop_sequences or []),
+            max_reasoning_tokens=thinking.budget_tokens if isinstance(thinking, a.ThinkingEnabled) else None)
+        if isinstance(thinking, a.ThinkingEnabled) and (thinking.budget_tokens or 0) < 0:
+            raise RequestError(f"thinking.budget_tokens is {thinking.budget_tokens}; use a count >= 0",
+                               param="thinking.budget_tokens")
+        forced = _forced(req.tools or [], choice) if offer else None
+        if forced is not None:
+            opts.structured_outputs = StructuredOutputsParams(json=forced.schema)
         limits = gw.models.limits(model, gw.config)
         check_sampling(opts, limits, {"stop": "stop_sequences"})
         opts = fit_to_context(opts, len(prompt.token_ids), limits, prompt_param="messages",
                               max_tokens_param="max_tokens")
     except (RequestError, errors.ApiErrorException) as e:
         return errors.from_exception(e)
-    one = isinstance(choice, a.ToolChoiceAuto) and bool(choice.disable_parallel_tool_use)
-    return Job(model, adapter, prompt, opts, tools=offer, max_tool_calls=1 if one else None)
+    one = isinstance(choice, (a.ToolChoiceAuto, a.ToolChoiceAny)) and bool(choice.disable_parallel_tool_use)
+    return Job(model, adapter, prompt, opts, tools=forced or offer, max_tool_calls=1 if one else None)
+
+
+def _forced(tools: Sequence[a.Tool], choice: a.ToolChoice | None) -> ForcedTools | None:
+    schemas = {t.name: t.input_schema or {} for t in tools}
+    if isinstance(choice, a.ToolChoiceAny):
+        return ForcedTools(schemas, parallel=not choice.disable_parallel_tool_use)
+    if isinstance(choice, a.ToolChoiceTool):
+        if choice.name not in schemas:
+            raise RequestError(f"tool_choice names {choice.name!r}, which is not among the tools ({sorted(schemas)})",
+                               param="tool_choice.name")
+        return ForcedTools(schemas, name=choice.name)
+    return None
 
 
 def anthropic_messages(system: str | list[a.TextBlockParam] | None, messages: Sequence[a.MessageParam]) -> list[dict]:

@@ -2,16 +2,24 @@
 
 Each function returns a Job or an ApiError naming the request field in OpenAI's spelling
 (``messages[2].content[0].type``, ``max_completion_tokens``). Features that need machinery the
-engine does not have (structured output, forced tool calls, audio, images) are refused with a
-400 that says so, instead of being ignored.
+engine does not have (audio, images, predicted outputs) are refused with a 400 that says so,
+instead of being ignored.
+
+Constraints become a grammar (SamplingParams.structured_outputs): ``response_format`` /
+``text.format`` json_object and json_schema, vLLM's ``structured_outputs``, and forced tools
+(``tool_choice: "required"`` or a named function: a JSON schema over the tools' parameters, read
+back by ForcedToolParser). ``max_reasoning_tokens`` (ours) or ``reasoning_effort`` set the
+reasoning budget (frontend.REASONING_EFFORT_BUDGETS).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from surogate.serve import SamplingParams
-from surogate.serve.frontend import Prompt, RequestError, check_sampling, encode_prompt, fit_to_context
+from surogate.serve import SamplingParams, StructuredOutputsParams
+from surogate.serve.frontend import (Prompt, RequestError, check_sampling, encode_prompt, fit_to_context,
+                                     reasoning_budget)
+from surogate.serve.parsers import ForcedTools
 
 from .. import errors
 from ..errors import ApiError
@@ -43,13 +51,69 @@ def chat_job(gw: Gateway, req: p.ChatCompletionRequest) -> Job | ApiError:
             return errors.invalid("`top_logprobs` needs `logprobs: true`", param="top_logprobs")
         opts = _sampling(req, model.tokenizer.vocab_size, max_tokens=req.max_completion_tokens or req.max_tokens,
                          logprobs=(req.top_logprobs or 0) if req.logprobs else None)
+        forced = forced_tools({t.function.name: t.function.parameters or {} for t in req.tools or []},
+                              req.tool_choice, req.parallel_tool_calls) if offer_tools else None
+        opts.structured_outputs = constraint(req.structured_outputs, _response_format(req.response_format),
+                                             forced, "response_format")
+        opts.max_reasoning_tokens = reasoning_budget(req.reasoning_effort, req.max_reasoning_tokens)
         limits = gw.models.limits(model, gw.config)
         check_sampling(opts, limits, {"max_tokens": max_name, "logprobs": "top_logprobs"})
         opts = fit_to_context(opts, len(prompt.token_ids), limits, prompt_param="messages", max_tokens_param=max_name)
     except (RequestError, errors.ApiErrorException) as e:
         return errors.from_exception(e)
-    return Job(model, adapter, prompt, opts, tools=offer_tools,
+    return Job(model, adapter, prompt, opts, tools=forced or offer_tools,
                max_tool_calls=1 if req.parallel_tool_calls is False else None)
+
+
+def forced_tools(tools: dict[str, dict], choice, parallel: bool | None) -> ForcedTools | None:
+    """``tool_choice`` "required" or a named function (chat's ``{"type": "function", "function":
+    {"name"}}``, Responses' ``{"type": "function", "name"}``) as ForcedTools; None otherwise."""
+    if choice is None or choice in ("auto", "none"):
+        return None
+    if choice == "required":
+        return ForcedTools(tools, parallel=parallel is not False)
+    name = choice.function.name if isinstance(choice, p.NamedToolChoice) else choice.name
+    if choice.type != "function" or name not in tools:
+        raise RequestError(f"`tool_choice` names {name!r}, which is not among the function tools "
+                           f"({sorted(tools) or 'none'})", param="tool_choice")
+    return ForcedTools(tools, name=name)
+
+
+def constraint(ext: p.StructuredOutputs | None, fmt: StructuredOutputsParams | None, forced: ForcedTools | None,
+               fmt_param: str) -> StructuredOutputsParams | None:
+    """The request's one grammar: structured_outputs, the response format, or the forced tools."""
+    given = [(name, v) for name, v in (("structured_outputs", ext), (fmt_param, fmt), ("tool_choice", forced))
+             if v is not None]
+    if len(given) > 1:
+        raise RequestError(f"`{given[0][0]}` and `{given[1][0]}` each constrain the answer; send one",
+                           param=given[1][0])
+    if ext is not None:
+        return StructuredOutputsParams(json=ext.json, json_object=ext.json_object, regex=ext.regex, choice=ext.choice,
+                                       grammar=ext.grammar)
+    if forced is not None:
+        return StructuredOutputsParams(json=forced.schema)
+    return fmt
+
+
+def _response_format(fmt: p.ResponseFormat | None) -> StructuredOutputsParams | None:
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return StructuredOutputsParams(json_object=True)
+    if fmt.json_schema is None or fmt.json_schema.schema is None:
+        raise RequestError("`response_format` json_schema needs `json_schema.schema`",
+                           param="response_format.json_schema.schema")
+    return StructuredOutputsParams(json=fmt.json_schema.schema)
+
+
+def _text_format(fmt: p.TextFormat | None) -> StructuredOutputsParams | None:
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return StructuredOutputsParams(json_object=True)
+    if fmt.schema is None:
+        raise RequestError("`text.format` json_schema needs `schema`", param="text.format.schema")
+    return StructuredOutputsParams(json=fmt.schema)
 
 
 def chat_messages(messages: Sequence[p.ChatMessage]) -> list[dict]:
@@ -113,6 +177,7 @@ def completion_jobs(gw: Gateway, req: p.CompletionRequest) -> list[Job] | ApiErr
         opts = _sampling(req, model.tokenizer.vocab_size, max_tokens=req.max_tokens, logprobs=req.logprobs)
         if req.echo and req.logprobs is not None:
             opts.prompt_logprobs = req.logprobs
+        opts.structured_outputs = constraint(req.structured_outputs, None, None, "response_format")
         limits = gw.models.limits(model, gw.config)
         check_sampling(opts, limits)
         jobs = []
@@ -152,11 +217,6 @@ def responses_job(gw: Gateway, req: p.ResponsesRequest) -> Job | ApiError:
                                   "send the whole conversation in `input`)")
     if req.background:
         return errors.unsupported("background", "`background` mode")
-    if req.text and req.text.format and req.text.format.type != "text":
-        return errors.unsupported("text.format", "Structured output (json_object / json_schema)")
-    if req.tool_choice is not None and (req.tool_choice == "required" or not isinstance(req.tool_choice, str)):
-        return errors.unsupported("tool_choice", "Forcing a tool call (`required` or a named tool) needs constrained "
-                                  "decoding, which")
     try:
         messages = responses_messages(req)
         tools = None
@@ -173,13 +233,18 @@ def responses_job(gw: Gateway, req: p.ResponsesRequest) -> Job | ApiError:
                                   chat_template_kwargs=req.chat_template_kwargs)
         opts = _sampling(req, model.tokenizer.vocab_size, max_tokens=req.max_output_tokens,
                          logprobs=req.top_logprobs)
+        forced = forced_tools({t["function"]["name"]: t["function"].get("parameters") or {} for t in tools},
+                              req.tool_choice, req.parallel_tool_calls) if tools is not None else None
+        text_format = _text_format(req.text.format if req.text else None)
+        opts.structured_outputs = constraint(req.structured_outputs, text_format, forced, "text.format")
+        opts.max_reasoning_tokens = reasoning_budget(effort, req.max_reasoning_tokens)
         limits = gw.models.limits(model, gw.config)
         check_sampling(opts, limits, {"max_tokens": "max_output_tokens", "logprobs": "top_logprobs"})
         opts = fit_to_context(opts, len(prompt.token_ids), limits, prompt_param="input",
                               max_tokens_param="max_output_tokens")
     except (RequestError, errors.ApiErrorException) as e:
         return errors.from_exception(e)
-    return Job(model, adapter, prompt, opts, tools=tools is not None,
+    return Job(model, adapter, prompt, opts, tools=forced or tools is not None,
                max_tool_calls=1 if req.parallel_tool_calls is False else req.max_tool_calls)
 
 
@@ -254,11 +319,6 @@ def _refuse_chat(req: p.ChatCompletionRequest) -> ApiError | None:
         return errors.unsupported("modalities", "Audio output")
     if req.prediction is not None:
         return errors.unsupported("prediction", "Predicted outputs")
-    if req.response_format is not None and req.response_format.type != "text":
-        return errors.unsupported("response_format", "Structured output (json_object / json_schema)")
-    if req.tool_choice is not None and (req.tool_choice == "required" or not isinstance(req.tool_choice, str)):
-        return errors.unsupported("tool_choice", "Forcing a tool call (`required` or a named tool) needs constrained "
-                                  "decoding, which")
     return None
 
 

@@ -54,9 +54,26 @@ class NamedToolChoice(Struct, kw_only=True):
     function: NamedFunction
 
 
+class JsonSchemaFormat(Struct, kw_only=True):
+    name: str = "response"
+    description: str | None = None
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
 class ResponseFormat(Struct, kw_only=True):
     type: Literal["text", "json_object", "json_schema"]
-    json_schema: dict[str, Any] | None = None
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(Struct, kw_only=True, forbid_unknown_fields=True):
+    """vLLM's ``structured_outputs`` extension: exactly one of these."""
+
+    json: dict[str, Any] | str | None = None
+    json_object: bool | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
 
 
 class PromptTokensDetails(Struct, kw_only=True):
@@ -217,6 +234,8 @@ class ChatCompletionRequest(Struct, kw_only=True):
     ignore_eos: bool | None = None
     skip_special_tokens: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    structured_outputs: StructuredOutputs | None = None
+    max_reasoning_tokens: int | None = None  # ours: the reasoning span's token budget
     add_generation_prompt: bool | None = None
     continue_final_message: bool | None = None
     documents: list[dict[str, Any]] | None = None
@@ -343,6 +362,7 @@ class CompletionRequest(Struct, kw_only=True):
     repetition_penalty: float | None = None
     min_tokens: int | None = None
     stop_token_ids: list[int] | None = None
+    structured_outputs: StructuredOutputs | None = None
     include_stop_str_in_output: bool | None = None
     ignore_eos: bool | None = None
     skip_special_tokens: bool | None = None
@@ -457,7 +477,11 @@ class ReasoningConfig(Struct, kw_only=True):
 
 
 class TextFormat(Struct, kw_only=True):
-    type: str = "text"
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    name: str | None = None  # json_schema: the schema's name, description, schema and strict
+    description: str | None = None
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
 
 
 class TextConfig(Struct, kw_only=True):
@@ -496,6 +520,8 @@ class ResponsesRequest(Struct, kw_only=True):
     seed: int | None = None
     stop: str | list[str] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    structured_outputs: StructuredOutputs | None = None
+    max_reasoning_tokens: int | None = None  # ours: the reasoning span's token budget
 
 
 # -- responses: response and events ------------------------------------------------------------------

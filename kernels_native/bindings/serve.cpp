@@ -9,6 +9,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <random>
@@ -93,6 +94,24 @@ int32_t as_optional_int(py::handle v, const char* owner, const char* name, int32
   return v.is_none() ? none : static_cast<int32_t>(as_int(v, owner, name, lo, hi));
 }
 
+// A field added after the first release: absent reads as None (older param objects still work).
+py::object optional_field(py::handle obj, const char* name) {
+  return py::hasattr(obj, name) ? obj.attr(name) : py::object(py::none());
+}
+
+// {token id: bias} -> (token id, bias) pairs in id order.
+std::vector<std::pair<int32_t, float>> as_logit_bias(py::handle v, const char* owner) {
+  std::vector<std::pair<int32_t, float>> out;
+  if (v.is_none()) return out;
+  if (!py::isinstance<py::dict>(v)) bad_field(owner, "logit_bias", str_cat("must be a dict, not ", type_name(v)), "");
+  for (auto [key, value] : py::reinterpret_borrow<py::dict>(v)) {
+    out.emplace_back(static_cast<int32_t>(as_int(key, owner, "logit_bias", INT32_MIN, INT32_MAX)),
+                     static_cast<float>(as_float(value, owner, "logit_bias")));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 SamplingParams sampling_params_from(py::handle obj) {
   const char* o = "sampling parameter";
   SamplingParams p;
@@ -116,6 +135,17 @@ SamplingParams sampling_params_from(py::handle obj) {
   p.ignore_eos = as_bool(field(obj, o, "ignore_eos"), o, "ignore_eos");
   p.logprobs = as_optional_int(field(obj, o, "logprobs"), o, "logprobs", -1, 0, kMaxLogprobs);
   p.prompt_logprobs = as_optional_int(field(obj, o, "prompt_logprobs"), o, "prompt_logprobs", -1, 0, kMaxLogprobs);
+  p.logit_bias = as_logit_bias(optional_field(obj, "logit_bias"), o);
+  p.constrained = !optional_field(obj, "structured_outputs").is_none();
+  p.max_reasoning_tokens =
+      as_optional_int(optional_field(obj, "max_reasoning_tokens"), o, "max_reasoning_tokens", -1, 0, INT32_MAX);
+  p.reasoning_start_token_id = as_optional_int(optional_field(obj, "reasoning_start_token_id"), o,
+                                               "reasoning_start_token_id", -1, 0, INT32_MAX);
+  p.reasoning_end_token_id = as_optional_int(optional_field(obj, "reasoning_end_token_id"), o,
+                                             "reasoning_end_token_id", -1, 0, INT32_MAX);
+  py::object started = optional_field(obj, "reasoning_started");
+  p.reasoning_started = !started.is_none() && as_bool(started, o, "reasoning_started");
+  p.reasoning_end_ids = as_token_ids(optional_field(obj, "reasoning_end_ids"), o, "reasoning_end_ids");
   return p;
 }
 
@@ -238,6 +268,49 @@ class PyModelRunner : public ModelRunner {
   py::object fn_;
   int vocab_size_;
   std::vector<float> logits_;
+};
+
+// A TokenMasker that calls fn(request_ids: list[int], new_tokens: list[list[int]], rows) in
+// Python, rows being a writable int32 numpy view [N, W] of the engine's mask buffer (llguidance's
+// fill_next_token_bitmask_par writes it in place).
+class PyTokenMasker : public TokenMasker {
+ public:
+  explicit PyTokenMasker(py::function fn) : fn_(std::move(fn)) {}
+  ~PyTokenMasker() override {
+    if (!Py_IsInitialized()) {
+      fn_.release();
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    fn_ = py::object();
+  }
+
+  Status fill(const std::vector<MaskRequest>& requests, uint32_t* rows, int words) override {
+    if (!Py_IsInitialized()) {
+      return SG_ERROR(StatusCode::kInternal, "the Python token masker outlived the interpreter",
+                      "shut the engine down (EngineClient.close()) before the interpreter exits");
+    }
+    py::gil_scoped_acquire gil;
+    try {
+      py::list ids, tokens;
+      for (const MaskRequest& r : requests) {
+        ids.append(py::int_(r.request_id));
+        tokens.append(py::cast(r.new_tokens));
+      }
+      const auto n = static_cast<py::ssize_t>(requests.size());
+      const auto w = static_cast<py::ssize_t>(words), es = static_cast<py::ssize_t>(sizeof(int32_t));
+      // no copy and no owner (a base of None): a view valid during the call
+      py::array_t<int32_t> view({n, w}, {w * es, es}, reinterpret_cast<int32_t*>(rows), py::none());
+      fn_(ids, tokens, view);
+      return Status::OK();
+    } catch (py::error_already_set& e) {
+      return SG_ERROR(StatusCode::kInternal, str_cat("the grammar (token masker) raised ", e.what()),
+                      "check the request's response_format / structured_outputs");
+    }
+  }
+
+ private:
+  py::object fn_;
 };
 
 // A Python object held from native code: released under the GIL, leaked after interpreter exit.
@@ -490,6 +563,16 @@ void bind_serve(py::module_& parent) {
       .def("abort", &Engine::abort, py::arg("request_id"))
       .def("reset_prefix_cache", &Engine::reset_prefix_cache, py::call_guard<py::gil_scoped_release>(),
            "Forget every cached prefix (between steps); returns how many blocks left the cache.")
+      .def("set_token_masker", [](Engine& e, py::function fn) {
+             if (e.running()) {
+               throw_status(SG_ERROR(StatusCode::kInvalidArgument, "set_token_masker on a running engine",
+                                     "set it before start()"));
+             }
+             e.set_token_masker(std::make_shared<PyTokenMasker>(std::move(fn)));
+           },
+           py::arg("fn"),
+           "fn(request_ids, new_tokens, rows): advance each request's grammar over its new answer tokens "
+           "and write the allowed-token bitmask into rows[i] (int32 [N, ceil(V/32)]); before start().")
       .def("start", [](Engine& e) {
         check(e.start());
         std::lock_guard<std::mutex> lock(g_live_mu);
@@ -541,7 +624,7 @@ void bind_serve(py::module_& parent) {
         py::arg("logits"), py::arg("params"), py::arg("prompt_ids"), py::arg("output_ids"),
         "The row after min_tokens masking and the repetition / frequency / presence penalties.");
   m.def("sample", [](py::array_t<float, py::array::c_style | py::array::forcecast> logits, py::handle params,
-                     py::handle prompt_ids, py::handle output_ids, int n) {
+                     py::handle prompt_ids, py::handle output_ids, int n, py::handle allowed_mask) {
           int V = 0, P = 0;
           std::vector<float> row = row_from(logits, &V);
           std::vector<int32_t> ids = context_of(prompt_ids, output_ids, &P);
@@ -550,6 +633,17 @@ void bind_serve(py::module_& parent) {
           for (size_t i = 0; i < ids.size(); ++i) {
             if (ids[i] < 0 || ids[i] >= V) bad_field("argument", "token ids", str_cat(ids[i], " is out of range"), "");
           }
+          std::vector<uint32_t> mask;
+          if (!allowed_mask.is_none()) {
+            auto a = py::array_t<int32_t, py::array::c_style | py::array::forcecast>::ensure(allowed_mask);
+            if (!a || a.ndim() != 1 || a.size() != mask_words(V)) {
+              bad_field("argument", "allowed_mask", str_cat("must be int32 [", mask_words(V), "] (ceil(V / 32) words)"),
+                        "");
+            }
+            const auto* words = reinterpret_cast<const uint32_t*>(a.data());
+            mask.assign(words, words + a.size());
+          }
+          const uint32_t* allowed = mask.empty() ? nullptr : mask.data();
           std::mt19937_64 rng(p.seed);
           std::vector<int32_t> out(std::max(n, 0));
           Sampler sampler(V);
@@ -557,7 +651,7 @@ void bind_serve(py::module_& parent) {
           {
             py::gil_scoped_release nogil;
             for (int32_t& t : out) {
-              st = sampler.sample(row.data(), p, ids, P, rng, &t);
+              st = sampler.sample(row.data(), p, ids, P, rng, &t, allowed);
               if (!st.ok()) break;
             }
           }
@@ -565,7 +659,9 @@ void bind_serve(py::module_& parent) {
           return py::array_t<int32_t>({static_cast<py::ssize_t>(out.size())}, out.data());
         },
         py::arg("logits"), py::arg("params"), py::arg("prompt_ids"), py::arg("output_ids"), py::arg("n") = 1,
-        "n draws from one row with one generator seeded from params.seed (0 when unset).");
+        py::arg("allowed_mask") = py::none(),
+        "n draws from one row with one generator seeded from params.seed (0 when unset); allowed_mask: a "
+        "grammar's bitmask row (int32 [ceil(V/32)]), bit t%32 of word t/32 = token t allowed.");
   m.def("logprob", [](py::array_t<float, py::array::c_style | py::array::forcecast> logits, int token, int top_n) {
           int V = 0;
           std::vector<float> row = row_from(logits, &V);

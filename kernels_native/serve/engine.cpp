@@ -87,6 +87,9 @@ Status Engine::submit(Request req, uint64_t* id) {
            "use -1 for the base model or an adapter slot id");
   if (req.params.eos_token_ids.empty()) req.params.eos_token_ids = config_.eos_token_ids;
   SG_RETURN_IF_ERROR(req.params.validate(V));
+  SG_CHECK(!req.params.constrained || masker_ != nullptr, StatusCode::kInvalidArgument,
+           "a constrained request (a grammar) on an engine without a token masker",
+           "submit through surogate.serve.EngineClient, which installs the grammar engine");
 
   const uint64_t rng_seed =
       req.params.has_seed ? req.params.seed : splitmix64(seed_base_ ^ splitmix64(seed_counter_.fetch_add(1)));
@@ -198,11 +201,20 @@ bool Engine::step_once() {
   }
   if (!plan.empty()) {
     StepOutput out;
+    StepMasks masks;
+    collect_masks(plan, &masks);
+    std::future<void> filling;  // the masks, on a helper thread while the model runs
+    if (!masks.seqs.empty()) {
+      filling = std::async(std::launch::async, [this, &masks] {
+        masks.status = masker_->fill(masks.requests, masks.rows.data(), mask_words(sampler_.vocab_size()));
+      });
+    }
     const auto m0 = std::chrono::steady_clock::now();
     const Status st = run(plan, &out);
+    if (filling.valid()) filling.get();
     counters_.model_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - m0).count();
     if (st.ok()) {
-      postprocess(plan, out);
+      postprocess(plan, out, masks);
     } else {
       counters_.last_error = st.to_string();
       for (const ScheduledSeq& ss : plan.seqs) {
@@ -258,7 +270,24 @@ Status Engine::run(const StepPlan& plan, StepOutput* out) {
   return Status::OK();
 }
 
-void Engine::postprocess(const StepPlan& plan, const StepOutput& step) {
+void Engine::collect_masks(const StepPlan& plan, StepMasks* masks) {
+  if (masker_ == nullptr) return;
+  for (const ScheduledSeq& ss : plan.seqs) {
+    Sequence& seq = *ss.seq;
+    if (ss.sample_row < 0 || !seq.masked_next()) continue;
+    MaskRequest r;
+    r.request_id = seq.id;
+    const int from = std::max(seq.mask_fed, seq.answer_start);
+    r.new_tokens.assign(seq.token_ids.begin() + std::min(from, seq.num_tokens()), seq.token_ids.end());
+    seq.mask_fed = seq.num_tokens();
+    masks->seqs.push_back(&seq);
+    masks->requests.push_back(std::move(r));
+  }
+  // All allowed until filled: a masker that writes nothing leaves sampling unconstrained.
+  masks->rows.assign(masks->seqs.size() * static_cast<size_t>(mask_words(sampler_.vocab_size())), ~0u);
+}
+
+void Engine::postprocess(const StepPlan& plan, const StepOutput& step, const StepMasks& masks) {
   scheduler_.update(plan);
   const Tensor& logits = step.logits;
   const float* base = logits.ptr<float>();
@@ -284,11 +313,29 @@ void Engine::postprocess(const StepPlan& plan, const StepOutput& step) {
   std::vector<int32_t> tokens(to_sample.size(), -1);
   std::vector<TokenLogprob> lps(to_sample.size());
   std::vector<Status> errors(to_sample.size());
+  // Each sampled sequence's mask row (masks.seqs is a subsequence of to_sample, in plan order).
+  const int W = mask_words(sampler_.vocab_size());
+  std::vector<const uint32_t*> allowed(to_sample.size(), nullptr);
+  for (size_t i = 0, k = 0; i < to_sample.size() && k < masks.seqs.size(); ++i) {
+    if (to_sample[i]->seq != masks.seqs[k]) continue;
+    if (!masks.status.ok()) {
+      errors[i] = masks.status;
+    } else {
+      allowed[i] = masks.rows.data() + k * static_cast<size_t>(W);
+    }
+    ++k;
+  }
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max(1, sampler_.vocab_size()));
   parallel_for(0, static_cast<int64_t>(to_sample.size()), grain, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       Sequence& seq = *to_sample[i]->seq;
       const int sr = to_sample[i]->sample_row;
+      if (!errors[i].ok()) continue;  // the grammar failed
+      if (!seq.forced.empty()) {  // the end of a reasoning span: appended, not sampled
+        tokens[i] = seq.forced.front();
+        if (seq.params.logprobs >= 0) lps[i] = sampler_.logprob(row(sr), tokens[i], seq.params.logprobs);
+        continue;
+      }
       if (!step.argmax.empty() && !plan.input.need_logits[sr]) {  // plain greedy: the device's argmax
         tokens[i] = step.argmax[sr];
         if (tokens[i] < 0 || tokens[i] >= sampler_.vocab_size()) {
@@ -298,7 +345,7 @@ void Engine::postprocess(const StepPlan& plan, const StepOutput& step) {
         continue;
       }
       const float* r = row(sr);
-      errors[i] = sampler_.sample(r, seq, &tokens[i]);
+      errors[i] = sampler_.sample(r, seq, &tokens[i], allowed[i]);
       if (errors[i].ok() && seq.params.logprobs >= 0) lps[i] = sampler_.logprob(r, tokens[i], seq.params.logprobs);
     }
   });
@@ -312,11 +359,44 @@ void Engine::postprocess(const StepPlan& plan, const StepOutput& step) {
     }
     if (seq.num_output_tokens() == 0) counters_.prompt_tokens += seq.num_prompt_tokens;
     ++counters_.generation_tokens;
+    const bool forced = !seq.forced.empty();
+    if (forced) seq.forced.pop_front();
     seq.token_ids.push_back(tokens[i]);
     RequestOutput& out = output_for(seq);
     out.new_token_ids.push_back(tokens[i]);
     if (seq.params.logprobs >= 0) out.logprobs.push_back(std::move(lps[i]));
+    track_reasoning(seq, tokens[i], forced);
     check_stop(seq, tokens[i]);
+  }
+}
+
+void Engine::track_reasoning(Sequence& seq, int32_t token, bool forced) {
+  const SamplingParams& p = seq.params;
+  if (p.reasoning_end_token_id < 0) return;
+  auto spend = [&] {  // the budget ran out: close the span the way the template does
+    if (p.max_reasoning_tokens >= 0 && seq.reasoning_tokens >= p.max_reasoning_tokens && seq.forced.empty()) {
+      seq.forced.assign(p.reasoning_end_ids.begin(), p.reasoning_end_ids.end());
+    }
+  };
+  if (!seq.in_reasoning) {
+    // The model opens the span itself only as its first token (a template that leaves <think> to it).
+    if (!seq.reasoning_done && token == p.reasoning_start_token_id && seq.num_output_tokens() == 1) {
+      seq.in_reasoning = true;
+      seq.answer_start = -1;
+      spend();
+    }
+    return;
+  }
+  if (token == p.reasoning_end_token_id) {
+    seq.in_reasoning = false;
+    seq.reasoning_done = true;
+    seq.answer_start = seq.num_tokens();
+    seq.forced.clear();
+    return;
+  }
+  if (!forced) {
+    ++seq.reasoning_tokens;
+    spend();
   }
 }
 

@@ -4,11 +4,15 @@
 //
 //   plan = scheduler.schedule();         // which tokens run, where their KV goes
 //   runner.run(plan.input, &out);        // the model: logits rows (and their argmax)
-//   postprocess(plan, out);              // sample, append, check stop conditions
+//   postprocess(plan, out, masks);       // sample, append, check stop conditions
 //   collect_finished();                  // free finished sequences, push outputs to the channel
 //
+// Constrained requests' grammar masks (token_mask.h) are computed on a helper thread while the
+// runner runs the step, and read by the sampler in postprocess.
+//
 // Outputs go to an OutputChannel that consumers poll. The engine never touches Python: a
-// runner that calls Python (PyModelRunner) takes the GIL only inside its run().
+// runner that calls Python (PyModelRunner) takes the GIL only inside its run(), a Python
+// TokenMasker only inside its fill().
 // Without start(), step() drives the same loop from the caller's thread (tests, offline use).
 #pragma once
 
@@ -26,6 +30,7 @@
 #include "serve/output_channel.h"
 #include "serve/sampler.h"
 #include "serve/scheduler.h"
+#include "serve/token_mask.h"
 
 namespace surogate::serve {
 
@@ -78,6 +83,10 @@ class Engine {
   // released or was rewritten); waits for it and returns how many blocks left the cache.
   int reset_prefix_cache();
 
+  // The grammar hook of constrained requests; before start(). Without one, a constrained
+  // request is refused at submit.
+  void set_token_masker(std::shared_ptr<TokenMasker> masker) { masker_ = std::move(masker); }
+
   Status start();
   // Stop the engine thread after its current step; requests still in flight finish as "abort".
   void shutdown();
@@ -99,11 +108,23 @@ class Engine {
     std::shared_ptr<std::promise<int>> reset;  // a prefix-cache reset (answered with the blocks dropped)
   };
 
+  // A step's grammar masks: row k (mask_words(V) words) limits seqs[k]'s next token.
+  struct StepMasks {
+    std::vector<Sequence*> seqs;
+    std::vector<MaskRequest> requests;
+    std::vector<uint32_t> rows;
+    Status status;
+  };
+
   void loop();
   bool step_once();  // true when it scheduled anything
   void drain_inbox();
   Status run(const StepPlan& plan, StepOutput* out);
-  void postprocess(const StepPlan& plan, const StepOutput& out);
+  // The masker's requests for the plan's constrained sequences that sample (advances mask_fed).
+  void collect_masks(const StepPlan& plan, StepMasks* masks);
+  void postprocess(const StepPlan& plan, const StepOutput& out, const StepMasks& masks);
+  // The reasoning span after `token` was appended (forced: it came from seq.forced).
+  void track_reasoning(Sequence& seq, int32_t token, bool forced);
   void check_stop(Sequence& seq, int32_t token);
   void finish(Sequence& seq, FinishReason reason, std::string message);
   void collect_finished();
@@ -113,6 +134,7 @@ class Engine {
 
   EngineConfig config_;
   std::shared_ptr<ModelRunner> runner_;
+  std::shared_ptr<TokenMasker> masker_;
   BlockManager block_manager_;
   Scheduler scheduler_;
   Sampler sampler_;

@@ -47,6 +47,7 @@ void Sampler::apply_penalties(float* logits, const SamplingParams& p, const std:
       for (int32_t t : p.eos_token_ids) logits[t] = kNegInf;
     }
   }
+  for (const auto& [t, bias] : p.logit_bias) logits[t] += bias;  // -inf stays -inf
   std::vector<int32_t>& seen = scratch(vocab_size_).counts;
   if (p.repetition_penalty != 1.0f) {
     const float r = p.repetition_penalty;
@@ -69,14 +70,15 @@ void Sampler::apply_penalties(float* logits, const SamplingParams& p, const std:
 
 bool Sampler::needs_logits(const Sequence& seq) {
   const SamplingParams& p = seq.params;
+  if (!seq.forced.empty()) return p.logprobs >= 0;
   const bool masking = seq.num_output_tokens() < p.min_tokens &&
                        (!p.stop_token_ids.empty() || (!p.ignore_eos && !p.eos_token_ids.empty()));
-  return !p.greedy() || p.logprobs >= 0 || masking || p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f ||
+  return !p.greedy() || p.logprobs >= 0 || masking || !p.logit_bias.empty() || p.constrained || p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f ||
          p.frequency_penalty != 0.0f;
 }
 
 Status Sampler::sample(const float* logits, const SamplingParams& p, const std::vector<int32_t>& token_ids,
-                       int num_prompt, std::mt19937_64& rng, int32_t* token) const {
+                       int num_prompt, std::mt19937_64& rng, int32_t* token, const uint32_t* allowed) const {
   const int V = vocab_size_;
   Scratch& s = scratch(V);
   float* x = s.row.data();
@@ -88,13 +90,21 @@ Status Sampler::sample(const float* logits, const SamplingParams& p, const std::
     }
     x[i] = logits[i];
   }
+  if (allowed != nullptr) {
+    for (int i = 0; i < V; ++i) {
+      if (!mask_allows(allowed, i)) x[i] = kNegInf;
+    }
+  }
   apply_penalties(x, p, token_ids, num_prompt);
 
   int32_t best = 0;
   for (int i = 1; i < V; ++i) best = x[i] > x[best] ? i : best;
   if (x[best] == kNegInf) {
     return SG_ERROR(StatusCode::kInvalidArgument, "every token is masked: nothing left to sample",
-                    "min_tokens masks eos and stop_token_ids; check that they do not cover the vocabulary");
+                    allowed != nullptr ? "the grammar allows only tokens that min_tokens, logit_bias or the stop "
+                                         "tokens exclude (often: it allows only eos while min_tokens masks it)"
+                                       : "min_tokens masks eos and stop_token_ids; check that they do not cover the "
+                                         "vocabulary");
   }
   if (p.greedy()) {
     *token = best;

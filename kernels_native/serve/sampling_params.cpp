@@ -1,6 +1,7 @@
 #include "serve/sampling_params.h"
 
 #include <cmath>
+#include <utility>
 
 namespace surogate::serve {
 
@@ -56,6 +57,34 @@ Status SamplingParams::validate(int vocab_size) const {
   }
   SG_RETURN_IF_ERROR(check_token_ids("stop_token_ids", stop_token_ids, vocab_size));
   SG_RETURN_IF_ERROR(check_token_ids("eos_token_ids", eos_token_ids, vocab_size));
+  for (size_t i = 0; i < logit_bias.size(); ++i) {
+    const auto [token, bias] = logit_bias[i];
+    if (token < 0 || token >= vocab_size) {
+      return invalid("logit_bias", str_cat("has token id ", token, ", outside the vocabulary"),
+                     str_cat("token ids are in [0, ", vocab_size, ")"));
+    }
+    if (!(bias >= -kMaxLogitBias && bias <= kMaxLogitBias)) {
+      return invalid("logit_bias", str_cat("[", token, "] = ", bias), "use a bias in [-100, 100]");
+    }
+  }
+  if (max_reasoning_tokens < -1) {
+    return invalid("max_reasoning_tokens", str_cat("is ", max_reasoning_tokens), "use a count >= 0, or leave it unset");
+  }
+  const std::pair<const char*, int32_t> markers[] = {{"reasoning_start_token_id", reasoning_start_token_id},
+                                                      {"reasoning_end_token_id", reasoning_end_token_id}};
+  for (const auto& [name, t] : markers) {
+    if (t < -1 || t >= vocab_size) {
+      return invalid(name, str_cat("is ", t), str_cat("use -1 (none) or a token id in [0, ", vocab_size, ")"));
+    }
+  }
+  SG_RETURN_IF_ERROR(check_token_ids("reasoning_end_ids", reasoning_end_ids, vocab_size));
+  if (max_reasoning_tokens >= 0) {
+    if (reasoning_end_token_id < 0 || reasoning_end_ids.empty() || reasoning_end_ids.back() != reasoning_end_token_id) {
+      return invalid("max_reasoning_tokens", "needs the template's reasoning end token",
+                     "set reasoning_end_token_id, and reasoning_end_ids ending with it (the model has no reasoning "
+                     "span otherwise)");
+    }
+  }
   return Status::OK();
 }
 

@@ -16,12 +16,28 @@
 //   eos_token_ids       the model's end tokens (the engine's default when empty); "stop" unless ignore_eos
 //   logprobs            -1 = off; N in 0..20: the chosen token's logprob, its rank and the top N
 //   prompt_logprobs     -1 = off; N in 0..20: the same for every prompt token after the first
+//   logit_bias          OpenAI: (token id, bias in [-100, 100]) pairs added to the logits before
+//                       penalties, greedy and sampling; -100 bans a token, +100 all but forces it
+//   constrained         the request's next tokens are limited by a grammar: the engine's
+//                       TokenMasker (token_mask.h) gives a bitmask of the allowed ones per step
 //
-// Processing order (sampler.cpp): min_tokens mask, repetition, frequency and presence penalties,
-// temperature, top-k, top-p, min-p, draw.
+// A reasoning budget (Anthropic's thinking.budget_tokens, our max_reasoning_tokens): the span
+// between reasoning_start_token_id and reasoning_end_token_id (<think> ... </think>) holds at
+// most max_reasoning_tokens tokens; when it reaches them the engine forces reasoning_end_ids
+// (ending with the end token), then sampling goes on with the answer.
+//   max_reasoning_tokens      -1 = no budget
+//   reasoning_start_token_id  the token that opens the span; -1 = the template has none
+//   reasoning_end_token_id    the token that closes it
+//   reasoning_started         the prompt already opened the span (the template wrote <think>)
+//   reasoning_end_ids         what closes it when the budget runs out, e.g. "\n</think>"
+// A constrained request's grammar applies to the answer: not inside the reasoning span.
+//
+// Processing order (sampler.cpp): grammar mask, min_tokens mask, logit_bias, repetition,
+// frequency and presence penalties, temperature, top-k, top-p, min-p, draw.
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -29,6 +45,7 @@
 namespace surogate::serve {
 
 constexpr int kMaxLogprobs = 20;
+constexpr float kMaxLogitBias = 100.0f;
 
 struct SamplingParams {
   float temperature = 1.0f;
@@ -47,6 +64,13 @@ struct SamplingParams {
   bool ignore_eos = false;
   int32_t logprobs = -1;
   int32_t prompt_logprobs = -1;
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  bool constrained = false;
+  int32_t max_reasoning_tokens = -1;
+  int32_t reasoning_start_token_id = -1;
+  int32_t reasoning_end_token_id = -1;
+  bool reasoning_started = false;
+  std::vector<int32_t> reasoning_end_ids;
 
   bool greedy() const { return temperature < 1e-5f; }
   // Every field against its range and the vocabulary; the error names the field.

@@ -8,9 +8,14 @@
 //   num_cached_tokens     of those, how many came from the prefix cache at admission
 // A sequence is "prefilling" while num_tokens() - num_computed_tokens > 1 and "decoding" when
 // exactly one token is left; preemption resets num_computed_tokens to 0 (recompute).
+//
+// Decoding state beyond sampling: `forced`, tokens the engine appends next instead of sampling
+// (the end of a reasoning span whose budget ran out); the reasoning span's state; and how many
+// of the answer's tokens the grammar's TokenMasker has seen.
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <random>
 #include <string>
 #include <vector>
@@ -47,7 +52,13 @@ class Sequence {
  public:
   Sequence(uint64_t id, std::vector<int32_t> prompt, SamplingParams params, int32_t adapter_id, uint64_t rng_seed)
       : id(id), token_ids(std::move(prompt)), num_prompt_tokens(static_cast<int>(token_ids.size())),
-        params(std::move(params)), rng(rng_seed), adapter_id(adapter_id) {}
+        params(std::move(params)), rng(rng_seed), adapter_id(adapter_id) {
+    const SamplingParams& p = this->params;
+    in_reasoning = p.reasoning_started && p.reasoning_end_token_id >= 0;
+    answer_start = in_reasoning ? -1 : num_prompt_tokens;
+    mask_fed = num_prompt_tokens;
+    if (in_reasoning && p.max_reasoning_tokens == 0) forced.assign(p.reasoning_end_ids.begin(), p.reasoning_end_ids.end());
+  }
 
   int num_tokens() const { return static_cast<int>(token_ids.size()); }
   int num_output_tokens() const { return num_tokens() - num_prompt_tokens; }
@@ -87,6 +98,16 @@ class Sequence {
   int prompt_logprobs_next = 0;
   bool prompt_logprobs_sent = false;
   int num_preemptions = 0;
+
+  std::deque<int32_t> forced;  // appended next, in order, without sampling
+  bool in_reasoning = false;   // inside <think> ... </think>
+  bool reasoning_done = false;  // the span closed (it opens at most once)
+  int reasoning_tokens = 0;    // sampled inside the span
+  int answer_start = 0;        // index in token_ids where the answer begins; -1 while reasoning
+  int mask_fed = 0;            // token_ids before this index were given to the TokenMasker
+
+  // Whether the grammar limits the next token: constrained, in the answer, nothing forced.
+  bool masked_next() const { return params.constrained && answer_start >= 0 && forced.empty(); }
 };
 
 }  // namespace surogate::serve

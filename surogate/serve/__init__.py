@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from surogate.serve.engine_client import EngineClient
 from surogate.serve.llm import LLM, Generation
-from surogate.serve.types import EngineConfig, EngineStats, RequestOutput, SamplingParams, TokenLogprob
+from surogate.serve.types import (EngineConfig, EngineStats, RequestOutput, SamplingParams, StructuredOutputsParams,
+                                  TokenLogprob)
 
 __all__ = ["LLM", "EngineClient", "EngineConfig", "EngineStats", "Generation", "RequestOutput", "SamplingParams",
-           "TokenLogprob"]
+           "StructuredOutputsParams", "TokenLogprob"]

@@ -27,6 +27,7 @@ import msgspec
 
 from surogate import _native
 from surogate.errors import InvalidArgumentError, NotFoundError
+from surogate.serve.structured import TokenMasks
 from surogate.serve.types import EngineConfig, EngineStats, RequestOutput, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -140,6 +141,8 @@ class EngineClient:
                         "that cached KV blocks cannot restore")
             config = msgspec.structs.replace(config, enable_prefix_caching=False)
         self._engine = _native.serve.Engine(native, config)
+        self.masks = TokenMasks()  # the grammars of constrained requests (structured outputs)
+        self._engine.set_token_masker(self.masks.fill)
         self._streams: dict[int, tuple[OutputStream, int]] = {}  # request id -> (its stream, its index there)
         self._lock = threading.Lock()
         self._closed = False
@@ -157,11 +160,13 @@ class EngineClient:
         return self._engine.max_model_len
 
     def submit(self, prompt_ids: Sequence[int], params: SamplingParams | None = None, adapter: str | int | None = None,
-               *, stream: OutputStream | None = None, index: int = 0) -> int:
+               *, stream: OutputStream | None = None, index: int = 0, matcher: Any = None) -> int:
         """Queue a request; returns its id. ``adapter``: a served adapter's name or slot; None =
         the base model. Its outputs go to ``stream`` (default: its own, for ``stream(id)`` /
         ``wait(id)``) with ``index`` set (which of the stream's requests it is: known before any
-        output arrives). Bad input raises InvalidArgumentError naming the field."""
+        output arrives). ``matcher``: the llguidance matcher of a request with
+        ``structured_outputs`` (surogate.serve.structured.Grammars). Bad input raises
+        InvalidArgumentError naming the field."""
         slot = self._slot(adapter)
         params = params or SamplingParams()
         if params.n != 1 or params.stop:
@@ -169,10 +174,16 @@ class EngineClient:
             raise InvalidArgumentError(f"SamplingParams.{field} is the generation API's: the engine runs one sequence "
                                        "per request and sees only token ids",
                                        hint="submit through surogate.serve.LLM: it fans n out and applies stop strings")
+        if (params.structured_outputs is None) != (matcher is None):
+            raise InvalidArgumentError("SamplingParams.structured_outputs and the matcher go together",
+                                       hint="submit through surogate.serve.LLM: it compiles the grammar")
         with self._lock:  # the poller dispatches under this lock: the stream exists before any output
             if self._closed:
                 raise InvalidArgumentError("the engine client is closed", hint="create a new EngineClient")
-            request_id = self._engine.submit(prompt_ids, params, -1 if slot is None else slot)
+            with self.masks.lock:  # the engine may step the request at once: its matcher is there first
+                request_id = self._engine.submit(prompt_ids, params, -1 if slot is None else slot)
+                if matcher is not None:
+                    self.masks.add(request_id, matcher)
             self._streams[request_id] = (stream if stream is not None else OutputStream(), index)
         return request_id
 
@@ -291,6 +302,10 @@ class EngineClient:
         stream, each stream gets its share in one ``put``, and each event loop one wake-up."""
         with self._lock:
             streams = [self._streams.get(t[0]) for t in raw]
+        if len(self.masks):
+            for t in raw:
+                if t[4] is not None:  # finished: its grammar is done
+                    self.masks.release(t[0])
         by_stream: dict[OutputStream, list[RequestOutput]] = {}
         for target, t in zip(streams, raw):
             if target is not None:  # None: forgotten (its consumer left, or a stop string ended it)

@@ -102,6 +102,21 @@ def fit_to_context(opts: SamplingParams, prompt_len: int, limits: Limits, *, pro
     return opts
 
 
+# reasoning_effort -> a reasoning budget in tokens (our mapping; OpenAI publishes none). "none"
+# turns thinking off in the template instead; max_reasoning_tokens, when given, wins.
+REASONING_EFFORT_BUDGETS = {"minimal": 256, "low": 1024, "medium": 4096, "high": 16384}
+
+
+def reasoning_budget(reasoning_effort: str | None, max_reasoning_tokens: int | None = None) -> int | None:
+    """The reasoning span's token budget for a request; None = unlimited."""
+    if max_reasoning_tokens is not None:
+        if max_reasoning_tokens < 0:
+            raise RequestError(f"`max_reasoning_tokens` is {max_reasoning_tokens}; use a count >= 0",
+                               param="max_reasoning_tokens")
+        return max_reasoning_tokens
+    return REASONING_EFFORT_BUDGETS.get(reasoning_effort or "")
+
+
 def template_kwargs(defaults: Mapping[str, Any] | None = None, *, chat_template_kwargs: Mapping[str, Any] | None = None,
                     enable_thinking: bool | None = None, reasoning_effort: str | None = None) -> dict[str, Any]:
     """The variables a chat template sees for the thinking controls. ``reasoning_effort`` reaches

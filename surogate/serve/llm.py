@@ -27,7 +27,8 @@ from surogate.errors import InvalidArgumentError
 from surogate.io import Tokenizer
 from surogate.serve.engine_client import EngineClient, OutputStream
 from surogate.serve.frontend import OutputProcessor, Prompt, encode_prompt, render_chat, template_kwargs
-from surogate.serve.parsers import ParserChoice, make_output_parser, resolve_parsers
+from surogate.serve.parsers import ForcedTools, ParserChoice, make_output_parser, resolve_parsers
+from surogate.serve.structured import Grammars
 from surogate.serve.types import RequestOutput, SamplingParams
 
 PromptInput = Prompt | str | Sequence[int]
@@ -48,6 +49,17 @@ class LLM:
         self.template_defaults = dict(template_defaults or {})  # like vLLM's --default-chat-template-kwargs
         self.chat_template = chat_template  # a template name or text; None: the model's own
         self.queued: set = set()  # one entry per engine request submitted with no output yet (admission reads it)
+        self._grammars: Grammars | None = None
+
+    @property
+    def grammars(self) -> Grammars:
+        """Structured outputs' grammar compiler for this model (its tokenizer built on first use)."""
+        if self._grammars is None:
+            if self.tokenizer is None:
+                raise InvalidArgumentError("structured outputs need the model's tokenizer; this LLM has none",
+                                           hint="build the LLM with the model's tokenizer")
+            self._grammars = Grammars(self.tokenizer, self.client.vocab_size if self.client is not None else None)
+        return self._grammars
 
     @classmethod
     def for_model(cls, client: EngineClient | None, tokenizer: Tokenizer, max_model_len: int, *,
@@ -85,7 +97,7 @@ class LLM:
     # -- run --
 
     def submit(self, prompts: PromptInput | Sequence[PromptInput], params: SamplingParams | Sequence[SamplingParams]
-               | None = None, *, adapter: str | int | None = None, tools: bool = False,
+               | None = None, *, adapter: str | int | None = None, tools: bool | ForcedTools = False,
                max_tool_calls: int | None = None, reasoning: bool = True) -> Generation:
         """Start generating: ``params`` is one SamplingParams for all prompts or one per prompt.
         ``tools``: the prompt offered tools, so tool calls are parsed; ``reasoning``: parse
@@ -104,14 +116,38 @@ class LLM:
                                            hint="pass one SamplingParams, or one per prompt")
         requests, processors = [], []
         for prompt, p in zip(items, per_prompt):
+            p = self._reasoning_budget(prompt, p) if reasoning else msgspec.structs.replace(p, max_reasoning_tokens=None)
+            grammar = self.grammars.compile(p.structured_outputs) if p.structured_outputs is not None else None
             for i in range(p.n):
                 # the engine's copy: one sequence, its own seed; stop strings stay with the processor
                 one = msgspec.structs.replace(p, n=1, seed=None if p.seed is None else p.seed + i, stop=[])
-                requests.append((prompt.token_ids, one))
+                requests.append((prompt.token_ids, one, None if grammar is None else self.grammars.matcher(grammar)))
                 parser = make_output_parser(self.parsers, prompt.text, tools=tools, reasoning=reasoning,
                                             max_tool_calls=max_tool_calls) if p.detokenize else None
                 processors.append(OutputProcessor(self.tokenizer, p, parser))
         return Generation(self, requests, processors, adapter)
+
+    def _reasoning_budget(self, prompt: Prompt, p: SamplingParams) -> SamplingParams:
+        """``max_reasoning_tokens`` in the engine's terms: the model's reasoning tags as token ids
+        and whether the prompt opened the span. Dropped where there is no span to cap: the model
+        has no reasoning parser, or the prompt closed the span (thinking off)."""
+        if p.max_reasoning_tokens is None:
+            return p
+        parser = make_output_parser(self.parsers, prompt.text, tools=False) if self.parsers.reasoning else None
+        r = parser.reasoning if parser is not None else None
+        start_tag, end_tag = getattr(r, "start_tag", None), getattr(r, "end_tag", None)
+        state = getattr(r, "state", None)
+        if self.tokenizer is None or start_tag is None or state == "content":
+            return msgspec.structs.replace(p, max_reasoning_tokens=None)
+        start, end = self.tokenizer.token_to_id(start_tag), self.tokenizer.token_to_id(end_tag)
+        if start is None or end is None:
+            raise InvalidArgumentError(f"this model's reasoning tags {start_tag!r} / {end_tag!r} are not single tokens, "
+                                       "so a reasoning budget (max_reasoning_tokens) cannot end the span",
+                                       hint="leave max_reasoning_tokens (thinking.budget_tokens) unset for this model")
+        # The templates write the reasoning then "\n</think>": close a cut-off span the same way.
+        newline = self.tokenizer.encode("\n", add_special_tokens=False)
+        return msgspec.structs.replace(p, reasoning_start_token_id=start, reasoning_end_token_id=end,
+                                       reasoning_started=state == "reasoning", reasoning_end_ids=[*newline, end])
 
     def generate(self, prompts: PromptInput | Sequence[PromptInput], params: SamplingParams | Sequence[SamplingParams]
                  | None = None, **kw) -> list[RequestOutput]:
@@ -129,7 +165,7 @@ class Generation:
     """The answers of one ``LLM.submit``, as one stream. ``processors[i]`` holds answer i's
     totals once it ends (``num_tokens``, ``reasoning_tokens``, ``finish_reason``, ``stop_reason``)."""
 
-    def __init__(self, llm: LLM, requests: list[tuple[list[int], SamplingParams]],
+    def __init__(self, llm: LLM, requests: list[tuple[list[int], SamplingParams, Any]],
                  processors: list[OutputProcessor], adapter: str | int | None):
         self.client = client = llm.client
         self.processors = processors
@@ -139,9 +175,10 @@ class Generation:
         self._unread = len(processors)  # answers whose last output the consumer has not taken yet
         self._stream = OutputStream(self._process)
         try:
-            for i, (prompt_ids, params) in enumerate(requests):
+            for i, (prompt_ids, params, matcher) in enumerate(requests):
                 self._queued.add((self, i))  # before submit: its first output may come at once
-                rid = client.submit(prompt_ids, params, adapter, stream=self._stream, index=i)
+                grammar = {} if matcher is None else {"matcher": matcher}  # stand-in clients take no matcher
+                rid = client.submit(prompt_ids, params, adapter, stream=self._stream, index=i, **grammar)
                 self._live.add(rid)
                 self.request_ids.append(rid)
         except BaseException:

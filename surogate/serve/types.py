@@ -8,6 +8,11 @@ Field names and meanings follow vLLM's ``SamplingParams`` and the OpenAI API (se
 value raises ``InvalidArgumentError`` naming the field. The fields it does not read (``n``, stop
 strings, detokenization) are the generation API's (surogate.serve.llm): it fans ``n`` out into
 one engine request per answer and applies stop strings to the text.
+
+``structured_outputs`` (vLLM's name and fields) constrains the answer to a grammar: the engine
+samples only tokens a matcher allows (surogate.serve.structured, through llguidance).
+``max_reasoning_tokens`` caps a reasoning span (``<think>``): the generation API fills in the
+model's reasoning tokens (the ``reasoning_*`` fields) from its reasoning parser.
 """
 
 from __future__ import annotations
@@ -15,6 +20,18 @@ from __future__ import annotations
 import msgspec
 
 from surogate.serve.parsers.base import ToolCallDelta
+
+
+class StructuredOutputsParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """One of: a JSON schema (``json``, a dict or its text), any JSON object (``json_object``), a
+    regular expression, one of several strings (``choice``), or a Lark grammar (``grammar``,
+    llguidance's dialect; GBNF is accepted too). vLLM's ``structured_outputs`` extension."""
+
+    json: dict | str | None = None
+    json_object: bool | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
 
 
 class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -38,7 +55,14 @@ class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     prompt_logprobs: int | None = None  # top-N, 0..20
     detokenize: bool = True  # False: token ids only (no text, no stop strings, no parsers)
     skip_special_tokens: bool = True
-    logit_bias: dict[int, float] | None = None  # checked against the vocabulary; the engine does not apply it yet
+    logit_bias: dict[int, float] | None = None  # OpenAI: token id -> bias in [-100, 100], added to the logits
+    structured_outputs: StructuredOutputsParams | None = None  # the answer follows this grammar
+    max_reasoning_tokens: int | None = None  # reasoning span cap; None = none
+    # The model's reasoning span, filled in by the generation API (LLM.submit) from its parser.
+    reasoning_start_token_id: int | None = None
+    reasoning_end_token_id: int | None = None
+    reasoning_started: bool = False  # the prompt opened the span
+    reasoning_end_ids: list[int] = msgspec.field(default_factory=list)  # forced when the budget runs out
 
 
 # gc=False on the per-token outputs: made by the thousand a second and never part of a reference

@@ -253,17 +253,19 @@ def test_body_size_limit_is_413(tiny_tokenizers):
     run(check())
 
 
-def test_unsupported_features_are_refused_by_name(tiny_tokenizers):
+def test_unsupported_features_and_bad_constraints_are_refused_by_name(tiny_tokenizers):
     app = make_app(tiny_tokenizers)
 
     async def check():
         client = oai(app)
         tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
         cases = [
-            (client.chat.completions.create(model="qwen-tiny", messages=MESSAGES, tools=[tool],
-                                            tool_choice="required"), "tool_choice"),
-            (client.chat.completions.create(model="qwen-tiny", messages=MESSAGES,
-                                            response_format={"type": "json_object"}), "response_format"),
+            (client.chat.completions.create(model="qwen-tiny", messages=MESSAGES, tools=[tool], tool_choice={
+                "type": "function", "function": {"name": "g"}}), "tool_choice"),
+            (client.chat.completions.create(model="qwen-tiny", messages=MESSAGES, response_format={
+                "type": "json_object"}, extra_body={"structured_outputs": {"regex": "a+"}}), "response_format"),
+            (client.chat.completions.create(model="qwen-tiny", messages=MESSAGES, response_format={
+                "type": "json_schema", "json_schema": {"name": "x"}}), "response_format.json_schema.schema"),
             (client.chat.completions.create(model="qwen-tiny", messages=[{"role": "user", "content": [
                 {"type": "text", "text": "what is this"},
                 {"type": "image_url", "image_url": {"url": "http://x/a.png"}}]}]), "messages[0].content[1].type"),
@@ -284,7 +286,8 @@ def test_unsupported_features_are_refused_by_name(tiny_tokenizers):
         c = claude(app)
         for call, where in [
             (c.messages.create(model="qwen-tiny", max_tokens=5, messages=MESSAGES, tools=[
-                {"name": "f", "input_schema": {"type": "object"}}], tool_choice={"type": "any"}), "tool_choice"),
+                {"name": "f", "input_schema": {"type": "object"}}], tool_choice={"type": "tool", "name": "g"}),
+             "tool_choice"),
             (c.messages.create(model="qwen-tiny", max_tokens=5, messages=[{"role": "user", "content": [
                 {"type": "image", "source": {"type": "url", "url": "http://x/a.png"}}]}]), "messages.0.content.0"),
         ]:

@@ -85,3 +85,31 @@ def test_device_argmax_and_host_logits_agree_on_cuda(family):
         ids = [client.submit(p, k) for p, k in zip(ps, kinds)]
         got = [[t for out in client.wait(i, timeout=120) for t in out.new_token_ids] for i in ids]
     assert got == expected
+
+
+def test_logit_bias_and_grammar_rows_on_cuda_equal_the_cpu(family):
+    """Rows with a logit_bias or a grammar mask leave the device-argmax shortcut: they are copied to
+    the host and sampled there, in the same step as plain greedy rows; the tokens equal the CPU
+    engine's for the same requests."""
+    pytest.importorskip("llguidance")
+    from surogate.serve.structured import Grammars
+    from surogate.serve.types import SamplingParams, StructuredOutputsParams
+
+    path, _ = family
+    spec = StructuredOutputsParams(regex="[a-z ]{1,12}")
+
+    def run(model):
+        grammars = Grammars(model.tokenizer, model.spec.vocab_size)
+        grammar = grammars.compile(spec)
+        ps = prompts(model.spec.vocab_size, 6, seed=6)
+        with engine(model) as client:
+            ids = []
+            for i, p in enumerate(ps):
+                kind = i % 3
+                params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=kind != 2,
+                                        logit_bias={p[-1]: -100.0, 5: 7.5} if kind == 1 else None,
+                                        structured_outputs=spec if kind == 2 else None)
+                ids.append(client.submit(p, params, matcher=grammars.matcher(grammar) if kind == 2 else None))
+            return [[t for out in client.wait(i, timeout=120) for t in out.new_token_ids] for i in ids]
+
+    assert run(surogate.load_model(path, device="cuda")) == run(surogate.load_model(path))

@@ -125,3 +125,55 @@ def test_logprob_is_log_softmax_with_rank_and_top():
     assert [t for t, _ in top] == [1, 3, 0]
     assert [v for _, v in top] == pytest.approx(ref[[1, 3, 0]], abs=1e-6)
     assert serve.logprob(logits, 2)[2:] == (5, [])
+
+
+def test_logit_bias_is_added_after_the_min_tokens_mask_and_before_the_penalties():
+    logits = np.array([1.0, 2.0, -1.0, 0.5], np.float32)
+    params = SamplingParams(logit_bias={1: -100.0, 3: 2.5}, repetition_penalty=2.0, min_tokens=1, eos_token_ids=[0])
+    got = serve.apply_penalties(logits, params, [3], [])
+    # eos masked; 1 biased; 3 biased then divided by the repetition penalty (it is in the prompt)
+    np.testing.assert_allclose(got, [-np.inf, -98.0, -1.0, (0.5 + 2.5) / 2.0], rtol=1e-6)
+
+
+def test_logit_bias_changes_greedy_and_forces_a_token():
+    logits = np.array([0.0, 3.0, 1.0, 2.0], np.float32)
+    assert serve.sample(logits, SamplingParams(temperature=0.0, logit_bias={1: -100.0}), [0], []).tolist() == [3]
+    forced = SamplingParams(temperature=1.0, seed=3, logit_bias={2: 100.0})
+    assert set(serve.sample(logits, forced, [0], [], n=200).tolist()) == {2}
+
+
+@pytest.mark.parametrize("bias", [{7: 1.0}, {-1: 1.0}, {1: 100.5}, {1: float("nan")}])
+def test_bad_logit_bias_is_refused_naming_the_field(bias):
+    from surogate.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match="logit_bias"):
+        serve.sample(np.zeros(4, np.float32), SamplingParams(logit_bias=bias), [0], [])
+
+
+def bitmask(allowed, V):
+    words = np.zeros((V + 31) // 32, np.uint32)
+    for t in allowed:
+        words[t // 32] |= np.uint32(1) << np.uint32(t % 32)
+    return words.view(np.int32)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_grammar_bitmask_limits_greedy_and_sampled_tokens(temperature):
+    V = 70  # three words, the last one partly used
+    logits = np.random.default_rng(4).normal(size=V).astype(np.float32)
+    allowed = [3, 33, 64, 69]
+    got = serve.sample(logits, SamplingParams(temperature=temperature, seed=5), [0], [], n=300,
+                       allowed_mask=bitmask(allowed, V))
+    assert set(got.tolist()) <= set(allowed)
+    if temperature == 0.0:
+        assert got[0] == max(allowed, key=lambda t: logits[t])
+    else:
+        assert len(set(got.tolist())) > 1
+
+
+def test_a_bitmask_that_allows_nothing_sampleable_is_an_error():
+    from surogate.errors import InvalidArgumentError
+
+    params = SamplingParams(temperature=0.0, min_tokens=1, eos_token_ids=[2])
+    with pytest.raises(InvalidArgumentError, match="grammar allows only"):
+        serve.sample(np.zeros(8, np.float32), params, [0], [], allowed_mask=bitmask([2], 8))

@@ -7,6 +7,7 @@ parser for one answer; feed it text deltas, then ``finish()``.
 from __future__ import annotations
 
 from surogate.serve.parsers.base import OutputParser, ParsedDelta, ToolCallDelta
+from surogate.serve.parsers.forced_tool_calls import ForcedToolParser, ForcedTools
 from surogate.serve.parsers.lfm2_tool_calls import Lfm2ToolParser
 from surogate.serve.parsers.mistral_tool_calls import MistralToolParser
 from surogate.serve.parsers.reasoning import ThinkReasoningParser, initial_state
@@ -23,6 +24,8 @@ from surogate.serve.parsers.tool_calls import HermesToolParser, Llama3JsonToolPa
 __all__ = [
     "REASONING_PARSERS",
     "TOOL_PARSERS",
+    "ForcedToolParser",
+    "ForcedTools",
     "HermesToolParser",
     "Lfm2ToolParser",
     "Llama3JsonToolParser",

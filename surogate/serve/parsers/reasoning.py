@@ -46,6 +46,10 @@ class ThinkReasoningParser:
     def in_reasoning(self) -> bool:
         return self._state == "reasoning"
 
+    @property
+    def state(self) -> State:
+        return self._state
+
     def feed(self, text: str) -> tuple[str, str]:
         self._buf += text
         reasoning, content = [], []

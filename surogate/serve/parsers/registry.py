@@ -21,6 +21,7 @@ import msgspec
 from surogate.errors import NotFoundError
 from surogate.models import chat_defaults_for
 from surogate.serve.parsers.base import OutputParser, ReasoningParser, ToolParser
+from surogate.serve.parsers.forced_tool_calls import ForcedToolParser, ForcedTools
 from surogate.serve.parsers.gemma4_tool_calls import Gemma4ToolParser
 from surogate.serve.parsers.lfm2_tool_calls import Lfm2ToolParser
 from surogate.serve.parsers.mistral_tool_calls import MistralToolParser
@@ -88,12 +89,16 @@ def resolve_parsers(chat_template: str | None, model_type: str | None = None, *,
                         tool=_pick(tool, detected.tool, TOOL_PARSERS, "tool-call"))
 
 
-def make_output_parser(choice: ParserChoice, prompt_text: str | None, *, tools: bool, reasoning: bool = True,
-                       max_tool_calls: int | None = None) -> OutputParser | None:
+def make_output_parser(choice: ParserChoice, prompt_text: str | None, *, tools: bool | ForcedTools,
+                       reasoning: bool = True, max_tool_calls: int | None = None) -> OutputParser | None:
     """The parser for one generated answer, or None when nothing is to be parsed. ``tools`` says
-    whether the request offered tools (no tools, no tool parsing: vLLM does the same)."""
+    whether the request offered tools (no tools, no tool parsing: vLLM does the same); forced
+    tools (a grammar wrote the call as JSON) are read by ForcedToolParser whatever the model."""
     r = REASONING_PARSERS[choice.reasoning](prompt_text) if reasoning and choice.reasoning else None
-    t = TOOL_PARSERS[choice.tool]() if tools and choice.tool else None
+    if isinstance(tools, ForcedTools):
+        t = ForcedToolParser(tools)
+    else:
+        t = TOOL_PARSERS[choice.tool]() if tools and choice.tool else None
     if r is None and t is None:
         return None
     return OutputParser(r, t, max_tool_calls=max_tool_calls)
