@@ -37,9 +37,6 @@ class LoRAConfig:
 
 
 @dataclass
-EXPERT_PROJECTIONS = frozenset({"gate_proj", "up_proj", "down_proj"})  # HF / peft names in an MoE layer
-
-
 class MoESpec:
     """A sparse mixture-of-experts MLP (Qwen3-MoE): a router picks ``top_k`` of ``num_experts``
     SwiGLU experts (width ``intermediate_size`` each) per token, on the ``layers`` listed (the
@@ -283,6 +280,9 @@ class MLP:
         gu = self.gate_up(g, x, dtype, lora)
         a = ops.swiglu(gu, name="mlp.act") if self.spec.activation == "silu" else ops.geglu(gu, name="mlp.act")
         return self.down(g, a, dtype, lora)
+
+
+EXPERT_PROJECTIONS = frozenset({"gate_proj", "up_proj", "down_proj"})  # HF / peft names in an MoE layer
 
 
 class MoE:
