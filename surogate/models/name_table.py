@@ -41,6 +41,7 @@ class Slice:
     index: int = 0
 
 
+@dataclass(frozen=True)
 class Experts:
     """One [E, ...] tensor of a mixture-of-experts layer: ``hf`` is transformers 5's name of the
     stacked tensor (``mlp.experts.gate_up_proj``), read as it is when the checkpoint has it;
