@@ -35,7 +35,11 @@ def run_on(device, name, inputs, outputs, **attrs):
 
 
 def both(name, inputs, outputs, **attrs):
-    return run_on("cpu", name, inputs, outputs, **attrs), run_on("cuda", name, inputs, outputs, **attrs)
+    # Each side gets its own copy of host outputs: the CPU op accumulates into the array itself.
+    def fresh():
+        return [o.copy() if isinstance(o, np.ndarray) else o for o in outputs]
+
+    return run_on("cpu", name, inputs, fresh(), **attrs), run_on("cuda", name, inputs, fresh(), **attrs)
 
 
 def rand(shape, dtype, seed=0, scale=1.0):
