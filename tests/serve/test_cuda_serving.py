@@ -38,7 +38,10 @@ def test_greedy_on_cuda_equals_transformers(family):
         assert generate(client, ps, 10) == expected
         hits = client.stats().prefix_cache_hits
         assert generate(client, ps, 10) == expected
-        assert client.stats().prefix_cache_hits > hits
+        if client.runner.has_recurrent_state:  # conv layers: the engine runs without the prefix cache
+            assert client.stats().prefix_cache_hits == hits
+        else:
+            assert client.stats().prefix_cache_hits > hits
     with engine(ours, num_blocks=12, block_size=4, max_num_batched_tokens=7, enable_prefix_caching=False) as client:
         assert generate(client, ps[:12], 10) == expected[:12]
         assert client.stats().num_preemptions > 0
