@@ -68,14 +68,33 @@ def test_lora_grads_match_the_cpu_and_recompute_changes_nothing(base):
         assert rel_err(grads_r[name], grads_g[name]) < 1e-5, name
 
 
+def transformers_bf16_drift(base, seqs) -> tuple[float, float]:
+    """How far bf16 alone moves this model's logits in transformers: (relative error of its bf16
+    logits against its f32 ones, their argmax agreement). Some tiny random configs are far more
+    sensitive than others (measured: Gemma 4's 0.24 in HF itself, Qwen3-MoE's 0.10 where the
+    router's near ties flip experts; Llama-like ones 0.01-0.03)."""
+    import torch
+    import transformers
+
+    m = transformers.AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32).eval()
+    with torch.no_grad():
+        f = np.concatenate([m(torch.tensor(s)[None]).logits[0].numpy() for s in seqs])
+        m = m.to(torch.bfloat16)
+        b = np.concatenate([m(torch.tensor(s)[None]).logits[0].float().numpy() for s in seqs])
+    return rel_err(b, f), float((b.argmax(-1) == f.argmax(-1)).mean())
+
+
 def test_bf16_on_the_gpu_tracks_f32(base):
     ref = surogate.load_model(base)
     gpu = surogate.load_model(base, device="cuda", dtype="bfloat16")
     seqs = docs(ref.spec.vocab_size)
     logits, want = gpu.forward(seqs), ref.forward(seqs)
-    assert rel_err(logits, want) < 5e-2
-    assert (logits.argmax(-1) == want.argmax(-1)).mean() > 0.9
-    assert abs(gpu.loss(seqs) - ref.loss(seqs)) < 2e-2 * ref.loss(seqs)
+    # Our bf16 may drift from f32 as far as transformers' own bf16 does on this model, and no less
+    # strictly than 5e-2 / 90% top-1 agreement where the model is well conditioned.
+    drift, agree = transformers_bf16_drift(base, seqs)
+    assert rel_err(logits, want) < max(5e-2, 1.5 * drift), drift
+    assert (logits.argmax(-1) == want.argmax(-1)).mean() > min(0.9, agree - 0.05), agree
+    assert abs(gpu.loss(seqs) - ref.loss(seqs)) < max(2e-2, drift) * ref.loss(seqs)
 
 
 @pytest.fixture(scope="module")
