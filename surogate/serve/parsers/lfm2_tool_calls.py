@@ -20,7 +20,7 @@ import ast
 import json
 
 from surogate.serve.parsers.base import ToolCallDelta, held_prefix
-from surogate.serve.parsers.tool_calls import _Content
+from surogate.serve.parsers.tool_calls import StepwiseToolParser
 
 
 def parse_pythonic_calls(text: str) -> list[tuple[str, str]] | None:
@@ -53,27 +53,13 @@ def parse_pythonic_calls(text: str) -> list[tuple[str, str]] | None:
     return out
 
 
-class Lfm2ToolParser:
+class Lfm2ToolParser(StepwiseToolParser):
     start_tag = "<|tool_call_start|>"
     end_tag = "<|tool_call_end|>"
 
     def __init__(self):
-        self._buf = ""
+        super().__init__()
         self._in_call = False
-        self._content = _Content()
-        self._calls = 0
-
-    @property
-    def num_calls(self) -> int:
-        return self._calls
-
-    def feed(self, text: str) -> tuple[str, list[ToolCallDelta]]:
-        self._buf += text
-        content: list[str] = []
-        calls: list[ToolCallDelta] = []
-        while self._step(content, calls):
-            pass
-        return "".join(content), calls
 
     def _step(self, content: list[str], calls: list[ToolCallDelta]) -> bool:
         """One move; False when it must wait for more text."""

@@ -22,7 +22,7 @@ import re
 
 from surogate.serve.parsers.base import ToolCallDelta, held_prefix
 from surogate.serve.parsers.json_call import JsonCallScanner
-from surogate.serve.parsers.tool_calls import _CallStream, _Content
+from surogate.serve.parsers.tool_calls import StepwiseToolParser, _CallStream
 
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 _WS = " \t\r\n"
@@ -67,33 +67,19 @@ class _ArgsStream:
         return [ToolCallDelta(self.index, arguments="{}")] if self.scanner.args_kind is None else []
 
 
-class MistralToolParser:
+class MistralToolParser(StepwiseToolParser):
     tag = "[TOOL_CALLS]"
     args_tag = "[ARGS]"
     id_tag = "[CALL_ID]"
 
     def __init__(self):
-        self._buf = ""
+        super().__init__()
         # detect -> (text | array) ; text -> after_tag -> (array | name) ; array <-> call ;
         # name -> args -> text ; plain passes everything (a bare array that held no calls)
         self._state = "detect"
         self._bare = False  # in an array that came without [TOOL_CALLS]
         self._held = ""  # the text of a bare array so far, given back if it holds no call
         self._call: _CallStream | _ArgsStream | None = None
-        self._content = _Content()
-        self._calls = 0
-
-    @property
-    def num_calls(self) -> int:
-        return self._calls
-
-    def feed(self, text: str) -> tuple[str, list[ToolCallDelta]]:
-        self._buf += text
-        content: list[str] = []
-        calls: list[ToolCallDelta] = []
-        while self._buf and self._step(content, calls):
-            pass
-        return "".join(content), calls
 
     def _step(self, content: list[str], calls: list[ToolCallDelta]) -> bool:
         """One move of the state machine; False when it must wait for more text."""

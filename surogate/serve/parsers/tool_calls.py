@@ -101,6 +101,33 @@ class _Content:
         return "" if had_calls else ws
 
 
+class StepwiseToolParser:
+    """What the tool parsers that read their text one move at a time share (Mistral's, LFM2's): the
+    text held back, the content between calls, the call count, and ``feed`` moving on while there
+    is text and a move can be made. A subclass calls ``super().__init__()`` and defines ``_step``."""
+
+    def __init__(self):
+        self._buf = ""
+        self._content = _Content()
+        self._calls = 0
+
+    @property
+    def num_calls(self) -> int:
+        return self._calls
+
+    def feed(self, text: str) -> tuple[str, list[ToolCallDelta]]:
+        self._buf += text
+        content: list[str] = []
+        calls: list[ToolCallDelta] = []
+        while self._buf and self._step(content, calls):
+            pass
+        return "".join(content), calls
+
+    def _step(self, content: list[str], calls: list[ToolCallDelta]) -> bool:
+        """One move; False when it must wait for more text."""
+        raise NotImplementedError
+
+
 class HermesToolParser:
     start_tag = "<tool_call>"
     end_tag = "</tool_call>"
