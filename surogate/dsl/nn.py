@@ -118,10 +118,14 @@ class ModelSpec:
     def kv_source(self, layer: int) -> int:
         return self.kv_sources[layer] if self.kv_sources else layer
 
+    def is_conv(self, layer: int) -> bool:
+        """Whether the layer's mixer is a gated short convolution (LFM2) rather than attention."""
+        return bool(self.layer_kinds) and self.layer_kinds[layer] == "conv"
+
     def cache_layers(self) -> list[int]:
         """The layers with a KV cache of their own (serving)."""
         return [i for i in range(self.num_layers)
-                if self.kv_source(i) == i and not (self.layer_kinds and self.layer_kinds[i] == "conv")]
+                if self.kv_source(i) == i and not self.is_conv(i)]
 
     def rope_attrs(self, layer: int | None = None) -> dict:
         """The rope attributes of ``layer`` (a sliding-window layer's own when rope_sliding is set)."""

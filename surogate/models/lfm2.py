@@ -126,7 +126,7 @@ class Block(nn.Block):
 
     def __init__(self, spec: nn.ModelSpec, layer: int):
         self.spec, self.layer = spec, layer
-        self.attn = ShortConv(spec, layer) if spec.layer_kinds[layer] == "conv" else Attention(spec, layer)
+        self.attn = ShortConv(spec, layer) if spec.is_conv(layer) else Attention(spec, layer)
         self.mlp = MLP(spec)
 
 

@@ -84,7 +84,7 @@ class ProgramRunner:
             return np.zeros(shape, dt) if m.device == "cpu" else _native.zeros(list(shape), m.dtype, m.device)
 
         for i in range(s.num_layers):
-            if s.layer_kinds and s.layer_kinds[i] == "conv":
+            if s.is_conv(i):
                 self.caches[f"layers.{i}.conv_state"] = zeros((self.max_num_seqs, s.conv_kernel - 1, s.hidden_size))
         for i in s.cache_layers():  # a KV-shared layer reads its source's (Gemma 4)
             shape = (self.total_blocks, self.block_size, s.kv_heads_of(i), s.head_dim_of(i))
