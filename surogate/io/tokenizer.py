@@ -55,6 +55,12 @@ class Tokenizer:
         self.add_bos_token = self.bos_token_id is not None and probe[:1] == [self.bos_token_id]
         self.add_eos_token = self.eos_token_id is not None and probe[-1:] == [self.eos_token_id]
 
+    @property
+    def backend(self) -> tokenizers.Tokenizer:
+        """The ``tokenizers.Tokenizer`` underneath, for what this class does not wrap (offsets, the
+        serialised vocabulary a grammar engine or a cache key reads). Not for changing settings."""
+        return self._backend
+
     @classmethod
     def from_folder(cls, folder: str | os.PathLike | ModelFolder) -> Tokenizer:
         folder = folder if isinstance(folder, ModelFolder) else ModelFolder(folder)

@@ -104,7 +104,7 @@ class Grammars:
             if self._ll is None:
                 llg = _llguidance()
                 t = self._tokenizer
-                self._ll = llg.LLTokenizer(t._backend.to_str(), n_vocab=self._vocab_size,
+                self._ll = llg.LLTokenizer(t.backend.to_str(), n_vocab=self._vocab_size,
                                            eos_token=list(t.eos_token_ids) or t.eos_token_id)
             return self._ll
 

@@ -117,7 +117,7 @@ def check_same_tokenizer(student: Model, teacher: Model) -> None:
     if t is None:
         raise ConfigError(f"the teacher {teacher.path} has no tokenizer.json", where="distillation.teacher_model",
                           hint="the teacher's folder needs the tokenizer it was trained with")
-    if s._backend.get_vocab(with_added_tokens=True) != t._backend.get_vocab(with_added_tokens=True):
+    if s.backend.get_vocab(with_added_tokens=True) != t.backend.get_vocab(with_added_tokens=True):
         raise ConfigError(f"the teacher {teacher.path} and the student {student.path} have different tokenizers "
                           f"(vocabularies of {t.vocab_size} and {s.vocab_size} tokens, or the same size with other "
                           "tokens)", where="distillation.teacher_model",

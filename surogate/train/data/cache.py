@@ -35,7 +35,7 @@ def cache_key(parts: dict) -> str:
 
 def tokenizer_fingerprint(tokenizer: Tokenizer, chat_template: str | None) -> str:
     h = hashlib.sha256()
-    h.update(tokenizer._backend.to_str().encode())  # the vocabulary, merges, pipeline and added tokens
+    h.update(tokenizer.backend.to_str().encode())  # the vocabulary, merges, pipeline and added tokens
     h.update(json.dumps([tokenizer.special_tokens_map, list(tokenizer.eos_token_ids), tokenizer.chat_templates,
                          chat_template], sort_keys=True).encode())
     return h.hexdigest()

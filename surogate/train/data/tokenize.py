@@ -98,7 +98,7 @@ class ChatEncoder:
                 out[i] = e
                 continue
             chats.append((i, text, spans))
-        backend = self.tokenizer._backend  # surogate.io.Tokenizer has no offsets API; its backend does
+        backend = self.tokenizer.backend  # offsets come from the backend
         if chats:
             encodings = backend.encode_batch([text for _, text, _ in chats], add_special_tokens=False)
             for (i, text, spans), enc in zip(chats, encodings):
