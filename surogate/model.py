@@ -100,6 +100,11 @@ class Model:
                None if lora is None else (lora.rank, lora.alpha, lora.targets, lora.dropout), grads,
                recompute)
         exe = self._cache.get(key) if shared else None
+        if exe is None and grads and lora is None and self.quant:
+            name = next(iter(self.quant))
+            raise UnsupportedError(f"{name} is kept as GGUF blocks, which have no gradient: a full fine-tune "
+                                   "cannot update it", hint="train a LoRA over the blocks (QLoRA), or load the "
+                                   "weights dequantized (the default) for a full fine-tune")
         if exe is None:
             g = self.arch.build(mode=mode, dtype=self.dtype, lora=lora, quant=self.quant)
             keep = [g.outputs["loss" if mode == "train" else "logits"]]
@@ -227,11 +232,14 @@ def resolve_device(device: str) -> str:
 
 
 def load_model(path_or_id: str | Path, device: str = "cpu", dtype: str = "float32", *,
-               download: bool = False, quantized: bool = False) -> Model:
+               download: bool = False, quantized: bool = False, quantize: str | None = None) -> Model:
     """Load a Hugging Face model folder (or a hub id found in the local cache), or a GGUF file:
     its tensors dequantized to ``dtype`` at load, or with ``quantized`` its quantized projection
     weights kept as GGML blocks and multiplied as they are (llama.cpp's way: a fraction of the
-    memory; inference only)."""
+    memory). ``quantize`` (a `surogate quantize` type: Q8_0, Q6_K, Q5_K_M, Q4_K_M) turns the
+    projection weights of any checkpoint into such blocks at load instead. Blocks are frozen:
+    a LoRA trains over them (QLoRA), the gradient reaching the input through the dequantized
+    weight."""
     from surogate.io import ModelFolder, Tokenizer, resolve_model_path
     from surogate.io.gguf import GGUFFile, is_gguf
 
@@ -252,13 +260,16 @@ def load_model(path_or_id: str | Path, device: str = "cpu", dtype: str = "float3
     names = [p.name for p in g.params()]
     if quantized and not gguf:
         raise InvalidArgumentError(f"{path}: quantized=True keeps a GGUF file's blocks; this is not a GGUF file",
-                                   hint="quantize it first: surogate quantize MODEL --type Q8_0 --output x.gguf")
+                                   hint="quantize it first: surogate quantize MODEL --type Q8_0 --output x.gguf, "
+                                        "or quantize at load: quantize='Q4_K_M'")
+    if quantized and quantize:
+        raise InvalidArgumentError("quantized=True keeps the file's blocks; quantize= makes new ones: pick one")
     quant: dict[str, np.ndarray] = {}
     if gguf:
         from surogate.models.gguf_names import load_gguf_params
 
         if quantized:
-            quant = _gguf_blocks(gguf, family, config, [p for p in g.params() if p.name.endswith("_proj.weight")])
+            quant = _gguf_blocks(gguf, family, config, projections(family.architecture(spec), dtype))
         params = load_gguf_params(gguf, family, config, [n for n in names if n not in quant], dtype)
         params.update({n: raw for n, (_, raw) in quant.items()})
         tokenizer = Tokenizer.from_gguf(gguf) if "tokenizer.ggml.model" in gguf else None
@@ -271,6 +282,10 @@ def load_model(path_or_id: str | Path, device: str = "cpu", dtype: str = "float3
         # A weights-only folder still loads (token ids in, logits out); a damaged tokenizer does not.
         tokenizer = Tokenizer.from_folder(folder) if (folder.path / "tokenizer.json").is_file() else None
         source = folder.path
+    if quantize:
+        quant = _quantize_projections(params, projections(family.architecture(spec), dtype), quantize,
+                                      spec.num_layers)
+        params.update({n: raw for n, (_, raw) in quant.items()})
     for p in g.params():
         if p.name not in quant and params[p.name].shape != p.shape:
             raise FileFormatError(
@@ -278,6 +293,47 @@ def load_model(path_or_id: str | Path, device: str = "cpu", dtype: str = "float3
                 f"{p.shape}", hint="the weights and the config do not belong together")
     return Model(spec, family, params, dtype=dtype, device=device, config=config, tokenizer=tokenizer,
                  path=str(path if gguf else folder.path), quant={n: t for n, (t, _) in quant.items()})
+
+
+def projections(arch, dtype: str) -> list:
+    """The weights the training graph's ``linear`` nodes multiply and nothing else reads (attention,
+    MLP and conv projections; not the embedding, the head, norms or stacked expert weights): what
+    can be kept as blocks."""
+    g = arch.build(mode="train", dtype=dtype)
+    seen: dict[str, object] = {}
+    elsewhere: set[str] = set()  # read by another op too (a head tied to the embedding)
+    routers = {n.inputs[0].name for n in g.nodes if n.op.startswith("moe_router")}
+    for n in g.nodes:
+        if n.op == "linear" and n.outputs[0].name in routers:
+            elsewhere.add(n.inputs[1].name)  # a MoE router stays in full precision, as llama.cpp keeps it
+        elif n.op == "linear":
+            seen.setdefault(n.inputs[1].name, n.inputs[1])
+            elsewhere.update(v.name for i, v in enumerate(n.inputs) if v is not None and i != 1)
+        else:
+            elsewhere.update(v.name for v in n.inputs if v is not None)
+    return [v for name, v in seen.items() if name not in elsewhere]
+
+
+def _quantize_projections(params: dict[str, np.ndarray], weights, qtype: str,
+                          n_layers: int) -> dict[str, tuple[int, np.ndarray]]:
+    """GGML blocks of the projection weights, by the `surogate quantize` recipe ``qtype`` (the _M
+    recipes give v_proj and down_proj of some layers Q6_K, as llama.cpp does); a weight whose rows
+    fall back to a float type stays as it is."""
+    from surogate.io.gguf import ggml_type_id
+    from surogate.io.gguf_writer import block_type, check_quant_type, quantize, use_more_bits
+
+    qtype = check_quant_type(qtype)
+    out = {}
+    for p in weights:
+        rows, cols = p.shape
+        parts = p.name.split(".")
+        more = (len(parts) > 2 and parts[0] == "layers" and parts[-2] in ("v_proj", "down_proj")
+                and use_more_bits(int(parts[1]), n_layers))
+        t = block_type(qtype, cols, more_bits=more)
+        if t in ("F32", "F16", "BF16"):
+            continue
+        out[p.name] = (ggml_type_id(t), quantize(params[p.name], t, p.name))
+    return out
 
 
 def _gguf_blocks(gguf, family: Family, config: dict, projections) -> dict[str, tuple[int, np.ndarray]]:

@@ -85,9 +85,9 @@ def _add_rmsnorm(c: RuleContext, n: Node, gy: list) -> list:
 @rule("linear")
 def _linear(c: RuleContext, n: Node, gy: list) -> list:
     x, w, b = n.inputs[:3]
-    if w.dtype == "uint8":
-        raise UnsupportedError(f"{w.name} is kept as GGUF blocks: training through a quantized weight is not "
-                               "built yet", hint="load the GGUF dequantized (the default) to train on it")
+    if w.dtype == "uint8" and c.param_grad(w) is not None:  # QLoRA: blocks stay frozen, adapters train
+        raise UnsupportedError(f"{w.name} is kept as GGUF blocks, which have no gradient",
+                               hint="train a LoRA over it (QLoRA), or load the weights dequantized for full fine-tuning")
     k = len(n.attrs.get("lora", ()))
     lora_ab = n.inputs[3:3 + 2 * k]
     rng = n.inputs[3 + 2 * k:]  # [the LoRA dropout seed] when the node has dropout

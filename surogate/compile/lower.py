@@ -137,8 +137,15 @@ class _Lowering:
         x, w, bias = (self.buf(v) for v in n.inputs[:3])
         ab = [self.buf(v) for v in n.inputs[3:3 + 2 * k]]
         y, *ts = (self.buf(v) for v in n.outputs)
-        if w.dtype == "uint8":  # GGML blocks, multiplied without dequantizing them first
-            self.emit("gguf_matmul", [x, w], [y], n, type=n.inputs[1].meta["ggml_type"])
+        qtype = n.inputs[1].meta.get("ggml_type")
+        if w.dtype == "uint8" and hasattr(self.g, "backward_start"):
+            # Training over GGML blocks (QLoRA): x times the exactly dequantized weight, as the
+            # backward multiplies it (gguf_matmul's few-row path would round x to 8 bits).
+            wd = self.temp(f"{w.name}.dequant", (y.shape[1], x.shape[1]), x.dtype)
+            self.emit("gguf_dequantize", [w], [wd], n, type=qtype, cols=x.shape[1])
+            self.emit("matmul", [x, wd, bias], [y], n, trans_b=1)
+        elif w.dtype == "uint8":  # GGML blocks, multiplied without dequantizing them first
+            self.emit("gguf_matmul", [x, w], [y], n, type=qtype)
             if bias is not None:  # y += ones[N, 1] @ bias[1, Cout] (Qwen2's q/k/v biases stay f32 in GGUF)
                 N, Cout = y.shape
                 ones = self.temp("ones.col", (N, 1), y.dtype)
@@ -166,7 +173,14 @@ class _Lowering:
         ts = [self.buf(v) for v in n.inputs[3 + 2 * k:3 + 3 * k]]
         dx, dw, db = (self.buf(v) for v in n.outputs[:3])
         dab = [self.buf(v) for v in n.outputs[3:]]
-        if dx is not None:
+        if dx is not None and w.dtype == "uint8":
+            # QLoRA over GGML blocks: dx = dy @ dequant(W), through a temporary dequantized copy
+            # (freed right after: the planner's liveness), as bitsandbytes' backward does.
+            Cout, Cin = dy.shape[1], dx.shape[1]
+            wd = self.temp(f"{w.name}.dequant", (Cout, Cin), dy.dtype)
+            self.emit("gguf_dequantize", [w], [wd], n, type=n.inputs[2].meta["ggml_type"], cols=Cin)
+            self.emit("matmul", [dy, wd], [dx], n)
+        elif dx is not None:
             self.emit("matmul", [dy, w], [dx], n)
         if dw is not None:
             self.emit("matmul", [dy, x], [dw], n, trans_a=1, beta=1.0)

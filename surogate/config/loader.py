@@ -292,6 +292,17 @@ def _check_values(c: SFTConfig, where: _Where) -> None:
         fail("lora_alpha", f"must be positive, got {c.lora_alpha}", "often twice lora_rank")
     if not 0 <= c.lora_dropout < 1:
         fail("lora_dropout", f"must be in [0, 1), got {c.lora_dropout}")
+    if c.qlora_gguf is not False:
+        if not c.lora:
+            fail("qlora_gguf", "needs lora: true (quantized weights stay frozen; only adapters train)",
+                 "set lora: true, or drop qlora_gguf for a full fine-tune")
+        if isinstance(c.qlora_gguf, str):
+            from surogate.io.gguf_writer import QUANT_TYPES
+
+            blocks = [t for t in QUANT_TYPES if t not in ("F32", "F16", "BF16")]
+            if c.qlora_gguf.upper() not in blocks:
+                fail("qlora_gguf", f"{c.qlora_gguf!r} is not a block type", "use true (a GGUF model's own blocks) "
+                     "or one of " + ", ".join(blocks))
     targets = c.lora_target_modules
     if not targets:
         fail("lora_target_modules", "empty list", 'use ["all"] or names such as q_proj, v_proj')

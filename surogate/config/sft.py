@@ -96,6 +96,10 @@ class SFTConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen
     lora_alpha: float = 32
     lora_dropout: float = 0.0
     lora_target_modules: list[LoRATarget] = msgspec.field(default_factory=lambda: ["all"])
+    # QLoRA over GGML blocks: the base's projection weights stay quantized (frozen) on the device.
+    # true: a GGUF model's own blocks; a `surogate quantize` type (Q8_0, Q6_K, Q5_K_M, Q4_K_M):
+    # quantize any checkpoint's projections at load.
+    qlora_gguf: bool | str = False
 
     # -- precision and memory --
     recipe: Literal["bf16", "fp32"] = "bf16"  # fp32 for CPU runs and tests

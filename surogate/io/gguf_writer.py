@@ -76,13 +76,27 @@ def tensor_type(qtype: str, name: str, shape: tuple[int, ...], n_layers: int, ha
     if base in ("F16", "BF16"):
         return base
     cols = shape[-1]
-    t = base
     is_output = name == "output.weight" or (not has_output and name == "token_embd.weight")
     if is_output and base != "Q8_0":
-        t = "Q6_K" if cols % QK_K == 0 else "Q8_0"
-    elif (qtype in ("Q4_K_M", "Q5_K_M") and name.startswith("blk.") and name.split(".")[2] in ("attn_v", "ffn_down")
-          and use_more_bits(int(name.split(".")[1]), n_layers)):
-        t = "Q6_K"
+        return fit_block_type("Q6_K" if cols % QK_K == 0 else "Q8_0", cols)
+    more = (name.startswith("blk.") and name.split(".")[2] in ("attn_v", "ffn_down")
+            and use_more_bits(int(name.split(".")[1]), n_layers))
+    return block_type(qtype, cols, more_bits=more)
+
+
+def block_type(qtype: str, cols: int, *, more_bits: bool = False) -> str:
+    """The GGML type recipe ``qtype`` gives a projection weight of ``cols`` input features:
+    its base type, Q6_K for the tensors the _M recipes give more bits (``more_bits``: attn_v
+    and ffn_down of some layers), and the fallback when the rows do not fill whole blocks."""
+    qtype = check_quant_type(qtype)
+    base = _RECIPES[qtype][1]
+    if base in ("F32", "F16", "BF16"):
+        return base
+    return fit_block_type("Q6_K" if more_bits and qtype in ("Q4_K_M", "Q5_K_M") else base, cols)
+
+
+def fit_block_type(t: str, cols: int) -> str:
+    """``t``, or llama.cpp's fallback for it when rows of ``cols`` values do not fill its blocks."""
     if cols % _BLOCK[t]:
         t = _K_FALLBACK.get(t, "F16")
         if cols % _BLOCK.get(t, 1):

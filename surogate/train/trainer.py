@@ -46,6 +46,24 @@ class TrainResult:
     merged: Path | None = None
 
 
+def qlora_load_args(cfg) -> dict:
+    """load_model's keywords for ``qlora_gguf``: a GGUF model's own blocks (true) or projections
+    quantized at load (a type name); nothing without it."""
+    q = cfg.qlora_gguf
+    if q is False:
+        return {}
+    from surogate.io import resolve_model_path
+    from surogate.io.gguf import is_gguf
+
+    gguf = is_gguf(resolve_model_path(cfg.model))
+    if q is True:
+        if not gguf:
+            raise ConfigError(f"qlora_gguf: true keeps a GGUF model's blocks; {cfg.model} is not a GGUF file",
+                              where="qlora_gguf", hint="name the type to quantize it to at load, e.g. qlora_gguf: Q4_K_M")
+        return {"quantized": True}
+    return {"quantize": q.upper()}
+
+
 class Trainer:
     def __init__(self, cfg: SFTConfig, model: Model | None = None, stream=None):
         self.cfg = cfg
@@ -53,7 +71,8 @@ class Trainer:
             raise ConfigError(f"optimizer {cfg.optimizer!r} is not built yet", where="optimizer",
                               hint="use optimizer: adamw or adamw_8bit")
         self.out = Path(cfg.output_dir)
-        self.model = model or load_model(cfg.model, device=resolve_device(cfg.device), dtype=cfg.dtype)
+        self.model = model or load_model(cfg.model, device=resolve_device(cfg.device), dtype=cfg.dtype,
+                                         **qlora_load_args(cfg))
         if self.model.tokenizer is None:
             raise ConfigError(f"{cfg.model} has no tokenizer.json", where="model",
                               hint="training needs the model's tokenizer")
@@ -137,6 +156,8 @@ class Trainer:
             key.append(c.optimizer)
         if c.lora and c.lora_dropout > 0:  # appended only when set: older fingerprints stay valid
             key.append(c.lora_dropout)
+        if c.qlora_gguf is not False:
+            key.append(["qlora_gguf", c.qlora_gguf])
         return hashlib.sha256(json.dumps(key, default=str).encode()).hexdigest()[:16]
 
     # ---- one step ---------------------------------------------------------------------------
@@ -288,7 +309,11 @@ class Trainer:
             adapter = save_peft_adapter(self.out / "adapter", self._trainable_state(), self.lora, base_model=c.model)
             write_sidecars(source, adapter)  # a tokenizer beside the adapter, as peft users expect
             merged = None
-            if c.merge_adapter:
+            if c.merge_adapter and m.quant:  # QLoRA: fold into the full-precision base, not the blocks
+                from surogate.train.export import merge_adapter
+
+                merged = merge_adapter(c.model, adapter, self.out / "merged")
+            elif c.merge_adapter:
                 hf = m.to_hf(m.params)
                 merged = save_hf_folder(self.out / "merged", merge_into_hf(hf, self._trainable_state(), self.lora),
                                         m.config, source=source, dtype=m.dtype)
