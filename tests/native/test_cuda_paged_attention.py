@@ -10,6 +10,7 @@ import pytest
 from sgtest.ops import as_dtype, assert_close, run_op
 
 from surogate import _native
+from surogate.errors import UnsupportedError
 
 pytestmark = pytest.mark.cuda
 
@@ -412,3 +413,11 @@ def test_decode_gqa_ratios_d512(group):
     # Groups of 1..12 over heads of 512: 1, 2 or 4 heads a CTA, several chunks past 4.
     check("bfloat16", EDGE_CTX, [1] * len(EDGE_CTX), 2 * group, 2, 512, 16, seed=group)
     check("float32", many_ctx(), [1] * MANY_SEQS, 2 * group, 2, 512, 16, seed=group + 1)
+
+
+def test_head_dim_above_512_names_the_limit():
+    rng = np.random.default_rng(0)
+    k_cache, v_cache, tables = make_cache(rng, [5], 1, 520, 16, "float32")
+    q = rand(rng, (1, 2, 520), "float32")
+    with pytest.raises(UnsupportedError, match="paged_attention: head dim 520 has no CUDA kernel .at most 512"):
+        paged("cuda", q, k_cache, v_cache, tables, [1], [5])
