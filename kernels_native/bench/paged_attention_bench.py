@@ -1,4 +1,5 @@
-"""Decode benchmark of paged_attention with Qwen3-0.6B heads (Hq=16, Hkv=8, D=128, block_size=16, bf16).
+"""Decode benchmark of paged_attention with Qwen3-0.6B heads (Hq=16, Hkv=8, D=128, block_size=16, bf16)
+or others (--heads: Gemma 4's global layers are 8,1,512 in gemma-4-e2b and 32,4,512 in gemma-4-31b).
 
 One decode step: S sequences of context C, one query row each, reading S*C*Hkv*D K and V values
 from a paged cache with shuffled blocks. Printed per (S, C): the time per call, the GB/s of its
@@ -13,7 +14,7 @@ the CPU op on the same inputs.
   already contiguous per sequence, and the ratio numpy / op.
 
     PYTHONPATH=$PWD python3 kernels_native/bench/paged_attention_bench.py [--device cuda|cpu]
-        [--batches 1,8,32,128] [--contexts 384,4096] [--reps 10]
+        [--batches 1,8,32,128] [--contexts 384,4096] [--heads 16,8,128] [--reps 10]
 """
 
 from __future__ import annotations
@@ -162,13 +163,16 @@ def run_cpu(shapes: list[tuple[int, int]], rng, reps: int) -> None:
 
 
 def main() -> None:
+    global HQ, HKV, D  # --heads: the cases and the printouts read them
     has_gpu = bool(_native.build_info()["cuda"]) and len(_native.cuda_devices()) > 0
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if has_gpu else "cpu")
     ap.add_argument("--batches", default="1,8,32,128", help="sequences S (one query row each)")
     ap.add_argument("--contexts", default="384,4096", help="context lengths C")
+    ap.add_argument("--heads", default=f"{HQ},{HKV},{D}", help="Hq,Hkv,D")
     ap.add_argument("--reps", type=int, default=10)
     args = ap.parse_args()
+    HQ, HKV, D = (int(x) for x in args.heads.split(","))
     rng = np.random.default_rng(0)
     shapes = [(int(s), int(c)) for s in args.batches.split(",") for c in args.contexts.split(",")]
     (run_cuda if args.device == "cuda" else run_cpu)(shapes, rng, args.reps)

@@ -25,8 +25,10 @@
 // The kernels cannot validate cu_seqlens' values the way the CPU op does; they clamp every
 // offset into [0, N] so a malformed one gives wrong numbers, never an out-of-bounds access.
 //
-// Head dims are padded up to a compiled width kD (64, 128 or 256) with zeros in shared memory:
-// 64 and 128 run at their own width, anything else (8, 80, 96, ...) on the next one up.
+// Head dims are padded up to a compiled width kD (64, 128, 256 or 512) with zeros in shared
+// memory: 64, 128, 256 and 512 run at their own width, anything else (8, 80, 96, 320, ...) on the
+// next one up. The tiles shrink as kD grows (FwdTile, BwdTile); where a small tile's score product
+// has fewer output blocks than the CTA has warps, its reduction over D is split across the warps.
 //
 // The file is past ~400 lines because both directions share the tile matmul, the loaders, the
 // mask and the document lookup, and each kernel reads best next to the other's derivation.
@@ -51,17 +53,37 @@ namespace {
 constexpr int kThreads = 256;                   // 8 warps per CTA: the tiles hold one or two CTAs per SM
 constexpr int kMaxSmem = 227 * 1024;            // per block on H100 / H200 (opt-in above 48 KB)
 constexpr int kOffsetThreads = 1024;            // the one block that scans cu_seqlens
+constexpr int kMaxHeadDim = 512;                // the widest compiled tile (Gemma 4's global layers)
 constexpr float kNegInf = -INFINITY;
 
 // ---- tile shapes ---------------------------------------------------------------------------
 // Leading dims are padded (8 elements for operands, 4 floats for f32 tiles) so that rows do not
 // all start on the same shared-memory bank; WMMA needs them to be multiples of 16 bytes.
 
+// Warps that a score product (S = Q K^T, dP = dO V^T) leaves idle when the tile has fewer 16 x 16
+// output blocks than the CTA has warps (the large head dims' small tiles): the reduction over D
+// is then split kSplit ways, each warp summing a slice into f32 scratch that is added up after.
+// f32 tiles use plain FMAs, one thread per output element, and need no split.
+template <typename T, int M, int N>
+constexpr int score_split() {
+  if constexpr (std::is_same_v<T, float>) {
+    return 1;
+  } else {
+    constexpr int blocks = (M / 16) * (N / 16);
+    return blocks >= kThreads / 32 ? 1 : (kThreads / 32) / blocks;
+  }
+}
+constexpr int align128(int bytes) { return (bytes + 127) / 128 * 128; }
+
+// Rows of a tile shrink as D grows so that Q, K, V (or K, V, Q, dO) and the f32 accumulators fit
+// one CTA: D = 512 keeps 32 query rows x 32 keys forward (16 x 32 in f32) and 16 x 16 backward
+// (8 x 8 in f32).
 template <typename T, int kD>
 struct FwdTile {
   static constexpr bool kF32 = std::is_same_v<T, float>;
-  static constexpr int BM = (kF32 && kD > 128) ? 32 : 64;  // query rows
-  static constexpr int BN = kD > 128 ? 32 : 64;            // keys
+  static constexpr int BM = kF32 ? (kD > 256 ? 16 : kD > 128 ? 32 : 64) : (kD > 256 ? 32 : 64);  // query rows
+  static constexpr int BN = kD > 128 ? 32 : 64;                                                    // keys
+  static constexpr int kSplit = score_split<T, BM, BN>();
   static constexpr int LDT = kD + 8, LDO = kD + 4, LDS = BN + 4, LDP = BN + 8;
   static constexpr int kQ = 0;
   static constexpr int kK = kQ + BM * LDT * int(sizeof(T));
@@ -71,15 +93,18 @@ struct FwdTile {
   static constexpr int kP = kS + BM * LDS * 4;
   static constexpr int kM = kP + BM * LDP * int(sizeof(T));
   static constexpr int kL = kM + BM * 4;
-  static constexpr int kBytes = kL + BM * 4;
+  static constexpr int kSplitAt = align128(kL + BM * 4);  // kSplit slices of S when kSplit > 1
+  static constexpr int kBytes = kSplitAt + (kSplit > 1 ? kSplit * BM * LDS * 4 : 0);
   static_assert(kBytes <= kMaxSmem, "forward tile does not fit in shared memory");
 };
 
 template <typename T, int kD>
 struct BwdTile {
   static constexpr bool kF32 = std::is_same_v<T, float>;
-  static constexpr int BM = kF32 ? (kD <= 64 ? 64 : kD <= 128 ? 32 : 16) : (kD <= 128 ? 64 : 32);  // query rows
-  static constexpr int BN = BM;                                                                    // keys
+  static constexpr int BM = kF32 ? (kD <= 64 ? 64 : kD <= 128 ? 32 : kD <= 256 ? 16 : 8)
+                                 : (kD <= 128 ? 64 : kD <= 256 ? 32 : 16);  // query rows
+  static constexpr int BN = BM;                                             // keys
+  static constexpr int kSplit = score_split<T, BM, BN>();
   static constexpr int LDT = kD + 8, LDO = kD + 4, LDS = BN + 4, LDP = BN + 8;
   // dQ's f32 tile is needed only after S and dP have become P and dS: it shares their space.
   static constexpr int kUnion = std::max(2 * BM * LDS * 4, BM * LDO * 4);
@@ -94,7 +119,8 @@ struct BwdTile {
   static constexpr int kDV = kDK + BN * LDO * 4;
   static constexpr int kLse = kDV + BN * LDO * 4;
   static constexpr int kDelta = kLse + BM * 4;
-  static constexpr int kBytes = kDelta + BM * 4;
+  static constexpr int kSplitAt = align128(kDelta + BM * 4);  // shared by S and dP, one after the other
+  static constexpr int kBytes = kSplitAt + (kSplit > 1 ? kSplit * BM * LDS * 4 : 0);
   static_assert(kBytes <= kMaxSmem, "backward tile does not fit in shared memory");
 };
 
@@ -203,10 +229,16 @@ __device__ __forceinline__ void zero_f32(float* p, int n) {
 // block cooperating. op(A)[m][k] = kTA ? A[k * lda + m] : A[m * lda + k]; op(B)[k][n] = kTB ?
 // B[n * ldb + k] : B[k * ldb + n]; transposes are free (WMMA col_major loads). The caller
 // synchronizes before (A, B, C written) and after (C read by other threads).
-template <int M, int N, int K, bool kTA, bool kTB, typename T>
-__device__ void block_mma(float* C, int ldc, const T* A, int lda, const T* B, int ldb, bool acc) {
-  static_assert(M % 16 == 0 && N % 16 == 0 && K % 16 == 0, "tiles are multiples of 16");
+// kSplit > 1 (WMMA only): the K dimension is cut in kSplit slices, so that M x N / 256 output
+// blocks keep kSplit times as many warps busy; each (block, slice) goes to f32 `scratch`
+// ([kSplit][M][N + 4]) and the block sums the slices into C. That path synchronizes inside
+// (every thread must call it) and once more at its end, so that two split products may follow
+// each other on the same scratch.
+template <int M, int N, int K, bool kTA, bool kTB, int kSplit = 1, typename T>
+__device__ void block_mma(float* C, int ldc, const T* A, int lda, const T* B, int ldb, bool acc,
+                          float* scratch = nullptr) {
   if constexpr (std::is_same_v<T, float>) {
+    static_assert(kSplit == 1, "f32 products are one thread per output element");
     for (int e = threadIdx.x; e < M * N; e += blockDim.x) {
       const int m = e / N, n = e % N;
       float s = acc ? C[m * ldc + n] : 0.0f;
@@ -216,25 +248,41 @@ __device__ void block_mma(float* C, int ldc, const T* A, int lda, const T* B, in
     }
   } else {
     namespace wmma = nvcuda::wmma;
+    static_assert(M % 16 == 0 && N % 16 == 0 && K % (16 * kSplit) == 0, "tiles are multiples of 16");
     using LA = std::conditional_t<kTA, wmma::col_major, wmma::row_major>;
     using LB = std::conditional_t<kTB, wmma::col_major, wmma::row_major>;
-    constexpr int TN = N / 16;
+    constexpr int TN = N / 16, KS = K / kSplit, LDW = N + 4;
     const int warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
-    for (int t = warp; t < (M / 16) * TN; t += nwarps) {
-      const int tm = t / TN, tn = t % TN;
-      float* c_at = C + tm * 16 * ldc + tn * 16;
+    for (int t = warp; t < (M / 16) * TN * kSplit; t += nwarps) {
+      const int blk = t % ((M / 16) * TN), slice = t / ((M / 16) * TN);
+      const int tm = blk / TN, tn = blk % TN;
       wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
-      if (acc) wmma::load_matrix_sync(c, c_at, ldc, wmma::mem_row_major);
+      if (kSplit == 1 && acc) wmma::load_matrix_sync(c, C + tm * 16 * ldc + tn * 16, ldc, wmma::mem_row_major);
       else wmma::fill_fragment(c, 0.0f);
 #pragma unroll 4
-      for (int k = 0; k < K; k += 16) {
+      for (int k = slice * KS; k < (slice + 1) * KS; k += 16) {
         wmma::fragment<wmma::matrix_a, 16, 16, 16, T, LA> a;
         wmma::fragment<wmma::matrix_b, 16, 16, 16, T, LB> b;
         wmma::load_matrix_sync(a, kTA ? A + k * lda + tm * 16 : A + tm * 16 * lda + k, lda);
         wmma::load_matrix_sync(b, kTB ? B + tn * 16 * ldb + k : B + k * ldb + tn * 16, ldb);
         wmma::mma_sync(c, a, b, c);
       }
-      wmma::store_matrix_sync(c_at, c, ldc, wmma::mem_row_major);
+      if constexpr (kSplit == 1) {
+        wmma::store_matrix_sync(C + tm * 16 * ldc + tn * 16, c, ldc, wmma::mem_row_major);
+      } else {
+        wmma::store_matrix_sync(scratch + (slice * M + tm * 16) * LDW + tn * 16, c, LDW, wmma::mem_row_major);
+      }
+    }
+    if constexpr (kSplit > 1) {
+      __syncthreads();
+      for (int e = threadIdx.x; e < M * N; e += blockDim.x) {
+        const int m = e / N, n = e % N;
+        float s = acc ? C[m * ldc + n] : 0.0f;
+#pragma unroll
+        for (int z = 0; z < kSplit; ++z) s += scratch[(z * M + m) * LDW + n];
+        C[m * ldc + n] = s;
+      }
+      __syncthreads();
     }
   }
 }
@@ -287,6 +335,7 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_kernel(Params p) {
   T* Ps = reinterpret_cast<T*>(smem + C::kP);
   float* m_s = reinterpret_cast<float*>(smem + C::kM);
   float* l_s = reinterpret_cast<float*>(smem + C::kL);
+  float* split_s = reinterpret_cast<float*>(smem + C::kSplitAt);
 
   const T* q = static_cast<const T*>(p.q);
   const T* k = static_cast<const T*>(p.k);
@@ -307,7 +356,7 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_kernel(Params p) {
     load_rows<T, kD>(Ks, C::LDT, k + ((base + k0) * p.Hkv + hk) * p.D, kv_stride, nk, BN, D);
     load_rows<T, kD>(Vs, C::LDT, v + ((base + k0) * p.Hkv + hk) * p.D, kv_stride, nk, BN, D);
     __syncthreads();
-    block_mma<BM, BN, kD, false, true>(Ss, C::LDS, Qs, C::LDT, Ks, C::LDT, false);  // S = Q K^T
+    block_mma<BM, BN, kD, false, true, C::kSplit>(Ss, C::LDS, Qs, C::LDT, Ks, C::LDT, false, split_s);  // S = Q K^T
     __syncthreads();
 
     // Online softmax, one warp per row: masked scores become -inf, P = exp(s - m_new), and the
@@ -421,6 +470,7 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_kernel(Params p) {
   float* dVs = reinterpret_cast<float*>(smem + C::kDV);
   float* lse_s = reinterpret_cast<float*>(smem + C::kLse);
   float* delta_s = reinterpret_cast<float*>(smem + C::kDelta);
+  float* split_s = reinterpret_cast<float*>(smem + C::kSplitAt);
 
   const T* q = static_cast<const T*>(p.q);
   const T* dout = static_cast<const T*>(p.dout);
@@ -446,8 +496,8 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_kernel(Params p) {
         delta_s[r] = r < nq ? p.delta[row0 + r * p.Hq] : 0.0f;
       }
       __syncthreads();
-      block_mma<BM, BN, kD, false, true>(Ss, C::LDS, Qs, C::LDT, Ks, C::LDT, false);    // S = Q K^T
-      block_mma<BM, BN, kD, false, true>(dPs, C::LDS, dOs, C::LDT, Vs, C::LDT, false);  // dP = dO V^T
+      block_mma<BM, BN, kD, false, true, C::kSplit>(Ss, C::LDS, Qs, C::LDT, Ks, C::LDT, false, split_s);    // S = Q K^T
+      block_mma<BM, BN, kD, false, true, C::kSplit>(dPs, C::LDS, dOs, C::LDT, Vs, C::LDT, false, split_s);  // dP = dO V^T
       __syncthreads();
       // P and dS (the gradient with respect to the scaled, uncapped score) for visible pairs; 0
       // elsewhere, including rows and columns past the document's end.
@@ -499,8 +549,8 @@ using Config = AttentionArgs;
 // the limits of the CUDA kernels.
 Status read_config(const char* op, const OpArgs& a, bool backward, Config* c) {
   SG_RETURN_IF_ERROR(backward ? check_attention_bwd(a, c) : check_attention_fwd(a, c));
-  SG_CHECK(c->D <= 256, StatusCode::kUnsupported,
-           str_cat(op, ": head dim D = ", c->D, " has no CUDA kernel (at most 256)"),
+  SG_CHECK(c->D <= kMaxHeadDim, StatusCode::kUnsupported,
+           str_cat(op, ": head dim D = ", c->D, " has no CUDA kernel (at most ", kMaxHeadDim, ")"),
            "run this attention on the CPU backend");
   SG_CHECK(c->Hq <= 65535, StatusCode::kUnsupported, str_cat(op, ": Hq = ", c->Hq, " query heads is over 65535"),
            "the CUDA kernels put heads on the grid's y dimension");
@@ -541,7 +591,8 @@ template <typename F>
 Status with_head_dim(int64_t D, F&& f) {
   if (D <= 64) return f(std::integral_constant<int, 64>{});
   if (D <= 128) return f(std::integral_constant<int, 128>{});
-  return f(std::integral_constant<int, 256>{});
+  if (D <= 256) return f(std::integral_constant<int, 256>{});
+  return f(std::integral_constant<int, 512>{});
 }
 
 int tile_grid(const Config& c, int rows) { return static_cast<int>((c.N + rows - 1) / rows + c.S); }

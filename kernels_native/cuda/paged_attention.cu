@@ -27,7 +27,8 @@
 // keeps (max, sum) per query in registers, and P V gives each lane 32-strided output dims.
 //   decode rows the decode path does not take (T <= S): R = 1, the tiles are q's rows (found
 //   by binary search in cu_q);
-//   prefill: R = 64 / Gc rows (32 / Gc for D > 128), the (sequence, tile) list is a scan of
+//   prefill: R = 64 / Gc rows (32 / Gc for D > 128, 16 / Gc for D > 256: the f32 Q tile and the
+//   per-lane accumulators grow with D), the (sequence, tile) list is a scan of
 //   ceil(n_q / R) over the sequences by a one-block kernel.
 // When the CTAs would not fill the GPU twice over (decode of few sequences) the key range is
 // split over up to 32 CTAs of at least kMinSplitKeys keys each (flash-decoding): each leaves
@@ -54,7 +55,7 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kKeyTile = 32;          // keys per step of the online softmax: one per lane
 constexpr int kMinSplitKeys = 256;    // a key split reads at least this many keys (a multiple of kKeyTile)
 constexpr int kMaxSplits = 32;        // the combine kernel gives each split one lane
-constexpr int kMaxHeadDim = 256;      // DCH = 8 dims per lane
+constexpr int kMaxHeadDim = 512;      // DCH = 16 dims per lane (Gemma 4's global layers)
 constexpr int kScanThreads = 1024;
 constexpr unsigned kFull = 0xffffffffu;
 
@@ -437,19 +438,25 @@ Status launch_attention_qpw(const PagedParams& p, int qpw, dim3 grid, size_t sme
     case 1: return launch_attention<T, DCH, 1>(p, grid, smem);
     case 2: return launch_attention<T, DCH, 2>(p, grid, smem);
     case 4: return launch_attention<T, DCH, 4>(p, grid, smem);
-    case 8: return launch_attention<T, DCH, 8>(p, grid, smem);
-    default:
+    case 8:
+      if constexpr (DCH <= 8) return launch_attention<T, DCH, 8>(p, grid, smem);  // D > 256 keeps M <= 16
+      break;
+    case 16:
       if constexpr (DCH <= 4) return launch_attention<T, DCH, 16>(p, grid, smem);  // D > 128 keeps M <= 32
-      return SG_ERROR(StatusCode::kInternal, str_cat("paged_attention: no kernel for ", qpw, " queries per warp"),
-                      "report this as a bug");
+      break;
+    default:
+      break;
   }
+  return SG_ERROR(StatusCode::kInternal, str_cat("paged_attention: no kernel for ", qpw, " queries per warp"),
+                  "report this as a bug");
 }
 
 template <typename T>
 Status launch_attention_dch(const PagedParams& p, int qpw, dim3 grid, size_t smem) {
   if (p.D <= 64) return launch_attention_qpw<T, 2>(p, qpw, grid, smem);
   if (p.D <= 128) return launch_attention_qpw<T, 4>(p, qpw, grid, smem);
-  return launch_attention_qpw<T, 8>(p, qpw, grid, smem);
+  if (p.D <= 256) return launch_attention_qpw<T, 8>(p, qpw, grid, smem);
+  return launch_attention_qpw<T, 16>(p, qpw, grid, smem);
 }
 
 Status paged_attention(const OpArgs& a) {
@@ -530,9 +537,10 @@ Status paged_attention(const OpArgs& a) {
     return paged_attention_decode(d);
   }
 
-  // Queries per CTA: up to 64 (32 for D > 128, whose f32 tiles are twice as large): a divisor Gc
-  // of the group's G heads, times R rows. Decode-only batches (T <= S) take one row per CTA.
-  const int target = D <= 128 ? 64 : 32;
+  // Queries per CTA: up to 64 (32 for D > 128 and 16 for D > 256, whose f32 tiles and per-lane
+  // accumulators are two and four times as large): a divisor Gc of the group's G heads, times R
+  // rows. Decode-only batches (T <= S) take one row per CTA.
+  const int target = D <= 128 ? 64 : D <= 256 ? 32 : 16;
   p.Gc = 1;
   for (int c = std::min(p.G, target); c >= 1; --c) {
     if (p.G % c == 0) {
@@ -576,7 +584,7 @@ Status paged_attention(const OpArgs& a) {
     p.part = static_cast<float*>(part_buf.get());
   }
 
-  const int dch = D <= 64 ? 2 : D <= 128 ? 4 : 8;
+  const int dch = D <= 64 ? 2 : D <= 128 ? 4 : D <= 256 ? 8 : 16;
   const size_t smem =
       static_cast<size_t>(kWarps * qpw * p.Dp4 + kKeyTile * (p.Dp4 + 4) + kKeyTile * dch * 32) * sizeof(float);
   const dim3 grid(static_cast<unsigned>(n_tiles), static_cast<unsigned>(grid_y), static_cast<unsigned>(p.nsplit));

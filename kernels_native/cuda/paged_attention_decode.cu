@@ -7,9 +7,11 @@
 // is a stream of 16-byte loads from the cache with the math in registers:
 //   - one CTA of kWarps warps per (query row, kv head, chunk of GC of its G query heads, key
 //     split); GC = G rounded up to 1, 2, 4 or 8 (padding heads compute nothing that is kept), so
-//     each K / V row is read once for all the query heads of its kv head;
+//     each K / V row is read once for all the query heads of its kv head; at most 4 for D > 256,
+//     whose 16 dims per lane of queries and accumulators would not fit the registers for 8;
 //   - a K or V row of D elements is NCH = D * size / 16 vectors of 16 bytes. LPK lanes (8, 16 or
-//     32, the power of two >= NCH, at most 32; f32 with D > 128 takes CPL = 2 vectors per lane)
+//     32, the power of two >= NCH, at most 32; rows of more vectors take CPL = 2 per lane, f32
+//     with D > 128 and bf16 / f16 with D > 256, or 4, f32 with D > 256)
 //     hold one key's row, so a warp loads KPW = 32 / LPK keys per instruction, each as whole
 //     32-byte sectors. A warp takes U such steps per iteration and issues their K and V loads
 //     (2 U CPL vectors per lane) before any math, and fetches the next iteration's block table
@@ -71,10 +73,13 @@ constexpr float kLn2 = 0.6931471805599453f;
 constexpr unsigned kFull = 0xffffffffu;
 
 // Steps per iteration (see the header): 2 U CPL 16-byte loads in flight per lane; fewer with 8
-// query heads, whose queries and accumulators take 128 registers. The host plans splits with it.
+// query heads, whose queries and accumulators take 128 registers, and with 4 vectors per lane.
+// The host plans splits with it.
 __host__ __device__ constexpr int steps_per_iter(int cpl, int gc) {
-  return cpl > 1 ? (gc >= 8 ? 1 : 2) : (gc >= 8 ? 2 : 4);
+  return cpl >= 4 ? 1 : cpl > 1 ? (gc >= 8 ? 1 : 2) : (gc >= 8 ? 2 : 4);
 }
+// Query heads a CTA takes at most for rows of D: 16 dims per lane (D > 256) hold 4.
+constexpr int max_heads_per_cta(int64_t D) { return D > 256 ? 4 : 8; }
 
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 __device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -520,18 +525,22 @@ Status launch_decode(const DecodeParams& p, dim3 grid) {
 
 template <typename T, int LPK, int CPL>
 Status launch_decode_gc(const DecodeParams& p, int gc, dim3 grid) {
+  constexpr int DL = CPL * 16 / static_cast<int>(sizeof(T));  // dims per lane
   switch (gc) {
     case 1: return launch_decode<T, LPK, CPL, 1>(p, grid);
     case 2: return launch_decode<T, LPK, CPL, 2>(p, grid);
     case 4: return launch_decode<T, LPK, CPL, 4>(p, grid);
-    default: return launch_decode<T, LPK, CPL, 8>(p, grid);
+    default:
+      if constexpr (DL < 16) return launch_decode<T, LPK, CPL, 8>(p, grid);  // max_heads_per_cta
+      return SG_ERROR(StatusCode::kInternal, str_cat("paged_attention: no decode kernel for ", gc, " heads of ",
+                                                     p.D, " dims"), "report this as a bug");
   }
 }
 
 // Lanes per key and vectors per lane for rows of nch vectors: the kernel that launch_decode_lanes
 // picks, and the keys a CTA takes per iteration with gc query heads.
 int lanes_per_key(int nch) { return nch <= 8 ? 8 : nch <= 16 ? 16 : 32; }
-int vectors_per_lane(int nch) { return nch <= 32 ? 1 : 2; }
+int vectors_per_lane(int nch) { return nch <= 32 ? 1 : nch <= 64 ? 2 : 4; }
 int64_t keys_per_cta_iter(int nch, int gc) {
   return int64_t{kWarps} * steps_per_iter(vectors_per_lane(nch), gc) * (32 / lanes_per_key(nch));
 }
@@ -541,7 +550,10 @@ Status launch_decode_lanes(const DecodeParams& p, int gc, dim3 grid) {
   if (p.NCH <= 8) return launch_decode_gc<T, 8, 1>(p, gc, grid);
   if (p.NCH <= 16) return launch_decode_gc<T, 16, 1>(p, gc, grid);
   if (p.NCH <= 32) return launch_decode_gc<T, 32, 1>(p, gc, grid);
-  if constexpr (sizeof(T) == 4) return launch_decode_gc<T, 32, 2>(p, gc, grid);  // f32, D > 128
+  if (p.NCH <= 64) return launch_decode_gc<T, 32, 2>(p, gc, grid);  // f32 D > 128, bf16 / f16 D > 256
+  if constexpr (sizeof(T) == 4) {
+    if (p.NCH <= 128) return launch_decode_gc<T, 32, 4>(p, gc, grid);  // f32 D > 256
+  }
   return SG_ERROR(StatusCode::kInternal, str_cat("paged_attention: no decode kernel for ", p.NCH, " vectors per row"),
                   "report this as a bug");
 }
@@ -571,7 +583,7 @@ Status arrival_counters(const Device& dev, unsigned** out) {
 bool paged_decode_supports(DType dtype, int64_t D, std::initializer_list<const void*> ptrs) {
   if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16) return false;
   const int64_t bytes = D * static_cast<int64_t>(dtype_size(dtype));
-  const int64_t max_vectors = dtype == DType::kF32 ? 64 : 32;
+  const int64_t max_vectors = dtype == DType::kF32 ? 128 : 64;  // D <= 512
   if (D <= 0 || bytes % 16 != 0 || bytes / 16 > max_vectors) return false;
   for (const void* ptr : ptrs) {
     if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return false;
@@ -607,7 +619,7 @@ Status paged_attention_decode(const PagedDecodeArgs& a) {
     p.inv_cap2 = 1.0f / p.cap2;
   }
   int gc = 1;
-  while (gc < p.G && gc < 8) gc *= 2;
+  while (gc < p.G && gc < max_heads_per_cta(a.D)) gc *= 2;
   p.head_chunks = (p.G + gc - 1) / gc;
   const int64_t grid_y = static_cast<int64_t>(a.Hkv) * p.head_chunks;
   const int64_t i32max = std::numeric_limits<int32_t>::max();

@@ -31,8 +31,9 @@ struct PagedDecodeArgs {
   float scale = 1.0f, softcap = 0.0f;
 };
 
-// f32 / bf16 / f16 rows of D * element size a multiple of 16 bytes (at most 64 such units) and
-// every pointer 16-byte aligned: K, V, q and out move in 16-byte vectors.
+// f32 / bf16 / f16 rows of D * element size a multiple of 16 bytes (D <= 512: at most 64 such
+// units for bf16 / f16, 128 for f32) and every pointer 16-byte aligned: K, V, q and out move in
+// 16-byte vectors.
 bool paged_decode_supports(DType dtype, int64_t D, std::initializer_list<const void*> ptrs);
 
 // out (and lse) of every row of q that cu_q gives to a sequence; other rows are left untouched.

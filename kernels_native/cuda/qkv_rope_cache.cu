@@ -4,8 +4,9 @@
 // (qk_norm_rope_fwd or rope_fwd on q and on k, then kv_cache_write).
 //
 // Kernel. A head task is (token, head) of q, k or v (v's a copy), held by a group of G lanes (a
-// power of two, the fewest that cover the head with one 16-byte pack per lane, or kScalarUnits
-// single elements per lane off the packs). Lane g of a group owns units i = u G + g of V elements:
+// power of two, the fewest that cover the head with one 16-byte pack per lane, two for heads
+// past 32 packs (f32 D = 512, or D = 512 with a partial rotary dim), or kScalarUnits single
+// elements per lane off the packs). Lane g of a group owns units i = u G + g of V elements:
 // dims i V + [0, V), their rotation partners half + i V + [0, V) and the pass-through dims
 // R + i V + [0, V), so a pair's rotation needs no other lane; a sum over the group (shuffles
 // inside it) gives rstd. A CTA (at most kMaxThreads) runs one group per task, no loops: all the
@@ -382,8 +383,10 @@ Status qkv_rope_cache(const OpArgs& a) {
   SG_CUDA_DISPATCH_FLOAT(op, q.dtype, T, {
     constexpr int V = static_cast<int>(16 / sizeof(T));
     const bool packs = aligned && q_row % V == 0 && k_row % V == 0 && v_row % V == 0 && D % V == 0 &&
-                       half % V == 0 && half <= 32 * V && D - R <= 32 * V;
-    if (packs) return launch<T, V, 1>(p, cfg.inv);
+                       half % V == 0;
+    if (packs && half <= 32 * V && D - R <= 32 * V) return launch<T, V, 1>(p, cfg.inv);
+    // Two packs a lane: f32 heads of 512 (half 256), a partial rotary dim of a 512-wide head.
+    if (packs && half <= 64 * V && D - R <= 64 * V) return launch<T, V, 2>(p, cfg.inv);
     SG_CHECK(half <= 32 * kScalarUnits && D - R <= 32 * kScalarUnits, StatusCode::kUnsupported,
              str_cat(op, ": head dim ", D, " (rotary_dim ", R, ") is above what the CUDA kernel holds in registers "
                      "without 16-byte packs (", 64 * kScalarUnits, ")"),

@@ -113,6 +113,9 @@ CASES = [
     ("bfloat16", [0, 129], 4, 4, 128, True, 32, 3.0),
     ("bfloat16", [0, 7], 8, 1, 80, False, 3, 0.0),
     ("float16", [0, 3, 10, 139], 4, 1, 64, True, 0, 3.0),
+    # Gemma 4's global heads (head dim 512): causal GQA; a window with softcap.
+    ("float32", [0, 3, 70], 4, 2, 512, True, 0, 0.0),
+    ("bfloat16", [0, 40, 100], 8, 1, 512, True, 16, 3.0),
 ]
 
 

@@ -87,6 +87,13 @@ SHAPES = [
     (CU, 4, 2, 80, True, 32, 0.0),  # D padded up to the 128-wide kernel
     (CU, 2, 2, 8, False, 0, 20.0),  # tiny D, padded to 64
     ([0, 3, 70], 3, 1, 256, True, 0, 0.0),
+    # Gemma 4's global layers (head dim 512): 32 x 32 forward tiles whose score product splits
+    # over the warps, 16 x 16 backward tiles split 8 ways; 320 runs padded on the 512-wide kernel.
+    (CU, 4, 2, 512, True, 0, 0.0),  # causal, GQA 4 / 2
+    (CU, 8, 1, 512, True, 32, 20.0),  # causal window, softcap, GQA 8 / 1 (gemma-4-e2b)
+    (CU, 2, 2, 512, False, 32, 0.0),  # bidirectional window
+    (CU, 4, 4, 512, False, 0, 20.0),  # no mask, softcap
+    (CU, 4, 2, 320, True, 0, 0.0),  # D padded up to the 512-wide kernel
     # bf16 / f16 at D 64 / 128 without softcap run the FlashAttention-2 kernels (attention_flash.cu):
     (CU, 4, 2, 128, True, 32, 0.0),  # causal window
     (CU, 4, 1, 64, False, 32, 0.0),  # bidirectional window, GQA 4 / 1
@@ -108,6 +115,15 @@ def test_defaults_and_explicit_scale():
 def test_window_of_one_sees_only_itself():
     compare("float32", CU, 2, 1, 64, seed=2, causal=True, window=1)
     compare("float32", CU, 2, 1, 64, seed=2, causal=False, window=1)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_long_documents_head_dim_512(dtype):
+    """Gemma-4-31B's global heads (GQA 32 / 4 cut to 8 / 1, D = 512) over a 700-token and a 300-token
+    document: many 32-row query tiles and 16-key backward tiles, the causal skipping, a window
+    that leaves whole tiles unseen."""
+    compare(dtype, [0, 700, 1000], 8, 1, 512, seed=7, causal=True)
+    compare(dtype, [0, 700, 1000], 8, 1, 512, seed=8, causal=True, window=100, softcap=30.0)
 
 
 def test_long_sequence_many_tiles():
@@ -132,6 +148,6 @@ def test_errors_name_the_op_and_argument():
     cu = np.array([0, 3, 8], np.int32)
     with pytest.raises(ShapeError, match="attention_fwd: Hq = 6 .* not a multiple of Hkv = 4"):
         run_cuda("attention_fwd", [q, k, k, cu], [((8, 6, 16), "float32"), ((8, 6), "float32")])
-    q = np.zeros((8, 2, 300), np.float32)
-    with pytest.raises(UnsupportedError, match="attention_fwd: head dim D = 300"):
-        run_cuda("attention_fwd", [q, q, q, cu], [((8, 2, 300), "float32"), ((8, 2), "float32")])
+    q = np.zeros((8, 2, 520), np.float32)
+    with pytest.raises(UnsupportedError, match="attention_fwd: head dim D = 520 .*at most 512"):
+        run_cuda("attention_fwd", [q, q, q, cu], [((8, 2, 520), "float32"), ((8, 2), "float32")])

@@ -234,6 +234,21 @@ def test_qk_norm_rope_head_dim_128_many_tokens():
           theta=1e6, accumulate=True)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_qk_norm_rope_head_dim_512(dtype):
+    """Gemma 4's full-attention heads: D = 512 (16 dims a lane), the proportional rope (64 of the
+    256 pairs rotate), Gemma's (1 + w), the backward's dw."""
+    D = 512
+    rope = {"theta": 1e6, "rope_type": "proportional", "rope_angles": 64, "weight_offset": 1.0}
+    pos = positions("random")
+    x, w, dy = rand((N, H, D), dtype, 1, 3.0), rand((D,), dtype, 2), rand((N, H, D), dtype, 4)
+    check("qk_norm_rope_fwd", [x, w, pos], [((N, H, D), dtype), ((N, H), "float32")], [dtype, "float32-sum"],
+          eps=1e-6, **rope)
+    _, rstd = run_cpu("qk_norm_rope_fwd", [x, w, pos], [((N, H, D), dtype), ((N, H), "float32")], eps=1e-6, **rope)
+    check("qk_norm_rope_bwd", [dy, x, w, rstd, pos], [((N, H, D), dtype), rand((D,), dtype, 5)], [dtype, dtype],
+          **rope)
+
+
 # ---- swiglu / geglu --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", DTYPES)

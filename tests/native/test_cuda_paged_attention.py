@@ -10,6 +10,7 @@ import pytest
 from sgtest.ops import as_dtype, assert_close, run_op
 
 from surogate import _native
+from surogate.errors import UnsupportedError
 
 pytestmark = pytest.mark.cuda
 
@@ -86,7 +87,7 @@ def check(dtype, ctx, nqs, hq, hkv, d, block_size, with_lse=True, seed=0, **attr
 # ---- kv_cache_write ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
-@pytest.mark.parametrize("hkv,d", [(2, 64), (1, 3), (3, 2), (2, 128)])  # 16-byte rows, 2-, 4- and 8-byte units
+@pytest.mark.parametrize("hkv,d", [(2, 64), (1, 3), (3, 2), (2, 128), (2, 512)])  # 16-byte rows, 2-, 4- and 8-byte units
 def test_kv_cache_write(dtype, hkv, d):
     rng = np.random.default_rng(hkv * 100 + d)
     num_blocks, block_size, t = 6, 16, 37
@@ -144,10 +145,11 @@ def test_chunked_prefill_d128(dtype, block_size, with_lse):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("d,hq,hkv", [(36, 4, 2), (33, 2, 1), (80, 6, 2), (200, 4, 1), (256, 16, 1), (72, 96, 1)])
+@pytest.mark.parametrize("d,hq,hkv", [(36, 4, 2), (33, 2, 1), (80, 6, 2), (200, 4, 1), (256, 16, 1), (72, 96, 1),
+                                     (512, 8, 1), (500, 4, 2), (320, 12, 1)])
 def test_odd_head_dims_and_groups(dtype, d, hq, hkv):
-    # Head dims off the 16-byte vector path and the 32-lane split, D up to 256, a group of 96
-    # heads (two CTAs of 48 heads each), a group of 3.
+    # Head dims off the 16-byte vector path and the 32-lane split, D up to 512 (16 dims a lane,
+    # 16 queries a CTA), a group of 96 heads (two CTAs of 48 heads each), a group of 3.
     check(dtype, [70, 3], [1, 3], hq, hkv, d, 16, seed=d)
     check(dtype, PREFILL_CTX, PREFILL_NQ, hq, hkv, d, 16, seed=d + 1)
 
@@ -184,7 +186,7 @@ def test_decode_batch1_split(dtype, ctx):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
-@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("d", [64, 128, 256, 512])
 @pytest.mark.parametrize("n_seq", [len(EDGE_CTX), MANY_SEQS])
 def test_decode_head_dims(dtype, d, n_seq):
     ctx = many_ctx(n_seq)
@@ -390,3 +392,32 @@ def test_decode_row_with_no_key(n_seq):
         want, want_lse = paged("cpu", q[1:], k_cache, v_cache, tables[1:], [1] * (n_seq - 1), ctx[1:])
         assert_close(got[1:], want.astype(np.float32), dtype)
         assert_close(got_lse[1:], want_lse, rtol=LSE_TOL[dtype], atol=LSE_TOL[dtype])
+
+
+# ---- head dim 512 ----------------------------------------------------------------------------
+# Gemma 4's global layers: heads of 512 (2 x 16-byte vectors a lane in bf16 / f16, 4 in f32; at
+# most 4 query heads a decode CTA), 8 query heads over 1 kv head (gemma-4-e2b) or 4 over 2.
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("hq,hkv", [(8, 1), (4, 2)])
+@pytest.mark.parametrize("window,softcap", [(0, 0.0), (48, 0.0), (0, 30.0), (48, 30.0)])
+def test_head_dim_512(dtype, hq, hkv, window, softcap):
+    attrs = dict(window=window, softcap=softcap)
+    check(dtype, PREFILL_CTX, PREFILL_NQ, hq, hkv, 512, 16, seed=hq + window, **attrs)  # chunked prefill
+    check(dtype, EDGE_CTX, [1] * len(EDGE_CTX), hq, hkv, 512, 16, seed=hq + window + 1, **attrs)  # decode, split
+    check(dtype, many_ctx(), [1] * MANY_SEQS, hq, hkv, 512, 16, seed=hq + window + 2, **attrs)  # decode, no split
+    check(dtype, [4097], [1], hq, hkv, 512, 16, seed=hq + window + 3, with_lse=False, **attrs)  # batch 1
+
+
+@pytest.mark.parametrize("group", [1, 2, 3, 4, 5, 8, 12])
+def test_decode_gqa_ratios_d512(group):
+    # Groups of 1..12 over heads of 512: 1, 2 or 4 heads a CTA, several chunks past 4.
+    check("bfloat16", EDGE_CTX, [1] * len(EDGE_CTX), 2 * group, 2, 512, 16, seed=group)
+    check("float32", many_ctx(), [1] * MANY_SEQS, 2 * group, 2, 512, 16, seed=group + 1)
+
+
+def test_head_dim_above_512_names_the_limit():
+    rng = np.random.default_rng(0)
+    k_cache, v_cache, tables = make_cache(rng, [5], 1, 520, 16, "float32")
+    q = rand(rng, (1, 2, 520), "float32")
+    with pytest.raises(UnsupportedError, match="paged_attention: head dim 520 has no CUDA kernel .at most 512"):
+        paged("cuda", q, k_cache, v_cache, tables, [1], [5])

@@ -77,11 +77,22 @@ def test_weight_offset_matches_cpu(dtype, d, r):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("norm", [True, False])
 @pytest.mark.parametrize("d,r", [(128, 128), (80, 32), (128, 64), (256, 256), (64, 2), (34, 34), (72, 72), (512, 512),
-                                 (96, 48)])
+                                 (96, 48), (512, 128), (512, 64)])
 def test_head_and_rotary_dims(dtype, norm, d, r):
-    # 16-byte packs where D and half divide them, single elements otherwise (half 1, 17, 36 for bf16,
-    # 256 for f32); D = 512 is past the packs for f32 (half > 128) but not for bf16 / f16.
+    # 16-byte packs where D and half divide them, single elements otherwise (half 1, 17, 36 for bf16);
+    # D = 512 takes two packs a lane for f32 (half 256), and for every dtype when D - R is past 32
+    # packs (512 - 128, 512 - 64).
     check(make_case(d + r, 19, 4, 2, d, dtype), norm, rotary_dim=r)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("norm", [True, False])
+def test_gemma4_global_head(dtype, norm):
+    # Gemma 4's full-attention layers: heads of 512, the proportional rope (64 of the 256 pairs
+    # rotate), norms with and without Gemma's weight offset.
+    c = make_case(512, 7, 8, 1, 512, dtype)
+    check(c, norm, rotary_dim=512, rope_type="proportional", rope_angles=64)
+    check(c, norm, rotary_dim=512, rope_type="proportional", rope_angles=64, weight_offset=1.0)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

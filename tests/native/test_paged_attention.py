@@ -224,6 +224,21 @@ def test_mixed_batch(dtype, window, softcap, threads):
     check(cache, [as_dtype(x, dtype).astype(np.float32) for x in qs], ctx, hq, dtype, window, softcap)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("window,softcap", [(0, 0.0), (37, 2.0)])
+def test_head_dim_512(dtype, window, softcap, threads):
+    # Gemma 4's global layers: heads of 512, 8 query heads over one kv head; decode, whole and
+    # chunked prefill rows in one batch.
+    threads(2)
+    rng = np.random.default_rng(12)
+    hq, d = 8, 512
+    ctx, nq = [50, 40, 130, 300], [1, 40, 30, 1]
+    cache = Cache(rng, ctx, 1, d, 16, dtype)
+    cache.append({s: c - n for s, (c, n) in enumerate(zip(ctx, nq)) if c > n})
+    cache.append({s: n for s, n in enumerate(nq)})
+    check(cache, make_queries(rng, nq, hq, d, dtype), ctx, hq, dtype, window, softcap)
+
+
 def test_float16_and_odd_head_dim():
     # f16 conversions on every path; D = 72 is not a multiple of the 16 lanes (padded copies).
     rng = np.random.default_rng(9)

@@ -21,9 +21,16 @@ from sgtest.engine import engine, generate, hf_greedy, prompts  # noqa: E402
 from sgtest.tiny_models import make_model  # noqa: E402
 from surogate.models import REGISTRY  # noqa: E402
 
-@pytest.fixture(scope="module", params=[f.name for f in REGISTRY])
+# Configs beside each family's tiny one, as (family, config overrides): Gemma 4 at the real
+# checkpoints' head dims, 256 on the sliding layers and 512 on the full ones (the paged prefill /
+# decode kernels' widest heads, qkv_rope_cache with two packs a lane).
+EXTRA = {"gemma4-hd512": ("gemma4", {"head_dim": 256, "global_head_dim": 512})}
+
+
+@pytest.fixture(scope="module", params=[f.name for f in REGISTRY] + sorted(EXTRA))
 def family(request, tmp_path_factory):
-    path = make_model(request.param, tmp_path_factory.mktemp(request.param), seed=21, initializer_range=0.2)
+    name, overrides = EXTRA.get(request.param, (request.param, {}))
+    path = make_model(name, tmp_path_factory.mktemp(request.param), seed=21, initializer_range=0.2, **overrides)
     ref = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     return path, ref
 

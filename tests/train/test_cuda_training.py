@@ -23,10 +23,15 @@ from surogate.models import REGISTRY  # noqa: E402
 from surogate.train.lora import init_lora  # noqa: E402
 from surogate.train.trainer import Trainer  # noqa: E402
 
-@pytest.fixture(scope="module", params=[f.name for f in REGISTRY])
+# Configs beside each family's tiny one, as (family, config overrides): Gemma 4 whose full layers
+# have the real checkpoints' head dim of 512 (attention_fwd / attention_bwd's widest tiles).
+EXTRA = {"gemma4-hd512": ("gemma4", {"head_dim": 64, "global_head_dim": 512})}
+
+
+@pytest.fixture(scope="module", params=[f.name for f in REGISTRY] + sorted(EXTRA))
 def base(request, tmp_path_factory):
-    return make_model(request.param, tmp_path_factory.mktemp(request.param), seed=5, head_dim=64,
-                      initializer_range=0.2)
+    name, overrides = EXTRA.get(request.param, (request.param, {"head_dim": 64}))
+    return make_model(name, tmp_path_factory.mktemp(request.param), seed=5, initializer_range=0.2, **overrides)
 
 
 def docs(vocab: int) -> list[np.ndarray]:
