@@ -5,7 +5,8 @@
 //
 // Kernel. A head task is (token, head) of q, k or v (v's a copy), held by a group of G lanes (a
 // power of two, the fewest that cover the head with one 16-byte pack per lane, two for heads
-// past 32 packs (f32 D = 512, or D = 512 with a partial rotary dim), or kScalarUnits single
+// past 32 packs (f32 D = 512, or D = 512 with a partial rotary dim), four for f32 D = 512 with a
+// partial rotary dim, or kScalarUnits single
 // elements per lane off the packs). Lane g of a group owns units i = u G + g of V elements:
 // dims i V + [0, V), their rotation partners half + i V + [0, V) and the pass-through dims
 // R + i V + [0, V), so a pair's rotation needs no other lane; a sum over the group (shuffles
@@ -387,6 +388,10 @@ Status qkv_rope_cache(const OpArgs& a) {
     if (packs && half <= 32 * V && D - R <= 32 * V) return launch<T, V, 1>(p, cfg.inv);
     // Two packs a lane: f32 heads of 512 (half 256), a partial rotary dim of a 512-wide head.
     if (packs && half <= 64 * V && D - R <= 64 * V) return launch<T, V, 2>(p, cfg.inv);
+    // Four: an f32 head of 512 with a partial rotary dim (D - R up to 512 floats = 128 packs).
+    if constexpr (V == 4) {
+      if (packs && half <= 128 * V && D - R <= 128 * V) return launch<T, V, 4>(p, cfg.inv);
+    }
     SG_CHECK(half <= 32 * kScalarUnits && D - R <= 32 * kScalarUnits, StatusCode::kUnsupported,
              str_cat(op, ": head dim ", D, " (rotary_dim ", R, ") is above what the CUDA kernel holds in registers "
                      "without 16-byte packs (", 64 * kScalarUnits, ")"),

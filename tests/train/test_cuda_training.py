@@ -130,24 +130,25 @@ def test_trainer_on_cuda_follows_the_cpu_curve_and_resumes(base, data, tmp_path,
     gpu.train()
     # 8-bit moments: a round-off difference can move a value to the next code.
     rtol = 1e-4 if optimizer == "adamw" else 2e-3
-    assert np.allclose(losses(tmp_path / "gpu"), losses(tmp_path / "cpu"), rtol=rtol), \
-        (losses(tmp_path / "gpu"), losses(tmp_path / "cpu"))
-    # Outputs come from the device: the adapter equals the CPU run's to f32 round-off.
+    tol = 1e-2 if optimizer == "adamw" else 5e-2  # 8-bit moments turn round-off into a code step
     from safetensors.numpy import load_file
 
     a = load_file(tmp_path / "gpu" / "adapter" / "adapter_model.safetensors")
     b = load_file(tmp_path / "cpu" / "adapter" / "adapter_model.safetensors")
     assert set(a) == set(b)
-    tol = 1e-2 if optimizer == "adamw" else 5e-2  # 8-bit moments turn round-off into a code step
-    worst = max(a, key=lambda k: rel_err(a[k], b[k]))
-    if rel_err(a[worst], b[worst]) >= tol:
-        # Adam normalises each gradient element, so an element whose gradient nearly cancels (Gemma 4's
-        # scale-free v_norm, for one) moves by lr whatever its size and round-off steers it. How far
-        # round-off alone moves this model's adapter: the CPU run again over base weights perturbed by a
-        # few ulps (3e-7 relative; measured on tiny Gemma 4: 8.5e-3 on the CPU alone, GPU vs CPU 1.3e-2).
-        # The GPU may differ from the CPU by a small multiple of that, never by an update's worth.
-        drift = adapter_drift_from_roundoff(base, data, tmp_path, kw, b)
-        tol = max(tol, 4 * drift)
+    lg, lc = np.array(losses(tmp_path / "gpu")), np.array(losses(tmp_path / "cpu"))
+    if not np.allclose(lg, lc, rtol=rtol) or max(rel_err(a[k], b[k]) for k in a) >= tol:
+        # Some models amplify round-off more than these fixed bounds allow. Adam normalises each
+        # gradient element, so one whose gradient nearly cancels (Gemma 4's scale-free v_norm) moves
+        # by lr whatever its size, and round-off steers it; Gemma 4's unscaled attention over 512-wide
+        # heads gives sharp softmaxes. How far round-off alone moves this model: the CPU run again over
+        # base weights perturbed by a few ulps (3e-7 relative; measured on tiny Gemma 4: adapter 8.5e-3
+        # on the CPU alone, GPU vs CPU 1.3e-2). The GPU may differ from the CPU by a small multiple of
+        # that, never by an update's worth.
+        loss_drift, adapter_drift = drift_from_roundoff(base, data, tmp_path, kw, lc, b)
+        rtol, tol = max(rtol, 4 * loss_drift), max(tol, 4 * adapter_drift)
+    assert np.allclose(lg, lc, rtol=rtol), (lg, lc, rtol)
+    # Outputs come from the device: the adapter equals the CPU run's to f32 round-off.
     for k in a:
         assert rel_err(a[k], b[k]) < tol, (k, tol)
     # Resume on the GPU from the step-3 checkpoint: steps 4..6 again, as before.
@@ -158,9 +159,9 @@ def test_trainer_on_cuda_follows_the_cpu_curve_and_resumes(base, data, tmp_path,
     assert np.allclose(again[-3:], again[3:6], rtol=1e-4), again
 
 
-def adapter_drift_from_roundoff(base, data, tmp_path, kw, want) -> float:
-    """The largest relative change of any adapter tensor when the CPU run repeats over base weights
-    multiplied by (1 + 3e-7 * noise): what f32 round-off alone does to this model's adapter."""
+def drift_from_roundoff(base, data, tmp_path, kw, want_losses, want) -> tuple[float, float]:
+    """The largest relative change of the step losses and of any adapter tensor when the CPU run
+    repeats over base weights multiplied by (1 + 3e-7 * noise): what f32 round-off alone does."""
     import shutil
 
     from safetensors.numpy import load_file, save_file
@@ -174,7 +175,9 @@ def adapter_drift_from_roundoff(base, data, tmp_path, kw, want) -> float:
                    for k, v in t.items()}, f, metadata={"format": "pt"})
     Trainer(config(noisy, data, tmp_path / "noisy", device="cpu", **kw)).train()
     got = load_file(tmp_path / "noisy" / "adapter" / "adapter_model.safetensors")
-    return max(rel_err(got[k], want[k]) for k in want)
+    noisy = np.array(losses(tmp_path / "noisy"))
+    return (float(np.max(np.abs(noisy - want_losses) / np.abs(want_losses))),
+            max(rel_err(got[k], want[k]) for k in want))
 
 
 def test_full_finetune_on_cuda_in_bf16_learns(base, data, tmp_path):
