@@ -102,7 +102,7 @@ class Model:
         exe = self._cache.get(key) if shared else None
         if exe is None:
             g = self.arch.build(mode=mode, dtype=self.dtype, lora=lora, quant=self.quant)
-            keep = [g.outputs["loss" if mode == "train" else "logits"]]
+            keep = [g.outputs[{"train": "loss", "hidden": "hidden"}.get(mode, "logits")]]
             aux = g.outputs.get("aux_loss")  # a MoE model's load-balancing loss
             if aux is not None:
                 keep.append(aux)
@@ -133,6 +133,23 @@ class Model:
         self._feed(exe, ids, pos, cu)
         exe.run()
         return np.array(exe.read("logits"), dtype=np.float32)
+
+    def hidden_states(self, token_ids, pad_to: int | None = None) -> np.ndarray:
+        """The final hidden states [T, C] (float32, after the final norm: HF's last_hidden_state)
+        of one sequence or several packed documents (each attends only to itself). ``pad_to``:
+        run the Program of that many tokens (the padding is a document of its own, dropped), so
+        that inputs of nearby lengths share one compiled Program."""
+        ids, pos, cu = pack(token_ids)
+        self._check_ids(ids)
+        T = len(ids)
+        if pad_to is not None and pad_to > T:
+            ids = np.concatenate([ids, np.zeros(pad_to - T, np.int32)])
+            pos = np.concatenate([pos, np.arange(pad_to - T, dtype=np.int32)])
+            cu = np.append(cu, pad_to).astype(np.int32)
+        exe = self.executable("hidden", len(ids), len(cu) - 1)
+        self._feed(exe, ids, pos, cu)
+        exe.run()
+        return np.array(exe.read(exe.graph.outputs["hidden"].name), dtype=np.float32)[:T]
 
     def loss(self, token_ids, labels=None) -> float:
         """Mean next-token cross-entropy, HF semantics (labels default to the inputs; -100 is

@@ -391,11 +391,13 @@ class CausalLM:
 
     def build(self, *, mode: str = "train", dtype: str = "float32", lora: LoRAConfig | None = None,
               ce_chunk: int = 4096, kv: KVCache | None = None, quant: dict[str, int] | None = None) -> Graph:
-        """mode: "train" (per-token loss fused with the head), "logits" (every row's logits) or
-        "serve" (over the paged KV cache `kv`; logits only for the rows in `logits_rows`).
-        `quant` names the projection weights kept as GGML blocks (parameter -> ggml type)."""
-        if mode not in ("train", "logits", "serve"):
-            raise ValueError(f"mode must be 'train', 'logits' or 'serve', got {mode!r}")
+        """mode: "train" (per-token loss fused with the head), "logits" (every row's logits),
+        "hidden" (every row's final hidden state, after the final norm, no head: HF's
+        last_hidden_state, what embeddings pool) or "serve" (over the paged KV cache `kv`;
+        logits only for the rows in `logits_rows`). `quant` names the projection weights kept as
+        GGML blocks (parameter -> ggml type)."""
+        if mode not in ("train", "logits", "hidden", "serve"):
+            raise ValueError(f"mode must be 'train', 'logits', 'hidden' or 'serve', got {mode!r}")
         if (mode == "serve") != (kv is not None):
             raise ValueError("mode 'serve' and a KV cache go together")
         s = self.spec
@@ -426,6 +428,9 @@ class CausalLM:
             x = ops.embedding(rows, x, name="x_rows")
             residual = None if residual is None else ops.embedding(rows, residual, name="residual_rows")
         y, _ = pre_norm(x, residual, fn, s.rms_norm_eps, "final_norm", s.norm_offset)
+        if mode == "hidden":
+            g.mark_output("hidden", y)
+            return g
         head = emb if s.tie_word_embeddings else g.param("lm_head.weight", (s.vocab_size, s.hidden_size), dtype,
                                                          trainable=lora is None)
         if mode == "train":
