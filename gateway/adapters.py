@@ -59,6 +59,8 @@ async def load_lora_adapter(gw: Gateway, ctx: RequestContext, req: p.LoadLoRAAda
     target = admin_target(gw, req.model or model, "load adapters on")
     if isinstance(target, ApiError):
         return target
+    if not target.generates:
+        return errors.invalid(f"`{target.name}` is an embedding model: it takes no LoRA adapters.", param="model")
     if target.engine is None:
         return errors.model_loading(target.name)
     if gw.models.lookup(req.lora_name) is not None:

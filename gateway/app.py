@@ -90,6 +90,9 @@ async def _sleep(gw: Gateway, ctx: RequestContext, name: str | None):
     model = admin_target(gw, name)
     if isinstance(model, ApiError):
         return model
+    if not model.generates:
+        return errors.invalid(f"`{model.name}` is an embedding model without an engine: nothing to put to sleep.",
+                              param="model")
     if model.engine is None:
         return errors.model_loading(model.name)
     model.asleep = True

@@ -283,8 +283,10 @@ def load_model(path_or_id: str | Path, device: str = "cpu", dtype: str = "float3
     else:
         weights = folder.open_weights()
         target = _np_dtype(dtype)
-        params = family.name_table().load(names, lambda hf: np.ascontiguousarray(weights.get(hf).astype(target)),
-                                          has=weights.__contains__)
+        hf_name = _base_model_names(weights)
+        params = family.name_table().load(
+            names, lambda hf: np.ascontiguousarray(weights.get(hf_name(hf)).astype(target)),
+            has=lambda hf: hf_name(hf) in weights)
         # A weights-only folder still loads (token ids in, logits out); a damaged tokenizer does not.
         tokenizer = Tokenizer.from_folder(folder) if (folder.path / "tokenizer.json").is_file() else None
         source = folder.path
@@ -295,6 +297,15 @@ def load_model(path_or_id: str | Path, device: str = "cpu", dtype: str = "float3
                 f"{p.shape}", hint="the weights and the config do not belong together")
     return Model(spec, family, params, dtype=dtype, device=device, config=config, tokenizer=tokenizer,
                  path=str(path if gguf else folder.path), quant={n: t for n, (t, _) in quant.items()})
+
+
+def _base_model_names(weights):
+    """The checkpoint's name for a name-table tensor: a base-model checkpoint (saved from HF's
+    ``*Model`` class, not ``*ForCausalLM``: EmbeddingGemma's Gemma3TextModel) has every tensor
+    without the ``model.`` prefix the tables use."""
+    if any(k.startswith("model.") for k in weights.keys()):
+        return lambda hf: hf
+    return lambda hf: hf[len("model."):] if hf.startswith("model.") else hf
 
 
 def _gguf_blocks(gguf, family: Family, config: dict, projections) -> dict[str, tuple[int, np.ndarray]]:

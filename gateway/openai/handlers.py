@@ -138,7 +138,7 @@ async def embeddings(gw: Gateway, ctx: RequestContext, req: p.EmbeddingRequest) 
     embedder = model.embedder
     if embedder is None:
         return errors.invalid(f"The model `{model.name}` does not serve embeddings.", param="model")
-    if model.engine is None:
+    if not model.ready:
         return errors.model_loading(model.name)
     if model.asleep:
         return errors.model_asleep(model.name)

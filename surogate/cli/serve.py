@@ -87,9 +87,12 @@ def serve(
                    loras=loras if i == 0 else None, kv_cache_tokens=kv_cache_tokens,
                    gpu_memory_utilization=gpu_memory_utilization, kv_share=1.0 / (len(sources) - i),
                    max_num_seqs=max_num_seqs, max_model_len=max_model_len, max_loras=max_loras)
-        served.append(ServedModel(m.name, m.llm(), adapters=tuple(m.adapters), embedder=m.embedder(pooling)))
-        typer.echo(f"serving {m.name} (max_model_len {m.max_model_len}, KV cache {m.kv_cache_tokens:,} tokens) "
-                   f"on http://{host}:{port}/v1", err=True)
+        served.append(ServedModel(m.name, m.llm(), adapters=tuple(m.adapters), embedder=m.embedder(pooling),
+                                  generates=m.generates))
+        what = (f"KV cache {m.kv_cache_tokens:,} tokens" if m.generates else
+                "an encoder: /v1/embeddings only")
+        typer.echo(f"serving {m.name} (max_model_len {m.max_model_len}, {what}) on http://{host}:{port}/v1",
+                   err=True)
     run_server(served, GatewayConfig(api_keys=keys, max_queued_requests=max_queued_requests), host=host, port=port,
                grace=shutdown_grace)
 

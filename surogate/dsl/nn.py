@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from surogate.dsl import ops
 from surogate.dsl.graph import Dim, Graph, Value
+from surogate.errors import UnsupportedError
 
 N = Dim("N")  # tokens in one packed step
 LORA_RNG = "lora_rng"  # int32 [2]: the LoRA dropout seed (low, high words), written every step
@@ -105,9 +106,19 @@ class ModelSpec:
     conv_kernel: int = 3
     conv_bias: bool = False
     moe: MoESpec | None = None  # sparse MLP layers (None: every layer dense)
+    # False: bidirectional attention (an encoder: EmbeddingGemma), each token seeing its whole
+    # document, or on a sliding layer the tokens less than its window away on either side; such a
+    # model embeds (build mode "hidden") and has no serving build.
+    causal: bool = True
 
     def window(self, layer: int) -> int:
         return self.sliding_windows[layer] if self.sliding_windows else 0
+
+    def attention_window(self, layer: int) -> int:
+        """The attention op's window: causal, keys with i - W < j <= i (HF's sliding window W);
+        bidirectional, |i - j| <= W, so HF's |i - j| < W is W - 1."""
+        w = self.window(layer)
+        return w if self.causal or w == 0 else w - 1
 
     def head_dim_of(self, layer: int) -> int:
         return self.layer_head_dims[layer] if self.layer_head_dims else self.head_dim
@@ -266,8 +277,8 @@ class Attention:
             else:
                 q = ops.rope(q, pos, rope, name="q_rope")
                 k = ops.rope(k, pos, rope, name="k_rope")
-            o = ops.attention(q, k, v, cu, causal=True, scale=s.attn_scale, window=s.window(self.layer),
-                              softcap=s.attn_softcap, name="attn")
+            o = ops.attention(q, k, v, cu, causal=s.causal, scale=s.attn_scale,
+                              window=s.attention_window(self.layer), softcap=s.attn_softcap, name="attn")
         o = ops.view(o, (n, Hq * D))
         return self.o(g, o, dtype, lora)
 
@@ -401,6 +412,9 @@ class CausalLM:
         if (mode == "serve") != (kv is not None):
             raise ValueError("mode 'serve' and a KV cache go together")
         s = self.spec
+        if mode == "serve" and not s.causal:
+            raise UnsupportedError(f"{s.family}: a model with bidirectional attention (an encoder) does not generate",
+                                   hint="serve it for /v1/embeddings only (surogate serve starts no engine for it)")
         if lora is not None and lora.dropout > 0 and mode != "train":
             lora = dataclasses.replace(lora, dropout=0.0)  # dropout only in training graphs
         g = Graph(f"{s.family}-{mode}")

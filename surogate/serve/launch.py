@@ -25,11 +25,15 @@ from surogate.serve.types import EngineConfig
 class Launched:
     name: str
     model: Model
-    client: EngineClient
+    client: EngineClient | None  # None: an encoder (bidirectional attention), served for embeddings only
     max_model_len: int
     kv_cache_tokens: int
-    runner: ProgramRunner
+    runner: ProgramRunner | None
     adapters: dict[str, int] = field(default_factory=dict)  # served adapter name -> engine slot
+
+    @property
+    def generates(self) -> bool:
+        return self.client is not None
 
     def llm(self, **kw) -> LLM:
         """The generation API over this engine: parsers detected from the chat template (``kw``:
@@ -39,7 +43,7 @@ class Launched:
 
     def embedder(self, pooling: str = "last") -> Embedder:
         """Embeddings from this model's final hidden states (``last`` or ``mean`` pooling, normalised)."""
-        return Embedder(self.model, pooling)
+        return Embedder.for_model(self.model, pooling)
 
 
 CPU_KV_TOKENS = 16384  # the CPU's default KV cache, in tokens
@@ -116,6 +120,12 @@ def launch(source: str, *, name: str | None = None, dtype: str = "float32", devi
     model = load_model(source, device=device, dtype=dtype, quantized=quantized)
     if model.tokenizer is None:
         raise InvalidArgumentError(f"{source} has no tokenizer", hint="serve a folder with tokenizer.json")
+    if not model.spec.causal:  # an encoder (EmbeddingGemma): embeddings, no engine, no KV cache
+        if loras:
+            raise InvalidArgumentError(f"{source} is an encoder (bidirectional attention): it takes no --lora")
+        limit = int(model.config.get("max_position_embeddings") or 2048)
+        return Launched(name or _default_name(source), model, None,
+                        min(limit, max_model_len) if max_model_len is not None else limit, 0, None)
     if kv_cache_tokens is None:
         kv_cache_tokens = _auto_kv_tokens(model, gpu_memory_utilization, kv_share, block_size, max_num_seqs,
                                           max_num_batched_tokens)
