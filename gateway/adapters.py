@@ -44,7 +44,7 @@ def admin_target(gw: Gateway, name: str | None, what: str = "sleep and wake") ->
 
 def _served(model: ServedModel) -> tuple[str, ...]:
     """The model's adapters after a change, in load order (the engine's table is in LRU order)."""
-    now = model.engine.adapters
+    now = model.engine.adapter_names()
     return tuple(a for a in model.adapters if a in now) + tuple(a for a in now if a not in model.adapters)
 
 

@@ -327,6 +327,11 @@ class EngineClient:
         self._drop(drop)
         return evicted
 
+    def adapter_names(self) -> list[str]:
+        """The adapters served now, least recently used first (a snapshot: submits reorder them)."""
+        with self._lock:
+            return list(self.adapters)
+
     def unload_adapter(self, name: str) -> None:
         """Stop serving adapter ``name``: new requests naming it are refused at once; those
         already submitted finish, then its slot is dropped. Unknown: NotFoundError."""

@@ -151,3 +151,45 @@ def test_embeddings_on_cuda_equal_the_cpu(tmp_path, pooling):
     cpu = Embedder(surogate.load_model(path), pooling).embed(ids)
     gpu = Embedder(surogate.load_model(path, device="cuda"), pooling).embed(ids)
     np.testing.assert_allclose(gpu, cpu, atol=1e-4)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not (_native.build_info()["cuda"] and _native.cuda_devices()), reason="no CUDA build or no GPU")
+def test_embeddings_on_cuda_while_the_engine_generates(tmp_path):
+    """The embedder's Programs run on the GPU beside the serving engine's (its own thread, CUDA
+    graphs): both answers stay right."""
+    import threading
+
+    from sgtest.engine import hf_greedy
+    from surogate.serve import SamplingParams
+
+    path = make_qwen3(tmp_path / "q", seed=11, initializer_range=0.2)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    m = launch(str(path), device="cuda", dtype="float32", kv_cache_tokens=4096)
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(3, 400, n).tolist() for n in (7, 30, 61, 90)]
+    want_tokens = [hf_greedy(ref, p, 24) for p in prompts]
+    cpu = Embedder(surogate.load_model(path), "mean").embed(prompts)
+    embedder = Embedder(m.model, "mean")
+    got: list = []
+    stop = threading.Event()
+
+    def embed_loop():
+        while not stop.is_set():
+            got.append(embedder.embed(prompts))
+
+    worker = threading.Thread(target=embed_loop)
+    worker.start()
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+        for _ in range(3):
+            ids = [m.client.submit(p, params) for p in prompts]
+            tokens = [[t for out in m.client.wait(i, timeout=120) for t in out.new_token_ids] for i in ids]
+            assert tokens == want_tokens
+    finally:
+        stop.set()
+        worker.join()
+        m.client.close()
+    assert got
+    for vectors in got:
+        np.testing.assert_allclose(vectors, cpu, atol=1e-4)
