@@ -134,18 +134,22 @@ class Model:
         exe.run()
         return np.array(exe.read("logits"), dtype=np.float32)
 
-    def hidden_states(self, token_ids, pad_to: int | None = None) -> np.ndarray:
+    def hidden_states(self, token_ids, pad_to: int | None = None, pad_docs_to: int | None = None) -> np.ndarray:
         """The final hidden states [T, C] (float32, after the final norm: HF's last_hidden_state)
-        of one sequence or several packed documents (each attends only to itself). ``pad_to``:
-        run the Program of that many tokens (the padding is a document of its own, dropped), so
-        that inputs of nearby lengths share one compiled Program."""
+        of one sequence or several packed documents (each attends only to itself). ``pad_to`` /
+        ``pad_docs_to``: run the Program of at least that many tokens / documents (padding
+        documents of their own, dropped after), so that inputs of nearby shapes share one
+        compiled Program."""
         ids, pos, cu = pack(token_ids)
         self._check_ids(ids)
-        T = len(ids)
-        if pad_to is not None and pad_to > T:
-            ids = np.concatenate([ids, np.zeros(pad_to - T, np.int32)])
-            pos = np.concatenate([pos, np.arange(pad_to - T, dtype=np.int32)])
-            cu = np.append(cu, pad_to).astype(np.int32)
+        T, n = len(ids), len(cu) - 1
+        docs = max(pad_docs_to or 0, n + (1 if pad_to is not None and pad_to > T else 0))
+        if docs > n:  # one token each, the last one taking the rest
+            tokens = max(pad_to or 0, T + docs - n)
+            lens = [1] * (docs - n - 1) + [tokens - T - (docs - n - 1)]
+            ids = np.concatenate([ids, np.zeros(tokens - T, np.int32)])
+            pos = np.concatenate([pos, *[np.arange(k, dtype=np.int32) for k in lens]])
+            cu = np.concatenate([cu, T + np.cumsum(lens)]).astype(np.int32)
         exe = self.executable("hidden", len(ids), len(cu) - 1)
         self._feed(exe, ids, pos, cu)
         exe.run()

@@ -11,5 +11,5 @@ from surogate.serve.llm import LLM, Generation
 from surogate.serve.types import (EngineConfig, EngineStats, RequestOutput, SamplingParams, StructuredOutputsParams,
                                   TokenLogprob)
 
-__all__ = ["LLM", "Embedder", "EngineClient", "EngineConfig", "EngineStats", "Generation", "RequestOutput", "SamplingParams",
-           "StructuredOutputsParams", "TokenLogprob"]
+__all__ = ["LLM", "Embedder", "EngineClient", "EngineConfig", "EngineStats", "Generation", "RequestOutput",
+           "SamplingParams", "StructuredOutputsParams", "TokenLogprob"]

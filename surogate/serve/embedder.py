@@ -11,7 +11,8 @@ Dense -> Dense -> Normalize) says its own pipeline: its pooling mode, its dense 
 host to the pooled vectors (one small matmul per input), and whether it normalises.
 
 Inputs are batched up to ``max_batch_tokens`` tokens (a longer one runs alone) and each batch is
-padded to a power of two (at least 16 tokens), so a server compiles a handful of Programs. The
+padded to a power of two of documents (at least one padding document) and of tokens (at least
+16), so a server compiles a few Programs per size, not one per request. The
 Programs are the model's (``Model.executable``), not the serving engine's: one lock orders the
 callers; the engine's own Programs are separate and run beside them.
 
@@ -79,8 +80,9 @@ def sentence_transformers_pipeline(folder: str | Path) -> Pipeline | None:
             modes = [v for k, v in _ST_POOLING.items() if cfg.get(k)]
             others = [k for k, v in cfg.items() if k.startswith("pooling_mode_") and v and k not in _ST_POOLING]
             if others or len(modes) != 1:
-                raise UnsupportedError(f"{where / 'config.json'}: pooling {others or modes or 'none'} is not supported",
-                                       hint="supported: pooling_mode_mean_tokens or pooling_mode_lasttoken, one of them")
+                raise UnsupportedError(
+                    f"{where / 'config.json'}: pooling {others or modes or 'none'} is not supported",
+                    hint="supported: pooling_mode_mean_tokens or pooling_mode_lasttoken, one of them")
             pooling = modes[0]
         elif kind == _ST + "Dense":
             dense.append(_dense(where))
@@ -113,7 +115,8 @@ def _dense(where: Path) -> Dense:
                                hint="supported: " + ", ".join(_ST_ACTIVATIONS))
     weights = where / "model.safetensors"
     if not weights.is_file():
-        raise FileFormatError(f"{where}: no model.safetensors", hint="save the model with a recent sentence-transformers")
+        raise FileFormatError(f"{where}: no model.safetensors",
+                              hint="save the model with a recent sentence-transformers (safetensors weights)")
     f = open_safetensors(weights)
     w = np.array(f.get("linear.weight"), np.float32)
     if w.shape != (int(cfg["out_features"]), int(cfg["in_features"])):
@@ -161,9 +164,9 @@ class Embedder:
         out = np.empty((len(inputs), self.dimensions), np.float32)
         for batch in self._batches(inputs):
             docs = [list(inputs[i]) for i in batch]
-            T = sum(len(d) for d in docs)
+            T, S = sum(len(d) for d in docs), 1 << len(docs).bit_length()  # S > len(docs)
             with self._lock:
-                h = self.model.hidden_states(docs, pad_to=_bucket(T))  # [T, C]
+                h = self.model.hidden_states(docs, pad_to=_bucket(T + S - len(docs)), pad_docs_to=S)  # [T, C]
             start = 0
             for i, d in zip(batch, docs):
                 rows = h[start:start + len(d)]

@@ -438,7 +438,8 @@ def make_embedding_gemma(path: str | Path, *, seed: int = 0, dense: tuple[int, .
         save_safetensors(path / name / "model.safetensors", {"linear.weight": w})
         modules.append({"idx": i + 2, "name": str(i + 2), "path": name, "type": "sentence_transformers.models.Dense"})
     n = len(modules)
-    modules.append({"idx": n, "name": str(n), "path": f"{n}_Normalize", "type": "sentence_transformers.models.Normalize"})
+    modules.append({"idx": n, "name": str(n), "path": f"{n}_Normalize",
+                    "type": "sentence_transformers.models.Normalize"})
     (path / f"{n}_Normalize").mkdir()
     _write_json(path / "modules.json", modules)
     return path
