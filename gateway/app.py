@@ -6,7 +6,8 @@ One request, end to end (see also ARCHITECTURE.md §4):
    path belongs to: ``/v1/messages*`` speaks Anthropic, everything else OpenAI).
 2. API keys, when configured, are checked on every route but /health and /openapi.json
    (``Authorization: Bearer`` or ``x-api-key``; /metrics too unless configured open). The admin
-   routes (``POST /sleep?model=``, ``POST /wake_up?model=``, as vLLM names them) take the same keys.
+   routes (``POST /sleep?model=``, ``POST /wake_up?model=``, ``POST /v1/load_lora_adapter`` and
+   ``/v1/unload_lora_adapter``, as vLLM names them) take the same keys.
 3. The body is read up to ``max_body_bytes`` (413 beyond, from Content-Length when it is given)
    and decoded by the route's msgspec decoder, built once; a malformed body or a wrong type is a
    400 whose ``param`` names the field.
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 import msgspec
 
 from . import errors, tokenize
+from .adapters import admin_target, load_lora_adapter, unload_lora_adapter
 from .anthropic import handlers as anthropic_handlers
 from .anthropic import protocol as a
 from .context import RequestContext
@@ -71,6 +73,7 @@ class Route:
     auth: bool = True
     summary: str = ""
     query: tuple[str, ...] = ()  # query parameters the handler takes, in order (None when absent)
+    plain: bool = False  # the 200 body is text/plain (vLLM's adapter routes)
 
 
 async def _health(gw: Gateway, ctx: RequestContext):
@@ -79,28 +82,17 @@ async def _health(gw: Gateway, ctx: RequestContext):
     return JSONReply(HealthResponse(status="ok" if ok else "loading", models=states), status=200 if ok else 503)
 
 
-def _admin_target(gw: Gateway, name: str | None) -> ServedModel | ApiError:
-    if name is None:
-        if len(gw.models.models) == 1:
-            return next(iter(gw.models))
-        return errors.invalid("Name the model: `?model=<name>` (this server has several).", param="model")
-    found = gw.find(name)
-    if isinstance(found, ApiError):
-        return found
-    if found[1] is not None:
-        return errors.invalid(f"`{name}` is an adapter; sleep and wake its base model `{found[0].name}`.",
-                              param="model")
-    return found[0]
-
-
 async def _sleep(gw: Gateway, ctx: RequestContext, name: str | None):
     """Pause a model: new requests get 503 / 529 until it wakes; requests already running finish,
     then the engine gives its memory back (``EngineClient.release``): KV cache, Programs and the
     weights' device copies (vLLM's sleep level 1; the weights stay in host memory). The reply
     comes once that is done. Idempotent."""
-    model = _admin_target(gw, name)
+    model = admin_target(gw, name)
     if isinstance(model, ApiError):
         return model
+    if not model.generates:
+        return errors.invalid(f"`{model.name}` is an embedding model without an engine: nothing to put to sleep.",
+                              param="model")
     if model.engine is None:
         return errors.model_loading(model.name)
     model.asleep = True
@@ -115,7 +107,7 @@ async def _sleep(gw: Gateway, ctx: RequestContext, name: str | None):
 
 
 async def _wake_up(gw: Gateway, ctx: RequestContext, name: str | None):
-    model = _admin_target(gw, name)
+    model = admin_target(gw, name)
     if isinstance(model, ApiError):
         return model
     async with model.transition:
@@ -143,6 +135,12 @@ ROUTES: tuple[Route, ...] = (
           response=tokenize.TokenizeResponse, summary="Tokenize a prompt or a conversation"),
     Route("POST", "/detokenize", tokenize.detokenize, request=tokenize.DetokenizeRequest,
           response=tokenize.DetokenizeResponse, summary="Token ids to text"),
+    Route("POST", "/v1/embeddings", openai_handlers.embeddings, request=p.EmbeddingRequest,
+          response=p.EmbeddingList, summary="Embeddings (OpenAI): pooled final hidden states, normalised"),
+    Route("POST", "/v1/load_lora_adapter", load_lora_adapter, request=p.LoadLoRAAdapterRequest, query=("model",),
+          plain=True, summary="Load a PEFT LoRA adapter at run time (vLLM); then served as model=<lora_name>"),
+    Route("POST", "/v1/unload_lora_adapter", unload_lora_adapter, request=p.UnloadLoRAAdapterRequest,
+          query=("model",), plain=True, summary="Unload a LoRA adapter (vLLM); its running requests finish"),
     Route("POST", "/sleep", _sleep, response=SleepResponse, query=("model",),
           summary="Put a model to sleep: new requests get 503 (OpenAI) / 529 (Anthropic) until it wakes"),
     Route("POST", "/wake_up", _wake_up, response=SleepResponse, query=("model",), summary="Wake a sleeping model"),

@@ -8,6 +8,9 @@ client that generates), whose engine is None while the model loads: generation t
 finish, the engine gives its KV cache, Programs and the weights' device copies back
 (``EngineClient.release``) until ``POST /wake_up`` (``restore``). LoRA adapters are served under
 their own names and resolve to (base model, adapter name); the engine client knows their slots.
+``POST /v1/load_lora_adapter`` / ``/v1/unload_lora_adapter`` (gateway/adapters.py) change a
+model's ``adapters`` at run time. ``embedder``: the model's ``surogate.serve.Embedder`` when it
+answers /v1/embeddings; an encoder (``generates`` False) answers nothing else.
 
 Admission: ``queued`` (the LLM's) holds the engine requests submitted for the model that have no
 output yet; once ``GatewayConfig.max_queued_requests`` of them wait, a new request is a 429
@@ -33,7 +36,9 @@ from surogate.serve.frontend import Limits
 class ServedModel:
     name: str
     llm: LLM
-    adapters: tuple[str, ...] = ()
+    adapters: tuple[str, ...] = ()  # served now, in load order (the engine client's table after each change)
+    embedder: Any = None  # surogate.serve.Embedder: /v1/embeddings (None: the route answers 400)
+    generates: bool = True  # False: an encoder (EmbeddingGemma), no engine; only /v1/embeddings
     owned_by: str = "surogate"
     created: int = field(default_factory=lambda: int(time.time()))
     asleep: bool = False
@@ -67,8 +72,13 @@ class ServedModel:
         return self.llm.queued
 
     @property
+    def ready(self) -> bool:
+        """Loaded: its engine is there, or it is an encoder that needs none."""
+        return self.engine is not None or not self.generates
+
+    @property
     def status(self) -> str:
-        if self.engine is None:
+        if not self.ready:
             return "loading"
         return "sleeping" if self.asleep else "loaded"
 
@@ -94,13 +104,13 @@ class GatewayConfig(msgspec.Struct, kw_only=True, frozen=True):
 class ModelTable:
     def __init__(self, models: list[ServedModel]):
         self.models = {m.name: m for m in models}
-        self._adapters = {a: m for m in models for a in m.adapters}
 
     def lookup(self, name: str) -> tuple[ServedModel, str | None] | None:
         if name in self.models:
             return self.models[name], None
-        if name in self._adapters:
-            return self._adapters[name], name
+        for m in self.models.values():  # adapters come and go at run time
+            if name in m.adapters:
+                return m, name
         return None
 
     def limits(self, model: ServedModel, config: GatewayConfig) -> Limits:

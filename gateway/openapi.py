@@ -38,7 +38,7 @@ def build(routes, *, secured: bool, title: str = "Surogate gateway", version: st
         ok: dict = {"description": "OK"}
         if r.response is not None:
             ok["content"] = {"application/json": {"schema": schema_of[r.response]}}
-        elif r.path == "/metrics":
+        elif r.path == "/metrics" or r.plain:
             ok["content"] = {"text/plain": {"schema": {"type": "string"}}}
         elif r.path == "/openapi.json":
             ok["content"] = {"application/json": {"schema": {"type": "object"}}}

@@ -51,6 +51,9 @@ class Job(msgspec.Struct):
 def ready(job: Job, config: GatewayConfig) -> ApiError | None:
     """Admission: the model loading or asleep is a 503 / 529; a full queue is a 429."""
     model = job.model
+    if not model.generates:
+        return errors.invalid(f"The model `{model.name}` is an embedding model: it answers POST /v1/embeddings "
+                              "and generates nothing.", param="model")
     if model.engine is None:
         return errors.model_loading(model.name)
     if model.asleep:

@@ -107,7 +107,7 @@ class Model:
                                    "weights dequantized (the default) for a full fine-tune")
         if exe is None:
             g = self.arch.build(mode=mode, dtype=self.dtype, lora=lora, quant=self.quant)
-            keep = [g.outputs["loss" if mode == "train" else "logits"]]
+            keep = [g.outputs[{"train": "loss", "hidden": "hidden"}.get(mode, "logits")]]
             aux = g.outputs.get("aux_loss")  # a MoE model's load-balancing loss
             if aux is not None:
                 keep.append(aux)
@@ -138,6 +138,27 @@ class Model:
         self._feed(exe, ids, pos, cu)
         exe.run()
         return np.array(exe.read("logits"), dtype=np.float32)
+
+    def hidden_states(self, token_ids, pad_to: int | None = None, pad_docs_to: int | None = None) -> np.ndarray:
+        """The final hidden states [T, C] (float32, after the final norm: HF's last_hidden_state)
+        of one sequence or several packed documents (each attends only to itself). ``pad_to`` /
+        ``pad_docs_to``: run the Program of at least that many tokens / documents (padding
+        documents of their own, dropped after), so that inputs of nearby shapes share one
+        compiled Program."""
+        ids, pos, cu = pack(token_ids)
+        self._check_ids(ids)
+        T, n = len(ids), len(cu) - 1
+        docs = max(pad_docs_to or 0, n + (1 if pad_to is not None and pad_to > T else 0))
+        if docs > n:  # one token each, the last one taking the rest
+            tokens = max(pad_to or 0, T + docs - n)
+            lens = [1] * (docs - n - 1) + [tokens - T - (docs - n - 1)]
+            ids = np.concatenate([ids, np.zeros(tokens - T, np.int32)])
+            pos = np.concatenate([pos, *[np.arange(k, dtype=np.int32) for k in lens]])
+            cu = np.concatenate([cu, T + np.cumsum(lens)]).astype(np.int32)
+        exe = self.executable("hidden", len(ids), len(cu) - 1)
+        self._feed(exe, ids, pos, cu)
+        exe.run()
+        return np.array(exe.read(exe.graph.outputs["hidden"].name), dtype=np.float32)[:T]
 
     def loss(self, token_ids, labels=None) -> float:
         """Mean next-token cross-entropy, HF semantics (labels default to the inputs; -100 is
@@ -277,8 +298,10 @@ def load_model(path_or_id: str | Path, device: str = "cpu", dtype: str = "float3
     else:
         weights = folder.open_weights()
         target = _np_dtype(dtype)
-        params = family.name_table().load(names, lambda hf: np.ascontiguousarray(weights.get(hf).astype(target)),
-                                          has=weights.__contains__)
+        hf_name = _base_model_names(weights)
+        params = family.name_table().load(
+            names, lambda hf: np.ascontiguousarray(weights.get(hf_name(hf)).astype(target)),
+            has=lambda hf: hf_name(hf) in weights)
         # A weights-only folder still loads (token ids in, logits out); a damaged tokenizer does not.
         tokenizer = Tokenizer.from_folder(folder) if (folder.path / "tokenizer.json").is_file() else None
         source = folder.path
@@ -334,6 +357,15 @@ def _quantize_projections(params: dict[str, np.ndarray], weights, qtype: str,
             continue
         out[p.name] = (ggml_type_id(t), quantize(params[p.name], t, p.name))
     return out
+
+
+def _base_model_names(weights):
+    """The checkpoint's name for a name-table tensor: a base-model checkpoint (saved from HF's
+    ``*Model`` class, not ``*ForCausalLM``: EmbeddingGemma's Gemma3TextModel) has every tensor
+    without the ``model.`` prefix the tables use."""
+    if any(k.startswith("model.") for k in weights.keys()):
+        return lambda hf: hf
+    return lambda hf: hf[len("model."):] if hf.startswith("model.") else hf
 
 
 def _gguf_blocks(gguf, family: Family, config: dict, projections) -> dict[str, tuple[int, np.ndarray]]:

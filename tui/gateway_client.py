@@ -1,5 +1,6 @@
 """What the TUI asks a running gateway over HTTP: /health, /metrics (Prometheus text, read into
-the Serve screen's numbers), /v1/models, and streamed /v1/chat/completions (SSE).
+the Serve screen's numbers), /v1/models (models, and the LoRA adapters loaded on them),
+/v1/load_lora_adapter / unload_lora_adapter, and streamed /v1/chat/completions (SSE).
 
 The metric names are the gateway's (gateway/metrics.py: vLLM's names under ``surogate:``).
 Rates (tokens/s) come from the difference of two scrapes. Every call blocks: workers only.
@@ -51,6 +52,7 @@ class ServerStats:
     generation_tps: float | None = None
     prompt_tps: float | None = None
     requests: float | None = None  # finished requests since start
+    adapters: dict[str, str] = field(default_factory=dict)  # LoRA adapter -> its base model (from /v1/models)
     error: str | None = None
 
 
@@ -79,6 +81,11 @@ class StatsPoller:
         except httpx.HTTPError as e:
             stats.error = _describe_http(e)
             return stats
+        try:
+            stats.adapters = adapters_of(httpx.get(f"{self.base_url}/v1/models", headers=self.headers,
+                                                   timeout=self.timeout).json())
+        except (httpx.HTTPError, ValueError, AttributeError, TypeError):
+            pass  # the numbers still show; the adapters line waits for the next poll
         now, m = time.monotonic(), parse_prometheus(r.text)
         for key in ("generation_tokens", "prompt_tokens", "request_success"):
             m.setdefault(P + key, 0.0)  # labelled counters appear only after their first request
@@ -108,6 +115,32 @@ def list_models(base_url: str, api_key: str | None = None, timeout: float = 3.0)
     return [m["id"] for m in r.json().get("data", [])]
 
 
+def adapters_of(models: dict) -> dict[str, str]:
+    """A /v1/models body's LoRA adapters: the entries that name a parent (their base model)."""
+    return {m["id"]: m["parent"] for m in models.get("data", []) if m.get("parent")}
+
+
+def load_adapter(base_url: str, name: str, path: str, api_key: str | None = None, timeout: float = 120.0) -> str:
+    """POST /v1/load_lora_adapter (vLLM's body); the gateway's "Success: ..." line, or a
+    GatewayError with its message (a bad folder, a name already loaded, ...)."""
+    return _admin(base_url, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}, api_key, timeout)
+
+
+def unload_adapter(base_url: str, name: str, api_key: str | None = None, timeout: float = 30.0) -> str:
+    return _admin(base_url, "/v1/unload_lora_adapter", {"lora_name": name}, api_key, timeout)
+
+
+def _admin(base_url: str, path: str, body: dict, api_key: str | None, timeout: float) -> str:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        r = httpx.post(f"{base_url.rstrip('/')}{path}", json=body, headers=headers, timeout=timeout)
+    except httpx.HTTPError as e:
+        raise GatewayError(_describe_http(e), hint="is the gateway running? Start it first (s)") from None
+    if r.status_code != 200:
+        raise GatewayError(f"HTTP {r.status_code}: {_error_message(r)}", hint=_hint_for(r.status_code))
+    return r.text
+
+
 @dataclass
 class ChatDelta:
     """One piece of a streamed answer."""
@@ -120,10 +153,16 @@ class ChatDelta:
     usage: dict | None = None
 
 
-class ChatError(Exception):
+class GatewayError(Exception):
+    """A gateway call that failed: ``message`` says how, ``hint`` what to do."""
+
     def __init__(self, message: str, hint: str | None = None):
         super().__init__(message)
         self.message, self.hint = message, hint
+
+
+class ChatError(GatewayError):
+    pass
 
 
 def stream_chat(base_url: str, body: dict, api_key: str | None = None,

@@ -190,20 +190,22 @@ def completion_jobs(gw: Gateway, req: p.CompletionRequest) -> list[Job] | ApiErr
     return jobs
 
 
-def completion_prompts(tokenizer, prompt, *, add_special_tokens: bool | None = None) -> list[Prompt]:
-    """``prompt``: a string, strings, token ids, or lists of token ids."""
+def completion_prompts(tokenizer, prompt, *, add_special_tokens: bool | None = None,
+                       param: str = "prompt") -> list[Prompt]:
+    """``prompt``: a string, strings, token ids, or lists of token ids (``param``: the field's
+    name in errors; embeddings call it ``input``)."""
     add = True if add_special_tokens is None else add_special_tokens
     if isinstance(prompt, str):
-        return [encode_prompt(tokenizer, prompt, add_special_tokens=add)]
+        return [encode_prompt(tokenizer, prompt, add_special_tokens=add, param=param)]
     if not prompt:
-        raise RequestError("`prompt` is empty", param="prompt")
+        raise RequestError(f"`{param}` is empty", param=param)
     if all(isinstance(x, int) for x in prompt):
-        return [encode_prompt(tokenizer, prompt)]
+        return [encode_prompt(tokenizer, prompt, param=param)]
     out = []
     for i, item in enumerate(prompt):
         if isinstance(item, int):
-            raise RequestError("`prompt` mixes token ids with strings or lists", param=f"prompt[{i}]")
-        out.append(encode_prompt(tokenizer, item, add_special_tokens=add, param=f"prompt[{i}]"))
+            raise RequestError(f"`{param}` mixes token ids with strings or lists", param=f"{param}[{i}]")
+        out.append(encode_prompt(tokenizer, item, add_special_tokens=add, param=f"{param}[{i}]"))
     return out
 
 

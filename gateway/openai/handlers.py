@@ -7,6 +7,15 @@ the stream module's encoder turns its outputs into chunks, or collects them into
 
 from __future__ import annotations
 
+import asyncio
+import base64
+
+import numpy as np
+
+from surogate.serve.embedder import truncate
+from surogate.serve.frontend import RequestError
+
+from .. import errors
 from ..context import RequestContext
 from ..errors import ApiError
 from ..http import JSONReply, StreamReply
@@ -114,6 +123,50 @@ async def responses(gw: Gateway, ctx: RequestContext, req: p.ResponsesRequest) -
                                     out.error, ping_every=gw.config.sse_ping_seconds))
     await collected(ctx, gen, out.delta)
     return JSONReply(out.response(*ending()))
+
+
+async def embeddings(gw: Gateway, ctx: RequestContext, req: p.EmbeddingRequest) -> Reply:
+    """Each input's pooled final hidden state (the model's ``Embedder``), as floats or as base64
+    of little-endian float32; ``dimensions`` keeps the first components, renormalised."""
+    found = gw.find(req.model)
+    if isinstance(found, ApiError):
+        return found
+    model, adapter = found
+    if adapter is not None:
+        return errors.invalid(f"`{req.model}` is a LoRA adapter; embeddings come from its base model "
+                              f"`{model.name}`.", param="model")
+    embedder = model.embedder
+    if embedder is None:
+        return errors.invalid(f"The model `{model.name}` does not serve embeddings.", param="model")
+    if not model.ready:
+        return errors.model_loading(model.name)
+    if model.asleep:
+        return errors.model_asleep(model.name)
+    if req.dimensions is not None and not 1 <= req.dimensions <= embedder.dimensions:
+        return errors.invalid(f"`dimensions` must be in 1..{embedder.dimensions} for `{model.name}`, "
+                              f"got {req.dimensions}", param="dimensions")
+    try:
+        prompts = convert.completion_prompts(model.tokenizer, req.input, add_special_tokens=req.add_special_tokens,
+                                             param="input")
+    except RequestError as e:
+        return errors.from_exception(e)
+    for i, prompt in enumerate(prompts):
+        if len(prompt.token_ids) > model.max_model_len:
+            return errors.invalid(f"input {i} has {len(prompt.token_ids)} tokens, more than the model's context "
+                                  f"({model.max_model_len})", param="input" if len(prompts) == 1 else f"input[{i}]")
+    ids = [prompt.token_ids for prompt in prompts]
+    ctx.model, ctx.prompt_tokens = req.model, sum(len(x) for x in ids)
+    vectors = await asyncio.to_thread(embedder.embed, ids)
+    if req.dimensions is not None:
+        vectors = truncate(vectors, req.dimensions, embedder.normalize)
+    if req.encoding_format == "base64":
+        data = [p.Embedding(embedding=base64.b64encode(v.astype("<f4").tobytes()).decode("ascii"), index=i)
+                for i, v in enumerate(vectors)]
+    else:
+        data = [p.Embedding(embedding=v.tolist(), index=i) for i, v in enumerate(np.asarray(vectors, np.float32))]
+    return JSONReply(p.EmbeddingList(data=data, model=req.model,
+                                     usage=p.EmbeddingUsage(prompt_tokens=ctx.prompt_tokens,
+                                                            total_tokens=ctx.prompt_tokens)))
 
 
 async def list_models(gw: Gateway, ctx: RequestContext) -> Reply:

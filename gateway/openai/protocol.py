@@ -1,4 +1,5 @@
-"""OpenAI wire types: Chat Completions, Completions, Responses, Models (msgspec Structs).
+"""OpenAI wire types: Chat Completions, Completions, Responses, Models, Embeddings (msgspec Structs),
+and vLLM's LoRA adapter admin bodies.
 
 Fields follow the upstream API reference's order (as the official SDK's generated types list
 them); each type links its page. Our extensions, which vLLM's users already send through
@@ -740,3 +741,59 @@ ResponseStreamEvent = (ResponseCreatedEvent | ResponseInProgressEvent | Response
                        | ContentPartDoneEvent | OutputTextDeltaEvent | OutputTextDoneEvent | ReasoningTextDeltaEvent
                        | ReasoningTextDoneEvent | FunctionCallArgumentsDeltaEvent | FunctionCallArgumentsDoneEvent
                        | ResponseErrorEvent)
+
+
+# -- embeddings ---------------------------------------------------------------------------------------
+
+
+class EmbeddingRequest(Struct, kw_only=True):
+    """https://platform.openai.com/docs/api-reference/embeddings/create"""
+
+    input: str | list[str | int | list[int]]  # text, texts, token ids, or lists of token ids
+    model: str
+    dimensions: int | None = None  # keep the first `dimensions` components (renormalised)
+    encoding_format: Literal["float", "base64"] = "float"
+    user: str | None = None
+    # -- extensions (vLLM)
+    add_special_tokens: bool = True
+
+
+class Embedding(Struct, kw_only=True):
+    """https://platform.openai.com/docs/api-reference/embeddings/object"""
+
+    embedding: list[float] | str  # base64: the float32 components, little-endian
+    index: int
+    object: Literal["embedding"] = "embedding"
+
+
+class EmbeddingUsage(Struct, kw_only=True):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingList(Struct, kw_only=True):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
+
+
+# -- LoRA adapters at run time (vLLM's admin routes; no OpenAI counterpart) ----------------------------
+
+
+class LoadLoRAAdapterRequest(Struct, kw_only=True):
+    """vLLM's ``POST /v1/load_lora_adapter`` body; the answer is text/plain."""
+
+    lora_name: str
+    lora_path: str  # a PEFT folder on the server: adapter_config.json + adapter_model.safetensors
+    # -- extensions
+    model: str | None = None  # the base model, when the server has several (or ?model=)
+
+
+class UnloadLoRAAdapterRequest(Struct, kw_only=True):
+    """vLLM's ``POST /v1/unload_lora_adapter`` body; the answer is text/plain."""
+
+    lora_name: str
+    lora_int_id: int | None = None  # vLLM's; accepted and not needed (names are unique)
+    # -- extensions
+    model: str | None = None

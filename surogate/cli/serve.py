@@ -34,6 +34,11 @@ def serve(
         typer.Option(help="NAME=PATH: serve a PEFT LoRA adapter on the (first) model under NAME; requests pick it "
                           "with model=NAME (repeatable).", show_default=False),
     ] = None,
+    max_loras: Annotated[int, typer.Option(help="LoRA adapters loaded at once on a model (--lora and those loaded "
+                                                "at run time by POST /v1/load_lora_adapter); one more evicts the "
+                                                "least recently used.", min=1)] = 8,
+    pooling: Annotated[str, typer.Option(help="/v1/embeddings: pool the final hidden states by the last token "
+                                              "(last) or their mean (mean), then L2-normalise.")] = "last",
     quantized: Annotated[bool, typer.Option(help="GGUF models: keep the quantized weights as blocks and multiply "
                                                  "them as they are (less memory, faster decode); off: dequantize "
                                                  "to --dtype at load.")] = False,
@@ -60,7 +65,11 @@ def serve(
     except ImportError as e:
         raise NotFoundError(f"the gateway's dependencies are missing ({e.name})",
                             hint='pip install "surogate[serve]"') from None
+    from surogate.serve.embedder import POOLINGS
     from surogate.serve.launch import launch
+
+    if pooling not in POOLINGS:
+        raise InvalidArgumentError(f"--pooling {pooling!r} is not one of {', '.join(POOLINGS)}")
 
     sources = models or [_default_model()]
     keys = tuple(api_key or ([os.environ["SUROGATE_API_KEY"]] if os.environ.get("SUROGATE_API_KEY") else []))
@@ -77,10 +86,13 @@ def serve(
         m = launch(path, name=name or None, device=device, dtype=dtype, quantized=quantized,
                    loras=loras if i == 0 else None, kv_cache_tokens=kv_cache_tokens,
                    gpu_memory_utilization=gpu_memory_utilization, kv_share=1.0 / (len(sources) - i),
-                   max_num_seqs=max_num_seqs, max_model_len=max_model_len)
-        served.append(ServedModel(m.name, m.llm(), adapters=tuple(m.adapters)))
-        typer.echo(f"serving {m.name} (max_model_len {m.max_model_len}, KV cache {m.kv_cache_tokens:,} tokens) "
-                   f"on http://{host}:{port}/v1", err=True)
+                   max_num_seqs=max_num_seqs, max_model_len=max_model_len, max_loras=max_loras)
+        served.append(ServedModel(m.name, m.llm(), adapters=tuple(m.adapters), embedder=m.embedder(pooling),
+                                  generates=m.generates))
+        what = (f"KV cache {m.kv_cache_tokens:,} tokens" if m.generates else
+                "an encoder: /v1/embeddings only")
+        typer.echo(f"serving {m.name} (max_model_len {m.max_model_len}, {what}) on http://{host}:{port}/v1",
+                   err=True)
     run_server(served, GatewayConfig(api_keys=keys, max_queued_requests=max_queued_requests), host=host, port=port,
                grace=shutdown_grace)
 

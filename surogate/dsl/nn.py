@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from surogate.dsl import ops
 from surogate.dsl.graph import Dim, Graph, Value
+from surogate.errors import UnsupportedError
 
 N = Dim("N")  # tokens in one packed step
 LORA_RNG = "lora_rng"  # int32 [2]: the LoRA dropout seed (low, high words), written every step
@@ -105,9 +106,19 @@ class ModelSpec:
     conv_kernel: int = 3
     conv_bias: bool = False
     moe: MoESpec | None = None  # sparse MLP layers (None: every layer dense)
+    # False: bidirectional attention (an encoder: EmbeddingGemma), each token seeing its whole
+    # document, or on a sliding layer the tokens less than its window away on either side; such a
+    # model embeds (build mode "hidden") and has no serving build.
+    causal: bool = True
 
     def window(self, layer: int) -> int:
         return self.sliding_windows[layer] if self.sliding_windows else 0
+
+    def attention_window(self, layer: int) -> int:
+        """The attention op's window: causal, keys with i - W < j <= i (HF's sliding window W);
+        bidirectional, |i - j| <= W, so HF's |i - j| < W is W - 1."""
+        w = self.window(layer)
+        return w if self.causal or w == 0 else w - 1
 
     def head_dim_of(self, layer: int) -> int:
         return self.layer_head_dims[layer] if self.layer_head_dims else self.head_dim
@@ -266,8 +277,8 @@ class Attention:
             else:
                 q = ops.rope(q, pos, rope, name="q_rope")
                 k = ops.rope(k, pos, rope, name="k_rope")
-            o = ops.attention(q, k, v, cu, causal=True, scale=s.attn_scale, window=s.window(self.layer),
-                              softcap=s.attn_softcap, name="attn")
+            o = ops.attention(q, k, v, cu, causal=s.causal, scale=s.attn_scale,
+                              window=s.attention_window(self.layer), softcap=s.attn_softcap, name="attn")
         o = ops.view(o, (n, Hq * D))
         return self.o(g, o, dtype, lora)
 
@@ -391,14 +402,19 @@ class CausalLM:
 
     def build(self, *, mode: str = "train", dtype: str = "float32", lora: LoRAConfig | None = None,
               ce_chunk: int = 4096, kv: KVCache | None = None, quant: dict[str, int] | None = None) -> Graph:
-        """mode: "train" (per-token loss fused with the head), "logits" (every row's logits) or
-        "serve" (over the paged KV cache `kv`; logits only for the rows in `logits_rows`).
-        `quant` names the projection weights kept as GGML blocks (parameter -> ggml type)."""
-        if mode not in ("train", "logits", "serve"):
-            raise ValueError(f"mode must be 'train', 'logits' or 'serve', got {mode!r}")
+        """mode: "train" (per-token loss fused with the head), "logits" (every row's logits),
+        "hidden" (every row's final hidden state, after the final norm, no head: HF's
+        last_hidden_state, what embeddings pool) or "serve" (over the paged KV cache `kv`;
+        logits only for the rows in `logits_rows`). `quant` names the projection weights kept as
+        GGML blocks (parameter -> ggml type)."""
+        if mode not in ("train", "logits", "hidden", "serve"):
+            raise ValueError(f"mode must be 'train', 'logits', 'hidden' or 'serve', got {mode!r}")
         if (mode == "serve") != (kv is not None):
             raise ValueError("mode 'serve' and a KV cache go together")
         s = self.spec
+        if mode == "serve" and not s.causal:
+            raise UnsupportedError(f"{s.family}: a model with bidirectional attention (an encoder) does not generate",
+                                   hint="serve it for /v1/embeddings only (surogate serve starts no engine for it)")
         if lora is not None and lora.dropout > 0 and mode != "train":
             lora = dataclasses.replace(lora, dropout=0.0)  # dropout only in training graphs
         g = Graph(f"{s.family}-{mode}")
@@ -426,6 +442,9 @@ class CausalLM:
             x = ops.embedding(rows, x, name="x_rows")
             residual = None if residual is None else ops.embedding(rows, residual, name="residual_rows")
         y, _ = pre_norm(x, residual, fn, s.rms_norm_eps, "final_norm", s.norm_offset)
+        if mode == "hidden":
+            g.mark_output("hidden", y)
+            return g
         head = emb if s.tie_word_embeddings else g.param("lm_head.weight", (s.vocab_size, s.hidden_size), dtype,
                                                          trainable=lora is None)
         if mode == "train":

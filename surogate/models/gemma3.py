@@ -8,6 +8,10 @@ query_pre_attn_scalar**-0.5, GeGLU, sliding-window layers interleaved with globa
 (layer_types, else every sliding_window_pattern-th layer global), each kind with its own rope
 (rope_local_base_freq on sliding layers; rope_theta and rope_scaling on global ones), and
 the final logits soft-capped where the config sets it (in training; Gemma 3 does not set it).
+EmbeddingGemma (Gemma3TextModel, use_bidirectional_attention) is the same stack as an encoder:
+every token sees its whole input on global layers, the tokens less than sliding_window away on
+either side on sliding ones (ModelSpec.causal False); surogate.serve.embedder adds its pooling and
+dense projections.
 attn_logit_softcapping is refused: transformers' Gemma 3 ignores it and llama.cpp refuses it.
 
 In GGUF (llama.cpp's convert_hf_to_gguf.py Gemma3Model): architecture "gemma3", NEOX rope (q/k
@@ -73,21 +77,25 @@ def spec_from_config(cfg: dict) -> nn.ModelSpec:
         raise UnsupportedError("config.json: attn_logit_softcapping is set, which Gemma 3 does not use "
                                "(transformers ignores it, llama.cpp refuses it)",
                                hint="set it to null, as Gemma 3's own configs have it")
-    if cfg.get("use_bidirectional_attention"):
-        raise UnsupportedError("config.json: use_bidirectional_attention (EmbeddingGemma) is not supported",
-                               hint="only causal Gemma 3 language models run here")
+    bidirectional = bool(cfg.get("use_bidirectional_attention"))
+    if bidirectional and int(cfg.get("sliding_window", 4096)) < 2:
+        raise UnsupportedError("config.json: use_bidirectional_attention with a sliding_window below 2",
+                               hint="a bidirectional window of 1 would let a token see only itself; check config.json")
     types = layer_types(cfg)
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
     glob, sliding = _ropes(cfg)
     head_dim = int(cfg.get("head_dim") or 256)
+    window = int(cfg.get("sliding_window", 4096))
+    if bidirectional:  # transformers' Gemma3TextConfig: config.json's window W means |i - j| < W // 2 + 1
+        window = window // 2 + 1
     base = {**cfg, "hidden_act": act, "head_dim": head_dim, "layer_types": types, "rope_parameters": None,
             "rope_scaling": None, "tie_word_embeddings": cfg.get("tie_word_embeddings", True),
-            "sliding_window": cfg.get("sliding_window", 4096)}
+            "sliding_window": window}
     spec = decoder.spec_from_config(base, "gemma3", qk_norm=True)
     return dataclasses.replace(
         spec, rope=glob, rope_sliding=sliding, norm_offset=NORM_OFFSET, embed_scale=True,
         attn_scale=float(cfg.get("query_pre_attn_scalar", head_dim)) ** -0.5,
-        final_softcap=float(cfg.get("final_logit_softcapping") or 0.0))
+        final_softcap=float(cfg.get("final_logit_softcapping") or 0.0), causal=not bidirectional)
 
 
 _NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
@@ -165,7 +173,9 @@ def _shape(**kw) -> dict:
 
 FAMILY = Family(
     name="gemma3",
-    hf_architectures=("Gemma3ForCausalLM",),
+    # Gemma3TextModel: the encoder checkpoints (EmbeddingGemma: use_bidirectional_attention, no head,
+    # tensors without the "model." prefix), served for embeddings only.
+    hf_architectures=("Gemma3ForCausalLM", "Gemma3TextModel"),
     model_types=("gemma3_text",),
     spec_from_config=spec_from_config,
     architecture=lambda spec: nn.CausalLM(spec, block=nn.SandwichBlock),

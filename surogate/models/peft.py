@@ -39,7 +39,12 @@ def load_peft_adapter(path: str | Path, module_prefix: str = "model.") -> tuple[
     cfg_file = path / "adapter_config.json"
     if not cfg_file.is_file():
         raise NotFoundError(f"{path}: no adapter_config.json", hint="pass the folder a LoRA run wrote (PEFT format)")
-    c = json.loads(cfg_file.read_text())
+    try:
+        c = json.loads(cfg_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise FileFormatError(f"{cfg_file} is not valid JSON: {e}", hint="pass a folder PEFT wrote") from None
+    if not isinstance(c, dict) or not isinstance(c.get("r"), int) or c["r"] < 1:
+        raise FileFormatError(f"{cfg_file}: no LoRA rank `r` (a positive integer)", hint="pass a folder PEFT wrote")
     if c.get("peft_type", "LORA") != "LORA":
         raise FileFormatError(f"{cfg_file}: peft_type {c.get('peft_type')!r} is not LORA")
     targets = c.get("target_modules") or list(ALL_TARGETS)

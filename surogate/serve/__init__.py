@@ -5,10 +5,11 @@ both: ``SamplingParams`` in, ``RequestOutput`` (with ``TokenLogprob``s) out. See
 
 from __future__ import annotations
 
+from surogate.serve.embedder import Embedder
 from surogate.serve.engine_client import EngineClient
 from surogate.serve.llm import LLM, Generation
 from surogate.serve.types import (EngineConfig, EngineStats, RequestOutput, SamplingParams, StructuredOutputsParams,
                                   TokenLogprob)
 
-__all__ = ["LLM", "EngineClient", "EngineConfig", "EngineStats", "Generation", "RequestOutput", "SamplingParams",
-           "StructuredOutputsParams", "TokenLogprob"]
+__all__ = ["LLM", "Embedder", "EngineClient", "EngineConfig", "EngineStats", "Generation", "RequestOutput",
+           "SamplingParams", "StructuredOutputsParams", "TokenLogprob"]

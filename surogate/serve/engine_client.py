@@ -8,8 +8,16 @@ channel with the GIL released and hands each engine step's outputs to their ``Ou
 one per request, or one for all the answers of a generation (surogate.serve.llm passes its own,
 which detokenizes, applies stop strings and parsers as the outputs arrive, a step at a time).
 
-The client also knows the model's LoRA adapters by name (``submit(..., adapter="name")``), and
-gives the model's memory back while it sleeps (``release`` / ``restore``).
+The client also knows the model's LoRA adapters by name (``submit(..., adapter="name")``), loads
+and unloads them at run time (``load_adapter`` / ``unload_adapter``, at most ``max_loras``, the
+least recently used evicted first), and gives the model's memory back while it sleeps
+(``release`` / ``restore``).
+
+Adapters at run time: each load takes a slot number never used before on this engine, so the
+prefix cache (whose hash chains are per slot) can never hand a new adapter the KV blocks of an
+old one. An unloaded adapter's name is gone at once (a new request naming it is a NotFoundError);
+its requests already submitted run to their end, and the runner drops its Programs and tensors
+once the last of them finished (the poller sees the finish after the step that produced it).
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from typing import Any
 import msgspec
 
 from surogate import _native
-from surogate.errors import InvalidArgumentError, NotFoundError
+from surogate.errors import InvalidArgumentError, NotFoundError, UnsupportedError
 from surogate.serve.structured import TokenMasks
 from surogate.serve.types import EngineConfig, EngineStats, RequestOutput, SamplingParams
 
@@ -121,11 +129,25 @@ class EngineClient:
     """Drives a native engine over ``runner``: a ``_native.serve.ModelRunner``, an object that
     holds one as ``.native`` (surogate.serve.model_runner.ProgramRunner), or any object with
     ``vocab_size`` and ``run(step: StepInput) -> float32 array [len(step.logits_rows), V]``.
-    ``adapters``: the LoRA adapters the runner holds, served name -> slot."""
+    ``adapters``: the LoRA adapters the runner holds, served name -> slot. ``max_loras``: how
+    many adapters may be loaded at once (None: no limit); loading one more evicts the least
+    recently used."""
 
-    def __init__(self, runner: Any, config: EngineConfig, adapters: Mapping[str, int] | None = None) -> None:
+    def __init__(self, runner: Any, config: EngineConfig, adapters: Mapping[str, int] | None = None,
+                 max_loras: int | None = None) -> None:
+        if max_loras is not None and max_loras < 1:
+            raise InvalidArgumentError(f"--max-loras {max_loras} must be at least 1")
+        if max_loras is not None and len(adapters or {}) > max_loras:
+            raise InvalidArgumentError(f"{len(adapters)} LoRA adapters given, more than --max-loras {max_loras}",
+                                       hint="raise --max-loras or serve fewer adapters")
         self.runner = runner  # what release / restore act on (a ProgramRunner has both)
-        self.adapters = dict(adapters or {})
+        self.adapters = dict(adapters or {})  # served name -> slot, least recently used first
+        self.max_loras = max_loras
+        self._next_slot = max(self.adapters.values(), default=-1) + 1
+        self._slot_users: collections.Counter[int] = collections.Counter()  # slot -> its requests not finished
+        self._request_slot: dict[int, int] = {}  # request id -> its adapter slot (adapter requests only)
+        self._retiring: set[int] = set()  # unloaded slots whose requests still run
+        self._loading = threading.Lock()
         native = getattr(runner, "native", runner)
         if not isinstance(native, _native.serve.ModelRunner):
             if not (hasattr(runner, "run") and hasattr(runner, "vocab_size")):
@@ -167,7 +189,6 @@ class EngineClient:
         output arrives). ``matcher``: the llguidance matcher of a request with
         ``structured_outputs`` (surogate.serve.structured.Grammars). Bad input raises
         InvalidArgumentError naming the field."""
-        slot = self._slot(adapter)
         params = params or SamplingParams()
         if params.n != 1 or params.stop:
             field = "n" if params.n != 1 else "stop"
@@ -180,11 +201,15 @@ class EngineClient:
         with self._lock:  # the poller dispatches under this lock: the stream exists before any output
             if self._closed:
                 raise InvalidArgumentError("the engine client is closed", hint="create a new EngineClient")
+            slot = self._slot(adapter)  # under the lock: an unload cannot drop the slot in between
             with self.masks.lock:  # the engine may step the request at once: its matcher is there first
                 request_id = self._engine.submit(prompt_ids, params, -1 if slot is None else slot)
                 if matcher is not None:
                     self.masks.add(request_id, matcher)
             self._streams[request_id] = (stream if stream is not None else OutputStream(), index)
+            if slot is not None and slot >= 0:
+                self._request_slot[request_id] = slot
+                self._slot_users[slot] += 1
         return request_id
 
     async def stream(self, request_id: int) -> AsyncIterator[RequestOutput]:
@@ -273,13 +298,74 @@ class EngineClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # -- adapters at run time --
+
+    def load_adapter(self, name: str, cfg: Any, params: Mapping[str, Any]) -> list[str]:
+        """Serve a LoRA adapter (its config and our-named tensors, as
+        surogate.models.peft.load_peft_adapter returns them) under ``name``, in a new slot.
+        Returns the adapters evicted to stay within ``max_loras`` (least recently used first,
+        preferring one with no request running). A name already served, or tensors that do not
+        fit the model, raise InvalidArgumentError."""
+        if not hasattr(self.runner, "add_adapter"):
+            raise UnsupportedError(f"runner {type(self.runner).__name__} cannot load LoRA adapters",
+                                   hint="serve the model through surogate.serve.model_runner.ProgramRunner")
+        with self._loading:  # one load at a time: the name is checked and taken in one go
+            with self._lock:
+                if name in self.adapters:
+                    raise InvalidArgumentError(f"The lora adapter '{name}' has already been loaded.",
+                                               hint="unload it first (POST /v1/unload_lora_adapter)")
+                slot, self._next_slot = self._next_slot, self._next_slot + 1
+            self.runner.add_adapter(slot, cfg, params)  # checks the tensors against the model
+            evicted, drop = [], []
+            with self._lock:
+                self.adapters[name] = slot
+                while self.max_loras is not None and len(self.adapters) > self.max_loras:
+                    idle = [n for n, s in self.adapters.items() if not self._slot_users[s]]
+                    victim = idle[0] if idle else next(iter(self.adapters))
+                    evicted.append(victim)
+                    drop += self._retire(victim)
+        self._drop(drop)
+        return evicted
+
+    def adapter_names(self) -> list[str]:
+        """The adapters served now, least recently used first (a snapshot: submits reorder them)."""
+        with self._lock:
+            return list(self.adapters)
+
+    def unload_adapter(self, name: str) -> None:
+        """Stop serving adapter ``name``: new requests naming it are refused at once; those
+        already submitted finish, then its slot is dropped. Unknown: NotFoundError."""
+        with self._lock:
+            if name not in self.adapters:
+                raise NotFoundError(f"The lora adapter '{name}' cannot be found.",
+                                    hint=f"loaded adapters: {sorted(self.adapters) or 'none'}")
+            drop = self._retire(name)
+        self._drop(drop)
+
+    def _retire(self, name: str) -> list[int]:
+        """(Under the lock.) Forget the name; its slot to drop now, or [] while requests use it."""
+        slot = self.adapters.pop(name)
+        if self._slot_users[slot]:
+            self._retiring.add(slot)
+            return []
+        return [slot]
+
+    def _drop(self, slots: list[int]) -> None:
+        for slot in slots:
+            self._retiring.discard(slot)
+            self._slot_users.pop(slot, None)
+            if hasattr(self.runner, "remove_adapter"):
+                self.runner.remove_adapter(slot)
+
     def _slot(self, adapter: str | int | None) -> int | None:
+        """(Under the lock.) The slot of a served adapter; naming it makes it the most recently used."""
         if not isinstance(adapter, str):
             return adapter
-        slot = self.adapters.get(adapter)
+        slot = self.adapters.pop(adapter, None)
         if slot is None:
             raise NotFoundError(f"no LoRA adapter named {adapter!r} on this engine",
                                 hint=f"served adapters: {sorted(self.adapters) or 'none'}")
+        self.adapters[adapter] = slot  # to the back: the least recently used stay in front
         return slot
 
     def _stream(self, request_id: int) -> OutputStream:
@@ -300,8 +386,17 @@ class EngineClient:
     def _dispatch(self, raw: list[tuple]) -> None:
         """One engine step's outputs (or several, when the poller fell behind): grouped by
         stream, each stream gets its share in one ``put``, and each event loop one wake-up."""
+        drop = []
         with self._lock:
             streams = [self._streams.get(t[0]) for t in raw]
+            if self._request_slot:
+                for t in raw:
+                    if t[4] is not None and (slot := self._request_slot.pop(t[0], None)) is not None:
+                        self._slot_users[slot] -= 1
+                        if not self._slot_users[slot] and slot in self._retiring:
+                            drop.append(slot)  # its last request finished: no step uses it again
+        if drop:
+            self._drop(drop)
         if len(self.masks):
             for t in raw:
                 if t[4] is not None:  # finished: its grammar is done

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from surogate.errors import InvalidArgumentError, OutOfMemoryError
 from surogate.model import Model, load_model
+from surogate.serve.embedder import Embedder
 from surogate.serve.engine_client import EngineClient
 from surogate.serve.llm import LLM
 from surogate.serve.model_runner import ProgramRunner
@@ -24,17 +25,25 @@ from surogate.serve.types import EngineConfig
 class Launched:
     name: str
     model: Model
-    client: EngineClient
+    client: EngineClient | None  # None: an encoder (bidirectional attention), served for embeddings only
     max_model_len: int
     kv_cache_tokens: int
-    runner: ProgramRunner
+    runner: ProgramRunner | None
     adapters: dict[str, int] = field(default_factory=dict)  # served adapter name -> engine slot
+
+    @property
+    def generates(self) -> bool:
+        return self.client is not None
 
     def llm(self, **kw) -> LLM:
         """The generation API over this engine: parsers detected from the chat template (``kw``:
         ``reasoning_parser``, ``tool_parser``, ``template_defaults``, ``chat_template``)."""
         return LLM.for_model(self.client, self.model.tokenizer, self.max_model_len,
                              model_type=self.model.config.get("model_type"), **kw)
+
+    def embedder(self, pooling: str = "last") -> Embedder:
+        """Embeddings from this model's final hidden states (``last`` or ``mean`` pooling, normalised)."""
+        return Embedder.for_model(self.model, pooling)
 
 
 CPU_KV_TOKENS = 16384  # the CPU's default KV cache, in tokens
@@ -86,13 +95,17 @@ def launch(source: str, *, name: str | None = None, dtype: str = "float32", devi
            quantized: bool = False, loras: dict[str, str] | None = None, kv_cache_tokens: int | None = None,
            gpu_memory_utilization: float = 0.9, kv_share: float = 1.0, block_size: int = 16,
            max_num_seqs: int = 128, max_num_batched_tokens: int = 2048, max_model_len: int | None = None,
-           seed: int | None = None) -> Launched:
+           seed: int | None = None, max_loras: int | None = None) -> Launched:
     """``kv_cache_tokens`` None: 16,384 on the CPU; on a GPU, what is left of
     ``gpu_memory_utilization`` of its memory once a profile run measured the weights, a step of
     the largest bucket and what other processes hold (``kv_share`` of it, when several models
-    share the GPU)."""
+    share the GPU). ``max_loras``: how many LoRA adapters may be loaded at once (``loras`` and
+    those loaded at run time, EngineClient.load_adapter); None: no limit."""
     if kv_cache_tokens is not None and kv_cache_tokens < block_size:
         raise InvalidArgumentError(f"--kv-cache-tokens {kv_cache_tokens} is less than one block ({block_size})")
+    if max_loras is not None and len(loras or {}) > max_loras:
+        raise InvalidArgumentError(f"{len(loras)} --lora adapters, more than --max-loras {max_loras}",
+                                   hint="raise --max-loras or serve fewer adapters")
     if not 0 < gpu_memory_utilization <= 1:
         raise InvalidArgumentError(f"--gpu-memory-utilization {gpu_memory_utilization} is not in (0, 1]")
     from surogate.model import resolve_device
@@ -107,6 +120,12 @@ def launch(source: str, *, name: str | None = None, dtype: str = "float32", devi
     model = load_model(source, device=device, dtype=dtype, quantized=quantized)
     if model.tokenizer is None:
         raise InvalidArgumentError(f"{source} has no tokenizer", hint="serve a folder with tokenizer.json")
+    if not model.spec.causal:  # an encoder (EmbeddingGemma): embeddings, no engine, no KV cache
+        if loras:
+            raise InvalidArgumentError(f"{source} is an encoder (bidirectional attention): it takes no --lora")
+        limit = int(model.config.get("max_position_embeddings") or 2048)
+        return Launched(name or _default_name(source), model, None,
+                        min(limit, max_model_len) if max_model_len is not None else limit, 0, None)
     if kv_cache_tokens is None:
         kv_cache_tokens = _auto_kv_tokens(model, gpu_memory_utilization, kv_share, block_size, max_num_seqs,
                                           max_num_batched_tokens)
@@ -126,7 +145,7 @@ def launch(source: str, *, name: str | None = None, dtype: str = "float32", devi
     client = EngineClient(runner, EngineConfig(
         num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, max_model_len=limit,
-        eos_token_ids=list(model.tokenizer.eos_token_ids), seed=seed), adapters=adapters)
+        eos_token_ids=list(model.tokenizer.eos_token_ids), seed=seed), adapters=adapters, max_loras=max_loras)
     served_name = name or _default_name(source)
     return Launched(served_name, model, client, limit, num_blocks * block_size, runner, adapters)
 

@@ -8,9 +8,10 @@ runs in a step except the first time a bucket is met: then the native runner cal
 ``ProgramRunner._compile`` (this module) with the GIL, which builds the Program.
 
 LoRA adapters per request: ``add_adapter(slot, config, params)`` registers an adapter under the
-engine's adapter slot; a step whose sequences use several adapters (or the base model, -1) runs
-as one sub-step per adapter, each through a Program with that adapter's LoRA slices bound. The
-engine keeps each adapter's prefix-cache chain apart.
+engine's adapter slot (``remove_adapter(slot)`` drops it again, at run time); a step whose
+sequences use several adapters (or the base model, -1) runs as one sub-step per adapter, each
+through a Program with that adapter's LoRA slices bound. The engine keeps each adapter's
+prefix-cache chain apart (so the engine client never reuses a slot number for another adapter).
 
 Weights are bound to every Program without copies (on a GPU: the model's one device copy); the
 KV cache is one array per layer and per K / V (each layer's own shape; none for a layer that
@@ -164,6 +165,15 @@ class ProgramRunner:
         self.native.forget(slot)  # re-registered: rebuild (after any step in flight)
         self._programs = {k: v for k, v in self._programs.items() if k[4] != slot}
         self.adapters[slot] = (cfg, host, dev)
+
+    def remove_adapter(self, slot: int) -> None:
+        """Forget adapter ``slot``: its Programs and LoRA tensors (host and device). No step of it
+        may run any more (the engine client calls this once its last request finished)."""
+        if slot not in self.adapters:
+            raise InvalidArgumentError(f"no adapter in slot {slot}")
+        self.native.forget(slot)
+        self._programs = {k: v for k, v in self._programs.items() if k[4] != slot}
+        del self.adapters[slot]
 
     @property
     def kv_bytes(self) -> int:

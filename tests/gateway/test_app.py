@@ -513,3 +513,39 @@ def test_request_ids_and_one_json_log_line_per_request(tiny_tokenizers, caplog):
     assert lines[0]["request_id"] == "abc-123" and lines[0]["status"] == 200 and lines[0]["path"] == "/v1/models"
     assert lines[2]["status"] == 503 and lines[2]["model"] == "qwen-tiny" and lines[2]["error"] == "overloaded"
     assert lines[2]["prompt_tokens"] > 0
+
+
+def test_lora_admin_routes_name_the_model_and_need_the_key(tiny_tokenizers):
+    """vLLM's adapter routes on a two-model server with no engine yet: the key, the model to act
+    on (several are served), its loading state, unknown adapters; the OpenAPI document has them."""
+    app = make_app(tiny_tokenizers)
+    body = {"lora_name": "x", "lora_path": "/nowhere"}
+
+    async def check():
+        async with transport(app) as c:
+            auth = {"x-api-key": KEY}
+            assert (await c.post("/v1/load_lora_adapter", json=body)).status_code == 401
+            r = await c.post("/v1/load_lora_adapter", json=body, headers=auth)
+            assert r.status_code == 400 and r.json()["error"]["param"] == "model"  # which of the two?
+            r = await c.post("/v1/load_lora_adapter?model=nope", json=body, headers=auth)
+            assert r.status_code == 404
+            r = await c.post("/v1/load_lora_adapter?model=qwen-tiny", json=body, headers=auth)
+            assert r.status_code == 503 and "loading" in r.json()["error"]["message"]
+            r = await c.post("/v1/load_lora_adapter", json={**body, "model": "qwen-tiny-lora"}, headers=auth)
+            assert r.status_code == 400 and "is an adapter" in r.json()["error"]["message"]
+            r = await c.post("/v1/load_lora_adapter", json={**body, "lora_name": ""}, headers=auth)
+            assert r.status_code == 400 and r.json()["error"]["param"] == "lora_name"
+            r = await c.post("/v1/load_lora_adapter", json={"lora_name": "x"}, headers=auth)
+            assert r.status_code == 400 and r.json()["error"]["param"] == "lora_path"
+            r = await c.post("/v1/unload_lora_adapter", json={"lora_name": "nope"}, headers=auth)
+            assert r.status_code == 404 and "cannot be found" in r.json()["error"]["message"]
+            r = await c.post("/v1/unload_lora_adapter", json={"lora_name": "qwen-tiny-lora"}, headers=auth)
+            assert r.status_code == 503  # found on its base model, whose engine is still loading
+            r = await c.post("/v1/embeddings", json={"model": "qwen-tiny", "input": "hi"}, headers=auth)
+            assert r.status_code == 400 and "does not serve embeddings" in r.json()["error"]["message"]
+            doc = (await c.get("/openapi.json")).json()
+            for path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
+                op = doc["paths"][path]["post"]
+                assert "text/plain" in op["responses"]["200"]["content"] and "400" in op["responses"]
+            assert "EmbeddingRequest" in doc["components"]["schemas"]
+    run(check())

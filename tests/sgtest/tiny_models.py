@@ -400,3 +400,46 @@ def _save_model(path, model_class, config, style, max_shard_size, dtype, seed) -
 
 def _write_json(path: Path, value) -> None:
     path.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def make_embedding_gemma(path: str | Path, *, seed: int = 0, dense: tuple[int, ...] = (96,), **overrides) -> Path:
+    """A tiny EmbeddingGemma as sentence-transformers lays it out: a Gemma3TextModel with
+    bidirectional attention (its tensors without the "model." prefix), then modules.json's mean
+    Pooling, Dense projections hidden -> dense... -> hidden (no bias, identity; random), Normalize."""
+    import numpy as np
+    import transformers
+
+    from surogate.io import save_safetensors
+    from surogate.models import family_named
+
+    f = family_named("gemma3")
+    tok = build_tokenizer(f.tiny.tokenizer)
+    config = transformers.Gemma3TextConfig(**{
+        "vocab_size": tok.get_vocab_size(), **f.tiny.config, "use_bidirectional_attention": True,
+        "bos_token_id": tok.token_to_id(f.tiny.bos_token), "eos_token_id": tok.token_to_id(f.tiny.eos_token),
+        **overrides})
+    path = _save_model(path, transformers.Gemma3TextModel, config, f.tiny.tokenizer, None, "float32", seed)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    hidden = config.hidden_size
+    (path / "1_Pooling").mkdir()
+    _write_json(path / "1_Pooling" / "config.json", {
+        "word_embedding_dimension": hidden, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True,
+        "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False,
+        "pooling_mode_weightedmean_tokens": False, "pooling_mode_lasttoken": False, "include_prompt": True})
+    rng = np.random.default_rng(seed)
+    widths = [hidden, *dense, hidden]
+    for i, (n_in, n_out) in enumerate(zip(widths, widths[1:])):
+        name = f"{i + 2}_Dense"
+        (path / name).mkdir()
+        _write_json(path / name / "config.json", {"in_features": n_in, "out_features": n_out, "bias": False,
+                                                  "activation_function": "torch.nn.modules.linear.Identity"})
+        w = (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
+        save_safetensors(path / name / "model.safetensors", {"linear.weight": w})
+        modules.append({"idx": i + 2, "name": str(i + 2), "path": name, "type": "sentence_transformers.models.Dense"})
+    n = len(modules)
+    modules.append({"idx": n, "name": str(n), "path": f"{n}_Normalize",
+                    "type": "sentence_transformers.models.Normalize"})
+    (path / f"{n}_Normalize").mkdir()
+    _write_json(path / "modules.json", modules)
+    return path

@@ -1,6 +1,7 @@
 """Serve and Chat end to end: the Serve screen starts a real gateway (`surogate serve`) on a free
 loopback port with a tiny model, shows its numbers and request log, and the Chat screen gets a
-streamed answer from it; then the gateway is stopped. The Library's s starts serving, the Chat
+streamed answer from it; a LoRA adapter typed into the LoRA field is loaded into it and listed;
+then the gateway is stopped. The Library's s starts serving, the Chat
 screen lists the models of a gateway that came up after it was first shown (no ctrl+r), and it
 never sends a request without a model."""
 
@@ -20,6 +21,7 @@ def test_serve_a_tiny_model_and_chat_with_it(world, settings, make_app, h):
     tiny_models = pytest.importorskip("sgtest.tiny_models")
     pytest.importorskip("transformers")
     tiny_models.make_llama(world / "models" / "tiny", seed=5)
+    adapter = _adapter_for(world / "models" / "tiny", world / "output" / "run" / "adapter")
     port = h.free_port()
     app = make_app("serve")
 
@@ -52,6 +54,13 @@ def test_serve_a_tiny_model_and_chat_with_it(world, settings, make_app, h):
         await h.wait_for(pilot, lambda: "POST /v1/chat/completions" in "\n".join(
             str(line.text) for line in serve.query_one("#serve-log", RichLog).lines), what="the request log line")
         await h.wait_for(pilot, lambda: (serve.stats.requests or 0) >= 1, what="/metrics counting the request")
+
+        await pilot.press("l")  # the LoRA field: NAME=PATH, enter loads it into the running gateway
+        assert serve.focused is serve.query_one("#serve-lora")
+        await pilot.press(*f"mine={adapter}", "enter")
+        await h.wait_for(pilot, lambda: serve.stats is not None and serve.stats.adapters == {"mine": "tiny"},
+                         timeout=60, what="the adapter listed")
+        await h.wait_for(pilot, lambda: serve.query_one("#serve-lora").value == "", what="the field cleared")
         await pilot.press("x")
         await h.wait_for(pilot, lambda: serve.state == "stopped", timeout=30, what="the stop")
 
@@ -172,3 +181,15 @@ def test_chat_lists_the_models_when_the_gateway_comes_up_while_it_is_shown(world
         h.drive(app, script)
     finally:
         gateway.close()
+
+
+def _adapter_for(base, path):
+    """A PEFT adapter for the tiny model (B zeros: the base model's answers)."""
+    import surogate
+    from surogate.dsl.nn import LoRAConfig
+    from surogate.train.lora import init_lora, save_peft_adapter
+
+    model = surogate.load_model(base)
+    cfg = LoRAConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj"))
+    params = init_lora(model.arch.build(mode="logits", dtype="float32", lora=cfg), 1)
+    return save_peft_adapter(path, params, cfg, base_model=str(base))

@@ -81,6 +81,27 @@ def test_serve(snap_compare, make_app, library_world, h, size):
 
 
 @pytest.mark.parametrize("size", SIZES)
+def test_serve_running_with_adapters(snap_compare, make_app, library_world, h, size):
+    from surogate.tui.gateway_client import ServerStats
+    from surogate.tui.screens.serve import ServeScreen
+
+    async def run_before(pilot):
+        await h.settle(pilot)
+        screen = pilot.app.screen
+        screen.set_model(str(library_world / "models" / "llama-tiny"))
+        screen.query_one("#serve-port").value = "8000"
+        screen.state = "running"
+        screen.post_message(ServeScreen.Stats(ServerStats(
+            healthy=True, models={"llama-tiny": "loaded"}, running=1, waiting=0, kv_usage=0.25,
+            prefix_hit_rate=0.5, generation_tps=42.0, prompt_tps=310.0, requests=7,
+            adapters={"chat-run": "llama-tiny", "sql": "llama-tiny"})))
+        screen.query_one("#serve-lora").value = "orphan=output/orphan/adapter"
+        await h.settle(pilot)
+
+    assert snap_compare(make_app("serve"), terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", SIZES)
 def test_chat(snap_compare, make_app, world, h, size):
     from surogate.tui.widgets.chat_message import ChatMessage
 

@@ -1,6 +1,8 @@
 """Serve: start and stop the gateway (`surogate serve MODEL --port N`) as a child process, show
-its live numbers from /health and /metrics once a second, and its request log (the process's
-output, one JSON line per request, shown as a table-like line).
+its live numbers from /health and /metrics once a second, the LoRA adapters loaded on it (from
+/v1/models), and its request log (the process's output, one JSON line per request, shown as a
+table-like line). The LoRA field loads a PEFT adapter into the running gateway
+(``NAME=PATH``: POST /v1/load_lora_adapter); requests then pick it with ``model: NAME``.
 
 The gateway the TUI started is stopped when the TUI quits (a training run is not: it may take
 hours; a server is easy to start again).
@@ -23,7 +25,7 @@ from textual.widgets import Footer, Input, Label, RichLog, Static
 from textual.worker import get_current_worker
 
 from surogate.tui.feed import LineTail
-from surogate.tui.gateway_client import ServerStats, StatsPoller
+from surogate.tui.gateway_client import ServerStats, StatsPoller, load_adapter
 from surogate.tui.notify import WorkerErrors, notify_error
 from surogate.tui.paths import short_path
 from surogate.tui.processes import ServerProcess
@@ -32,7 +34,7 @@ from surogate.tui.widgets.nav_bar import NavBar
 POLL_SECONDS = 1.0
 
 
-POLLED = ("/health", "/metrics")  # this screen's own requests: not shown in the log
+POLLED = ("/health", "/metrics", "/v1/models")  # this screen's own requests: not shown in the log
 
 
 def format_log_line(line: str) -> Text | None:
@@ -77,6 +79,10 @@ def format_stats(state: str, url: str | None, s: ServerStats | None) -> Text:
         return text
     models = ", ".join(f"{n} ({st})" for n, st in s.models.items()) or "—"
     text.append(f"models   {models}\n")
+    if s.adapters:
+        several = len(set(s.adapters.values())) > 1
+        names = ", ".join(f"{a} (on {base})" if several else a for a, base in s.adapters.items())
+        text.append(f"LoRA     {names}\n")
 
     def n(v, fmt=".0f"):
         return f"{v:{fmt}}" if isinstance(v, (int, float)) else "—"
@@ -102,6 +108,7 @@ class ServeScreen(WorkerErrors, Screen):
         Binding("s", "start", "Start"),
         Binding("x", "stop", "Stop"),
         Binding("c", "chat", "Chat"),
+        Binding("l", "lora", "Load LoRA"),
         Binding("escape", "leave_field", "Leave field", show=False),
     ]
 
@@ -119,6 +126,11 @@ class ServeScreen(WorkerErrors, Screen):
         def __init__(self, code: int | None):
             super().__init__()
             self.code = code
+
+    class AdapterLoaded(Message):
+        def __init__(self, name: str):
+            super().__init__()
+            self.name = name
 
     class Ready(Message):
         """The gateway answers /health: the app hands its URL to the Chat screen."""
@@ -141,6 +153,10 @@ class ServeScreen(WorkerErrors, Screen):
                         compact=True)
             yield Label("Port", classes="form-label short")
             yield Input(str(self.app.settings.serve_port), id="serve-port", type="integer", compact=True)
+        with Horizontal(id="serve-lora-row"):
+            yield Label("LoRA", classes="form-label short")
+            yield Input(placeholder="NAME=PATH of a PEFT adapter folder: enter loads it into the running gateway",
+                        id="serve-lora", compact=True)
         yield Static("", id="serve-stats")
         yield RichLog(id="serve-log", max_lines=2000, wrap=False, markup=False)
         yield Footer()
@@ -170,8 +186,46 @@ class ServeScreen(WorkerErrors, Screen):
         self.set_model(target)
         self.action_start()
 
-    def on_input_submitted(self) -> None:
-        self.action_start()
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id == "serve-lora":
+            self.load_lora(event.value.strip())
+        else:
+            self.action_start()
+
+    # -- LoRA adapters --
+
+    def action_lora(self) -> None:
+        self.query_one("#serve-lora", Input).focus()
+
+    def load_lora(self, spec: str) -> None:
+        name, sep, path = spec.partition("=")
+        name, path = name.strip(), path.strip()
+        if not sep or not name or not path:
+            self.notify("Give the adapter as NAME=PATH (a PEFT folder: adapter_config.json + "
+                        "adapter_model.safetensors)", severity="error", markup=False)
+            return
+        if self.server is None or not self.server.running or self.state != "running":
+            self.notify("Start the gateway first (s), then load adapters into it", severity="warning")
+            return
+        self.notify(f"Loading {name} from {short_path(path)} ...", markup=False)
+        self.run_load(self.server.url, name, str(Path(path).expanduser()))
+
+    @work(thread=True, exit_on_error=False, group="lora")
+    def run_load(self, url: str, name: str, path: str) -> None:
+        try:
+            load_adapter(url, name, path)
+        except Exception as e:
+            self.app.call_from_thread(notify_error, self.app, e, f"Could not load {name}")
+            return
+        self.post_message(self.AdapterLoaded(name))
+
+    def on_serve_screen_adapter_loaded(self, message: AdapterLoaded) -> None:
+        self.query_one("#serve-lora", Input).value = ""
+        self.query_one("#serve-log").focus()
+        if self.stats is not None:  # shown now; the next poll confirms it
+            self.stats.adapters.setdefault(message.name, next(iter(self.stats.models), ""))
+            self._show()
+        self.notify(f"Loaded {message.name}: ask for it with model={message.name}", markup=False)
 
     def action_leave_field(self) -> None:
         if isinstance(self.focused, Input):
