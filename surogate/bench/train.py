@@ -130,6 +130,28 @@ def bench_ours(model: Model, batch: int, seq: int, lora: LoRAConfig | None, step
     return Result(name, n / dt, dt, first_loss, peak)
 
 
+def nf4_model(m, dtype, device: str):
+    """The HF model reloaded as QLoRA loads it: bitsandbytes NF4 with double quantization and
+    ``dtype`` compute (the weights saved once to a temporary folder; from_pretrained quantizes)."""
+    import tempfile
+
+    import transformers
+
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError as e:
+        from surogate.errors import NotFoundError
+
+        raise NotFoundError("--qlora --vs hf needs bitsandbytes (the peer's NF4 kernels)",
+                            hint="pip install bitsandbytes, or leave out --vs hf") from e
+    q = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                        bnb_4bit_compute_dtype=dtype)
+    with tempfile.TemporaryDirectory() as tmp:
+        m.to(dtype).save_pretrained(tmp)
+        return transformers.AutoModelForCausalLM.from_pretrained(tmp, quantization_config=q, dtype=dtype,
+                                                                 device_map={"": device})
+
+
 def op_profile(exe, opt: AdamW, top: int = 15) -> str:
     """One more step with every op timed alone (waiting for the device after each): where the
     step's time goes, by op."""
@@ -156,7 +178,7 @@ def op_profile(exe, opt: AdamW, top: int = 15) -> str:
 
 
 def bench_hf(model: Model, batch: int, seq: int, lora: LoRAConfig | None, steps: int, warmup: int,
-             device: str) -> Result:
+             device: str, qlora: bool = False) -> Result:
     import torch
 
     spec = model.spec
@@ -167,10 +189,14 @@ def bench_hf(model: Model, batch: int, seq: int, lora: LoRAConfig | None, steps:
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     m = model_cls(cfg)
-    hf = model.to_hf({k: np.asarray(v, np.float32) for k, v in model.params.items()})  # our random weights
+    weights = getattr(model, "unquantized", model.params)
+    hf = model.to_hf({k: np.asarray(v, np.float32) for k, v in weights.items()})  # our random weights
     missing, unexpected = m.load_state_dict({k: torch.from_numpy(v) for k, v in hf.items()}, strict=False)
     assert not unexpected and all("lm_head" in k or "rotary" in k for k in missing), (missing, unexpected)
-    m = m.to(device=device, dtype=dtype)
+    if qlora:
+        m = nf4_model(m, dtype, device)
+    else:
+        m = m.to(device=device, dtype=dtype)
     if device != "cpu":
         torch.cuda.reset_peak_memory_stats(device)
     if lora is not None:
@@ -200,17 +226,23 @@ def bench_hf(model: Model, batch: int, seq: int, lora: LoRAConfig | None, steps:
         if i == 0:
             loss = out.loss.item()
     dt = float(np.median(times))
-    label = "HF transformers" + (" + peft" if lora is not None else "")
+    label = "HF transformers" + (" + peft" if lora is not None else "") + (" + bnb" if qlora else "")
     peak = torch.cuda.max_memory_allocated(device) if device != "cpu" else 0
     return Result(label, batch * seq / dt, dt, loss, peak)
 
 
 def run(shape: str, *, batch: int, seq: int, lora_rank: int, dtype: str, steps: int, warmup: int, vs: str | None,
-        device: str, recompute: bool, profile: bool = False, graphs: bool = True) -> list[Result]:
+        device: str, recompute: bool, profile: bool = False, graphs: bool = True,
+        qlora: str | None = None) -> list[Result]:
+    from surogate.errors import InvalidArgumentError
     from surogate.model import resolve_device
 
     device = resolve_device(device)
+    if qlora and lora_rank <= 0:
+        raise InvalidArgumentError("--qlora trains a LoRA over frozen blocks", hint="give --lora-rank > 0")
     model = random_model(shape, dtype, device=device)
+    if qlora:
+        model = quantized(model, qlora)
     lora = LoRAConfig(rank=lora_rank, alpha=2 * lora_rank, targets=ALL_TARGETS) if lora_rank > 0 else None
     results = [bench_ours(model, batch, seq, lora, steps, warmup, recompute, profile, graphs)]
     if vs == "hf":
@@ -218,21 +250,37 @@ def run(shape: str, *, batch: int, seq: int, lora_rank: int, dtype: str, steps: 
             from surogate import _native
 
             _native.empty_cache(device)  # give the peer the memory our cache holds
-        results.append(bench_hf(model, batch, seq, lora, steps, warmup, device))
-    print(table(shape, model, batch, seq, lora, dtype, device, steps, results))
+        results.append(bench_hf(model, batch, seq, lora, steps, warmup, device, qlora=bool(qlora)))
+    print(table(shape, model, batch, seq, lora, dtype, device, steps, results, qlora))
     return results
 
 
-def table(shape, model, batch, seq, lora, dtype, device, steps, results: list[Result]) -> str:
+def quantized(model: Model, qtype: str) -> Model:
+    """The same random model with its projections as GGML blocks of ``qtype`` (what qlora_gguf
+    trains over); the f32 originals stay with the host copy for the peer."""
+    from surogate.model import _quantize_projections, projections
+
+    q = _quantize_projections(model.params, projections(model.arch, model.dtype), qtype, model.spec.num_layers)
+    params = dict(model.params) | {n: raw for n, (_, raw) in q.items()}
+    out = Model(model.spec, model.family, params, dtype=model.dtype, device=model.device,
+                quant={n: t for n, (t, _) in q.items()})
+    out.unquantized = model.params  # the peer quantizes the same weights its own way
+    return out
+
+
+def table(shape, model, batch, seq, lora, dtype, device, steps, results: list[Result], qlora: str | None = None) -> str:
     mode = f"LoRA r{lora.rank}" if lora else "full fine-tune"
+    if qlora:
+        mode = f"QLoRA r{lora.rank} (ours: {qlora.upper()} blocks; peer: bitsandbytes NF4)"
     flops, peak = step_flops(model, batch, seq, lora), peak_tflops(device)
+    w = max(22, *(len(r.name) for r in results))
     lines = [f"\n{shape}, {mode}, {dtype}, batch {batch} x {seq} tokens, {device}, median of {steps} steps",
-             f"{'':22} {'tokens/s':>12} {'step (s)':>10} {'peak mem':>10} {'MFU':>6} {'loss@1':>8} {'ratio':>7}"]
+             f"{'':{w}} {'tokens/s':>12} {'step (s)':>10} {'peak mem':>10} {'MFU':>6} {'loss@1':>8} {'ratio':>7}"]
     base = results[-1].tokens_per_second
     for r in results:
         mem = f"{r.peak_bytes / 2**30:.2f} GiB" if r.peak_bytes else "—"
         mfu = f"{100 * flops / r.step_seconds / (peak * 1e12):.1f}%" if peak else "—"
-        lines.append(f"{r.name:22} {r.tokens_per_second:12,.0f} {r.step_seconds:10.3f} {mem:>10} {mfu:>6} "
+        lines.append(f"{r.name:{w}} {r.tokens_per_second:12,.0f} {r.step_seconds:10.3f} {mem:>10} {mfu:>6} "
                      f"{r.loss:8.4f} {r.tokens_per_second / base:6.2f}x")
     if len(results) > 1:
         a, b = results[0].loss, results[1].loss

@@ -25,12 +25,15 @@ def train(
     recompute: Annotated[bool, typer.Option(help="Recompute each block's activations in backward.")] = False,
     profile: Annotated[bool, typer.Option(help="Also print where one step's time goes, by op.")] = False,
     graphs: Annotated[bool, typer.Option(help="GPU: replay each step as CUDA graphs.")] = True,
+    qlora: Annotated[str | None, typer.Option(help="QLoRA: our projections as GGML blocks of this type (Q8_0, "
+                                                   "Q6_K, Q5_K_M, Q4_K_M); the peer: peft over bitsandbytes "
+                                                   "NF4 (QLoRA's recipe), when bitsandbytes is installed.")] = None,
 ) -> None:
     """Training-step tokens/s: ours, and with --vs hf HF transformers (+ peft) on the same shape."""
     from surogate.bench.train import run
 
     run(model, batch=batch, seq=seq, lora_rank=lora_rank, dtype=dtype, steps=steps, warmup=warmup, vs=vs,
-        device=device, recompute=recompute, profile=profile, graphs=graphs)
+        device=device, recompute=recompute, profile=profile, graphs=graphs, qlora=qlora)
 
 
 @app.command()
