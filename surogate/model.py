@@ -296,7 +296,7 @@ def load_model(path_or_id: str | Path, device: str = "cpu", dtype: str = "float3
         tokenizer = Tokenizer.from_gguf(gguf) if "tokenizer.ggml.model" in gguf else None
         source = path
     else:
-        weights = folder.open_weights()
+        weights = folder.open_weights()  # block-FP8 checkpoints dequantized as they are read
         target = _np_dtype(dtype)
         hf_name = _base_model_names(weights)
         params = family.name_table().load(

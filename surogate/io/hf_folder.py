@@ -142,9 +142,15 @@ class ModelFolder:
                  "AutoModelForCausalLM.from_pretrained(folder).save_pretrained(folder)")
         raise NotFoundError(f"no safetensors weights in {self.path}", hint=hint)
 
-    def open_weights(self) -> SafetensorsFile | ShardedCheckpoint:
+    def open_weights(self):
+        """The checkpoint's tensors (``get``, ``in``, ``keys``): the safetensors file or shards, read
+        through the config's ``quantization_config`` (io/quantized_checkpoint.py: block FP8 comes
+        out dequantized; a method not read here is refused by name)."""
+        from surogate.io.quantized_checkpoint import weights_reader
+
         path = self.weights_file
-        return ShardedCheckpoint(path) if path.name == SHARDED_INDEX else SafetensorsFile(path)
+        raw = ShardedCheckpoint(path) if path.name == SHARDED_INDEX else SafetensorsFile(path)
+        return weights_reader(raw, self.config, str(self.path / "config.json"))
 
     def _listing(self, limit: int = 12) -> str:
         names = sorted(p.name for p in self.path.iterdir())

@@ -55,6 +55,7 @@ def save_hf_folder(out: str | Path, tensors: dict[str, np.ndarray], config: dict
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         cfg = dict(config)
+        cfg.pop("quantization_config", None)  # the tensors written here are plain (a block-FP8 base's dequantized)
         if dtype is not None:
             cfg["torch_dtype"] = dtype
             cfg["dtype"] = dtype
@@ -92,4 +93,9 @@ def merge_adapter(base: str | Path | None, adapter: str | Path, output: str | Pa
         raise FileFormatError(f"{folder.path}: no lm_head.weight and embeddings are not tied")
     merged = merge_into_hf(tensors, params, cfg)
     dtype = str(next(iter(tensors.values())).dtype)
+    if folder.config.get("quantization_config"):  # a block-FP8 base, read dequantized: merged in bf16
+        dtype = "bfloat16"
+        import ml_dtypes
+
+        merged = {k: v.astype(ml_dtypes.bfloat16) if v.dtype == np.float32 else v for k, v in merged.items()}
     return save_hf_folder(output, merged, folder.config, source=folder, dtype=dtype)
