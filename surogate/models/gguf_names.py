@@ -245,6 +245,10 @@ def plan_gguf_tensors(family: Family, config: dict, tensors: Mapping[str, Callab
         factors = llama3_rope_factors(rope["theta"], head_dim, rope["factor"], rope["low_freq_factor"],
                                       rope["high_freq_factor"], rope["original_max_position"])
         plan.append(PlannedTensor("rope_freqs.weight", "F32", factors.shape, lambda f=factors: f))
+    extra = family.gguf.extra_tensors(config) if family.gguf.extra_tensors else {}
+    for gguf_name, values in extra.items():
+        values = np.asarray(values, np.float32)
+        plan.append(PlannedTensor(gguf_name, "F32", values.shape, lambda v=values: v))
     n_layers = int(config["num_hidden_layers"])
     for gguf_name in sorted(named, key=_gguf_order):
         read, rope_kind, f32 = named[gguf_name]
