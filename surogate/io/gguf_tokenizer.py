@@ -335,7 +335,8 @@ def gguf_tokenizer_metadata(tokenizer_json: str | Path, tokenizer, vocab_size: i
     model = spec.get("model") or {}
     decoder = spec.get("decoder") or {}
     gemma4 = _escapes_spaces(spec)
-    if model.get("type") != "BPE" or (not gemma4 and (model.get("byte_fallback") or decoder.get("type") != "ByteLevel")):
+    byte_level = model.get("type") == "BPE" and not model.get("byte_fallback") and decoder.get("type") == "ByteLevel"
+    if not (gemma4 or byte_level):
         raise UnsupportedError(f"{path}: only byte-level BPE tokenizers and Gemma's space-escaping byte-fallback BPE "
                                "are written to GGUF so far",
                                hint="SentencePiece-style vocabularies with a space prefix (Llama 2, Mistral) are not "

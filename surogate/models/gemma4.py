@@ -315,10 +315,17 @@ def config_from_gguf(gf) -> dict:
                               hint="the file is damaged")
     types = ["sliding_attention" if v else "full_attention" for v in pattern]
     swa, full = "sliding_attention", "full_attention"
+    if types[-1] != full:
+        raise UnsupportedError(f"{gf.path}: {a}.attention.sliding_window_pattern makes the last layer sliding; "
+                               "Gemma 4's last layer is full attention (transformers forces it)",
+                               hint="the file is not Gemma 4's")
     heads = _kind_values([int(v) for v in _per_layer_key(gf, f"{a}.attention.head_count", n)], ["all"] * n,
                          "attention.head_count", str(gf.path))["all"]
     kv = _kind_values([int(v) for v in _per_layer_key(gf, f"{a}.attention.head_count_kv", n, heads)], types,
                       "attention.head_count_kv", str(gf.path))
+    if heads <= 0 or any(v <= 0 or heads % v for v in kv.values()):
+        raise FileFormatError(f"{gf.path}: {heads} query heads do not group over {a}.attention.head_count_kv {kv}",
+                              hint="the file is damaged")
     hidden = int(gf.require(f"{a}.embedding_length"))
     head_full = int(gf.get(f"{a}.attention.key_length") or hidden // max(heads, 1))
     head_swa = int(gf.require(f"{a}.attention.key_length_swa"))

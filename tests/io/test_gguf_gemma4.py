@@ -69,7 +69,7 @@ def transformers_logits(folder: Path, ids: list[int], state: dict[str, np.ndarra
         assert set(state) <= set(own)
         missing = set(own) - set(state) - {"lm_head.weight"}
         assert all("rotary_emb" in n for n in missing), missing  # only the rope buffers transformers makes itself
-        model.load_state_dict({k: torch.from_numpy(v).reshape(own[k].shape) for k, v in state.items()}, strict=False)
+        model.load_state_dict({k: torch.from_numpy(np.array(v)).reshape(own[k].shape) for k, v in state.items()}, strict=False)
         if model.config.tie_word_embeddings:
             model.tie_weights()
     with torch.no_grad():
@@ -420,6 +420,14 @@ def test_rope_freqs_missing_or_not_proportional(llama_cpp_file, tmp_path):
         config_from_gguf(GGUFFile(path))
     path = write_llama_cpp_file(tmp_path / "b.gguf", folder, hp, rope_freqs=[1.0, 1e30, 1.0] + [1e30] * 29)
     with pytest.raises(UnsupportedError, match="rope_freqs.weight .* is not a proportional rope"):
+        config_from_gguf(GGUFFile(path))
+
+
+def test_a_last_sliding_layer_is_refused(llama_cpp_file, tmp_path):
+    folder, hp, _ = llama_cpp_file
+    types = ["sliding_attention", "full_attention", "full_attention", "sliding_attention"]
+    path = write_llama_cpp_file(tmp_path / "s.gguf", folder, {**hp, "layer_types": types})
+    with pytest.raises(UnsupportedError, match="makes the last layer sliding"):
         config_from_gguf(GGUFFile(path))
 
 

@@ -46,10 +46,11 @@ TOKENIZER = {"llama3": ("llama-bpe", True), "chatml": ("qwen2", False), "mistral
 # Families whose GGUF files transformers' GGUF loader cannot read, and why; our reader is checked
 # against gguf-py and against the HF folder for them all the same.
 TRANSFORMERS_CANNOT_READ = {
-    "gemma4": "transformers' gemma4 GGUF reader maps only the common keys and keeps Gemma4TextConfig's defaults for "
-              "the rest (every 6th layer full, no KV sharing, per-layer inputs of 256 over 262144 tokens, no swa head "
-              "dim): a tiny file does not fit the model it builds (test_gguf_gemma4.py checks ours against "
-              "transformers on the file's dequantized weights instead)",
+    "gemma4": "transformers' gemma4 GGUF reader takes feed_forward_length as one int (llama.cpp's per-layer array "
+              "for double-wide MLPs fails its config validation) and keeps Gemma4TextConfig's defaults for what it "
+              "does not map (every 6th layer full, no KV sharing, per-layer inputs of 256 over 262144 tokens, no "
+              "swa head dim): test_gguf_gemma4.py checks ours against transformers on the file's dequantized "
+              "weights instead",
     "mistral": "transformers renames a 'llama' GGUF whose general.name says Mistral to an architecture 'mistral' "
                "that its gguf-py lacks (NotImplementedError), llama.cpp's own Mistral files included",
 }
