@@ -76,10 +76,23 @@ def transformers_logits(folder: Path, ids: list[int], state: dict[str, np.ndarra
         return model(torch.tensor([ids])).logits[0].numpy()
 
 
+def randomize_norms(folder: Path, seed: int = 3) -> None:
+    """transformers starts every norm weight and layer scalar at 1: give them values, so that a
+    norm read from the wrong tensor (or shifted by 1) shows in the logits."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, t in [*model.named_parameters(), *model.named_buffers()]:
+            if (name.endswith("norm.weight") or name.endswith("layer_scalar")) and "rotary" not in name:
+                t.copy_(1 + 0.3 * torch.randn(t.shape, generator=gen))
+    model.save_pretrained(folder)
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("gemma4")
     folder = tiny_models.make_model("gemma4", root / "hf", seed=4, initializer_range=0.05, **TINY)
+    randomize_norms(folder)
     return folder, {t: quantize_to_gguf(folder, root / f"m.{t}.gguf", t) for t in ("F32", "Q8_0", "Q4_K_M")}
 
 
@@ -139,6 +152,7 @@ def test_tensors_are_the_converters(tiny):
         for norm in ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm", "post_norm"):
             assert shape[b + norm + ".weight"] == [C]
     # Gemma 4's norms multiply by w (no 1 + w): llama.cpp stores w as it is.
+    assert np.abs(source["model.layers.1.post_attention_layernorm.weight"] - 1).max() > 0.1  # randomize_norms
     np.testing.assert_array_equal(got["blk.1.post_attention_norm.weight"].data,
                                   source["model.layers.1.post_attention_layernorm.weight"])
     np.testing.assert_array_equal(got["blk.0.layer_output_scale.weight"].data, source["model.layers.0.layer_scalar"])
@@ -345,6 +359,7 @@ def llama_cpp_file(tmp_path_factory):
                "vocab_size": 400, "vocab_size_per_layer_input": 400}
     hp = {**FAMILY.tiny.config, **changes}
     folder = tiny_models.make_model("gemma4", root / "hf", seed=2, initializer_range=0.05, **changes)
+    randomize_norms(folder)
     bos = gemma_tokenizer(folder, 400)
     cfg = json.loads((folder / "config.json").read_text())
     cfg.update(bos_token_id=bos, eos_token_id=1, pad_token_id=0)
