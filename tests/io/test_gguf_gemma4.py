@@ -384,6 +384,17 @@ def test_a_file_in_llama_cpps_layout_loads(llama_cpp_file):
     np.testing.assert_allclose(model.forward(ids), transformers_logits(folder, ids), atol=1e-4, rtol=0)
 
 
+def test_a_llama_cpp_file_exported_as_an_hf_folder_runs_in_transformers(llama_cpp_file, tmp_path):
+    """The config read from the file (per_layer_config, K = V, sharing) is one transformers builds."""
+    from surogate.train.export import save_hf_folder
+
+    _, _, path = llama_cpp_file
+    model = surogate.load_model(path)
+    folder = save_hf_folder(tmp_path / "hf", model.to_hf(model.params), model.config)
+    ids = list(range(3, 40))
+    np.testing.assert_allclose(transformers_logits(folder, ids), model.forward(ids), atol=1e-4, rtol=0)
+
+
 def test_gemma4_tokenizer_both_ways(llama_cpp_file, tmp_path):
     """The converter's vocabulary (LlamaHfVocab: -1000 scores, <0xNN> as BYTE) and ours from the
     same tokenizer.json tokenize as transformers does, and ours writes what the converter writes."""
