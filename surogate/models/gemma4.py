@@ -309,6 +309,9 @@ def _proportional_rope(gf, head_dim: int, theta: float) -> dict:
 def config_from_gguf(gf) -> dict:
     a = ARCH
     n = int(gf.require(f"{a}.block_count"))
+    if gf.get(f"{a}.expert_count") or any(name.endswith(".ffn_gate_inp.weight") for name in gf.tensors):
+        raise UnsupportedError(f"{gf.path}: a gemma4 file with mixture-of-experts layers (gemma-4-26B-A4B): "
+                               "not supported yet", hint="dense Gemma 4 models run; MoE is issue 17")
     pattern = _per_layer_key(gf, f"{a}.attention.sliding_window_pattern", n)
     if not all(isinstance(v, (bool, int)) for v in pattern):
         raise FileFormatError(f"{gf.path}: {a}.attention.sliding_window_pattern is not one bool per layer",

@@ -273,7 +273,8 @@ class _Writer(GGUFWriter):
             super().add_key_value(key, val, vtype, sub_type)
 
 
-def write_llama_cpp_file(path: Path, folder: Path, hp: dict, *, drop=(), drop_tensors=(), rope_freqs=None) -> Path:
+def write_llama_cpp_file(path: Path, folder: Path, hp: dict, *, drop=(), drop_tensors=(), rope_freqs=None,
+                         extra: dict | None = None) -> Path:
     """What convert_hf_to_gguf.py's Gemma4Model writes (F32) for the HF folder, from ``hp``, the
     config.json keys as Google ships them (global_head_dim, num_global_key_value_heads): the
     calls of TextModel, Gemma3Model and Gemma4Model.set_gguf_parameters in turn, its tensors
@@ -344,6 +345,8 @@ def write_llama_cpp_file(path: Path, folder: Path, hp: dict, *, drop=(), drop_te
         if name == "model.embed_tokens.weight":
             value = value[:len(tokens)]
         w.add_tensor(g, value)
+    for name, value in (extra or {}).items():
+        w.add_tensor(name, value)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -447,6 +450,15 @@ def test_rope_freqs_missing_or_not_proportional(llama_cpp_file, tmp_path):
     path = write_llama_cpp_file(tmp_path / "b.gguf", folder, hp, rope_freqs=[1.0, 1e30, 1.0] + [1e30] * 29)
     with pytest.raises(UnsupportedError, match="rope_freqs.weight .* is not a proportional rope"):
         config_from_gguf(GGUFFile(path))
+
+
+def test_a_mixture_of_experts_file_is_refused(llama_cpp_file, tmp_path):
+    """gemma-4-26B-A4B's experts are not run here: its file must not load as the dense model around them."""
+    folder, hp, _ = llama_cpp_file
+    path = write_llama_cpp_file(tmp_path / "moe.gguf", folder, hp, extra={
+        "blk.0.ffn_gate_inp.weight": np.zeros((4, 256), np.float32)})
+    with pytest.raises(UnsupportedError, match="mixture-of-experts"):
+        surogate.load_model(path)
 
 
 def test_a_last_sliding_layer_is_refused(llama_cpp_file, tmp_path):
