@@ -27,8 +27,10 @@ set. The proportional rope is rope_freqs.weight: one divisor per frequency of th
 rope factor on the pairs that rotate and 1e30 (no rotation) on the rest. A full layer without
 attn_v takes its values from the key projection (attention_k_eq_v). A config llama.cpp's
 architecture cannot say (another activation, biases, a scaled or partial sliding rope, a
-per-layer vocabulary other than the model's) is refused when writing rather than written as a
-file llama.cpp would run differently.
+per-layer vocabulary other than the model's, KV sharing whose source layers llama.cpp would pick
+differently) is refused when writing rather than written as a file llama.cpp would run
+differently. (The file is past 400 lines for the GGUF mapping, both ways, beside the config
+rules it mirrors.)
 """
 
 from __future__ import annotations
@@ -201,6 +203,15 @@ def _rope_freqs(angles: int, head_dim: int, factor: float) -> np.ndarray:
     return np.array([factor] * angles + [NO_ROTATION] * (head_dim // 2 - angles), np.float32)
 
 
+def llama_cpp_kv_sources(types: list[str], shared: int) -> list[int]:
+    """Each layer's K / V source as llama.cpp's gemma4 (and gemma3n) cache has it: a shared layer
+    reads layer first - 1 if it is a full-attention layer, first - 2 if sliding (first: the first
+    shared layer). transformers' rule (kv_sources) agrees where those two layers are a sliding
+    and a full one, as in every Gemma 4 model."""
+    first = len(types) - shared
+    return [i if i < first else first - (2 if types[i] == "sliding_attention" else 1) for i in range(len(types))]
+
+
 def gguf_extra_tensors(config: dict) -> dict[str, np.ndarray]:
     """rope_freqs.weight: the full-attention layers' proportional rope as llama.cpp runs it
     (NEOX rope over the whole head, the frequencies past rope_angles divided away)."""
@@ -233,6 +244,11 @@ def gguf_metadata(config: dict, rope: dict) -> dict:
                                    "inputs over the model's vocabulary); a GGUF file cannot say otherwise",
                                    hint="keep this model as a Hugging Face folder")
     shared = sum(spec.kv_source(i) != i for i in range(n))
+    if [spec.kv_source(i) for i in range(n)] != llama_cpp_kv_sources(types, shared):
+        raise UnsupportedError(f"{src}: num_kv_shared_layers is {shared}, and llama.cpp's gemma4 reads a shared layer's "
+                               "K / V from the last layer before the shared ones (full attention) or the one before "
+                               "(sliding), where transformers reads the last earlier layer of its kind: here they "
+                               "differ", hint="keep this model as a Hugging Face folder")
     F = spec.intermediate_size
     hf = {**config, "head_dim": dims.get(full, spec.head_dim), "num_key_value_heads": kv.get(swa, spec.num_kv_heads),
           "intermediate_size": F, "rms_norm_eps": spec.rms_norm_eps, "vocab_size": spec.vocab_size,
@@ -339,6 +355,10 @@ def config_from_gguf(gf) -> dict:
             raise UnsupportedError(f"{gf.path}: {a}.{k} is {got}, not {want} (llama.cpp's gemma4 needs value heads "
                                    "as wide as key heads, and rotates whole heads)", hint="the file is not Gemma 4's")
     shared = int(gf.get(f"{a}.attention.shared_kv_layers") or 0)
+    if shared and (shared >= n or kv_sources(types, shared) != llama_cpp_kv_sources(types, shared)):
+        raise UnsupportedError(f"{gf.path}: {a}.attention.shared_kv_layers is {shared}: llama.cpp reads those layers' "
+                               "K / V from the two layers before them, which are not the last sliding and full ones "
+                               "(where transformers reads them from)", hint="the file is not Gemma 4's")
     widths = [int(v) for v in _per_layer_key(gf, f"{a}.feed_forward_length", n)]
     F, first_shared = widths[0], n - shared
     double = len(set(widths)) > 1

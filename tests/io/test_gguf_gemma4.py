@@ -193,7 +193,7 @@ VARIANTS = {
                  "use_double_wide_mlp": False, "hidden_size_per_layer_input": 0, "tie_word_embeddings": False,
                  "final_logit_softcapping": None},
     # A scaled proportional rope over half the full head, another window and rope bases.
-    "rope": {"sliding_window": 6, "num_kv_shared_layers": 1,
+    "rope": {"sliding_window": 6, "num_kv_shared_layers": 0, "use_double_wide_mlp": False,
              "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 5e4},
                                  "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.5,
                                                     "rope_theta": 2e5, "factor": 2.0}}},
@@ -358,7 +358,7 @@ def write_llama_cpp_file(path: Path, folder: Path, hp: dict, *, drop=(), drop_te
 def llama_cpp_file(tmp_path_factory):
     """(HF folder with a Gemma-style tokenizer, Google-style hyper-parameters, the stand-in file)."""
     root = tmp_path_factory.mktemp("llama_cpp")
-    changes = {**TINY, "num_global_key_value_heads": 1, "attention_k_eq_v": True, "num_kv_shared_layers": 1,
+    changes = {**TINY, "num_global_key_value_heads": 1, "attention_k_eq_v": True, "num_kv_shared_layers": 2,
                "vocab_size": 400, "vocab_size_per_layer_input": 400}
     hp = {**FAMILY.tiny.config, **changes}
     folder = tiny_models.make_model("gemma4", root / "hf", seed=2, initializer_range=0.05, **changes)
@@ -376,6 +376,7 @@ def test_a_file_in_llama_cpps_layout_loads(llama_cpp_file):
     folder, hp, path = llama_cpp_file
     gf = GGUFFile(path)
     assert gf.get(f"{A}.attention.head_count_kv") == [2, 1, 2, 1] and "blk.1.attn_v.weight" not in gf.tensors
+    assert gf.get(f"{A}.attention.shared_kv_layers") == 2 and "blk.3.attn_k.weight" not in gf.tensors
     model = surogate.load_model(path)
     source = FAMILY.spec_from_config(json.loads((folder / "config.json").read_text()))
     a, b = spec_fields(model.spec), spec_fields(source)
@@ -461,6 +462,13 @@ def test_a_mixture_of_experts_file_is_refused(llama_cpp_file, tmp_path):
         surogate.load_model(path)
 
 
+def test_kv_sharing_llama_cpp_would_read_from_other_layers_is_refused(llama_cpp_file, tmp_path):
+    folder, hp, _ = llama_cpp_file
+    path = write_llama_cpp_file(tmp_path / "kv.gguf", folder, {**hp, "num_kv_shared_layers": 1})
+    with pytest.raises(UnsupportedError, match="shared_kv_layers is 1: llama.cpp reads"):
+        config_from_gguf(GGUFFile(path))
+
+
 def test_a_last_sliding_layer_is_refused(llama_cpp_file, tmp_path):
     folder, hp, _ = llama_cpp_file
     types = ["sliding_attention", "full_attention", "full_attention", "sliding_attention"]
@@ -473,10 +481,12 @@ def test_a_last_sliding_layer_is_refused(llama_cpp_file, tmp_path):
     ({"vocab_size_per_layer_input": 1024}, "vocab_size_per_layer_input"),
     ({"hidden_activation": "silu"}, "hidden_activation"),
     ({"attention_bias": True}, "attention_bias"),
+    # Layer 3 (full) would read layer 2's K / V in llama.cpp (a sliding one), layer 1's in transformers.
+    ({"num_kv_shared_layers": 1}, "num_kv_shared_layers"),
 ])
 def test_quantize_refuses_a_config_llama_cpp_would_run_differently(tmp_path, overrides, key):
     folder = tiny_models.make_model("gemma4", tmp_path / "m", **{**TINY, **overrides})
-    with pytest.raises(UnsupportedError, match=f"config.json: {key} is not what llama.cpp's gemma4"):
+    with pytest.raises(UnsupportedError, match=f"config.json: {key} is .*llama.cpp's gemma4"):
         quantize_to_gguf(folder, tmp_path / "m.gguf", "Q8_0")
     assert not (tmp_path / "m.gguf").exists()
     shutil.rmtree(folder)
