@@ -155,13 +155,17 @@ def test_tensor_types_follow_the_recipe(tiny, qtype):
         dims = {t.name: len(t.shape) for t in reader.tensors}
         table = family_named(family).gguf.tensors()
         kept_f32 = {g.gguf.replace("{i}", str(i)) for g in table.entries.values() if g.f32 for i in range(n)}
+        # llama-quantize counts attn_v tensors (layers without one: conv, KV-shared), ffn_down by layer.
+        attn_v = sorted((n_ for n_ in types if n_.endswith(".attn_v.weight")), key=lambda n_: int(n_.split(".")[1]))
         for name, got in types.items():
             if dims[name] == 1 or name in kept_f32:
                 want = "F32"  # 1-D tensors (norms, biases, scalars, rope_freqs) stay F32, as llama.cpp keeps them
             elif name == ("token_embd.weight" if tied else "output.weight"):
                 want = head  # the head: output, or the tied embedding
-            elif name.split(".")[-2] in ("attn_v", "ffn_down") and use_more_bits(int(name.split(".")[1]), n):
-                want = more  # e.g. 2 layers: layer 1 (>= 7n/8) is a "more bits" layer
+            elif name.split(".")[-2] == "attn_v" and use_more_bits(attn_v.index(name), len(attn_v)):
+                want = more  # e.g. 2 of them: the second (>= 7n/8) is a "more bits" one
+            elif name.split(".")[-2] == "ffn_down" and use_more_bits(int(name.split(".")[1]), n):
+                want = more
             else:
                 want = base
             assert got == want, (family, qtype, name)
@@ -172,6 +176,9 @@ def test_recipe_choices_and_fallbacks():
     assert tensor_type("Q4_K_M", "blk.6.ffn_down.weight", (4096, 14336), 32, True) == "Q6_K"
     assert tensor_type("Q4_K_M", "blk.7.ffn_down.weight", (4096, 14336), 32, True) == "Q4_K"
     assert tensor_type("Q4_K_M", "blk.7.attn_output.weight", (4096, 4096), 32, True) == "Q4_K"
+    # attn_v by its index among the attn_v tensors: E2B's 15 own-KV layers of 35 (layer 14 is the last one).
+    assert tensor_type("Q4_K_M", "blk.14.attn_v.weight", (512, 1536), 35, True, attn_v=(14, 15)) == "Q6_K"
+    assert tensor_type("Q4_K_M", "blk.14.attn_v.weight", (512, 1536), 35, True) == "Q4_K"
     assert tensor_type("Q4_K_M", "token_embd.weight", (32000, 4096), 32, True) == "Q4_K"
     # Rows of 576 values (SmolLM2) are no whole K block: llama.cpp's fallbacks.
     assert tensor_type("Q4_K_M", "blk.0.attn_q.weight", (576, 576), 30, False) == "Q5_0"
