@@ -346,12 +346,16 @@ def _quantize_projections(params: dict[str, np.ndarray], weights, qtype: str,
     from surogate.io.gguf_writer import block_type, check_quant_type, quantize, use_more_bits
 
     qtype = check_quant_type(qtype)
+    # llama-quantize counts attn_v tensors, not layers, where some layers have none (LFM2's conv
+    # layers, Gemma 4's KV-shared ones): v_proj's choice takes its index among the v_projs.
+    v_projs = [p.name for p in weights if p.name.endswith("v_proj.weight")]
     out = {}
     for p in weights:
         rows, cols = p.shape
         parts = p.name.split(".")
+        where = (v_projs.index(p.name), len(v_projs)) if p.name in v_projs else (int(parts[1]), n_layers)
         more = (len(parts) > 2 and parts[0] == "layers" and parts[-2] in ("v_proj", "down_proj")
-                and use_more_bits(int(parts[1]), n_layers))
+                and use_more_bits(*where))
         t = block_type(qtype, cols, more_bits=more)
         if t in ("F32", "F16", "BF16"):
             continue

@@ -13,6 +13,13 @@ Two GGUF vocabularies exist in the families we run:
   best first), unknown bytes fall back to ``<0xNN>`` tokens, and ``\u2581`` stands for a space, one
   prepended to the text unless ``tokenizer.ggml.add_space_prefix`` is false.
 
+- ``gemma4``: SentencePiece-style BPE over characters (Gemma 4; llama.cpp's vocab type BPE with
+  pre-type gemma4): tokens are raw text with ``\u2581`` for a space (every space escaped, none
+  prepended), merges are listed, text is split only into runs of newlines and of the rest, and
+  a character without a token falls back to ``<0xNN>`` byte tokens. llama.cpp's converter writes
+  it for Gemma 4 (scores -1000, a BOS added); ``gguf_tokenizer_metadata`` writes it for any
+  tokenizer.json of that kind (byte-fallback BPE whose normalizer escapes spaces).
+
 Token types (``tokenizer.ggml.token_type``): CONTROL tokens become special added tokens and
 USER_DEFINED ones plain added tokens, both matched whole in the text as llama.cpp does. A BOS is
 added when ``tokenizer.ggml.add_bos_token`` says so (llama.cpp's defaults when the key is absent).
@@ -26,7 +33,7 @@ import json
 from pathlib import Path
 
 import tokenizers
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 
 from surogate.errors import FileFormatError, UnsupportedError
 from surogate.io.gguf import GGUFFile
@@ -100,12 +107,13 @@ def build_backend(gf: GGUFFile) -> tuple[tokenizers.Tokenizer, dict, list[int]]:
         raise FileFormatError(f"{gf.path}: {len(tokens)} tokens but {len(types)} token types",
                               hint="the file is damaged")
     pre = gf.get("tokenizer.ggml.pre")
-    if kind not in ("gpt2", "llama"):
+    if kind not in ("gpt2", "llama", "gemma4"):
         raise UnsupportedError(f"{gf.path}: GGUF tokenizer model {kind!r} is not supported",
-                               hint="supported: gpt2 (byte-level BPE), llama (SentencePiece BPE)")
+                               hint="supported: gpt2 (byte-level BPE), llama (SentencePiece BPE), "
+                                    "gemma4 (SentencePiece-style BPE with merges)")
     try:
         backend = (_byte_level_bpe(gf, tokens, types, pre) if kind == "gpt2" else
-                   _sentencepiece_bpe(gf, tokens, types))
+                   _gemma4_bpe(gf, tokens) if kind == "gemma4" else _sentencepiece_bpe(gf, tokens, types))
     except (FileFormatError, UnsupportedError):
         raise
     except Exception as e:  # the tokenizers library rejects the vocabulary or merges
@@ -187,6 +195,22 @@ def _sentencepiece_bpe(gf: GGUFFile, tokens: list[str], types: list[int]) -> tok
     if prefix:
         steps.append(decoders.Strip(content=" ", left=1, right=0))
     backend.decoder = decoders.Sequence(steps)
+    return backend
+
+
+GEMMA4_SPLIT = r"[^\n]+|[\n]+"  # llama.cpp's LLAMA_VOCAB_PRE_TYPE_GEMMA4 regex
+
+
+def _gemma4_bpe(gf: GGUFFile, tokens: list[str]) -> tokenizers.Tokenizer:
+    merges = _list_of(gf, "tokenizer.ggml.merges", str)
+    if not merges:
+        raise FileFormatError(f"{gf.path}: a gemma4 vocabulary needs its merges (tokenizer.ggml.merges)",
+                              hint="the file is damaged or incomplete")
+    vocab = {t: i for i, t in enumerate(tokens)}
+    backend = tokenizers.Tokenizer(models.BPE(vocab, [_split_merge(gf, m) for m in merges], byte_fallback=True))
+    backend.normalizer = normalizers.Replace(" ", "\u2581")  # llama_escape_whitespace: every space, none prepended
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(GEMMA4_SPLIT), behavior="isolated")
+    backend.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
     return backend
 
 
@@ -277,6 +301,31 @@ def pre_from_tokenizer_json(spec: dict, origin: str) -> str:
                            hint="known: " + ", ".join(sorted(PRE_SPLITS)))
 
 
+# Added tokens llama.cpp's Gemma 4 converter writes USER_DEFINED (shown in the output, not hidden
+# as control tokens), for the chat parsers.
+GEMMA4_VISIBLE = frozenset({"<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|tool_response>",
+                            "<tool_response|>", '<|"|>'})
+
+
+def _is_byte_token(text: str) -> bool:
+    return len(text) == 6 and text.startswith("<0x") and text.endswith(">") and all(
+        c in "0123456789abcdefABCDEF" for c in text[3:5])
+
+
+def _escapes_spaces(spec: dict) -> bool:
+    """A byte-fallback BPE whose normalizer turns every space into \u2581 and prepends nothing,
+    decoded back by a Replace (Gemma's tokenizer.json): what llama.cpp's Gemma 4 converter writes
+    as a gemma4 vocabulary (it splits only at newlines, whatever the pre-tokenizer says)."""
+    model, norm, dec = spec.get("model") or {}, spec.get("normalizer") or {}, spec.get("decoder") or {}
+    steps = norm.get("normalizers", []) if norm.get("type") == "Sequence" else [norm]
+    escapes = len(steps) == 1 and steps[0].get("type") == "Replace" and (
+        steps[0].get("pattern") or {}).get("String") == " " and steps[0].get("content") == "\u2581"
+    parts = dec.get("decoders", []) if dec.get("type") == "Sequence" else [dec]
+    unescapes = any(d.get("type") == "Replace" and d.get("content") == " " for d in parts) and not any(
+        d.get("type") == "Strip" for d in parts)
+    return model.get("type") == "BPE" and bool(model.get("byte_fallback")) and escapes and unescapes
+
+
 def gguf_tokenizer_metadata(tokenizer_json: str | Path, tokenizer, vocab_size: int) -> dict:
     """``tokenizer.ggml.*`` keys (and chat templates) for a byte-level BPE tokenizer.json, with
     our ``Tokenizer`` for the special tokens; ids up to ``vocab_size`` (the model's embedding
@@ -285,9 +334,13 @@ def gguf_tokenizer_metadata(tokenizer_json: str | Path, tokenizer, vocab_size: i
     spec = json.loads(path.read_text(encoding="utf-8"))
     model = spec.get("model") or {}
     decoder = spec.get("decoder") or {}
-    if model.get("type") != "BPE" or model.get("byte_fallback") or decoder.get("type") != "ByteLevel":
-        raise UnsupportedError(f"{path}: only byte-level BPE tokenizers are written to GGUF so far",
-                               hint="SentencePiece-style vocabularies (Llama 2, Mistral) are not supported yet")
+    gemma4 = _escapes_spaces(spec)
+    byte_level = model.get("type") == "BPE" and not model.get("byte_fallback") and decoder.get("type") == "ByteLevel"
+    if not (gemma4 or byte_level):
+        raise UnsupportedError(f"{path}: only byte-level BPE tokenizers and Gemma's space-escaping byte-fallback BPE "
+                               "are written to GGUF so far",
+                               hint="SentencePiece-style vocabularies with a space prefix (Llama 2, Mistral) are not "
+                                    "supported yet")
     added = {t["id"]: t for t in spec.get("added_tokens") or []}
     by_id = {i: t for t, i in (model.get("vocab") or {}).items()}
     by_id.update({i: t["content"] for i, t in added.items()})
@@ -301,6 +354,12 @@ def gguf_tokenizer_metadata(tokenizer_json: str | Path, tokenizer, vocab_size: i
         if i not in by_id:
             tokens.append(f"[PAD{i}]")
             types.append(UNUSED)
+        elif gemma4 and i not in added and _is_byte_token(by_id[i]):
+            tokens.append(by_id[i])
+            types.append(BYTE)
+        elif gemma4 and by_id[i] in GEMMA4_VISIBLE:
+            tokens.append(by_id[i])  # the converter keeps these plain, so that the chat parser sees them
+            types.append(USER_DEFINED)
         elif i in added or by_id[i] in named:
             tokens.append(by_id[i])
             types.append(CONTROL if by_id[i] in named or added[i].get("special") else USER_DEFINED)
@@ -308,15 +367,22 @@ def gguf_tokenizer_metadata(tokenizer_json: str | Path, tokenizer, vocab_size: i
             tokens.append(by_id[i])
             types.append(NORMAL)
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
-    meta: dict = {
-        "tokenizer.ggml.model": "gpt2",
-        "tokenizer.ggml.pre": pre_from_tokenizer_json(spec, str(path)),
-        "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.token_type": types,
-        "tokenizer.ggml.merges": merges,
-        "tokenizer.ggml.add_bos_token": bool(tokenizer.add_bos_token),
-        "tokenizer.ggml.add_eos_token": bool(tokenizer.add_eos_token),
-    }
+    if gemma4:  # as convert_hf_to_gguf.py's Gemma4Model.set_vocab writes it
+        meta: dict = {"tokenizer.ggml.model": "gemma4", "tokenizer.ggml.tokens": tokens,
+                      "tokenizer.ggml.scores": [-1000.0] * len(tokens), "tokenizer.ggml.token_type": types,
+                      "tokenizer.ggml.merges": merges, "tokenizer.ggml.add_space_prefix": False,
+                      "tokenizer.ggml.add_bos_token": True,
+                      "tokenizer.ggml.add_eos_token": bool(tokenizer.add_eos_token)}
+    else:
+        meta = {
+            "tokenizer.ggml.model": "gpt2",
+            "tokenizer.ggml.pre": pre_from_tokenizer_json(spec, str(path)),
+            "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.token_type": types,
+            "tokenizer.ggml.merges": merges,
+            "tokenizer.ggml.add_bos_token": bool(tokenizer.add_bos_token),
+            "tokenizer.ggml.add_eos_token": bool(tokenizer.add_eos_token),
+        }
     for name, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("unk", "unknown_token_id"),
                       ("pad", "padding_token_id")):
         token_id = getattr(tokenizer, f"{name}_token_id", None) if name != "unk" else tokenizer.token_to_id(

@@ -10,7 +10,8 @@ in its rope order (the family's GGUF table, planned in models/gguf_names.py), an
 rope scaling the ``rope_freqs.weight`` llama.cpp reads it from.
 
 Types (``QUANT_TYPES``) and the type each tensor gets (after llama.cpp's llama_tensor_get_type;
-n layers; the "more bits" layers are i < n/8, i >= 7n/8 and every third one in between):
+n layers; the "more bits" layers are i < n/8, i >= 7n/8 and every third one in between, where for
+attn_v, as llama-quantize counts it, i and n run over the attn_v tensors rather than the layers):
 
     tensor                                 F32  F16  BF16  Q8_0  Q6_K  Q5_K_M  Q4_K_M
     1-D (norms, biases, rope_freqs)        F32  F32  F32   F32   F32   F32     F32
@@ -67,8 +68,12 @@ def use_more_bits(layer: int, n_layers: int) -> bool:
     return layer < n_layers // 8 or layer >= 7 * n_layers // 8 or (layer - n_layers // 8) % 3 == 2
 
 
-def tensor_type(qtype: str, name: str, shape: tuple[int, ...], n_layers: int, has_output: bool) -> str:
-    """The GGML type the recipe ``qtype`` gives GGUF tensor ``name`` (see the module header)."""
+def tensor_type(qtype: str, name: str, shape: tuple[int, ...], n_layers: int, has_output: bool,
+                attn_v: tuple[int, int] | None = None) -> str:
+    """The GGML type the recipe ``qtype`` gives GGUF tensor ``name`` (see the module header).
+    ``attn_v``: (this attn_v's index among the file's attn_v tensors, their count): llama.cpp
+    counts those, not layers, where some layers have none (KV-shared or K = V layers, conv layers);
+    without it the layer index and n_layers stand in."""
     qtype = check_quant_type(qtype)
     base = _RECIPES[qtype][1]
     if len(shape) < 2 or qtype == "F32":
@@ -79,8 +84,9 @@ def tensor_type(qtype: str, name: str, shape: tuple[int, ...], n_layers: int, ha
     is_output = name == "output.weight" or (not has_output and name == "token_embd.weight")
     if is_output and base != "Q8_0":
         return fit_block_type("Q6_K" if cols % QK_K == 0 else "Q8_0", cols)
-    more = (name.startswith("blk.") and name.split(".")[2] in ("attn_v", "ffn_down")
-            and use_more_bits(int(name.split(".")[1]), n_layers))
+    kind = name.split(".")[2] if name.startswith("blk.") else None
+    more = kind in ("attn_v", "ffn_down") and use_more_bits(
+        *(attn_v if attn_v and kind == "attn_v" else (int(name.split(".")[1]), n_layers)))
     return block_type(qtype, cols, more_bits=more)
 
 

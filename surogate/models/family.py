@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from surogate.dsl.nn import CausalLM, LoRAConfig, ModelSpec
 from surogate.models.gguf_names import GGUFNameTable
 from surogate.models.name_table import NameTable
@@ -31,6 +33,9 @@ class GGUFArchitecture:
     config_from_gguf: Callable[[GGUFFile], dict]     # GGUF metadata -> HF config.json keys (read)
     metadata: Callable[[dict, dict], dict]           # (HF config, our rope attrs) -> GGUF keys (quantize)
     rope_freqs: bool = False                         # Llama 3 rope scaling written as rope_freqs.weight
+    # GGUF tensors made from the HF config rather than the checkpoint (llama.cpp's
+    # generate_extra_tensors: Gemma 4's rope_freqs.weight), written F32 before the others.
+    extra_tensors: Callable[[dict], dict[str, np.ndarray]] | None = None
     unsupported: str = ""                            # why this tree neither reads nor writes it yet (the GGUF tests skip it)
 
 

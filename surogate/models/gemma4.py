@@ -15,19 +15,35 @@ soft-capping (30 in Google's configs), in training and inference.
 Refused by name: enable_moe_block (the 26B-A4B's mixture of experts, issue 17) and
 use_bidirectional_attention (the vision / embedding uses).
 
-GGUF: llama.cpp's "gemma4" exists in gguf-py (0.19) with its tensor names, but this tree does not
-write or read it yet: its metadata keys for the per-layer geometry were not checked against
-llama.cpp's loader here, and a file we cannot prove it runs the same is not written
-(gguf_metadata refuses with that reason).
+GGUF (llama.cpp's "gemma4": convert_hf_to_gguf.py's Gemma4Model, llama.cpp's
+llama_model_gemma4 loader): norm weights stored as they are (no 1 added, unlike Gemma 1 - 3);
+the full-attention geometry in the plain keys (attention.key_length = global head dim,
+rope.dimension_count = the whole head, rope.freq_base) and the sliding one in the *_swa keys;
+head_count_kv and feed_forward_length per layer where the kinds differ (num_global_key_value_heads,
+use_double_wide_mlp); attention.sliding_window_pattern one bool per layer; KV sharing as
+attention.shared_kv_layers (the last n layers, each reading the last earlier layer of its kind,
+as transformers does); embedding_length_per_layer_input (0: none); final_logit_softcapping when
+set. The proportional rope is rope_freqs.weight: one divisor per frequency of the full head, the
+rope factor on the pairs that rotate and 1e30 (no rotation) on the rest. A full layer without
+attn_v takes its values from the key projection (attention_k_eq_v). A config llama.cpp's
+architecture cannot say (another activation, biases, a scaled or partial sliding rope, a
+per-layer vocabulary other than the model's, KV sharing whose source layers llama.cpp would pick
+differently) is refused when writing rather than written as a file llama.cpp would run
+differently. (The file is past 400 lines for the GGUF mapping, both ways, beside the config
+rules it mirrors.)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+
+import numpy as np
 
 from surogate.dsl import nn
 from surogate.dsl.nn_gemma4 import Gemma4CausalLM
-from surogate.errors import ConfigError, UnsupportedError
+from surogate.errors import ConfigError, FileFormatError, UnsupportedError
+from surogate.io import gguf_config
 from surogate.models import decoder, gemma3
 from surogate.models.family import ChatDefaults, Family, GGUFArchitecture, TinyModel
 from surogate.models.gguf_names import GGUFName, GGUFNameTable
@@ -148,7 +164,7 @@ def hf_name_table() -> NameTable:
     return NameTable({**t.entries, **extra})
 
 
-# llama.cpp's names (gguf-py's MODEL_TENSORS for gemma4), for the name-table tests and a later writer.
+# llama.cpp's names (gguf-py's MODEL_TENSORS and tensor_mapping for gemma4; llama_model_gemma4's loader).
 _GGUF = {"input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",
          "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
          "post_per_layer_input_norm": "post_norm", "self_attn.q_norm": "attn_q_norm",
@@ -167,13 +183,216 @@ def gguf_tensor_table() -> GGUFNameTable:
     return GGUFNameTable(e)
 
 
-NO_GGUF = ("llama.cpp's gemma4 metadata (per-layer head dims and kv heads, KV sharing, per-layer inputs, "
-           "the proportional rope) is not mapped to and from Gemma4TextConfig yet")
+# ---- GGUF (llama.cpp's "gemma4") ------------------------------------------------------------
+
+ARCH = "gemma4"
+NO_ROTATION = 1e30  # llama.cpp's rope_freqs divisor for a pair that does not rotate (its converter's value)
 
 
-def _no_gguf(*_args) -> dict:
-    raise UnsupportedError(f"Gemma 4 GGUF files are not read or written by this version: {NO_GGUF}",
-                           hint="serve and train Gemma 4 from its Hugging Face folder")
+def _kind_values(values: list[int], types: list[str], what: str, source: str) -> dict[str, int]:
+    """{kind: the one value its layers share} of per-layer ``values``."""
+    out: dict[str, int] = {}
+    for v, t in zip(values, types):
+        if out.setdefault(t, v) != v:
+            raise UnsupportedError(f"{source}: {what} differs between {t} layers ({sorted(set(values))})",
+                                   hint="llama.cpp's gemma4 has one value per attention kind")
+    return out
+
+
+def _rope_freqs(angles: int, head_dim: int, factor: float) -> np.ndarray:
+    return np.array([factor] * angles + [NO_ROTATION] * (head_dim // 2 - angles), np.float32)
+
+
+def llama_cpp_kv_sources(types: list[str], shared: int) -> list[int]:
+    """Each layer's K / V source as llama.cpp's gemma4 (and gemma3n) cache has it: a shared layer
+    reads layer first - 1 if it is a full-attention layer, first - 2 if sliding (first: the first
+    shared layer). transformers' rule (kv_sources) agrees where those two layers are a sliding
+    and a full one, as in every Gemma 4 model."""
+    first = len(types) - shared
+    return [i if i < first else first - (2 if types[i] == "sliding_attention" else 1) for i in range(len(types))]
+
+
+def gguf_extra_tensors(config: dict) -> dict[str, np.ndarray]:
+    """rope_freqs.weight: the full-attention layers' proportional rope as llama.cpp runs it
+    (NEOX rope over the whole head, the frequencies past rope_angles divided away)."""
+    spec = spec_from_config(config)
+    full = next(i for i in range(spec.num_layers) if not spec.window(i))
+    rope, head_dim = spec.rope, spec.head_dim_of(full)
+    return {"rope_freqs.weight": _rope_freqs(rope.get("rope_angles", head_dim // 2), head_dim,
+                                             float(rope.get("factor", 1.0)))}
+
+
+def gguf_metadata(config: dict, rope: dict) -> dict:
+    spec = spec_from_config(config)
+    n, src = spec.num_layers, "config.json"
+    types = ["sliding_attention" if spec.window(i) else "full_attention" for i in range(n)]
+    dims = _kind_values([spec.head_dim_of(i) for i in range(n)], types, "head_dim", src)
+    kv = _kind_values([spec.kv_heads_of(i) for i in range(n)], types, "num_key_value_heads", src)
+    full, swa = "full_attention", "sliding_attention"
+    refused = {
+        "hidden_activation": spec.activation != "gelu_pytorch_tanh",
+        "attention_bias": spec.attention_bias or spec.mlp_bias,
+        "rope_parameters.sliding_attention": spec.rope_sliding.get("rope_type") != "default",
+        "rope_parameters.full_attention": spec.rope.get("rope_type") != "proportional",
+        "vocab_size_per_layer_input": bool(spec.per_layer_input_size) and spec.per_layer_vocab_size != spec.vocab_size,
+        "attn_logit_softcapping": bool(spec.attn_softcap),
+    }
+    for key, bad in refused.items():
+        if bad:
+            raise UnsupportedError(f"{src}: {key} is not what llama.cpp's gemma4 architecture runs (GELU-tanh, no "
+                                   "biases, an unscaled full-head sliding rope, a proportional full rope, per-layer "
+                                   "inputs over the model's vocabulary); a GGUF file cannot say otherwise",
+                                   hint="keep this model as a Hugging Face folder")
+    shared = sum(spec.kv_source(i) != i for i in range(n))
+    if [spec.kv_source(i) for i in range(n)] != llama_cpp_kv_sources(types, shared):
+        raise UnsupportedError(f"{src}: num_kv_shared_layers is {shared}, and llama.cpp's gemma4 reads a shared layer's "
+                               "K / V from the last layer before the shared ones (full attention) or the one before "
+                               "(sliding), where transformers reads the last earlier layer of its kind: here they "
+                               "differ", hint="keep this model as a Hugging Face folder")
+    F = spec.intermediate_size
+    hf = {**config, "head_dim": dims.get(full, spec.head_dim), "num_key_value_heads": kv.get(swa, spec.num_kv_heads),
+          "intermediate_size": F, "rms_norm_eps": spec.rms_norm_eps, "vocab_size": spec.vocab_size,
+          "partial_rotary_factor": 1.0}
+    meta = gguf_config.hyperparameters(ARCH, hf, rope)
+    kv_layers = [spec.kv_heads_of(i) for i in range(n)]
+    widths = spec.layer_intermediate_sizes or [F] * n
+    head_full, head_swa = dims.get(full, spec.head_dim), dims.get(swa, spec.head_dim)
+    meta.update({
+        f"{ARCH}.attention.head_count_kv": kv_layers[0] if len(set(kv_layers)) == 1 else kv_layers,
+        f"{ARCH}.feed_forward_length": F if len(set(widths)) == 1 else widths,
+        f"{ARCH}.attention.key_length": head_full, f"{ARCH}.attention.value_length": head_full,
+        f"{ARCH}.attention.key_length_swa": head_swa, f"{ARCH}.attention.value_length_swa": head_swa,
+        f"{ARCH}.rope.dimension_count": head_full, f"{ARCH}.rope.dimension_count_swa": head_swa,
+        f"{ARCH}.rope.freq_base_swa": float(spec.rope_sliding["theta"]),
+        f"{ARCH}.attention.sliding_window": int(config.get("sliding_window") or 512),
+        f"{ARCH}.attention.sliding_window_pattern": [t == swa for t in types],
+        f"{ARCH}.attention.shared_kv_layers": shared,
+        f"{ARCH}.embedding_length_per_layer_input": spec.per_layer_input_size,
+    })
+    if spec.final_softcap:
+        meta[f"{ARCH}.final_logit_softcapping"] = float(spec.final_softcap)
+    return meta
+
+
+class _SlidingView:
+    """A gemma4 GGUF file as the common reader (gguf_config.hf_config) takes it: one value per
+    key (the sliding layers' head dim, kv heads and MLP width) and no rope_freqs.weight (not a
+    Llama 3 rope scaling here)."""
+
+    def __init__(self, gf, values: dict):
+        self._gf, self._values = gf, values
+        self.tensors = {k: v for k, v in gf.tensors.items() if k != "rope_freqs.weight"}
+
+    def get(self, key: str, default=None):
+        return self._values[key] if key in self._values else self._gf.get(key, default)
+
+    def __getattr__(self, name: str):
+        return getattr(self._gf, name)
+
+
+def _per_layer_key(gf, key: str, n: int, default=None) -> list:
+    value = gf.get(key, default) if default is not None else gf.require(key)
+    if not isinstance(value, list):
+        return [value] * n
+    if len(value) != n:
+        raise FileFormatError(f"{gf.path}: {key} has {len(value)} entries for {n} layers", hint="the file is damaged")
+    return value
+
+
+def _proportional_rope(gf, head_dim: int, theta: float) -> dict:
+    """HF's rope_parameters.full_attention from rope_freqs.weight: the leading pairs divided by
+    one factor rotate, the rest (divided by ~1e30) do not."""
+    if "rope_freqs.weight" not in gf.tensors:
+        raise FileFormatError(f"{gf.path}: no tensor rope_freqs.weight (the full-attention layers' rope)",
+                              hint="llama.cpp's gemma4 needs it; the file is incomplete")
+    f = gf.tensor("rope_freqs.weight").dequantize().reshape(-1).astype(np.float64)
+    still = f >= 1e20
+    angles = int(np.argmax(still)) if still.any() else len(f)
+    if len(f) != head_dim // 2 or still[angles:].sum() != len(f) - angles or (
+            angles and not np.allclose(f[:angles], f[0], rtol=1e-6)) or (angles and f[0] <= 0):
+        raise UnsupportedError(f"{gf.path}: rope_freqs.weight ({len(f)} values for a head of {head_dim}) is not a "
+                               "proportional rope (one factor on the leading pairs, ~1e30 on the rest)",
+                               hint="only Gemma 4's proportional rope is read from gemma4 files")
+    partial = 2 * angles / head_dim
+    while int(partial * head_dim // 2) < angles:  # transformers' rope_angles = int(partial * head_dim // 2)
+        partial = math.nextafter(partial, 1.0)
+    params = {"rope_type": "proportional", "partial_rotary_factor": partial, "rope_theta": theta}
+    if angles and float(f[0]) != 1.0:
+        params["factor"] = float(np.float32(f[0]))
+    return params
+
+
+def config_from_gguf(gf) -> dict:
+    a = ARCH
+    n = int(gf.require(f"{a}.block_count"))
+    if gf.get(f"{a}.expert_count") or any(name.endswith(".ffn_gate_inp.weight") for name in gf.tensors):
+        raise UnsupportedError(f"{gf.path}: a gemma4 file with mixture-of-experts layers (gemma-4-26B-A4B): "
+                               "not supported yet", hint="dense Gemma 4 models run; MoE is issue 17")
+    pattern = _per_layer_key(gf, f"{a}.attention.sliding_window_pattern", n)
+    if not all(isinstance(v, (bool, int)) for v in pattern):
+        raise FileFormatError(f"{gf.path}: {a}.attention.sliding_window_pattern is not one bool per layer",
+                              hint="the file is damaged")
+    types = ["sliding_attention" if v else "full_attention" for v in pattern]
+    swa, full = "sliding_attention", "full_attention"
+    if types[-1] != full:
+        raise UnsupportedError(f"{gf.path}: {a}.attention.sliding_window_pattern makes the last layer sliding; "
+                               "Gemma 4's last layer is full attention (transformers forces it)",
+                               hint="the file is not Gemma 4's")
+    heads = _kind_values([int(v) for v in _per_layer_key(gf, f"{a}.attention.head_count", n)], ["all"] * n,
+                         "attention.head_count", str(gf.path))["all"]
+    kv = _kind_values([int(v) for v in _per_layer_key(gf, f"{a}.attention.head_count_kv", n, heads)], types,
+                      "attention.head_count_kv", str(gf.path))
+    if heads <= 0 or any(v <= 0 or heads % v for v in kv.values()):
+        raise FileFormatError(f"{gf.path}: {heads} query heads do not group over {a}.attention.head_count_kv {kv}",
+                              hint="the file is damaged")
+    hidden = int(gf.require(f"{a}.embedding_length"))
+    head_full = int(gf.get(f"{a}.attention.key_length") or hidden // max(heads, 1))
+    head_swa = int(gf.require(f"{a}.attention.key_length_swa"))
+    for k, want in (("attention.value_length", head_full), ("attention.value_length_swa", head_swa),
+                    ("rope.dimension_count", head_full), ("rope.dimension_count_swa", head_swa)):
+        got = gf.get(f"{a}.{k}") if k != "attention.value_length_swa" else gf.require(f"{a}.{k}")
+        if got is not None and int(got) != want:
+            raise UnsupportedError(f"{gf.path}: {a}.{k} is {got}, not {want} (llama.cpp's gemma4 needs value heads "
+                                   "as wide as key heads, and rotates whole heads)", hint="the file is not Gemma 4's")
+    shared = int(gf.get(f"{a}.attention.shared_kv_layers") or 0)
+    if shared and (shared >= n or kv_sources(types, shared) != llama_cpp_kv_sources(types, shared)):
+        raise UnsupportedError(f"{gf.path}: {a}.attention.shared_kv_layers is {shared}: llama.cpp reads those layers' "
+                               "K / V from the two layers before them, which are not the last sliding and full ones "
+                               "(where transformers reads them from)", hint="the file is not Gemma 4's")
+    widths = [int(v) for v in _per_layer_key(gf, f"{a}.feed_forward_length", n)]
+    F, first_shared = widths[0], n - shared
+    double = len(set(widths)) > 1
+    if double and widths != [F if i < first_shared else 2 * F for i in range(n)]:
+        raise UnsupportedError(f"{gf.path}: {a}.feed_forward_length is {widths}: not one width, nor the double-wide "
+                               f"MLPs of the {shared} KV-sharing layers", hint="the file is not Gemma 4's")
+    P = int(gf.require(f"{a}.embedding_length_per_layer_input"))
+    sliding = {"rope_type": "default"}
+    view = _SlidingView(gf, {f"{a}.attention.head_count_kv": kv.get(swa, kv.get(full)), f"{a}.feed_forward_length": F,
+                             f"{a}.attention.key_length": head_swa, f"{a}.rope.dimension_count": head_swa})
+    cfg = gguf_config.hf_config(view, "Gemma4ForCausalLM", "gemma4_text")
+    gf.require(f"{a}.attention.layer_norm_rms_epsilon")
+    theta = cfg.pop("rope_theta")
+    sliding["rope_theta"] = float(gf.get(f"{a}.rope.freq_base_swa") or theta)  # llama.cpp's default: freq_base
+    rope = {"sliding_attention": sliding, "full_attention": _proportional_rope(gf, head_full, theta)}
+    own = [i for i in range(first_shared) if types[i] == full]
+    no_v = {i for i in own if f"blk.{i}.attn_v.weight" not in gf.tensors}
+    if no_v and no_v != set(own):
+        raise UnsupportedError(f"{gf.path}: full-attention layers {sorted(no_v)} have no attn_v but "
+                               f"{sorted(set(own) - no_v)} do", hint="transformers' attention_k_eq_v is all or none")
+    per_layer_vocab = gf.tensors["per_layer_token_embd.weight"].shape[0] if "per_layer_token_embd.weight" in \
+        gf.tensors else cfg["vocab_size"]
+    cfg.update(
+        hidden_activation="gelu_pytorch_tanh", hidden_act="gelu_pytorch_tanh", head_dim=head_swa,
+        layer_types=types, sliding_window=int(gf.require(f"{a}.attention.sliding_window")),
+        per_layer_config={i: {"head_dim": head_full, "num_key_value_heads": kv[full]}
+                          for i, t in enumerate(types) if t == full},
+        num_kv_shared_layers=shared, use_double_wide_mlp=double, hidden_size_per_layer_input=P,
+        vocab_size_per_layer_input=int(per_layer_vocab), attention_k_eq_v=bool(no_v),
+        final_logit_softcapping=gf.get(f"{a}.final_logit_softcapping"), rope_parameters=rope,
+        enable_moe_block=False)
+    cfg.pop("partial_rotary_factor", None)
+    cfg.pop("rope_scaling", None)
+    return cfg
 
 
 def _shape(**kw) -> dict:
@@ -226,8 +445,13 @@ FAMILY = Family(
     architecture=Gemma4CausalLM,
     bench_hf_config=bench_hf_config,
     name_table=hf_name_table,
-    gguf=GGUFArchitecture(name="gemma4", tensors=gguf_tensor_table, config_from_gguf=_no_gguf, metadata=_no_gguf,
-                          unsupported=NO_GGUF),
+    gguf=GGUFArchitecture(
+        name=ARCH,
+        tensors=gguf_tensor_table,
+        config_from_gguf=config_from_gguf,
+        metadata=gguf_metadata,
+        extra_tensors=gguf_extra_tensors,
+    ),
     # Gemma 4's template writes <|tool_call> and <|channel>thought (serve/parsers/registry.py
     # detects both); for a template that takes tools without showing them, the same parsers.
     chat=ChatDefaults(reasoning_parser="gemma4", tool_parser="gemma4", model_types=("gemma4",)),
@@ -267,5 +491,13 @@ FAMILY = Family(
                        "final_logit_softcapping": None, "num_hidden_layers": 3,
                        "layer_types": ["sliding_attention", "full_attention", "full_attention"]},
         },
+        # GGUF: rows of 256 values (every K type applies), the per-layer inputs over the model's
+        # own vocabulary (llama.cpp's per_layer_token_embd has one row per token), and still the
+        # layout llama.cpp's metadata has to carry: sliding / full layers of their own head dims,
+        # the last two sharing K / V with double-wide MLPs, per-layer inputs, soft-capping.
+        gguf={"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 8, "num_key_value_heads": 2,
+              "head_dim": 32, "global_head_dim": 64, "num_hidden_layers": 4, "vocab_size": 512,
+              "vocab_size_per_layer_input": 512, "hidden_size_per_layer_input": 256,
+              "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]},
     ),
 )

@@ -245,14 +245,22 @@ def plan_gguf_tensors(family: Family, config: dict, tensors: Mapping[str, Callab
         factors = llama3_rope_factors(rope["theta"], head_dim, rope["factor"], rope["low_freq_factor"],
                                       rope["high_freq_factor"], rope["original_max_position"])
         plan.append(PlannedTensor("rope_freqs.weight", "F32", factors.shape, lambda f=factors: f))
+    extra = family.gguf.extra_tensors(config) if family.gguf.extra_tensors else {}
+    for gguf_name, values in extra.items():
+        values = np.asarray(values, np.float32)
+        plan.append(PlannedTensor(gguf_name, "F32", values.shape, lambda v=values: v))
     n_layers = int(config["num_hidden_layers"])
-    for gguf_name in sorted(named, key=_gguf_order):
+    ordered = sorted(named, key=_gguf_order)
+    attn_v = [n for n in ordered if n.startswith("blk.") and n.split(".")[2] == "attn_v" and n.endswith(".weight")]
+    for gguf_name in ordered:
         read, rope_kind, f32 = named[gguf_name]
         shape = tuple(np.shape(read()))  # safetensors readers are mmap views: cheap
         if rope_kind is not None:
             order = rope_rows(shape[0], heads_for(rope_kind, config), to_gguf=True)
             read = (lambda r=read, order=order: np.asarray(r())[order])
-        t = "F32" if f32 else tensor_type(qtype, gguf_name, shape, n_layers, has_output="output.weight" in named)
+        v = (attn_v.index(gguf_name), len(attn_v)) if gguf_name in attn_v else None
+        t = "F32" if f32 else tensor_type(qtype, gguf_name, shape, n_layers, has_output="output.weight" in named,
+                                          attn_v=v)
         plan.append(PlannedTensor(gguf_name, t, shape, read))
     return plan
 

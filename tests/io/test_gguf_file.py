@@ -48,7 +48,11 @@ def write_tiny_gguf(path: Path, *, arch: str = "llama", kv: dict | None = None, 
     w.add_array("tokenizer.ggml.merges", ["a b"])
     w.add_uint32("tokenizer.ggml.bos_token_id", 3)
     for key, value in (kv or {}).items():
-        if isinstance(value, float):
+        if isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, list):
+            w.add_array(key, value)
+        elif isinstance(value, float):
             w.add_float32(key, value)
         elif isinstance(value, int):
             w.add_uint32(key, value)
@@ -118,13 +122,24 @@ def test_metadata_and_tensor_table_match_gguf_py(tmp_path):
     np.testing.assert_array_equal(ours.tensor("blk.0.attn_q.weight").dequantize(), gguf_dequantize(q8, T.Q8_0))
 
 
+# What an architecture needs beyond the common header: (keys, tensors). Gemma 4's per-kind
+# geometry (the *_swa keys, one bool per layer) and the full layers' rope_freqs.
+ARCH_KEYS = {"gemma4": ({"gemma4.attention.key_length_swa": 32, "gemma4.attention.value_length_swa": 32,
+                         "gemma4.attention.sliding_window_pattern": [True, False], "gemma4.attention.sliding_window": 8,
+                         "gemma4.embedding_length_per_layer_input": 0},
+                        {"rope_freqs.weight": np.ones(16, np.float32)})}
+
+
 @pytest.mark.parametrize("family", [
     pytest.param(f, marks=pytest.mark.skip(reason=f.gguf.unsupported)) if f.gguf.unsupported else f
     for f in REGISTRY], ids=[f.name for f in REGISTRY])
 def test_each_family_reads_its_gguf_architecture(tmp_path, family):
     a = family.gguf.name
+    kv, tensors = ARCH_KEYS.get(a, ({}, {}))
     path = write_tiny_gguf(tmp_path / "q.gguf", arch=a, kv={f"{a}.attention.key_length": 32,
-                                                            f"{a}.rope.dimension_count": 32})
+                                                            f"{a}.rope.dimension_count": 32, **kv},
+                           tensors={"token_embd.weight": np.random.default_rng(0).standard_normal((4, 64), np.float32),
+                                    "output_norm.weight": np.ones(64, np.float32), **tensors})
     config = config_from_gguf(GGUFFile(path))
     owner = next(f for f in REGISTRY if f.gguf.name == a)  # the first family of a shared architecture
     assert config["architectures"] == [owner.hf_architecture] and config["head_dim"] == 32
