@@ -97,7 +97,7 @@ class Model:
         setup (cached) unless ``shared`` is False: then a new one the caller may bind other
         weights to (DPO's frozen reference copy)."""
         key = (mode, n_tokens, n_docs,
-               None if lora is None else (lora.rank, lora.alpha, lora.targets, lora.dropout), grads,
+               None if lora is None else lora.key(), grads,
                recompute)
         exe = self._cache.get(key) if shared else None
         if exe is None:
