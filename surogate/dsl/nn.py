@@ -378,6 +378,7 @@ class MoE:
         w_gu = g.param("mlp.experts.gate_up_proj", (E, 2 * F, C), dtype, trainable=lora is None)
         w_down = g.param("mlp.experts.down_proj", (E, C, F), dtype, trainable=lora is None)
         xp, rows, offsets = ops.moe_permute(x, idx, E, name="mlp.permute")
+        g.moe_offsets.append(offsets)
         gu = self._experts(g, xp, w_gu, offsets, "gate_up_proj", adapted, dtype)
         a = ops.swiglu(gu, name="mlp.experts.act")
         yp = self._experts(g, a, w_down, offsets, "down_proj", adapted, dtype)
@@ -508,6 +509,9 @@ class CausalLM:
             if s.moe is not None and s.moe.router_aux_loss_coef > 0 and g.moe_routers:
                 # Seeded with the coefficient (graph input daux_loss) by whoever runs the backward.
                 g.mark_output("aux_loss", ops.moe_aux_loss(g.moe_routers))
+            if s.moe is not None and s.moe.router_z_loss_coef > 0 and g.moe_logits:
+                # Seeded with its coefficient (graph input dz_loss), as aux_loss.
+                g.mark_output("z_loss", ops.moe_z_loss(g.moe_logits))
         else:
             if s.final_softcap:  # the capped value is the one named "logits" (what callers read)
                 logits = ops.softcap(ops.linear(y, head, name="logits_uncapped"), s.final_softcap, name="logits")
