@@ -82,8 +82,6 @@ def to_peft_tensors(params: dict[str, np.ndarray], module_prefix: str = "model."
 def from_peft_tensors(tensors: dict[str, np.ndarray], cfg: LoRAConfig,
                       module_prefix: str = "model.") -> dict[str, np.ndarray]:
     """PEFT-named adapter tensors -> ours (the inverse of to_peft_tensors)."""
-    ranks = {p: r for p, (r, _, _) in expert_lora(cfg).items()}
-    order = [p for p in EXPERT_PARAMETERS if p in ranks]
     out = {}
     for k, a in tensors.items():
         if k.endswith(ROUTER) and k.startswith(PEFT_PREFIX + module_prefix):
@@ -96,6 +94,8 @@ def from_peft_tensors(tensors: dict[str, np.ndarray], cfg: LoRAConfig,
             continue
         depth = name.count(".base_layer")
         module, ab = stem.rsplit(".", 1)
+        ranks = {p: r for p, (r, _, _) in expert_lora(cfg).items()}  # (only a MoE adapter gets here)
+        order = [p for p in EXPERT_PARAMETERS if p in ranks]
         if not order or depth >= len(order):
             raise FileFormatError(f"adapter tensor {k!r} adapts a stacked expert weight that adapter_config.json's "
                                   f"target_parameters ({', '.join(order) or 'none'}) does not name")
@@ -123,10 +123,12 @@ def _patterns(c: dict, key: str, cast) -> dict:
     return out
 
 
-def peft_config(cfg: LoRAConfig, targets: list[str], base_model: str, train_router: bool = False) -> dict:
-    """adapter_config.json for our adapter: `targets` the module / stacked-parameter names adapted."""
+def peft_config(cfg: LoRAConfig, modules: list[str], experts: list[str], base_model: str,
+                train_router: bool = False) -> dict:
+    """adapter_config.json for our adapter: the modules (target_modules) and the stacked expert
+    parameters (target_parameters) it adapts."""
     expert = expert_lora(cfg)
-    params = [p for p in EXPERT_PARAMETERS if p in targets]
+    params = [p for p in EXPERT_PARAMETERS if p in experts]
     rank_pattern = {rf".*\.{p}": expert[p][0] for p in params if expert.get(p, (cfg.rank,))[0] != cfg.rank}
     alpha_pattern = {rf".*\.{p}": expert[p][1] for p in params if expert.get(p, (0, cfg.alpha))[1] != cfg.alpha}
     return {
@@ -136,7 +138,7 @@ def peft_config(cfg: LoRAConfig, targets: list[str], base_model: str, train_rout
         "r": cfg.rank,
         "lora_alpha": cfg.alpha,
         "lora_dropout": 0.0,
-        "target_modules": [t for t in targets if t not in EXPERT_PARAMETERS],
+        "target_modules": list(modules),
         "target_parameters": params or None,
         "rank_pattern": rank_pattern,
         "alpha_pattern": alpha_pattern,

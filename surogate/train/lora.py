@@ -45,8 +45,10 @@ def save_peft_adapter(path: str | Path, params: dict[str, np.ndarray], cfg: LoRA
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    targets = sorted({n.rsplit(".", 2)[-2] for n in params if not n.endswith(ROUTER)})
-    config = peft_config(cfg, targets, base_model, train_router=any(n.endswith(ROUTER) for n in params))
+    adapted = [n for n in params if not n.endswith(ROUTER)]
+    modules = sorted({n.rsplit(".", 2)[-2] for n in adapted if not is_expert_lora(n)})
+    experts = sorted({n.rsplit(".", 2)[-2] for n in adapted if is_expert_lora(n)})
+    config = peft_config(cfg, modules, experts, base_model, train_router=len(adapted) < len(params))
     (tmp / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
     save_safetensors(tmp / "adapter_model.safetensors", to_peft_tensors(params, module_prefix),
                      metadata={"format": "pt"})
@@ -62,7 +64,6 @@ def merge_into_hf(hf: dict[str, np.ndarray], params: dict[str, np.ndarray], cfg:
     router trained beside the adapter (train_router) replaces the base one. Returns a new dict;
     untouched tensors are shared."""
     out = dict(hf)
-    scales = {p: s for p, (_, _, s) in expert_lora(cfg).items()}
     for name, a in params.items():
         if name.endswith(ROUTER):
             key = module_prefix + name
@@ -74,7 +75,8 @@ def merge_into_hf(hf: dict[str, np.ndarray], params: dict[str, np.ndarray], cfg:
     for module in modules:
         A, B = params[module + ".lora_A"].astype(np.float32), params[module + ".lora_B"].astype(np.float32)
         if is_expert_lora(module + ".lora_A"):
-            _merge_experts(out, module_prefix + module, scales[module.rsplit(".", 1)[1]] * (B @ A))
+            _, _, scale = expert_lora(cfg)[module.rsplit(".", 1)[1]]
+            _merge_experts(out, module_prefix + module, scale * (B @ A))
             continue
         key = f"{module_prefix}{module}.weight"
         if key not in out:
