@@ -201,14 +201,14 @@ class Trainer:
             valid = b.targets != -100
             self.inputs["dloss"][:] = np.where(valid, seed, 0.0)
             self.exe.push("dloss")
-            for seed, coef in self.router_losses.values():  # coef * the mean over micro-batches
-                self.inputs[seed][:] = coef / len(batches)
-                self.exe.push(seed)
+            for seed_input, coef in self.router_losses.values():  # coef * the mean over micro-batches
+                self.inputs[seed_input][:] = coef / len(batches)
+                self.exe.push(seed_input)
             self.exe.run(*MICRO_BATCH)
             loss_sum += float(self.exe.read("loss")[valid].sum(dtype=np.float64))
-            for o, (seed, _) in self.router_losses.items():
+            for o, (seed_input, _) in self.router_losses.items():
                 value = float(self.exe.read(o)[0])
-                aux_sum += float(self.inputs[seed][0]) * value
+                aux_sum += float(self.inputs[seed_input][0]) * value
                 self._router_values.setdefault(o, []).append(value)
             self._tally_expert_load(self.exe)
         return loss_sum / max(total, 1) + aux_sum, total
