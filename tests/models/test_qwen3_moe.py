@@ -277,3 +277,24 @@ def test_train_router_false_freezes_the_router_in_a_full_finetune(folder):
     _, grads = ours.loss_and_grads(np.arange(5, 18))
     assert "layers.0.mlp.experts.gate_up_proj" in grads
     assert not any(n.endswith("mlp.gate.weight") for n in grads)
+
+
+@pytest.mark.cuda
+def test_expert_lora_router_and_z_loss_on_cuda_match_the_cpu(folder):
+    """The GPU backend against the CPU one (itself checked against peft / torch above): expert
+    LoRA with the routers trained beside it and the z-loss on, f32 loss and every gradient."""
+    from surogate import _native
+
+    if not (_native.build_info()["cuda"] and _native.cuda_devices()):
+        pytest.skip("no CUDA build or no GPU")
+    cfg = LoRAConfig(rank=4, alpha=8, targets=tuple(ATTN + EXPERT_TARGETS))
+    cpu = _with_moe(surogate.load_model(folder), train_router=True, router_z_loss_coef=0.05)
+    gpu = _with_moe(surogate.load_model(folder, device="cuda"), train_router=True, router_z_loss_coef=0.05)
+    params = _our_adapter(cpu, cfg, seed=9)
+    ids = [np.random.default_rng(s).integers(0, cpu.spec.vocab_size, n) for s, n in ((1, 37), (2, 90))]
+    loss_c, grads_c = cpu.loss_and_grads(ids, lora=cfg, lora_params=params)
+    loss_g, grads_g = gpu.loss_and_grads(ids, lora=cfg, lora_params=params)
+    assert loss_g == pytest.approx(loss_c, rel=1e-4)
+    assert set(grads_g) == set(grads_c) and any(n.endswith("mlp.gate.weight") for n in grads_c)
+    for name, g in grads_c.items():
+        assert np.abs(grads_g[name] - g).max() / (np.abs(g).max() + 1e-12) < 1e-3, name
