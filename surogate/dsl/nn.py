@@ -333,7 +333,7 @@ def expert_lora(lora: LoRAConfig | None) -> dict[str, tuple[int, float, float]]:
     out = {}
     for p in EXPERT_PARAMETERS:
         fused = p == "gate_up_proj" and len(halves) == 2
-        if not (p in t or fused or (p == "down_proj" and "down_proj" in t)):
+        if not (p in t or fused):
             continue
         n = 2 if fused and p not in t else 1
         r = int(lora.rank_pattern.get(p, n * lora.rank))
