@@ -13,7 +13,9 @@ when down_proj is adapted too (``mlp.experts.lora_A.weight`` otherwise). Its A i
 (expert-major rows: A[e] = rows e*r .. e*r+r-1) and B [out, r * E] (expert-minor columns:
 B[e][:, j] = column j*E + e); ours are [E, r, in] and [E, out, r], what the grouped GEMMs read.
 A router trained beside LoRA (train_router) is peft's ``modules_to_save: [gate]``, its weight
-saved whole as ``...mlp.gate.weight``.
+saved whole as ``...mlp.gate.weight``. Adapters written before transformers 5 (one Linear per
+expert: ``mlp.experts.3.gate_proj.lora_A.weight``) are read into the stacked form as peft 0.21
+converts them: gate and up's A's stacked along the rank, their B's block-diagonal.
 """
 
 from __future__ import annotations
@@ -83,11 +85,17 @@ def from_peft_tensors(tensors: dict[str, np.ndarray], cfg: LoRAConfig,
                       module_prefix: str = "model.") -> dict[str, np.ndarray]:
     """PEFT-named adapter tensors -> ours (the inverse of to_peft_tensors)."""
     out = {}
+    per_expert: dict[tuple[str, str, str], dict[int, np.ndarray]] = {}  # transformers 4's layout
     for k, a in tensors.items():
         if k.endswith(ROUTER) and k.startswith(PEFT_PREFIX + module_prefix):
             out[k[len(PEFT_PREFIX + module_prefix):]] = a
             continue
         name = from_peft_name(k, module_prefix)
+        v4 = _PER_EXPERT.match(name)
+        if v4:
+            module, e, proj, ab = v4.groups()
+            per_expert.setdefault((module, proj, ab), {})[int(e)] = a
+            continue
         stem = name.replace(".base_layer", "")  # layers.0.mlp.experts.lora_A: a ParamWrapper's
         if not stem.endswith((EXPERTS + "lora_A", EXPERTS + "lora_B")):
             out[name] = a
@@ -108,6 +116,42 @@ def from_peft_tensors(tensors: dict[str, np.ndarray], cfg: LoRAConfig,
         else:
             a = a.reshape(a.shape[0], r, -1).transpose(2, 0, 1)
         out[f"{module}.{p}.{ab}"] = np.ascontiguousarray(a)
+    out.update(_stack_experts(per_expert))
+    return out
+
+
+_PER_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.(lora_A|lora_B)$")
+
+
+def _stack_experts(per_expert: dict[tuple[str, str, str], dict[int, np.ndarray]]) -> dict[str, np.ndarray]:
+    """One adapter per expert (transformers 4's layout) -> ours over the stacked weights: down_proj's
+    A [E, r, F] and B [E, C, r]; gate_up_proj's A [E, 2r, C] (gate's rows, then up's) and B
+    [E, 2F, 2r] block-diagonal, the rank-2r adapter expert_lora builds for gate_proj + up_proj."""
+    def stacked(module: str, proj: str, ab: str) -> list[np.ndarray]:
+        by_e = per_expert.get((module, proj, ab))
+        if by_e is None or sorted(by_e) != list(range(len(by_e))):
+            raise FileFormatError(f"adapter: {module}.*.{proj}.{ab} is not given for experts 0..E-1",
+                                  hint="a per-expert adapter needs every expert's lora_A and lora_B")
+        return [by_e[e] for e in range(len(by_e))]
+
+    out = {}
+    for module in sorted({m for m, _, _ in per_expert}):
+        projs = {p for m, p, _ in per_expert if m == module}
+        if "down_proj" in projs:
+            for ab in ("lora_A", "lora_B"):
+                out[f"{module}.down_proj.{ab}"] = np.stack(stacked(module, "down_proj", ab))
+        if projs & {"gate_proj", "up_proj"}:
+            if not {"gate_proj", "up_proj"} <= projs:
+                raise FileFormatError(f"adapter: {module} adapts one of gate_proj / up_proj per expert without "
+                                      "the other", hint="the stacked gate_up_proj needs both")
+            ga, ua = stacked(module, "gate_proj", "lora_A"), stacked(module, "up_proj", "lora_A")
+            gb, ub = stacked(module, "gate_proj", "lora_B"), stacked(module, "up_proj", "lora_B")
+            out[f"{module}.gate_up_proj.lora_A"] = np.stack([np.concatenate([g, u]) for g, u in zip(ga, ua)])
+            B = np.zeros((len(gb), gb[0].shape[0] + ub[0].shape[0], gb[0].shape[1] + ub[0].shape[1]), np.float32)
+            for e, (g, u) in enumerate(zip(gb, ub)):
+                B[e, :g.shape[0], :g.shape[1]] = g
+                B[e, g.shape[0]:, g.shape[1]:] = u
+            out[f"{module}.gate_up_proj.lora_B"] = B
     return out
 
 

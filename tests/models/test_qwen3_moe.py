@@ -298,3 +298,45 @@ def test_expert_lora_router_and_z_loss_on_cuda_match_the_cpu(folder):
     assert set(grads_g) == set(grads_c) and any(n.endswith("mlp.gate.weight") for n in grads_c)
     for name, g in grads_c.items():
         assert np.abs(grads_g[name] - g).max() / (np.abs(g).max() + 1e-12) < 1e-3, name
+
+
+def test_a_per_expert_adapter_of_transformers_4_reads_as_peft_converts_it(folder, tmp_path):
+    """An adapter trained before transformers 5 (a Linear per expert: mlp.experts.3.gate_proj.
+    lora_A.weight) loads stacked (gate and up along the rank, their B's block-diagonal) and
+    gives the logits peft 0.21 gives after its own conversion."""
+    peft = pytest.importorskip("peft")
+    from safetensors.numpy import save_file
+
+    from surogate.train.lora import load_peft_adapter
+
+    ours = surogate.load_model(folder)
+    m, r = ours.spec.moe, 4
+    C, F = ours.spec.hidden_size, m.intermediate_size
+    rng = np.random.default_rng(11)
+    tensors = {}
+    for i in m.layers:
+        for e in range(m.num_experts):
+            for proj, (out, inp) in {"gate_proj": (F, C), "up_proj": (F, C), "down_proj": (C, F)}.items():
+                key = f"base_model.model.model.layers.{i}.mlp.experts.{e}.{proj}"
+                tensors[f"{key}.lora_A.weight"] = (rng.standard_normal((r, inp)) * 0.2).astype(np.float32)
+                tensors[f"{key}.lora_B.weight"] = (rng.standard_normal((out, r)) * 0.2).astype(np.float32)
+    adapter = tmp_path / "v4"
+    adapter.mkdir()
+    save_file(tensors, str(adapter / "adapter_model.safetensors"), metadata={"format": "pt"})
+    (adapter / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": 8, "lora_dropout": 0.0, "bias": "none",
+        "target_modules": EXPERT_TARGETS, "base_model_name_or_path": str(folder)}))
+    cfg, params = load_peft_adapter(adapter)
+    assert params["layers.0.mlp.experts.gate_up_proj.lora_A"].shape == (m.num_experts, 2 * r, C)
+    ids = np.random.default_rng(5).integers(0, ours.spec.vocab_size, 19)
+    exe = ours.executable("logits", len(ids), 1, lora=cfg)
+    ours._feed(exe, *surogate.model.pack(ids), params)
+    exe.run()
+    got = np.array(exe.read("logits"))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    tuned = peft.PeftModel.from_pretrained(hf, str(adapter)).eval()
+    want = _hf_logits(tuned, ids)
+    with tuned.disable_adapter():
+        plain = _hf_logits(tuned, ids)
+    assert np.abs(want - plain).max() > 1e-2
+    assert np.abs(got - want).max() / np.abs(want).max() < 1e-4
