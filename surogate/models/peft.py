@@ -171,8 +171,8 @@ def peft_config(cfg: LoRAConfig, modules: list[str], experts: list[str], base_mo
                 train_router: bool = False) -> dict:
     """adapter_config.json for our adapter: the modules (target_modules) and the stacked expert
     parameters (target_parameters) it adapts."""
-    expert = expert_lora(cfg)
     params = [p for p in EXPERT_PARAMETERS if p in experts]
+    expert = expert_lora(cfg) if params else {}  # (a dense model's gate_proj alone is fine)
     rank_pattern = {rf".*\.{p}": expert[p][0] for p in params if expert.get(p, (cfg.rank,))[0] != cfg.rank}
     alpha_pattern = {rf".*\.{p}": expert[p][1] for p in params if expert.get(p, (0, cfg.alpha))[1] != cfg.alpha}
     return {
