@@ -5,6 +5,9 @@ A module holds configuration; calling it inside a graph declares its parameters 
 the HF checkpoint's tensors, so that name tables stay short) and adds its nodes. Building a
 graph computes nothing. Every use gets the same plain ops (norms, three q / k / v projections,
 activations, linears); a serving graph's fusions are a compile pass (surogate/compile/fuse.py).
+
+Past 400 lines because the specs (LoRAConfig, MoESpec, ModelSpec) and the blocks that read them
+are one vocabulary every family file imports together.
 """
 
 from __future__ import annotations
