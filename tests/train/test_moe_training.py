@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import surogate  # noqa: E402
-from sgtest.qa import sft_config, step_records, write_qa  # noqa: E402
+from sgtest.qa import interrupt_after, sft_config, step_losses, step_records, write_qa  # noqa: E402
 from sgtest.tiny_models import make_model, make_qwen3  # noqa: E402
 from surogate.errors import ConfigError  # noqa: E402
 from surogate.train.trainer import Trainer  # noqa: E402
@@ -38,6 +38,7 @@ def test_expert_lora_with_router_and_z_loss_trains_and_loads_in_peft(base, data,
     router0 = tr.model.params["layers.0.mlp.gate.weight"].copy()
     result = tr.train()
     np.testing.assert_array_equal(tr.model.params["layers.0.mlp.gate.weight"], router0)  # the base stays
+    assert np.abs(tr._trainable_state()["layers.0.mlp.gate.weight"] - router0).max() > 1e-4  # the copy trained
     steps = step_records(tmp_path / "run")
     assert len(steps) == 3
     E, K = tr.model.spec.moe.num_experts, tr.model.spec.moe.top_k
@@ -78,3 +79,21 @@ def test_expert_lora_refuses_dropout(base, data, tmp_path):
 
     with pytest.raises(UnsupportedError, match="lora_dropout"):
         Trainer(sft_config(base, data, tmp_path / "run", lora_dropout=0.1))
+
+
+def test_resume_with_a_trained_router_reproduces_the_curve(base, data, tmp_path):
+    """The routers trained beside the adapters are checkpointed with them: a resumed run's
+    losses (which depend on the routers through the routing and the z-loss) equal the
+    uninterrupted run's."""
+    def cfg(out, **kw):
+        return sft_config(base, data, out, save_steps=3, train_router=True, router_z_loss_coef=0.01, **kw)
+
+    Trainer(cfg(tmp_path / "a")).train()
+    want = step_losses(tmp_path / "a")
+    interrupted = Trainer(cfg(tmp_path / "b"))
+    interrupt_after(interrupted, 4)
+    with pytest.raises(KeyboardInterrupt):
+        interrupted.train()
+    Trainer(cfg(tmp_path / "b", resume_from_checkpoint=True)).train()
+    by_step = {r["step"]: r["loss"] for r in step_records(tmp_path / "b")}
+    assert [by_step[s] for s in range(1, 7)] == want
