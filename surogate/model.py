@@ -20,6 +20,9 @@ from surogate.models import Family, family_for, family_for_gguf
 
 DTYPES = ("float32", "bfloat16")
 AUX_SEED = "daux_loss"  # the training graph input that seeds a MoE model's aux_loss with its coefficient
+Z_SEED = "dz_loss"  # the same for its router z-loss (z_loss)
+# Training-graph outputs beside the loss -> (seed input, the MoESpec field with its coefficient).
+ROUTER_LOSSES = {"aux_loss": (AUX_SEED, "router_aux_loss_coef"), "z_loss": (Z_SEED, "router_z_loss_coef")}
 
 
 def _np_dtype(name: str) -> np.dtype:
@@ -97,7 +100,7 @@ class Model:
         setup (cached) unless ``shared`` is False: then a new one the caller may bind other
         weights to (DPO's frozen reference copy)."""
         key = (mode, n_tokens, n_docs,
-               None if lora is None else (lora.rank, lora.alpha, lora.targets, lora.dropout), grads,
+               None if lora is None else lora.key(), grads,
                recompute)
         exe = self._cache.get(key) if shared else None
         if exe is None and grads and lora is None and self.quant:
@@ -108,11 +111,12 @@ class Model:
         if exe is None:
             g = self.arch.build(mode=mode, dtype=self.dtype, lora=lora, quant=self.quant)
             keep = [g.outputs[{"train": "loss", "hidden": "hidden"}.get(mode, "logits")]]
-            aux = g.outputs.get("aux_loss")  # a MoE model's load-balancing loss
-            if aux is not None:
-                keep.append(aux)
+            # A MoE model's load-balancing loss and router z-loss, each seeded with its coefficient.
+            extra = {seed: g.outputs[out] for out, (seed, _) in ROUTER_LOSSES.items() if out in g.outputs}
+            keep += list(extra.values())
+            keep += g.moe_offsets  # each MoE layer's rows per expert (the trainer's expert-load metrics)
             if grads:
-                backward(g, g.outputs["loss"], extra={AUX_SEED: aux} if aux is not None else None)
+                backward(g, g.outputs["loss"], extra=extra or None)
             exe = Executable(g, {"N": n_tokens, "S1": n_docs + 1}, self.device, keep=keep, recompute=recompute)
             for name in exe.external_names("param"):
                 if name in self.params:
@@ -199,17 +203,18 @@ class Model:
                 arr = np.zeros(exe.buf(name).shape, np.float32)
                 exe.bind(name, arr)
                 out[name[len("grad."):]] = arr
-        coef = self.spec.moe.router_aux_loss_coef if self.spec.moe is not None else 0.0
-        has_aux = "aux_loss" in exe.graph.outputs
-        if grads and has_aux:
-            exe.bind(AUX_SEED, np.array([coef], np.float32))
+        router_losses = {o: (seed, getattr(self.spec.moe, field)) for o, (seed, field) in ROUTER_LOSSES.items()
+                         if o in exe.graph.outputs}
+        for seed, coef in router_losses.values():
+            if grads and seed in exe.lowered.by_value:
+                exe.bind(seed, np.array([coef], np.float32))
         exe.run()
         for name in list(out):
             out[name] = exe.pull("grad." + name)
         per_token = exe.read("loss")
         value = float(per_token[valid].sum() / max(n_valid, 1))
-        if has_aux:  # HF: loss + router_aux_loss_coef * load_balancing_loss_func(...)
-            value += coef * float(exe.read("aux_loss")[0])
+        for out_name, (_, coef) in router_losses.items():  # HF: loss + router_aux_loss_coef * aux_loss
+            value += coef * float(exe.read(out_name)[0])
         return value, out
 
     def _check_ids(self, ids: np.ndarray) -> None:

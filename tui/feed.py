@@ -88,6 +88,12 @@ class RunMetrics:
     # Preference runs (surogate dpo): the last step's TRL metrics, by name without "rewards/".
     rewards: dict[str, float] = field(default_factory=dict)
     kl: float | None = None  # distillation runs: the student's KL to the teacher's top-k
+    # Mixture-of-experts runs: per step, the expert load's max / mean (1 = balanced; over the MoE
+    # layers together) and its worst layer's; the last step's rows per expert and router losses.
+    expert_load: list[tuple[int, float]] = field(default_factory=list)
+    expert_load_worst: list[tuple[int, float]] = field(default_factory=list)
+    tokens_per_expert: list[int] | None = None
+    moe_losses: dict[str, float] = field(default_factory=dict)
 
     def apply(self, record: dict) -> None:
         kind = record.get("type")
@@ -97,6 +103,8 @@ class RunMetrics:
             if not record.get("start_step"):
                 self.losses.clear()  # a fresh run appended to the same file starts the chart again
                 self.eval_losses.clear()
+                self.expert_load.clear()
+                self.expert_load_worst.clear()
             self.total_steps = int(record.get("total_steps") or 0)
             self.start_step = int(record.get("start_step") or 0)
             self.step = self.start_step
@@ -119,6 +127,7 @@ class RunMetrics:
             for key, value in record.items():
                 if key.startswith("rewards/") and isinstance(value, (int, float)):
                     self.rewards[key.removeprefix("rewards/")] = float(value)
+            self._apply_moe(step, record)
         elif kind == "eval":
             value = record.get("eval_loss")
             if isinstance(value, (int, float)):
@@ -131,6 +140,22 @@ class RunMetrics:
             self.ended = True
             self.output = record.get("output")
             self.step = int(record.get("step", self.step))
+
+    def _apply_moe(self, step: int, record: dict) -> None:
+        """A MoE step line's expert load (surogate.train.trainer's moe_* keys)."""
+        load = record.get("moe_load_imbalance")
+        if isinstance(load, (int, float)):
+            self.expert_load.append((step, float(load)))
+        layers = record.get("moe_layer_imbalance")
+        if isinstance(layers, list) and layers and all(isinstance(v, (int, float)) for v in layers):
+            self.expert_load_worst.append((step, float(max(layers))))
+        counts = record.get("moe_tokens_per_expert")
+        if isinstance(counts, list):
+            self.tokens_per_expert = [int(c) for c in counts if isinstance(c, (int, float))]
+        for key in ("aux_loss", "z_loss"):
+            value = record.get(f"moe_{key}")
+            if isinstance(value, (int, float)):
+                self.moe_losses[key] = float(value)
 
     def extend(self, records: list[dict]) -> None:
         for r in records:

@@ -24,6 +24,10 @@
 //                    transformers' load_balancing_loss_func without an attention mask.
 //   moe_aux_loss_bwd: dprobs[n, e] = dloss E counts[e] / R^2, the same for every layer (counts
 //                    come from the top-k choice, which has no gradient).
+//   moe_z_loss_fwd:  ST-MoE's router z-loss over the L layers' logits: z[n] = logsumexp(logits[n]),
+//                    loss = sum z^2 / R, R = L N (the layers' rows concatenated, as HF's
+//                    router_z_loss_func takes them).
+//   moe_z_loss_bwd:  dlogits[n, e] = dloss 2 z[n] softmax(logits[n])[e] / R, per layer.
 //
 // The GEMMs go to OpenBLAS one expert at a time (each call threads itself, so they are issued
 // from the kernel's thread, never from inside parallel_for); bf16 / f16 operands are widened to
@@ -409,6 +413,61 @@ Status moe_aux_loss_bwd(const OpArgs& a) {
   return Status::OK();
 }
 
+// ---- router z-loss -----------------------------------------------------------------------------
+
+template <typename T>
+float row_logsumexp(const T* l, int64_t E) {
+  float mx = -INFINITY;
+  for (int64_t e = 0; e < E; ++e) mx = std::max(mx, load(l[e]));
+  float s = 0.0f;
+  for (int64_t e = 0; e < E; ++e) s += std::exp(load(l[e]) - mx);
+  return mx + std::log(s);
+}
+
+Status moe_z_loss_fwd(const OpArgs& a) {
+  MoeZLossArgs d;
+  SG_RETURN_IF_ERROR(check_moe_z_loss_fwd(a, &d));
+  // Per-layer partial sums in parallel, added in layer order (independent of the thread count).
+  std::vector<double> part(d.L, 0.0);
+  SG_DISPATCH_FLOAT("moe_z_loss_fwd", a.in(0).dtype, T, {
+    parallel_for(0, d.L, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t l = lo; l < hi; ++l) {
+        const T* x = a.in(l).ptr<T>();
+        double s = 0.0;
+        for (int64_t n = 0; n < d.N; ++n) {
+          const double z = row_logsumexp(x + n * d.E, d.E);
+          s += z * z;
+        }
+        part[l] = s;
+      }
+    });
+  });
+  double loss = 0.0;
+  for (double p : part) loss += p;
+  const double R = static_cast<double>(d.L * d.N);
+  a.out(0).ptr<float>()[0] = R > 0 ? static_cast<float>(loss / R) : 0.0f;
+  return Status::OK();
+}
+
+Status moe_z_loss_bwd(const OpArgs& a) {
+  MoeZLossArgs d;
+  SG_RETURN_IF_ERROR(check_moe_z_loss_bwd(a, &d));
+  const double R = static_cast<double>(d.L * d.N);
+  const float c = R > 0 ? static_cast<float>(2.0 * a.in(0).ptr<float>()[0] / R) : 0.0f;
+  SG_DISPATCH_FLOAT("moe_z_loss_bwd", a.in(1).dtype, T, {
+    const T* x = a.in(1).ptr<T>();
+    T* dx = a.out(0).ptr<T>();
+    parallel_for(0, d.N, row_grain(d.E), [&](int64_t lo, int64_t hi) {
+      for (int64_t n = lo; n < hi; ++n) {
+        const T* l = x + n * d.E;
+        const float z = row_logsumexp(l, d.E);
+        for (int64_t e = 0; e < d.E; ++e) dx[n * d.E + e] = store<T>(c * z * std::exp(load(l[e]) - z));
+      }
+    });
+  });
+  return Status::OK();
+}
+
 }  // namespace
 
 void register_cpu_moe(OpRegistry& reg) {
@@ -421,6 +480,8 @@ void register_cpu_moe(OpRegistry& reg) {
   add_op(reg, "moe_grouped_matmul_wgrad", moe_grouped_matmul_wgrad);
   add_op(reg, "moe_aux_loss_fwd", moe_aux_loss_fwd);
   add_op(reg, "moe_aux_loss_bwd", moe_aux_loss_bwd);
+  add_op(reg, "moe_z_loss_fwd", moe_z_loss_fwd);
+  add_op(reg, "moe_z_loss_bwd", moe_z_loss_bwd);
 }
 
 }  // namespace surogate::cpu

@@ -9,6 +9,8 @@
 //   unpermute:  one block per token, threads over channels.
 //   aux loss:   per layer, one block per expert sums probs[:, e] and counts idx == e into an
 //               [L, E] scratch; one block then adds the layers in order (deterministic).
+//   z-loss:     per layer, one block sums logsumexp(row)^2 over its rows into an [L] scratch (a
+//               fixed tree order); one thread adds the layers in order. Backward: one thread per row.
 // Device memory is not validated as the CPU does: expert indices and rows are clamped.
 #include <cstdint>
 #include <vector>
@@ -341,6 +343,85 @@ Status moe_aux_loss_bwd(const OpArgs& a) {
   return Status::OK();
 }
 
+// ---- router z-loss -----------------------------------------------------------------------------
+
+template <typename T>
+__device__ float row_logsumexp(const T* l, int E) {
+  float mx = -INFINITY;
+  for (int e = 0; e < E; ++e) mx = fmaxf(mx, ld(l[e]));
+  float s = 0.0f;
+  for (int e = 0; e < E; ++e) s += expf(ld(l[e]) - mx);
+  return mx + logf(s);
+}
+
+template <typename T>
+__global__ void z_layer_kernel(const T* logits, double* part, int64_t N, int E, int layer) {
+  __shared__ double rs[kThreads];
+  double s = 0.0;
+  for (int64_t n = threadIdx.x; n < N; n += blockDim.x) {
+    const double z = row_logsumexp(logits + n * E, E);
+    s += z * z;
+  }
+  rs[threadIdx.x] = s;
+  __syncthreads();
+  for (int o = blockDim.x / 2; o > 0; o >>= 1) {
+    if (threadIdx.x < o) rs[threadIdx.x] += rs[threadIdx.x + o];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) part[layer] = rs[0];
+}
+
+__global__ void z_total_kernel(const double* part, float* loss, int L, double R) {
+  if (threadIdx.x != 0) return;
+  double total = 0.0;
+  for (int l = 0; l < L; ++l) total += part[l];
+  loss[0] = R > 0 ? static_cast<float>(total / R) : 0.0f;
+}
+
+Status moe_z_loss_fwd(const OpArgs& a) {
+  const char* op = "moe_z_loss_fwd";
+  MoeZLossArgs d;
+  SG_RETURN_IF_ERROR(check_moe_z_loss_fwd(a, &d));
+  std::shared_ptr<void> holder;
+  SG_RETURN_IF_ERROR(allocate(a.in(0).device, static_cast<size_t>(d.L) * sizeof(double), &holder));
+  double* part = static_cast<double*>(holder.get());
+  for (int64_t l = 0; l < d.L; ++l) {
+    SG_CUDA_DISPATCH_FLOAT(op, a.in(l).dtype, T, {
+      z_layer_kernel<T><<<1, kThreads, 0, current_stream()>>>(a.in(l).ptr<T>(), part, d.N, static_cast<int>(d.E),
+                                                              static_cast<int>(l));
+    });
+    SG_CUDA_CHECK_LAUNCH();
+  }
+  z_total_kernel<<<1, 32, 0, current_stream()>>>(part, a.out(0).ptr<float>(), static_cast<int>(d.L),
+                                                 static_cast<double>(d.L * d.N));
+  SG_CUDA_CHECK_LAUNCH();
+  return Status::OK();
+}
+
+template <typename T>
+__global__ void z_bwd_kernel(const float* dloss, const T* logits, T* dlogits, int64_t N, int E, double R) {
+  const int64_t n = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (n >= N) return;
+  const T* l = logits + n * E;
+  const float c = R > 0 ? static_cast<float>(2.0 * dloss[0] / R) : 0.0f;
+  const float z = row_logsumexp(l, E);
+  for (int e = 0; e < E; ++e) dlogits[n * E + e] = st<T>(c * z * expf(ld(l[e]) - z));
+}
+
+Status moe_z_loss_bwd(const OpArgs& a) {
+  const char* op = "moe_z_loss_bwd";
+  MoeZLossArgs d;
+  SG_RETURN_IF_ERROR(check_moe_z_loss_bwd(a, &d));
+  if (d.N == 0) return Status::OK();
+  SG_CUDA_DISPATCH_FLOAT(op, a.in(1).dtype, T, {
+    z_bwd_kernel<T><<<blocks_for(d.N, kThreads), kThreads, 0, current_stream()>>>(
+        a.in(0).ptr<float>(), a.in(1).ptr<T>(), a.out(0).ptr<T>(), d.N, static_cast<int>(d.E),
+        static_cast<double>(d.L * d.N));
+  });
+  SG_CUDA_CHECK_LAUNCH();
+  return Status::OK();
+}
+
 }  // namespace
 
 void register_cuda_moe(OpRegistry& reg) {
@@ -351,6 +432,8 @@ void register_cuda_moe(OpRegistry& reg) {
   add_op(reg, "moe_unpermute_bwd", moe_unpermute_bwd);
   add_op(reg, "moe_aux_loss_fwd", moe_aux_loss_fwd);
   add_op(reg, "moe_aux_loss_bwd", moe_aux_loss_bwd);
+  add_op(reg, "moe_z_loss_fwd", moe_z_loss_fwd);
+  add_op(reg, "moe_z_loss_bwd", moe_z_loss_bwd);
 }
 
 }  // namespace surogate::cuda

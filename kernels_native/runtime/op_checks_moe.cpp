@@ -195,4 +195,33 @@ Status check_moe_aux_loss_bwd(const OpArgs& a, MoeAuxArgs* r) {
   return Status::OK();
 }
 
+Status check_moe_z_loss_fwd(const OpArgs& a, MoeZLossArgs* r) {
+  const char* op = "moe_z_loss_fwd";
+  SG_CHECK_ARG(a.num_inputs >= 1, str_cat(op, ": no inputs; give the router logits of each MoE layer"));
+  r->L = a.num_inputs;
+  SG_RETURN_IF_ERROR(check_ndim(op, "logits", a.in(0), 2));
+  r->N = a.in(0).shape[0], r->E = a.in(0).shape[1];
+  for (int64_t l = 0; l < r->L; ++l) {
+    SG_RETURN_IF_ERROR(check_2d(op, "logits", a.in(l), r->N, r->E, kFloats));
+    SG_CHECK_ARG(a.in(l).dtype == a.in(0).dtype, str_cat(op, ": logits ", l, " has another dtype than logits 0"));
+  }
+  SG_CHECK_SHAPE(a.out(0).numel() == 1 && a.out(0).dtype == DType::kF32,
+                 str_cat(op, ": loss ", a.out(0).shape_str(), " must be one float32"));
+  return Status::OK();
+}
+
+Status check_moe_z_loss_bwd(const OpArgs& a, MoeZLossArgs* r) {
+  const char* op = "moe_z_loss_bwd";
+  const Tensor &dloss = a.in(0), &logits = a.in(1), &dl = a.out(0);
+  SG_CHECK_SHAPE(dloss.numel() == 1 && dloss.dtype == DType::kF32,
+                 str_cat(op, ": dloss ", dloss.shape_str(), " must be one float32"));
+  SG_RETURN_IF_ERROR(check_ndim(op, "logits", logits, 2));
+  r->N = logits.shape[0], r->E = logits.shape[1];
+  SG_RETURN_IF_ERROR(check_2d(op, "logits", logits, r->N, r->E, kFloats));
+  SG_RETURN_IF_ERROR(check_2d(op, "dlogits", dl, r->N, r->E, {logits.dtype}));
+  r->L = a.attr().get_int("num_layers", 0);
+  SG_CHECK_ARG(r->L >= 1, str_cat(op, ": attr num_layers ", r->L, " must be the number of MoE layers (>= 1)"));
+  return Status::OK();
+}
+
 }  // namespace surogate

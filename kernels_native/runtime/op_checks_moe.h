@@ -13,6 +13,8 @@
 //   moe_grouped_matmul_wgrad (dy[M,Nout], x[M,Kin], offsets[E+1] i32) -> (dW[E,Nout,Kin])
 //   moe_aux_loss_fwd (probs_0, idx_0, probs_1, idx_1, ...) -> (loss[1] f32, counts[E] f32)
 //   moe_aux_loss_bwd (dloss[1] f32, counts[E] f32) -> (dprobs[N,E] f32); attr num_layers
+//   moe_z_loss_fwd   (logits_0[N,E], logits_1, ...) -> (loss[1] f32)
+//   moe_z_loss_bwd   (dloss[1] f32, logits[N,E]) -> (dlogits[N,E] logits' dtype); attr num_layers
 // Index values (idx in [0, E), offsets monotone and ending at M) are host memory on the CPU,
 // which checks them, and device memory on CUDA, which clamps.
 #pragma once
@@ -54,5 +56,11 @@ struct MoeAuxArgs {
 };
 Status check_moe_aux_loss_fwd(const OpArgs& a, MoeAuxArgs* r);
 Status check_moe_aux_loss_bwd(const OpArgs& a, MoeAuxArgs* r);
+
+struct MoeZLossArgs {
+  int64_t L = 0, N = 0, E = 0;  // layers, rows per layer, experts
+};
+Status check_moe_z_loss_fwd(const OpArgs& a, MoeZLossArgs* r);
+Status check_moe_z_loss_bwd(const OpArgs& a, MoeZLossArgs* r);
 
 }  // namespace surogate

@@ -283,6 +283,21 @@ def _moe_grouped_matmul(c: RuleContext, n: Node, gy: list) -> list:
     return [dx, None, None]
 
 
+@rule("moe_z_loss_fwd")
+def _moe_z_loss(c: RuleContext, n: Node, gy: list) -> list:
+    if gy[0] is None:
+        return [None] * len(n.inputs)
+    out: list = []
+    for x in n.inputs:
+        dx = None
+        if c.needs(x):
+            # Its own name: the router's backward gives these logits their other gradient part.
+            (dx,) = c.g.node("moe_z_loss_bwd", [gy[0], x], [(x.name + ".dz", x.shape, x.dtype)],
+                             num_layers=len(n.inputs))
+        out.append(dx)
+    return out
+
+
 @rule("moe_aux_loss_fwd")
 def _moe_aux_loss(c: RuleContext, n: Node, gy: list) -> list:
     loss, counts = n.outputs

@@ -310,6 +310,8 @@ def _check_values(c: SFTConfig, where: _Where) -> None:
         fail("lora_target_modules", '"all" together with other names', 'use ["all"] alone, or list the names')
     if len(set(targets)) != len(targets):
         fail("lora_target_modules", "a name is listed twice")
+    if not c.router_z_loss_coef >= 0:
+        fail("router_z_loss_coef", f"must not be negative, got {c.router_z_loss_coef}", "ST-MoE used 0.001")
     for key in ("save_steps", "save_total_limit", "eval_steps"):
         if getattr(c, key) < 0:
             fail(key, f"must not be negative, got {getattr(c, key)}")

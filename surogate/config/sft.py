@@ -101,6 +101,12 @@ class SFTConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen
     # quantize any checkpoint's projections at load.
     qlora_gguf: bool | str = False
 
+    # -- mixture of experts (the original Surogate's keys) --
+    # The router weight (mlp.gate) trains: true under LoRA too (saved in the adapter as peft's
+    # modules_to_save), false freezes it in a full fine-tune; unset: trained exactly without LoRA.
+    train_router: bool | None = None
+    router_z_loss_coef: float = 0.0  # ST-MoE's z-loss (mean logsumexp(router logits)^2) times this; 0: off
+
     # -- precision and memory --
     recipe: Literal["bf16", "fp32"] = "bf16"  # fp32 for CPU runs and tests
     recompute: bool = False

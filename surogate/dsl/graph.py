@@ -95,6 +95,8 @@ class Graph:
         # Mixture-of-experts layers: each router's (probs, idx), in layer order, for the
         # load-balancing loss (surogate.dsl.nn.MoE appends them).
         self.moe_routers: list[tuple[Value, Value]] = []
+        self.moe_logits: list[Value] = []  # each MoE layer's router logits [N, E] (the z-loss)
+        self.moe_offsets: list[Value] = []  # each MoE layer's expert row offsets [E + 1] (expert load)
 
     # ---- naming ---------------------------------------------------------------------------
     def scoped(self, name: str) -> str:

@@ -5,6 +5,9 @@ A module holds configuration; calling it inside a graph declares its parameters 
 the HF checkpoint's tensors, so that name tables stay short) and adds its nodes. Building a
 graph computes nothing. Every use gets the same plain ops (norms, three q / k / v projections,
 activations, linears); a serving graph's fusions are a compile pass (surogate/compile/fuse.py).
+
+Past 400 lines because the specs (LoRAConfig, MoESpec, ModelSpec) and the blocks that read them
+are one vocabulary every family file imports together.
 """
 
 from __future__ import annotations
@@ -31,10 +34,19 @@ class LoRAConfig:
     # peft's lora_dropout: the adapters read dropout(x) in training graphs (CausalLM.build mode
     # "train", lowered with a backward pass); the per-step seed is the graph input `lora_rng`.
     dropout: float = 0.0
+    # peft's rank_pattern / alpha_pattern for a MoE layer's stacked expert parameters, keyed by the
+    # parameter (gate_up_proj, down_proj): the rank and alpha of its adapter where not `rank` / `alpha`.
+    rank_pattern: dict[str, int] = field(default_factory=dict)
+    alpha_pattern: dict[str, float] = field(default_factory=dict)
 
     @property
     def scale(self) -> float:
         return self.alpha / (math.sqrt(self.rank) if self.use_rslora else self.rank)
+
+    def key(self) -> tuple:
+        """What decides the compiled graph (a cache key)."""
+        return (self.rank, self.alpha, self.targets, self.dropout, self.use_rslora,
+                tuple(sorted(self.rank_pattern.items())), tuple(sorted(self.alpha_pattern.items())))
 
 
 @dataclass
@@ -50,6 +62,12 @@ class MoESpec:
     layers: tuple[int, ...]
     norm_topk_prob: bool = False
     router_aux_loss_coef: float = 0.0
+    # ST-MoE's router z-loss, mean over (layer, token) rows of logsumexp(router logits)^2, times
+    # this in the training loss (the config's router_z_loss_coef; 0: off).
+    router_z_loss_coef: float = 0.0
+    # Whether the router weight (mlp.gate) trains: None follows the run (a full fine-tune trains it,
+    # LoRA leaves it frozen); the config's train_router sets it either way.
+    train_router: bool | None = None
 
 
 @dataclass
@@ -215,7 +233,10 @@ class Linear:
         self.name, self.in_features, self.parts, self.bias = name, in_features, parts, bias
         self.out_features = sum(size for _, size in parts)
 
-    def __call__(self, g: Graph, x: Value, dtype: str, lora: LoRAConfig | None) -> Value:
+    def __call__(self, g: Graph, x: Value, dtype: str, lora: LoRAConfig | None,
+                 trainable: bool | None = None) -> Value:
+        """``trainable``: whether W (and b) train; None: exactly when there is no LoRA."""
+        trainable = lora is None if trainable is None else trainable
         qtype = g.quant.get(g.scoped(f"{self.name}.weight"))
         if qtype is not None:  # GGML blocks, multiplied as they are (forward graphs only)
             from surogate.io.gguf import row_bytes
@@ -223,8 +244,8 @@ class Linear:
             w = g.param(f"{self.name}.weight", (self.out_features, row_bytes(qtype, self.in_features)), "uint8",
                         trainable=False, ggml_type=qtype)
         else:
-            w = g.param(f"{self.name}.weight", (self.out_features, self.in_features), dtype, trainable=lora is None)
-        b = g.param(f"{self.name}.bias", (self.out_features,), dtype, trainable=lora is None) if self.bias else None
+            w = g.param(f"{self.name}.weight", (self.out_features, self.in_features), dtype, trainable=trainable)
+        b = g.param(f"{self.name}.bias", (self.out_features,), dtype, trainable=trainable) if self.bias else None
         slices = []
         offset = 0
         for part, size in self.parts:
@@ -292,12 +313,53 @@ class MLP:
 
     def __call__(self, g: Graph, x: Value, dtype: str, lora: LoRAConfig | None) -> Value:
         """x: the normed rows [N, C]."""
+        if lora is not None and self.spec.moe is not None:
+            # A dense layer of a MoE model: peft (on transformers 5) turns gate / up / down_proj into
+            # the experts' target_parameters, so these Linear layers get no adapter there; nor here.
+            lora = dataclasses.replace(lora, targets=tuple(t for t in lora.targets if t not in EXPERT_PROJECTIONS))
         gu = self.gate_up(g, x, dtype, lora)
         a = ops.swiglu(gu, name="mlp.act") if self.spec.activation == "silu" else ops.geglu(gu, name="mlp.act")
         return self.down(g, a, dtype, lora)
 
 
 EXPERT_PROJECTIONS = frozenset({"gate_proj", "up_proj", "down_proj"})  # HF / peft names in an MoE layer
+EXPERT_PARAMETERS = ("gate_up_proj", "down_proj")  # the stacked expert weights, in their module's order
+
+
+def expert_lora(lora: LoRAConfig | None) -> dict[str, tuple[int, float, float]]:
+    """The adapted expert parameters of a MoE layer -> (rank, alpha, scale), as peft 0.21 builds
+    them on transformers 5: target_modules gate_proj + up_proj become target_parameters
+    gate_up_proj with rank 2r and alpha 2 alpha (rank_pattern / alpha_pattern; one adapter over
+    the fused weight), down_proj stays rank r. The names gate_up_proj / down_proj themselves (an
+    adapter's target_parameters) mean rank r unless the patterns say otherwise."""
+    if lora is None:
+        return {}
+    t = set(lora.targets)
+    halves = t & {"gate_proj", "up_proj"}
+    if len(halves) == 1:
+        from surogate.errors import UnsupportedError
+
+        (have,) = halves
+        raise UnsupportedError(f"LoRA target {have} of a mixture-of-experts layer without "
+                               f"{({'gate_proj', 'up_proj'} - halves).pop()}: the experts' gate and up projections "
+                               "are one stacked weight (gate_up_proj), adapted together",
+                               hint="target both gate_proj and up_proj (peft refuses the same)")
+    out = {}
+    for p in EXPERT_PARAMETERS:
+        fused = p == "gate_up_proj" and len(halves) == 2
+        if not (p in t or fused):
+            continue
+        n = 2 if fused and p not in t else 1
+        r = int(lora.rank_pattern.get(p, n * lora.rank))
+        a = float(lora.alpha_pattern.get(p, n * lora.alpha))
+        out[p] = (r, a, a / (math.sqrt(r) if lora.use_rslora else r))
+    if out and lora.dropout > 0:
+        from surogate.errors import UnsupportedError
+
+        raise UnsupportedError("lora_dropout with LoRA on a mixture-of-experts layer's experts: peft's adapters "
+                               "of stacked expert weights (ParamWrapper) have no dropout",
+                               hint="set lora_dropout: 0, or target only the attention projections")
+    return out
 
 
 class MoE:
@@ -306,7 +368,12 @@ class MoE:
     into expert-contiguous order, each projection is one grouped GEMM over all experts (weights
     [E, out, in], transformers 5's ``mlp.experts.gate_up_proj`` / ``down_proj``), and the rows
     come back weighted by the router. The router's (probs, idx) are kept in ``Graph.moe_routers``
-    for the load-balancing loss."""
+    for the load-balancing loss, its logits in ``Graph.moe_logits`` for the z-loss.
+
+    LoRA on the experts (``expert_lora``): each expert e has its own A[e] [r, in] and B[e]
+    [out, r] (``mlp.experts.gate_up_proj.lora_A`` [E, r, C] ...), run as two more grouped GEMMs
+    over the same permuted rows: y = x W[e].T + scale (x A[e].T) B[e].T, which is what peft's
+    ParamWrapper computes with W[e] + scale B[e] A[e]."""
 
     def __init__(self, spec: ModelSpec):
         self.spec = spec
@@ -316,25 +383,35 @@ class MoE:
     def __call__(self, g: Graph, x: Value, dtype: str, lora: LoRAConfig | None) -> Value:
         m, C = self.spec.moe, self.spec.hidden_size
         E, F = m.num_experts, m.intermediate_size
-        expert_targets = sorted(set(lora.targets) & EXPERT_PROJECTIONS) if lora is not None else []
-        if expert_targets:
-            from surogate.errors import UnsupportedError
-
-            # peft gives each expert an adapter of its own; grouped LoRA matmuls are not built yet.
-            raise UnsupportedError(f"LoRA on a mixture-of-experts layer's expert projections ({', '.join(expert_targets)}) "
-                                   "is not supported yet", hint="target the attention projections: "
-                                   "lora_target_modules: [q_proj, k_proj, v_proj, o_proj] (or 'all', which means them "
-                                   "for MoE families)")
-        logits = self.gate(g, x, dtype, lora)
+        adapted = expert_lora(lora)
+        train_router = (lora is None) if m.train_router is None else m.train_router
+        logits = self.gate(g, x, dtype, lora, trainable=train_router)
+        g.moe_logits.append(logits)
         w, idx, probs = ops.moe_router(logits, m.top_k, m.norm_topk_prob, name="mlp.router")
         g.moe_routers.append((probs, idx))
         w_gu = g.param("mlp.experts.gate_up_proj", (E, 2 * F, C), dtype, trainable=lora is None)
         w_down = g.param("mlp.experts.down_proj", (E, C, F), dtype, trainable=lora is None)
         xp, rows, offsets = ops.moe_permute(x, idx, E, name="mlp.permute")
-        gu = ops.moe_grouped_matmul(xp, w_gu, offsets, name="mlp.experts.gate_up")
+        g.moe_offsets.append(offsets)
+        gu = self._experts(g, xp, w_gu, offsets, "gate_up_proj", adapted, dtype)
         a = ops.swiglu(gu, name="mlp.experts.act")
-        yp = ops.moe_grouped_matmul(a, w_down, offsets, name="mlp.experts.down")
+        yp = self._experts(g, a, w_down, offsets, "down_proj", adapted, dtype)
         return ops.moe_unpermute(yp, rows, w, name="mlp.unpermute")
+
+    def _experts(self, g: Graph, xp: Value, w: Value, offsets: Value, param: str,
+                 adapted: dict[str, tuple[int, float, float]], dtype: str) -> Value:
+        """One stacked projection over the permuted rows, plus its experts' LoRA where adapted."""
+        op = "gate_up" if param == "gate_up_proj" else "down"
+        y = ops.moe_grouped_matmul(xp, w, offsets, name=f"mlp.experts.{op}")
+        if param not in adapted:
+            return y
+        r, _, s = adapted[param]
+        E, out, inp = w.shape
+        A = g.param(f"mlp.experts.{param}.lora_A", (E, r, inp), dtype, lora="A", init="kaiming")
+        B = g.param(f"mlp.experts.{param}.lora_B", (E, out, r), dtype, lora="B", init="zeros")
+        t = ops.moe_grouped_matmul(xp, A, offsets, name=f"mlp.experts.{op}.lora_a")
+        d = ops.moe_grouped_matmul(t, B, offsets, name=f"mlp.experts.{op}.lora_b")
+        return ops.add(y, ops.scale(d, s, name=f"mlp.experts.{op}.lora_scaled"), name=f"mlp.experts.{op}.lora")
 
 
 def mlp_for(spec: ModelSpec, layer: int) -> MLP | MoE:
@@ -454,6 +531,9 @@ class CausalLM:
             if s.moe is not None and s.moe.router_aux_loss_coef > 0 and g.moe_routers:
                 # Seeded with the coefficient (graph input daux_loss) by whoever runs the backward.
                 g.mark_output("aux_loss", ops.moe_aux_loss(g.moe_routers))
+            if s.moe is not None and s.moe.router_z_loss_coef > 0 and g.moe_logits:
+                # Seeded with its coefficient (graph input dz_loss), as aux_loss.
+                g.mark_output("z_loss", ops.moe_z_loss(g.moe_logits))
         else:
             if s.final_softcap:  # the capped value is the one named "logits" (what callers read)
                 logits = ops.softcap(ops.linear(y, head, name="logits_uncapped"), s.final_softcap, name="logits")

@@ -388,3 +388,12 @@ def moe_aux_loss(routers: list[tuple[Value, Value]], name: str = "aux_loss") -> 
     ins = [v for pair in routers for v in pair]
     loss, _ = _g(*ins).node("moe_aux_loss_fwd", ins, [(name, (1,), "float32"), (name + ".counts", (E,), "float32")])
     return loss
+
+
+def moe_z_loss(logits: list[Value], name: str = "z_loss") -> Value:
+    """ST-MoE's router z-loss over every MoE layer's router logits [N, E]: the mean over the
+    layers' rows of logsumexp(logits)^2 (HF's router_z_loss_func on the layers concatenated): f32 [1]."""
+    _check(bool(logits), f"moe_z_loss {name}: no MoE layer")
+    _check(all(v.shape == logits[0].shape for v in logits), f"moe_z_loss {name}: the layers' logits differ in shape")
+    (loss,) = _g(*logits).node("moe_z_loss_fwd", list(logits), [(name, (1,), "float32")])
+    return loss

@@ -3,6 +3,7 @@ mixture-of-experts MLP (dsl/nn.py's MoE: a router to E experts, the top K per to
 renormalised; no shared expert) on the layers ``decoder_sparse_step`` and ``mlp_only_layers``
 leave sparse, a dense MLP of ``intermediate_size`` on the others, and transformers'
 load-balancing loss (``router_aux_loss_coef``) in the training loss with ``output_router_logits``.
+LoRA reaches the experts in peft's transformers-5 layout (dsl/nn.py MoE, surogate/models/peft.py).
 
 Checkpoints hold one tensor per expert (``mlp.experts.{e}.gate_proj.weight``); our parameters
 are transformers 5's stacked ones (``mlp.experts.gate_up_proj`` [E, 2F, C], ``down_proj``
@@ -125,8 +126,10 @@ FAMILY = Family(
     spec_from_config=spec_from_config,
     architecture=nn.CausalLM,
     bench_hf_config=bench_hf_config,
-    # LoRA on attention: expert adapters (peft's one per expert) are not built yet (dsl/nn.py MoE).
-    lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"),
+    # Every projection: on the sparse layers gate / up / down_proj mean the experts' stacked weights
+    # (peft's target_parameters gate_up_proj with rank 2r, down_proj; dsl/nn.py expert_lora), and
+    # the dense layers' MLPs get none, as peft 0.21 does on transformers 5.
+    lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     name_table=hf_name_table,
     gguf=GGUFArchitecture(
         name="qwen3moe",

@@ -31,6 +31,7 @@ from surogate.compile import Executable, fuse_serving
 from surogate.dsl.nn import KVCache, LoRAConfig
 from surogate.errors import InvalidArgumentError
 from surogate.model import Model, _np_dtype
+from surogate.models.peft import ROUTER
 
 MAX_PAD = _native.serve.ProgramRunner.MAX_PAD  # padding tokens never exceed this
 
@@ -145,7 +146,10 @@ class ProgramRunner:
         if slot < 0:
             raise InvalidArgumentError(f"adapter slot {slot} is negative (-1 is the base model)")
         g = self.model.arch.build(mode="logits", dtype=self.model.dtype, lora=cfg, quant=self.model.quant)
-        want = {p.name: p.shape for p in g.params() if p.meta.get("lora")}
+        # LoRA tensors, and a router trained beside them (train_router; peft's modules_to_save),
+        # which this adapter's programs read instead of the base model's.
+        want = {p.name: p.shape for p in g.params() if p.meta.get("lora") or (p.name in params and
+                                                                              p.name.endswith(ROUTER))}
         missing = sorted(set(want) - set(params))
         unknown = sorted(set(params) - set(want))
         if missing or unknown:
@@ -201,7 +205,8 @@ class ProgramRunner:
             if name in self.fused:
                 host, dev = self.fused[name]
                 exe.bind(name, host if host is not None else dev)
-            elif name in m.params:  # the adapter's LoRA tensors are bound below
+            elif name in m.params and (slot < 0 or name not in self.adapters[slot][1]):
+                # (the adapter's LoRA tensors and routers are bound below)
                 exe.bind(name, m.params[name], m.device_param(name))
         for name, arr in self.caches.items():
             exe.bind(name, arr)

@@ -12,12 +12,13 @@ from pathlib import Path
 import numpy as np
 
 from surogate.dsl.graph import Graph
-from surogate.dsl.nn import LoRAConfig
+from surogate.dsl.nn import LoRAConfig, expert_lora
 from surogate.errors import FileFormatError
 from surogate.io import save_safetensors
-from surogate.models.peft import ALL_TARGETS, PEFT_PREFIX, from_peft_name, load_peft_adapter, to_peft_name
+from surogate.models.peft import (ALL_TARGETS, EXPERTS, PEFT_PREFIX, ROUTER, from_peft_name, is_expert_lora,
+                                  load_peft_adapter, peft_config, to_peft_name, to_peft_tensors)
 
-__all__ = ["ALL_TARGETS", "PEFT_PREFIX", "from_peft_name", "init_lora", "load_peft_adapter", "merge_into_hf",
+__all__ = ["ALL_TARGETS", "EXPERTS", "PEFT_PREFIX", "from_peft_name", "init_lora", "load_peft_adapter", "merge_into_hf",
            "save_peft_adapter", "to_peft_name"]
 
 
@@ -29,7 +30,7 @@ def init_lora(g: Graph, seed: int) -> dict[str, np.ndarray]:
     out = {}
     for p in sorted(g.params(), key=lambda v: v.name):
         if p.meta.get("lora") == "A":
-            fan_in = p.shape[1]
+            fan_in = p.shape[-1]  # [r, in]; a MoE layer's experts [E, r, in] (peft: each expert's rows alike)
             bound = 1.0 / math.sqrt(fan_in)
             out[p.name] = rng.uniform(-bound, bound, size=p.shape).astype(np.float32)
         elif p.meta.get("lora") == "B":
@@ -44,25 +45,12 @@ def save_peft_adapter(path: str | Path, params: dict[str, np.ndarray], cfg: LoRA
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    targets = sorted({n.rsplit(".", 2)[-2] for n in params})
-    config = {
-        "peft_type": "LORA",
-        "task_type": "CAUSAL_LM",
-        "base_model_name_or_path": base_model,
-        "r": cfg.rank,
-        "lora_alpha": cfg.alpha,
-        "lora_dropout": 0.0,
-        "target_modules": targets,
-        "bias": "none",
-        "use_rslora": cfg.use_rslora,
-        "fan_in_fan_out": False,
-        "inference_mode": True,
-        "init_lora_weights": True,
-        "modules_to_save": None,
-    }
+    adapted = [n for n in params if not n.endswith(ROUTER)]
+    modules = sorted({n.rsplit(".", 2)[-2] for n in adapted if not is_expert_lora(n)})
+    experts = sorted({n.rsplit(".", 2)[-2] for n in adapted if is_expert_lora(n)})
+    config = peft_config(cfg, modules, experts, base_model, train_router=len(adapted) < len(params))
     (tmp / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_safetensors(tmp / "adapter_model.safetensors",
-                     {to_peft_name(n, module_prefix): np.ascontiguousarray(a, np.float32) for n, a in params.items()},
+    save_safetensors(tmp / "adapter_model.safetensors", to_peft_tensors(params, module_prefix),
                      metadata={"format": "pt"})
     _replace_dir(tmp, path)
     return path
@@ -71,19 +59,53 @@ def save_peft_adapter(path: str | Path, params: dict[str, np.ndarray], cfg: LoRA
 def merge_into_hf(hf: dict[str, np.ndarray], params: dict[str, np.ndarray], cfg: LoRAConfig,
                   module_prefix: str = "model.") -> dict[str, np.ndarray]:
     """W += scale * B @ A for every adapted module, on HF-named tensors (in f32, then back to
-    each tensor's dtype). Returns a new dict; untouched tensors are shared."""
+    each tensor's dtype); a MoE layer's experts W[e] += scale B[e] @ A[e], into the stacked
+    gate_up_proj / down_proj or the checkpoint's per-expert gate_proj / up_proj / down_proj; a
+    router trained beside the adapter (train_router) replaces the base one. Returns a new dict;
+    untouched tensors are shared."""
     out = dict(hf)
-    modules = sorted({n.rsplit(".", 1)[0] for n in params})
+    for name, a in params.items():
+        if name.endswith(ROUTER):
+            key = module_prefix + name
+            if key not in out:
+                raise FileFormatError(f"the adapter replaces {key}, which the base model does not have",
+                                      hint="is this adapter for another model?")
+            out[key] = np.asarray(a).astype(out[key].dtype)
+    modules = sorted({n.rsplit(".", 1)[0] for n in params if not n.endswith(ROUTER)})
     for module in modules:
+        A, B = params[module + ".lora_A"].astype(np.float32), params[module + ".lora_B"].astype(np.float32)
+        if is_expert_lora(module + ".lora_A"):
+            _, _, scale = expert_lora(cfg)[module.rsplit(".", 1)[1]]
+            _merge_experts(out, module_prefix + module, scale * (B @ A))
+            continue
         key = f"{module_prefix}{module}.weight"
         if key not in out:
             raise FileFormatError(f"the adapter adapts {key}, which the base model does not have",
                                   hint="is this adapter for another model?")
-        A, B = params[module + ".lora_A"], params[module + ".lora_B"]
         w = out[key]
-        merged = w.astype(np.float32) + cfg.scale * (B.astype(np.float32) @ A.astype(np.float32))
+        merged = w.astype(np.float32) + cfg.scale * (B @ A)
         out[key] = merged.astype(w.dtype)
     return out
+
+
+def _merge_experts(out: dict[str, np.ndarray], key: str, delta: np.ndarray) -> None:
+    """delta [E, out, in] into model.layers.i.mlp.experts.gate_up_proj (or down_proj), stacked as
+    transformers 5 holds it or one tensor per expert as the hub's checkpoints do."""
+    if key in out:
+        w = out[key]
+        out[key] = (w.astype(np.float32) + delta).astype(w.dtype)
+        return
+    experts, param = key.rsplit(".", 1)
+    halves = ("gate_proj", "up_proj") if param == "gate_up_proj" else ("down_proj",)
+    rows = delta.shape[1] // len(halves)
+    for e in range(delta.shape[0]):
+        for h, half in enumerate(halves):
+            k = f"{experts}.{e}.{half}.weight"
+            if k not in out:
+                raise FileFormatError(f"the adapter adapts {key}, and the base model has neither it nor {k}",
+                                      hint="is this adapter for another model?")
+            w = out[k]
+            out[k] = (w.astype(np.float32) + delta[e, h * rows:(h + 1) * rows]).astype(w.dtype)
 
 
 def _replace_dir(tmp: Path, final: Path) -> None:

@@ -2,7 +2,10 @@
 terminal (a progress line with ETA and tokens/s on a TTY, plain lines otherwise).
 
 JSONL lines: ``{"type": "step", "step", "loss", "lr", "grad_norm", "tokens_per_second",
-"epoch", "elapsed", ...}``, ``{"type": "eval", "step", "eval_loss", ...}``, and
+"epoch", "elapsed", ...}`` (a mixture-of-experts run adds ``moe_tokens_per_expert`` (rows routed
+to each expert over the step, all MoE layers together), ``moe_load_max`` / ``moe_load_mean`` of
+those, ``moe_load_imbalance`` (max / mean, 1 = balanced), ``moe_layer_imbalance`` (per layer) and
+the unscaled ``moe_aux_loss`` / ``moe_z_loss``), ``{"type": "eval", "step", "eval_loss", ...}``, and
 ``{"type": "gpu", "gpus": [{"index", "name", "utilization", "memory_used_mib", ...}]}`` every
 `gpu_interval` seconds when an NVIDIA GPU is present, and ``{"type": "start" | "end", ...}``
 framing a run. Each line is flushed as it is written (under a lock: the GPU sampler writes from

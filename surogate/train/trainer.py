@@ -13,6 +13,7 @@ uninterrupted loss curve.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -25,7 +26,7 @@ import numpy as np
 from surogate.config import SFTConfig
 from surogate.dsl.nn import LORA_RNG, LoRAConfig
 from surogate.errors import ConfigError
-from surogate.model import AUX_SEED, Model, _np_dtype, load_model, resolve_device
+from surogate.model import ROUTER_LOSSES, Model, _np_dtype, load_model, resolve_device
 from surogate.train.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
 from surogate.train.data import Batch, build_datasets
 from surogate.train.export import save_hf_folder, write_sidecars
@@ -73,6 +74,7 @@ class Trainer:
         self.out = Path(cfg.output_dir)
         self.model = model or load_model(cfg.model, device=resolve_device(cfg.device), dtype=cfg.dtype,
                                          **qlora_load_args(cfg))
+        self._moe_options()
         if self.model.tokenizer is None:
             raise ConfigError(f"{cfg.model} has no tokenizer.json", where="model",
                               hint="training needs the model's tokenizer")
@@ -89,6 +91,8 @@ class Trainer:
         targets = self.model.family.lora_targets if "all" in cfg.lora_target_modules else tuple(cfg.lora_targets)
         self.lora = LoRAConfig(cfg.lora_rank, float(cfg.lora_alpha), tuple(targets),
                                dropout=float(cfg.lora_dropout)) if cfg.lora else None
+        self._moe_load = None  # this step's routed rows [MoE layers, E], summed over micro-batches
+        self._router_values: dict[str, list[float]] = {}  # this step's aux_loss / z_loss per micro-batch
         self._build()
         self.feed = MetricsFeed(cfg.metrics_path if "jsonl" in cfg.report_to else None,
                                 use_wandb="wandb" in cfg.report_to, wandb_project=cfg.wandb_project,
@@ -97,6 +101,19 @@ class Trainer:
                                 total_steps=self.total_steps)
 
     # ---- setup ------------------------------------------------------------------------------
+    def _moe_options(self) -> None:
+        """train_router and router_z_loss_coef into the model's MoE spec (the graph reads them)."""
+        c, m = self.cfg, self.model
+        if c.train_router is None and c.router_z_loss_coef == 0:
+            return
+        if m.spec.moe is None:
+            key = "train_router" if c.train_router is not None else "router_z_loss_coef"
+            raise ConfigError(f"{c.model} has no mixture-of-experts layers", where=key, hint=f"remove {key}")
+        m.spec = dataclasses.replace(m.spec, moe=dataclasses.replace(
+            m.spec.moe, train_router=c.train_router, router_z_loss_coef=float(c.router_z_loss_coef)))
+        m.arch = m.family.architecture(m.spec)
+        m._cache.clear()  # programs built from the old spec
+
     def _datasets(self):
         """(train, eval or None): what the iterator and `_step` consume (a DPO trainer's are pairs)."""
         return build_datasets(self.cfg, self.model.tokenizer)
@@ -112,6 +129,11 @@ class Trainer:
         if self.lora is not None:
             g = self.exe.graph
             self.masters = init_lora(g, self.cfg.seed)  # f32
+            # Whole weights that train beside the adapters (a MoE router with train_router): copies,
+            # so that the base model stays what the adapter applies to.
+            for p in g.params():
+                if p.trainable and not p.meta.get("lora"):
+                    self.masters[p.name] = m.params[p.name].astype(np.float32)
             self.trainable = {n: np.ascontiguousarray(a.astype(storage)) for n, a in self.masters.items()}
             for n, a in self.trainable.items():
                 self.exe.bind(n, a)
@@ -132,8 +154,11 @@ class Trainer:
                        "dloss": np.zeros(self.N, np.float32)}
         if LORA_RNG in self.exe.lowered.by_value:  # lora_dropout: the per-micro-batch seed
             self.inputs[LORA_RNG] = np.zeros(2, np.int32)
-        if AUX_SEED in self.exe.lowered.by_value:  # a MoE model's load-balancing loss: its coefficient
-            self.inputs[AUX_SEED] = np.zeros(1, np.float32)
+        # A MoE model's load-balancing loss and router z-loss: their coefficients.
+        self.router_losses = {o: (seed, getattr(m.spec.moe, field)) for o, (seed, field) in ROUTER_LOSSES.items()
+                              if seed in self.exe.lowered.by_value}
+        for seed, _ in self.router_losses.values():
+            self.inputs[seed] = np.zeros(1, np.float32)
         for n, a in self.inputs.items():
             self.exe.bind(n, a)
         self.exe.use_graphs(self.cfg.cuda_graphs)  # GPU: each micro-batch and optimizer step is one graph
@@ -158,6 +183,8 @@ class Trainer:
             key.append(c.lora_dropout)
         if c.qlora_gguf is not False:
             key.append(["qlora_gguf", c.qlora_gguf])
+        if c.train_router is not None or c.router_z_loss_coef:  # likewise
+            key.append(["moe", c.train_router, c.router_z_loss_coef])
         return hashlib.sha256(json.dumps(key, default=str).encode()).hexdigest()[:16]
 
     # ---- one step ---------------------------------------------------------------------------
@@ -195,14 +222,41 @@ class Trainer:
             valid = b.targets != -100
             self.inputs["dloss"][:] = np.where(valid, seed, 0.0)
             self.exe.push("dloss")
-            if AUX_SEED in self.inputs:  # coef * the mean over micro-batches of each one's aux loss
-                self.inputs[AUX_SEED][:] = self.model.spec.moe.router_aux_loss_coef / len(batches)
-                self.exe.push(AUX_SEED)
+            for seed_input, coef in self.router_losses.values():  # coef * the mean over micro-batches
+                self.inputs[seed_input][:] = coef / len(batches)
+                self.exe.push(seed_input)
             self.exe.run(*MICRO_BATCH)
             loss_sum += float(self.exe.read("loss")[valid].sum(dtype=np.float64))
-            if AUX_SEED in self.inputs:
-                aux_sum += float(self.inputs[AUX_SEED][0]) * float(self.exe.read("aux_loss")[0])
+            for o, (seed_input, _) in self.router_losses.items():
+                value = float(self.exe.read(o)[0])
+                aux_sum += float(self.inputs[seed_input][0]) * value
+                self._router_values.setdefault(o, []).append(value)
+            self._tally_expert_load(self.exe)
         return loss_sum / max(total, 1) + aux_sum, total
+
+    def _tally_expert_load(self, exe) -> None:
+        """After a micro-batch: the rows each expert of each MoE layer got (its permute offsets)."""
+        offsets = exe.graph.moe_offsets
+        if not offsets:
+            return
+        load = np.stack([np.diff(exe.read(v.name).astype(np.int64)) for v in offsets])
+        self._moe_load = load if self._moe_load is None else self._moe_load + load
+
+    def _moe_metrics(self) -> dict:
+        """The step line's MoE values, and a fresh tally for the next step: the routed rows per
+        expert (over the MoE layers; padding rows are routed too), their max and mean, max / mean
+        (1: balanced) overall and per layer, and the unscaled aux / z losses."""
+        load, values = self._moe_load, self._router_values
+        self._moe_load, self._router_values = None, {}
+        out = {f"moe_{o}": float(np.mean(v)) for o, v in values.items()}
+        if load is not None:
+            total = load.sum(axis=0)
+            mean = float(total.mean())
+            out.update(moe_tokens_per_expert=total.tolist(), moe_load_max=int(total.max()), moe_load_mean=mean,
+                       moe_load_imbalance=float(total.max() / mean) if mean > 0 else 0.0,
+                       moe_layer_imbalance=[round(float(r.max() / r.mean()), 4) if r.mean() > 0 else 0.0
+                                            for r in load])
+        return out
 
     def evaluate(self) -> float | None:
         if self.eval_exe is None:
@@ -269,6 +323,7 @@ class Trainer:
                 t0 = time.perf_counter()
                 batches = [next(it) for _ in range(c.gradient_accumulation_steps)]
                 loss, targets, extra = self._step_with_metrics(batches, state.step)
+                extra = {**self._moe_metrics(), **extra}
                 lr = self.schedule.lr_at(state.step + 1)
                 norm = self.opt.apply(lr)
                 dt = time.perf_counter() - t0

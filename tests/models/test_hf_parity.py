@@ -14,6 +14,7 @@ import surogate  # noqa: E402
 from sgtest.tiny_models import make_llama, make_model  # noqa: E402
 from surogate.dsl.nn import LoRAConfig  # noqa: E402
 from surogate.models import REGISTRY, family_named  # noqa: E402
+from surogate.models.peft import from_peft_tensors  # noqa: E402
 
 # "<family>" is the family's tiny config, "<family>-<variant>" that config with a variant's overrides.
 CONFIGS = {f.name: (f.name, {}) for f in REGISTRY} | {
@@ -85,21 +86,22 @@ def test_lora_grads_match_peft(checkpoint, key):
         for name, p in pm.named_parameters():
             if "lora_B" in name:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
-    lora_params = {}
-    for name, p in pm.named_parameters():
-        if "lora_" in name:
-            # base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight
-            inner = name.removeprefix("base_model.model.model.").replace(".default.weight", "")
-            lora_params[inner] = p.detach().numpy().copy()
+    lora = LoRAConfig(rank=4, alpha=8, targets=tuple(targets))
+
+    def ours_named(attr):  # peft's tensors as its adapter file names them, read with our reader
+        # base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight (a MoE layer's
+        # experts: mlp.experts[.base_layer].lora_A, stacked; surogate.models.peft says how)
+        return from_peft_tensors({name.replace(".default", ""): getattr(p, attr).numpy().copy()
+                                  for name, p in pm.named_parameters() if "lora_" in name}, lora)
+
+    lora_params = ours_named("data")
     ids = tokens(ours.spec.vocab_size, 19, seed=2)
-    loss, grads = ours.loss_and_grads(ids, lora=LoRAConfig(rank=4, alpha=8, targets=tuple(targets)),
-                                      lora_params=lora_params)
+    loss, grads = ours.loss_and_grads(ids, lora=lora, lora_params=lora_params)
     t = torch.tensor(ids)[None]
     out = pm(input_ids=t, labels=t)
     out.loss.backward()
     assert loss == pytest.approx(out.loss.item(), rel=1e-5)
-    ref_grads = {name.removeprefix("base_model.model.model.").replace(".default.weight", ""): p.grad.numpy()
-                 for name, p in pm.named_parameters() if "lora_" in name}
+    ref_grads = ours_named("grad")
     assert set(grads) == set(ref_grads)
     for name, g in grads.items():
         r = ref_grads[name]

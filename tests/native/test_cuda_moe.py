@@ -14,7 +14,8 @@ from sgtest.ops import TOLERANCE, as_dtype
 from surogate import _native
 
 COVERS = ("moe_router_fwd", "moe_router_bwd", "moe_permute", "moe_unpermute_fwd", "moe_unpermute_bwd",
-          "moe_grouped_matmul", "moe_grouped_matmul_wgrad", "moe_aux_loss_fwd", "moe_aux_loss_bwd")
+          "moe_grouped_matmul", "moe_grouped_matmul_wgrad", "moe_aux_loss_fwd", "moe_aux_loss_bwd",
+          "moe_z_loss_fwd", "moe_z_loss_bwd")
 
 pytestmark = pytest.mark.cuda
 
@@ -130,3 +131,15 @@ def test_aux_loss_matches_cpu(layers, n, e, k):
     (d0,), (d1,) = both("moe_aux_loss_bwd", [np.array([0.5], np.float32), c0], [((n, e), "float32")],
                         num_layers=layers)
     np.testing.assert_allclose(d1, d0, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("layers,n,e", [(1, 11, 4), (3, 257, 128)])
+def test_z_loss_matches_cpu(layers, n, e, dtype):
+    logits = [rand((n, e), dtype, layer, scale=3.0) for layer in range(layers)]
+    (l0,), (l1,) = both("moe_z_loss_fwd", logits, [((1,), "float32")])
+    np.testing.assert_allclose(l1, l0, rtol=1e-5)
+    for lg in logits:
+        (d0,), (d1,) = both("moe_z_loss_bwd", [np.array([0.5], np.float32), lg], [((n, e), dtype)],
+                            num_layers=layers)
+        close(d1, d0, dtype)

@@ -171,3 +171,38 @@ def test_aux_loss_equals_transformers_load_balancing_loss(layers, n, e, k):
         (dl,) = run_op("moe_router_bwd", [np.zeros((n, k), np.float32), ins[2 * l], ins[2 * l + 1], dp],
                        [((n, e), "float32")])
         assert_close(dl, lt.grad.numpy(), rtol=1e-5, atol=1e-8)
+
+
+@pytest.mark.parametrize("layers,n,e", [(1, 11, 4), (3, 23, 8), (2, 9, 128)])
+def test_z_loss_equals_switch_transformers_router_z_loss(layers, n, e):
+    """ST-MoE's z-loss as transformers writes it (router_z_loss_func), over the layers'
+    logits concatenated along the tokens as SwitchTransformers passes them; the backward is
+    torch's gradient of that, one layer at a time."""
+    from transformers.models.switch_transformers.modeling_switch_transformers import router_z_loss_func
+
+    logits = [rand((n, e), seed=l, scale=3.0) for l in range(layers)]
+    (loss,) = run_op("moe_z_loss_fwd", logits, [((1,), "float32")])
+    lts = [torch.tensor(lg, dtype=F64, requires_grad=True) for lg in logits]
+    ref = router_z_loss_func(torch.cat(lts)[None])
+    assert loss[0] == pytest.approx(ref.item(), rel=1e-6)
+    (0.5 * ref).backward()
+    for lg, lt in zip(logits, lts):
+        (dl,) = run_op("moe_z_loss_bwd", [np.array([0.5], np.float32), lg], [((n, e), "float32")],
+                       num_layers=layers)
+        assert_close(dl, lt.grad.numpy(), rtol=1e-5, atol=1e-8)
+
+
+def test_z_loss_bf16_reads_the_rounded_logits():
+    lg = as_dtype(rand((7, 16), seed=3, scale=2.0), "bfloat16")
+    (loss,) = run_op("moe_z_loss_fwd", [lg], [((1,), "float32")])
+    want = torch.logsumexp(torch.tensor(f32(lg), dtype=F64), -1).pow(2).mean().item()
+    assert loss[0] == pytest.approx(want, rel=1e-5)
+    (dl,) = run_op("moe_z_loss_bwd", [np.array([1.0], np.float32), lg], [((7, 16), "bfloat16")], num_layers=1)
+    t = torch.tensor(f32(lg), dtype=F64, requires_grad=True)
+    torch.logsumexp(t, -1).pow(2).mean().backward()
+    assert_close(f32(dl), t.grad.numpy(), rtol=1e-2, atol=1e-4)
+
+
+def test_z_loss_refuses_layers_of_different_shapes():
+    with pytest.raises(InvalidArgumentError, match="moe_z_loss_fwd"):
+        run_op("moe_z_loss_fwd", [rand((4, 8), 0), rand((5, 8), 1)], [((1,), "float32")])

@@ -76,3 +76,23 @@ def test_merge_rejects_an_adapter_for_another_model(base, tmp_path):
     save_peft_adapter(tmp_path / "bad", params, LoRAConfig(rank=4, alpha=8), base_model=str(base))
     with pytest.raises(FileFormatError, match="layers.9"):
         merge_adapter(None, tmp_path / "bad", tmp_path / "m")
+
+
+def test_a_dense_adapter_of_gate_proj_alone_round_trips(base, tmp_path):
+    """gate_proj without up_proj is refused only on a MoE layer's experts (stacked together):
+    a dense model's adapter of it reads and merges as before."""
+    from surogate.train.lora import merge_into_hf
+
+    peft = pytest.importorskip("peft")
+    ref = transformers.AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    pm = peft.get_peft_model(ref, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["gate_proj"]))
+    pm.save_pretrained(tmp_path / "peft")
+    cfg, params = load_peft_adapter(tmp_path / "peft")
+    assert cfg.targets == ("gate_proj",) and "layers.0.mlp.gate_proj.lora_A" in params
+    hf = {"model.layers.0.mlp.gate_proj.weight": np.zeros((params["layers.0.mlp.gate_proj.lora_B"].shape[0],
+                                                           params["layers.0.mlp.gate_proj.lora_A"].shape[1]),
+                                                          np.float32)}
+    one = {k: v for k, v in params.items() if k.startswith("layers.0.")}
+    merged = merge_into_hf(hf, one, cfg)["model.layers.0.mlp.gate_proj.weight"]
+    A, B = one["layers.0.mlp.gate_proj.lora_A"], one["layers.0.mlp.gate_proj.lora_B"]
+    np.testing.assert_allclose(merged, cfg.scale * B @ A, rtol=1e-6, atol=1e-7)

@@ -191,8 +191,9 @@ def write_fake_adapter(folder: Path, base: str, rank: int = 8, hidden: int = 64)
 
 
 def write_feed(path: Path, steps: int = 40, total: int = 40, gpus: int = 2, ended: bool = True,
-               t0: float = 1_767_225_600.0) -> Path:
-    """A run's metrics.jsonl as the trainer writes it, with fixed numbers and times."""
+               t0: float = 1_767_225_600.0, moe: bool = False) -> Path:
+    """A run's metrics.jsonl as the trainer writes it, with fixed numbers and times (``moe``: a
+    mixture-of-experts run's expert load, 8 experts over 2 layers, balancing as it trains)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [{"time": t0, "type": "start", "total_steps": total, "start_step": 0, "tokens_per_step": 4096,
               "output_dir": str(path.parent)}]
@@ -201,6 +202,14 @@ def write_feed(path: Path, steps: int = 40, total: int = 40, gpus: int = 2, ende
         lines.append({"time": t0 + 2 * s, "type": "step", "step": s, "loss": round(float(loss), 4),
                       "lr": 2e-4 * (1 - s / total), "grad_norm": round(0.9 / (1 + s / 10), 3),
                       "tokens_per_second": 2048.0 + 8 * s, "epoch": s / 20, "elapsed": 2.0 * s})
+        if moe:
+            skew = 1.0 + 1.5 * np.exp(-s / 10)
+            counts = [int(2048 * skew) if e == 0 else int(2048 * (8 - skew) / 7) for e in range(8)]
+            mean = sum(counts) / 8
+            lines[-1].update(moe_tokens_per_expert=counts, moe_load_max=max(counts), moe_load_mean=mean,
+                             moe_load_imbalance=round(max(counts) / mean, 4),
+                             moe_layer_imbalance=[round(max(counts) / mean, 4), round(1.1 * max(counts) / mean, 4)],
+                             moe_aux_loss=round(1.0 + 0.1 * skew, 4), moe_z_loss=round(3.0 / (1 + s / 20), 4))
         if s % 10 == 0:
             lines.append({"time": t0 + 2 * s, "type": "eval", "step": s, "eval_loss": round(float(loss) + 0.1, 4)})
         if gpus and s % 20 == 0:

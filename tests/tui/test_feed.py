@@ -80,3 +80,21 @@ def test_a_dpo_runs_reward_metrics_are_kept():
     assert RunMetrics().rewards == {} and RunMetrics().kl is None  # an SFT run shows neither
     m.apply({"type": "step", "step": 3, "loss": 0.4, "kl": 0.25, "ce": 1.5})
     assert m.kl == 0.25
+
+
+def test_a_moe_runs_expert_load_is_charted_per_step():
+    """The trainer's moe_* keys (surogate.train.trainer._moe_metrics) become the expert-load
+    series, overall and worst layer; a fresh run starts them over; a dense run has none."""
+    m = RunMetrics()
+    m.apply({"type": "start", "total_steps": 2, "start_step": 0})
+    for step, counts in ((1, [30, 10, 10, 14]), (2, [16, 16, 16, 16])):
+        mean = sum(counts) / 4
+        m.apply({"type": "step", "step": step, "loss": 1.0, "moe_tokens_per_expert": counts,
+                 "moe_load_max": max(counts), "moe_load_mean": mean, "moe_load_imbalance": max(counts) / mean,
+                 "moe_layer_imbalance": [max(counts) / mean, 1.0], "moe_z_loss": 2.5, "moe_aux_loss": 1.1})
+    assert m.expert_load == [(1, 30 / 16), (2, 1.0)]
+    assert m.expert_load_worst == [(1, 30 / 16), (2, 1.0)]
+    assert m.tokens_per_expert == [16, 16, 16, 16] and m.moe_losses == {"z_loss": 2.5, "aux_loss": 1.1}
+    m.apply({"type": "start", "total_steps": 2, "start_step": 0})
+    m.apply({"type": "step", "step": 1, "loss": 1.0})
+    assert m.expert_load == [] and m.expert_load_worst == []

@@ -70,6 +70,19 @@ def test_train_monitor(snap_compare, make_app, train_world, h, size):
 
 
 @pytest.mark.parametrize("size", SIZES)
+def test_train_monitor_moe(snap_compare, make_app, world, h, size):
+    """A mixture-of-experts run: the expert-load chart under the loss chart, its numbers beside."""
+    h.write_feed(world / "output" / "moe" / "metrics.jsonl", moe=True)
+
+    async def run_before(pilot):
+        await h.settle(pilot)
+        await pilot.press("r", "enter")
+        await h.settle(pilot)
+
+    assert snap_compare(make_app("train"), terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", SIZES)
 def test_serve(snap_compare, make_app, library_world, h, size):
     async def run_before(pilot):
         await h.settle(pilot)

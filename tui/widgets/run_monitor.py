@@ -1,5 +1,7 @@
-"""The attached run at a glance: a title line, the loss / eval-loss chart, the numbers beside it
-and the GPU panel. It shows what it is given (attributes down); the Train screen feeds it."""
+"""The attached run at a glance: a title line, the loss / eval-loss chart, the numbers beside it,
+for a mixture-of-experts run the expert-load chart (max / mean rows per expert, overall and its
+worst layer; 1 is balanced), and the GPU panel. It shows what it is given (attributes down); the
+Train screen feeds it."""
 
 from __future__ import annotations
 
@@ -22,6 +24,9 @@ class RunMonitor(Vertical):
         with Horizontal(id="run-main"):
             yield LinePlot("waiting for the first step…", id="loss-plot")
             yield RunStats(id="run-stats")
+        moe = LinePlot("", id="moe-plot")  # shown only for a MoE run
+        moe.border_title = "expert load: max / mean rows per expert (1 = balanced)"
+        yield moe
         yield GPUPanel(id="gpu-panel")
 
     def show(self, title: str, m: RunMetrics | None, state: str) -> None:
@@ -30,12 +35,17 @@ class RunMonitor(Vertical):
         if m is not None and m.output:
             text.append(f"  → {short_path(m.output)}", style="dim")
         self.query_one("#run-title", Static).update(text)
-        plot = self.query_one(LinePlot)
+        plot = self.query_one("#loss-plot", LinePlot)
+        moe = self.query_one("#moe-plot", LinePlot)
         if m is None:
             plot.clear()
+            moe.clear()
         else:
             plot.set_series("loss", m.losses, "cyan")
             plot.set_series("eval loss", m.eval_losses, "magenta")
+            moe.set_series("worst layer", m.expert_load_worst, "red")
+            moe.set_series("expert load", m.expert_load, "yellow")
+        moe.display = m is not None and bool(m.expert_load)
         self.query_one(RunStats).show(m, state)
         self.set_class(state in ("running", "paused"), "live")
 

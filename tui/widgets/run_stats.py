@@ -1,7 +1,8 @@
 """The numbers beside the loss chart: state, step and progress with ETA, loss, eval loss, learning
 rate, grad norm, throughput, epoch; for a DPO run the reward margin, accuracy and the chosen /
-rejected rewards, for a distill run the KL to the teacher. Everything comes from the feed (its
-own clock), so a finished run reads the same every time it is opened."""
+rejected rewards, for a distill run the KL to the teacher, for a mixture-of-experts run the expert
+load (max / mean rows per expert, and its worst layer's) and the router z-loss. Everything comes
+from the feed (its own clock), so a finished run reads the same every time it is opened."""
 
 from __future__ import annotations
 
@@ -63,4 +64,12 @@ class RunStats(Widget):
             text.append(f"reject {_g(r.get('rejected'), '.4f')}")
         if m.kl is not None:  # a distillation run
             text.append(f"\nkl     {_g(m.kl, '.4f')}")
+        if m.expert_load:  # a mixture-of-experts run: the last step's expert load, max / mean
+            text.append("\nexpert ")
+            text.append(f"{m.expert_load[-1][1]:.2f}x", style="bold yellow")
+            if m.expert_load_worst:
+                text.append("\nworst  ")
+                text.append(f"{m.expert_load_worst[-1][1]:.2f}x", style="bold red")
+            if "z_loss" in m.moe_losses:
+                text.append(f"\nz loss {_g(m.moe_losses['z_loss'], '.4f')}")
         return text
