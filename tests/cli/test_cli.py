@@ -13,10 +13,8 @@ import surogate
 from surogate import _native
 from surogate.cli import doctor
 
-NOT_BUILT = {
-    "grpo": ["grpo", "config.yaml"],
-}
-COMMANDS = [*NOT_BUILT, "bench", "doctor", "merge", "sft", "pt", "dpo", "distill", "serve", "quantize", "models", "tui"]
+NOT_BUILT: dict[str, list[str]] = {}  # every command is built
+COMMANDS = [*NOT_BUILT, "grpo", "bench", "doctor", "merge", "sft", "pt", "dpo", "distill", "serve", "quantize", "models", "tui"]
 
 
 def run(*args: str, code: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:
