@@ -3,7 +3,8 @@ and fold its lines into what the Train screen shows.
 
 Lines: ``start`` (total_steps, start_step, tokens_per_step, output_dir), ``step`` (loss, lr,
 grad_norm, tokens_per_second, epoch, elapsed; a DPO run adds rewards/chosen, rewards/rejected,
-rewards/margins, rewards/accuracies; a distill run kl and ce), ``eval`` (eval_loss), ``gpu`` (a list of per-GPU
+rewards/margins, rewards/accuracies; a distill run kl and ce; a GRPO run reward, rewards/<fn>/mean, kl,
+clip_ratio/region_mean, completions/mean_length, rollout_tokens_per_second), ``eval`` (eval_loss), ``gpu`` (a list of per-GPU
 samples) and ``end`` (final loss, eval loss, output). Unknown types and malformed lines are
 skipped: the feed is written by another process and may be mid-line when read.
 """
@@ -87,7 +88,14 @@ class RunMetrics:
     output: str | None = None
     # Preference runs (surogate dpo): the last step's TRL metrics, by name without "rewards/".
     rewards: dict[str, float] = field(default_factory=dict)
-    kl: float | None = None  # distillation runs: the student's KL to the teacher's top-k
+    kl: float | None = None  # distillation runs: the student's KL to the teacher's top-k; GRPO: to the reference
+    # GRPO runs (surogate grpo): the mean reward per step (the chart), the last step's per-function
+    # means, clip fraction, completion length and rollout throughput.
+    reward_points: list[tuple[int, float]] = field(default_factory=list)
+    reward_fns: dict[str, float] = field(default_factory=dict)
+    clip_ratio: float | None = None
+    completion_length: float | None = None
+    rollout_tokens_per_second: float | None = None
 
     def apply(self, record: dict) -> None:
         kind = record.get("type")
@@ -97,6 +105,7 @@ class RunMetrics:
             if not record.get("start_step"):
                 self.losses.clear()  # a fresh run appended to the same file starts the chart again
                 self.eval_losses.clear()
+                self.reward_points.clear()
             self.total_steps = int(record.get("total_steps") or 0)
             self.start_step = int(record.get("start_step") or 0)
             self.step = self.start_step
@@ -118,7 +127,17 @@ class RunMetrics:
             self.kl = record.get("kl", self.kl)
             for key, value in record.items():
                 if key.startswith("rewards/") and isinstance(value, (int, float)):
-                    self.rewards[key.removeprefix("rewards/")] = float(value)
+                    name = key.removeprefix("rewards/")
+                    if name.endswith("/mean"):  # GRPO: one reward function's mean
+                        self.reward_fns[name.removesuffix("/mean")] = float(value)
+                    elif "/" not in name:  # DPO: TRL's preference metrics
+                        self.rewards[name] = float(value)
+            reward = record.get("reward")
+            if isinstance(reward, (int, float)):
+                self.reward_points.append((step, float(reward)))
+            self.clip_ratio = record.get("clip_ratio/region_mean", self.clip_ratio)
+            self.completion_length = record.get("completions/mean_length", self.completion_length)
+            self.rollout_tokens_per_second = record.get("rollout_tokens_per_second", self.rollout_tokens_per_second)
         elif kind == "eval":
             value = record.get("eval_loss")
             if isinstance(value, (int, float)):
@@ -139,6 +158,10 @@ class RunMetrics:
     @property
     def loss(self) -> float | None:
         return self.losses[-1][1] if self.losses else None
+
+    @property
+    def reward(self) -> float | None:
+        return self.reward_points[-1][1] if self.reward_points else None
 
     @property
     def eval_loss(self) -> float | None:

@@ -1,4 +1,4 @@
-"""The attached run at a glance: a title line, the loss / eval-loss chart, the numbers beside it
+"""The attached run at a glance: a title line, the loss / eval-loss chart (a GRPO run's mean reward too), the numbers beside it
 and the GPU panel. It shows what it is given (attributes down); the Train screen feeds it."""
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ class RunMonitor(Vertical):
         else:
             plot.set_series("loss", m.losses, "cyan")
             plot.set_series("eval loss", m.eval_losses, "magenta")
+            if m.reward_points:
+                plot.set_series("reward", m.reward_points, "green")
         self.query_one(RunStats).show(m, state)
         self.set_class(state in ("running", "paused"), "live")
 
