@@ -3,10 +3,14 @@ plus the rollouts, the rewards and the clipped policy-gradient loss, with TRL's 
 names (``num_generations``, ``max_prompt_length``, ``max_completion_length``, ``temperature``,
 ``beta``, ``epsilon``, ``epsilon_high``, ``loss_type``, ``scale_rewards``, ``reward_weights``).
 
+Full fine-tuning (``lora: false``) is supported: the co-located engine reads the very weight
+arrays the optimizer updates, so it samples from the current policy either way.
+
 Where we differ from TRL: ``per_device_train_batch_size`` counts *prompts* per micro-batch (each
 brings its ``num_generations`` completions), so a prompt's group never spans micro-batches; and
 ``reward_functions`` lists import paths (``pkg.module:fn``) or the names of the built-in rewards
-(surogate.train.grpo_env), not callables.
+(surogate.train.grpo_env), not callables; and the log-probs are the model's raw distribution (as
+the engine reports them), not divided by the sampling temperature.
 """
 
 from __future__ import annotations

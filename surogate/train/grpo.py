@@ -77,10 +77,16 @@ class GRPOTrainer(Trainer):
         self.reward_weights = np.asarray(cfg.reward_weights or [1.0] * len(self.rewards), np.float64)
         self.client = None
         super().__init__(cfg, model, stream)
-        self.feed.write({"type": "rollout_engine", "colocated": True, "kv_cache_bytes": int(self.runner.kv_bytes),
-                         "kv_cache_tokens": self.runner.num_blocks * BLOCK_SIZE, "max_num_seqs": self.max_num_seqs,
-                         "weights": "shared with the trainer (one copy)",
-                         "adapter": "the trainer's LoRA arrays" if self.lora is not None else None})
+        record = {"type": "rollout_engine", "colocated": True, "kv_cache_bytes": int(self.runner.kv_bytes),
+                  "kv_cache_tokens": self.runner.num_blocks * BLOCK_SIZE, "max_num_seqs": self.max_num_seqs,
+                  "weights": "shared with the trainer (one copy)",
+                  "weight_bytes": int(sum(a.nbytes for a in self.model.params.values())),
+                  "adapter": "the trainer's LoRA arrays" if self.lora is not None else None}
+        if self.model.device != "cpu":  # what the device holds once trainer and engine are both set up
+            from surogate import _native
+
+            record["device_allocated_bytes"] = int(_native.allocator_stats(self.model.device)["allocated_bytes"])
+        self.feed.write(record)
 
     # ---- setup ------------------------------------------------------------------------------
     def _datasets(self):

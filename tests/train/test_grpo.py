@@ -175,6 +175,21 @@ def test_rollouts_sample_from_the_current_weights(base, data, tmp_path, lora):
     assert out.is_file()
 
 
+@pytest.mark.parametrize("lora", [True, False])
+def test_the_engine_reads_the_trainers_arrays(base, data, tmp_path, lora):
+    """No second copy: every weight the engine's Programs read is the array (on a GPU, the device
+    tensor) the training Program reads and the optimizer updates."""
+    tr = GRPOTrainer(config(base, data, tmp_path / "run", lora=lora, beta=0.0))
+    try:
+        tr.rollout(tr.train_data.batch([0, 1]), 0)
+        assert tr.runner._programs and not tr.runner.fused
+        for exe in tr.runner._programs.values():
+            for name in exe.external_names("param"):
+                assert exe.tensor(name) is tr.exe.tensor(name), name
+    finally:
+        tr.close()
+
+
 # -- runs from YAML, checkpoints, resume --
 
 def test_resume_reproduces_the_uninterrupted_curve(base, data, tmp_path):
