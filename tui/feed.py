@@ -3,10 +3,11 @@ and fold its lines into what the Train screen shows.
 
 Lines: ``start`` (total_steps, start_step, tokens_per_step, output_dir), ``step`` (loss, lr,
 grad_norm, tokens_per_second, epoch, elapsed; a DPO run adds rewards/chosen, rewards/rejected,
-rewards/margins, rewards/accuracies; a distill run kl and ce; a GRPO run reward, rewards/<fn>/mean, kl,
-clip_ratio/region_mean, completions/mean_length, rollout_tokens_per_second), ``eval`` (eval_loss), ``gpu`` (a list of per-GPU
-samples) and ``end`` (final loss, eval loss, output). Unknown types and malformed lines are
-skipped: the feed is written by another process and may be mid-line when read.
+rewards/margins, rewards/accuracies; a distill run kl and ce; a GRPO run reward, rewards/<fn>/mean,
+kl, clip_ratio/region_mean, completions/mean_length, rollout_tokens_per_second), ``eval``
+(eval_loss), ``gpu`` (a list of per-GPU samples) and ``end`` (final loss, eval loss, output).
+Unknown types and malformed lines are skipped: the feed is written by another process and may be
+mid-line when read.
 """
 
 from __future__ import annotations

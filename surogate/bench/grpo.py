@@ -84,9 +84,10 @@ def run(shape: str, *, prompts: int, generations: int, prompt_len: int, completi
             model.tokenizer = word_tokenizer(model.spec.vocab_size)
             rng = np.random.default_rng(0)
             data = Path(tmp) / "prompts.jsonl"
-            data.write_text("".join(json.dumps({"prompt": " ".join(f"t{i}" for i in rng.integers(1, model.spec.vocab_size,
-                                                                                               prompt_len))}) + "\n"
-                                    for _ in range(prompts * (steps + warmup))))
+            vocab = model.spec.vocab_size
+            lines = [json.dumps({"prompt": " ".join(f"t{i}" for i in rng.integers(1, vocab, prompt_len))})
+                     for _ in range(prompts * (steps + warmup))]
+            data.write_text("\n".join(lines) + "\n")
             cfg = load_config({"model": f"random:{shape}", "output_dir": tmp, "device": device,
                                "recipe": "fp32" if dtype == "float32" else "bf16",
                                "datasets": [{"path": str(data), "type": "prompt"}], "reward_functions": ["length"],
@@ -95,12 +96,14 @@ def run(shape: str, *, prompts: int, generations: int, prompt_len: int, completi
                                "gradient_accumulation_steps": 1, "max_steps": steps + warmup, "save_steps": 0,
                                "lora_rank": lora_rank, "lora_alpha": 2 * lora_rank, "beta": 0.04,
                                "lr_scheduler_type": "constant", "learning_rate": 1e-5}, kind="grpo")
-            if device != "cpu":
+            base = 0
+            if device != "cpu":  # the peak of this mode alone (whatever the last one left allocated)
                 _native.reset_peak_stats(device)
+                base = _native.allocator_stats(device)["allocated_bytes"]  # the weights upload as Programs bind
             tr = cls(cfg, model=model)
             tr.train()
             steps_ = [r for r in map(json.loads, open(Path(tmp) / "metrics.jsonl")) if r["type"] == "step"][warmup:]
-            peak = _native.allocator_stats(device)["peak_allocated_bytes"] if device != "cpu" else 0
+            peak = _native.allocator_stats(device)["peak_allocated_bytes"] - base if device != "cpu" else 0
             weights = sum(a.nbytes for a in model.params.values())
             rows.append((name, float(np.mean([s["rollout_tokens_per_second"] for s in steps_])),
                          float(np.mean([s["step_time"] for s in steps_])),

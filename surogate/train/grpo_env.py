@@ -86,26 +86,29 @@ def load_reward_functions(names: list[str]) -> list[tuple[str, RewardFn]]:
         if ":" not in spec:
             fn = BUILTIN_REWARDS.get(spec)
             if fn is None:
-                raise ConfigError(f"{key}: {spec!r} is not a built-in reward", where=key,
+                raise ConfigError(f"{key}: {spec!r} is not a built-in reward",
                                   hint=f"use one of {', '.join(BUILTIN_REWARDS)}, or an import path 'pkg.module:fn'")
             out.append((spec, fn))
             continue
         module_name, _, attr = spec.partition(":")
         if not module_name or not attr:
-            raise ConfigError(f"{key}: {spec!r} is not of the form 'pkg.module:fn'", where=key)
+            raise ConfigError(f"{key}: {spec!r} is not of the form 'pkg.module:fn'")
         try:
             obj = importlib.import_module(module_name)
         except ImportError as e:
-            raise ConfigError(f"{key}: cannot import module {module_name!r} ({e})", where=key,
+            raise ConfigError(f"{key}: cannot import module {module_name!r} ({e})",
                               hint="is the module on PYTHONPATH (or installed)? the path is the one `import` takes"
                               ) from None
+        except Exception as e:  # the module itself fails as it loads
+            raise ConfigError(f"{key}: importing module {module_name!r} raised {type(e).__name__}: {e}",
+                              hint="fix the module (try `python -c 'import {}'`)".format(module_name)) from None
         for part in attr.split("."):
             if not hasattr(obj, part):
-                raise ConfigError(f"{key}: module {module_name!r} has no attribute {attr!r}", where=key,
+                raise ConfigError(f"{key}: module {module_name!r} has no attribute {attr!r}",
                                   hint="check the function's name after the colon") from None
             obj = getattr(obj, part)
         if not callable(obj):
-            raise ConfigError(f"{key}: {spec} is a {type(obj).__name__}, not a function", where=key,
+            raise ConfigError(f"{key}: {spec} is a {type(obj).__name__}, not a function",
                               hint="name a function fn(prompt, completion, row) -> float")
         out.append((attr.rsplit(".", 1)[-1], obj))
     return out
@@ -149,6 +152,6 @@ def generated_rows(path: str, samples: int | None, seed: int, where: str) -> lis
     name = path[len(BUILTIN_PREFIX):]
     make = GENERATED_SETS.get(name)
     if make is None:
-        raise ConfigError(f"{where}.path: no generated set {name!r}", where=where,
+        raise ConfigError(f"{where}.path: no generated set {name!r}",
                           hint=f"use one of {', '.join(BUILTIN_PREFIX + k for k in GENERATED_SETS)}")
     return make(samples or 1000, seed)

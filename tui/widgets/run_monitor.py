@@ -1,5 +1,6 @@
-"""The attached run at a glance: a title line, the loss / eval-loss chart (a GRPO run's mean reward too), the numbers beside it
-and the GPU panel. It shows what it is given (attributes down); the Train screen feeds it."""
+"""The attached run at a glance: a title line, the loss / eval-loss chart (and a GRPO run's
+reward), the numbers beside it and the GPU panel. It shows what it is given (attributes down);
+the Train screen feeds it."""
 
 from __future__ import annotations
 
