@@ -190,6 +190,22 @@ def test_the_engine_reads_the_trainers_arrays(base, data, tmp_path, lora):
         tr.close()
 
 
+def test_bind_adapter_refuses_arrays_it_would_have_to_copy(base, data, tmp_path):
+    from surogate.errors import InvalidArgumentError
+
+    tr = GRPOTrainer(config(base, data, tmp_path / "run", beta=0.0))
+    try:
+        name = next(iter(tr.trainable))
+        cfg = tr.runner.adapters[0][0]
+        for bad in ({**tr.trainable, name: tr.trainable[name].astype(np.float64)},  # another dtype: a copy
+                    {**tr.trainable, name: np.asfortranarray(tr.trainable[name])},  # not contiguous: a copy
+                    {k: v for k, v in tr.trainable.items() if k != name}):  # a tensor missing
+            with pytest.raises(InvalidArgumentError, match="adapter 1"):
+                tr.runner.bind_adapter(1, cfg, bad)
+    finally:
+        tr.close()
+
+
 # -- runs from YAML, checkpoints, resume --
 
 def test_resume_reproduces_the_uninterrupted_curve(base, data, tmp_path):
