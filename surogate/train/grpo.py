@@ -80,6 +80,8 @@ class GRPOTrainer(Trainer):
         record = {"type": "rollout_engine", "colocated": True, "kv_cache_bytes": int(self.runner.kv_bytes),
                   "kv_cache_tokens": self.runner.num_blocks * BLOCK_SIZE, "max_num_seqs": self.max_num_seqs,
                   "weights": "shared with the trainer (one copy)",
+                  "reference": None if self.ref_exe is None else
+                  "the base, adapter off" if self.lora is not None else "a frozen copy of the starting weights",
                   "weight_bytes": int(sum(a.nbytes for a in self.model.params.values())),
                   "adapter": "the trainer's LoRA arrays" if self.lora is not None else None}
         if self.model.device != "cpu":  # what the device holds once trainer and engine are both set up
@@ -97,11 +99,11 @@ class GRPOTrainer(Trainer):
         return c.num_generations * (c.max_prompt_length + c.max_completion_length)
 
     def _build(self) -> None:
-        super()._build()
         m, c = self.model, self.cfg
         if m.quant:
             raise ConfigError(f"{c.model} is loaded with quantized (GGUF block) weights, which train no gradients",
                               where="model", hint="train GRPO on an HF folder or a dequantized GGUF")
+        super()._build()
         self.ref_exe = None
         if c.beta > 0:
             if self.lora is not None:  # the base weights, the adapter left out
