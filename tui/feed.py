@@ -3,9 +3,11 @@ and fold its lines into what the Train screen shows.
 
 Lines: ``start`` (total_steps, start_step, tokens_per_step, output_dir), ``step`` (loss, lr,
 grad_norm, tokens_per_second, epoch, elapsed; a DPO run adds rewards/chosen, rewards/rejected,
-rewards/margins, rewards/accuracies; a distill run kl and ce), ``eval`` (eval_loss), ``gpu`` (a list of per-GPU
-samples) and ``end`` (final loss, eval loss, output). Unknown types and malformed lines are
-skipped: the feed is written by another process and may be mid-line when read.
+rewards/margins, rewards/accuracies; a distill run kl and ce; a GRPO run reward, rewards/<fn>/mean,
+kl, clip_ratio/region_mean, completions/mean_length, rollout_tokens_per_second), ``eval``
+(eval_loss), ``gpu`` (a list of per-GPU samples) and ``end`` (final loss, eval loss, output).
+Unknown types and malformed lines are skipped: the feed is written by another process and may be
+mid-line when read.
 """
 
 from __future__ import annotations
@@ -87,13 +89,20 @@ class RunMetrics:
     output: str | None = None
     # Preference runs (surogate dpo): the last step's TRL metrics, by name without "rewards/".
     rewards: dict[str, float] = field(default_factory=dict)
-    kl: float | None = None  # distillation runs: the student's KL to the teacher's top-k
+    kl: float | None = None  # distillation runs: the student's KL to the teacher's top-k; GRPO: to the reference
     # Mixture-of-experts runs: per step, the expert load's max / mean (1 = balanced; over the MoE
     # layers together) and its worst layer's; the last step's rows per expert and router losses.
     expert_load: list[tuple[int, float]] = field(default_factory=list)
     expert_load_worst: list[tuple[int, float]] = field(default_factory=list)
     tokens_per_expert: list[int] | None = None
     moe_losses: dict[str, float] = field(default_factory=dict)
+    # GRPO runs (surogate grpo): the mean reward per step (the chart), the last step's per-function
+    # means, clip fraction, completion length and rollout throughput.
+    reward_points: list[tuple[int, float]] = field(default_factory=list)
+    reward_fns: dict[str, float] = field(default_factory=dict)
+    clip_ratio: float | None = None
+    completion_length: float | None = None
+    rollout_tokens_per_second: float | None = None
 
     def apply(self, record: dict) -> None:
         kind = record.get("type")
@@ -105,6 +114,7 @@ class RunMetrics:
                 self.eval_losses.clear()
                 self.expert_load.clear()
                 self.expert_load_worst.clear()
+                self.reward_points.clear()
             self.total_steps = int(record.get("total_steps") or 0)
             self.start_step = int(record.get("start_step") or 0)
             self.step = self.start_step
@@ -126,7 +136,17 @@ class RunMetrics:
             self.kl = record.get("kl", self.kl)
             for key, value in record.items():
                 if key.startswith("rewards/") and isinstance(value, (int, float)):
-                    self.rewards[key.removeprefix("rewards/")] = float(value)
+                    name = key.removeprefix("rewards/")
+                    if name.endswith("/mean"):  # GRPO: one reward function's mean
+                        self.reward_fns[name.removesuffix("/mean")] = float(value)
+                    elif "/" not in name:  # DPO: TRL's preference metrics
+                        self.rewards[name] = float(value)
+            reward = record.get("reward")
+            if isinstance(reward, (int, float)):
+                self.reward_points.append((step, float(reward)))
+            self.clip_ratio = record.get("clip_ratio/region_mean", self.clip_ratio)
+            self.completion_length = record.get("completions/mean_length", self.completion_length)
+            self.rollout_tokens_per_second = record.get("rollout_tokens_per_second", self.rollout_tokens_per_second)
             self._apply_moe(step, record)
         elif kind == "eval":
             value = record.get("eval_loss")
@@ -164,6 +184,10 @@ class RunMetrics:
     @property
     def loss(self) -> float | None:
         return self.losses[-1][1] if self.losses else None
+
+    @property
+    def reward(self) -> float | None:
+        return self.reward_points[-1][1] if self.reward_points else None
 
     @property
     def eval_loss(self) -> float | None:

@@ -81,8 +81,8 @@ class TrainProcess:
     def launch(cls, kind: str, config_path: Path, output_dir: Path, metrics_path: Path, store: RunStore,
                cwd: Path | None = None) -> TrainProcess:
         offset = metrics_path.stat().st_size if metrics_path.is_file() else 0
-        if kind not in ("sft", "pt", "dpo", "distill"):
-            raise InvalidArgumentError(f"unknown run kind {kind!r}", hint="use sft, pt, dpo or distill")
+        if kind not in ("sft", "pt", "dpo", "distill", "grpo"):
+            raise InvalidArgumentError(f"unknown run kind {kind!r}", hint="use sft, pt, dpo, distill or grpo")
         if not config_path.is_file():
             raise NotFoundError(f"config file not found: {config_path}", hint="save the form first, or pick a file")
         run_id = store.new_id(output_dir.name or config_path.stem)

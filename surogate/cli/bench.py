@@ -79,6 +79,27 @@ def serve(
 
 
 @app.command()
+def grpo(
+    model: Annotated[str, typer.Option(help="A named shape: tiny, smollm2-135m, qwen3-0.6b, llama-3.2-1b "
+                                            "(random weights).")] = "tiny",
+    prompts: Annotated[int, typer.Option(help="Prompts per step.")] = 8,
+    generations: Annotated[int, typer.Option(help="Completions per prompt.")] = 8,
+    prompt_len: Annotated[int, typer.Option(help="Prompt tokens.")] = 128,
+    completion_len: Annotated[int, typer.Option(help="Completion tokens (at most).")] = 256,
+    dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
+    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto (a GPU when there is one).")] = "auto",
+    steps: Annotated[int, typer.Option(help="Timed steps.")] = 3,
+    warmup: Annotated[int, typer.Option(help="Untimed steps first.")] = 1,
+    lora_rank: Annotated[int, typer.Option(help="LoRA rank on all 7 projections.")] = 16,
+) -> None:
+    """GRPO steps: rollouts from the co-located engine vs an engine over a separate weight copy."""
+    from surogate.bench.grpo import run
+
+    run(model, prompts=prompts, generations=generations, prompt_len=prompt_len, completion_len=completion_len,
+        dtype=dtype, device=device, steps=steps, warmup=warmup, lora_rank=lora_rank)
+
+
+@app.command()
 def gguf(
     path: Annotated[str, typer.Argument(help="A GGUF file (e.g. from surogate quantize).")],
     requests: Annotated[int, typer.Option(help="Concurrent requests.")] = 16,

@@ -7,11 +7,11 @@ from typing import Annotated
 
 import typer
 
-from surogate.cli.not_built import not_built
-
 
 def grpo(
     config: Annotated[Path, typer.Argument(metavar="CONFIG", help="The run's YAML config.", show_default=False)],
 ) -> None:
-    """Reinforcement learning with GRPO: sample, reward, update."""
-    not_built("grpo", 'training: GRPO, after issue #5 sft/pt')
+    """Reinforcement learning with GRPO: sample with the co-located engine, reward, update."""
+    from surogate.train.run import run
+
+    run(config, "grpo")

@@ -42,7 +42,7 @@ _NOT_YET = {"recipe": {"fp8", "fp8_hybrid", "fp8-hybrid", "nvfp4", "fp4", "nvfp4
 
 def load_config(source: str | os.PathLike | Mapping[str, Any], kind: str = "sft") -> SFTConfig:
     """The config in a YAML file (or an already-parsed mapping), validated. ``kind``: a key of
-    CONFIG_KINDS (sft, pt, dpo, distill)."""
+    CONFIG_KINDS (sft, pt, dpo, distill, grpo)."""
     if kind not in CONFIG_KINDS:
         raise ConfigError(f"unknown config kind {kind!r}", hint=f"use one of: {', '.join(CONFIG_KINDS)}")
     cls = CONFIG_KINDS[kind]
@@ -233,8 +233,16 @@ def _check_values(c: SFTConfig, where: _Where) -> None:
             if c.kind != "dpo" and d.type == "preference":
                 fail(f"{group}[{i}].type", f"preference rows train with surogate dpo, not surogate {c.kind}",
                      "run `surogate dpo` with this dataset, or use a messages / instruction / text dataset")
+            if c.kind == "grpo" and d.type not in ("auto", "prompt"):
+                fail(f"{group}[{i}].type", f"surogate grpo samples completions for prompts, got {d.type!r}",
+                     "use type: prompt (rows with a prompt: a string or a list of messages)")
+            if c.kind != "grpo" and d.type == "prompt":
+                fail(f"{group}[{i}].type", f"prompt-only rows train with surogate grpo, not surogate {c.kind}",
+                     "run `surogate grpo` with this dataset, or use a messages / instruction / text dataset")
     if c.kind == "dpo":
         _check_dpo(c, fail)
+    if c.kind == "grpo":
+        _check_grpo(c, fail)
     if c.kind == "distill":
         d = c.distillation
         if not d.teacher_model.strip():
@@ -334,6 +342,33 @@ def _check_dpo(c, fail) -> None:
         value = getattr(c, key)
         if value is not None and value < 1:
             fail(key, f"must be at least 1, got {value}", "null: no limit of its own (max_length still applies)")
+
+
+def _check_grpo(c, fail) -> None:
+    if c.num_generations < 2:
+        fail("num_generations", f"must be at least 2, got {c.num_generations}",
+             "the advantages compare the completions of one prompt; 8 is typical")
+    for key in ("max_prompt_length", "max_completion_length"):
+        if getattr(c, key) < 1:
+            fail(key, f"must be at least 1, got {getattr(c, key)}")
+    if not c.temperature > 0:
+        fail("temperature", f"must be positive, got {c.temperature}", "GRPO needs varied samples; 1.0 is typical")
+    if not 0 < c.top_p <= 1:
+        fail("top_p", f"must be in (0, 1], got {c.top_p}")
+    if c.top_k < 0:
+        fail("top_k", f"must not be negative, got {c.top_k}", "0 turns it off")
+    if not c.reward_functions:
+        fail("reward_functions", "no reward functions given",
+             'list at least one: "pkg.module:fn" or a built-in name such as arithmetic_exact')
+    if c.reward_weights is not None and len(c.reward_weights) != len(c.reward_functions):
+        fail("reward_weights", f"{len(c.reward_weights)} weights for {len(c.reward_functions)} reward functions",
+             "give one weight per reward function, or remove reward_weights (all 1)")
+    if c.beta < 0:
+        fail("beta", f"must not be negative, got {c.beta}", "0 drops the KL penalty (and the reference pass)")
+    if not 0 < c.epsilon < 1:
+        fail("epsilon", f"must be in (0, 1), got {c.epsilon}", "TRL's default is 0.2")
+    if c.epsilon_high is not None and not c.epsilon_high > 0:
+        fail("epsilon_high", f"must be positive, got {c.epsilon_high}", "DAPO uses 0.28")
 
 
 # -- type descriptions for messages --

@@ -13,7 +13,7 @@ from typing import ClassVar, Literal
 
 import msgspec
 
-DatasetType = Literal["auto", "messages", "instruction", "text", "preference"]
+DatasetType = Literal["auto", "messages", "instruction", "text", "preference", "prompt"]
 TrainOn = Literal["assistant", "last_turn", "all"]
 LoRATarget = Literal["all", "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -44,6 +44,8 @@ class DatasetConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fr
     prompt_field: str = "prompt"
     chosen_field: str = "chosen"
     rejected_field: str = "rejected"
+    # prompt (surogate grpo): rows whose prompt_field is a string or a list of messages; the
+    # completions are sampled. A path "builtin:NAME" is a generated set (surogate.train.grpo_env).
     train_on: TrainOn | None = None  # overrides the run's train_on for this dataset
 
 

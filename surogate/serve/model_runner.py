@@ -166,6 +166,33 @@ class ProgramRunner:
             host[name] = np.ascontiguousarray(params[name].astype(dt))
         dev = {} if self.model.device == "cpu" else {
             n: _native.tensor(a).to(self.model.device) for n, a in host.items()}
+        self._register(slot, cfg, host, dev)
+
+    def bind_adapter(self, slot: int, cfg: LoRAConfig, host: dict[str, np.ndarray], device: dict | None = None) -> None:
+        """Serve adapter ``slot`` from these very arrays, with no copy: a trainer's live LoRA
+        weights (GRPO's co-located rollouts). ``host``: our parameter names -> contiguous arrays
+        in the model dtype (the Programs read them on the CPU); ``device``: their device tensors
+        on a GPU (the trainer's own). Updates made in place show in the next step; the caller
+        resets the prefix cache when they change (cached blocks hold the old adapter's K / V)."""
+        if slot < 0:
+            raise InvalidArgumentError(f"adapter slot {slot} is negative (-1 is the base model)")
+        g = self.model.arch.build(mode="logits", dtype=self.model.dtype, lora=cfg, quant=self.model.quant)
+        want = {p.name: tuple(p.shape) for p in g.params() if p.meta.get("lora")}
+        dt = _np_dtype(self.model.dtype)
+        if set(want) != set(host):
+            raise InvalidArgumentError(f"adapter {slot}: its tensors do not fit this model "
+                                       f"(missing {sorted(set(want) - set(host))[:3]}, "
+                                       f"unexpected {sorted(set(host) - set(want))[:3]})")
+        for name, a in host.items():
+            if tuple(a.shape) != want[name] or a.dtype != dt or not a.flags.c_contiguous:
+                raise InvalidArgumentError(f"adapter {slot}: {name} is {a.dtype} {tuple(a.shape)}, the model needs a "
+                                           f"contiguous {dt} array of shape {want[name]}")
+        device = dict(device or {})
+        if self.model.device != "cpu" and set(device) != set(host):
+            raise InvalidArgumentError(f"adapter {slot}: a GPU model needs the device tensor of every LoRA array")
+        self._register(slot, cfg, dict(host), device)
+
+    def _register(self, slot: int, cfg: LoRAConfig, host: dict[str, np.ndarray], dev: dict) -> None:
         self.native.forget(slot)  # re-registered: rebuild (after any step in flight)
         self._programs = {k: v for k, v in self._programs.items() if k[4] != slot}
         self.adapters[slot] = (cfg, host, dev)

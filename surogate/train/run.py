@@ -1,4 +1,4 @@
-"""Entry point of `surogate sft`, `pt`, `dpo` and `distill`: config file in, trained outputs out."""
+"""Entry point of `surogate sft`, `pt`, `dpo`, `distill` and `grpo`: config file in, trained outputs out."""
 
 from __future__ import annotations
 
@@ -21,6 +21,10 @@ def run(config_path: str | Path, kind: str) -> TrainResult:
         from surogate.train.distill import DistillTrainer
 
         trainer = DistillTrainer(cfg)
+    elif kind == "grpo":
+        from surogate.train.grpo import GRPOTrainer
+
+        trainer = GRPOTrainer(cfg)
     else:
         trainer = Trainer(cfg)
     result = trainer.train()

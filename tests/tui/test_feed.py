@@ -98,3 +98,18 @@ def test_a_moe_runs_expert_load_is_charted_per_step():
     m.apply({"type": "start", "total_steps": 2, "start_step": 0})
     m.apply({"type": "step", "step": 1, "loss": 1.0})
     assert m.expert_load == [] and m.expert_load_worst == []
+
+
+def test_a_grpo_runs_rewards_are_charted():
+    m = RunMetrics()
+    m.extend([{"type": "start", "total_steps": 3, "start_step": 0},
+              {"type": "step", "step": 1, "loss": 0.0, "reward": 0.25, "rewards/arithmetic_exact/mean": 0.25,
+               "rewards/arithmetic_exact/std": 0.4, "kl": 0.0, "clip_ratio/region_mean": 0.0,
+               "completions/mean_length": 5.5, "rollout_tokens_per_second": 900.0},
+              {"type": "step", "step": 2, "loss": 0.01, "reward": 0.5, "rewards/arithmetic_exact/mean": 0.5,
+               "rewards/length/mean": 0.9, "kl": 0.02, "clip_ratio/region_mean": 0.1,
+               "completions/mean_length": 4.0, "rollout_tokens_per_second": 1000.0}])
+    assert m.reward_points == [(1, 0.25), (2, 0.5)] and m.reward == 0.5
+    assert m.reward_fns == {"arithmetic_exact": 0.5, "length": 0.9}
+    assert m.rewards == {}  # no DPO block for a GRPO run
+    assert (m.kl, m.clip_ratio, m.completion_length, m.rollout_tokens_per_second) == (0.02, 0.1, 4.0, 1000.0)

@@ -1,7 +1,7 @@
-"""The attached run at a glance: a title line, the loss / eval-loss chart, the numbers beside it,
-for a mixture-of-experts run the expert-load chart (max / mean rows per expert, overall and its
-worst layer; 1 is balanced), and the GPU panel. It shows what it is given (attributes down); the
-Train screen feeds it."""
+"""The attached run at a glance: a title line, the loss / eval-loss chart (and a GRPO run's
+reward), the numbers beside it, for a mixture-of-experts run the expert-load chart (max / mean rows
+per expert, overall and its worst layer; 1 is balanced), and the GPU panel. It shows what it is
+given (attributes down); the Train screen feeds it."""
 
 from __future__ import annotations
 
@@ -43,6 +43,8 @@ class RunMonitor(Vertical):
         else:
             plot.set_series("loss", m.losses, "cyan")
             plot.set_series("eval loss", m.eval_losses, "magenta")
+            if m.reward_points:
+                plot.set_series("reward", m.reward_points, "green")
             moe.set_series("worst layer", m.expert_load_worst, "red")
             moe.set_series("expert load", m.expert_load, "yellow")
         moe.display = m is not None and bool(m.expert_load)

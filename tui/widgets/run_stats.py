@@ -1,8 +1,10 @@
 """The numbers beside the loss chart: state, step and progress with ETA, loss, eval loss, learning
 rate, grad norm, throughput, epoch; for a DPO run the reward margin, accuracy and the chosen /
-rejected rewards, for a distill run the KL to the teacher, for a mixture-of-experts run the expert
-load (max / mean rows per expert, and its worst layer's) and the router z-loss. Everything comes
-from the feed (its own clock), so a finished run reads the same every time it is opened."""
+rejected rewards, for a distill run the KL to the teacher, for a GRPO run the mean reward (and
+per reward function), KL, clip fraction, completion length and rollout throughput, for a
+mixture-of-experts run the expert load (max / mean rows per expert, and its worst layer's) and the
+router z-loss. Everything comes from the feed (its own clock), so a finished run reads the same
+every time it is opened."""
 
 from __future__ import annotations
 
@@ -62,7 +64,16 @@ class RunStats(Widget):
             text.append(f"acc    {_g(acc * 100 if acc is not None else None, '.0f')}%\n")
             text.append(f"chosen {_g(r.get('chosen'), '.4f')}\n")
             text.append(f"reject {_g(r.get('rejected'), '.4f')}")
-        if m.kl is not None:  # a distillation run
+        if m.reward_points:  # a GRPO run
+            text.append("\nreward ")
+            text.append(_g(m.reward, ".4f"), style="bold green")
+            for name, value in m.reward_fns.items():
+                text.append(f"\n {name[:12]:<12} {_g(value, '.3f')}")
+            clip = m.clip_ratio
+            text.append(f"\nclip   {_g(clip * 100 if clip is not None else None, '.1f')}%")
+            text.append(f"\nlen    {_g(m.completion_length, '.1f')}")
+            text.append(f"\nroll/s {_g(m.rollout_tokens_per_second, ',.0f')}")
+        if m.kl is not None:  # a distillation run; GRPO's KL to the reference
             text.append(f"\nkl     {_g(m.kl, '.4f')}")
         if m.expert_load:  # a mixture-of-experts run: the last step's expert load, max / mean
             text.append("\nexpert ")

@@ -1,0 +1,298 @@
+"""`surogate grpo`: the SFT trainer's loop, checkpoints and outputs, with rollouts and GRPO's loss.
+
+One optimizer step (``gradient_accumulation_steps`` micro-batches of B prompts each):
+
+1. **Rollouts**: every prompt of the step goes to the serving engine at once through the
+   generation API (``LLM.submit``), ``num_generations`` answers each, token ids and the sampled
+   tokens' log-probs back (``SamplingParams.logprobs = 0``). The engine runs in this process over
+   the trainer's weights: its Programs bind the model's weight arrays (on a GPU the one device
+   copy, ``Model.device_param``), and the adapter slot the rollouts use is bound to the trainer's
+   own LoRA arrays (``ProgramRunner.bind_adapter``: no copy; the optimizer updates them in place,
+   so each step samples from the current policy). Full fine-tuning works the same way: the
+   optimizer updates the weight arrays the engine reads. The prefix cache is reset before each
+   step's rollouts (cached K / V came from the previous weights). Q / K / V are not fused for
+   serving (a fused copy would be a second copy of those weights and go stale).
+2. **Rewards** (`grpo_env`): each function of ``reward_functions`` per completion, weighted and
+   summed; advantages normalised per group (`grpo_loss.group_advantages`).
+3. **Loss**: per micro-batch, its B x G completions are the documents of one flat row (prompt +
+   completion, targets on the completion tokens); the reference (the base, adapter off; for full
+   fine-tuning a frozen copy; none when beta is 0) runs its forward, then the policy its
+   ``forward`` phase: the per-token losses are -logp of each sampled token, recomputed by the
+   trainer. `grpo_loss.grpo_token_loss` gives the loss and d loss / d logp against the sampler's
+   log-probs (the importance ratio), written into the loss seed ``dloss`` (= -d loss / d logp),
+   and the policy runs its ``backward`` phase. Then the SFT optimizer phase.
+
+The sampler reports the raw model distribution's log-probs (before temperature), the same the
+trainer recomputes, so the ratio is 1 up to numerics on policy; ``temperature`` shapes
+exploration only. Rollout seeds are a function of (seed, step, prompt), so a resumed run samples
+what the uninterrupted one sampled.
+
+Step lines carry TRL's metric names: ``reward``, ``reward_std``, ``rewards/<fn>/mean`` and
+``/std``, ``kl``, ``clip_ratio/low_mean`` / ``high_mean`` / ``region_mean``,
+``completions/mean_length`` / ``min_length`` / ``max_length`` / ``clipped_ratio``,
+``frac_reward_zero_std``, ``sampling/sampling_logp_difference/mean`` / ``max``; ours:
+``rollout_tokens_per_second``, ``rollout_time``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from surogate.config.grpo import GRPOConfig
+from surogate.errors import ConfigError
+from surogate.train.data.packing import Batch
+from surogate.train.data.prompts import PromptSample, build_prompt_dataset
+from surogate.train.grpo_env import call_reward, load_reward_functions
+from surogate.train.grpo_loss import group_advantages, grpo_token_loss, token_weights
+from surogate.train.trainer import Trainer
+
+_STEP_INPUTS = ("input_ids", "position_ids", "cu_seqlens", "targets")
+ADAPTER_SLOT = 0  # the engine slot bound to the trainer's LoRA arrays
+BLOCK_SIZE = 16
+
+
+@dataclass
+class Rollout:
+    """One completion: its prompt's sample, the sampled ids and the sampler's log-prob of each."""
+
+    sample: PromptSample
+    ids: list[int]
+    logps: np.ndarray  # float64 [len(ids)]
+    text: str
+    truncated: bool  # stopped by max_completion_length, not by an end token
+    advantage: float = 0.0
+
+
+class GRPOTrainer(Trainer):
+    cfg: GRPOConfig
+
+    def __init__(self, cfg: GRPOConfig, model=None, stream=None):
+        self.rewards = load_reward_functions(list(cfg.reward_functions))  # bad paths fail before any loading
+        self.reward_weights = np.asarray(cfg.reward_weights or [1.0] * len(self.rewards), np.float64)
+        self.client = None
+        super().__init__(cfg, model, stream)
+        record = {"type": "rollout_engine", "colocated": True, "kv_cache_bytes": int(self.runner.kv_bytes),
+                  "kv_cache_tokens": self.runner.num_blocks * BLOCK_SIZE, "max_num_seqs": self.max_num_seqs,
+                  "weights": "shared with the trainer (one copy)",
+                  "reference": None if self.ref_exe is None else
+                  "the base, adapter off" if self.lora is not None else "a frozen copy of the starting weights",
+                  "weight_bytes": int(sum(a.nbytes for a in self.model.params.values())),
+                  "adapter": "the trainer's LoRA arrays" if self.lora is not None else None}
+        if self.model.device != "cpu":  # what the device holds once trainer and engine are both set up
+            from surogate import _native
+
+            record["device_allocated_bytes"] = int(_native.allocator_stats(self.model.device)["allocated_bytes"])
+        self.feed.write(record)
+
+    # ---- setup ------------------------------------------------------------------------------
+    def _datasets(self):
+        return build_prompt_dataset(self.cfg, self.model.tokenizer), None
+
+    def _tokens_per_row(self) -> int:
+        c = self.cfg  # a "row" is one prompt's group
+        return c.num_generations * (c.max_prompt_length + c.max_completion_length)
+
+    def _build(self) -> None:
+        m, c = self.model, self.cfg
+        if m.quant:
+            raise ConfigError(f"{c.model} is loaded with quantized (GGUF block) weights, which train no gradients",
+                              where="model", hint="train GRPO on an HF folder or a dequantized GGUF")
+        super()._build()
+        self.ref_exe = None
+        if c.beta > 0:
+            if self.lora is not None:  # the base weights, the adapter left out
+                self.ref_exe = m.executable("train", self.N, self.N, lora=None, grads=False)
+            else:  # a frozen copy of the starting weights (the policy's are updated in place)
+                self.ref_exe = m.executable("train", self.N, self.N, lora=None, grads=False, shared=False)
+                for name in self.ref_exe.external_names("param"):
+                    if name in m.params:
+                        self.ref_exe.bind(name, m.params[name].copy())
+            for n in _STEP_INPUTS:
+                self.ref_exe.bind(n, self.inputs[n], self.exe.tensor(n))
+            self.ref_exe.use_graphs(c.cuda_graphs)
+        self._start_engine()
+
+    def _start_engine(self) -> None:
+        from surogate.serve.engine_client import EngineClient
+        from surogate.serve.llm import LLM
+        from surogate.serve.model_runner import ProgramRunner
+        from surogate.serve.types import EngineConfig
+
+        m, c = self.model, self.cfg
+        seqs = self.B * c.gradient_accumulation_steps * c.num_generations  # every completion of a step at once
+        ctx = c.max_prompt_length + c.max_completion_length
+        self.max_num_seqs = min(seqs, 256)
+        num_blocks = self.max_num_seqs * -(-ctx // BLOCK_SIZE) + 1
+        self.runner = ProgramRunner(m, num_blocks, BLOCK_SIZE, fuse_qkv=False, max_num_seqs=self.max_num_seqs)
+        self.adapter = None
+        if self.lora is not None:
+            serve_cfg = dataclasses.replace(self.lora, dropout=0.0)
+            dev = None if m.device == "cpu" else {n: self.exe.tensor(n) for n in self.trainable}
+            self.runner.bind_adapter(ADAPTER_SLOT, serve_cfg, self.trainable, dev)
+            self.adapter = ADAPTER_SLOT
+        tok = m.tokenizer
+        self.client = EngineClient(self.runner, EngineConfig(
+            num_blocks=num_blocks, block_size=BLOCK_SIZE, max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=max(2048, min(8192, seqs * 16)), max_model_len=ctx,
+            eos_token_ids=list(tok.eos_token_ids), seed=c.seed))
+        self.llm = LLM(self.client, tok, max_model_len=ctx)
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+            self.runner.close()
+            self.client = None
+
+    def train(self):
+        try:
+            return super().train()
+        finally:
+            self.close()
+
+    def fingerprint(self) -> str:
+        c = self.cfg
+        key = [super().fingerprint(), "grpo", c.num_generations, c.max_prompt_length, c.max_completion_length,
+               c.loss_type, c.beta, c.epsilon, c.clip_high, c.temperature, c.top_p, c.top_k, list(c.reward_functions),
+               c.reward_weights, c.scale_rewards]
+        return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
+
+    # ---- rollouts ---------------------------------------------------------------------------
+    def _sampling_params(self, step: int, index: int):
+        from surogate.serve.types import SamplingParams
+
+        c = self.cfg
+        seed = int.from_bytes(hashlib.sha256(f"grpo:{c.seed}:{step}:{index}".encode()).digest()[:4], "little") >> 1
+        return SamplingParams(n=c.num_generations, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
+                              max_tokens=c.max_completion_length, logprobs=0, detokenize=False, seed=seed)
+
+    def rollout(self, samples: list[PromptSample], step: int) -> tuple[list[Rollout], float]:
+        """num_generations completions per prompt (prompt-major), and the seconds they took."""
+        self.client.reset_prefix_cache()  # cached blocks hold K / V of the weights before the last update
+        t0 = time.perf_counter()
+        params = [self._sampling_params(step, i) for i in range(len(samples))]
+        outs = self.llm.generate([s.prompt_ids for s in samples], params, adapter=self.adapter)
+        dt = time.perf_counter() - t0
+        eos = set(self.model.tokenizer.eos_token_ids)
+        G, tok = self.cfg.num_generations, self.model.tokenizer
+        rollouts = []
+        for k, out in enumerate(outs):
+            if out.finish_reason not in ("stop", "length"):
+                raise RuntimeError(f"rollout {k} ended with {out.finish_reason!r}: {out.finish_message}")
+            ids = list(out.new_token_ids)
+            logps = np.array([lp.logprob for lp in out.logprobs or []], np.float64)
+            assert len(logps) == len(ids), "the engine returns one log-prob per sampled token"
+            text = tok.decode([t for t in ids if t not in eos], skip_special_tokens=True)
+            rollouts.append(Rollout(samples[k // G], ids, logps, text, out.finish_reason == "length"))
+        return rollouts, dt
+
+    def score(self, rollouts: list[Rollout]) -> np.ndarray:
+        """[S, F] each reward function's value per completion."""
+        return np.array([[call_reward(name, fn, r.sample.prompt, r.text, r.sample.row) for name, fn in self.rewards]
+                         for r in rollouts], np.float64).reshape(len(rollouts), len(self.rewards))
+
+    # ---- the micro-batch --------------------------------------------------------------------
+    def _pack(self, rollouts: list[Rollout]) -> tuple[Batch, np.ndarray, list[np.ndarray]]:
+        """The completions as documents of one row of N tokens; the positions whose target is a
+        sampled token, in order (per completion: len(ids) of them)."""
+        N = self.N
+        ids = np.zeros(N, np.int32)
+        pos = np.zeros(N, np.int32)
+        targets = np.full(N, -100, np.int32)
+        cu, at, where = [0], 0, []
+        for r in rollouts:
+            doc = r.sample.prompt_ids + r.ids
+            n, p = len(doc), len(r.sample.prompt_ids)
+            ids[at:at + n] = doc
+            pos[at:at + n] = np.arange(n)
+            targets[at + p - 1:at + n - 1] = r.ids  # position t predicts token t + 1
+            where.append(np.arange(at + p - 1, at + n - 1))
+            at += n
+            cu.append(at)
+        assert at <= N
+        batch = Batch(ids, pos, np.asarray(cu, np.int32), targets, int(sum(len(r.ids) for r in rollouts)),
+                      max(np.diff(cu)), 1, N)
+        return batch, np.concatenate(where) if where else np.zeros(0, np.int64), where
+
+    def _micro_batch(self, rollouts: list[Rollout], step: int, micro: int, num_seqs: int, num_tokens: int) -> dict:
+        c = self.cfg
+        self._dropout_seed(step, micro)
+        batch, at, _ = self._pack(rollouts)
+        self._load_batch(batch)
+        ref = None
+        if self.ref_exe is not None:
+            self.ref_exe.run()
+            ref = -np.asarray(self.ref_exe.read("loss"), np.float64)[at]
+        self.exe.run("forward")
+        logp = -np.asarray(self.exe.read("loss"), np.float64)[at]
+        lens = np.array([len(r.ids) for r in rollouts])
+        old = np.concatenate([r.logps for r in rollouts])
+        adv = np.repeat([r.advantage for r in rollouts], lens)
+        w = np.repeat(token_weights(c.loss_type, lens, num_seqs, num_tokens, c.max_completion_length), lens)
+        out = grpo_token_loss(logp, old, ref, adv, w, beta=c.beta, eps_low=c.epsilon, eps_high=c.clip_high)
+        dloss = self.inputs["dloss"]
+        dloss[:] = 0.0
+        dloss[at] = -out.dlogp
+        self.exe.push("dloss")
+        self.exe.run("backward")
+        return {"loss": out.loss, "kl": out.kl, "low": out.low_clipped, "high": out.high_clipped,
+                "diff": np.abs(logp - old)}
+
+    # ---- one step ---------------------------------------------------------------------------
+    def _step(self, batches, step: int = 0) -> tuple[float, int]:
+        loss, tokens, _ = self._step_with_metrics(batches, step)
+        return loss, tokens
+
+    def _step_with_metrics(self, batches: list[list[PromptSample]], step: int) -> tuple[float, int, dict]:
+        rollouts, rollout_time = self.rollout([s for b in batches for s in b], step)
+        loss, tokens, m = self.learn(rollouts, self.score(rollouts), [len(b) for b in batches], step)
+        m["rollout_time"] = round(rollout_time, 4)
+        m["rollout_tokens_per_second"] = tokens / max(rollout_time, 1e-9)
+        return loss, tokens, m
+
+    def learn(self, rollouts: list[Rollout], per_fn: np.ndarray, prompts_per_micro: list[int],
+              step: int) -> tuple[float, int, dict]:
+        """Advantages, then forward + backward of each micro-batch (``prompts_per_micro[k]``
+        prompts' groups, in order): gradients in the accumulators, the optimizer not run.
+        Returns (the step's loss, its completion tokens, the step line's metrics)."""
+        c = self.cfg
+        G = c.num_generations
+        total = per_fn @ self.reward_weights
+        for r, a in zip(rollouts, group_advantages(total, G, c.scale_rewards)):
+            r.advantage = float(a)
+        num_tokens = sum(len(r.ids) for r in rollouts)
+        parts, at = [], 0
+        for micro, n in enumerate(prompts_per_micro):
+            parts.append(self._micro_batch(rollouts[at:at + n * G], step, micro, len(rollouts), num_tokens))
+            at += n * G
+        loss = sum(p["loss"] for p in parts)
+        return loss, num_tokens, self._metrics(rollouts, per_fn, total, parts)
+
+    def _metrics(self, rollouts, per_fn, total, parts) -> dict:
+        c = self.cfg
+        G = c.num_generations
+        groups = total.reshape(-1, G)
+        lens = np.array([len(r.ids) for r in rollouts])
+        cat = {k: np.concatenate([p[k] for p in parts]) for k in ("kl", "low", "high", "diff")}
+        m = {"reward": float(total.mean()), "reward_std": float(groups.std(axis=1, ddof=1).mean()),
+             "frac_reward_zero_std": float((groups.std(axis=1) == 0).mean())}
+        for (name, _), col in zip(self.rewards, per_fn.T):
+            m[f"rewards/{name}/mean"] = float(col.mean())
+            m[f"rewards/{name}/std"] = float(col.std(ddof=1)) if len(col) > 1 else 0.0
+        if c.beta > 0:
+            m["kl"] = float(cat["kl"].mean())
+        m["clip_ratio/low_mean"] = float(cat["low"].mean())
+        m["clip_ratio/high_mean"] = float(cat["high"].mean())
+        m["clip_ratio/region_mean"] = float((cat["low"] | cat["high"]).mean())
+        m["completions/mean_length"] = float(lens.mean())
+        m["completions/min_length"] = int(lens.min())
+        m["completions/max_length"] = int(lens.max())
+        m["completions/clipped_ratio"] = float(np.mean([r.truncated for r in rollouts]))
+        m["sampling/sampling_logp_difference/mean"] = float(cat["diff"].mean())
+        m["sampling/sampling_logp_difference/max"] = float(cat["diff"].max())
+        return m
