@@ -16,7 +16,7 @@ attn_logit_softcapping is refused: transformers' Gemma 3 ignores it and llama.cp
 
 In GGUF (llama.cpp's convert_hf_to_gguf.py Gemma3Model): architecture "gemma3", NEOX rope (q/k
 rows in HF's order), every norm weight stored with the 1 already added (GGUFName.shift), the
-four block norms as attn_norm / attn_post_norm / ffn_norm / ffn_post_norm. llama.cpp keeps only
+four block norms as attn_norm / post_attention_norm / ffn_norm / post_ffw_norm (gguf-py's names). llama.cpp keeps only
 the global rope base and the window; it fixes the rest for the architecture (every 6th layer
 global, local rope base 10000, attention scale head_dim**-0.5 but for the 27B's 62 layers,
 (hidden / heads)**-0.5), so a file is read with those and a config that differs is refused at
@@ -108,8 +108,8 @@ def hf_name_table() -> NameTable:
     return NameTable({**t.entries, **extra})
 
 
-_GGUF_NORMS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "attn_post_norm",
-               "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "ffn_post_norm",
+_GGUF_NORMS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",
+               "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
                "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
 
 

@@ -135,11 +135,18 @@ def test_metadata_read_back_by_gguf_py(tiny, family):
     if model.attention_bias:
         expected |= {f"blk.{i}.attn_{n}.bias" for i in range(2) for n in ("q", "k", "v")}
     if isinstance(family_named(family).architecture(model).blocks[0], SandwichBlock):  # Gemma's post-norms
-        expected |= {f"blk.{i}.{n}_post_norm.weight" for i in range(2) for n in ("attn", "ffn")}
+        expected |= {f"blk.{i}.{n}.weight" for i in range(2) for n in ("post_attention_norm", "post_ffw_norm")}
     for i in model.moe.layers if model.moe else ():  # experts stacked per projection, the router
         expected -= {f"blk.{i}.{n}.weight" for n in ("ffn_gate", "ffn_up", "ffn_down")}
         expected |= {f"blk.{i}.{n}.weight" for n in ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")}
     assert names == expected
+    # Every name is one gguf-py (llama.cpp's table) knows for the architecture.
+    import gguf
+
+    arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == a)
+    known = {gguf.TENSOR_NAMES[t].format(bid=i) + suffix for t in gguf.MODEL_TENSORS[arch] for i in range(2)
+             for suffix in (".weight", ".bias")}
+    assert names <= known, sorted(names - known)
 
 
 @pytest.mark.parametrize("qtype", QUANT_TYPES)
