@@ -34,7 +34,7 @@ from surogate.errors import FileFormatError, NotFoundError, UnsupportedError
 from surogate.io.gguf import GGUFFile, GGUFTensor
 from surogate.io.gguf_config import llama3_rope_factors
 from surogate.io.gguf_writer import PlannedTensor, Progress, check_quant_type, tensor_type, write_gguf
-from surogate.models.name_table import Direct, NameTable
+from surogate.models.name_table import Direct, Fuse, NameTable
 
 if TYPE_CHECKING:
     from surogate.models.family import Family
@@ -181,6 +181,9 @@ def gguf_blocks_for(weights: GGUFWeights, hf_table: NameTable, names: list[str])
         if isinstance(r, Direct):
             out[name] = weights.blocks(r.hf)
             continue
+        if not isinstance(r, Fuse):  # a slice of a checkpoint tensor (Gemma 4's per-layer inputs), experts
+            raise UnsupportedError(f"{name} is made from {type(r).__name__.lower()} of a checkpoint tensor, not "
+                                   "whole rows of blocks", hint="dequantize this parameter instead")
         parts = [weights.blocks(h) for h in r.hf]
         if len({p.type for p in parts}) != 1 or r.axis != 0:
             raise UnsupportedError(f"{name}: its parts have different GGUF types "
