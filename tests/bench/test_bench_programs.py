@@ -36,3 +36,20 @@ def test_bench_train_takes_an_hf_config(tmp_path, capsys):
         device="cpu", recompute=False)
     out = capsys.readouterr().out
     assert "config.json, full fine-tune" in out and "first-step losses agree" in out
+
+
+def test_bench_train_qlora_trains_over_blocks_with_the_same_first_loss():
+    """--qlora: our side over GGML blocks (the projections really are blocks) scores the first batch as
+    the same random model in f32 does, within Q8_0's rounding; the peer (bitsandbytes) is the GPU's."""
+    from surogate.bench.train import quantized, random_model, run
+
+    q = quantized(random_model("tiny", "float32"), "Q8_0")
+    assert q.quant and all(q.params[n].dtype.name == "uint8" for n in q.quant)
+    plain = run("tiny", batch=1, seq=32, lora_rank=4, dtype="float32", steps=1, warmup=0, vs=None,
+                device="cpu", recompute=False)
+    blocks = run("tiny", batch=1, seq=32, lora_rank=4, dtype="float32", steps=1, warmup=0, vs=None,
+                 device="cpu", recompute=False, qlora="Q8_0")
+    assert blocks[0].loss == pytest.approx(plain[0].loss, rel=1e-3)
+    with pytest.raises(Exception, match="--qlora trains a LoRA"):
+        run("tiny", batch=1, seq=32, lora_rank=0, dtype="float32", steps=1, warmup=0, vs=None, device="cpu",
+            recompute=False, qlora="Q8_0")
