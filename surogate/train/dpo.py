@@ -33,7 +33,6 @@ from surogate.train.data.preference import PairBatch, build_preference_datasets
 from surogate.train.dpo_loss import preference_loss
 from surogate.train.trainer import Trainer
 
-_STEP_INPUTS = ("input_ids", "position_ids", "cu_seqlens", "targets")
 REWARD_KEYS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
                "logps/rejected")
 
@@ -50,17 +49,7 @@ class DPOTrainer(Trainer):
 
     def _build(self) -> None:
         super()._build()
-        m = self.model
-        if self.lora is not None:  # the base weights, the adapter left out
-            self.ref_exe = m.executable("train", self.N, self.N, lora=None, grads=False)
-        else:  # a frozen copy of the starting weights (the policy's are updated in place)
-            self.ref_exe = m.executable("train", self.N, self.N, lora=None, grads=False, shared=False)
-            for name in self.ref_exe.external_names("param"):
-                if name in m.params:
-                    self.ref_exe.bind(name, m.params[name].copy())
-        for n in _STEP_INPUTS:
-            self.ref_exe.bind(n, self.inputs[n], self.exe.tensor(n))
-        self.ref_exe.use_graphs(self.cfg.cuda_graphs)
+        self.ref_exe = self.reference_executable()
 
     def fingerprint(self) -> str:
         c = self.cfg

@@ -52,7 +52,6 @@ from surogate.train.grpo_env import call_reward, load_reward_functions
 from surogate.train.grpo_loss import group_advantages, grpo_token_loss, token_weights
 from surogate.train.trainer import Trainer
 
-_STEP_INPUTS = ("input_ids", "position_ids", "cu_seqlens", "targets")
 ADAPTER_SLOT = 0  # the engine slot bound to the trainer's LoRA arrays
 BLOCK_SIZE = 16
 
@@ -106,16 +105,7 @@ class GRPOTrainer(Trainer):
         super()._build()
         self.ref_exe = None
         if c.beta > 0:
-            if self.lora is not None:  # the base weights, the adapter left out
-                self.ref_exe = m.executable("train", self.N, self.N, lora=None, grads=False)
-            else:  # a frozen copy of the starting weights (the policy's are updated in place)
-                self.ref_exe = m.executable("train", self.N, self.N, lora=None, grads=False, shared=False)
-                for name in self.ref_exe.external_names("param"):
-                    if name in m.params:
-                        self.ref_exe.bind(name, m.params[name].copy())
-            for n in _STEP_INPUTS:
-                self.ref_exe.bind(n, self.inputs[n], self.exe.tensor(n))
-            self.ref_exe.use_graphs(c.cuda_graphs)
+            self.ref_exe = self.reference_executable()
         self._start_engine()
 
     def _start_engine(self) -> None:

@@ -172,6 +172,23 @@ class Trainer:
                 self.eval_exe.bind(n, self.inputs[n], self.exe.tensor(n))
             self.eval_exe.use_graphs(self.cfg.cuda_graphs)
 
+    def reference_executable(self):
+        """A forward-only Program of the reference policy over the training step's inputs (DPO, GRPO):
+        under LoRA the base weights with the adapter left out; for a full fine-tune a frozen copy
+        of the starting weights (the policy's are updated in place)."""
+        m = self.model
+        if self.lora is not None:
+            ref = m.executable("train", self.N, self.N, lora=None, grads=False)
+        else:
+            ref = m.executable("train", self.N, self.N, lora=None, grads=False, shared=False)
+            for name in ref.external_names("param"):
+                if name in m.params:
+                    ref.bind(name, m.params[name].copy())
+        for n in ("input_ids", "position_ids", "cu_seqlens", "targets"):
+            ref.bind(n, self.inputs[n], self.exe.tensor(n))
+        ref.use_graphs(self.cfg.cuda_graphs)
+        return ref
+
     def fingerprint(self) -> str:
         c = self.cfg
         key = [c.model, c.sequence_len, c.per_device_train_batch_size, c.gradient_accumulation_steps, c.seed,
