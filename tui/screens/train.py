@@ -370,8 +370,11 @@ class TrainScreen(WorkerErrors, Screen):
                 self.post_message(self.RunUpdate(row.key, records, state))
                 last = state
             if row.process is None or not row.process.alive:
+                # it may have ended between the state read above and this check: read both again,
+                # or the screen keeps the stale "running" of a stopped run
                 records = tail.read()  # what it wrote before exiting
-                if records:
+                state = row.process.state if row.process is not None else None
+                if records or state != last:
                     self.post_message(self.RunUpdate(row.key, records, state))
                 return
             time.sleep(POLL_SECONDS)
