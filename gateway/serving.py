@@ -13,7 +13,7 @@ import msgspec
 
 from surogate.serve import Generation, RequestOutput, SamplingParams
 from surogate.serve.frontend import Prompt
-from surogate.serve.parsers import ForcedTools
+from surogate.serve.parsers import ForcedTools, OfferedTools
 
 from . import errors
 from .context import RequestContext
@@ -43,7 +43,7 @@ class Job(msgspec.Struct):
     adapter: str | None
     prompt: Prompt
     opts: SamplingParams
-    tools: bool | ForcedTools = False  # the request offered tools: parse calls (ForcedTools: forced, as JSON)
+    tools: bool | OfferedTools | ForcedTools = False  # offered tools: parse calls (ForcedTools: forced, as JSON)
     max_tool_calls: int | None = None
     reasoning: bool = True
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from surogate.serve import SamplingParams, StructuredOutputsParams
-from surogate.serve.parsers import ForcedTools
+from surogate.serve.parsers import ForcedTools, OfferedTools
 from surogate.serve.frontend import Prompt, RequestError, check_sampling, fit_to_context
 
 from .. import errors
@@ -64,7 +64,8 @@ def messages_job(gw: Gateway, req: a.MessagesRequest | a.CountTokensRequest) -> 
     except (RequestError, errors.ApiErrorException) as e:
         return errors.from_exception(e)
     one = isinstance(choice, (a.ToolChoiceAuto, a.ToolChoiceAny)) and bool(choice.disable_parallel_tool_use)
-    return Job(model, adapter, prompt, opts, tools=forced or offer, max_tool_calls=1 if one else None)
+    offered = OfferedTools({t.name: t.input_schema or {} for t in req.tools}) if offer else False
+    return Job(model, adapter, prompt, opts, tools=forced or offered, max_tool_calls=1 if one else None)
 
 
 def _forced(tools: Sequence[a.Tool], choice: a.ToolChoice | None) -> ForcedTools | None:

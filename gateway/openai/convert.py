@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from surogate.serve import SamplingParams, StructuredOutputsParams
 from surogate.serve.frontend import (Prompt, RequestError, check_sampling, encode_prompt, fit_to_context,
                                      reasoning_budget)
-from surogate.serve.parsers import ForcedTools
+from surogate.serve.parsers import ForcedTools, OfferedTools
 
 from .. import errors
 from ..errors import ApiError
@@ -51,8 +51,8 @@ def chat_job(gw: Gateway, req: p.ChatCompletionRequest) -> Job | ApiError:
             return errors.invalid("`top_logprobs` needs `logprobs: true`", param="top_logprobs")
         opts = _sampling(req, model.tokenizer.vocab_size, max_tokens=req.max_completion_tokens or req.max_tokens,
                          logprobs=(req.top_logprobs or 0) if req.logprobs else None)
-        forced = forced_tools({t.function.name: t.function.parameters or {} for t in req.tools or []},
-                              req.tool_choice, req.parallel_tool_calls) if offer_tools else None
+        schemas = {t.function.name: t.function.parameters or {} for t in req.tools or []}
+        forced = forced_tools(schemas, req.tool_choice, req.parallel_tool_calls) if offer_tools else None
         opts.structured_outputs = constraint(req.structured_outputs, _response_format(req.response_format),
                                              forced, "response_format")
         opts.max_reasoning_tokens = reasoning_budget(req.reasoning_effort, req.max_reasoning_tokens)
@@ -61,7 +61,7 @@ def chat_job(gw: Gateway, req: p.ChatCompletionRequest) -> Job | ApiError:
         opts = fit_to_context(opts, len(prompt.token_ids), limits, prompt_param="messages", max_tokens_param=max_name)
     except (RequestError, errors.ApiErrorException) as e:
         return errors.from_exception(e)
-    return Job(model, adapter, prompt, opts, tools=forced or offer_tools,
+    return Job(model, adapter, prompt, opts, tools=forced or (OfferedTools(schemas) if offer_tools else False),
                max_tool_calls=1 if req.parallel_tool_calls is False else None)
 
 
@@ -235,8 +235,8 @@ def responses_job(gw: Gateway, req: p.ResponsesRequest) -> Job | ApiError:
                                   chat_template_kwargs=req.chat_template_kwargs)
         opts = _sampling(req, model.tokenizer.vocab_size, max_tokens=req.max_output_tokens,
                          logprobs=req.top_logprobs)
-        forced = forced_tools({t["function"]["name"]: t["function"].get("parameters") or {} for t in tools},
-                              req.tool_choice, req.parallel_tool_calls) if tools is not None else None
+        schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools or []}
+        forced = forced_tools(schemas, req.tool_choice, req.parallel_tool_calls) if tools is not None else None
         text_format = _text_format(req.text.format if req.text else None)
         opts.structured_outputs = constraint(req.structured_outputs, text_format, forced, "text.format")
         opts.max_reasoning_tokens = reasoning_budget(effort, req.max_reasoning_tokens)
@@ -246,7 +246,7 @@ def responses_job(gw: Gateway, req: p.ResponsesRequest) -> Job | ApiError:
                               max_tokens_param="max_output_tokens")
     except (RequestError, errors.ApiErrorException) as e:
         return errors.from_exception(e)
-    return Job(model, adapter, prompt, opts, tools=forced or tools is not None,
+    return Job(model, adapter, prompt, opts, tools=forced or (OfferedTools(schemas) if tools is not None else False),
                max_tool_calls=1 if req.parallel_tool_calls is False else req.max_tool_calls)
 
 

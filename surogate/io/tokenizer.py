@@ -12,6 +12,8 @@ transformers does, so they are never split and ``skip_special_tokens`` drops the
 
 from __future__ import annotations
 
+import functools
+
 import os
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -142,6 +144,11 @@ class Tokenizer:
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
         """Many texts at once, on the tokenizers library's thread pool."""
         return [e.ids for e in self._backend.encode_batch_fast(list(texts), add_special_tokens=add_special_tokens)]
+
+    @functools.cached_property
+    def special_ids(self) -> frozenset[int]:
+        """Ids of the special added tokens (what ``skip_special_tokens`` drops)."""
+        return frozenset(i for i, t in self._backend.get_added_tokens_decoder().items() if t.special)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         text = self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)

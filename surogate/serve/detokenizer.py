@@ -9,11 +9,16 @@ difference only when it grew and does not end in U+FFFD, then slide the window.
 
 ``flush()`` gives whatever is still owed so that all deltas together equal
 ``tokenizer.decode(all_ids)`` exactly.
+
+``keep`` names special tokens that stay in the text although the others are skipped: the tags an
+output parser reads (Gemma 4's, LFM2's and DeepSeek's call tokens, Mistral's ``[TOOL_CALLS]``),
+as vLLM's tool parsers keep them. The other special tokens are dropped from the ids before
+decoding, so the text is the context decode of the rest, not pieces glued together.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from surogate.io import Tokenizer
 
@@ -21,9 +26,11 @@ _REPLACEMENT = "\ufffd"
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True, keep: Collection[int] = ()):
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
+        # skipping but keeping some: the special ids to drop by hand, decoding the rest with all specials
+        self._drop = tokenizer.special_ids - frozenset(keep) if skip_special_tokens and keep else None
         self.token_ids: list[int] = []
         self.text = ""  # everything emitted so far
         self._prefix_offset = 0
@@ -54,4 +61,7 @@ class IncrementalDetokenizer:
         return delta
 
     def _decode(self, ids: Sequence[int]) -> str:
+        if self._drop is not None:
+            ids = [i for i in ids if i not in self._drop]
+            return self.tokenizer.decode(ids, skip_special_tokens=False) if ids else ""
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens) if ids else ""

@@ -191,6 +191,14 @@ def _template_message(message: Mapping) -> dict:
 
 # -- outputs --------------------------------------------------------------------------------------
 
+def parser_token_ids(tokenizer: Tokenizer, parser: OutputParser | None) -> frozenset[int]:
+    """The special tokens in the tags ``parser`` reads: they stay in the text it is fed."""
+    if parser is None:
+        return frozenset()
+    special = tokenizer.special_ids
+    return frozenset(i for tag in parser.tags for i in tokenizer.encode(tag, add_special_tokens=False) if i in special)
+
+
 class OutputProcessor:
     """One answer's pipeline: detokenize, stop strings, parsers. ``process`` fills each engine
     output's text fields in place; when ``stopped_by_string`` turns true the engine request must
@@ -202,8 +210,8 @@ class OutputProcessor:
         self.opts = opts
         self.parser = parser
         self.detokenize = opts.detokenize and tokenizer is not None
-        self._detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=opts.skip_special_tokens) \
-            if self.detokenize else None
+        self._detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=opts.skip_special_tokens,
+                                             keep=parser_token_ids(tokenizer, parser)) if self.detokenize else None
         self._stop = StopMatcher(opts.stop if self.detokenize else (), opts.include_stop_str_in_output)
         self._stop_ids = frozenset(opts.stop_token_ids)
         eos = (tokenizer.eos_token_ids if tokenizer is not None else opts.eos_token_ids) if not opts.ignore_eos else ()

@@ -27,7 +27,7 @@ from surogate.errors import InvalidArgumentError
 from surogate.io import Tokenizer
 from surogate.serve.engine_client import EngineClient, OutputStream
 from surogate.serve.frontend import OutputProcessor, Prompt, encode_prompt, render_chat, template_kwargs
-from surogate.serve.parsers import ForcedTools, ParserChoice, make_output_parser, resolve_parsers
+from surogate.serve.parsers import ForcedTools, OfferedTools, ParserChoice, make_output_parser, resolve_parsers
 from surogate.serve.structured import Grammars
 from surogate.serve.types import RequestOutput, SamplingParams
 
@@ -97,7 +97,7 @@ class LLM:
     # -- run --
 
     def submit(self, prompts: PromptInput | Sequence[PromptInput], params: SamplingParams | Sequence[SamplingParams]
-               | None = None, *, adapter: str | int | None = None, tools: bool | ForcedTools = False,
+               | None = None, *, adapter: str | int | None = None, tools: bool | OfferedTools | ForcedTools = False,
                max_tool_calls: int | None = None, reasoning: bool = True) -> Generation:
         """Start generating: ``params`` is one SamplingParams for all prompts or one per prompt.
         ``tools``: the prompt offered tools, so tool calls are parsed; ``reasoning``: parse
@@ -158,7 +158,9 @@ class LLM:
     def chat(self, messages: Sequence[Mapping], params: SamplingParams | None = None, *,
              tools: Sequence[Mapping] | None = None, adapter: str | int | None = None, **render_kw) -> Generation:
         """``render`` + ``submit``: the conversation's answers, tool calls parsed when tools are offered."""
-        return self.submit(self.render(messages, tools, **render_kw), params, adapter=adapter, tools=bool(tools))
+        offered = OfferedTools({f.get("name", ""): f.get("parameters") or {} for f in
+                                (t.get("function", t) for t in tools)}) if tools else False
+        return self.submit(self.render(messages, tools, **render_kw), params, adapter=adapter, tools=offered)
 
 
 class Generation:

@@ -65,6 +65,7 @@ def test_chat_conversion(gw, tiny_tokenizers):
         0.5, -0.5, 2, 20, 0.05, 1.1)
     assert o.logit_bias == {5: -100.0}
     assert job.tools and job.max_tool_calls == 1 and job.adapter is None
+    assert job.tools.tools == {"get_weather": TOOL["function"]["parameters"]}  # schemas for typed-argument parsers
 
 
 def test_chat_defaults_and_tool_choice_none(gw, tiny_tokenizers):
@@ -123,6 +124,7 @@ def test_responses_conversion(gw, tiny_tokenizers):
     assert responses_messages(req) == expected
     job = responses_job(gw, req)
     assert job.tools and job.opts.max_tokens == 64
+    assert job.tools.tools == {"get_weather": TOOL["function"]["parameters"]}
     assert job.prompt.token_ids == tiny_tokenizers["chatml"].apply_chat_template(
         [*expected[:2], {**expected[2], "tool_calls": [{**expected[2]["tool_calls"][0], "function": {
             "name": "get_weather", "arguments": {"city": "Paris"}}}]}, *expected[3:]],
@@ -168,6 +170,7 @@ def test_anthropic_conversion(gw, tiny_tokenizers):
                 {"role": "user", "content": "And tomorrow?"}]
     assert anthropic_messages(req.system, req.messages) == expected
     job = messages_job(gw, req)
+    assert job.tools.tools == {"get_weather": TOOL["function"]["parameters"]}
     assert job.prompt.token_ids == tiny_tokenizers["chatml"].apply_chat_template(
         expected, tools=[TOOL], add_generation_prompt=True, enable_thinking=False)
     assert job.prompt.text.endswith("<think>\n\n</think>\n\n")

@@ -198,6 +198,25 @@ def test_output_processor_with_parsers_and_logprobs(chatml):
     assert proc.step([ids[0]]).content == ""
 
 
+@pytest.mark.parametrize("skip", [True, False])
+def test_a_parsers_special_tags_stay_in_the_text_while_other_specials_are_skipped(tmp_path, skip):
+    """Mistral's v11 calls are special tokens ([TOOL_CALLS], [ARGS]): with the default
+    skip_special_tokens the parser still sees them (vLLM's tool parsers keep them too), while the
+    other special tokens (here [INST]) stay out of the content."""
+    mistral = Tokenizer.from_folder(tiny_models.make_tokenizer(tmp_path, "mistral"))
+    text = 'Sure [INST].[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}'
+    ids = [*mistral.encode(text, add_special_tokens=False), mistral.eos_token_id]
+    assert {mistral.token_to_id("[TOOL_CALLS]"), mistral.token_to_id("[INST]")} <= set(ids)
+    parser = make_output_parser(ParserChoice(None, "mistral"), None, tools=True)
+    _, steps = run(mistral, ids, SamplingParams(skip_special_tokens=skip), parser, finish="stop")
+    assert "".join(d.content for d in steps) == ("Sure ." if skip else "Sure [INST].")
+    assert "".join(c.arguments for d in steps for c in d.tool_calls) == '{"city": "Paris"}'
+    assert [c.name for d in steps for c in d.tool_calls if c.name] == ["get_weather"]
+    # without a parser the default still skips every special token
+    _, plain = run(mistral, ids, SamplingParams(), None, finish="stop")
+    assert "".join(d.content for d in plain) == 'Sure .get_weather{"city": "Paris"}'
+
+
 def test_prompt_logprobs_entries(chatml):
     ids = chatml.encode("Hello world", add_special_tokens=False)
     entries = decode_logprobs(chatml, [None, *[TokenLogprob(i, -1.0, 1) for i in ids[1:]]])

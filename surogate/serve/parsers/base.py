@@ -74,6 +74,11 @@ class OutputParser:
         return self.reasoning is not None and self.reasoning.in_reasoning
 
     @property
+    def tags(self) -> tuple[str, ...]:
+        """The tags the parsers read: special tokens among them stay in the decoded text."""
+        return (*getattr(self.reasoning, "tags", ()), *getattr(self.tools, "tags", ()))
+
+    @property
     def num_tool_calls(self) -> int:
         if self.tools is None:
             return 0

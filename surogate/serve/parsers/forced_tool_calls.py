@@ -21,6 +21,16 @@ import msgspec
 from surogate.serve.parsers.base import ToolCallDelta
 
 
+class OfferedTools(msgspec.Struct, frozen=True):
+    """Tools a request offered (not forced): their parameter schemas, for the parsers whose
+    format leaves the arguments' JSON types to the schema (Qwen3-Coder's XML)."""
+
+    tools: dict[str, dict]  # name -> its parameters' JSON schema
+
+    def __bool__(self) -> bool:  # offered tools: parse calls
+        return True
+
+
 class ForcedTools(msgspec.Struct, frozen=True):
     tools: dict[str, dict]  # name -> its parameters' JSON schema ({} = any object)
     name: str | None = None  # a named function; None = any of them ("required")

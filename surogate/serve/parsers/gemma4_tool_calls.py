@@ -4,7 +4,7 @@
 
 Keys are bare (or quoted with ``<|"|>``), strings are wrapped in the ``<|"|>`` quote token and not
 escaped, numbers, true / false / null are bare, objects and lists nest. The call tokens are special
-tokens: the text must be decoded with them (``skip_special_tokens=False``), as for Mistral's v11.
+tokens: the output pipeline keeps a parser's ``tags`` in the decoded text (frontend.py).
 
 Text outside the calls is content. A call's arguments are Gemma's notation, not JSON, so a call is
 held until its ``<tool_call|>`` and then emitted whole: its name and its arguments as JSON, one
@@ -23,6 +23,8 @@ START, END, QUOTE, PREFIX = "<|tool_call>", "<tool_call|>", '<|"|>', "call:"
 
 
 class Gemma4ToolParser:
+    tags = (START, END, QUOTE)
+
     def __init__(self):
         self._buf = ""
         self._in_call = False

@@ -10,8 +10,8 @@ answer for a section cut off there when what came is already a complete list, si
 expression cannot be known complete before it ends. A section that is not such a list (another
 expression, positional arguments, a value that is not a literal) is content, as written, the
 tokens included. Text around the sections is content; whitespace next to a call is dropped.
-The call tokens are special: they must be kept in the text (``skip_special_tokens=False``, as
-for every tag-delimited parser).
+The call tokens are special: the output pipeline keeps a parser's ``tags`` in the decoded text
+while skipping the other special tokens (frontend.py).
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ def parse_pythonic_calls(text: str) -> list[tuple[str, str]] | None:
 class Lfm2ToolParser(StepwiseToolParser):
     start_tag = "<|tool_call_start|>"
     end_tag = "<|tool_call_end|>"
+    tags = (start_tag, end_tag)
 
     def __init__(self):
         super().__init__()

@@ -9,10 +9,10 @@ JSON; a ``[CALL_ID]id`` after the name is skipped (ids are the API layer's)::
 
     [TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{"tz": "CET"}
 
-``[TOOL_CALLS]`` is a special token: decoded with ``skip_special_tokens`` it is gone, and an answer
-that starts with a JSON array of named objects is then taken as the v3 calls (an array that is
-not is content, as written). The v11 form needs the special tokens in the text (``[ARGS]`` is one
-too). Text before the calls is content; a call streams as the other parsers' do (tool_calls.py):
+``[TOOL_CALLS]`` and ``[ARGS]`` are special tokens; the output pipeline keeps a parser's ``tags``
+in the decoded text (frontend.py). Text decoded without them (another pipeline) still parses in
+the v3 form: an answer that starts with a JSON array of named objects is taken as the calls (an
+array that is not is content, as written); the v11 form needs the tokens. Text before the calls is content; a call streams as the other parsers' do (tool_calls.py):
 the name first, then the raw argument text as it arrives.
 """
 
@@ -71,6 +71,7 @@ class MistralToolParser(StepwiseToolParser):
     tag = "[TOOL_CALLS]"
     args_tag = "[ARGS]"
     id_tag = "[CALL_ID]"
+    tags = (tag, args_tag, id_tag)
 
     def __init__(self):
         super().__init__()

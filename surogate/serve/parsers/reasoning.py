@@ -36,6 +36,10 @@ class ThinkReasoningParser:
         self._strip = True  # drop leading whitespace of the section being emitted
         self._ws = ""  # trailing whitespace of the reasoning, emitted only if more reasoning follows
 
+    @property
+    def tags(self) -> tuple[str, ...]:
+        return self.start_tag, self.end_tag
+
     @classmethod
     def for_prompt(cls, prompt_text: str | None, *, force_reasoning: bool = False,
                    start_tag: str = "<think>", end_tag: str = "</think>") -> ThinkReasoningParser:

@@ -4,7 +4,9 @@ Detection reads what the template writes, since that is what the model was train
 in: a template that renders ``<tool_call>`` gets the Hermes parser, one that speaks of
 ``<|python_tag|>`` / ``"parameters"`` under Llama 3 headers gets Llama 3 JSON, one that writes
 ``[TOOL_CALLS]`` gets Mistral's, one that writes ``<|tool_call>`` Gemma 4's, one that writes
-``<|tool_call_start|>`` LFM2's pythonic calls, one that writes ``<think>`` (Gemma 4: ``<|channel>``)
+``<|tool_call_start|>`` LFM2's pythonic calls, one that writes ``<function=`` Qwen3-Coder's XML
+(before the Hermes check: those templates wrap it in ``<tool_call>``), one that writes DeepSeek's
+``<｜tool▁calls▁begin｜>`` DeepSeek's (V3 with its fenced JSON, V3.1), one that writes ``<think>`` (Gemma 4: ``<|channel>``)
 gets the reasoning parser. Where
 the template does not show it, the model family's defaults decide (``Family.chat``, in the
 family's file: Qwen templates that take tools answer in Hermes tags). The names are vLLM's and
@@ -21,10 +23,13 @@ import msgspec
 from surogate.errors import NotFoundError
 from surogate.models import chat_defaults_for
 from surogate.serve.parsers.base import OutputParser, ReasoningParser, ToolParser
-from surogate.serve.parsers.forced_tool_calls import ForcedToolParser, ForcedTools
+from surogate.serve.parsers.deepseek_tool_calls import CALLS_BEGIN as DEEPSEEK_CALLS
+from surogate.serve.parsers.deepseek_tool_calls import DeepSeekToolParser
+from surogate.serve.parsers.forced_tool_calls import ForcedToolParser, ForcedTools, OfferedTools
 from surogate.serve.parsers.gemma4_tool_calls import Gemma4ToolParser
 from surogate.serve.parsers.lfm2_tool_calls import Lfm2ToolParser
 from surogate.serve.parsers.mistral_tool_calls import MistralToolParser
+from surogate.serve.parsers.qwen3_coder_tool_calls import Qwen3CoderToolParser
 from surogate.serve.parsers.reasoning import ThinkReasoningParser
 from surogate.serve.parsers.tool_calls import HermesToolParser, Llama3JsonToolParser
 
@@ -39,7 +44,8 @@ REASONING_PARSERS: dict[str, Callable[[str | None], ReasoningParser]] = {
     "gemma4": lambda prompt: ThinkReasoningParser.for_prompt(prompt, start_tag=GEMMA4_THOUGHT[0],
                                                              end_tag=GEMMA4_THOUGHT[1]),
 }
-TOOL_PARSERS: dict[str, Callable[[], ToolParser]] = {
+# name -> factory(); one with ``uses_schemas`` is given the request's tools' parameter schemas
+TOOL_PARSERS: dict[str, Callable[..., ToolParser]] = {
     "hermes": HermesToolParser,
     "qwen3": HermesToolParser,
     "qwen25": HermesToolParser,
@@ -48,6 +54,10 @@ TOOL_PARSERS: dict[str, Callable[[], ToolParser]] = {
     "mistral": MistralToolParser,
     "gemma4": Gemma4ToolParser,
     "lfm2": Lfm2ToolParser,
+    "qwen3_coder": Qwen3CoderToolParser,
+    "qwen3_xml": Qwen3CoderToolParser,
+    "deepseek_v3": DeepSeekToolParser,
+    "deepseek_v31": DeepSeekToolParser,
 }
 
 
@@ -64,7 +74,11 @@ def detect_parsers(chat_template: str | None, model_type: str | None = None) -> 
         reasoning = (family.reasoning_parser if family else None) or "qwen3"
     elif "<|channel>" in text:
         reasoning = "gemma4"
-    if "<tool_call>" in text:
+    if "<function=" in text:
+        tool = "qwen3_coder"
+    elif DEEPSEEK_CALLS in text:
+        tool = "deepseek_v3" if "```json" in text else "deepseek_v31"
+    elif "<tool_call>" in text:
         tool = "hermes"
     elif "<|python_tag|>" in text or ("<|start_header_id|>" in text and '"parameters"' in text):
         tool = "llama3_json"
@@ -89,16 +103,23 @@ def resolve_parsers(chat_template: str | None, model_type: str | None = None, *,
                         tool=_pick(tool, detected.tool, TOOL_PARSERS, "tool-call"))
 
 
-def make_output_parser(choice: ParserChoice, prompt_text: str | None, *, tools: bool | ForcedTools,
+def make_output_parser(choice: ParserChoice, prompt_text: str | None, *, tools: bool | OfferedTools | ForcedTools,
                        reasoning: bool = True, max_tool_calls: int | None = None) -> OutputParser | None:
     """The parser for one generated answer, or None when nothing is to be parsed. ``tools`` says
-    whether the request offered tools (no tools, no tool parsing: vLLM does the same); forced
+    whether the request offered tools (no tools, no tool parsing: vLLM does the same; OfferedTools
+    carries their schemas, for the formats that need them to type the arguments); forced
     tools (a grammar wrote the call as JSON) are read by ForcedToolParser whatever the model."""
     r = REASONING_PARSERS[choice.reasoning](prompt_text) if reasoning and choice.reasoning else None
     if isinstance(tools, ForcedTools):
         t = ForcedToolParser(tools)
     else:
-        t = TOOL_PARSERS[choice.tool]() if tools and choice.tool else None
+        factory = TOOL_PARSERS[choice.tool] if tools and choice.tool else None
+        if factory is None:
+            t = None
+        elif getattr(factory, "uses_schemas", False):
+            t = factory(tools.tools if isinstance(tools, OfferedTools) else None)
+        else:
+            t = factory()
     if r is None and t is None:
         return None
     return OutputParser(r, t, max_tool_calls=max_tool_calls)

@@ -131,6 +131,7 @@ class StepwiseToolParser:
 class HermesToolParser:
     start_tag = "<tool_call>"
     end_tag = "</tool_call>"
+    tags = (start_tag, end_tag)
 
     def __init__(self):
         self._buf = ""
@@ -200,6 +201,7 @@ class HermesToolParser:
 
 class Llama3JsonToolParser:
     python_tag = "<|python_tag|>"
+    tags = (python_tag,)
 
     def __init__(self):
         self._buf = ""
