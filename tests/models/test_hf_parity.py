@@ -14,7 +14,7 @@ import surogate  # noqa: E402
 from sgtest.tiny_models import make_llama, make_model  # noqa: E402
 from surogate.dsl.nn import LoRAConfig  # noqa: E402
 from surogate.models import REGISTRY, family_named  # noqa: E402
-from surogate.models.peft import from_peft_tensors  # noqa: E402
+from sgtest.peft_ref import check_lora_grads, peft_model  # noqa: E402
 
 # "<family>" is the family's tiny config, "<family>-<variant>" that config with a variant's overrides.
 CONFIGS = {f.name: (f.name, {}) for f in REGISTRY} | {
@@ -73,40 +73,15 @@ def test_logits_loss_and_full_finetune_grads_match_transformers(checkpoint, key)
 
 @pytest.mark.parametrize("key", [f.name for f in REGISTRY])
 def test_lora_grads_match_peft(checkpoint, key):
-    peft = pytest.importorskip("peft")
+    pytest.importorskip("peft")
     path = checkpoint(key)
     ours = surogate.load_model(path)
-    ref = hf_model(path)
     targets = list(family_named(key).lora_targets)
-    cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets, lora_dropout=0.0, init_lora_weights=True)
-    pm = peft.get_peft_model(ref, cfg)
-    # B starts at zero in both; give it values so that every A/B gradient is non-trivial.
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in pm.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
-    lora = LoRAConfig(rank=4, alpha=8, targets=tuple(targets))
-
-    def ours_named(attr):  # peft's tensors as its adapter file names them, read with our reader
-        # base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight (a MoE layer's
-        # experts: mlp.experts[.base_layer].lora_A, stacked; surogate.models.peft says how)
-        return from_peft_tensors({name.replace(".default", ""): getattr(p, attr).numpy().copy()
-                                  for name, p in pm.named_parameters() if "lora_" in name}, lora)
-
-    lora_params = ours_named("data")
-    ids = tokens(ours.spec.vocab_size, 19, seed=2)
-    loss, grads = ours.loss_and_grads(ids, lora=lora, lora_params=lora_params)
-    t = torch.tensor(ids)[None]
-    out = pm(input_ids=t, labels=t)
-    out.loss.backward()
-    assert loss == pytest.approx(out.loss.item(), rel=1e-5)
-    ref_grads = ours_named("grad")
-    assert set(grads) == set(ref_grads)
-    for name, g in grads.items():
-        r = ref_grads[name]
-        err = np.abs(g - r).max() / (np.abs(r).max() + 1e-12)
-        assert err < 1e-4, f"{name}: {err:.2e}"
+    pm = peft_model(hf_model(path), targets)
+    # peft's tensors as its adapter file names them, read with our reader (a MoE layer's experts:
+    # mlp.experts[.base_layer].lora_A, stacked; surogate.models.peft says how)
+    check_lora_grads(ours, pm, LoRAConfig(rank=4, alpha=8, targets=tuple(targets)),
+                     tokens(ours.spec.vocab_size, 19, seed=2))
 
 
 def test_packed_documents_equal_each_document_alone(checkpoint):

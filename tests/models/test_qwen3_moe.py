@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import surogate  # noqa: E402
+from sgtest.peft_ref import check_lora_grads, peft_model, peft_tensors  # noqa: E402
 from sgtest.tiny_models import make_model  # noqa: E402
 from surogate.dsl.nn import LoRAConfig  # noqa: E402
 from surogate.train.lora import init_lora, save_peft_adapter  # noqa: E402
@@ -37,31 +38,10 @@ def test_aux_loss_equals_transformers_aux_loss(folder):
 
 
 def test_attention_lora_on_a_moe_model_matches_peft(folder):
-    peft = pytest.importorskip("peft")
+    pytest.importorskip("peft")
     ours = surogate.load_model(folder)
-    ref = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
-    targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
-    pm = peft.get_peft_model(ref, peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets, lora_dropout=0.0))
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in pm.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
-    lora_params = {name.removeprefix("base_model.model.model.").replace(".default.weight", ""): p.detach().numpy()
-                   for name, p in pm.named_parameters() if "lora_" in name}
-    ids = np.random.default_rng(2).integers(0, ours.spec.vocab_size, 19)
-    loss, grads = ours.loss_and_grads(ids, lora=LoRAConfig(rank=4, alpha=8, targets=tuple(targets)),
-                                      lora_params=lora_params)
-    t = torch.tensor(ids)[None]
-    out = pm(input_ids=t, labels=t)
-    out.loss.backward()
-    assert loss == pytest.approx(out.loss.item(), rel=1e-5)
-    ref_grads = {name.removeprefix("base_model.model.model.").replace(".default.weight", ""): p.grad.numpy()
-                 for name, p in pm.named_parameters() if "lora_" in name}
-    assert set(grads) == set(ref_grads)
-    for name, g in grads.items():
-        r = ref_grads[name]
-        assert np.abs(g - r).max() / (np.abs(r).max() + 1e-12) < 1e-4, name
+    check_lora_grads(ours, _peft_model(folder, ATTN), LoRAConfig(rank=4, alpha=8, targets=tuple(ATTN)),
+                     np.random.default_rng(2).integers(0, ours.spec.vocab_size, 19))
 
 
 # ---- LoRA on the experts: peft 0.21's layout on transformers 5 (target_parameters) ----------
@@ -69,33 +49,16 @@ ATTN = ["q_proj", "k_proj", "v_proj", "o_proj"]
 EXPERT_TARGETS = ["gate_proj", "up_proj", "down_proj"]
 
 
-def _peft_model(folder, targets, r=4, alpha=8, seed=0, **kw):
-    """peft's model for LoraConfig(target_modules=targets) with random (nonzero) B's."""
-    peft = pytest.importorskip("peft")
+def _peft_model(folder, targets, **kw):
+    """peft's model over the folder's transformers model, random (nonzero) B's."""
+    pytest.importorskip("peft")
     ref = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
-    pm = peft.get_peft_model(ref, peft.LoraConfig(r=r, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0,
-                                                  **kw))
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in pm.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
-    return pm
-
-
-def _peft_tensors(pm, attr="data"):
-    """peft's adapter tensors (values or grads) under their saved names."""
-    out = {}
-    for name, p in pm.named_parameters():
-        if "lora_" in name or "modules_to_save" in name:
-            t = p.grad if attr == "grad" else p.detach()
-            out[name.replace(".default", "").replace(".modules_to_save", "")] = t.numpy().copy()
-    return out
+    return peft_model(ref, targets, **kw)
 
 
 @pytest.mark.parametrize("targets", [ATTN + EXPERT_TARGETS, ["down_proj"], ["gate_proj", "up_proj"]])
 def test_expert_lora_grads_match_peft(folder, targets):
-    from surogate.models.peft import from_peft_tensors, load_peft_adapter
+    from surogate.models.peft import load_peft_adapter
 
     pm = _peft_model(folder, targets)
     pm.save_pretrained(str(folder.parent / "peft_adapter"))
@@ -110,17 +73,8 @@ def test_expert_lora_grads_match_peft(folder, targets):
     shapes = {p.name: p.shape for p in g1.params() if p.meta.get("lora")}
     assert shapes == {p.name: p.shape for p in g2.params() if p.meta.get("lora")} == \
         {n: a.shape for n, a in params.items()}
-    loss, grads = ours.loss_and_grads(ids, lora=lora, lora_params=params)
-    t = torch.tensor(ids)[None]
-    out = pm(input_ids=t, labels=t)
-    out.loss.backward()
-    assert loss == pytest.approx(out.loss.item(), rel=1e-5)
-    ref_grads = from_peft_tensors(_peft_tensors(pm, "grad"), cfg)
-    assert set(grads) == set(ref_grads)
+    grads = check_lora_grads(ours, pm, lora, ids, lora_params=params)
     assert any(".mlp.experts." in n for n in grads)
-    for name, g in grads.items():
-        r = ref_grads[name]
-        assert np.abs(g - r).max() / (np.abs(r).max() + 1e-12) < 1e-4, name
 
 
 def _our_adapter(model, cfg, seed=7, train_router=False):
@@ -253,7 +207,7 @@ def test_train_router_under_lora_matches_peft_modules_to_save(folder):
     cfg = LoRAConfig(rank=4, alpha=8, targets=tuple(ATTN + EXPERT_TARGETS))
     from surogate.models.peft import from_peft_tensors
 
-    params = from_peft_tensors(_peft_tensors(pm), cfg)
+    params = from_peft_tensors(peft_tensors(pm), cfg)
     ours = surogate.load_model(folder)
     ids = np.random.default_rng(8).integers(0, ours.spec.vocab_size, 17)
     lora_only = {k: v for k, v in params.items() if "lora_" in k}
@@ -265,7 +219,7 @@ def test_train_router_under_lora_matches_peft_modules_to_save(folder):
     out = pm(input_ids=t, labels=t)
     out.loss.backward()
     assert loss == pytest.approx(out.loss.item(), rel=1e-5)
-    ref = from_peft_tensors(_peft_tensors(pm, "grad"), cfg)
+    ref = from_peft_tensors(peft_tensors(pm, "grad"), cfg)
     assert set(grads) == set(ref) and any(n.endswith("mlp.gate.weight") for n in grads)
     for name, g in grads.items():
         r = ref[name]
