@@ -122,9 +122,19 @@ class Trainer:
         """Tokens per batch row: a micro-batch is B rows, N = B * this tokens."""
         return self.cfg.sequence_len
 
+    @property
+    def mlp_chunk(self) -> int:
+        """Rows per chunk of a tiled MLP (long_context: min(tokens, hidden_size), the original's
+        choice), 0 when off."""
+        return min(self.N, self.model.spec.hidden_size) if self.cfg.long_context else 0
+
     def _build(self) -> None:
         m = self.model
-        self.exe = m.executable("train", self.N, self.N, lora=self.lora, grads=True, recompute=self.cfg.recompute)
+        self.exe = m.executable("train", self.N, self.N, lora=self.lora, grads=True, recompute=self.cfg.recompute,
+                                mlp_chunk=self.mlp_chunk)
+        if self.mlp_chunk and not self.exe.lowered.tiled_mlps:
+            raise ConfigError(f"long_context: {self.cfg.model} has no dense MLP to tile (its MLPs are experts)",
+                              where="long_context", hint="remove long_context; recompute: true bounds a MoE's memory")
         storage = _np_dtype(m.dtype)
         if self.lora is not None:
             g = self.exe.graph
@@ -164,7 +174,8 @@ class Trainer:
         self.exe.use_graphs(self.cfg.cuda_graphs)  # GPU: each micro-batch and optimizer step is one graph
         self.eval_exe = None
         if self.eval_data is not None:
-            self.eval_exe = m.executable("train", self.N, self.N, lora=self.lora, grads=False)
+            self.eval_exe = m.executable("train", self.N, self.N, lora=self.lora, grads=False,
+                                         mlp_chunk=self.mlp_chunk)
             # The same device buffers as the training program (the weights come from the model).
             for n, a in self.trainable.items() if self.lora is not None else ():
                 self.eval_exe.bind(n, a, self.exe.tensor(n))
