@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -155,7 +156,7 @@ class Trainer:
             self.exe.bind(name, arr)
             self.grads[name] = arr
         c = self.cfg
-        self.opt = AdamW(self.exe, self.trainable, AdamWParams(c.learning_rate, c.adamw_beta1, c.adamw_beta2,
+        self.opt = self._optimizer_class()(self.exe, self.trainable, AdamWParams(c.learning_rate, c.adamw_beta1, c.adamw_beta2,
                                                                c.adamw_epsilon, c.weight_decay, c.max_grad_norm),
                          bits=8 if c.optimizer == "adamw_8bit" else 32)
         # Persistent input arrays: refilled in place each micro-batch, bound once.
@@ -182,6 +183,18 @@ class Trainer:
             for n in ("input_ids", "position_ids", "cu_seqlens", "targets"):
                 self.eval_exe.bind(n, self.inputs[n], self.exe.tensor(n))
             self.eval_exe.use_graphs(self.cfg.cuda_graphs)
+
+    def _optimizer_class(self):
+        """AdamW in the training Program, or on the host with offload_optimizer on a GPU."""
+        if not self.cfg.offload_optimizer:
+            return AdamW
+        if self.exe.device == "cpu":
+            logging.getLogger(__name__).info("offload_optimizer: on the CPU the optimizer state is in host memory "
+                                             "already; nothing to offload")
+            return AdamW
+        from surogate.train.offload import HostAdamW
+
+        return HostAdamW
 
     def reference_executable(self):
         """A forward-only Program of the reference policy over the training step's inputs (DPO, GRPO):
