@@ -12,6 +12,10 @@ graph lowered later (`lower_phase`: the optimizer step) is appended after everyt
 and writes the Program's buffers by value name (parameters, gradient accumulators), brings its
 own external buffers (optimizer state) and gets its temporaries planned around the ones
 already placed.
+
+With ``mlp_chunk`` (long_context) each dense MLP region is lowered by surogate/compile/tile.py
+over row chunks, through this same node lowering with the region's values mapped to row views
+and chunk temporaries (`_Lowering.rows_map`).
 """
 
 from __future__ import annotations
