@@ -77,3 +77,15 @@ def test_a_graph_without_a_dense_mlp_tiles_nothing(tmp_path):
     model = surogate.load_model(make_model("qwen3_moe", tmp_path / "m", mlp_only_layers=[]))
     exe = model.executable("train", 64, 1, grads=True, mlp_chunk=16)
     assert exe.lowered.tiled_mlps == 0
+
+
+def test_tiled_mlp_over_ggml_blocks_qlora(tmp_path):
+    model = surogate.load_model(make_model("llama", tmp_path / "m", hidden_size=256, intermediate_size=512,
+                                           head_dim=64), quantize="Q8_0")
+    assert "layers.0.mlp.gate_up_proj.weight" in model.quant
+    ids = np.random.default_rng(2).integers(0, model.spec.vocab_size, 80)
+    lora = LoRAConfig(rank=4, alpha=8)
+    g = model.arch.build(mode="train", lora=lora, quant=model.quant)
+    params = {k: v + 0.01 for k, v in init_lora(g, 0).items()}
+    assert_same(model.loss_and_grads(ids, lora=lora, lora_params=params),
+                model.loss_and_grads(ids, lora=lora, lora_params=params, mlp_chunk=CHUNK))
