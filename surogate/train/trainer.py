@@ -156,9 +156,10 @@ class Trainer:
             self.exe.bind(name, arr)
             self.grads[name] = arr
         c = self.cfg
-        self.opt = self._optimizer_class()(self.exe, self.trainable, AdamWParams(c.learning_rate, c.adamw_beta1, c.adamw_beta2,
-                                                               c.adamw_epsilon, c.weight_decay, c.max_grad_norm),
-                         bits=8 if c.optimizer == "adamw_8bit" else 32)
+        optimizer = self._optimizer_class()
+        self.opt = optimizer(self.exe, self.trainable, AdamWParams(c.learning_rate, c.adamw_beta1, c.adamw_beta2,
+                                                                   c.adamw_epsilon, c.weight_decay, c.max_grad_norm),
+                             bits=8 if c.optimizer == "adamw_8bit" else 32)
         # Persistent input arrays: refilled in place each micro-batch, bound once.
         self.inputs = {"input_ids": np.zeros(self.N, np.int32), "position_ids": np.zeros(self.N, np.int32),
                        "cu_seqlens": np.zeros(self.N + 1, np.int32), "targets": np.zeros(self.N, np.int32),

@@ -23,7 +23,8 @@ def test_sft_yaml_with_long_context_trains_the_curve_without_it(tmp_path):
     plain = Trainer(sft_config(base, data, tmp_path / "plain", max_steps=4))
     assert plain.mlp_chunk == 0
     plain.train()
-    cfg = {"model": str(base), "output_dir": str(tmp_path / "tiled"), "datasets": [{"path": str(data), "type": "messages"}],
+    cfg = {"model": str(base), "output_dir": str(tmp_path / "tiled"),
+           "datasets": [{"path": str(data), "type": "messages"}],
            "sequence_len": 64, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 2, "recipe": "fp32",
            "learning_rate": 2e-2, "lr_scheduler_type": "constant", "max_steps": 4, "lora_rank": 8, "lora_alpha": 16,
            "save_steps": 0, "eval_steps": 0, "seed": 7, "max_grad_norm": 1.0, "long_context": True}
