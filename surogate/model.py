@@ -95,13 +95,14 @@ class Model:
 
     # ---- compilation ------------------------------------------------------------------------
     def executable(self, mode: str, n_tokens: int, n_docs: int, lora: LoRAConfig | None = None,
-                   grads: bool = False, recompute: bool = False, shared: bool = True) -> Executable:
+                   grads: bool = False, recompute: bool = False, shared: bool = True,
+                   mlp_chunk: int = 0) -> Executable:
         """The compiled Program for this shape, bound to the model's weights; one per shape and
         setup (cached) unless ``shared`` is False: then a new one the caller may bind other
         weights to (DPO's frozen reference copy)."""
         key = (mode, n_tokens, n_docs,
                None if lora is None else lora.key(), grads,
-               recompute)
+               recompute) + ((mlp_chunk,) if mlp_chunk else ())  # mlp_chunk: rows of a tiled MLP (long_context)
         exe = self._cache.get(key) if shared else None
         if exe is None and grads and lora is None and self.quant:
             name = next(iter(self.quant))
@@ -117,7 +118,8 @@ class Model:
             keep += g.moe_offsets  # each MoE layer's rows per expert (the trainer's expert-load metrics)
             if grads:
                 backward(g, g.outputs["loss"], extra=extra or None)
-            exe = Executable(g, {"N": n_tokens, "S1": n_docs + 1}, self.device, keep=keep, recompute=recompute)
+            exe = Executable(g, {"N": n_tokens, "S1": n_docs + 1}, self.device, keep=keep, recompute=recompute,
+                             mlp_chunk=mlp_chunk)
             for name in exe.external_names("param"):
                 if name in self.params:
                     exe.bind(name, self.params[name], self.device_param(name))
@@ -172,13 +174,14 @@ class Model:
 
     def loss_and_grads(self, token_ids, labels=None, lora: LoRAConfig | None = None,
                        lora_params: dict[str, np.ndarray] | None = None,
-                       recompute: bool = False) -> tuple[float, dict[str, np.ndarray]]:
+                       recompute: bool = False, mlp_chunk: int = 0) -> tuple[float, dict[str, np.ndarray]]:
         """Loss and the gradient of every trainable parameter (all weights for a full fine-tune,
         the LoRA A/B matrices with `lora`), by our parameter names."""
         return self._train_step(token_ids, labels, grads=True, lora=lora, lora_params=lora_params,
-                                recompute=recompute)
+                                recompute=recompute, mlp_chunk=mlp_chunk)
 
-    def _train_step(self, token_ids, labels, grads: bool, lora=None, lora_params=None, recompute=False):
+    def _train_step(self, token_ids, labels, grads: bool, lora=None, lora_params=None, recompute=False,
+                    mlp_chunk=0):
         ids, pos, cu = pack(token_ids)
         self._check_ids(ids)
         docs = np.split(ids, cu[1:-1])
@@ -193,7 +196,8 @@ class Model:
         targets = shift_labels(label_docs)
         valid = targets != -100
         n_valid = int(valid.sum())
-        exe = self.executable("train", len(ids), len(cu) - 1, lora=lora, grads=grads, recompute=recompute)
+        exe = self.executable("train", len(ids), len(cu) - 1, lora=lora, grads=grads, recompute=recompute,
+                              mlp_chunk=mlp_chunk)
         self._feed(exe, ids, pos, cu, lora_params)
         exe.bind("targets", targets)
         out = {}

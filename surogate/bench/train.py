@@ -85,14 +85,14 @@ def batch_data(model: Model, batch: int, seq: int) -> tuple[np.ndarray, np.ndarr
 
 
 def bench_ours(model: Model, batch: int, seq: int, lora: LoRAConfig | None, steps: int, warmup: int,
-               recompute: bool, profile: bool = False, graphs: bool = True) -> Result:
+               recompute: bool, profile: bool = False, graphs: bool = True, mlp_chunk: int = 0) -> Result:
     from surogate import _native
 
     n = batch * seq
     on_gpu = model.device != "cpu"
     if on_gpu:
         _native.reset_peak_stats(model.device)
-    exe = model.executable("train", n, batch, lora=lora, grads=True, recompute=recompute)
+    exe = model.executable("train", n, batch, lora=lora, grads=True, recompute=recompute, mlp_chunk=mlp_chunk)
     if lora is not None:
         trainable = {k: v.astype(_np_dtype(model.dtype)) for k, v in init_lora(exe.graph, 0).items()}
         for k, v in trainable.items():
@@ -233,7 +233,7 @@ def bench_hf(model: Model, batch: int, seq: int, lora: LoRAConfig | None, steps:
 
 def run(shape: str, *, batch: int, seq: int, lora_rank: int, dtype: str, steps: int, warmup: int, vs: str | None,
         device: str, recompute: bool, profile: bool = False, graphs: bool = True,
-        qlora: str | None = None) -> list[Result]:
+        qlora: str | None = None, long_context: bool = False) -> list[Result]:
     from surogate.errors import InvalidArgumentError
     from surogate.model import resolve_device
 
@@ -244,7 +244,8 @@ def run(shape: str, *, batch: int, seq: int, lora_rank: int, dtype: str, steps: 
     if qlora:
         model = quantized(model, qlora)
     lora = LoRAConfig(rank=lora_rank, alpha=2 * lora_rank, targets=ALL_TARGETS) if lora_rank > 0 else None
-    results = [bench_ours(model, batch, seq, lora, steps, warmup, recompute, profile, graphs)]
+    chunk = min(batch * seq, model.spec.hidden_size) if long_context else 0  # the trainer's tiled-MLP rows
+    results = [bench_ours(model, batch, seq, lora, steps, warmup, recompute, profile, graphs, chunk)]
     if vs == "hf":
         if device != "cpu":
             from surogate import _native

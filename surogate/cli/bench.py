@@ -23,6 +23,7 @@ def train(
     vs: Annotated[str | None, typer.Option(help="Peer to run in the same process: hf.")] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto (a GPU when there is one).")] = "auto",
     recompute: Annotated[bool, typer.Option(help="Recompute each block's activations in backward.")] = False,
+    long_context: Annotated[bool, typer.Option(help="Tiled MLP: each dense MLP over chunks of hidden_size rows.")] = False,
     profile: Annotated[bool, typer.Option(help="Also print where one step's time goes, by op.")] = False,
     graphs: Annotated[bool, typer.Option(help="GPU: replay each step as CUDA graphs.")] = True,
     qlora: Annotated[str | None, typer.Option(help="QLoRA: our projections as GGML blocks of this type (Q8_0, "
@@ -33,7 +34,8 @@ def train(
     from surogate.bench.train import run
 
     run(model, batch=batch, seq=seq, lora_rank=lora_rank, dtype=dtype, steps=steps, warmup=warmup, vs=vs,
-        device=device, recompute=recompute, profile=profile, graphs=graphs, qlora=qlora)
+        device=device, recompute=recompute, profile=profile, graphs=graphs, qlora=qlora,
+        long_context=long_context)
 
 
 @app.command()

@@ -49,10 +49,10 @@ class MemoryReport:
 
 class Executable:
     def __init__(self, g: Graph, dims: dict[str, int], device: str = "cpu", keep: list[Value] = (),
-                 recompute: bool = False):
+                 recompute: bool = False, mlp_chunk: int = 0):
         self.graph = g
         self.device = device
-        self.lowered: Lowered = lower(g, dims, keep, recompute)
+        self.lowered: Lowered = lower(g, dims, keep, recompute, mlp_chunk)
         self.program = to_program(self.lowered, device)
         self._bound: dict[str, object] = {}  # name -> the host array (or the tensor) the caller bound
         self._tensors: dict[str, object] = {}  # name -> what the program reads (the host array on the CPU)

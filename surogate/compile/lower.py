@@ -12,6 +12,10 @@ graph lowered later (`lower_phase`: the optimizer step) is appended after everyt
 and writes the Program's buffers by value name (parameters, gradient accumulators), brings its
 own external buffers (optimizer state) and gets its temporaries planned around the ones
 already placed.
+
+With ``mlp_chunk`` (long_context) each dense MLP region is lowered by surogate/compile/tile.py
+over row chunks, through this same node lowering with the region's values mapped to row views
+and chunk temporaries (`_Lowering.rows_map`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from dataclasses import dataclass, field
 from surogate import _native
 from surogate.compile.buffers import Buf, Instr
 from surogate.compile.planner import plan
+from surogate.compile.tile import TiledMLP, find_mlps, lower_backward, lower_forward
 from surogate.dsl.graph import Graph, Node, Value, bind_shape
 from surogate.errors import InvalidArgumentError
 
@@ -33,6 +38,7 @@ class Lowered:
     arena_bytes: int = 0
     dims: dict[str, int] = field(default_factory=dict)
     phases: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> instructions [begin, end)
+    tiled_mlps: int = 0  # MLP regions lowered in row chunks (mlp_chunk)
 
 
 class _Lowering:
@@ -46,6 +52,13 @@ class _Lowering:
         # Recomputation: value name -> the buffer of its recomputed copy, consulted first.
         self.remap: dict[str, Buf] = {}
         self.cloning = False
+        # Tiled MLPs (surogate/compile/tile.py): node -> ("forward" | "backward" | "skip", region),
+        # the chunk rows, and while a chunk is lowered its value name -> chunk buffer map (consulted
+        # before everything) and first row (LoRA dropout's element offset).
+        self.tiles: dict[Node, tuple[str, TiledMLP]] = {}
+        self.chunk = 0
+        self.rows_map: dict[str, Buf] = {}
+        self.row0 = 0
 
     def new_buf(self, b: Buf) -> Buf:
         self.bufs.append(b)
@@ -54,6 +67,8 @@ class _Lowering:
     def buf(self, v: Value | None) -> Buf | None:
         if v is None:
             return None
+        if v.name in self.rows_map:
+            return self.rows_map[v.name]
         if v.name in self.remap:
             return self.remap[v.name]
         if self.cloning and v.kind == "act" and v.producer is not None and v.producer in self.cloning:
@@ -92,6 +107,14 @@ class _Lowering:
         self.cloning = False
 
     def node(self, n: Node) -> None:
+        tile = self.tiles.get(n) if not self.rows_map else None
+        if tile is not None:
+            what, region = tile
+            if what == "forward":
+                lower_forward(self, region)
+            elif what == "backward":
+                lower_backward(self, region)
+            return
         if n.op == "view":
             (x,), (y,) = n.inputs, n.outputs
             base = self.buf(x)
@@ -130,7 +153,9 @@ class _Lowering:
             return None, {}
         k = len(n.attrs["lora"])
         rng_at = 3 + 2 * k if n.op == "linear" else 3 + 3 * k
-        return self.buf(n.inputs[rng_at]), {"p": p, "offset": n.attrs["dropout_offset"]}
+        # In a row chunk the mask continues at the chunk's first element of the whole input.
+        x = self.buf(n.inputs[0 if n.op == "linear" else 1])
+        return self.buf(n.inputs[rng_at]), {"p": p, "offset": n.attrs["dropout_offset"] + self.row0 * x.shape[1]}
 
     def linear(self, n: Node) -> None:
         k = len(n.attrs["lora"])
@@ -229,13 +254,24 @@ def _block_of(n: Node) -> str | None:
     return prefix if all(x.startswith(prefix) for x in names) else None
 
 
-def lower(g: Graph, dims: dict[str, int], keep: list[Value] = (), recompute: bool = False) -> Lowered:
+def lower(g: Graph, dims: dict[str, int], keep: list[Value] = (), recompute: bool = False,
+          mlp_chunk: int = 0) -> Lowered:
     """Lower every node of g with symbolic dims bound; `keep` values stay alive to the end.
 
     recompute: activation checkpointing per decoder block. Only each block's inputs stay alive
     from the forward pass to the backward pass; the block's forward runs again right before
-    its backward (deterministic kernels: the gradients are bit-identical)."""
+    its backward (deterministic kernels: the gradients are bit-identical).
+
+    mlp_chunk: > 0 runs every dense MLP over chunks of that many rows, its interior recomputed
+    per chunk in backward (surogate/compile/tile.py; the original's long_context)."""
     lw = _Lowering(g, dims)
+    tiled = find_mlps(g) if mlp_chunk > 0 else []
+    lw.chunk = int(mlp_chunk)
+    for r in tiled:
+        lw.tiles[r.gate_up] = ("forward", r)
+        lw.tiles[r.act] = lw.tiles[r.down] = ("skip", r)
+        for j, n in enumerate(r.backward):
+            lw.tiles[n] = ("backward" if j == 0 else "skip", r)
     start = getattr(g, "backward_start", len(g.nodes))
     blocks: dict[str, list[Node]] = {}
     block_of_value: dict[str, str] = {}
@@ -270,7 +306,7 @@ def lower(g: Graph, dims: dict[str, int], keep: list[Value] = (), recompute: boo
     if hasattr(g, "backward_start"):
         at = end if backward_at is None else backward_at
         phases = {"forward": (0, at), "backward": (at, end)}
-    return Lowered(lw.instrs, lw.bufs, lw.by_value, arena, dict(dims), phases)
+    return Lowered(lw.instrs, lw.bufs, lw.by_value, arena, dict(dims), phases, len(tiled))
 
 
 def lower_phase(lowered: Lowered, name: str, g: Graph, keep: list[Value] = ()) -> tuple[int, int]:

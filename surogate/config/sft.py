@@ -112,6 +112,12 @@ class SFTConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen
     # -- precision and memory --
     recipe: Literal["bf16", "fp32"] = "bf16"  # fp32 for CPU runs and tests
     recompute: bool = False
+    # Tiled MLP: every dense MLP runs over chunks of min(tokens, hidden_size) rows, its [N, 2F]
+    # interior recomputed per chunk in backward; the activation peak stops growing with the MLP.
+    long_context: bool = False
+    # AdamW's moments and f32 masters in host memory, its step on the CPU (gradients copied down,
+    # weights up, once per step); a no-op on the CPU backend, where everything is host memory.
+    offload_optimizer: bool = False
     cuda_graphs: bool = True  # on a GPU: replay each step as CUDA graphs (shapes are static)
 
     # -- checkpoints, evaluation, logging --

@@ -68,11 +68,16 @@ class AdamW:
         self.master = {n: params[n].astype(np.float32) for n in self.names if params[n].dtype != np.float32}
         self.hp_buf = np.zeros(8, np.float32)
         self.step = 0
-        g, norm = self._graph()
+        self.prog = self._place(*self._graph())  # the Program that runs the step (HostAdamW: its own)
+
+    def _place(self, g: Graph, norm: Value) -> Executable:
+        """Compile the step as the training Program's `optimizer` phase and bind its state."""
+        exe = self.exe
         exe.add_phase(PHASE, g, keep=[norm])
         for key, arr in (("optimizer.hp", self.hp_buf), *self._buffers()):
             exe.bind(key, arr)
             assert exe.bound(key) is arr  # pull / push move data through these very arrays
+        return exe
 
     def _buffers(self):
         """(buffer name, host array) of every state array the phase reads and updates."""
@@ -112,14 +117,14 @@ class AdamW:
         self.step += 1
         h = self.hp
         self.hp_buf[:] = [lr, h.beta1, h.beta2, h.eps, h.weight_decay, self.step, h.max_grad_norm, 0.0]
-        self.exe.push("optimizer.hp")
-        self.exe.run(PHASE)
-        return float(self.exe.read(NORM)[0])
+        self.prog.push("optimizer.hp")
+        self.prog.run(PHASE)
+        return float(self.prog.read(NORM)[0])
 
     def sync_to_host(self) -> None:
         """Bring the device's moments and master weights into the host arrays (no-op on the CPU)."""
         for key, _ in self._buffers():
-            self.exe.pull(key)
+            self.prog.pull(key)
 
     # ---- checkpoint state -------------------------------------------------------------------
     def _arrays(self):
@@ -151,7 +156,7 @@ class AdamW:
         for key, arr in arrays:
             arr[...] = state[key].reshape(arr.shape)
         for key, _ in self._buffers():
-            self.exe.push(key)
+            self.prog.push(key)
 
     def state_nbytes(self) -> int:
         """Bytes of moment state (m, v and their scales; master weights not counted)."""

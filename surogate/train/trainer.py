@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -122,9 +123,19 @@ class Trainer:
         """Tokens per batch row: a micro-batch is B rows, N = B * this tokens."""
         return self.cfg.sequence_len
 
+    @property
+    def mlp_chunk(self) -> int:
+        """Rows per chunk of a tiled MLP (long_context: min(tokens, hidden_size), the original's
+        choice), 0 when off."""
+        return min(self.N, self.model.spec.hidden_size) if self.cfg.long_context else 0
+
     def _build(self) -> None:
         m = self.model
-        self.exe = m.executable("train", self.N, self.N, lora=self.lora, grads=True, recompute=self.cfg.recompute)
+        self.exe = m.executable("train", self.N, self.N, lora=self.lora, grads=True, recompute=self.cfg.recompute,
+                                mlp_chunk=self.mlp_chunk)
+        if self.mlp_chunk and not self.exe.lowered.tiled_mlps:
+            raise ConfigError(f"long_context: {self.cfg.model} has no dense MLP to tile (its MLPs are experts)",
+                              where="long_context", hint="remove long_context; recompute: true bounds a MoE's memory")
         storage = _np_dtype(m.dtype)
         if self.lora is not None:
             g = self.exe.graph
@@ -145,9 +156,10 @@ class Trainer:
             self.exe.bind(name, arr)
             self.grads[name] = arr
         c = self.cfg
-        self.opt = AdamW(self.exe, self.trainable, AdamWParams(c.learning_rate, c.adamw_beta1, c.adamw_beta2,
-                                                               c.adamw_epsilon, c.weight_decay, c.max_grad_norm),
-                         bits=8 if c.optimizer == "adamw_8bit" else 32)
+        optimizer = self._optimizer_class()
+        self.opt = optimizer(self.exe, self.trainable, AdamWParams(c.learning_rate, c.adamw_beta1, c.adamw_beta2,
+                                                                   c.adamw_epsilon, c.weight_decay, c.max_grad_norm),
+                             bits=8 if c.optimizer == "adamw_8bit" else 32)
         # Persistent input arrays: refilled in place each micro-batch, bound once.
         self.inputs = {"input_ids": np.zeros(self.N, np.int32), "position_ids": np.zeros(self.N, np.int32),
                        "cu_seqlens": np.zeros(self.N + 1, np.int32), "targets": np.zeros(self.N, np.int32),
@@ -164,13 +176,26 @@ class Trainer:
         self.exe.use_graphs(self.cfg.cuda_graphs)  # GPU: each micro-batch and optimizer step is one graph
         self.eval_exe = None
         if self.eval_data is not None:
-            self.eval_exe = m.executable("train", self.N, self.N, lora=self.lora, grads=False)
+            self.eval_exe = m.executable("train", self.N, self.N, lora=self.lora, grads=False,
+                                         mlp_chunk=self.mlp_chunk)
             # The same device buffers as the training program (the weights come from the model).
             for n, a in self.trainable.items() if self.lora is not None else ():
                 self.eval_exe.bind(n, a, self.exe.tensor(n))
             for n in ("input_ids", "position_ids", "cu_seqlens", "targets"):
                 self.eval_exe.bind(n, self.inputs[n], self.exe.tensor(n))
             self.eval_exe.use_graphs(self.cfg.cuda_graphs)
+
+    def _optimizer_class(self):
+        """AdamW in the training Program, or on the host with offload_optimizer on a GPU."""
+        if not self.cfg.offload_optimizer:
+            return AdamW
+        if self.exe.device == "cpu":
+            logging.getLogger(__name__).info("offload_optimizer: on the CPU the optimizer state is in host memory "
+                                             "already; nothing to offload")
+            return AdamW
+        from surogate.train.offload import HostAdamW
+
+        return HostAdamW
 
     def reference_executable(self):
         """A forward-only Program of the reference policy over the training step's inputs (DPO, GRPO):
