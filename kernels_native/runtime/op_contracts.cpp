@@ -83,6 +83,9 @@ constexpr OpContract kContracts[] = {
      "(x[rows, cols] f32/bf16/f16) -> (q[rows, bytes_per_row] u8); attrs: type (ggml id)"},
     {"gguf_matmul", 2, 2, 1, -1,
      "(x[N, K] f32/bf16/f16, Wq[M, bytes_per_row(K)] u8) -> (y[N, M] = x @ dequant(Wq)^T); attrs: type"},
+    {"nf4_dequantize", 2, 4, 1, -1,
+     "(q[rows, cols/2] u8, absmax[blocks] f32 | u8, [absmax_scale f32, absmax_offset[1] f32]) -> "
+     "(y[rows, cols] f32/bf16/f16): bitsandbytes' NF4 (double-quantized with a u8 absmax); attr blocksize"},
     {"dropout_fwd", 1, 2, 1, -1,
      "(x, [rng int32[2] | int64[1]]) -> (y = mask * x / (1-p)); mask a hash of (seed ^ rng, offset + i); "
      "attrs: p, seed, offset. Backward: the same op on dy"},

@@ -50,6 +50,10 @@ class TrainResult:
 def qlora_load_args(cfg) -> dict:
     """load_model's keywords for ``qlora_gguf``: a GGUF model's own blocks (true) or projections
     quantized at load (a type name); nothing without it."""
+    if getattr(cfg, "qlora_bnb", False):
+        from surogate.io.nf4 import NF4Spec
+
+        return {"quantize": "NF4", "nf4": NF4Spec(cfg.qlora_bnb_block_size, cfg.qlora_bnb_double_quant)}
     q = cfg.qlora_gguf
     if q is False:
         return {}
@@ -200,6 +204,8 @@ class Trainer:
             key.append(c.lora_dropout)
         if c.qlora_gguf is not False:
             key.append(["qlora_gguf", c.qlora_gguf])
+        if c.qlora_bnb:
+            key.append(["qlora_bnb", c.qlora_bnb_block_size, c.qlora_bnb_double_quant])
         if c.train_router is not None or c.router_z_loss_coef:  # likewise
             key.append(["moe", c.train_router, c.router_z_loss_coef])
         return hashlib.sha256(json.dumps(key, default=str).encode()).hexdigest()[:16]
@@ -381,7 +387,13 @@ class Trainer:
             adapter = save_peft_adapter(self.out / "adapter", self._trainable_state(), self.lora, base_model=c.model)
             write_sidecars(source, adapter)  # a tokenizer beside the adapter, as peft users expect
             merged = None
-            if c.merge_adapter and m.quant:  # QLoRA: fold into the full-precision base, not the blocks
+            if c.merge_adapter and c.qlora_bnb:  # NF4: the dequantized base + the adapter, in bf16
+                from surogate.model import nf4_dequantized
+
+                hf = m.to_hf(nf4_dequantized(m))
+                merged = save_hf_folder(self.out / "merged", merge_into_hf(hf, self._trainable_state(), self.lora),
+                                        m.config, source=source, dtype="bfloat16")
+            elif c.merge_adapter and m.quant:  # QLoRA: fold into the full-precision base, not the blocks
                 from surogate.train.export import merge_adapter
 
                 merged = merge_adapter(c.model, adapter, self.out / "merged")
