@@ -118,6 +118,29 @@ def test_sft_with_qlora_bnb_learns_saves_a_peft_adapter_and_merges_in_bf16(tmp_p
     assert np.abs(got - want).max() < 0.05 * np.abs(want).max(), np.abs(got - want).max()  # bf16 rounding only
 
 
+def test_the_example_yaml_trains_and_its_adapter_loads_in_peft(tmp_path, data):
+    """configs/sft-qlora-bnb-llama.yaml with only the model, data and size keys changed."""
+    import yaml
+    from pathlib import Path
+
+    from surogate.config import load_config
+
+    raw = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" / "sft-qlora-bnb-llama.yaml").read_text())
+    base = make_model("llama", tmp_path / "base", seed=5)
+    raw.update(model=str(base), output_dir=str(tmp_path / "out"), datasets=[{"path": str(data), "type": "messages"}],
+               device="cpu", recipe="fp32", sequence_len=128, max_steps=6, learning_rate=2e-2, eval_steps=0,
+               save_steps=0, per_device_train_batch_size=2, gradient_accumulation_steps=2, recompute=False,
+               optimizer="adamw", warmup_ratio=0.0, lr_scheduler_type="constant")
+    cfg = load_config(raw, kind="sft")
+    assert cfg.qlora_bnb and cfg.qlora_bnb_block_size == 64 and cfg.qlora_bnb_double_quant
+    result = Trainer(cfg).train()
+    losses = step_losses(tmp_path / "out")
+    assert len(losses) == 6 and losses[-1] < losses[0] - 0.3, losses
+    ref = transformers.AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    pm = peft.PeftModel.from_pretrained(ref, str(result.output))
+    assert any("lora_A" in n for n, _ in pm.named_parameters())
+
+
 def test_qlora_bnb_config_errors(tmp_path, data):
     base = make_model("llama", tmp_path / "base", seed=5)
     with pytest.raises(ConfigError, match="qlora_bnb"):
