@@ -116,6 +116,12 @@ constexpr OpContract kContracts[] = {
     {"adamw8", 1, V, 0, -1,
      "(hp[8], [norm[1]], then (param, [master], grad, m_q u8, m_scale f32, v_q u8, v_scale f32) per group) "
      "-> () updates in place; 8-bit blockwise (256) cubic-code states; attrs: no_decay"},
+    {"muon_momentum", 4, 4, 1, -1,
+     "(hp[8], [norm[1]], grad[R,C], m[R,C] f32) -> (x f32 [R,C] | [C,R]: the (Nesterov) momentum over its "
+     "Frobenius norm, Newton-Schulz's input); m updated in place; attrs: nesterov, transpose"},
+    {"muon_update", 3, 5, 0, -1,
+     "(hp[8], o f32 [R,C] | [C,R], param[R,C], [master f32], [v[R] f32]) -> () updates in place: Muon, or "
+     "NorMuon's neuron-wise normalized step with v; attrs: transpose, cautious, scale"},
 };
 
 #undef SG_ROPE_ATTRS

@@ -72,9 +72,6 @@ def qlora_load_args(cfg) -> dict:
 class Trainer:
     def __init__(self, cfg: SFTConfig, model: Model | None = None, stream=None):
         self.cfg = cfg
-        if cfg.optimizer not in ("adamw", "adamw_8bit"):
-            raise ConfigError(f"optimizer {cfg.optimizer!r} is not built yet", where="optimizer",
-                              hint="use optimizer: adamw or adamw_8bit")
         self.out = Path(cfg.output_dir)
         self.model = model or load_model(cfg.model, device=resolve_device(cfg.device), dtype=cfg.dtype,
                                          **qlora_load_args(cfg))
@@ -149,9 +146,14 @@ class Trainer:
             self.exe.bind(name, arr)
             self.grads[name] = arr
         c = self.cfg
-        self.opt = AdamW(self.exe, self.trainable, AdamWParams(c.learning_rate, c.adamw_beta1, c.adamw_beta2,
-                                                               c.adamw_epsilon, c.weight_decay, c.max_grad_norm),
-                         bits=8 if c.optimizer == "adamw_8bit" else 32)
+        adam = AdamWParams(c.learning_rate, c.adamw_beta1, c.adamw_beta2, c.adamw_epsilon, c.weight_decay,
+                           c.max_grad_norm)
+        if c.optimizer in ("muon", "normuon"):
+            from surogate.train.muon import Muon, muon_params
+
+            self.opt = Muon(self.exe, self.trainable, adam, muon_params(c), name_table=m.family.name_table())
+        else:
+            self.opt = AdamW(self.exe, self.trainable, adam, bits=8 if c.optimizer == "adamw_8bit" else 32)
         # Persistent input arrays: refilled in place each micro-batch, bound once.
         self.inputs = {"input_ids": np.zeros(self.N, np.int32), "position_ids": np.zeros(self.N, np.int32),
                        "cu_seqlens": np.zeros(self.N + 1, np.int32), "targets": np.zeros(self.N, np.int32),
