@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import surogate  # noqa: E402
-from sgtest.qa import sft_config, step_losses, write_qa  # noqa: E402
+from sgtest.qa import interrupt_after, sft_config, step_losses, step_records, write_qa  # noqa: E402
 from sgtest.tiny_models import make_model  # noqa: E402
 from surogate.dsl.nn import LoRAConfig  # noqa: E402
 from surogate.model import pack, shift_labels  # noqa: E402
@@ -209,3 +209,25 @@ def test_sft_trains_with_the_optimizer_keys(tmp_path, optimizer):
     t.train()
     losses = step_losses(tmp_path / "out")
     assert losses[-1] < losses[0] - 0.3, losses
+
+
+def test_a_resumed_normuon_run_reproduces_the_uninterrupted_curve(tmp_path):
+    from surogate.train.checkpoint import latest_checkpoint
+
+    data = write_qa(tmp_path / "qa.jsonl")
+    base = make_model("llama", tmp_path / "base", seed=5)
+
+    def cfg(out, **kw):
+        return sft_config(base, data, out, optimizer="normuon", lora=False, learning_rate=5e-3, save_steps=3,
+                          sequence_len=128, weight_decay=0.01, **kw)
+
+    Trainer(cfg(tmp_path / "a")).train()
+    want = step_losses(tmp_path / "a")
+    interrupted = Trainer(cfg(tmp_path / "b"))
+    interrupt_after(interrupted, 4)
+    with pytest.raises(KeyboardInterrupt):
+        interrupted.train()
+    assert latest_checkpoint(tmp_path / "b" / "checkpoints").name == "step_00000003"
+    Trainer(cfg(tmp_path / "b", resume_from_checkpoint=True)).train()
+    by_step = {r["step"]: r["loss"] for r in step_records(tmp_path / "b")}
+    assert [by_step[s] for s in range(1, 7)] == want
