@@ -90,6 +90,25 @@ def test_the_base_stays_four_bit(tmp_path):
         assert (q.params[name].nbytes + state) / full.params[name].nbytes < 4.2 / 32
 
 
+def test_bf16_training_step_decodes_to_bf16_and_tracks_f32(tmp_path):
+    path = make_model("llama", tmp_path / "base", seed=3)
+    lora = LoRAConfig(rank=4, alpha=8, targets=("q_proj", "down_proj"))
+    ids = np.random.default_rng(1).integers(0, 256, 21)
+    out = {}
+    for dtype in ("float32", "bfloat16"):
+        m = surogate.load_model(path, dtype=dtype, quantize="NF4")
+        exe = m.executable("train", len(ids), 1, lora=lora, grads=True)
+        b0, b1 = exe.lowered.phases["backward"]
+        deq = [i for i in exe.lowered.instrs if i.op == "nf4_dequantize"]
+        bwd = [i for i in exe.lowered.instrs[b0:b1] if i.op == "nf4_dequantize"]
+        # Forward: every quantized projection; backward: each one whose input needs a gradient
+        # (not the first layer's q/k/v: nothing below them trains). Temps in the step's dtype.
+        assert len(deq) - len(bwd) == len(m.quant) and len(bwd) == len(m.quant) - 3
+        assert all(i.outputs[0].dtype == dtype and i.outputs[0].kind == "internal" for i in deq)
+        out[dtype] = m.loss(ids)
+    assert out["bfloat16"] == pytest.approx(out["float32"], rel=2e-2)
+
+
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     return write_qa(tmp_path_factory.mktemp("data") / "qa.jsonl")
