@@ -19,9 +19,9 @@ HP = np.array([0.02, 0.95, 0.9, 1e-8, 0.1, 3, 0.5, 0], np.float32)
 
 
 def call(device, name, ins, outs, attrs):
-    """Run op on device; inputs updated in place come back too (as numpy)."""
-    ti = [None if x is None else _native.tensor(np.ascontiguousarray(x)).to(device) for x in ins]
-    to = [_native.tensor(np.ascontiguousarray(x)).to(device) for x in outs]
+    """Run op on device over copies of the arrays; inputs updated in place come back too (as numpy)."""
+    ti = [None if x is None else _native.tensor(np.array(x, copy=True)).to(device) for x in ins]
+    to = [_native.tensor(np.array(x, copy=True)).to(device) for x in outs]
     _native.call_op(name, ti, to, attrs)
     return [None if t is None else t.to("cpu").numpy() for t in ti], [t.to("cpu").numpy() for t in to]
 
