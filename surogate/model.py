@@ -262,15 +262,18 @@ def resolve_device(device: str) -> str:
 
 
 def load_model(path_or_id: str | Path, device: str = "cpu", dtype: str = "float32", *,
-               download: bool = False, quantized: bool = False, quantize: str | None = None) -> Model:
+               download: bool = False, quantized: bool = False, quantize: str | None = None,
+               nf4=None) -> Model:
     """Load a Hugging Face model folder (or a hub id found in the local cache), or a GGUF file:
     its tensors dequantized to ``dtype`` at load, or with ``quantized`` its quantized projection
     weights kept as GGML blocks and multiplied as they are (llama.cpp's way: a fraction of the
     memory). ``quantize`` (a `surogate quantize` type: Q8_0, Q6_K, Q5_K_M, Q4_K_M) turns the
     projection weights of any checkpoint into such blocks at load instead. Blocks are frozen:
     a LoRA trains over them (QLoRA), the gradient reaching the input through the dequantized
-    weight."""
+    weight. ``quantize="NF4"``: bitsandbytes' NF4 instead (QLoRA's base), with ``nf4`` an
+    `NF4Spec` (block size, double quantization; default 64 and on)."""
     from surogate.io import ModelFolder, Tokenizer, resolve_model_path
+    from surogate.io.nf4 import NF4Spec
     from surogate.io.gguf import GGUFFile, is_gguf
 
     device = resolve_device(device)
@@ -295,6 +298,7 @@ def load_model(path_or_id: str | Path, device: str = "cpu", dtype: str = "float3
     if quantized and quantize:
         raise InvalidArgumentError("quantized=True keeps the file's blocks; quantize= makes new ones: pick one")
     quant: dict[str, np.ndarray] = {}
+    nf4 = nf4 or NF4Spec()
     if gguf:
         from surogate.models.gguf_names import load_gguf_params
 
@@ -314,7 +318,12 @@ def load_model(path_or_id: str | Path, device: str = "cpu", dtype: str = "float3
         # A weights-only folder still loads (token ids in, logits out); a damaged tokenizer does not.
         tokenizer = Tokenizer.from_folder(folder) if (folder.path / "tokenizer.json").is_file() else None
         source = folder.path
-    if quantize:
+    if quantize and quantize.upper() == "NF4":
+        quant = nf4_projections(params, projections(family.architecture(spec), dtype), nf4)
+        for n, t in quant.items():
+            params.update(t.tensors(n))
+        quant = {n: (nf4, None) for n in quant}
+    elif quantize:
         quant = _quantize_projections(params, projections(family.architecture(spec), dtype), quantize,
                                       spec.num_layers)
         params.update({n: raw for n, (_, raw) in quant.items()})
@@ -344,6 +353,31 @@ def projections(arch, dtype: str) -> list:
         else:
             elsewhere.update(v.name for v in n.inputs if v is not None)
     return [v for name, v in seen.items() if name not in elsewhere]
+
+
+def nf4_projections(params: dict[str, np.ndarray], weights, spec) -> dict:
+    """Each projection weight in bitsandbytes' NF4 layout (`NF4Weight`), as bnb's quantize_4bit
+    makes it from the loaded values; a weight whose rows are no whole number of blocks stays as
+    it is."""
+    from surogate.io.nf4 import quantize_nf4
+
+    return {p.name: quantize_nf4(params[p.name], spec.blocksize, spec.double_quant)
+            for p in weights if p.shape[1] % spec.blocksize == 0}
+
+
+def nf4_dequantized(model: Model) -> dict[str, np.ndarray]:
+    """The model's parameters with every NF4 weight decoded to f32 and its state tensors dropped
+    (what a merge writes, and what peft multiplies in the tests)."""
+    from surogate.io.nf4 import NF4Weight, dequantize_nf4
+
+    out = dict(model.params)
+    for name, spec in model.quant.items():
+        if hasattr(spec, "blocksize"):
+            t = NF4Weight.from_tensors(out, name, spec)
+            for k in t.tensors(name):
+                out.pop(k)
+            out[name] = dequantize_nf4(t)
+    return out
 
 
 def _quantize_projections(params: dict[str, np.ndarray], weights, qtype: str,

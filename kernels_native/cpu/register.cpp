@@ -14,6 +14,8 @@ void register_cpu_attention(OpRegistry& reg);
 void register_cpu_cross_entropy(OpRegistry& reg);
 void register_cpu_optimizer(OpRegistry& reg);
 void register_cpu_gguf(OpRegistry& reg);
+void register_cpu_nf4(OpRegistry& reg);
+void register_cpu_muon(OpRegistry& reg);
 void register_cpu_paged_attention(OpRegistry& reg);
 void register_cpu_qkv_rope_cache(OpRegistry& reg);
 void register_cpu_dropout(OpRegistry& reg);
@@ -33,6 +35,8 @@ void register_cpu_ops(OpRegistry& reg) {
   cpu::register_cpu_cross_entropy(reg);
   cpu::register_cpu_optimizer(reg);
   cpu::register_cpu_gguf(reg);
+  cpu::register_cpu_nf4(reg);
+  cpu::register_cpu_muon(reg);
   cpu::register_cpu_paged_attention(reg);
   cpu::register_cpu_qkv_rope_cache(reg);
   cpu::register_cpu_dropout(reg);

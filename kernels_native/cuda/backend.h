@@ -34,6 +34,8 @@ void register_cuda_embed_optim(OpRegistry& reg);  // embedding fwd / bwd, dropou
 void register_cuda_paged_attention(OpRegistry& reg);  // kv_cache_write and paged_attention (serving)
 void register_cuda_qkv_rope_cache(OpRegistry& reg);  // qkv_rope_cache (serving: q / k rope + KV cache write)
 void register_cuda_gguf(OpRegistry& reg);  // gguf_dequantize and gguf_matmul
+void register_cuda_nf4(OpRegistry& reg);   // nf4_dequantize
+void register_cuda_muon(OpRegistry& reg);  // muon_momentum and muon_update
 void register_cuda_fused_matmul(OpRegistry& reg);  // gated_matmul and add_rmsnorm_matmul (serving)
 void register_cuda_short_conv(OpRegistry& reg);  // short_conv_fwd / _bwd / _cache (LFM2's gated short convolution)
 void register_cuda_moe(OpRegistry& reg);  // MoE router, permute / unpermute, load-balancing loss (fwd + bwd)

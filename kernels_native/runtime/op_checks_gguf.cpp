@@ -105,4 +105,46 @@ Status check_gguf_matmul(const OpArgs& a, GgufArgs* r) {
   return Status::OK();
 }
 
+Status check_nf4_dequantize(const OpArgs& a, Nf4Args* r) {
+  const Tensor& q = a.in(0);
+  const Tensor& absmax = a.in(1);
+  const Tensor& y = a.out(0);
+  SG_RETURN_IF_ERROR(check_ndim("nf4_dequantize", "q", q, 2));
+  SG_RETURN_IF_ERROR(check_ndim("nf4_dequantize", "y", y, 2));
+  SG_RETURN_IF_ERROR(check_dtype("nf4_dequantize", "q", q, {DType::kU8}));
+  SG_RETURN_IF_ERROR(check_dtype("nf4_dequantize", "absmax", absmax, {DType::kF32, DType::kU8}));
+  SG_RETURN_IF_ERROR(check_dtype("nf4_dequantize", "y", y, {DType::kF32, DType::kBF16, DType::kF16}));
+  SG_RETURN_IF_ERROR(check_contiguous("nf4_dequantize", "q", q));
+  SG_RETURN_IF_ERROR(check_contiguous("nf4_dequantize", "absmax", absmax));
+  SG_RETURN_IF_ERROR(check_contiguous("nf4_dequantize", "y", y));
+  r->rows = y.size(0);
+  r->cols = y.size(1);
+  r->blocksize = a.attr().get_int("blocksize", 64);
+  SG_CHECK_ARG(r->blocksize >= 2 && r->blocksize % 2 == 0,
+               str_cat("nf4_dequantize: blocksize ", r->blocksize, " must be even and positive"));
+  SG_CHECK_SHAPE(q.size(0) == r->rows && q.size(1) * 2 == r->cols,
+                 str_cat("nf4_dequantize: q ", q.shape_str(), " should be [", r->rows, ", ", r->cols / 2, "] for y ",
+                         y.shape_str()));
+  SG_CHECK_SHAPE(r->cols % r->blocksize == 0, str_cat("nf4_dequantize: a row of ", r->cols, " values is not a whole "
+                                                      "number of ", r->blocksize, "-value blocks"));
+  r->blocks = r->rows * r->cols / r->blocksize;
+  SG_CHECK_SHAPE(absmax.numel() == r->blocks, str_cat("nf4_dequantize: absmax has ", absmax.numel(), " values, the ",
+                                                      "weight has ", r->blocks, " blocks of ", r->blocksize));
+  r->double_quant = absmax.dtype == DType::kU8;
+  SG_CHECK_ARG(r->double_quant == (a.has_in(2) && a.has_in(3)),
+               r->double_quant ? "nf4_dequantize: a u8 (double-quantized) absmax needs absmax_scale and absmax_offset"
+                               : "nf4_dequantize: absmax_scale / absmax_offset go with a u8 absmax only");
+  if (r->double_quant) {
+    const Tensor& scale = a.in(2);
+    const Tensor& offset = a.in(3);
+    SG_RETURN_IF_ERROR(check_dtype("nf4_dequantize", "absmax_scale", scale, {DType::kF32}));
+    SG_RETURN_IF_ERROR(check_dtype("nf4_dequantize", "absmax_offset", offset, {DType::kF32}));
+    const int64_t want = (r->blocks + 255) / 256;
+    SG_CHECK_SHAPE(scale.numel() == want, str_cat("nf4_dequantize: absmax_scale has ", scale.numel(),
+                                                  " values, should be ", want));
+    SG_CHECK_SHAPE(offset.numel() == 1, "nf4_dequantize: absmax_offset must hold one value");
+  }
+  return Status::OK();
+}
+
 }  // namespace surogate

@@ -24,4 +24,14 @@ Status check_gguf_dequantize(const OpArgs& a, GgufArgs* r);
 Status check_gguf_quantize(const OpArgs& a, GgufArgs* r);
 Status check_gguf_matmul(const OpArgs& a, GgufArgs* r);
 
+// nf4_dequantize: bitsandbytes' NF4 layout (core/nf4_codes.h, surogate/io/nf4.py):
+//   (q[rows, cols/2] u8, absmax[blocks] f32 | u8, [absmax_scale[ceil(blocks/256)] f32,
+//    absmax_offset[1] f32]) -> (y[rows, cols] f32/bf16/f16); attr blocksize (64).
+// A u8 absmax is double-quantized: it needs absmax_scale and absmax_offset.
+struct Nf4Args {
+  int64_t rows = 0, cols = 0, blocksize = 64, blocks = 0;
+  bool double_quant = false;
+};
+Status check_nf4_dequantize(const OpArgs& a, Nf4Args* r);
+
 }  // namespace surogate

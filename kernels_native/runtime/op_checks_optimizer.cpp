@@ -145,4 +145,74 @@ Status check_adamw8(const OpArgs& a, AdamwArgs* r) {
   return check_adam(a, "adamw8", kGroup8, "param, master or None, grad, m_q, m_scale, v_q, v_scale", check_group8, r);
 }
 
+namespace {
+
+Status check_hp(const char* op, const OpArgs& a) {
+  const Tensor& hp = a.in(0);
+  SG_CHECK_ARG(hp.dtype == DType::kF32 && hp.numel() == 8 && hp.is_contiguous(),
+               str_cat(op, ": hp ", hp.describe(), " must be a contiguous float32 [8]"));
+  return Status::OK();
+}
+
+Status check_f32_writable(const char* op, const char* what, const Tensor& t, int64_t numel) {
+  SG_CHECK(t.dtype == DType::kF32, StatusCode::kDTypeUnsupported,
+           str_cat(op, ": ", what, " ", t.describe(), " must be float32"), "");
+  SG_CHECK_ARG(t.is_contiguous(), str_cat(op, ": ", what, " ", t.describe(), " must be contiguous"));
+  SG_CHECK_SHAPE(t.numel() == numel, str_cat(op, ": ", what, " ", t.describe(), " should have ", numel, " elements"));
+  SG_CHECK_ARG(!t.readonly, str_cat(op, ": ", what, " is read-only, but ", op, " updates it in place"));
+  return Status::OK();
+}
+
+// o (or x): [R, C], or [C, R] with transpose.
+Status check_oriented(const char* op, const char* what, const Tensor& t, const MuonArgs& r) {
+  const int64_t want0 = r.transpose ? r.cols : r.rows, want1 = r.transpose ? r.rows : r.cols;
+  SG_CHECK_SHAPE(t.ndim == 2 && t.size(0) == want0 && t.size(1) == want1,
+                 str_cat(op, ": ", what, " ", t.describe(), " should be [", want0, ", ", want1, "]",
+                         r.transpose ? " (transpose)" : ""));
+  SG_CHECK(t.dtype == DType::kF32 && t.is_contiguous(), StatusCode::kDTypeUnsupported,
+           str_cat(op, ": ", what, " ", t.describe(), " must be a contiguous float32 matrix"), "");
+  return Status::OK();
+}
+
+// attrs row0, rows: the rows of the matrix t that form this Muon matrix (one part of a fused
+// projection, e.g. gate of gate_up); default all of them. transpose: as the header says.
+Status row_range(const char* op, const OpArgs& a, const Tensor& t, MuonArgs* r) {
+  r->row0 = a.attr().get_int("row0", 0);
+  r->rows = a.attr().get_int("rows", t.size(0) - r->row0);
+  r->cols = t.size(1);
+  r->transpose = a.attr().get_bool("transpose", false);
+  SG_CHECK_ARG(r->row0 >= 0 && r->rows > 0 && r->row0 + r->rows <= t.size(0),
+               str_cat(op, ": rows [", r->row0, ", ", r->row0 + r->rows, ") are not inside ", t.describe()));
+  return Status::OK();
+}
+
+}  // namespace
+
+Status check_muon_momentum(const OpArgs& a, MuonArgs* r) {
+  SG_RETURN_IF_ERROR(check_hp("muon_momentum", a));
+  const Tensor& g = a.in(2);
+  SG_CHECK_SHAPE(g.ndim == 2, str_cat("muon_momentum: grad ", g.describe(), " must be a matrix"));
+  SG_CHECK_ARG(g.is_contiguous(), str_cat("muon_momentum: grad ", g.describe(), " must be contiguous"));
+  SG_CHECK(g.dtype == DType::kF32 || g.dtype == DType::kBF16 || g.dtype == DType::kF16,
+           StatusCode::kDTypeUnsupported, str_cat("muon_momentum: grad ", g.describe(), " must be a float tensor"), "");
+  SG_RETURN_IF_ERROR(row_range("muon_momentum", a, g, r));
+  SG_RETURN_IF_ERROR(check_f32_writable("muon_momentum", "m", a.in(3), g.numel()));
+  return check_oriented("muon_momentum", "x", a.out(0), *r);
+}
+
+Status check_muon_update(const OpArgs& a, MuonArgs* r) {
+  SG_RETURN_IF_ERROR(check_hp("muon_update", a));
+  const Tensor& p = a.in(2);
+  SG_CHECK_SHAPE(p.ndim == 2, str_cat("muon_update: param ", p.describe(), " must be a matrix"));
+  SG_CHECK_ARG(p.is_contiguous() && !p.readonly, str_cat("muon_update: param ", p.describe(),
+                                                         " must be contiguous and writable"));
+  SG_CHECK(p.dtype == DType::kF32 || p.dtype == DType::kBF16 || p.dtype == DType::kF16,
+           StatusCode::kDTypeUnsupported, str_cat("muon_update: param ", p.describe(), " must be a float tensor"), "");
+  SG_RETURN_IF_ERROR(row_range("muon_update", a, p, r));
+  SG_RETURN_IF_ERROR(check_oriented("muon_update", "o", a.in(1), *r));
+  if (a.has_in(3)) SG_RETURN_IF_ERROR(check_f32_writable("muon_update", "master", a.in(3), p.numel()));
+  if (a.has_in(4)) SG_RETURN_IF_ERROR(check_f32_writable("muon_update", "v", a.in(4), p.size(0)));
+  return Status::OK();
+}
+
 }  // namespace surogate

@@ -34,4 +34,19 @@ struct AdamwArgs {
 Status check_adamw(const OpArgs& a, AdamwArgs* r);
 Status check_adamw8(const OpArgs& a, AdamwArgs* r);
 
+// Muon / NorMuon (cpu/muon.cpp's header has the math; the Newton-Schulz iterations between the
+// two ops are the Program's own matmuls):
+//   muon_momentum (hp[8] f32, [norm[1] f32], grad[R,C], m[R,C] f32) -> (x f32 [R,C], or [C,R] with
+//                 attr transpose); m updated in place; attr nesterov
+//   muon_update   (hp[8] f32, o f32 [R,C] or [C,R] (transpose), param[R,C], [master[R,C] f32],
+//                 [v f32, one per row of param]) -> (); param, master, v updated in place; NorMuon exactly when v is
+//                 given; attrs transpose, cautious, scale (Muon's shape factor)
+// attrs row0 / rows: a row range of grad, m, param and master (one part of a fused projection).
+struct MuonArgs {
+  int64_t row0 = 0, rows = 0, cols = 0;
+  bool transpose = false;
+};
+Status check_muon_momentum(const OpArgs& a, MuonArgs* r);
+Status check_muon_update(const OpArgs& a, MuonArgs* r);
+
 }  // namespace surogate

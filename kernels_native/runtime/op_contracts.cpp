@@ -83,6 +83,9 @@ constexpr OpContract kContracts[] = {
      "(x[rows, cols] f32/bf16/f16) -> (q[rows, bytes_per_row] u8); attrs: type (ggml id)"},
     {"gguf_matmul", 2, 2, 1, -1,
      "(x[N, K] f32/bf16/f16, Wq[M, bytes_per_row(K)] u8) -> (y[N, M] = x @ dequant(Wq)^T); attrs: type"},
+    {"nf4_dequantize", 2, 4, 1, -1,
+     "(q[rows, cols/2] u8, absmax[blocks] f32 | u8, [absmax_scale f32, absmax_offset[1] f32]) -> "
+     "(y[rows, cols] f32/bf16/f16): bitsandbytes' NF4 (double-quantized with a u8 absmax); attr blocksize"},
     {"dropout_fwd", 1, 2, 1, -1,
      "(x, [rng int32[2] | int64[1]]) -> (y = mask * x / (1-p)); mask a hash of (seed ^ rng, offset + i); "
      "attrs: p, seed, offset. Backward: the same op on dy"},
@@ -113,6 +116,12 @@ constexpr OpContract kContracts[] = {
     {"adamw8", 1, V, 0, -1,
      "(hp[8], [norm[1]], then (param, [master], grad, m_q u8, m_scale f32, v_q u8, v_scale f32) per group) "
      "-> () updates in place; 8-bit blockwise (256) cubic-code states; attrs: no_decay"},
+    {"muon_momentum", 4, 4, 1, -1,
+     "(hp[8], [norm[1]], grad[R,C], m[R,C] f32) -> (x f32 [R,C] | [C,R]: the (Nesterov) momentum over its "
+     "Frobenius norm, Newton-Schulz's input); m updated in place; attrs: nesterov, transpose"},
+    {"muon_update", 3, 5, 0, -1,
+     "(hp[8], o f32 [R,C] | [C,R], param[R,C], [master f32], [v[R] f32]) -> () updates in place: Muon, or "
+     "NorMuon's neuron-wise normalized step with v; attrs: transpose, cautious, scale"},
 };
 
 #undef SG_ROPE_ATTRS

@@ -259,12 +259,20 @@ def run(shape: str, *, batch: int, seq: int, lora_rank: int, dtype: str, steps: 
 def quantized(model: Model, qtype: str) -> Model:
     """The same random model with its projections as GGML blocks of ``qtype`` (what qlora_gguf
     trains over); the f32 originals stay with the host copy for the peer."""
-    from surogate.model import _quantize_projections, projections
+    from surogate.io.nf4 import NF4Spec
+    from surogate.model import _quantize_projections, nf4_projections, projections
 
-    q = _quantize_projections(model.params, projections(model.arch, model.dtype), qtype, model.spec.num_layers)
-    params = dict(model.params) | {n: raw for n, (_, raw) in q.items()}
-    out = Model(model.spec, model.family, params, dtype=model.dtype, device=model.device,
-                quant={n: t for n, (t, _) in q.items()})
+    weights = projections(model.arch, model.dtype)
+    if qtype.upper() == "NF4":  # bitsandbytes' NF4 (qlora_bnb), the peer's own format
+        params, quant = dict(model.params), {}
+        for n, t in nf4_projections(model.params, weights, NF4Spec()).items():
+            params.update(t.tensors(n))
+            quant[n] = NF4Spec()
+    else:
+        q = _quantize_projections(model.params, weights, qtype, model.spec.num_layers)
+        params = dict(model.params) | {n: raw for n, (_, raw) in q.items()}
+        quant = {n: t for n, (t, _) in q.items()}
+    out = Model(model.spec, model.family, params, dtype=model.dtype, device=model.device, quant=quant)
     out.unquantized = model.params  # the peer quantizes the same weights its own way
     return out
 
@@ -272,7 +280,8 @@ def quantized(model: Model, qtype: str) -> Model:
 def table(shape, model, batch, seq, lora, dtype, device, steps, results: list[Result], qlora: str | None = None) -> str:
     mode = f"LoRA r{lora.rank}" if lora else "full fine-tune"
     if qlora:
-        mode = f"QLoRA r{lora.rank} (ours: {qlora.upper()} blocks; peer: bitsandbytes NF4)"
+        ours = "bitsandbytes NF4" if qlora.upper() == "NF4" else f"{qlora.upper()} blocks"
+        mode = f"QLoRA r{lora.rank} (ours: {ours}; peer: bitsandbytes NF4)"
     flops, peak = step_flops(model, batch, seq, lora), peak_tflops(device)
     w = max(22, *(len(r.name) for r in results))
     lines = [f"\n{shape}, {mode}, {dtype}, batch {batch} x {seq} tokens, {device}, median of {steps} steps",

@@ -27,8 +27,9 @@ def train(
     profile: Annotated[bool, typer.Option(help="Also print where one step's time goes, by op.")] = False,
     graphs: Annotated[bool, typer.Option(help="GPU: replay each step as CUDA graphs.")] = True,
     qlora: Annotated[str | None, typer.Option(help="QLoRA: our projections as GGML blocks of this type (Q8_0, "
-                                                   "Q6_K, Q5_K_M, Q4_K_M); the peer: peft over bitsandbytes "
-                                                   "NF4 (QLoRA's recipe), when bitsandbytes is installed.")] = None,
+                                                   "Q6_K, Q5_K_M, Q4_K_M) or NF4 (bitsandbytes'); the peer: "
+                                                   "peft over bitsandbytes NF4 (QLoRA's recipe), when "
+                                                   "bitsandbytes is installed.")] = None,
 ) -> None:
     """Training-step tokens/s: ours, and with --vs hf HF transformers (+ peft) on the same shape."""
     from surogate.bench.train import run

@@ -163,7 +163,9 @@ class _Lowering:
         ab = [self.buf(v) for v in n.inputs[3:3 + 2 * k]]
         y, *ts = (self.buf(v) for v in n.outputs)
         qtype = n.inputs[1].meta.get("ggml_type")
-        if w.dtype == "uint8" and hasattr(self.g, "backward_start"):
+        if w.dtype == "uint8" and "nf4" in n.inputs[1].meta:  # NF4 (QLoRA): x times the dequantized weight
+            self.emit("matmul", [x, self.nf4_dequantized(n, n.inputs[1], x.dtype), bias], [y], n, trans_b=1)
+        elif w.dtype == "uint8" and hasattr(self.g, "backward_start"):
             # Training over GGML blocks (QLoRA): x times the exactly dequantized weight, as the
             # backward multiplies it (gguf_matmul's few-row path would round x to 8 bits).
             wd = self.temp(f"{w.name}.dequant", (y.shape[1], x.shape[1]), x.dtype)
@@ -190,6 +192,16 @@ class _Lowering:
             self.emit("matmul", [t, B], [self.columns(y, s["offset"], s["size"])], n, trans_b=1, alpha=s["scale"],
                       beta=1.0)
 
+    def nf4_dequantized(self, n: Node, w: Value, dtype: str) -> Buf:
+        """A temporary [Cout, Cin] copy of an NF4 weight (bitsandbytes' layout: its codes and
+        absmax state, surogate/io/nf4.py), freed after the matmul that reads it (liveness)."""
+        spec = w.meta["nf4"]
+        Cout, half = self.buf(w).shape
+        wd = self.temp(f"{w.name}.dequant", (Cout, 2 * half), dtype)
+        state = [self.buf(self.g.values[s]) for s in w.meta["nf4_state"]]
+        self.emit("nf4_dequantize", [self.buf(w), *state], [wd], n, blocksize=spec.blocksize)
+        return wd
+
     def linear_bwd(self, n: Node) -> None:
         slices = n.attrs["lora"]
         k = len(slices)
@@ -198,7 +210,9 @@ class _Lowering:
         ts = [self.buf(v) for v in n.inputs[3 + 2 * k:3 + 3 * k]]
         dx, dw, db = (self.buf(v) for v in n.outputs[:3])
         dab = [self.buf(v) for v in n.outputs[3:]]
-        if dx is not None and w.dtype == "uint8":
+        if dx is not None and w.dtype == "uint8" and "nf4" in n.inputs[2].meta:
+            self.emit("matmul", [dy, self.nf4_dequantized(n, n.inputs[2], dy.dtype)], [dx], n)
+        elif dx is not None and w.dtype == "uint8":
             # QLoRA over GGML blocks: dx = dy @ dequant(W), through a temporary dequantized copy
             # (freed right after: the planner's liveness), as bitsandbytes' backward does.
             Cout, Cin = dy.shape[1], dx.shape[1]

@@ -311,6 +311,29 @@ def _check_values(c: SFTConfig, where: _Where) -> None:
             if c.qlora_gguf.upper() not in blocks:
                 fail("qlora_gguf", f"{c.qlora_gguf!r} is not a block type", "use true (a GGUF model's own blocks) "
                      "or one of " + ", ".join(blocks))
+    if c.qlora_bnb:
+        from surogate.io.nf4 import BLOCKSIZES
+
+        if not c.lora:
+            fail("qlora_bnb", "needs lora: true (quantized weights stay frozen; only adapters train)",
+                 "set lora: true, or drop qlora_bnb for a full fine-tune")
+        if c.qlora_gguf is not False:
+            fail("qlora_bnb", "together with qlora_gguf: the base is kept one way", "pick one of them")
+        if c.qlora_bnb_block_size not in BLOCKSIZES:
+            fail("qlora_bnb_block_size", f"{c.qlora_bnb_block_size} is not a bitsandbytes block size",
+                 "use one of " + ", ".join(map(str, BLOCKSIZES)) + " (64 is QLoRA's)")
+    for key in ("normuon_momentum", "normuon_beta2"):
+        if not 0 <= getattr(c, key) < 1:
+            fail(key, f"must be in [0, 1), got {getattr(c, key)}")
+    if not c.normuon_epsilon > 0:
+        fail("normuon_epsilon", f"must be positive, got {c.normuon_epsilon}")
+    if c.muon_learning_rate is not None and not c.muon_learning_rate > 0:
+        fail("muon_learning_rate", f"must be positive, got {c.muon_learning_rate}", "or leave it unset")
+    if c.muon_ns_steps < 1:
+        fail("muon_ns_steps", f"must be at least 1, got {c.muon_ns_steps}", "5 is Muon's")
+    if len(c.muon_ns_coefficients) != 3:
+        fail("muon_ns_coefficients", f"needs 3 numbers (a, b, c), got {len(c.muon_ns_coefficients)}",
+             "Muon's quintic: [3.4445, -4.7750, 2.0315]")
     targets = c.lora_target_modules
     if not targets:
         fail("lora_target_modules", "empty list", 'use ["all"] or names such as q_proj, v_proj')

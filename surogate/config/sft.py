@@ -79,7 +79,9 @@ class SFTConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen
     max_steps: int = -1  # -1: num_epochs decides; > 0 wins over num_epochs
 
     # -- optimization --
-    optimizer: Literal["adamw", "adamw_8bit"] = "adamw"
+    # normuon / muon: 2-D matrices (projections, LoRA A / B) by Newton-Schulz orthogonalized
+    # momentum; embeddings, head, norms and biases by AdamW with the adamw_* keys.
+    optimizer: Literal["adamw", "adamw_8bit", "normuon", "muon"] = "adamw"
     learning_rate: float = 2e-4
     lr_scheduler_type: Literal["constant", "linear", "cosine", "wsd"] = "linear"
     warmup_steps: int = 0
@@ -91,6 +93,14 @@ class SFTConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen
     adamw_beta1: float = 0.9
     adamw_beta2: float = 0.999
     adamw_epsilon: float = 1e-8
+    normuon_momentum: float = 0.95  # beta1 of the momentum that is orthogonalized (normuon and muon)
+    normuon_beta2: float = 0.95  # normuon: the per-neuron (row) second moment's decay
+    normuon_epsilon: float = 1e-8
+    normuon_cautious_wd: bool = True  # decay only where the update moves the weight toward 0
+    muon_learning_rate: float | None = None  # the matrices' lr; None: learning_rate
+    muon_nesterov: bool = True  # muon only (Keller Jordan's Muon); NorMuon's paper has none
+    muon_ns_steps: int = 5  # Newton-Schulz iterations
+    muon_ns_coefficients: list[float] = msgspec.field(default_factory=lambda: [3.4445, -4.7750, 2.0315])
 
     # -- LoRA --
     lora: bool = True  # false: full fine-tuning
@@ -102,6 +112,11 @@ class SFTConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen
     # true: a GGUF model's own blocks; a `surogate quantize` type (Q8_0, Q6_K, Q5_K_M, Q4_K_M):
     # quantize any checkpoint's projections at load.
     qlora_gguf: bool | str = False
+    # QLoRA over bitsandbytes NF4 (the original Surogate's keys): the projections quantized at load
+    # exactly as bitsandbytes' quantize_4bit does, kept 4-bit (+ absmax) in the model's tensors.
+    qlora_bnb: bool = False
+    qlora_bnb_block_size: int = 64
+    qlora_bnb_double_quant: bool = True  # the absmax as 8-bit codes in blocks of 256 (bnb's nested state)
 
     # -- mixture of experts (the original Surogate's keys) --
     # The router weight (mlp.gate) trains: true under LoRA too (saved in the adapter as peft's

@@ -238,7 +238,13 @@ class Linear:
         """``trainable``: whether W (and b) train; None: exactly when there is no LoRA."""
         trainable = lora is None if trainable is None else trainable
         qtype = g.quant.get(g.scoped(f"{self.name}.weight"))
-        if qtype is not None:  # GGML blocks, multiplied as they are (forward graphs only)
+        if hasattr(qtype, "blocksize"):  # bitsandbytes NF4 (surogate/io/nf4.py): codes + absmax state
+            full = g.scoped(f"{self.name}.weight")
+            state = [g.param(n[len(g.scoped("")):], shape, dt, trainable=False).name
+                     for n, shape, dt in qtype.state(full, self.out_features, self.in_features)]
+            w = g.param(f"{self.name}.weight", (self.out_features, self.in_features // 2), "uint8",
+                        trainable=False, nf4=qtype, nf4_state=state)
+        elif qtype is not None:  # GGML blocks, multiplied as they are (forward graphs only)
             from surogate.io.gguf import row_bytes
 
             w = g.param(f"{self.name}.weight", (self.out_features, row_bytes(qtype, self.in_features)), "uint8",

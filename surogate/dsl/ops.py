@@ -84,7 +84,9 @@ def linear(x: Value, w: Value, bias: Value | None = None, lora: list[LoRASlice] 
     pass (training); a forward-only lowering (eval) ignores it."""
     N, Cin = x.shape
     Cout, Cin_w = w.shape
-    if w.dtype == "uint8":  # GGML blocks: Cin_w is bytes per row
+    if w.dtype == "uint8" and "nf4" in w.meta:  # NF4: two 4-bit codes per byte
+        _check(Cin == 2 * Cin_w, f"linear {name}: {w.name} rows of {Cin_w} bytes do not hold {Cin} NF4 values")
+    elif w.dtype == "uint8":  # GGML blocks: Cin_w is bytes per row
         from surogate.io.gguf import row_bytes
 
         qtype = w.meta["ggml_type"]

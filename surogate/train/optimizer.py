@@ -66,6 +66,7 @@ class AdamW:
             self.v_scale = {n: np.zeros(nb[n], np.float32) for n in self.names}
         # f32 master copies of parameters stored in a narrower dtype.
         self.master = {n: params[n].astype(np.float32) for n in self.names if params[n].dtype != np.float32}
+        self._init_matrix_state(params)
         self.hp_buf = np.zeros(8, np.float32)
         self.step = 0
         self.prog = self._place(*self._graph())  # the Program that runs the step (HostAdamW: its own)
@@ -74,10 +75,21 @@ class AdamW:
         """Compile the step as the training Program's `optimizer` phase and bind its state."""
         exe = self.exe
         exe.add_phase(PHASE, g, keep=[norm])
-        for key, arr in (("optimizer.hp", self.hp_buf), *self._buffers()):
+        self._hp_used = "optimizer.hp" in exe.lowered.by_value  # not when every parameter is a Muon matrix
+        for key, arr in ((("optimizer.hp", self.hp_buf),) if self._hp_used else ()) + tuple(self._buffers()):
             exe.bind(key, arr)
             assert exe.bound(key) is arr  # pull / push move data through these very arrays
         return exe
+
+    # Hooks for an optimizer that takes some parameters off AdamW (surogate/train/muon.py).
+    def _init_matrix_state(self, params: dict[str, np.ndarray]) -> None:
+        pass
+
+    def _adam_names(self) -> list[str]:
+        return self.names
+
+    def _matrix_nodes(self, g: Graph, norm: Value, grads: dict[str, Value], state: dict[str, Value]) -> None:
+        pass
 
     def _buffers(self):
         """(buffer name, host array) of every state array the phase reads and updates."""
@@ -101,13 +113,15 @@ class AdamW:
         (norm,) = g.node("global_norm", [grads[n] for n in self.names], [(NORM, (1,), "float32")])
         state = {key: g.input(key, arr.shape, str(arr.dtype)) for key, arr in self._buffers()}
         inputs, nd = [hp, norm], []
-        for i, n in enumerate(self.names):
+        for i, n in enumerate(self._adam_names()):
             kinds = ("m", "v") if self.bits == 32 else ("m", "m_scale", "v", "v_scale")
             inputs += [g.values[n], state.get(f"optimizer.master.{n}"), grads[n]]
             inputs += [state[f"optimizer.{k}.{n}"] for k in kinds]
             if no_decay(n):
                 nd.append(i)
-        g.node("adamw" if self.bits == 32 else "adamw8", inputs, [], no_decay=nd)
+        if len(inputs) > 2:
+            g.node("adamw" if self.bits == 32 else "adamw8", inputs, [], no_decay=nd)
+        self._matrix_nodes(g, norm, grads, state)
         for n in self.names:
             g.node("fill", [], [grads[n]], value=0.0)
         return g, norm
@@ -117,7 +131,8 @@ class AdamW:
         self.step += 1
         h = self.hp
         self.hp_buf[:] = [lr, h.beta1, h.beta2, h.eps, h.weight_decay, self.step, h.max_grad_norm, 0.0]
-        self.prog.push("optimizer.hp")
+        if self._hp_used:
+            self.prog.push("optimizer.hp")
         self.prog.run(PHASE)
         return float(self.prog.read(NORM)[0])
 
@@ -130,7 +145,8 @@ class AdamW:
     def _arrays(self):
         for n in self.names:
             yield f"m/{n}", self.m[n]
-            yield f"v/{n}", self.v[n]
+            if n in self.v:  # (Muon keeps no second moment)
+                yield f"v/{n}", self.v[n]
             if n in self.m_scale:
                 yield f"m_scale/{n}", self.m_scale[n]
                 yield f"v_scale/{n}", self.v_scale[n]

@@ -51,6 +51,10 @@ class TrainResult:
 def qlora_load_args(cfg) -> dict:
     """load_model's keywords for ``qlora_gguf``: a GGUF model's own blocks (true) or projections
     quantized at load (a type name); nothing without it."""
+    if getattr(cfg, "qlora_bnb", False):
+        from surogate.io.nf4 import NF4Spec
+
+        return {"quantize": "NF4", "nf4": NF4Spec(cfg.qlora_bnb_block_size, cfg.qlora_bnb_double_quant)}
     q = cfg.qlora_gguf
     if q is False:
         return {}
@@ -69,9 +73,6 @@ def qlora_load_args(cfg) -> dict:
 class Trainer:
     def __init__(self, cfg: SFTConfig, model: Model | None = None, stream=None):
         self.cfg = cfg
-        if cfg.optimizer not in ("adamw", "adamw_8bit"):
-            raise ConfigError(f"optimizer {cfg.optimizer!r} is not built yet", where="optimizer",
-                              hint="use optimizer: adamw or adamw_8bit")
         self.out = Path(cfg.output_dir)
         self.model = model or load_model(cfg.model, device=resolve_device(cfg.device), dtype=cfg.dtype,
                                          **qlora_load_args(cfg))
@@ -156,10 +157,20 @@ class Trainer:
             self.exe.bind(name, arr)
             self.grads[name] = arr
         c = self.cfg
-        optimizer = self._optimizer_class()
-        self.opt = optimizer(self.exe, self.trainable, AdamWParams(c.learning_rate, c.adamw_beta1, c.adamw_beta2,
-                                                                   c.adamw_epsilon, c.weight_decay, c.max_grad_norm),
-                             bits=8 if c.optimizer == "adamw_8bit" else 32)
+        adam = AdamWParams(c.learning_rate, c.adamw_beta1, c.adamw_beta2, c.adamw_epsilon, c.weight_decay,
+                           c.max_grad_norm)
+        if c.optimizer in ("muon", "normuon"):
+            from surogate.train.muon import Muon, muon_params
+
+            if c.offload_optimizer and self.exe.device != "cpu":
+                raise ConfigError(f"offload_optimizer keeps AdamW's state on the host; optimizer {c.optimizer} "
+                                  "has no host step yet", where="offload_optimizer",
+                                  hint="use optimizer adamw / adamw_8bit with it, or remove offload_optimizer")
+
+            self.opt = Muon(self.exe, self.trainable, adam, muon_params(c), name_table=m.family.name_table())
+        else:
+            self.opt = self._optimizer_class()(self.exe, self.trainable, adam,
+                                               bits=8 if c.optimizer == "adamw_8bit" else 32)
         # Persistent input arrays: refilled in place each micro-batch, bound once.
         self.inputs = {"input_ids": np.zeros(self.N, np.int32), "position_ids": np.zeros(self.N, np.int32),
                        "cu_seqlens": np.zeros(self.N + 1, np.int32), "targets": np.zeros(self.N, np.int32),
@@ -225,6 +236,8 @@ class Trainer:
             key.append(c.lora_dropout)
         if c.qlora_gguf is not False:
             key.append(["qlora_gguf", c.qlora_gguf])
+        if c.qlora_bnb:
+            key.append(["qlora_bnb", c.qlora_bnb_block_size, c.qlora_bnb_double_quant])
         if c.train_router is not None or c.router_z_loss_coef:  # likewise
             key.append(["moe", c.train_router, c.router_z_loss_coef])
         return hashlib.sha256(json.dumps(key, default=str).encode()).hexdigest()[:16]
@@ -406,7 +419,13 @@ class Trainer:
             adapter = save_peft_adapter(self.out / "adapter", self._trainable_state(), self.lora, base_model=c.model)
             write_sidecars(source, adapter)  # a tokenizer beside the adapter, as peft users expect
             merged = None
-            if c.merge_adapter and m.quant:  # QLoRA: fold into the full-precision base, not the blocks
+            if c.merge_adapter and c.qlora_bnb:  # NF4: the dequantized base + the adapter, in bf16
+                from surogate.model import nf4_dequantized
+
+                hf = m.to_hf(nf4_dequantized(m))
+                merged = save_hf_folder(self.out / "merged", merge_into_hf(hf, self._trainable_state(), self.lora),
+                                        m.config, source=source, dtype="bfloat16")
+            elif c.merge_adapter and m.quant:  # QLoRA: fold into the full-precision base, not the blocks
                 from surogate.train.export import merge_adapter
 
                 merged = merge_adapter(c.model, adapter, self.out / "merged")
