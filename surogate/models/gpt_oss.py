@@ -22,7 +22,7 @@ from surogate.dsl import nn
 from surogate.errors import ConfigError
 from surogate.models import decoder
 from surogate.models.family import ChatDefaults, Family, GGUFArchitecture, TinyModel
-from surogate.models.gguf_names import GGUFNameTable
+from surogate.models.gguf_names import GGUFName, GGUFNameTable
 from surogate.models.name_table import Direct, Experts, NameTable
 
 # GptOssConfig's default rope (its __post_init__), which the released configs carry too.
@@ -83,6 +83,27 @@ def hf_name_table() -> NameTable:
     return NameTable(e)
 
 
+def gguf_tensor_table() -> GGUFNameTable:
+    """llama.cpp's gpt-oss names (gguf-py MODEL_TENSORS[GPT_OSS], convert_hf_to_gguf.py's
+    GptOssModel). Its ffn_gate_exps / ffn_up_exps are gate_up_proj's even and odd rows (HF's
+    interleaving), which GGUFName.parts (equal halves) does not express: the names are here for
+    the table's round trip, the values are not written or read yet (gguf.unsupported)."""
+    L, B = "model.layers.{i}.", "blk.{i}."
+    table = decoder.gguf_tensor_table(rope_permuted=False)
+    e = {k: v for k, v in table.entries.items() if ".mlp." not in k and "post_attention_layernorm" not in k}
+    e.update({
+        L + "post_attention_layernorm.weight": GGUFName(B + "post_attention_norm.weight"),
+        L + "self_attn.sinks": GGUFName(B + "attn_sinks.weight"),
+        L + "mlp.router.weight": GGUFName(B + "ffn_gate_inp.weight"),
+        L + "mlp.router.bias": GGUFName(B + "ffn_gate_inp.bias"),
+        L + "mlp.experts.gate_up_proj": GGUFName(B + "ffn_gate_exps.weight", parts=(B + "ffn_up_exps.weight",), axis=1),
+        L + "mlp.experts.gate_up_proj_bias": GGUFName(B + "ffn_gate_exps.bias", parts=(B + "ffn_up_exps.bias",), axis=1),
+        L + "mlp.experts.down_proj": GGUFName(B + "ffn_down_exps.weight"),
+        L + "mlp.experts.down_proj_bias": GGUFName(B + "ffn_down_exps.bias"),
+    })
+    return GGUFNameTable(e)
+
+
 def _no_gguf(*_a, **_k):
     from surogate.errors import UnsupportedError
 
@@ -108,7 +129,7 @@ FAMILY = Family(
     name_table=hf_name_table,
     gguf=GGUFArchitecture(
         name="gpt-oss",
-        tensors=lambda: GGUFNameTable({}),
+        tensors=gguf_tensor_table,
         config_from_gguf=_no_gguf,
         metadata=_no_gguf,
         unsupported="GGUF gpt-oss (MXFP4 expert blocks) is not read or written yet",

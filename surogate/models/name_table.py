@@ -136,6 +136,11 @@ class NameTable:
         return out
 
 
+def transposed_experts(table: NameTable) -> bool:
+    """Whether the table's stacked expert tensors are [E, in, out] in the checkpoint (GPT-OSS)."""
+    return any(isinstance(r, Experts) and r.transposed for r in table.entries.values())
+
+
 def _stack_experts(r: Experts, read: Callable[[str], np.ndarray], has: Callable[[str], bool] | None,
                    source: str) -> np.ndarray:
     if has is None or has(r.hf):
