@@ -42,6 +42,7 @@
 #include "core/allocator.h"
 #include "cuda/attention_docs.cuh"
 #include "cuda/attention_flash.cuh"
+#include "cuda/attention_sinks.cuh"
 #include "cuda/backend.h"
 #include "cuda/common.cuh"
 #include "runtime/op_checks_attention.h"
@@ -638,8 +639,10 @@ Status launch_fwd(const Config& c, Params p, const Tensor& cu, DType dtype) {
   });
 }
 
+// sinks / dsinks: attention_bwd's optional input 7 and output 3 (dsinks null: not wanted).
 template <typename T>
-Status launch_bwd(const Config& c, Params p, const Tensor& cu, const Tensor& dq) {
+Status launch_bwd(const Config& c, Params p, const Tensor& cu, const Tensor& dq, const Tensor* sinks = nullptr,
+                  const Tensor* dsinks = nullptr, bool accumulate = false) {
   const int64_t rows = c.N * c.Hq;
   std::shared_ptr<void> delta_holder, acc_holder;
   SG_RETURN_IF_ERROR(allocate(cu.device, static_cast<size_t>(rows) * sizeof(float), &delta_holder));
@@ -651,6 +654,10 @@ Status launch_bwd(const Config& c, Params p, const Tensor& cu, const Tensor& dq)
   attention_delta_kernel<T><<<delta_blocks, kThreads, 0, current_stream()>>>(static_cast<const T*>(p.dout), static_cast<const T*>(p.out),
                                                         static_cast<float*>(delta_holder.get()), rows, c.D);
   SG_CUDA_CHECK_LAUNCH();
+  if (dsinks != nullptr) {
+    SG_RETURN_IF_ERROR(attention_sinks_bwd(sinks->data, sinks->dtype, p.lse_in, p.delta, c.N, c.Hq, dsinks->data,
+                                           dsinks->dtype, accumulate));
+  }
   SG_CUDA_CHECK(cudaMemsetAsync(p.dq_acc, 0, static_cast<size_t>(rows * c.D) * sizeof(float), current_stream()));
 
   if (flash_supports(dq.dtype, c.D, c.softcap, {p.q, p.k, p.v, p.dout, p.dk, p.dv})) {
@@ -680,7 +687,7 @@ Status launch_bwd(const Config& c, Params p, const Tensor& cu, const Tensor& dq)
   return Status::OK();
 }
 
-// attention_fwd: (q, k, v, cu_seqlens) -> (out, lse); attrs: causal, scale, window, softcap.
+// attention_fwd: (q, k, v, cu_seqlens, [sinks]) -> (out, lse); attrs: causal, scale, window, softcap.
 Status attention_fwd(const OpArgs& a) {
   const char* op = "attention_fwd";
   const Tensor &q = a.in(0), &k = a.in(1), &v = a.in(2), &cu = a.in(3);
@@ -695,6 +702,9 @@ Status attention_fwd(const OpArgs& a) {
   p.o = out.data;
   p.lse = lse.ptr<float>();
   SG_CUDA_DISPATCH_FLOAT(op, q.dtype, T, { SG_RETURN_IF_ERROR(launch_fwd<T>(c, p, cu, q.dtype)); });
+  if (c.sinks) {
+    SG_RETURN_IF_ERROR(attention_sinks_fwd(a.in(4).data, a.in(4).dtype, out.data, out.dtype, p.lse, c.N, c.Hq, c.D));
+  }
   return Status::OK();
 }
 
@@ -716,7 +726,10 @@ Status attention_bwd(const OpArgs& a) {
   p.lse_in = lse.ptr<float>();
   p.dk = dk.data;
   p.dv = dv.data;
-  SG_CUDA_DISPATCH_FLOAT(op, q.dtype, T, { SG_RETURN_IF_ERROR(launch_bwd<T>(c, p, cu, dq)); });
+  const Tensor* sinks = c.sinks ? &a.in(7) : nullptr;
+  const Tensor* dsinks = a.has_out(3) ? &a.out(3) : nullptr;
+  const bool acc = a.attr().get_bool("accumulate", false);
+  SG_CUDA_DISPATCH_FLOAT(op, q.dtype, T, { SG_RETURN_IF_ERROR(launch_bwd<T>(c, p, cu, dq, sinks, dsinks, acc)); });
   return Status::OK();
 }
 
