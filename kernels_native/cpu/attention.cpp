@@ -616,8 +616,23 @@ void sinks_grad(const AttnConfig& c, const T* dout, const T* out, const float* l
   }
 }
 
-// attention_bwd: (dout, q, k, v, out, lse, cu_seqlens, [sinks]) -> (dq, dk, dv, [dsinks]); attrs as
-// attention_fwd, and accumulate (dsinks only).
+// attention_sinks_bwd: (dout, out, lse, sinks) -> (dsinks); attr accumulate.
+Status attention_sinks_bwd(const OpArgs& a) {
+  AttentionSinksArgs r;
+  SG_RETURN_IF_ERROR(check_attention_sinks_bwd(a, &r));
+  AttnConfig c;
+  c.N = r.N;
+  c.Hq = r.Hq;
+  c.D = r.D;
+  c.sinks = true;
+  const std::vector<float> z = read_sinks(a, 3, c);
+  SG_DISPATCH_FLOAT("attention_sinks_bwd", a.in(0).dtype, T, {
+    sinks_grad<T>(c, a.in(0).ptr<T>(), a.in(1).ptr<T>(), a.in(2).ptr<float>(), z, a.out(0), r.accumulate);
+  });
+  return Status::OK();
+}
+
+// attention_bwd: (dout, q, k, v, out, lse, cu_seqlens) -> (dq, dk, dv); attrs as attention_fwd.
 Status attention_bwd(const OpArgs& a) {
   const char* op = "attention_bwd";
   const Tensor &dout = a.in(0), &q = a.in(1), &k = a.in(2), &v = a.in(3), &out = a.in(4), &lse = a.in(5),
@@ -629,10 +644,6 @@ Status attention_bwd(const OpArgs& a) {
     SG_RETURN_IF_ERROR(attention_bwd_impl<T>(c, dout.ptr<T>(), q.ptr<T>(), k.ptr<T>(), v.ptr<T>(), out.ptr<T>(),
                                              lse.ptr<float>(), cu.ptr<int32_t>(), dq.ptr<T>(), dk.ptr<T>(),
                                              dv.ptr<T>()));
-    if (a.has_out(3)) {
-      sinks_grad<T>(c, dout.ptr<T>(), out.ptr<T>(), lse.ptr<float>(), read_sinks(a, 7, c), a.out(3),
-                    a.attr().get_bool("accumulate", false));
-    }
   });
   return Status::OK();
 }
@@ -642,6 +653,7 @@ Status attention_bwd(const OpArgs& a) {
 void register_cpu_attention(OpRegistry& reg) {
   add_op(reg, "attention_fwd", attention_fwd);
   add_op(reg, "attention_bwd", attention_bwd);
+  add_op(reg, "attention_sinks_bwd", attention_sinks_bwd);
 }
 
 }  // namespace surogate::cpu

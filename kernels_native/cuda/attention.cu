@@ -639,10 +639,8 @@ Status launch_fwd(const Config& c, Params p, const Tensor& cu, DType dtype) {
   });
 }
 
-// sinks / dsinks: attention_bwd's optional input 7 and output 3 (dsinks null: not wanted).
 template <typename T>
-Status launch_bwd(const Config& c, Params p, const Tensor& cu, const Tensor& dq, const Tensor* sinks = nullptr,
-                  const Tensor* dsinks = nullptr, bool accumulate = false) {
+Status launch_bwd(const Config& c, Params p, const Tensor& cu, const Tensor& dq) {
   const int64_t rows = c.N * c.Hq;
   std::shared_ptr<void> delta_holder, acc_holder;
   SG_RETURN_IF_ERROR(allocate(cu.device, static_cast<size_t>(rows) * sizeof(float), &delta_holder));
@@ -654,10 +652,6 @@ Status launch_bwd(const Config& c, Params p, const Tensor& cu, const Tensor& dq,
   attention_delta_kernel<T><<<delta_blocks, kThreads, 0, current_stream()>>>(static_cast<const T*>(p.dout), static_cast<const T*>(p.out),
                                                         static_cast<float*>(delta_holder.get()), rows, c.D);
   SG_CUDA_CHECK_LAUNCH();
-  if (dsinks != nullptr) {
-    SG_RETURN_IF_ERROR(attention_sinks_bwd(sinks->data, sinks->dtype, p.lse_in, p.delta, c.N, c.Hq, dsinks->data,
-                                           dsinks->dtype, accumulate));
-  }
   SG_CUDA_CHECK(cudaMemsetAsync(p.dq_acc, 0, static_cast<size_t>(rows * c.D) * sizeof(float), current_stream()));
 
   if (flash_supports(dq.dtype, c.D, c.softcap, {p.q, p.k, p.v, p.dout, p.dk, p.dv})) {
@@ -726,10 +720,7 @@ Status attention_bwd(const OpArgs& a) {
   p.lse_in = lse.ptr<float>();
   p.dk = dk.data;
   p.dv = dv.data;
-  const Tensor* sinks = c.sinks ? &a.in(7) : nullptr;
-  const Tensor* dsinks = a.has_out(3) ? &a.out(3) : nullptr;
-  const bool acc = a.attr().get_bool("accumulate", false);
-  SG_CUDA_DISPATCH_FLOAT(op, q.dtype, T, { SG_RETURN_IF_ERROR(launch_bwd<T>(c, p, cu, dq, sinks, dsinks, acc)); });
+  SG_CUDA_DISPATCH_FLOAT(op, q.dtype, T, { SG_RETURN_IF_ERROR(launch_bwd<T>(c, p, cu, dq)); });
   return Status::OK();
 }
 
@@ -738,6 +729,7 @@ Status attention_bwd(const OpArgs& a) {
 void register_cuda_attention(OpRegistry& reg) {
   add_op(reg, "attention_fwd", attention_fwd);
   add_op(reg, "attention_bwd", attention_bwd);
+  add_op(reg, "attention_sinks_bwd", attention_sinks_bwd);
 }
 
 }  // namespace surogate::cuda

@@ -7,6 +7,7 @@
 #include "cuda/attention_sinks.cuh"
 #include "cuda/backend.h"
 #include "cuda/common.cuh"
+#include "runtime/op_checks_attention.h"
 
 namespace surogate::cuda {
 
@@ -44,15 +45,18 @@ __global__ void sinks_fwd_kernel(const void* sinks, int sdt, void* out, int odt,
 }
 
 // One block per head, a fixed-order tree reduction (deterministic).
-__global__ void sinks_bwd_kernel(const void* sinks, int sdt, const float* lse, const float* delta, int64_t tokens,
-                                 int64_t Hq, void* dsinks, int ddt, bool accumulate) {
+template <typename T>
+__global__ void sinks_bwd_kernel(const T* dout, const T* out, const void* sinks, int sdt, const float* lse,
+                                 int64_t tokens, int64_t Hq, int64_t D, void* dsinks, int ddt, bool accumulate) {
   __shared__ float part[256];
   const int64_t h = blockIdx.x;
   const float z = load_any(sinks, sdt, h);
   float acc = 0.0f;
   for (int64_t t = threadIdx.x; t < tokens; t += blockDim.x) {
     const int64_t i = t * Hq + h;
-    acc -= expf(z - lse[i]) * delta[i];
+    float delta = 0.0f;
+    for (int64_t d = 0; d < D; ++d) delta += ld(dout[i * D + d]) * ld(out[i * D + d]);
+    acc -= expf(z - lse[i]) * delta;
   }
   part[threadIdx.x] = acc;
   __syncthreads();
@@ -76,12 +80,16 @@ Status attention_sinks_fwd(const void* sinks, DType sinks_dtype, void* out, DTyp
   return Status::OK();
 }
 
-Status attention_sinks_bwd(const void* sinks, DType sinks_dtype, const float* lse, const float* delta, int64_t tokens,
-                           int64_t Hq, void* dsinks, DType dsinks_dtype, bool accumulate) {
-  if (Hq == 0) return Status::OK();
-  sinks_bwd_kernel<<<static_cast<unsigned>(Hq), 256, 0, current_stream()>>>(sinks, code(sinks_dtype), lse, delta,
-                                                                             tokens, Hq, dsinks, code(dsinks_dtype),
-                                                                             accumulate);
+Status attention_sinks_bwd(const OpArgs& a) {
+  AttentionSinksArgs r;
+  SG_RETURN_IF_ERROR(check_attention_sinks_bwd(a, &r));
+  if (r.Hq == 0) return Status::OK();
+  const Tensor &z = a.in(3), &dz = a.out(0);
+  SG_CUDA_DISPATCH_FLOAT("attention_sinks_bwd", a.in(0).dtype, T, {
+    sinks_bwd_kernel<T><<<static_cast<unsigned>(r.Hq), 256, 0, current_stream()>>>(
+        a.in(0).ptr<T>(), a.in(1).ptr<T>(), z.data, code(z.dtype), a.in(2).ptr<float>(), r.N, r.Hq, r.D, dz.data,
+        code(dz.dtype), r.accumulate);
+  });
   SG_CUDA_CHECK_LAUNCH();
   return Status::OK();
 }

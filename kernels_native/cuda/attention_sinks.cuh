@@ -3,13 +3,14 @@
 // lse' = log(exp(lse) + exp(z_h)) and out *= exp(lse - lse') (one more rounding of out to its
 // dtype than the CPU's single one; exact for f32 up to the f32 products). Backward: the training
 // kernels already run on lse' (P = exp(s - lse') is the probability with the sink), and
-// dz_h = -sum_i exp(z_h - lse'_i) Delta_i comes from the Delta they compute.
+// dz_h = -sum_i exp(z_h - lse'_i) Delta_i, Delta_i = dout_i . out_i, is the op attention_sinks_bwd.
 #pragma once
 
 #include <cstdint>
 
 #include "core/status.h"
 #include "core/tensor.h"
+#include "runtime/op_registry.h"
 
 namespace surogate::cuda {
 
@@ -17,8 +18,7 @@ namespace surogate::cuda {
 Status attention_sinks_fwd(const void* sinks, DType sinks_dtype, void* out, DType out_dtype, float* lse,
                            int64_t tokens, int64_t Hq, int64_t D);
 
-// dsinks[h] (+)= -sum over tokens of exp(z_h - lse[t, h]) delta[t, h] (delta, lse f32 [tokens, Hq]).
-Status attention_sinks_bwd(const void* sinks, DType sinks_dtype, const float* lse, const float* delta, int64_t tokens,
-                           int64_t Hq, void* dsinks, DType dsinks_dtype, bool accumulate);
+// The op attention_sinks_bwd: (dout, out, lse, sinks) -> (dsinks); attr accumulate.
+Status attention_sinks_bwd(const OpArgs& a);
 
 }  // namespace surogate::cuda

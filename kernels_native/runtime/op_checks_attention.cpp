@@ -95,15 +95,29 @@ Status check_attention_bwd(const OpArgs& a, AttentionArgs* c) {
   SG_RETURN_IF_ERROR(check_lse(op, a.in(5), *c));
   SG_RETURN_IF_ERROR(check_float_like(op, "dq", a.out(0), q, "q"));
   SG_RETURN_IF_ERROR(check_float_like(op, "dk", a.out(1), k, "k"));
-  c->sinks = a.has_in(7);
-  if (c->sinks) SG_RETURN_IF_ERROR(check_sinks(op, a.in(7), c->Hq));
-  if (a.has_out(3)) {
-    SG_CHECK(c->sinks, StatusCode::kInvalidArgument, str_cat(op, ": dsinks is asked for without a sinks input"),
-             "pass the forward's sinks as input 7");
-    SG_RETURN_IF_ERROR(check_same_shape(op, "dsinks", a.out(3), "sinks", a.in(7)));
-    SG_RETURN_IF_ERROR(check_dtype(op, "dsinks", a.out(3), {DType::kF32, a.in(7).dtype}));
-  }
   return check_float_like(op, "dv", a.out(2), v, "v");
+}
+
+Status check_attention_sinks_bwd(const OpArgs& a, AttentionSinksArgs* r) {
+  const char* op = "attention_sinks_bwd";
+  const Tensor &dout = a.in(0), &out = a.in(1), &lse = a.in(2), &dz = a.out(0);
+  SG_RETURN_IF_ERROR(check_ndim(op, "out", out, 3));
+  SG_RETURN_IF_ERROR(check_dtype(op, "out", out, {DType::kF32, DType::kBF16, DType::kF16}));
+  SG_RETURN_IF_ERROR(check_contiguous(op, "out", out));
+  SG_RETURN_IF_ERROR(check_float_like(op, "dout", dout, out, "out"));
+  AttentionArgs c;
+  c.N = out.shape[0];
+  c.Hq = out.shape[1];
+  SG_RETURN_IF_ERROR(check_lse(op, lse, c));
+  SG_RETURN_IF_ERROR(check_sinks(op, a.in(3), c.Hq));
+  SG_RETURN_IF_ERROR(check_same_shape(op, "dsinks", dz, "sinks", a.in(3)));
+  SG_RETURN_IF_ERROR(check_dtype(op, "dsinks", dz, {DType::kF32, a.in(3).dtype}));
+  SG_RETURN_IF_ERROR(check_contiguous(op, "dsinks", dz));
+  r->N = c.N;
+  r->Hq = c.Hq;
+  r->D = out.shape[2];
+  r->accumulate = a.attr().get_bool("accumulate", false);
+  return Status::OK();
 }
 
 }  // namespace surogate

@@ -4,8 +4,9 @@
 //   attention_fwd  (q[N,Hq,D], k[N,Hkv,D], v[N,Hkv,D], cu_seqlens[S+1] i32) -> (out[N,Hq,D], lse[N,Hq] f32)
 //   attention_bwd  (dout, q, k, v, out, lse, cu_seqlens) -> (dq, dk, dv)
 // Optional sinks[Hq] (GPT-OSS: a learned logit per query head in the softmax's denominator, no
-// value) as attention_fwd's input 4 and attention_bwd's input 7, with dsinks[Hq] (f32 or the
-// sinks' dtype) attention_bwd's optional output 3; lse then includes the sink.
+// value) as attention_fwd's input 4; lse then includes the sink, so attention_bwd is unchanged,
+// and the sinks' gradient is its own op:
+//   attention_sinks_bwd (dout, out, lse, sinks[Hq]) -> (dsinks[Hq], f32 or the sinks' dtype)
 // Every tensor contiguous; q, k, v and their gradients in one dtype. The values of cu_seqlens
 // (0 first, nondecreasing, N last) are host memory: the CPU checks them, CUDA cannot.
 #pragma once
@@ -28,6 +29,12 @@ struct AttentionArgs {
 
 // sinks[Hq], any float dtype, contiguous (shared with paged_attention).
 Status check_sinks(const char* op, const Tensor& sinks, int64_t Hq);
+
+struct AttentionSinksArgs {
+  int64_t N = 0, Hq = 0, D = 0;
+  bool accumulate = false;
+};
+Status check_attention_sinks_bwd(const OpArgs& a, AttentionSinksArgs* r);
 
 Status check_attention_fwd(const OpArgs& a, AttentionArgs* c);
 Status check_attention_bwd(const OpArgs& a, AttentionArgs* c);

@@ -44,9 +44,11 @@ constexpr OpContract kContracts[] = {
     {"attention_fwd", 4, 5, 2, -1,
      "(q[N,Hq,D], k[N,Hkv,D], v[N,Hkv,D], cu_seqlens[S+1], [sinks[Hq]]) -> (out[N,Hq,D], lse[N,Hq] f32); "
      "attrs: causal, scale, window, softcap"},
-    {"attention_bwd", 7, 8, 4, 3,
-     "(dout, q, k, v, out, lse, cu_seqlens, [sinks[Hq]]) -> (dq, dk, dv, [dsinks[Hq]]); attrs: causal, scale, "
-     "window, softcap, accumulate"},
+    {"attention_bwd", 7, 7, 3, -1,
+     "(dout, q, k, v, out, lse, cu_seqlens) -> (dq, dk, dv); attrs: causal, scale, window, softcap"},
+    {"attention_sinks_bwd", 4, 4, 1, -1,
+     "(dout[N,Hq,D], out[N,Hq,D], lse[N,Hq] f32, sinks[Hq]) -> (dsinks[Hq] f32 or sinks' dtype = -sum_i "
+     "exp(z - lse_i) dout_i . out_i); attrs: accumulate"},
     {"lm_head_ce_fwd", 3, 3, 2, -1,
      "(h[N,C], W[V,C], targets[N] i32) -> (loss[N] f32, lse[N] f32); attrs: ignore_index, label_smoothing, "
      "chunk, softcap"},

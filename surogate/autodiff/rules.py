@@ -138,10 +138,11 @@ def _attention(c: RuleContext, n: Node, gy: list) -> list:
     out, lse = n.outputs
     specs = [c.grad_spec(t) or (t.name + ".grad_unused", t.shape, t.dtype) for t in (q, k, v)]
     dsinks = c.param_grad(sinks[0]) if sinks else None
-    if not any(c.needs(t) for t in (q, k, v)) and dsinks is None:
+    if dsinks is not None:  # lse holds the sink: attention_bwd needs nothing more, the sinks their own op
+        c.g.node("attention_sinks_bwd", [gy[0], out, lse, sinks[0]], [dsinks], accumulate=1)
+    if not any(c.needs(t) for t in (q, k, v)):
         return [None] * len(n.inputs)
-    attrs = dict(n.attrs, accumulate=1) if dsinks is not None else n.attrs
-    dq, dk, dv, _ = c.g.node("attention_bwd", [gy[0], q, k, v, out, lse, cu, *sinks], specs + [dsinks], **attrs)
+    dq, dk, dv = c.g.node("attention_bwd", [gy[0], q, k, v, out, lse, cu], specs, **n.attrs)
     return [dq if c.needs(q) else None, dk if c.needs(k) else None, dv if c.needs(v) else None, None] + \
         [None] * len(sinks)
 

@@ -5,7 +5,8 @@ in: a template that renders ``<tool_call>`` gets the Hermes parser, one that spe
 ``<|python_tag|>`` / ``"parameters"`` under Llama 3 headers gets Llama 3 JSON, one that writes
 ``[TOOL_CALLS]`` gets Mistral's, one that writes ``<|tool_call>`` Gemma 4's, one that writes
 ``<|tool_call_start|>`` LFM2's pythonic calls, one that writes ``<think>`` (Gemma 4: ``<|channel>``)
-gets the reasoning parser. Where
+gets the reasoning parser, one that writes harmony's ``<|channel|>`` and ``<|message|>`` (GPT-OSS)
+gets the harmony pair: analysis as reasoning, ``to=functions.NAME`` messages as calls. Where
 the template does not show it, the model family's defaults decide (``Family.chat``, in the
 family's file: Qwen templates that take tools answer in Hermes tags). The names are vLLM's and
 SGLang's, so a flag copied from their documentation works here (``--reasoning-parser qwen3
@@ -23,6 +24,7 @@ from surogate.models import chat_defaults_for
 from surogate.serve.parsers.base import OutputParser, ReasoningParser, ToolParser
 from surogate.serve.parsers.forced_tool_calls import ForcedToolParser, ForcedTools
 from surogate.serve.parsers.gemma4_tool_calls import Gemma4ToolParser
+from surogate.serve.parsers.harmony import HarmonyReasoningParser, HarmonyToolParser
 from surogate.serve.parsers.lfm2_tool_calls import Lfm2ToolParser
 from surogate.serve.parsers.mistral_tool_calls import MistralToolParser
 from surogate.serve.parsers.reasoning import ThinkReasoningParser
@@ -38,6 +40,8 @@ REASONING_PARSERS: dict[str, Callable[[str | None], ReasoningParser]] = {
     "deepseek_r1": lambda prompt: ThinkReasoningParser.for_prompt(prompt, force_reasoning=True),
     "gemma4": lambda prompt: ThinkReasoningParser.for_prompt(prompt, start_tag=GEMMA4_THOUGHT[0],
                                                              end_tag=GEMMA4_THOUGHT[1]),
+    "openai_gptoss": HarmonyReasoningParser.for_prompt,
+    "harmony": HarmonyReasoningParser.for_prompt,
 }
 TOOL_PARSERS: dict[str, Callable[[], ToolParser]] = {
     "hermes": HermesToolParser,
@@ -48,7 +52,11 @@ TOOL_PARSERS: dict[str, Callable[[], ToolParser]] = {
     "mistral": MistralToolParser,
     "gemma4": Gemma4ToolParser,
     "lfm2": Lfm2ToolParser,
+    "openai": HarmonyToolParser,
+    "harmony": HarmonyToolParser,
 }
+# The harmony tool parser reads the calls its reasoning parser passes on (harmony.py).
+HARMONY = ("openai_gptoss", "harmony")
 
 
 class ParserChoice(msgspec.Struct, frozen=True):
@@ -60,6 +68,8 @@ def detect_parsers(chat_template: str | None, model_type: str | None = None) -> 
     text = chat_template or ""
     family = chat_defaults_for(model_type)
     reasoning = None
+    if "<|channel|>" in text and "<|message|>" in text:  # harmony (GPT-OSS)
+        return ParserChoice(reasoning="openai_gptoss", tool="openai" if "tools" in text else None)
     if "<think>" in text or "</think>" in text:
         reasoning = (family.reasoning_parser if family else None) or "qwen3"
     elif "<|channel>" in text:
@@ -95,6 +105,8 @@ def make_output_parser(choice: ParserChoice, prompt_text: str | None, *, tools: 
     whether the request offered tools (no tools, no tool parsing: vLLM does the same); forced
     tools (a grammar wrote the call as JSON) are read by ForcedToolParser whatever the model."""
     r = REASONING_PARSERS[choice.reasoning](prompt_text) if reasoning and choice.reasoning else None
+    if r is None and choice.reasoning in HARMONY:
+        r = _Silent(REASONING_PARSERS[choice.reasoning](prompt_text))  # its headers still need reading
     if isinstance(tools, ForcedTools):
         t = ForcedToolParser(tools)
     else:
@@ -102,6 +114,23 @@ def make_output_parser(choice: ParserChoice, prompt_text: str | None, *, tools: 
     if r is None and t is None:
         return None
     return OutputParser(r, t, max_tool_calls=max_tool_calls)
+
+
+class _Silent:
+    """A reasoning parser whose reasoning is dropped (reasoning not wanted, the format still read)."""
+
+    def __init__(self, inner: ReasoningParser):
+        self.inner = inner
+
+    @property
+    def in_reasoning(self) -> bool:
+        return self.inner.in_reasoning
+
+    def feed(self, text: str) -> tuple[str, str]:
+        return "", self.inner.feed(text)[1]
+
+    def finish(self) -> tuple[str, str]:
+        return "", self.inner.finish()[1]
 
 
 def _pick(name: str, detected: str | None, table: dict, what: str) -> str | None:
