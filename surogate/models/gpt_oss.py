@@ -19,7 +19,8 @@ from __future__ import annotations
 import dataclasses
 
 from surogate.dsl import nn
-from surogate.errors import ConfigError
+from surogate.errors import ConfigError, UnsupportedError
+from surogate.io import gguf_config
 from surogate.models import decoder
 from surogate.models.family import ChatDefaults, Family, GGUFArchitecture, TinyModel
 from surogate.models.gguf_names import GGUFName, GGUFNameTable
@@ -85,9 +86,9 @@ def hf_name_table() -> NameTable:
 
 def gguf_tensor_table() -> GGUFNameTable:
     """llama.cpp's gpt-oss names (gguf-py MODEL_TENSORS[GPT_OSS], convert_hf_to_gguf.py's
-    GptOssModel). Its ffn_gate_exps / ffn_up_exps are gate_up_proj's even and odd rows (HF's
-    interleaving), which GGUFName.parts (equal halves) does not express: the names are here for
-    the table's round trip, the values are not written or read yet (gguf.unsupported)."""
+    GptOssModel): HF's [E, in, out] experts transposed to [E, out, in], gate_up_proj's even /
+    odd columns as ffn_gate_exps / ffn_up_exps (and their biases), the expert weights MXFP4 when
+    the checkpoint's are (OpenAI's release), else by the recipe."""
     L, B = "model.layers.{i}.", "blk.{i}."
     table = decoder.gguf_tensor_table(rope_permuted=False)
     e = {k: v for k, v in table.entries.items() if ".mlp." not in k and "post_attention_layernorm" not in k}
@@ -96,18 +97,54 @@ def gguf_tensor_table() -> GGUFNameTable:
         L + "self_attn.sinks": GGUFName(B + "attn_sinks.weight"),
         L + "mlp.router.weight": GGUFName(B + "ffn_gate_inp.weight"),
         L + "mlp.router.bias": GGUFName(B + "ffn_gate_inp.bias"),
-        L + "mlp.experts.gate_up_proj": GGUFName(B + "ffn_gate_exps.weight", parts=(B + "ffn_up_exps.weight",), axis=1),
-        L + "mlp.experts.gate_up_proj_bias": GGUFName(B + "ffn_gate_exps.bias", parts=(B + "ffn_up_exps.bias",), axis=1),
-        L + "mlp.experts.down_proj": GGUFName(B + "ffn_down_exps.weight"),
+        L + "mlp.experts.gate_up_proj": GGUFName(B + "ffn_gate_exps.weight", parts=(B + "ffn_up_exps.weight",), axis=1,
+                                                 transposed=True, interleaved=True, keep_mxfp4=True),
+        L + "mlp.experts.gate_up_proj_bias": GGUFName(B + "ffn_gate_exps.bias", parts=(B + "ffn_up_exps.bias",), axis=1,
+                                                      interleaved=True),
+        L + "mlp.experts.down_proj": GGUFName(B + "ffn_down_exps.weight", transposed=True, keep_mxfp4=True),
         L + "mlp.experts.down_proj_bias": GGUFName(B + "ffn_down_exps.bias"),
     })
     return GGUFNameTable(e)
 
 
-def _no_gguf(*_a, **_k):
-    from surogate.errors import UnsupportedError
+def config_from_gguf(gf) -> dict:
+    """llama.cpp's gpt-oss keys -> GptOssConfig's: every other layer (the even ones) slides,
+    YaRN from rope.scaling.* with GPT-OSS's beta_fast / beta_slow / truncate."""
+    a = gf.architecture
+    config = gguf_config.hf_config(gf, "GptOssForCausalLM", "gpt_oss")
+    n = int(config["num_hidden_layers"])
+    scaling = config.pop("rope_scaling", None) or {}
+    rope = {"rope_type": "default", "rope_theta": float(config.pop("rope_theta", 150000.0))}
+    if scaling.get("rope_type") == "yarn":
+        rope = dict(YARN, rope_theta=rope["rope_theta"], factor=float(scaling["factor"]),
+                    original_max_position_embeddings=int(scaling.get("original_max_position_embeddings", 4096)))
+    window = int(gf.get(f"{a}.attention.sliding_window") or 0)
+    config.update(num_local_experts=int(gf.get(f"{a}.expert_count") or 0),
+                  num_experts_per_tok=int(gf.get(f"{a}.expert_used_count") or 0),
+                  intermediate_size=int(gf.get(f"{a}.expert_feed_forward_length") or config["intermediate_size"]),
+                  sliding_window=window or None, rope_parameters=rope, attention_bias=True,
+                  layer_types=["sliding_attention" if window and i % 2 == 0 else "full_attention" for i in range(n)])
+    return config
 
-    raise UnsupportedError("GGUF gpt-oss is not read or written by this version", hint="use the Hugging Face folder")
+
+def gguf_metadata(config: dict, rope: dict) -> dict:
+    config = _with_defaults(config)
+    a = "gpt-oss"
+    meta = gguf_config.hyperparameters(a, config, rope)
+    types = config["layer_types"]
+    if any(t != ("sliding_attention" if i % 2 == 0 else "full_attention") for i, t in enumerate(types)):
+        raise UnsupportedError(f"gpt-oss GGUF: layer_types {types} do not alternate sliding / full from layer 0, "
+                               "the only pattern llama.cpp's gpt-oss runs", hint="keep the model as a Hugging Face folder")
+    meta.update({f"{a}.expert_count": int(config.get("num_local_experts") or config.get("num_experts")),
+                 f"{a}.expert_used_count": int(config.get("num_experts_per_tok", 4)),
+                 f"{a}.expert_feed_forward_length": int(config["intermediate_size"]),
+                 f"{a}.attention.sliding_window": int(config.get("sliding_window") or 0)})
+    if rope["rope_type"] == "yarn":
+        meta.update({f"{a}.rope.scaling.type": "yarn", f"{a}.rope.scaling.factor": float(rope["factor"]),
+                     f"{a}.rope.scaling.original_context_length": int(rope["original_max_position"])})
+    elif rope["rope_type"] != "default":
+        raise UnsupportedError(f"gpt-oss GGUF: rope type {rope['rope_type']!r}", hint="llama.cpp's gpt-oss runs yarn")
+    return meta
 
 
 def _tiny(**kw) -> dict:
@@ -130,9 +167,8 @@ FAMILY = Family(
     gguf=GGUFArchitecture(
         name="gpt-oss",
         tensors=gguf_tensor_table,
-        config_from_gguf=_no_gguf,
-        metadata=_no_gguf,
-        unsupported="GGUF gpt-oss (MXFP4 expert blocks) is not read or written yet",
+        config_from_gguf=config_from_gguf,
+        metadata=gguf_metadata,
     ),
     chat=ChatDefaults(model_types=("gpt_oss",)),
     bench_shapes={
@@ -166,5 +202,11 @@ FAMILY = Family(
             "full-sliding-full-default-rope": _tiny(layer_types=["full_attention", "sliding_attention"],
                                                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
         },
+        # Every token to all 4 experts: a random tiny router's top-k is full of near ties that any
+        # rounding of the weights flips (qwen3_moe.py says the same), so the GGUF bounds measure the
+        # rounding alone. Window 16: the smallest top-2 gap on the blocks test's greedy paths is 0.0067
+        # (window 8 had one of 0.0031, which Q8_0 blocks flipped).
+        gguf={"hidden_size": 256, "intermediate_size": 512, "num_local_experts": 4, "num_experts_per_tok": 4,
+              "sliding_window": 16},
     ),
 )

@@ -252,3 +252,67 @@ def test_yarn_rope_on_qwen3_matches_transformers(tmp_path, truncate):
     with torch.no_grad():
         want = _hf(path)(torch.tensor(ids)[None]).logits[0].numpy()
     np.testing.assert_allclose(ours.forward(ids), want, atol=1e-4, rtol=0)
+
+
+# ---- GGUF: llama.cpp's gpt-oss, experts as MXFP4 -----------------------------------------
+def _mxfp4_folder(folder, out):
+    """``folder`` with its experts replaced by random MXFP4 blocks (OpenAI's layout)."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    src = load_file(str(folder / "model.safetensors"))
+    rng = np.random.default_rng(1)
+    packed = {}
+    for name, a in src.items():
+        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            E, cin, cout = a.shape
+            packed[name + "_blocks"] = rng.integers(0, 256, (E, cout, cin // 32, 16), dtype=np.uint8)
+            packed[name + "_scales"] = rng.integers(118, 124, (E, cout, cin // 32), dtype=np.uint8)
+        else:
+            packed[name] = a
+    shutil.copytree(folder, out)
+    save_file(packed, str(out / "model.safetensors"))
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "mxfp4"}
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
+def test_gguf_of_an_mxfp4_checkpoint_is_llama_cpps_gpt_oss(folder, tmp_path):
+    """`surogate quantize` of OpenAI's layout: architecture gpt-oss, llama.cpp's tensor names
+    (gguf-py's MODEL_TENSORS[GPT_OSS]), the experts MXFP4 whose gguf-py dequantization is the
+    checkpoint's exactly (gate / up de-interleaved, transposed), and the file loads back as the model."""
+    gguf = pytest.importorskip("gguf")
+    from gguf.constants import MODEL_ARCH, MODEL_TENSORS, TENSOR_NAMES, GGMLQuantizationType
+
+    from surogate.io.quantized_checkpoint import MXFP4Weights
+    from surogate.io.safetensors import SafetensorsFile
+    from surogate.models.gguf_names import quantize_to_gguf
+
+    src = _mxfp4_folder(folder, tmp_path / "mxfp4")
+    out = quantize_to_gguf(src, tmp_path / "m.gguf", "F32")
+    reader = gguf.GGUFReader(str(out))
+    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    assert arch == "gpt-oss"
+    allowed = {TENSOR_NAMES[t].format(bid=i) + s for t in MODEL_TENSORS[MODEL_ARCH.GPT_OSS] for i in range(2)
+               for s in (".weight", ".bias")}
+    tensors = {t.name: t for t in reader.tensors}
+    assert set(tensors) <= allowed
+    w = MXFP4Weights(SafetensorsFile(src / "model.safetensors"), "test")
+    for i in range(2):
+        gu = w.get(f"model.layers.{i}.mlp.experts.gate_up_proj")  # [E, C, 2F]
+        down = w.get(f"model.layers.{i}.mlp.experts.down_proj")   # [E, F, C]
+        want = {"ffn_gate_exps": np.swapaxes(gu, 1, 2)[:, 0::2], "ffn_up_exps": np.swapaxes(gu, 1, 2)[:, 1::2],
+                "ffn_down_exps": np.swapaxes(down, 1, 2)}
+        for n, v in want.items():
+            t = tensors[f"blk.{i}.{n}.weight"]
+            assert t.tensor_type == GGMLQuantizationType.MXFP4
+            got = gguf.quants.dequantize(t.data, t.tensor_type).reshape(v.shape)
+            assert np.array_equal(got, v), n
+    meta = {k: f.contents() for k, f in reader.fields.items() if k.startswith("gpt-oss.")}
+    assert meta["gpt-oss.expert_count"] == 4 and meta["gpt-oss.attention.sliding_window"] == 8
+    assert meta["gpt-oss.rope.scaling.type"] == "yarn"
+    ids = _ids(surogate.load_model(src).spec.vocab_size, 19, 8)
+    np.testing.assert_allclose(surogate.load_model(out).forward(ids), surogate.load_model(src).forward(ids),
+                               atol=1e-5, rtol=0)
