@@ -398,6 +398,10 @@ class MoE:
         E, F = m.num_experts, m.intermediate_size
         adapted = expert_lora(lora)
         train_router = (lora is None) if m.train_router is None else m.train_router
+        if lora is not None and train_router and m.router_name != "gate":
+            raise UnsupportedError(f"train_router with LoRA on {self.spec.family}: its router (mlp.{m.router_name}, "
+                                   "with a bias) has no place in the adapter files yet (peft's modules_to_save "
+                                   "there is mlp.gate)", hint="leave train_router off, or fine-tune fully")
         logits = self.gate(g, x, dtype, lora, trainable=train_router)
         g.moe_logits.append(logits)
         w, idx, probs = ops.moe_router(logits, m.top_k, m.norm_topk_prob, name="mlp.router")
