@@ -343,3 +343,18 @@ def test_train_router_under_lora_is_refused(folder):
     spec = dataclasses.replace(m.spec, moe=dataclasses.replace(m.spec.moe, train_router=True))
     with pytest.raises(UnsupportedError, match="train_router with LoRA on gpt_oss"):
         m.family.architecture(spec).build(mode="train", lora=LoRAConfig(rank=4, alpha=8, targets=("q_proj",)))
+
+
+def test_yarn_survives_a_qwen3_gguf(tmp_path):
+    """YaRN on another family's GGUF: the rope.scaling.* keys written and read back to the same rope."""
+    from surogate.models.gguf_names import quantize_to_gguf
+
+    rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "rope_theta": 10000.0}
+    path = make_model("qwen3", tmp_path / "q", seed=1, rope_parameters=rope, max_position_embeddings=128,
+                      hidden_size=256, intermediate_size=512, head_dim=128, num_attention_heads=2,
+                      num_key_value_heads=1)
+    out = quantize_to_gguf(path, tmp_path / "q.gguf", "F32")
+    a, b = surogate.load_model(path), surogate.load_model(out)
+    assert b.spec.rope == a.spec.rope
+    ids = _ids(a.spec.vocab_size, 60, 3)
+    np.testing.assert_allclose(b.forward(ids), a.forward(ids), atol=1e-5, rtol=0)
