@@ -88,3 +88,37 @@ def test_detected_from_a_harmony_template():
     assert detect_parsers(template, "gpt_oss") == HARMONY
     assert detect_parsers(template.replace("{%- if tools %}# Tools{%- endif %}", ""), "gpt_oss") == \
         ParserChoice(reasoning="openai_gptoss", tool=None)
+
+
+def test_the_generation_api_keeps_special_tokens_for_harmony(tmp_path):
+    """Harmony's headers are special tokens: a request parsed as harmony is detokenized with them
+    (skip_special_tokens off for its processor); other parsers keep the request's setting."""
+    from sgtest import tiny_models
+
+    from surogate.io import Tokenizer
+    from surogate.serve import LLM, EngineClient, EngineConfig, SamplingParams
+
+    tok = Tokenizer.from_folder(tiny_models.make_tokenizer(tmp_path, "chatml"))
+
+    class Runner:
+        vocab_size = tok.vocab_size
+
+        def run(self, step):
+            import numpy as np
+
+            return np.zeros((len(step.logits_rows), tok.vocab_size), np.float32)
+
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    for choice, skip in ((HARMONY, False), (ParserChoice(reasoning="qwen3", tool="hermes"), True)):
+        llm = LLM(EngineClient(Runner(), EngineConfig(num_blocks=16, block_size=4)), tok, max_model_len=64,
+                  parsers=choice)
+        with llm.client:
+            gen = llm.submit("hi", params, tools=True)
+            gen.close()
+        assert gen.processors[0].opts.skip_special_tokens is skip
+        text = CASES[1][0]
+        proc = gen.processors[0]
+        if choice == HARMONY:
+            outs = [proc.step([t]) for t in tok.encode(text, add_special_tokens=False)] + [proc.step([], None, "stop")]
+            assert "".join(o.reasoning for o in outs) == "Need the weather."
+            assert [c.name for o in outs for c in o.tool_calls if c.name] == ["get_weather"]
