@@ -28,8 +28,8 @@ from surogate.io import Tokenizer
 from surogate.serve.engine_client import EngineClient, OutputStream
 from surogate.serve.frontend import OutputProcessor, Prompt, encode_prompt, render_chat, template_kwargs
 from surogate.serve.parsers import ForcedTools, ParserChoice, make_output_parser, resolve_parsers
-from surogate.serve.parsers.registry import HARMONY
 from surogate.serve.structured import Grammars
+from surogate.serve.parsers.registry import HARMONY
 from surogate.serve.types import RequestOutput, SamplingParams
 
 PromptInput = Prompt | str | Sequence[int]

@@ -5,12 +5,14 @@ in: a template that renders ``<tool_call>`` gets the Hermes parser, one that spe
 ``<|python_tag|>`` / ``"parameters"`` under Llama 3 headers gets Llama 3 JSON, one that writes
 ``[TOOL_CALLS]`` gets Mistral's, one that writes ``<|tool_call>`` Gemma 4's, one that writes
 ``<|tool_call_start|>`` LFM2's pythonic calls, one that writes ``<think>`` (Gemma 4: ``<|channel>``)
-gets the reasoning parser, one that writes harmony's ``<|channel|>`` and ``<|message|>`` (GPT-OSS)
-gets the harmony pair: analysis as reasoning, ``to=functions.NAME`` messages as calls. Where
+gets the reasoning parser. Where
 the template does not show it, the model family's defaults decide (``Family.chat``, in the
 family's file: Qwen templates that take tools answer in Hermes tags). The names are vLLM's and
 SGLang's, so a flag copied from their documentation works here (``--reasoning-parser qwen3
 --tool-call-parser hermes``).
+
+A template that writes harmony's ``<|channel|>`` and ``<|message|>`` (GPT-OSS) gets the harmony
+pair (harmony.py): analysis as reasoning, ``to=functions.NAME`` messages as calls.
 """
 
 from __future__ import annotations
@@ -49,12 +51,15 @@ TOOL_PARSERS: dict[str, Callable[[], ToolParser]] = {
     "qwen25": HermesToolParser,
     "llama3_json": Llama3JsonToolParser,
     "llama3": Llama3JsonToolParser,
+    "openai": HarmonyToolParser,
+    "harmony": HarmonyToolParser,
     "mistral": MistralToolParser,
     "gemma4": Gemma4ToolParser,
     "lfm2": Lfm2ToolParser,
-    "openai": HarmonyToolParser,
-    "harmony": HarmonyToolParser,
 }
+
+
+
 # The harmony tool parser reads the calls its reasoning parser passes on (harmony.py).
 HARMONY = ("openai_gptoss", "harmony")
 
