@@ -29,7 +29,6 @@ from surogate.serve.engine_client import EngineClient, OutputStream
 from surogate.serve.frontend import OutputProcessor, Prompt, encode_prompt, render_chat, template_kwargs
 from surogate.serve.parsers import ForcedTools, ParserChoice, make_output_parser, resolve_parsers
 from surogate.serve.structured import Grammars
-from surogate.serve.parsers.registry import HARMONY
 from surogate.serve.types import RequestOutput, SamplingParams
 
 PromptInput = Prompt | str | Sequence[int]
@@ -125,7 +124,7 @@ class LLM:
                 requests.append((prompt.token_ids, one, None if grammar is None else self.grammars.matcher(grammar)))
                 parser = make_output_parser(self.parsers, prompt.text, tools=tools, reasoning=reasoning,
                                             max_tool_calls=max_tool_calls) if p.detokenize else None
-                if parser is not None and self.parsers.reasoning in HARMONY:  # harmony's headers are special tokens
+                if parser is not None and self.parsers.reasoning in _harmony():  # its headers are special tokens
                     p = msgspec.structs.replace(p, skip_special_tokens=False)
                 processors.append(OutputProcessor(self.tokenizer, p, parser))
         return Generation(self, requests, processors, adapter)
@@ -282,3 +281,9 @@ class Generation:
 
     async def __aexit__(self, *exc: object) -> None:
         self.close()
+
+
+def _harmony() -> tuple[str, ...]:
+    from surogate.serve.parsers.registry import HARMONY
+
+    return HARMONY
