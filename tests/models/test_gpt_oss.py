@@ -358,3 +358,28 @@ def test_yarn_survives_a_qwen3_gguf(tmp_path):
     assert b.spec.rope == a.spec.rope
     ids = _ids(a.spec.vocab_size, 60, 3)
     np.testing.assert_allclose(b.forward(ids), a.forward(ids), atol=1e-5, rtol=0)
+
+
+def test_sft_with_expert_lora_trains_merges_and_loads_in_peft(folder, tmp_path):
+    """`surogate sft` end to end on GPT-OSS: LoRA on attention and the experts (lora_target_modules
+    with gate_up_proj / down_proj), 3 steps, the adapter loaded by peft gives the merged model's logits."""
+    peft = pytest.importorskip("peft")
+    from sgtest.qa import sft_config, step_losses, write_qa
+
+    from surogate.train.trainer import Trainer
+
+    data = write_qa(tmp_path / "qa.jsonl")
+    cfg = sft_config(folder, data, tmp_path / "run", max_steps=3, merge_adapter=True, lora_rank=4, lora_alpha=8,
+                     lora_dropout=0.0,
+                     lora_target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "down_proj"])
+    tr = Trainer(cfg)
+    assert any(".mlp.experts.gate_up_proj.lora_A" in n for n in tr.trainable)
+    result = tr.train()
+    assert len(step_losses(tmp_path / "run")) == 3
+    pm = peft.PeftModel.from_pretrained(_hf(folder), str(result.output)).eval()
+    ids = np.arange(3, 40)
+    with torch.no_grad():
+        ref = pm(torch.tensor(ids)[None]).logits[0].numpy()
+    got = surogate.load_model(result.merged).forward(ids)
+    _close(got, ref, "merged logits vs peft")
+    assert np.abs(got - surogate.load_model(folder).forward(ids)).max() > 1e-3
