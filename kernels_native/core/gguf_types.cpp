@@ -101,6 +101,28 @@ SG_GGUF_CLONES void dq_iq4_nl(const uint8_t* b, float* y, int64_t nb) {  // d, q
   }
 }
 
+// MXFP4 (gpt-oss): e (e8m0), qs[16]: values j and j + 16 in the low and high nibbles of qs[j],
+// each a doubled e2m1 code times half the block scale (gguf-py's MXFP4.dequantize_blocks:
+// e8m0_to_fp32_half, then one f32 product).
+const int8_t kMXFP4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+inline float e8m0_half(uint8_t e) {
+  const uint32_t bits = e < 2 ? 0x00200000u << e : static_cast<uint32_t>(e - 1) << 23;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+SG_GGUF_CLONES void dq_mxfp4(const uint8_t* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, b += 17, y += 32) {
+    const float d = e8m0_half(b[0]);
+    for (int j = 0; j < 16; ++j) {
+      y[j] = d * static_cast<float>(kMXFP4Values[b[1 + j] & 0xF]);
+      y[j + 16] = d * static_cast<float>(kMXFP4Values[b[1 + j] >> 4]);
+    }
+  }
+}
+
 // ---- 256-value super-blocks ----------------------------------------------------------------
 // The low bits of the quants are laid out in 32-value strips: byte l of a strip of bytes holds
 // values l, l+32, l+64, ... in successive bit fields.
@@ -269,7 +291,7 @@ const Entry kTypes[] = {
     {GgmlType::BF16, {"BF16", 1, 2, true, true}, dq_bf16},
     {GgmlType::TQ1_0, {"TQ1_0", 256, 54, false, false}, nullptr},
     {GgmlType::TQ2_0, {"TQ2_0", 256, 66, false, false}, nullptr},
-    {GgmlType::MXFP4, {"MXFP4", 32, 17, false, false}, nullptr},
+    {GgmlType::MXFP4, {"MXFP4", 32, 17, true, true}, dq_mxfp4},
 };
 
 const Entry* find(GgmlType t) {
@@ -306,7 +328,7 @@ Status dequantize_row(GgmlType t, const void* src, float* dst, int64_t n) {
   SG_RETURN_IF_ERROR(row_bytes(t, n, &bytes));
   const Entry* e = find(t);
   SG_CHECK(e->dequant, StatusCode::kUnsupported, str_cat("unsupported GGUF type ", e->info.name),
-           "this build decodes F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q8_K, IQ4_NL, IQ4_XS");
+           "this build decodes F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q8_K, IQ4_NL, IQ4_XS, MXFP4");
   e->dequant(static_cast<const uint8_t*>(src), dst, n / e->info.block_size);
   return Status::OK();
 }

@@ -17,6 +17,13 @@
 //   !causal, window = W: |i - j| <= W            (sliding_window_bidirectional_overlay)
 // Every query sees at least itself, so no row of the softmax is empty.
 //
+// Attention sinks (GPT-OSS; optional input sinks[Hq]): a logit z_h per query head joins every
+// row's softmax denominator and carries no value, as transformers' eager_attention_forward
+// (cat the sink column, softmax, drop it):
+//   out_i = sum_j exp(s_ij) v_j / (sum_j exp(s_ij) + exp(z_h)),  lse_i = log(sum_j exp(s_ij) + exp(z_h))
+// With that lse, P = exp(s - lse) is the row's probability and the backward below is unchanged;
+// the sink's own gradient is dz_h = -sum_i exp(z_h - lse_i) Delta_i (its dP is 0: no value).
+//
 // Backward (FlashAttention-2): with P = exp(s - lse) recomputed tile by tile and
 // Delta_i = dout_i . out_i,
 //   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - Delta) [* (1 - tanh^2) under softcap],
@@ -333,7 +340,7 @@ void softmax_tile(float* S, int64_t ldS, int nk, int R, int G, const int* lo, co
 
 template <typename T>
 Status attention_fwd_impl(const AttnConfig& c, const T* q, const T* k, const T* v, const int32_t* cu, T* out,
-                          float* lse) {
+                          float* lse, const std::vector<float>& sinks) {
   const int64_t N = c.N, D = c.D, G = c.G, Bt = c.tile_tokens, R_max = Bt * G;
   const auto tiles = key_tiles(c, cu);
   const int64_t n_tiles = static_cast<int64_t>(tiles.size());
@@ -388,8 +395,16 @@ Status attention_fwd_impl(const AttnConfig& c, const T* q, const T* k, const T* 
       }
       for (int64_t r = 0; r < R; ++r) {
         const int64_t tok = base + t0 + r / G, h = kvh * G + r % G;
-        const float inv = l.p[r] > 0.0f ? 1.0f / l.p[r] : 0.0f;
         T* dst = out + (tok * c.Hq + h) * D;
+        if (!sinks.empty()) {  // the sink joins the denominator: out = o exp(m - lse)
+          const float z = sinks[h], mx = std::max(m.p[r], z);
+          const float row_lse = mx + std::log(l.p[r] * std::exp(m.p[r] - mx) + std::exp(z - mx));
+          const float mul = std::exp(m.p[r] - row_lse);
+          for (int64_t d = 0; d < D; ++d) dst[d] = store<T>(o.p[r * D + d] * mul);
+          lse[tok * c.Hq + h] = row_lse;
+          continue;
+        }
+        const float inv = l.p[r] > 0.0f ? 1.0f / l.p[r] : 0.0f;
         for (int64_t d = 0; d < D; ++d) dst[d] = store<T>(o.p[r * D + d] * inv);
         lse[tok * c.Hq + h] = m.p[r] + std::log(l.p[r]);
       }
@@ -398,16 +413,38 @@ Status attention_fwd_impl(const AttnConfig& c, const T* q, const T* k, const T* 
   return Status::OK();
 }
 
-// attention_fwd: (q, k, v, cu_seqlens) -> (out, lse); attrs: causal, scale, window, softcap.
+// Element i of a small f32 / bf16 / f16 tensor (the checks allow only those), read or written.
+float float_at(const Tensor& t, int64_t i) {
+  if (t.dtype == DType::kBF16) return load(t.ptr<bf16_t>()[i]);
+  if (t.dtype == DType::kF16) return load(t.ptr<f16_t>()[i]);
+  return t.ptr<float>()[i];
+}
+void set_float_at(const Tensor& t, int64_t i, float v) {
+  if (t.dtype == DType::kBF16) t.ptr<bf16_t>()[i] = store<bf16_t>(v);
+  else if (t.dtype == DType::kF16) t.ptr<f16_t>()[i] = store<f16_t>(v);
+  else t.ptr<float>()[i] = v;
+}
+
+// sinks[Hq] in f32 (empty without the input).
+std::vector<float> read_sinks(const OpArgs& a, int i, const AttnConfig& c) {
+  std::vector<float> z;
+  if (!c.sinks) return z;
+  z.resize(c.Hq);
+  for (int64_t h = 0; h < c.Hq; ++h) z[h] = float_at(a.in(i), h);
+  return z;
+}
+
+// attention_fwd: (q, k, v, cu_seqlens, [sinks]) -> (out, lse); attrs: causal, scale, window, softcap.
 Status attention_fwd(const OpArgs& a) {
   const char* op = "attention_fwd";
   const Tensor &q = a.in(0), &k = a.in(1), &v = a.in(2), &cu = a.in(3);
   const Tensor &out = a.out(0), &lse = a.out(1);
   AttnConfig c;
   SG_RETURN_IF_ERROR(read_config(op, a, /*backward=*/false, cu, &c));
+  const std::vector<float> sinks = read_sinks(a, 4, c);
   SG_DISPATCH_FLOAT(op, q.dtype, T, {
     SG_RETURN_IF_ERROR(attention_fwd_impl<T>(c, q.ptr<T>(), k.ptr<T>(), v.ptr<T>(), cu.ptr<int32_t>(), out.ptr<T>(),
-                                             lse.ptr<float>()));
+                                             lse.ptr<float>(), sinks));
   });
   return Status::OK();
 }
@@ -559,6 +596,42 @@ Status attention_bwd_impl(const AttnConfig& c, const T* dout, const T* q, const 
   return Status::OK();
 }
 
+// dsinks[h] (+)= -sum_i exp(z_h - lse_i) Delta_i, Delta_i = dout_i . out_i: the sink column's
+// dS = P_sink (0 - Delta). Summed over tokens in order per head (deterministic).
+template <typename T>
+void sinks_grad(const AttnConfig& c, const T* dout, const T* out, const float* lse, const std::vector<float>& z,
+                const Tensor& dsinks, bool accumulate) {
+  std::vector<double> acc(c.Hq, 0.0);
+  for (int64_t tok = 0; tok < c.N; ++tok) {
+    for (int64_t h = 0; h < c.Hq; ++h) {
+      const int64_t i = tok * c.Hq + h;
+      float delta = 0.0f;
+      for (int64_t d = 0; d < c.D; ++d) delta += load(dout[i * c.D + d]) * load(out[i * c.D + d]);
+      acc[h] -= static_cast<double>(std::exp(z[h] - lse[i]) * delta);
+    }
+  }
+  for (int64_t h = 0; h < c.Hq; ++h) {
+    const float prev = accumulate ? float_at(dsinks, h) : 0.0f;
+    set_float_at(dsinks, h, prev + static_cast<float>(acc[h]));
+  }
+}
+
+// attention_sinks_bwd: (dout, out, lse, sinks) -> (dsinks); attr accumulate.
+Status attention_sinks_bwd(const OpArgs& a) {
+  AttentionSinksArgs r;
+  SG_RETURN_IF_ERROR(check_attention_sinks_bwd(a, &r));
+  AttnConfig c;
+  c.N = r.N;
+  c.Hq = r.Hq;
+  c.D = r.D;
+  c.sinks = true;
+  const std::vector<float> z = read_sinks(a, 3, c);
+  SG_DISPATCH_FLOAT("attention_sinks_bwd", a.in(0).dtype, T, {
+    sinks_grad<T>(c, a.in(0).ptr<T>(), a.in(1).ptr<T>(), a.in(2).ptr<float>(), z, a.out(0), r.accumulate);
+  });
+  return Status::OK();
+}
+
 // attention_bwd: (dout, q, k, v, out, lse, cu_seqlens) -> (dq, dk, dv); attrs as attention_fwd.
 Status attention_bwd(const OpArgs& a) {
   const char* op = "attention_bwd";
@@ -580,6 +653,7 @@ Status attention_bwd(const OpArgs& a) {
 void register_cpu_attention(OpRegistry& reg) {
   add_op(reg, "attention_fwd", attention_fwd);
   add_op(reg, "attention_bwd", attention_bwd);
+  add_op(reg, "attention_sinks_bwd", attention_sinks_bwd);
 }
 
 }  // namespace surogate::cpu

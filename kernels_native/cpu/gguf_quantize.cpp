@@ -61,6 +61,33 @@ void q_q8_0(const float* x, uint8_t* b, int64_t nb) {
   }
 }
 
+// MXFP4: gguf-py's MXFP4.quantize_blocks (llama.cpp's quantize_row_mxfp4_ref): e = floor(log2
+// amax) - 2 + 127 (log2 in f32, as numpy computes it on the f32 block maximum), d = e8m0 half
+// scale, each value the first code whose d * code is nearest.
+void q_mxfp4(const float* x, uint8_t* b, int64_t nb) {
+  static const int8_t kValues[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+  for (int64_t i = 0; i < nb; ++i, x += 32, b += 17) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const uint8_t e = amax > 0.0f ? static_cast<uint8_t>(static_cast<int>(std::floor(std::log2(amax))) - 2 + 127) : 0;
+    const uint32_t bits = e < 2 ? 0x00200000u << e : static_cast<uint32_t>(e - 1) << 23;
+    float d;
+    std::memcpy(&d, &bits, 4);
+    uint8_t q[32];
+    for (int j = 0; j < 32; ++j) {
+      int best = 0;
+      float err = std::fabs(d * static_cast<float>(kValues[0]) - x[j]);
+      for (int k = 1; k < 16; ++k) {
+        const float ek = std::fabs(d * static_cast<float>(kValues[k]) - x[j]);
+        if (ek < err) err = ek, best = k;
+      }
+      q[j] = static_cast<uint8_t>(best);
+    }
+    b[0] = e;
+    for (int j = 0; j < 16; ++j) b[1 + j] = static_cast<uint8_t>(q[j] | (q[j + 16] << 4));
+  }
+}
+
 void q_q4_0(const float* x, uint8_t* b, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += 32, b += 18) {
     const float d = x[argmax_abs(x, 32)] / -8.0f;
@@ -518,9 +545,10 @@ Status quantize_row(GgmlType t, const float* src, void* dst, int64_t n) {
     case GgmlType::Q5_K: q_q5_k(src, b, nb); break;
     case GgmlType::Q6_K: q_q6_k(src, b, nb); break;
     case GgmlType::Q8_K: q_q8_k(src, b, nb); break;
+    case GgmlType::MXFP4: q_mxfp4(src, b, nb); break;
     default:
       return SG_ERROR(StatusCode::kUnsupported, str_cat("unsupported GGUF type ", type_name(t), " for quantization"),
-                      "this build quantizes to F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K, Q8_K");
+                      "this build quantizes to F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K, Q8_K, MXFP4");
   }
   return Status::OK();
 }

@@ -26,6 +26,8 @@
 //   score_j = scale * q . k_j, then softcap * tanh(score_j / softcap) when softcap > 0;
 //   out = sum_j softmax(score)_j v_j, lse = log(sum_j exp(score_j)) (natural log, f32).
 //   attrs: scale (1 / sqrt(D)), window (0: none), softcap (0: none).
+//   sinks[Hq] (optional input 6, GPT-OSS): exp(sinks[h]) joins each row's denominator (no value),
+//   as cpu/attention.cpp's sinks: out = sum_j exp(score_j) v_j / (sum_j exp(score_j) + exp(z_h)).
 //   Only the blocks a query reads must be valid: with a window, entries of blocks that lie
 //   wholly before every query's window may be -1 (freed).
 //
@@ -397,7 +399,25 @@ struct Geometry {
   int64_t max_blocks = 0, Hq = 0, Hkv = 0, G = 0, D = 0, Dp = 0, BS = 0, window = 0;
   float scale = 1.0f, softcap = 0.0f;
   float* part = nullptr;  // split partials
+  const float* sinks = nullptr;  // [Hq] f32, or null
 };
+
+// A finished row (running max m, sum l, accumulator o relative to m) written out: out = o / l and
+// lse = m + log l, or with a sink z in the denominator lse = log(exp(m) l + exp(z)), out = o exp(m - lse).
+template <typename T>
+inline void finish_row(const Geometry& geo, int64_t row, int64_t h, float m, float l, const float* o, T* dst) {
+  float lse, mul;
+  if (geo.sinks) {
+    const float z = geo.sinks[h], mx = std::max(m, z);
+    lse = mx + std::log(l * std::exp(m - mx) + std::exp(z - mx));
+    mul = std::exp(m - lse);
+  } else {
+    lse = m + std::log(l);
+    mul = 1.0f / l;
+  }
+  for (int64_t d = 0; d < geo.D; ++d) dst[d] = store<T>(o[d] * mul);
+  if (geo.lse) geo.lse[row * geo.Hq + h] = lse;
+}
 
 // One work item: query rows [r0, r1) of sequence s (relative to its first query row), kv heads
 // [g0, g1) with their query heads, keys [k0, k1) (absolute positions). part >= 0: write
@@ -600,11 +620,7 @@ SG_INLINE void attend_item_impl(const Geometry& geo, const Item& it, float* ws) 
   for (int64_t m = 0; m < M; ++m) {
     const int64_t gi = m / Mh, ri = (m % Mh) / G, hh = m % G;
     const int64_t row = q_first + it.r0 + ri, h = (g0 + gi) * G + hh;
-    const float inv = 1.0f / lsum[m];
-    const float* om = O + m * Dp;
-    T* dst = out + (row * Hq + h) * D;
-    for (int64_t d = 0; d < D; ++d) dst[d] = store<T>(om[d] * inv);
-    if (geo.lse) geo.lse[row * Hq + h] = mrun[m] + std::log(lsum[m]);
+    finish_row<T>(geo, row, h, mrun[m], lsum[m], O + m * Dp, out + (row * Hq + h) * D);
   }
 }
 
@@ -662,10 +678,7 @@ void combine_group(const Geometry& geo, const SplitGroup& sg, float* acc) {
     }
     const int64_t gi = m / Mh, ri = (m % Mh) / G, hh = m % G;
     const int64_t row = q_first + sg.r0 + ri, h = (sg.g0 + gi) * G + hh;
-    T* dst = out + (row * Hq + h) * D;
-    const float inv = 1.0f / l;
-    for (int64_t d = 0; d < D; ++d) dst[d] = store<T>(acc[d] * inv);
-    if (geo.lse) geo.lse[row * Hq + h] = mx + std::log(l);
+    finish_row<T>(geo, row, h, mx, l, acc, out + (row * Hq + h) * D);
   }
 }
 
@@ -730,6 +743,16 @@ Status paged_attention(const OpArgs& a) {
   geo.window = window;
   geo.scale = static_cast<float>(scale);
   geo.softcap = static_cast<float>(softcap);
+  std::vector<float> sinks;
+  if (pa.sinks) {
+    sinks.resize(Hq);
+    for (int64_t h = 0; h < Hq; ++h) {
+      const Tensor& z = *pa.sinks;
+      sinks[h] = z.dtype == DType::kBF16 ? load(z.ptr<bf16_t>()[h])
+                 : z.dtype == DType::kF16 ? load(z.ptr<f16_t>()[h]) : z.ptr<float>()[h];
+    }
+    geo.sinks = sinks.data();
+  }
   const int64_t G = geo.G;
 
   // Work items: (sequence, query block), then key splits while they are fewer than twice the

@@ -42,6 +42,7 @@
 #include "core/allocator.h"
 #include "cuda/attention_docs.cuh"
 #include "cuda/attention_flash.cuh"
+#include "cuda/attention_sinks.cuh"
 #include "cuda/backend.h"
 #include "cuda/common.cuh"
 #include "runtime/op_checks_attention.h"
@@ -680,7 +681,7 @@ Status launch_bwd(const Config& c, Params p, const Tensor& cu, const Tensor& dq)
   return Status::OK();
 }
 
-// attention_fwd: (q, k, v, cu_seqlens) -> (out, lse); attrs: causal, scale, window, softcap.
+// attention_fwd: (q, k, v, cu_seqlens, [sinks]) -> (out, lse); attrs: causal, scale, window, softcap.
 Status attention_fwd(const OpArgs& a) {
   const char* op = "attention_fwd";
   const Tensor &q = a.in(0), &k = a.in(1), &v = a.in(2), &cu = a.in(3);
@@ -695,6 +696,9 @@ Status attention_fwd(const OpArgs& a) {
   p.o = out.data;
   p.lse = lse.ptr<float>();
   SG_CUDA_DISPATCH_FLOAT(op, q.dtype, T, { SG_RETURN_IF_ERROR(launch_fwd<T>(c, p, cu, q.dtype)); });
+  if (c.sinks) {
+    SG_RETURN_IF_ERROR(attention_sinks_fwd(a.in(4).data, a.in(4).dtype, out.data, out.dtype, p.lse, c.N, c.Hq, c.D));
+  }
   return Status::OK();
 }
 
@@ -725,6 +729,7 @@ Status attention_bwd(const OpArgs& a) {
 void register_cuda_attention(OpRegistry& reg) {
   add_op(reg, "attention_fwd", attention_fwd);
   add_op(reg, "attention_bwd", attention_bwd);
+  add_op(reg, "attention_sinks_bwd", attention_sinks_bwd);
 }
 
 }  // namespace surogate::cuda

@@ -175,6 +175,7 @@ void register_backend() {
   register_cuda_short_conv(reg);
   register_cuda_moe(reg);
   register_cuda_moe_gemm(reg);
+  register_cuda_moe_oai(reg);
 }
 
 }  // namespace surogate::cuda

@@ -40,5 +40,6 @@ void register_cuda_fused_matmul(OpRegistry& reg);  // gated_matmul and add_rmsno
 void register_cuda_short_conv(OpRegistry& reg);  // short_conv_fwd / _bwd / _cache (LFM2's gated short convolution)
 void register_cuda_moe(OpRegistry& reg);  // MoE router, permute / unpermute, load-balancing loss (fwd + bwd)
 void register_cuda_moe_gemm(OpRegistry& reg);  // moe_grouped_matmul and its weight gradient (one launch, all experts)
+void register_cuda_moe_oai(OpRegistry& reg);   // GPT-OSS: swiglu_oai, the per-expert bias (moe_oai.cu)
 
 }  // namespace surogate::cuda

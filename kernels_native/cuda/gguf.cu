@@ -115,7 +115,7 @@ Status launch_dequant(GgmlType t, const uint8_t* q, int64_t bpr, int64_t rows, i
 // decoders cover exactly those (gguf_decode.cuh), and asking dispatch_block keeps that honest.
 Status check_decodable(const char* op, const GgufArgs& g) {
   SG_CHECK(gguf_dev::has_block(g.type), StatusCode::kUnsupported, str_cat(op, ": unsupported GGUF type ", g.info->name),
-           "supported on CUDA: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q8_K, IQ4_NL, IQ4_XS; "
+           "supported on CUDA: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q8_K, IQ4_NL, IQ4_XS, MXFP4; "
            "requantize the weight to one of them");
   return Status::OK();
 }

@@ -158,6 +158,22 @@ template <> struct Block<GgmlType::IQ4_NL> {  // d, qs[16] (code book indices)
   }
 };
 
+// MXFP4 (gpt-oss): e (e8m0), qs[16]; doubled e2m1 codes times half the block scale (core/gguf_types.cpp).
+__device__ const int8_t kMXFP4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+template <> struct Block<GgmlType::MXFP4> {
+  static constexpr int kUnits = 1, kBytes = 17;
+  __device__ static void unit(const uint8_t* b, int, float* w) {
+    const uint32_t e = b[0];
+    const float d = __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      w[j] = mul(d, static_cast<float>(kMXFP4[b[1 + j] & 0xF]));
+      w[j + 16] = mul(d, static_cast<float>(kMXFP4[b[1 + j] >> 4]));
+    }
+  }
+};
+
 // ---- 256-value super-blocks. The low bits of the quants are laid out in 32-value strips: byte l
 // of a strip holds values l, l+32, l+64, ... in successive bit fields, so unit s reads byte l of
 // its strip for value l.
@@ -292,6 +308,7 @@ bool dispatch_block(GgmlType t, F&& f) {
     case GgmlType::Q5_1: f.template operator()<GgmlType::Q5_1>(); return true;
     case GgmlType::Q8_0: f.template operator()<GgmlType::Q8_0>(); return true;
     case GgmlType::IQ4_NL: f.template operator()<GgmlType::IQ4_NL>(); return true;
+    case GgmlType::MXFP4: f.template operator()<GgmlType::MXFP4>(); return true;
     case GgmlType::Q2_K: f.template operator()<GgmlType::Q2_K>(); return true;
     case GgmlType::Q3_K: f.template operator()<GgmlType::Q3_K>(); return true;
     case GgmlType::Q4_K: f.template operator()<GgmlType::Q4_K>(); return true;

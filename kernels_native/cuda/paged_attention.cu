@@ -44,6 +44,7 @@
 #include "cuda/backend.h"
 #include "cuda/common.cuh"
 #include "cuda/paged_attention_decode.cuh"
+#include "cuda/attention_sinks.cuh"
 #include "runtime/op_checks_paged_attention.h"
 
 namespace surogate::cuda {
@@ -459,7 +460,27 @@ Status launch_attention_dch(const PagedParams& p, int qpw, dim3 grid, size_t sme
   return launch_attention_qpw<T, 16>(p, qpw, grid, smem);
 }
 
+Status paged_attention_core(const OpArgs& a, float* lse_scratch);
+
+// With sinks (input 6): the kernels run without them into an lse (the op's, or scratch), and
+// attention_sinks_fwd folds each head's sink into out and lse (attention_sinks.cuh).
 Status paged_attention(const OpArgs& a) {
+  if (!a.has_in(6)) return paged_attention_core(a, nullptr);
+  PagedAttentionArgs pa;
+  SG_RETURN_IF_ERROR(check_paged_attention(a, &pa));
+  if (pa.T == 0) return Status::OK();
+  std::shared_ptr<void> scratch;
+  float* lse = pa.lse != nullptr ? a.out(1).ptr<float>() : nullptr;
+  if (lse == nullptr) {
+    SG_RETURN_IF_ERROR(allocate(a.in(0).device, static_cast<size_t>(pa.T * pa.Hq) * sizeof(float), &scratch));
+    lse = static_cast<float*>(scratch.get());
+  }
+  SG_RETURN_IF_ERROR(paged_attention_core(a, lse));
+  return attention_sinks_fwd(a.in(6).data, a.in(6).dtype, a.out(0).data, a.out(0).dtype, lse, pa.T, pa.Hq, pa.D);
+}
+
+// lse_scratch: where lse goes when the op has no lse output (null: nowhere).
+Status paged_attention_core(const OpArgs& a, float* lse_scratch) {
   const char* op = "paged_attention";
   const Tensor& q = a.in(0);
   const Tensor& kc = a.in(1);
@@ -488,7 +509,7 @@ Status paged_attention(const OpArgs& a) {
   p.kc = kc.data;
   p.vc = vc.data;
   p.out = out.data;
-  p.lse = want_lse ? a.out(1).ptr<float>() : nullptr;
+  p.lse = want_lse ? a.out(1).ptr<float>() : lse_scratch;
   p.bt = bt.ptr<int32_t>();
   p.cu_q = cu.ptr<int32_t>();
   p.ctx = cl.ptr<int32_t>();

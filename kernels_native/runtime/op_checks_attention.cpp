@@ -68,11 +68,21 @@ Status check_lse(const char* op, const Tensor& lse, const AttentionArgs& c) {
 
 }  // namespace
 
+Status check_sinks(const char* op, const Tensor& sinks, int64_t Hq) {
+  SG_RETURN_IF_ERROR(check_dtype(op, "sinks", sinks, {DType::kF32, DType::kBF16, DType::kF16}));
+  SG_RETURN_IF_ERROR(check_contiguous(op, "sinks", sinks));
+  SG_CHECK_SHAPE(sinks.ndim == 1 && sinks.shape[0] == Hq,
+                 str_cat(op, ": sinks must be [Hq] = [", Hq, "], one logit per query head; got ", sinks.shape_str()));
+  return Status::OK();
+}
+
 Status check_attention_fwd(const OpArgs& a, AttentionArgs* c) {
   const char* op = "attention_fwd";
   const Tensor& q = a.in(0);
   SG_RETURN_IF_ERROR(read_config(op, a, q, a.in(1), a.in(2), a.in(3), c));
   SG_RETURN_IF_ERROR(check_float_like(op, "out", a.out(0), q, "q"));
+  c->sinks = a.has_in(4);
+  if (c->sinks) SG_RETURN_IF_ERROR(check_sinks(op, a.in(4), c->Hq));
   return check_lse(op, a.out(1), *c);
 }
 
@@ -86,6 +96,28 @@ Status check_attention_bwd(const OpArgs& a, AttentionArgs* c) {
   SG_RETURN_IF_ERROR(check_float_like(op, "dq", a.out(0), q, "q"));
   SG_RETURN_IF_ERROR(check_float_like(op, "dk", a.out(1), k, "k"));
   return check_float_like(op, "dv", a.out(2), v, "v");
+}
+
+Status check_attention_sinks_bwd(const OpArgs& a, AttentionSinksArgs* r) {
+  const char* op = "attention_sinks_bwd";
+  const Tensor &dout = a.in(0), &out = a.in(1), &lse = a.in(2), &dz = a.out(0);
+  SG_RETURN_IF_ERROR(check_ndim(op, "out", out, 3));
+  SG_RETURN_IF_ERROR(check_dtype(op, "out", out, {DType::kF32, DType::kBF16, DType::kF16}));
+  SG_RETURN_IF_ERROR(check_contiguous(op, "out", out));
+  SG_RETURN_IF_ERROR(check_float_like(op, "dout", dout, out, "out"));
+  AttentionArgs c;
+  c.N = out.shape[0];
+  c.Hq = out.shape[1];
+  SG_RETURN_IF_ERROR(check_lse(op, lse, c));
+  SG_RETURN_IF_ERROR(check_sinks(op, a.in(3), c.Hq));
+  SG_RETURN_IF_ERROR(check_same_shape(op, "dsinks", dz, "sinks", a.in(3)));
+  SG_RETURN_IF_ERROR(check_dtype(op, "dsinks", dz, {DType::kF32, a.in(3).dtype}));
+  SG_RETURN_IF_ERROR(check_contiguous(op, "dsinks", dz));
+  r->N = c.N;
+  r->Hq = c.Hq;
+  r->D = out.shape[2];
+  r->accumulate = a.attr().get_bool("accumulate", false);
+  return Status::OK();
 }
 
 }  // namespace surogate

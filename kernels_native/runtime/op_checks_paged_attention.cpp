@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "runtime/op_checks_attention.h"
+
 namespace surogate {
 
 Status check_kv_cache_write(const OpArgs& a, KvCacheWriteArgs* r) {
@@ -85,6 +87,10 @@ Status check_paged_attention(const OpArgs& a, PagedAttentionArgs* r) {
     SG_CHECK_SHAPE(lse.ndim == 2 && lse.shape[0] == T && lse.shape[1] == Hq,
                    str_cat(op, ": lse must be [", T, ", ", Hq, "], got ", lse.shape_str()));
     r->lse = &lse;
+  }
+  if (a.has_in(6)) {
+    SG_RETURN_IF_ERROR(check_sinks(op, a.in(6), Hq));
+    r->sinks = &a.in(6);
   }
 
   r->scale = a.attr().get_float("scale", 1.0 / std::sqrt(static_cast<double>(D)));

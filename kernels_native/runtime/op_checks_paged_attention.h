@@ -4,7 +4,8 @@
 // [NB blocks, BS tokens a block, Hkv, D].
 //   kv_cache_write   (k[T,Hkv,D], v, slot_mapping[T] i32) -> (k_cache, v_cache)
 //   paged_attention  (q[T,Hq,D], k_cache, v_cache, block_tables[S, max_blocks] i32, cu_q[S+1] i32,
-//                     context_lens[S] i32) -> (out[T,Hq,D], [lse[T,Hq] f32])
+//                     context_lens[S] i32, [sinks[Hq]]) -> (out[T,Hq,D], [lse[T,Hq] f32])
+//                    sinks: GPT-OSS's per-head logit in the softmax's denominator (op_checks_attention.h)
 // Only shapes, dtypes and strides: the values of slot_mapping, cu_q, context_lens and
 // block_tables are host memory on the CPU (which checks them) and device memory on CUDA.
 #pragma once
@@ -29,6 +30,7 @@ struct PagedAttentionArgs {
   int64_t window = 0;    // attr window: 0 none
   double softcap = 0.0;  // attr softcap: 0 none
   const Tensor* lse = nullptr;  // the optional lse output
+  const Tensor* sinks = nullptr;  // the optional sinks input
 };
 Status check_paged_attention(const OpArgs& a, PagedAttentionArgs* r);
 

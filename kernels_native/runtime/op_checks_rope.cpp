@@ -1,5 +1,6 @@
 #include "runtime/op_checks_rope.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <string>
@@ -23,7 +24,8 @@ namespace {
 
 SG_NO_FP_CONTRACT
 void compute_inv_freq(RopeAttrs* cfg, const std::string& type, float theta, float factor, double low_freq_factor,
-                      double high_freq_factor, double original_max_position, int64_t rope_angles) {
+                      double high_freq_factor, double original_max_position, int64_t rope_angles,
+                      double yarn_low = 0.0, double yarn_high = 0.0) {
   SG_FP_CONTRACT_OFF_BODY
   const int64_t half = cfg->rotary_dim / 2;
   const float dim = static_cast<float>(cfg->rotary_dim);
@@ -38,6 +40,17 @@ void compute_inv_freq(RopeAttrs* cfg, const std::string& type, float theta, floa
       f = i < rope_angles ? f / factor : 0.0f / factor;
     } else if (type == "linear") {
       f = f / factor;
+    } else if (type == "yarn") {
+      // HF's _compute_yarn_parameters: interpolation 1 / (factor theta^e), extrapolation 1 / theta^e,
+      // blended by 1 - ramp, ramp = clamp((i - low) / (high - low), 0, 1) over [low, high] (the
+      // correction range, computed in Python: surogate/models/decoder.py yarn_attrs), in f32.
+      const float interp = 1.0f / (factor * p);
+      double hi = yarn_high;
+      if (hi == yarn_low) hi += 0.001;  // HF: prevent the singularity
+      const float ramp = std::clamp((static_cast<float>(i) - static_cast<float>(yarn_low)) /
+                                        static_cast<float>(hi - yarn_low), 0.0f, 1.0f);
+      const float extra = 1.0f - ramp;
+      f = interp * (1.0f - extra) + f * extra;
     } else if (type == "llama3") {
       // HF: wavelen = 2*pi / inv_freq is reciprocal(inv_freq) * f32(2 pi); comparisons against
       // python floats happen in f32.
@@ -99,9 +112,21 @@ Status parse_rope(const char* op, const Attrs& at, int64_t D, RopeAttrs* cfg) {
     SG_CHECK_ARG(low > 0 && high > 0 && high != low && omp > 0,
                  str_cat(op, ": llama3 needs low_freq_factor, high_freq_factor > 0, different, and "
                              "original_max_position > 0 (got ", low, ", ", high, ", ", omp, ")"));
+  } else if (type == "yarn") {
+    SG_CHECK(at.has("factor") && at.has("yarn_low") && at.has("yarn_high"), StatusCode::kInvalidArgument,
+             str_cat(op, ": rope_type yarn needs attrs factor, yarn_low, yarn_high"),
+             "surogate.models.decoder.rope_from_config computes them from rope_scaling");
+    factor = static_cast<float>(at.get_float("factor", 1.0));
+    SG_CHECK_ARG(factor > 0, str_cat(op, ": factor must be > 0, got ", factor));
+    low = at.get_float("yarn_low", 0.0);
+    high = at.get_float("yarn_high", 0.0);
   } else if (type != "default" && type != "linear" && type != "proportional") {
     return SG_ERROR(StatusCode::kInvalidArgument, str_cat(op, ": unknown rope_type '", type, "'"),
-                    "use default, linear, llama3 or proportional");
+                    "use default, linear, llama3, yarn or proportional");
+  }
+  if (type == "yarn") {
+    compute_inv_freq(cfg, type, static_cast<float>(theta), factor, 0.0, 0.0, 0.0, angles, low, high);
+    return Status::OK();
   }
   compute_inv_freq(cfg, type, static_cast<float>(theta), factor, low, high, omp, angles);
   return Status::OK();

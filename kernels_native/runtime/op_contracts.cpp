@@ -5,8 +5,8 @@ namespace surogate {
 namespace {
 
 #define SG_ROPE_ATTRS                                                                                  \
-  "theta, rotary_dim, rope_type (default|linear|llama3|proportional), factor, rope_angles, low_freq_factor, high_freq_factor, " \
-  "original_max_position, attention_factor"
+  "theta, rotary_dim, rope_type (default|linear|llama3|yarn|proportional), factor, rope_angles, low_freq_factor, high_freq_factor, " \
+  "original_max_position, yarn_low, yarn_high, attention_factor"
 
 constexpr int V = kVariadic;
 
@@ -41,11 +41,14 @@ constexpr OpContract kContracts[] = {
     {"act_mul_fwd", 2, 2, 1, -1, "(a, b: a's shape or one value) -> (y = act(a) * b); attrs: act (none|gelu_tanh)"},
     {"act_mul_bwd", 3, 3, 2, 1, "(dy, a, b) -> (da, [db], not for a broadcast b); attrs: act"},
     {"softcap_fwd", 1, 1, 1, -1, "(x) -> (y = cap * tanh(x / cap)); attrs: cap"},
-    {"attention_fwd", 4, 4, 2, -1,
-     "(q[N,Hq,D], k[N,Hkv,D], v[N,Hkv,D], cu_seqlens[S+1]) -> (out[N,Hq,D], lse[N,Hq] f32); "
+    {"attention_fwd", 4, 5, 2, -1,
+     "(q[N,Hq,D], k[N,Hkv,D], v[N,Hkv,D], cu_seqlens[S+1], [sinks[Hq]]) -> (out[N,Hq,D], lse[N,Hq] f32); "
      "attrs: causal, scale, window, softcap"},
     {"attention_bwd", 7, 7, 3, -1,
      "(dout, q, k, v, out, lse, cu_seqlens) -> (dq, dk, dv); attrs: causal, scale, window, softcap"},
+    {"attention_sinks_bwd", 4, 4, 1, -1,
+     "(dout[N,Hq,D], out[N,Hq,D], lse[N,Hq] f32, sinks[Hq]) -> (dsinks[Hq] f32 or sinks' dtype = -sum_i "
+     "exp(z - lse_i) dout_i . out_i); attrs: accumulate"},
     {"lm_head_ce_fwd", 3, 3, 2, -1,
      "(h[N,C], W[V,C], targets[N] i32) -> (loss[N] f32, lse[N] f32); attrs: ignore_index, label_smoothing, "
      "chunk, softcap"},
@@ -59,9 +62,9 @@ constexpr OpContract kContracts[] = {
      "(q[N,Hq,D], k[N,Hkv,D], v[N,Hkv,D], pos[N] i32, slot_mapping[N] i32, [q_norm[D], k_norm[D]]) -> "
      "(q_out[N,Hq,D], k_cache, v_cache [num_blocks, block_size, Hkv, D], written in place; slot -1 skips); "
      "attrs: eps, weight_offset, " SG_ROPE_ATTRS},
-    {"paged_attention", 6, 6, 2, 1,
-     "(q[T,Hq,D], k_cache, v_cache, block_tables[S,max_blocks] i32, cu_q[S+1] i32, context_lens[S] i32) -> "
-     "(out[T,Hq,D], [lse[T,Hq] f32]); attrs: scale, window, softcap"},
+    {"paged_attention", 6, 7, 2, 1,
+     "(q[T,Hq,D], k_cache, v_cache, block_tables[S,max_blocks] i32, cu_q[S+1] i32, context_lens[S] i32, "
+     "[sinks[Hq]]) -> (out[T,Hq,D], [lse[T,Hq] f32]); attrs: scale, window, softcap"},
     {"gated_matmul", 2, 3, 1, -1,
      "(gu[M,2F] = [gate, up], W[N,F], [bias[N]]) -> (y[M,N] = act(gate) * up @ W^T + bias); attrs: act "
      "(silu | gelu_tanh)"},
@@ -110,6 +113,13 @@ constexpr OpContract kContracts[] = {
     {"moe_z_loss_fwd", 1, V, 1, -1, "(logits_0[N,E], logits_1, ...) -> (loss[1] f32): mean of logsumexp(logits)^2"},
     {"moe_z_loss_bwd", 2, 2, 1, -1,
      "(dloss[1] f32, logits[N,E]) -> (dlogits[N,E] = dloss 2 lse softmax / (L N)); attrs: num_layers"},
+    {"swiglu_oai_fwd", 1, 1, 1, -1,
+     "(gu[M,2F], gate at even columns, up at odd) -> (y[M,F] = (clamp(up) + 1) * g sigmoid(alpha g), g = "
+     "min(gate, limit)); attrs: alpha, limit"},
+    {"swiglu_oai_bwd", 2, 2, 1, -1, "(dy[M,F], gu[M,2F]) -> (dgu[M,2F]); attrs: alpha, limit"},
+    {"moe_bias_add", 3, 3, 1, -1, "(x[M,C], b[E,C], offsets[E+1] i32) -> (y[M,C] = x + b[e] on expert e's rows)"},
+    {"moe_bias_grad", 2, 2, 1, -1,
+     "(dy[M,C], offsets[E+1] i32) -> (db[E,C] = the sum of expert e's rows of dy); attrs: accumulate"},
     {"global_norm", 0, V, 1, -1, "(g0, g1, ...) -> (norm[1] float32) = sqrt(sum of squares), absent inputs skipped"},
     {"adamw", 1, V, 0, -1,
      "(hp[8], [norm[1]], then (param, [master], grad, m, v) per group) -> () updates in place; attrs: no_decay"},

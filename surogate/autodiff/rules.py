@@ -134,13 +134,17 @@ def _qk_norm_rope(c: RuleContext, n: Node, gy: list) -> list:
 
 @rule("attention_fwd")
 def _attention(c: RuleContext, n: Node, gy: list) -> list:
-    q, k, v, cu = n.inputs
+    q, k, v, cu, *sinks = n.inputs  # sinks [Hq]: GPT-OSS's, when given
     out, lse = n.outputs
     specs = [c.grad_spec(t) or (t.name + ".grad_unused", t.shape, t.dtype) for t in (q, k, v)]
+    dsinks = c.param_grad(sinks[0]) if sinks else None
+    if dsinks is not None:  # lse holds the sink: attention_bwd needs nothing more, the sinks their own op
+        c.g.node("attention_sinks_bwd", [gy[0], out, lse, sinks[0]], [dsinks], accumulate=1)
     if not any(c.needs(t) for t in (q, k, v)):
-        return [None] * 4
+        return [None] * len(n.inputs)
     dq, dk, dv = c.g.node("attention_bwd", [gy[0], q, k, v, out, lse, cu], specs, **n.attrs)
-    return [dq if c.needs(q) else None, dk if c.needs(k) else None, dv if c.needs(v) else None, None]
+    return [dq if c.needs(q) else None, dk if c.needs(k) else None, dv if c.needs(v) else None, None] + \
+        [None] * len(sinks)
 
 
 @rule("short_conv_fwd")
@@ -185,6 +189,24 @@ def _glu(bwd_op: str):
 
 
 RULES["swiglu_fwd"] = _glu("swiglu_bwd")
+
+
+@rule("swiglu_oai_fwd")
+def _swiglu_oai(c: RuleContext, n: Node, gy: list) -> list:
+    (gu,) = n.inputs
+    if c.grad_spec(gu) is None:
+        return [None]
+    (dgu,) = c.g.node("swiglu_oai_bwd", [gy[0], gu], [c.grad_spec(gu)], **n.attrs)
+    return [dgu]
+
+
+@rule("moe_bias_add")
+def _moe_bias_add(c: RuleContext, n: Node, gy: list) -> list:
+    x, b, offsets = n.inputs
+    db = c.param_grad(b)
+    if db is not None and gy[0] is not None:
+        c.g.node("moe_bias_grad", [gy[0], offsets], [db], accumulate=1)
+    return [gy[0] if c.needs(x) else None, None, None]
 RULES["geglu_fwd"] = _glu("geglu_bwd")
 
 

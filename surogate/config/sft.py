@@ -15,7 +15,9 @@ import msgspec
 
 DatasetType = Literal["auto", "messages", "instruction", "text", "preference", "prompt"]
 TrainOn = Literal["assistant", "last_turn", "all"]
-LoRATarget = Literal["all", "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# gate_up_proj: a MoE layer's stacked expert weight by its own name (peft's target_parameters;
+# GPT-OSS has no gate_proj / up_proj modules to name).
+LoRATarget = Literal["all", "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "gate_up_proj"]
 
 # The projections LoRA adapts when lora_target_modules is ["all"].
 ALL_LORA_TARGETS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

@@ -68,6 +68,15 @@ class MoESpec:
     # Whether the router weight (mlp.gate) trains: None follows the run (a full fine-tune trains it,
     # LoRA leaves it frozen); the config's train_router sets it either way.
     train_router: bool | None = None
+    # GPT-OSS: the router is ``mlp.router`` with a bias; the experts have biases
+    # (``mlp.experts.gate_up_proj_bias`` [E, 2F], ``down_proj_bias`` [E, C]) and the clamped SwiGLU
+    # over interleaved gate / up rows (activation "swiglu_oai", swiglu_alpha, swiglu_limit).
+    router_name: str = "gate"
+    router_bias: bool = False
+    expert_bias: bool = False
+    activation: str = "swiglu"
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
 
 
 @dataclass
@@ -87,7 +96,9 @@ class ModelSpec:
     rotary_dim: int | None = None
     tie_word_embeddings: bool = False
     qk_norm: bool = False
-    attention_bias: bool = False
+    attention_bias: bool = False  # q / k / v biases
+    attention_out_bias: bool = False  # an o_proj bias (GPT-OSS)
+    attention_sinks: bool = False  # a learned logit per query head in the softmax denominator (GPT-OSS)
     mlp_bias: bool = False
     activation: str = "silu"  # silu -> swiglu, gelu_pytorch_tanh -> geglu
     sliding_windows: list[int] = field(default_factory=list)  # per layer, 0 = full attention
@@ -274,7 +285,7 @@ class Attention:
         self.q = Linear("self_attn.q_proj", C, [("q_proj", Hq * D)], spec.attention_bias)
         self.k = Linear("self_attn.k_proj", C, [("k_proj", Hkv * D)], spec.attention_bias)
         self.v = Linear("self_attn.v_proj", C, [("v_proj", Hkv * D)], spec.attention_bias)
-        self.o = Linear("self_attn.o_proj", Hq * D, [("o_proj", C)], False)
+        self.o = Linear("self_attn.o_proj", Hq * D, [("o_proj", C)], spec.attention_out_bias)
 
     def __call__(self, g: Graph, x: Value, pos: Value, cu: Value, dtype: str, lora: LoRAConfig | None,
                  kv: KVCache | None = None) -> Value:
@@ -290,13 +301,14 @@ class Attention:
         if s.qk_norm:
             qn = g.param("self_attn.q_norm.weight", (D,), dtype, trainable=lora is None)
             kn = g.param("self_attn.k_norm.weight", (D,), dtype, trainable=lora is None)
+        sinks = g.param("self_attn.sinks", (Hq,), dtype, trainable=lora is None) if s.attention_sinks else None
         if kv is not None:  # serving: rope, the cache write and attention over the cache
             k_cache, v_cache = kv.layer(g, s, dtype)
             q = ops.qkv_rope_cache(q, k, v, pos, kv.slots, k_cache, v_cache, rope, q_norm=qn, k_norm=kn,
                                    eps=s.rms_norm_eps, weight_offset=s.norm_offset, name="q_rope")
             o = ops.paged_attention(q, k_cache, v_cache, kv.block_tables, kv.cu_q, kv.context_lens,
                                     scale=s.attn_scale, window=s.window(self.layer), softcap=s.attn_softcap,
-                                    name="attn")
+                                    sinks=sinks, name="attn")
         else:
             if s.qk_norm:
                 q = ops.qk_norm_rope(q, qn, pos, s.rms_norm_eps, rope, name="q_rope", weight_offset=s.norm_offset)
@@ -305,7 +317,8 @@ class Attention:
                 q = ops.rope(q, pos, rope, name="q_rope")
                 k = ops.rope(k, pos, rope, name="k_rope")
             o = ops.attention(q, k, v, cu, causal=s.causal, scale=s.attn_scale,
-                              window=s.attention_window(self.layer), softcap=s.attn_softcap, name="attn")
+                              window=s.attention_window(self.layer), softcap=s.attn_softcap, sinks=sinks,
+                              name="attn")
         o = ops.view(o, (n, Hq * D))
         return self.o(g, o, dtype, lora)
 
@@ -384,13 +397,17 @@ class MoE:
     def __init__(self, spec: ModelSpec):
         self.spec = spec
         m = spec.moe
-        self.gate = Linear("mlp.gate", spec.hidden_size, [("gate", m.num_experts)])
+        self.gate = Linear(f"mlp.{m.router_name}", spec.hidden_size, [(m.router_name, m.num_experts)], m.router_bias)
 
     def __call__(self, g: Graph, x: Value, dtype: str, lora: LoRAConfig | None) -> Value:
         m, C = self.spec.moe, self.spec.hidden_size
         E, F = m.num_experts, m.intermediate_size
         adapted = expert_lora(lora)
         train_router = (lora is None) if m.train_router is None else m.train_router
+        if lora is not None and train_router and m.router_name != "gate":
+            raise UnsupportedError(f"train_router with LoRA on {self.spec.family}: its router (mlp.{m.router_name}, "
+                                   "with a bias) has no place in the adapter files yet (peft's modules_to_save "
+                                   "there is mlp.gate)", hint="leave train_router off, or fine-tune fully")
         logits = self.gate(g, x, dtype, lora, trainable=train_router)
         g.moe_logits.append(logits)
         w, idx, probs = ops.moe_router(logits, m.top_k, m.norm_topk_prob, name="mlp.router")
@@ -400,8 +417,17 @@ class MoE:
         xp, rows, offsets = ops.moe_permute(x, idx, E, name="mlp.permute")
         g.moe_offsets.append(offsets)
         gu = self._experts(g, xp, w_gu, offsets, "gate_up_proj", adapted, dtype)
-        a = ops.swiglu(gu, name="mlp.experts.act")
+        if m.expert_bias:
+            b = g.param("mlp.experts.gate_up_proj_bias", (E, 2 * F), dtype, trainable=lora is None)
+            gu = ops.moe_bias_add(gu, b, offsets, name="mlp.experts.gate_up_bias")
+        if m.activation == "swiglu_oai":
+            a = ops.swiglu_oai(gu, m.swiglu_alpha, m.swiglu_limit, name="mlp.experts.act")
+        else:
+            a = ops.swiglu(gu, name="mlp.experts.act")
         yp = self._experts(g, a, w_down, offsets, "down_proj", adapted, dtype)
+        if m.expert_bias:
+            b = g.param("mlp.experts.down_proj_bias", (E, C), dtype, trainable=lora is None)
+            yp = ops.moe_bias_add(yp, b, offsets, name="mlp.experts.down_bias")
         return ops.moe_unpermute(yp, rows, w, name="mlp.unpermute")
 
     def _experts(self, g: Graph, xp: Value, w: Value, offsets: Value, param: str,

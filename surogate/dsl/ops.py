@@ -197,12 +197,15 @@ def qk_norm_rope(x: Value, w: Value, pos: Value, eps: float, rope_attrs: dict, n
 
 # ---- attention ------------------------------------------------------------------------------
 def attention(q: Value, k: Value, v: Value, cu_seqlens: Value, *, causal: bool = True, scale: float = 0.0,
-              window: int = 0, softcap: float = 0.0, name: str = "attn") -> Value:
+              window: int = 0, softcap: float = 0.0, sinks: Value | None = None, name: str = "attn") -> Value:
+    """``sinks`` [Hq] (GPT-OSS): a learned logit per query head in each row's softmax denominator."""
     N, Hq, D = q.shape
     _, Hkv, Dk = k.shape
     _check(D == Dk and v.shape == k.shape, f"attention {name}: q {q.shape}, k {k.shape}, v {v.shape}")
     _check(Hq % Hkv == 0, f"attention {name}: {Hq} query heads are not a multiple of {Hkv} kv heads")
-    out, _ = _g(q).node("attention_fwd", [q, k, v, cu_seqlens],
+    _check(sinks is None or sinks.shape == (Hq,), f"attention {name}: sinks {sinks and sinks.shape} != ({Hq},)")
+    ins = [q, k, v, cu_seqlens] + ([sinks] if sinks is not None else [])
+    out, _ = _g(q).node("attention_fwd", ins,
                         [(name, (N, Hq, D), q.dtype), (name + ".lse", (N, Hq), "float32")],
                         causal=int(causal), scale=float(scale), window=int(window), softcap=float(softcap))
     return out
@@ -232,15 +235,15 @@ def qkv_rope_cache(q: Value, k: Value, v: Value, pos: Value, slots: Value, k_cac
 
 def paged_attention(q: Value, k_cache: Value, v_cache: Value, block_tables: Value, cu_q: Value,
                     context_lens: Value, *, scale: float = 0.0, window: int = 0, softcap: float = 0.0,
-                    name: str = "attn") -> Value:
+                    sinks: Value | None = None, name: str = "attn") -> Value:
     """Attention of this step's queries over each sequence's cached context (decode, prefill
     chunks and mixed batches alike)."""
     N, Hq, D = q.shape
     attrs = {"window": int(window), "softcap": float(softcap)}
     if scale > 0:  # absent: the kernel's default, 1/sqrt(D)
         attrs["scale"] = float(scale)
-    out, _ = _g(q).node("paged_attention", [q, k_cache, v_cache, block_tables, cu_q, context_lens],
-                        [(name, (N, Hq, D), q.dtype), None], **attrs)
+    ins = [q, k_cache, v_cache, block_tables, cu_q, context_lens] + ([sinks] if sinks is not None else [])
+    out, _ = _g(q).node("paged_attention", ins, [(name, (N, Hq, D), q.dtype), None], **attrs)
     return out
 
 
@@ -272,6 +275,15 @@ def short_conv_cache(bcx: Value, w: Value, state_slots: Value, cu_q: Value, cont
 def swiglu(gu: Value, name: str = "act") -> Value:
     N, F2 = gu.shape
     (y,) = _g(gu).node("swiglu_fwd", [gu], [(name, (N, F2 // 2), gu.dtype)])
+    return y
+
+
+def swiglu_oai(gu: Value, alpha: float, limit: float, name: str = "act") -> Value:
+    """GPT-OSS's clamped SwiGLU over interleaved gate / up columns (gate 2j, up 2j + 1):
+    (clamp(up, -limit, limit) + 1) * g sigmoid(alpha g), g = min(gate, limit)."""
+    N, F2 = gu.shape
+    (y,) = _g(gu).node("swiglu_oai_fwd", [gu], [(name, (N, F2 // 2), gu.dtype)], alpha=float(alpha),
+                       limit=float(limit))
     return y
 
 
@@ -380,6 +392,15 @@ def moe_grouped_matmul(x: Value, w: Value, offsets: Value, name: str = "experts"
     _check(Cin == Cin_w, f"moe_grouped_matmul {name}: input width {Cin} != weight {w.name} {w.shape}")
     _check(offsets.shape == (E + 1,), f"moe_grouped_matmul {name}: offsets {offsets.shape} != ({E + 1},)")
     (y,) = _g(x).node("moe_grouped_matmul", [x, w, offsets], [(name, (M, Cout), x.dtype)], trans_b=1)
+    return y
+
+
+def moe_bias_add(x: Value, b: Value, offsets: Value, name: str = "experts_bias") -> Value:
+    """x [M, C] in moe_permute's order plus each expert's bias row b[e] [E, C] (GPT-OSS)."""
+    M, C = x.shape
+    E, Cb = b.shape
+    _check(Cb == C and offsets.shape == (E + 1,), f"moe_bias_add {name}: x {x.shape}, b {b.shape}, offsets {offsets.shape}")
+    (y,) = _g(x).node("moe_bias_add", [x, b, offsets], [(name, (M, C), x.dtype)])
     return y
 
 

@@ -106,6 +106,10 @@ def hyperparameters(arch: str, config: dict, rope: dict) -> dict[str, object]:
     if rope["rope_type"] == "linear":
         meta[f"{arch}.rope.scaling.type"] = "linear"
         meta[f"{arch}.rope.scaling.factor"] = float(rope["factor"])
+    elif rope["rope_type"] == "yarn":  # convert_hf_to_gguf.py's keys for rope_scaling type yarn
+        meta[f"{arch}.rope.scaling.type"] = "yarn"
+        meta[f"{arch}.rope.scaling.factor"] = float(rope["factor"])
+        meta[f"{arch}.rope.scaling.original_context_length"] = int(rope["original_max_position"])
     return meta
 
 

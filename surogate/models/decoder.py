@@ -7,6 +7,8 @@ its own instead.
 
 from __future__ import annotations
 
+import math
+
 from surogate.dsl.nn import ModelSpec
 from surogate.errors import ConfigError
 from surogate.models.gguf_names import GGUFName, GGUFNameTable
@@ -33,10 +35,52 @@ def rope_from_config(cfg: dict) -> dict:
             attrs[ours] = float(src[key])
     elif rope_type == "linear":
         attrs["factor"] = float(src.get("factor", 1.0))
+    elif rope_type == "yarn":
+        attrs.update(yarn_attrs(cfg, src, float(theta)))
     elif rope_type != "default":
         raise ConfigError(f"rope type {rope_type!r} is not supported yet",
-                          hint="supported: default, linear, llama3")
+                          hint="supported: default, linear, llama3, yarn")
     return attrs
+
+
+def yarn_attrs(cfg: dict, src: dict, theta: float) -> dict:
+    """YaRN as transformers' _compute_yarn_parameters: the native op blends inv_freq / factor and
+    inv_freq over the pairs [yarn_low, yarn_high] (the correction range, computed here in Python
+    floats as HF does) and scales cos / sin by attention_factor. The rope_scaling keys stay in
+    the attrs too (GGUF export writes them)."""
+    heads = int(cfg.get("num_attention_heads") or 1)
+    head_dim = int(cfg.get("head_dim") or int(cfg.get("hidden_size", 0)) // heads)
+    dim = int(head_dim * float(src.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))))
+    omp = src.get("original_max_position_embeddings") or cfg.get("max_position_embeddings")
+    if not omp:
+        raise ConfigError("rope_scaling: yarn rope needs 'original_max_position_embeddings'", hint="check config.json")
+    omp = float(omp)
+    factor = src.get("factor")
+    factor = float(factor) if factor is not None else float(cfg["max_position_embeddings"]) / omp
+
+    def get_mscale(scale: float, mscale: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+    attention_factor = src.get("attention_factor")
+    if attention_factor is None:
+        mscale, mscale_all_dim = src.get("mscale"), src.get("mscale_all_dim")
+        if mscale and mscale_all_dim:
+            attention_factor = get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)
+        else:
+            attention_factor = get_mscale(factor)
+    beta_fast = float(src.get("beta_fast") or 32)
+    beta_slow = float(src.get("beta_slow") or 1)
+    truncate = bool(src.get("truncate", True))
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(omp / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    return {"factor": factor, "yarn_low": float(max(low, 0)), "yarn_high": float(min(high, dim - 1)),
+            "attention_factor": float(attention_factor), "original_max_position": omp,
+            "beta_fast": beta_fast, "beta_slow": beta_slow, "truncate": int(truncate)}
 
 
 def _req(cfg: dict, key: str):

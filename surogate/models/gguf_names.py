@@ -52,6 +52,14 @@ class GGUFName:
     # and ffn_up_exps, each [E, F, C]).
     parts: tuple[str, ...] = ()
     axis: int = 0
+    # GPT-OSS: the HF tensor is [E, in, out] where llama.cpp's is [E, out, in] (its last two axes
+    # swapped), its parts interleaved along `axis` (part j is rows j, j + n, j + 2n, ...: HF's
+    # gate / up columns 2k / 2k + 1) rather than equal halves, and written MXFP4 when the
+    # checkpoint holds it so (quant_method mxfp4: a lossless repack, as convert_hf_to_gguf.py does
+    # for gpt-oss), else by the recipe.
+    transposed: bool = False
+    interleaved: bool = False
+    keep_mxfp4: bool = False
 
     def names(self) -> tuple[str, ...]:
         return (self.gguf, *self.parts)
@@ -129,7 +137,17 @@ class GGUFWeights:
                 if part not in self.file.tensors:
                     raise FileFormatError(f"{self.file.path}: no tensor {part} for {hf_name}",
                                           hint="the file lacks a tensor this architecture needs")
-            return np.concatenate([self.file.tensors[p].dequantize(dtype) for p in name.names()], axis=name.axis)
+            parts = [self.file.tensors[p].dequantize(dtype) for p in name.names()]
+            if name.interleaved:
+                joined = np.stack(parts, axis=name.axis + 1)
+                shape = list(parts[0].shape)
+                shape[name.axis] *= len(parts)
+                joined = joined.reshape(shape)
+            else:
+                joined = np.concatenate(parts, axis=name.axis)
+            return np.ascontiguousarray(np.swapaxes(joined, -1, -2)) if name.transposed else joined
+        if name is not None and name.transposed:
+            return np.ascontiguousarray(np.swapaxes(self._shifted(hf_name, dtype), -1, -2))
         if name is not None and name.squeeze is not None:
             return np.expand_dims(self._shifted(hf_name, dtype), name.squeeze)
         return self._shifted(hf_name, dtype)
@@ -219,6 +237,7 @@ def plan_gguf_tensors(family: Family, config: dict, tensors: Mapping[str, Callab
     table = family.gguf.tensors()
     tied = bool(config.get("tie_word_embeddings", False))
     tensors = stack_expert_tensors(family, config, tensors)
+    mxfp4 = (config.get("quantization_config") or {}).get("quant_method") == "mxfp4"
     named = {}
     for hf_name, read in tensors.items():
         if hf_name.endswith("rotary_emb.inv_freq") or (tied and hf_name == "lm_head.weight"):
@@ -231,12 +250,18 @@ def plan_gguf_tensors(family: Family, config: dict, tensors: Mapping[str, Callab
             read = (lambda r=read, shift=g.shift: np.asarray(r(), np.float32) + np.float32(shift))
         if g.squeeze is not None:
             read = (lambda r=read, axis=g.squeeze: np.squeeze(np.asarray(r()), axis))
-        if g.parts:  # equal parts along g.axis, one GGUF tensor each
+        if g.transposed:
+            read = (lambda r=read: np.swapaxes(np.asarray(r()), -1, -2))
+        if g.parts:  # equal (or interleaved) parts along g.axis, one GGUF tensor each
             for j, part in enumerate(g.names()):
-                named[part] = ((lambda r=read, j=j, n=len(g.names()), ax=g.axis: np.split(np.asarray(r()), n, axis=ax)[j]),
-                               g.rope_rows, g.f32)
+                if g.interleaved:
+                    pick = (lambda r=read, j=j, n=len(g.names()), ax=g.axis:
+                            np.take(np.asarray(r()), np.arange(j, np.shape(r())[ax], n), axis=ax))
+                else:
+                    pick = (lambda r=read, j=j, n=len(g.names()), ax=g.axis: np.split(np.asarray(r()), n, axis=ax)[j])
+                named[part] = (pick, g.rope_rows, "MXFP4" if g.keep_mxfp4 and mxfp4 else g.f32)
             continue
-        named[g.gguf] = (read, g.rope_rows, g.f32)
+        named[g.gguf] = (read, g.rope_rows, "MXFP4" if g.keep_mxfp4 and mxfp4 else g.f32)
     if not tied and "output.weight" not in named:
         raise FileFormatError(f"{source}: no lm_head.weight, and the config does not tie the embeddings",
                               hint="the checkpoint is incomplete")
@@ -262,8 +287,10 @@ def plan_gguf_tensors(family: Family, config: dict, tensors: Mapping[str, Callab
             order = rope_rows(shape[0], heads_for(rope_kind, config), to_gguf=True)
             read = (lambda r=read, order=order: np.asarray(r())[order])
         v = (attn_v.index(gguf_name), len(attn_v)) if gguf_name in attn_v else None
-        t = "F32" if f32 else tensor_type(qtype, gguf_name, shape, n_layers, has_output="output.weight" in named,
-                                          attn_v=v)
+        t = "F32" if f32 is True else tensor_type(qtype, gguf_name, shape, n_layers,
+                                                  has_output="output.weight" in named, attn_v=v)
+        if f32 == "MXFP4":
+            t = f32  # GGUFName.keep_mxfp4 on an MXFP4 checkpoint
         plan.append(PlannedTensor(gguf_name, t, shape, read))
     return plan
 

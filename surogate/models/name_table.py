@@ -52,6 +52,9 @@ class Experts:
     hf: str
     parts: tuple[str, ...]
     axis: int = 0
+    # The stacked tensor is [E, in, out] in the checkpoint (GPT-OSS's GptOssExperts) and ours
+    # [E, out, in]: its last two axes are swapped at load and at export.
+    transposed: bool = False
 
 
 Recipe = Direct | Fuse | Slice | Experts
@@ -73,7 +76,8 @@ class NameTable:
                 if isinstance(r, Slice):
                     return Slice(r.hf, r.axis, int(i))
                 if isinstance(r, Experts):
-                    return Experts(r.hf.format(i=i), tuple(h.replace("{i}", str(i)) for h in r.parts), r.axis)
+                    return Experts(r.hf.format(i=i), tuple(h.replace("{i}", str(i)) for h in r.parts), r.axis,
+                                   r.transposed)
                 return Fuse(tuple(h.format(i=i) for h in r.hf), r.axis)
         return None
 
@@ -116,7 +120,9 @@ class NameTable:
             r = self.recipe(name)
             if r is None:
                 continue
-            if isinstance(r, (Direct, Experts)):
+            if isinstance(r, Experts) and r.transposed:
+                out[r.hf] = np.ascontiguousarray(np.swapaxes(arr, 1, 2))
+            elif isinstance(r, (Direct, Experts)):
                 out[r.hf] = arr
             elif isinstance(r, Slice):
                 sliced.setdefault(r.hf, {})[r.index] = (arr, r.axis)
@@ -130,10 +136,15 @@ class NameTable:
         return out
 
 
+def transposed_experts(table: NameTable) -> bool:
+    """Whether the table's stacked expert tensors are [E, in, out] in the checkpoint (GPT-OSS)."""
+    return any(isinstance(r, Experts) and r.transposed for r in table.entries.values())
+
+
 def _stack_experts(r: Experts, read: Callable[[str], np.ndarray], has: Callable[[str], bool] | None,
                    source: str) -> np.ndarray:
     if has is None or has(r.hf):
-        return read(r.hf)
+        return np.ascontiguousarray(np.swapaxes(read(r.hf), 1, 2)) if r.transposed else read(r.hf)
     experts = []
     while all(has(p.format(e=len(experts))) for p in r.parts):
         e = len(experts)

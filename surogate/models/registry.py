@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from surogate.errors import UnsupportedError
-from surogate.models import gemma3, gemma4, lfm2, llama, mistral, qwen2, qwen3, qwen3_moe
+from surogate.models import gemma3, gemma4, gpt_oss, lfm2, llama, mistral, qwen2, qwen3, qwen3_moe
 from surogate.models.family import ChatDefaults, Family
 
 if TYPE_CHECKING:
@@ -22,6 +22,7 @@ REGISTRY: tuple[Family, ...] = (
     gemma4.FAMILY,
     lfm2.FAMILY,
     qwen3_moe.FAMILY,
+    gpt_oss.FAMILY,
 )
 
 FAMILIES: dict[str, Family] = {arch: f for f in REGISTRY for arch in f.hf_architectures}  # HF architectures

@@ -15,6 +15,8 @@ import numpy as np
 
 from surogate.errors import FileFormatError, NotFoundError
 from surogate.io import ModelFolder, resolve_model_path, save_safetensors
+from surogate.models.name_table import transposed_experts
+from surogate.models.registry import family_for
 from surogate.train.lora import _replace_dir, load_peft_adapter, merge_into_hf
 
 # Files that travel with the weights: tokenizer, chat template, generation defaults.
@@ -85,13 +87,15 @@ def merge_adapter(base: str | Path | None, adapter: str | Path, output: str | Pa
         from surogate.model import load_model
 
         model = load_model(path)
-        merged = merge_into_hf(model.to_hf(model.params), params, cfg)
+        merged = merge_into_hf(model.to_hf(model.params), params, cfg,
+                               transposed_experts=transposed_experts(model.family.name_table()))
         return save_hf_folder(output, merged, model.config, source=path, dtype="float32")
     folder = ModelFolder(path)
     tensors = read_hf_tensors(folder)
     if "lm_head.weight" not in tensors and not folder.config.get("tie_word_embeddings", False):
         raise FileFormatError(f"{folder.path}: no lm_head.weight and embeddings are not tied")
-    merged = merge_into_hf(tensors, params, cfg)
+    merged = merge_into_hf(tensors, params, cfg,
+                           transposed_experts=transposed_experts(family_for(folder.config).name_table()))
     dtype = str(next(iter(tensors.values())).dtype)
     if folder.config.get("quantization_config"):  # a block-FP8 base, read dequantized: merged in bf16
         dtype = "bfloat16"

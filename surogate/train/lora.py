@@ -57,12 +57,13 @@ def save_peft_adapter(path: str | Path, params: dict[str, np.ndarray], cfg: LoRA
 
 
 def merge_into_hf(hf: dict[str, np.ndarray], params: dict[str, np.ndarray], cfg: LoRAConfig,
-                  module_prefix: str = "model.") -> dict[str, np.ndarray]:
+                  module_prefix: str = "model.", transposed_experts: bool = False) -> dict[str, np.ndarray]:
     """W += scale * B @ A for every adapted module, on HF-named tensors (in f32, then back to
     each tensor's dtype); a MoE layer's experts W[e] += scale B[e] @ A[e], into the stacked
     gate_up_proj / down_proj or the checkpoint's per-expert gate_proj / up_proj / down_proj; a
-    router trained beside the adapter (train_router) replaces the base one. Returns a new dict;
-    untouched tensors are shared."""
+    router trained beside the adapter (train_router) replaces the base one. ``transposed_experts``:
+    the stacked tensors are [E, in, out] (GPT-OSS; name_table.transposed_experts). Returns a new
+    dict; untouched tensors are shared."""
     out = dict(hf)
     for name, a in params.items():
         if name.endswith(ROUTER):
@@ -76,7 +77,8 @@ def merge_into_hf(hf: dict[str, np.ndarray], params: dict[str, np.ndarray], cfg:
         A, B = params[module + ".lora_A"].astype(np.float32), params[module + ".lora_B"].astype(np.float32)
         if is_expert_lora(module + ".lora_A"):
             _, _, scale = expert_lora(cfg)[module.rsplit(".", 1)[1]]
-            _merge_experts(out, module_prefix + module, scale * (B @ A))
+            delta = scale * (B @ A)
+            _merge_experts(out, module_prefix + module, np.swapaxes(delta, 1, 2) if transposed_experts else delta)
             continue
         key = f"{module_prefix}{module}.weight"
         if key not in out:

@@ -31,6 +31,7 @@ from surogate.model import ROUTER_LOSSES, Model, _np_dtype, load_model, resolve_
 from surogate.train.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
 from surogate.train.data import Batch, build_datasets
 from surogate.train.export import save_hf_folder, write_sidecars
+from surogate.models.name_table import transposed_experts
 from surogate.train.lora import init_lora, merge_into_hf, save_peft_adapter
 from surogate.train.metrics import MetricsFeed
 from surogate.train.optimizer import AdamW, AdamWParams
@@ -431,7 +432,9 @@ class Trainer:
                 merged = merge_adapter(c.model, adapter, self.out / "merged")
             elif c.merge_adapter:
                 hf = m.to_hf(m.params)
-                merged = save_hf_folder(self.out / "merged", merge_into_hf(hf, self._trainable_state(), self.lora),
+                merged = save_hf_folder(self.out / "merged", merge_into_hf(
+                    hf, self._trainable_state(), self.lora,
+                    transposed_experts=transposed_experts(m.family.name_table())),
                                         m.config, source=source, dtype=m.dtype)
             return adapter, merged
         full = {n: self.opt.master.get(n, a) for n, a in m.params.items()}

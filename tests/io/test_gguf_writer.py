@@ -46,6 +46,9 @@ TOKENIZER = {"llama3": ("llama-bpe", True), "chatml": ("qwen2", False), "mistral
 # Families whose GGUF files transformers' GGUF loader cannot read, and why; our reader is checked
 # against gguf-py and against the HF folder for them all the same.
 TRANSFORMERS_CANNOT_READ = {
+    "gpt_oss": "transformers' GGUF reader fails on a gpt-oss file (a TypeError in its tensor processing of the "
+               "3-D expert tensors); tests/models/test_gpt_oss.py checks our gpt-oss GGUF against gguf-py and "
+               "the dequantized HF weights instead",
     "gemma4": "transformers' gemma4 GGUF reader takes feed_forward_length as one int (llama.cpp's per-layer array "
               "for double-wide MLPs fails its config validation) and keeps Gemma4TextConfig's defaults for what it "
               "does not map (every 6th layer full, no KV sharing, per-layer inputs of 256 over 262144 tokens, no "
@@ -139,6 +142,12 @@ def test_metadata_read_back_by_gguf_py(tiny, family):
     for i in model.moe.layers if model.moe else ():  # experts stacked per projection, the router
         expected -= {f"blk.{i}.{n}.weight" for n in ("ffn_gate", "ffn_up", "ffn_down")}
         expected |= {f"blk.{i}.{n}.weight" for n in ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")}
+    if model.attention_sinks:  # GPT-OSS: sinks, o / router / expert biases, post_attention_norm for ffn_norm
+        for i in range(2):
+            expected = (expected - {f"blk.{i}.ffn_norm.weight"}) | {
+                f"blk.{i}.{n}" for n in ("attn_sinks.weight", "post_attention_norm.weight", "attn_output.bias",
+                                         "ffn_gate_inp.bias", "ffn_gate_exps.bias", "ffn_up_exps.bias",
+                                         "ffn_down_exps.bias")}
     assert names == expected
     # Every name is one gguf-py (llama.cpp's table) knows for the architecture.
     import gguf

@@ -21,7 +21,7 @@ from sgtest.ops import run_op
 from surogate.errors import InvalidArgumentError, ShapeError, SurogateError, UnsupportedError
 
 DECODED = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
-           "Q8_K", "IQ4_NL", "IQ4_XS"]
+           "Q8_K", "IQ4_NL", "IQ4_XS", "MXFP4"]
 LEGACY = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
 
 # Byte offsets of the f16 scale fields in a block (random bytes elsewhere are valid codes).
@@ -125,7 +125,7 @@ def normal_rows(rng, rows: int = 24, cols: int = 1024) -> np.ndarray:
     return x
 
 
-@pytest.mark.parametrize("name", LEGACY + ["F16", "BF16"])
+@pytest.mark.parametrize("name", LEGACY + ["F16", "BF16", "MXFP4"])
 def test_legacy_quantizers_match_gguf_py_bit_for_bit(name):
     x = normal_rows(np.random.default_rng(2))
     ref = np.asarray(gguf_quantize(x, T[name])).view(np.uint8).reshape(x.shape[0], -1)

@@ -343,8 +343,10 @@ def test_errors_name_the_op():
         run_op("rope_fwd", [x, pos], [(x.shape, "float32")], rotary_dim=7)
     with pytest.raises(InvalidArgumentError, match="qk_norm_rope_fwd: rotary_dim 32"):
         run_op("qk_norm_rope_fwd", [x, w, pos], [(x.shape, "float32"), ((4, 2), "float32")], rotary_dim=32)
-    with pytest.raises(InvalidArgumentError, match="rope_fwd: unknown rope_type 'yarn'"):
-        run_op("rope_fwd", [x, pos], [(x.shape, "float32")], rope_type="yarn")
+    with pytest.raises(InvalidArgumentError, match="rope_fwd: unknown rope_type 'longrope'"):
+        run_op("rope_fwd", [x, pos], [(x.shape, "float32")], rope_type="longrope")
+    with pytest.raises(InvalidArgumentError, match="rope_fwd: rope_type yarn needs attrs factor, yarn_low, yarn_high"):
+        run_op("rope_fwd", [x, pos], [(x.shape, "float32")], rope_type="yarn", factor=4.0)
     with pytest.raises(InvalidArgumentError, match="rope_fwd: rope_type llama3 needs"):
         run_op("rope_fwd", [x, pos], [(x.shape, "float32")], rope_type="llama3", factor=8.0)
     with pytest.raises(ShapeError, match="qk_norm_rope_bwd: pos"):

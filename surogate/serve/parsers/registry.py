@@ -12,6 +12,9 @@ the template does not show it, the model family's defaults decide (``Family.chat
 family's file: Qwen templates that take tools answer in Hermes tags). The names are vLLM's and
 SGLang's, so a flag copied from their documentation works here (``--reasoning-parser qwen3
 --tool-call-parser hermes``).
+
+A template that writes harmony's ``<|channel|>`` and ``<|message|>`` (GPT-OSS) gets the harmony
+pair (harmony.py): analysis as reasoning, ``to=functions.NAME`` messages as calls.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from surogate.serve.parsers.deepseek_tool_calls import CALLS_BEGIN as DEEPSEEK_C
 from surogate.serve.parsers.deepseek_tool_calls import DeepSeekToolParser
 from surogate.serve.parsers.forced_tool_calls import ForcedToolParser, ForcedTools, OfferedTools
 from surogate.serve.parsers.gemma4_tool_calls import Gemma4ToolParser
+from surogate.serve.parsers.harmony import HarmonyReasoningParser, HarmonyToolParser
 from surogate.serve.parsers.lfm2_tool_calls import Lfm2ToolParser
 from surogate.serve.parsers.mistral_tool_calls import MistralToolParser
 from surogate.serve.parsers.qwen3_coder_tool_calls import Qwen3CoderToolParser
@@ -43,6 +47,8 @@ REASONING_PARSERS: dict[str, Callable[[str | None], ReasoningParser]] = {
     "deepseek_r1": lambda prompt: ThinkReasoningParser.for_prompt(prompt, force_reasoning=True),
     "gemma4": lambda prompt: ThinkReasoningParser.for_prompt(prompt, start_tag=GEMMA4_THOUGHT[0],
                                                              end_tag=GEMMA4_THOUGHT[1]),
+    "openai_gptoss": HarmonyReasoningParser.for_prompt,
+    "harmony": HarmonyReasoningParser.for_prompt,
 }
 # name -> factory(); one with ``uses_schemas`` is given the request's tools' parameter schemas
 TOOL_PARSERS: dict[str, Callable[..., ToolParser]] = {
@@ -51,6 +57,8 @@ TOOL_PARSERS: dict[str, Callable[..., ToolParser]] = {
     "qwen25": HermesToolParser,
     "llama3_json": Llama3JsonToolParser,
     "llama3": Llama3JsonToolParser,
+    "openai": HarmonyToolParser,
+    "harmony": HarmonyToolParser,
     "mistral": MistralToolParser,
     "gemma4": Gemma4ToolParser,
     "lfm2": Lfm2ToolParser,
@@ -59,6 +67,11 @@ TOOL_PARSERS: dict[str, Callable[..., ToolParser]] = {
     "deepseek_v3": DeepSeekToolParser,
     "deepseek_v31": DeepSeekToolParser,
 }
+
+
+
+# The harmony tool parser reads the calls its reasoning parser passes on (harmony.py).
+HARMONY = ("openai_gptoss", "harmony")
 
 
 class ParserChoice(msgspec.Struct, frozen=True):
@@ -70,6 +83,8 @@ def detect_parsers(chat_template: str | None, model_type: str | None = None) -> 
     text = chat_template or ""
     family = chat_defaults_for(model_type)
     reasoning = None
+    if "<|channel|>" in text and "<|message|>" in text:  # harmony (GPT-OSS)
+        return ParserChoice(reasoning="openai_gptoss", tool="openai" if "tools" in text else None)
     if "<think>" in text or "</think>" in text:
         reasoning = (family.reasoning_parser if family else None) or "qwen3"
     elif "<|channel>" in text:
@@ -110,6 +125,8 @@ def make_output_parser(choice: ParserChoice, prompt_text: str | None, *, tools: 
     carries their schemas, for the formats that need them to type the arguments); forced
     tools (a grammar wrote the call as JSON) are read by ForcedToolParser whatever the model."""
     r = REASONING_PARSERS[choice.reasoning](prompt_text) if reasoning and choice.reasoning else None
+    if r is None and choice.reasoning in HARMONY:
+        r = _Silent(REASONING_PARSERS[choice.reasoning](prompt_text))  # its headers still need reading
     if isinstance(tools, ForcedTools):
         t = ForcedToolParser(tools)
     else:
@@ -123,6 +140,23 @@ def make_output_parser(choice: ParserChoice, prompt_text: str | None, *, tools: 
     if r is None and t is None:
         return None
     return OutputParser(r, t, max_tool_calls=max_tool_calls)
+
+
+class _Silent:
+    """A reasoning parser whose reasoning is dropped (reasoning not wanted, the format still read)."""
+
+    def __init__(self, inner: ReasoningParser):
+        self.inner = inner
+
+    @property
+    def in_reasoning(self) -> bool:
+        return self.inner.in_reasoning
+
+    def feed(self, text: str) -> tuple[str, str]:
+        return "", self.inner.feed(text)[1]
+
+    def finish(self) -> tuple[str, str]:
+        return "", self.inner.finish()[1]
 
 
 def _pick(name: str, detected: str | None, table: dict, what: str) -> str | None:
