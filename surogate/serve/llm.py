@@ -124,8 +124,6 @@ class LLM:
                 requests.append((prompt.token_ids, one, None if grammar is None else self.grammars.matcher(grammar)))
                 parser = make_output_parser(self.parsers, prompt.text, tools=tools, reasoning=reasoning,
                                             max_tool_calls=max_tool_calls) if p.detokenize else None
-                if parser is not None and self.parsers.reasoning in _harmony():  # its headers are special tokens
-                    p = msgspec.structs.replace(p, skip_special_tokens=False)
                 processors.append(OutputProcessor(self.tokenizer, p, parser))
         return Generation(self, requests, processors, adapter)
 
@@ -283,9 +281,3 @@ class Generation:
 
     async def __aexit__(self, *exc: object) -> None:
         self.close()
-
-
-def _harmony() -> tuple[str, ...]:
-    from surogate.serve.parsers.registry import HARMONY
-
-    return HARMONY

@@ -10,6 +10,7 @@ import json
 import random
 
 import pytest
+from sgtest.parsing import collect
 
 from surogate.serve.parsers import ParserChoice, detect_parsers, make_output_parser
 
@@ -27,22 +28,6 @@ def chunkings(text: str):
     for _ in range(30):
         cs = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(2, 15))))
         yield [text[i:j] for i, j in zip([0, *cs], [*cs, len(text)])]
-
-
-def collect(parser, chunks) -> dict:
-    content, reasoning, calls, order = [], [], {}, []
-    for d in [*(parser.feed(c) for c in chunks), parser.finish()]:
-        content.append(d.content)
-        reasoning.append(d.reasoning)
-        for c in d.tool_calls:
-            if c.index not in calls:
-                assert c.name is not None and c.index == len(order)
-                calls[c.index] = [c.name, c.arguments]
-                order.append(c.index)
-            else:
-                assert c.name is None and c.index == order[-1]
-                calls[c.index][1] += c.arguments
-    return {"content": "".join(content), "reasoning": "".join(reasoning), "calls": [tuple(calls[i]) for i in order]}
 
 
 HARMONY = ParserChoice(reasoning="openai_gptoss", tool="openai")
@@ -90,35 +75,41 @@ def test_detected_from_a_harmony_template():
         ParserChoice(reasoning="openai_gptoss", tool=None)
 
 
-def test_the_generation_api_keeps_special_tokens_for_harmony(tmp_path):
-    """Harmony's headers are special tokens: a request parsed as harmony is detokenized with them
-    (skip_special_tokens off for its processor); other parsers keep the request's setting."""
+def test_the_generation_api_keeps_harmonys_special_tokens(tmp_path):
+    """Harmony's headers are special tokens (as in GPT-OSS's tokenizer): under the request's default
+    skip_special_tokens a request parsed as harmony still sees them (they are the parsers' tags),
+    while other special tokens stay out of the answer."""
     from sgtest import tiny_models
+    from tokenizers import AddedToken
 
     from surogate.io import Tokenizer
     from surogate.serve import LLM, EngineClient, EngineConfig, SamplingParams
+    from surogate.serve.parsers.harmony import HarmonyReasoningParser
 
     tok = Tokenizer.from_folder(tiny_models.make_tokenizer(tmp_path, "chatml"))
+    tok.backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                    for t in HarmonyReasoningParser.tags])
+    tok.__dict__.pop("special_ids", None)  # cached before the tokens were added
+    assert {tok.token_to_id(t) for t in ("<|channel|>", "<|message|>", "<|call|>")} <= tok.special_ids
 
     class Runner:
-        vocab_size = tok.vocab_size
+        vocab_size = len(tok)
 
         def run(self, step):
             import numpy as np
 
-            return np.zeros((len(step.logits_rows), tok.vocab_size), np.float32)
+            return np.zeros((len(step.logits_rows), len(tok)), np.float32)
 
     params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
-    for choice, skip in ((HARMONY, False), (ParserChoice(reasoning="qwen3", tool="hermes"), True)):
-        llm = LLM(EngineClient(Runner(), EngineConfig(num_blocks=16, block_size=4)), tok, max_model_len=64,
-                  parsers=choice)
-        with llm.client:
-            gen = llm.submit("hi", params, tools=True)
-            gen.close()
-        assert gen.processors[0].opts.skip_special_tokens is skip
-        text = CASES[1][0]
-        proc = gen.processors[0]
-        if choice == HARMONY:
-            outs = [proc.step([t]) for t in tok.encode(text, add_special_tokens=False)] + [proc.step([], None, "stop")]
-            assert "".join(o.reasoning for o in outs) == "Need the weather."
-            assert [c.name for o in outs for c in o.tool_calls if c.name] == ["get_weather"]
+    llm = LLM(EngineClient(Runner(), EngineConfig(num_blocks=16, block_size=4)), tok, max_model_len=64,
+              parsers=HARMONY)
+    with llm.client:
+        gen = llm.submit("hi", params, tools=True)
+        gen.close()
+    proc = gen.processors[0]
+    assert proc.opts.skip_special_tokens
+    text = CASES[1][0] + "<|im_end|>"  # a special token that is not harmony's: skipped
+    outs = [proc.step([t]) for t in tok.encode(text, add_special_tokens=False)] + [proc.step([], None, "stop")]
+    assert "".join(o.reasoning for o in outs) == "Need the weather."
+    assert [c.name for o in outs for c in o.tool_calls if c.name] == ["get_weather"]
+    assert "<|im_end|>" not in "".join(o.content for o in outs)

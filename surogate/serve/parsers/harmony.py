@@ -14,8 +14,9 @@ analysis bodies into reasoning, bodies without a recipient into content, and pas
 with a recipient on to the tool parser in one canonical form,
 ``<|channel|>commentary to=functions.NAME<|message|>ARGS<|call|>``, which
 ``HarmonyToolParser`` turns into a call (the name, then the arguments as they stream). Both are
-incremental: text that may be the start of a special token is held back. The special tokens must
-be kept in the text (``skip_special_tokens=False``, as for every tag-delimited parser).
+incremental: text that may be the start of a special token is held back. The special tokens are
+the parsers' ``tags``: the output pipeline keeps them in the decoded text while skipping the other
+special tokens (frontend.py).
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ def _first(text: str, tags: tuple[str, ...]) -> tuple[int, str]:
 
 
 class HarmonyReasoningParser:
+    tags = (START, CHANNEL, MESSAGE, "<|constrain|>", *ENDS)  # kept in the decoded text (frontend.py)
+
     def __init__(self):
         self._buf = ""
         self._state = "header"  # header: reading up to <|message|>; body: a message's text
@@ -116,6 +119,7 @@ class HarmonyReasoningParser:
 
 
 class HarmonyToolParser:
+    tags = (CHANNEL, "<|call|>")
     """Calls in the canonical form HarmonyReasoningParser writes; ``functions.`` is dropped from the
     name (the template adds it). Other recipients (``browser.search``, ``python``: built-in tools)
     are calls by their full name."""

@@ -152,6 +152,10 @@ class _Silent:
     def in_reasoning(self) -> bool:
         return self.inner.in_reasoning
 
+    @property
+    def tags(self) -> tuple[str, ...]:
+        return getattr(self.inner, "tags", ())
+
     def feed(self, text: str) -> tuple[str, str]:
         return "", self.inner.feed(text)[1]
 
