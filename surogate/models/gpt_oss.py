@@ -206,7 +206,7 @@ FAMILY = Family(
         # rounding of the weights flips (qwen3_moe.py says the same), so the GGUF bounds measure the
         # rounding alone. Window 16: the smallest top-2 gap on the blocks test's greedy paths is 0.0067
         # (window 8 had one of 0.0031, which Q8_0 blocks flipped).
-        gguf={"hidden_size": 256, "intermediate_size": 512, "num_local_experts": 4, "num_experts_per_tok": 4,
+        gguf={"hidden_size": 256, "head_dim": 64, "intermediate_size": 512, "num_local_experts": 4, "num_experts_per_tok": 4,
               "sliding_window": 16},
     ),
 )

@@ -227,8 +227,12 @@ def test_stored_weights_close_to_the_source(tiny, qtype):
             hf_name = table.to_hf(t.name)
             want = source[hf_name]
             g = table.to_gguf(hf_name)
+            if g.transposed:  # GPT-OSS: HF's [E, in, out] experts are llama.cpp's [E, out, in]
+                want = np.swapaxes(want, -1, -2)
             if g.parts:
-                want = np.split(want, len(g.names()), axis=g.axis)[g.names().index(t.name)]
+                k, n = g.names().index(t.name), len(g.names())
+                want = np.take(want, np.arange(k, want.shape[g.axis], n), axis=g.axis) if g.interleaved else \
+                    np.split(want, n, axis=g.axis)[k]
             got = gguf_dequantize(t.data, t.tensor_type).reshape(want.shape) - table.to_gguf(hf_name).shift
             kind = table.to_gguf(hf_name).rope_rows
             if kind:

@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import surogate  # noqa: E402
+from sgtest.peft_ref import peft_model  # noqa: E402
 from sgtest.tiny_models import make_model  # noqa: E402
 from surogate.dsl.nn import LoRAConfig  # noqa: E402
 
@@ -108,15 +109,8 @@ EXPERTS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
 
 
 def _peft_model(folder, seed=0):
-    peft = pytest.importorskip("peft")
-    pm = peft.get_peft_model(_hf(folder), peft.LoraConfig(r=4, lora_alpha=8, target_modules=ATTN,
-                                                          target_parameters=EXPERTS, lora_dropout=0.0))
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in pm.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
-    return pm
+    pytest.importorskip("peft")
+    return peft_model(_hf(folder), ATTN, seed=seed, target_parameters=EXPERTS)
 
 
 def _named(pm, cfg, attr):

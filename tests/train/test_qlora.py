@@ -16,6 +16,7 @@ peft = pytest.importorskip("peft")
 gguf = pytest.importorskip("gguf")
 
 import surogate  # noqa: E402
+from sgtest.peft_ref import check_lora_grads, peft_model  # noqa: E402
 from sgtest.qa import sft_config, step_losses, write_qa  # noqa: E402
 from sgtest.tiny_models import make_model  # noqa: E402
 from surogate.dsl.nn import LoRAConfig  # noqa: E402
@@ -58,28 +59,8 @@ def test_lora_grads_over_blocks_match_peft_on_the_dequantized_weights(tmp_path, 
     missing, unexpected = ref.load_state_dict(state, strict=False)
     assert not unexpected and all("lm_head" in k for k in missing), (missing, unexpected)
     targets = list(family_named(family).lora_targets)
-    pm = peft.get_peft_model(ref, peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets, lora_dropout=0.0))
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in pm.named_parameters():
-            if "lora_B" in name:  # B != 0: every A / B gradient and the input gradients are non-trivial
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
-    lora_params = {name.removeprefix("base_model.model.model.").replace(".default.weight", ""): p.detach().numpy().copy()
-                   for name, p in pm.named_parameters() if "lora_" in name}
-    ids = np.random.default_rng(2).integers(0, ours.spec.vocab_size, 29)
-    loss, grads = ours.loss_and_grads(ids, lora=LoRAConfig(rank=4, alpha=8, targets=tuple(targets)),
-                                      lora_params=lora_params)
-    t = torch.tensor(ids)[None]
-    out = pm(input_ids=t, labels=t)
-    out.loss.backward()
-    assert loss == pytest.approx(out.loss.item(), rel=1e-5)
-    ref_grads = {name.removeprefix("base_model.model.model.").replace(".default.weight", ""): p.grad.numpy()
-                 for name, p in pm.named_parameters() if "lora_" in name}
-    assert set(grads) == set(ref_grads)
-    for name, g in grads.items():
-        r = ref_grads[name]
-        err = np.abs(g - r).max() / (np.abs(r).max() + 1e-12)
-        assert err < 1e-4, f"{name}: {err:.2e}"
+    check_lora_grads(ours, peft_model(ref, targets), LoRAConfig(rank=4, alpha=8, targets=tuple(targets)),
+                     np.random.default_rng(2).integers(0, ours.spec.vocab_size, 29))
 
 
 def test_blocks_are_a_fraction_of_the_weights(tmp_path):
