@@ -66,6 +66,8 @@ def qlora_load_args(cfg) -> dict:
 
 
 class Trainer:
+    graph_kw: dict = {}  # extra Model.executable arguments of the training and reference Programs (GRPO's temperature)
+
     def __init__(self, cfg: SFTConfig, model: Model | None = None, stream=None):
         self.cfg = cfg
         if cfg.optimizer not in ("adamw", "adamw_8bit"):
@@ -124,7 +126,8 @@ class Trainer:
 
     def _build(self) -> None:
         m = self.model
-        self.exe = m.executable("train", self.N, self.N, lora=self.lora, grads=True, recompute=self.cfg.recompute)
+        self.exe = m.executable("train", self.N, self.N, lora=self.lora, grads=True, recompute=self.cfg.recompute,
+                                **self.graph_kw)
         storage = _np_dtype(m.dtype)
         if self.lora is not None:
             g = self.exe.graph
@@ -178,9 +181,9 @@ class Trainer:
         of the starting weights (the policy's are updated in place)."""
         m = self.model
         if self.lora is not None:
-            ref = m.executable("train", self.N, self.N, lora=None, grads=False)
+            ref = m.executable("train", self.N, self.N, lora=None, grads=False, **self.graph_kw)
         else:
-            ref = m.executable("train", self.N, self.N, lora=None, grads=False, shared=False)
+            ref = m.executable("train", self.N, self.N, lora=None, grads=False, shared=False, **self.graph_kw)
             for name in ref.external_names("param"):
                 if name in m.params:
                     ref.bind(name, m.params[name].copy())
