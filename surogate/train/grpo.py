@@ -110,6 +110,10 @@ class GRPOTrainer(Trainer):
         if m.quant:
             raise ConfigError(f"{c.model} is loaded with quantized (GGUF block) weights, which train no gradients",
                               where="model", hint="train GRPO on an HF folder or a dequantized GGUF")
+        if c.temperature != 1.0 and m.spec.final_softcap:
+            raise ConfigError(f"temperature {c.temperature}: {c.model} soft-caps its logits, and the trainer's "
+                              "log-probs over capped logits / T are not built", where="temperature",
+                              hint="use temperature: 1.0 with this model")
         m.stack_qkv()  # q / k / v as views of one array: the engine's fused projection reads it, no copy
         super()._build()
         self.ref_exe = None

@@ -425,7 +425,8 @@ def test_a_reward_that_raises_names_itself(base, data, tmp_path):
     ("reward_functions", [], "reward_functions: no reward functions given"),
     ("sequence_len", 128, "sequence_len: not used by surogate grpo"),
     ("epsilon", 1.5, "epsilon: must be in (0, 1)"),
-    ("loss_type", "ppo", "loss_type: 'ppo' is not an allowed value")])
+    ("loss_type", "ppo", "loss_type: 'ppo' is not an allowed value"),
+    ("num_iterations", 0, "num_iterations: must be at least 1")])
 def test_config_errors_name_the_key(base, data, tmp_path, key, value, problem):
     with pytest.raises(ConfigError, match=problem.replace("(", r"\(").replace(")", r"\)")):
         config(base, data, tmp_path / "out", **{key: value})
