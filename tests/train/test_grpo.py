@@ -306,23 +306,25 @@ def test_bind_adapter_refuses_arrays_it_would_have_to_copy(base, data, tmp_path)
 
 # -- runs from YAML, checkpoints, resume --
 
-def test_resume_reproduces_the_uninterrupted_curve(base, data, tmp_path):
-    GRPOTrainer(config(base, data, tmp_path / "a", save_steps=2)).train()
+@pytest.mark.parametrize("num_iterations", [1, 2])
+def test_resume_reproduces_the_uninterrupted_curve(base, data, tmp_path, num_iterations):
+    kw = {"save_steps": 2, "num_iterations": num_iterations}
+    GRPOTrainer(config(base, data, tmp_path / "a", **kw)).train()
     full = step_records(tmp_path / "a")
-    interrupted = GRPOTrainer(config(base, data, tmp_path / "b", save_steps=2))
-    interrupt_after(interrupted, 3)
+    interrupted = GRPOTrainer(config(base, data, tmp_path / "b", **kw))
+    interrupt_after(interrupted, 3 * num_iterations)  # optimizer updates: into step 4
     with pytest.raises(KeyboardInterrupt):
         interrupted.train()
     assert latest_checkpoint(tmp_path / "b" / "checkpoints").name == "step_00000002"
-    GRPOTrainer(config(base, data, tmp_path / "b", save_steps=2, resume_from_checkpoint=True)).train()
+    GRPOTrainer(config(base, data, tmp_path / "b", resume_from_checkpoint=True, **kw)).train()
     by_step = {r["step"]: r for r in step_records(tmp_path / "b")}
     for r in full:
         # The same completions (seeds are a function of the step and the prompt) ...
         for k in ("reward", "rewards/length/mean", "completions/mean_length"):
             assert by_step[r["step"]][k] == r[k], (r["step"], k)
-        # ... and the same update, up to the sampler's f32 log-probs (~1e-6): the engine starts
-        # on the first request while the rest are still being submitted, so its batch shapes vary.
-        # (The loss, ~1e-3, is a sum of +-A r terms that nearly cancel: an absolute bound.)
+        # ... and the same update, up to the sampler's f32 log-probs (~1e-6, should its steps'
+        # shapes differ). (The loss, ~1e-3, is a sum of +-A r terms that nearly cancel: an
+        # absolute bound.)
         assert by_step[r["step"]]["loss"] == pytest.approx(r["loss"], abs=2e-6), r["step"]
         for k in ("kl", "grad_norm"):
             assert by_step[r["step"]][k] == pytest.approx(r[k], rel=1e-4, abs=1e-7), (r["step"], k)
