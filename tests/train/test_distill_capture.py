@@ -175,3 +175,19 @@ eval_steps: 0
         assert proc.returncode == 0, proc.stderr[-2000:]
     assert (tmp_path / "cap" / "capture.json").is_file()
     assert [r["step"] for r in step_records(tmp_path / "out")] == [1, 2]
+
+
+def test_training_from_the_capture_resumes_on_its_curve(student, teacher, data, captured, tmp_path):
+    from sgtest.qa import interrupt_after
+
+    kw = {"save_steps": 2, "max_steps": 4}
+    DistillTrainer(config(student, teacher, data, tmp_path / "a", captured, **kw)).train()
+    full = step_records(tmp_path / "a")
+    interrupted = DistillTrainer(config(student, teacher, data, tmp_path / "b", captured, **kw))
+    interrupt_after(interrupted, 3)
+    with pytest.raises(KeyboardInterrupt):
+        interrupted.train()
+    DistillTrainer(config(student, teacher, data, tmp_path / "b", captured, resume_from_checkpoint=True, **kw)).train()
+    by_step = {r["step"]: r for r in step_records(tmp_path / "b")}
+    for r in full:
+        assert (by_step[r["step"]]["loss"], by_step[r["step"]]["kl"]) == (r["loss"], r["kl"]), r["step"]
