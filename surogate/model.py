@@ -111,7 +111,8 @@ class Model:
             for kind in ("weight", "bias"):
                 parts = [f"layers.{i}.self_attn.{p}_proj.{kind}" for p in "qkv"]
                 name = f"layers.{i}.self_attn.qkv_proj.{kind}"
-                if name in self.stacks or not all(p in self.params for p in parts) or any(p in self.quant for p in parts):
+                if name in self.stacks or not all(p in self.params for p in parts) \
+                        or any(p in self.quant for p in parts):
                     continue
                 arrays = [self.params[p] for p in parts]
                 if len({(a.dtype, a.shape[1:]) for a in arrays}) != 1:

@@ -29,8 +29,8 @@ ratio's denominator is fixed by the step's first pass: at temperature 1 the samp
 log-probs (the engine reports the raw distribution, the one the trainer computes: the ratio is
 1 up to numerics on policy), otherwise the trainer's first-pass log-probs (TRL's
 old_per_token_logps). With ``num_iterations`` > 1 the step makes that many optimizer updates over
-its one batch of rollouts, the later passes' ratios moving off 1 (clipped). Rollout seeds are a function of (seed, step, prompt), so a resumed run samples
-what the uninterrupted one sampled.
+its one batch of rollouts, the later passes' ratios moving off 1 (clipped). Rollout seeds are a
+function of (seed, step, prompt), so a resumed run samples what the uninterrupted one sampled.
 
 Step lines carry TRL's metric names: ``reward``, ``reward_std``, ``rewards/<fn>/mean`` and
 ``/std``, ``kl``, ``clip_ratio/low_mean`` / ``high_mean`` / ``region_mean``,
