@@ -55,9 +55,7 @@ class SeparateCopyGRPOTrainer(GRPOTrainer):
             lora, self.lora = self.lora, None  # the base engine; the adapter is added below
             super()._start_engine()
         finally:
-            self.model, self.lora = shared, lora
-        self.runner.fuse_qkv = True
-        self.runner._fuse_qkv()  # as `surogate serve` serves a model on a GPU
+            self.model, self.lora = shared, lora  # (the runner fused q/k/v by copying: the copy's own arrays)
         if self.lora is not None:
             self.adapter = ADAPTER_SLOT
 
