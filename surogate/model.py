@@ -75,6 +75,9 @@ class Model:
         self.arch = family.architecture(spec)
         self._cache: dict[tuple, Executable] = {}
         self._on_device: dict[str, object] = {}  # GPU: one device copy of each weight, for every executable
+        # stack_qkv: stacked name -> (its host array, [(part name, first row, rows)]); part -> stacked name
+        self.stacks: dict[str, tuple[np.ndarray, list[tuple[str, int, int]]]] = {}
+        self._stack_of: dict[str, str] = {}
 
     def device_param(self, name: str):
         """The device tensor mirroring params[name] (None on the CPU, where the array is the buffer)."""
@@ -84,8 +87,49 @@ class Model:
         if t is None:
             from surogate import _native
 
-            t = self._on_device[name] = _native.tensor(self.params[name]).to(self.device)
+            stacked = self._stack_of.get(name)
+            if stacked is not None:  # rows of the stack's one device copy
+                _, parts = self.stacks[stacked]
+                start, rows = next((a, n) for p, a, n in parts if p == name)
+                t = self._on_device[name] = self.device_param(stacked).rows(start, rows)
+            else:
+                source = self.stacks[name][0] if name in self.stacks else self.params[name]
+                t = self._on_device[name] = _native.tensor(source).to(self.device)
         return t
+
+    def stack_qkv(self) -> list[str]:
+        """Keep each layer's q, k and v projections (weights, and biases where all three have
+        one) as row ranges of one array, ``layers.{i}.self_attn.qkv_proj.{weight,bias}`` (rows q,
+        k, v: what the serving fusion binds, compile/fuse.py), the three parameters becoming views
+        of it. A serving Program then reads the stack while training Programs read the parts: one
+        copy of those weights, updated in place for both (GRPO's co-located engine). On a GPU the
+        device copy is one tensor too (``device_param`` of a part is its rows). Executables built
+        before are dropped (they hold the old arrays); the trainer calls this before it builds.
+        Returns the stacks' names; quantized (GGML block) projections stay apart."""
+        made = []
+        for i in range(self.spec.num_layers):
+            for kind in ("weight", "bias"):
+                parts = [f"layers.{i}.self_attn.{p}_proj.{kind}" for p in "qkv"]
+                name = f"layers.{i}.self_attn.qkv_proj.{kind}"
+                if name in self.stacks or not all(p in self.params for p in parts) \
+                        or any(p in self.quant for p in parts):
+                    continue
+                arrays = [self.params[p] for p in parts]
+                if len({(a.dtype, a.shape[1:]) for a in arrays}) != 1:
+                    continue
+                stack = np.ascontiguousarray(np.concatenate(arrays, axis=0))
+                rows, at = [], 0
+                for p, a in zip(parts, arrays):
+                    self.params[p] = stack[at:at + a.shape[0]]
+                    rows.append((p, at, a.shape[0]))
+                    self._stack_of[p] = name
+                    self._on_device.pop(p, None)
+                    at += a.shape[0]
+                self.stacks[name] = (stack, rows)
+                made.append(name)
+        if made:
+            self._cache.clear()
+        return made
 
     def release_device_memory(self) -> None:
         """Drop the device copies of the weights and the executables that read them (a sleeping
@@ -96,13 +140,14 @@ class Model:
     # ---- compilation ------------------------------------------------------------------------
     def executable(self, mode: str, n_tokens: int, n_docs: int, lora: LoRAConfig | None = None,
                    grads: bool = False, recompute: bool = False, shared: bool = True,
-                   mlp_chunk: int = 0) -> Executable:
+                   mlp_chunk: int = 0, temperature: float = 1.0) -> Executable:
         """The compiled Program for this shape, bound to the model's weights; one per shape and
         setup (cached) unless ``shared`` is False: then a new one the caller may bind other
-        weights to (DPO's frozen reference copy)."""
+        weights to (DPO's frozen reference copy). ``temperature``: a train-mode loss over
+        logits / temperature (GRPO)."""
         key = (mode, n_tokens, n_docs,
                None if lora is None else lora.key(), grads,
-               recompute) + ((mlp_chunk,) if mlp_chunk else ())  # mlp_chunk: rows of a tiled MLP (long_context)
+               recompute) + ((mlp_chunk,) if mlp_chunk else ()) + ((temperature,) if temperature != 1.0 else ())
         exe = self._cache.get(key) if shared else None
         if exe is None and grads and lora is None and self.quant:
             name = next(iter(self.quant))
@@ -110,7 +155,8 @@ class Model:
                                    "cannot update it", hint="train a LoRA over the blocks (QLoRA), or load the "
                                    "weights dequantized (the default) for a full fine-tune")
         if exe is None:
-            g = self.arch.build(mode=mode, dtype=self.dtype, lora=lora, quant=self.quant)
+            g = self.arch.build(mode=mode, dtype=self.dtype, lora=lora, quant=self.quant,
+                                **({"temperature": temperature} if temperature != 1.0 else {}))
             keep = [g.outputs[{"train": "loss", "hidden": "hidden"}.get(mode, "logits")]]
             # A MoE model's load-balancing loss and router z-loss, each seeded with its coefficient.
             extra = {seed: g.outputs[out] for out, (seed, _) in ROUTER_LOSSES.items() if out in g.outputs}

@@ -90,6 +90,7 @@ class RunMetrics:
     # Preference runs (surogate dpo): the last step's TRL metrics, by name without "rewards/".
     rewards: dict[str, float] = field(default_factory=dict)
     kl: float | None = None  # distillation runs: the student's KL to the teacher's top-k; GRPO: to the reference
+    kl_points: list[tuple[int, float]] = field(default_factory=list)  # (step, kl): the chart's kl line
     # Mixture-of-experts runs: per step, the expert load's max / mean (1 = balanced; over the MoE
     # layers together) and its worst layer's; the last step's rows per expert and router losses.
     expert_load: list[tuple[int, float]] = field(default_factory=list)
@@ -115,6 +116,7 @@ class RunMetrics:
                 self.expert_load.clear()
                 self.expert_load_worst.clear()
                 self.reward_points.clear()
+                self.kl_points.clear()
             self.total_steps = int(record.get("total_steps") or 0)
             self.start_step = int(record.get("start_step") or 0)
             self.step = self.start_step
@@ -134,6 +136,8 @@ class RunMetrics:
             self.epoch = record.get("epoch", self.epoch)
             self.elapsed = record.get("elapsed", self.elapsed)
             self.kl = record.get("kl", self.kl)
+            if isinstance(record.get("kl"), (int, float)):
+                self.kl_points.append((step, float(record["kl"])))
             for key, value in record.items():
                 if key.startswith("rewards/") and isinstance(value, (int, float)):
                     name = key.removeprefix("rewards/")

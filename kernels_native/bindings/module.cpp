@@ -316,6 +316,15 @@ PYBIND11_MODULE(_native, m) {
              py::gil_scoped_release nogil;
              check(copy_tensor(s, t));
            }, py::arg("src"), "Copy src (a numpy array or Tensor of the same shape and dtype, any device) into this tensor.")
+      .def("rows", [](const Tensor& t, int64_t start, int64_t len) {
+             if (t.ndim < 1 || !t.is_contiguous() || start < 0 || len < 0 || start + len > t.shape[0]) {
+               throw_status(SG_ERROR(StatusCode::kInvalidArgument,
+                                     str_cat("rows(", start, ", ", len, ") of ", t.describe()),
+                                     "rows of a contiguous tensor, within its first dimension"));
+             }
+             return t.slice0(start, len);
+           }, py::arg("start"), py::arg("len"),
+           "Rows [start, start + len) of the first dimension: a view sharing this tensor's memory (and owner).")
       .def("reshape", [](const Tensor& t, const std::vector<int64_t>& shape) {
         Tensor out;
         check(t.reshape(shape, &out));

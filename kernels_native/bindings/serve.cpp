@@ -561,6 +561,8 @@ void bind_serve(py::module_& parent) {
            },
            py::arg("prompt_ids"), py::arg("params"), py::arg("adapter_id") = -1)
       .def("abort", &Engine::abort, py::arg("request_id"))
+      .def("hold", &Engine::hold, "Take no new step until release() (a batch of submits all reach the first step).")
+      .def("release", &Engine::release)
       .def("reset_prefix_cache", &Engine::reset_prefix_cache, py::call_guard<py::gil_scoped_release>(),
            "Forget every cached prefix (between steps); returns how many blocks left the cache.")
       .def("set_token_masker", [](Engine& e, py::function fn) {

@@ -136,6 +136,19 @@ int Engine::reset_prefix_cache() {
   return result.get();
 }
 
+void Engine::hold() {
+  std::lock_guard<std::mutex> lock(mu_);
+  held_ = true;
+}
+
+void Engine::release() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    held_ = false;
+  }
+  cv_.notify_one();
+}
+
 Status Engine::start() {
   std::lock_guard<std::mutex> lock(mu_);
   SG_CHECK(!shut_down_, StatusCode::kUnsupported, "the engine is shut down", "create a new engine");
@@ -182,7 +195,7 @@ void Engine::loop() {
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || busy || !inbox_.empty(); });
+      cv_.wait(lock, [&] { return stop_ || (!held_ && (busy || !inbox_.empty())); });
       if (stop_) return;
     }
     // A step that scheduled nothing while work is queued cannot happen (an idle cache fits any

@@ -87,6 +87,12 @@ class Engine {
   // request is refused at submit.
   void set_token_masker(std::shared_ptr<TokenMasker> masker) { masker_ = std::move(masker); }
 
+  // Hold the engine thread before its next step (the step in flight finishes) until release():
+  // a caller submitting a batch of requests (GRPO's rollouts) has the first step see them all
+  // instead of one. Submits and aborts queue meanwhile; reset_prefix_cache must not be called.
+  void hold();
+  void release();
+
   Status start();
   // Stop the engine thread after its current step; requests still in flight finish as "abort".
   void shutdown();
@@ -152,6 +158,7 @@ class Engine {
   std::condition_variable cv_;
   std::vector<Command> inbox_;
   bool stop_ = false;
+  bool held_ = false;
   bool shut_down_ = false;
   std::atomic<uint64_t> next_id_{1};
   uint64_t seed_base_ = 0;

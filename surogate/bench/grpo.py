@@ -8,7 +8,9 @@ engine's Programs read the trainer's weights and LoRA arrays. **separate copy** 
 layout of a trainer beside an inference engine (TRL + vLLM colocate, OpenRLHF): the engine
 serves its own copy of the weights (and fused q/k/v, as `surogate serve` does) and the adapter is
 copied to it before every rollout. Reported per mode: rollout tokens/s, step time (rollout +
-the update), the rollout share, and our allocator's peak GPU memory; then the ratios. The
+the update), the rollout share, and our allocator's peak GPU memory; then the ratios; then the
+serving engine's rollout tok/s on the same prompts and sampling (an engine as `surogate serve`
+builds it, nothing trained), the ceiling the co-located rollouts aim at. The
 tokenizer is a word-level stand-in (``t0`` .. ``tV-1``) so text rewards see the sampled ids.
 """
 
@@ -53,9 +55,7 @@ class SeparateCopyGRPOTrainer(GRPOTrainer):
             lora, self.lora = self.lora, None  # the base engine; the adapter is added below
             super()._start_engine()
         finally:
-            self.model, self.lora = shared, lora
-        self.runner.fuse_qkv = True
-        self.runner._fuse_qkv()  # as `surogate serve` serves a model on a GPU
+            self.model, self.lora = shared, lora  # (the runner fused q/k/v by copying: the copy's own arrays)
         if self.lora is not None:
             self.adapter = ADAPTER_SLOT
 
@@ -123,3 +123,47 @@ def run(shape: str, *, prompts: int, generations: int, prompt_len: int, completi
     (a, b) = rows
     print(f"co-located / separate: rollout tok/s x{a[1] / b[1]:.2f}, step time x{a[2] / b[2]:.2f}"
           + (f", peak memory x{a[4] / b[4]:.2f} ({(b[4] - a[4]) / GiB:+.2f} GiB for the copy)" if b[4] else ""))
+    serving = serving_rollout(shape, dtype, device, prompts, generations, prompt_len, completion_len, steps, warmup)
+    print(f"serving engine (`surogate serve`'s runner: its own weights, fused q/k/v, no adapter), the same "
+          f"prompts and sampling (temperature 1, logprobs): {serving:,.0f} rollout tok/s; co-located / serving "
+          f"x{a[1] / serving:.2f}")
+
+
+def serving_rollout(shape: str, dtype: str, device: str, prompts: int, generations: int, prompt_len: int,
+                    completion_len: int, steps: int, warmup: int) -> float:
+    """Rollouts of the GRPO runs' kind (random prompts of the same length, the same counts and
+    sampling, other seeds) through an engine built as `surogate serve` builds one (launch's ProgramRunner and
+    EngineConfig defaults, fused q/k/v on a GPU), all of a step's requests submitted at once:
+    completion tokens / s, the mean over the timed steps after ``warmup`` untimed ones."""
+    from surogate.serve.engine_client import EngineClient
+    from surogate.serve.llm import LLM
+    from surogate.serve.model_runner import ProgramRunner
+    from surogate.serve.types import EngineConfig, SamplingParams
+
+    model = random_model(shape, dtype, device=device)
+    rng = np.random.default_rng(0)
+    vocab = model.spec.vocab_size
+    rows = [rng.integers(1, vocab, prompt_len).tolist() for _ in range(prompts * (steps + warmup))]
+    seqs = prompts * generations
+    ctx = prompt_len + completion_len
+    num_blocks = seqs * -(-ctx // BLOCK_SIZE) + 1
+    runner = ProgramRunner(model, num_blocks, BLOCK_SIZE, max_num_seqs=seqs)
+    rates = []
+    with EngineClient(runner, EngineConfig(num_blocks=num_blocks, block_size=BLOCK_SIZE, max_num_seqs=seqs,
+                                           max_num_batched_tokens=max(2048, min(8192, seqs * 16)),
+                                           max_model_len=ctx, eos_token_ids=[0], seed=0)) as client:
+        llm = LLM(client, None)
+        for step in range(steps + warmup):
+            batch = rows[step * prompts:(step + 1) * prompts]
+            params = [SamplingParams(n=generations, temperature=1.0, max_tokens=completion_len, logprobs=0,
+                                     detokenize=False, seed=1000 * step + i) for i in range(len(batch))]
+            client.reset_prefix_cache()
+            t0 = time.perf_counter()
+            with client.held():
+                gen = llm.submit(batch, params)
+            with gen:
+                outs = gen.result()
+            if step >= warmup:
+                rates.append(sum(len(o.new_token_ids) for o in outs) / (time.perf_counter() - t0))
+    runner.close()
+    return float(np.mean(rates))

@@ -1,4 +1,5 @@
-"""`surogate distill CONFIG`: knowledge distillation from a teacher's top-k next-token distribution."""
+"""`surogate distill CONFIG`: knowledge distillation from a teacher's top-k next-token distribution;
+`surogate distill capture CONFIG`: store the teacher's top-k first (distillation.teacher_logprobs)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,23 @@ import typer
 
 
 def distill(
-    config: Annotated[Path, typer.Argument(metavar="CONFIG", help="The run's YAML config.", show_default=False)],
+    config: Annotated[str, typer.Argument(metavar="[capture] CONFIG", help="The run's YAML config; `capture CONFIG` "
+                                          "stores the teacher's top-k at distillation.teacher_logprobs.",
+                                          show_default=False)],
+    capture_config: Annotated[Path | None, typer.Argument(hidden=True, show_default=False)] = None,
 ) -> None:
-    """Distill a teacher model into a student (the teacher's top-k, computed on the fly)."""
+    """Distill a teacher model into a student (the teacher's top-k on the fly, or from a capture)."""
+    if config == "capture":
+        if capture_config is None:
+            raise typer.BadParameter("surogate distill capture needs the run's YAML config", param_hint="CONFIG")
+        from surogate.config import load_config
+        from surogate.train.distill_capture import capture
+
+        folder = capture(load_config(capture_config, kind="distill"))
+        print(f"distill capture: {folder}")
+        return
+    if capture_config is not None:
+        raise typer.BadParameter(f"unexpected argument {capture_config}", param_hint="CONFIG")
     from surogate.train.run import run
 
-    run(config, "distill")
+    run(Path(config), "distill")

@@ -16,6 +16,9 @@ class DistillationConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=Tru
     top_k: int = 8  # teacher tokens per position (renormalized over them); each costs one pass
     kd_weight: float = 0.5  # the KL term: sum_k p_teacher(k) (log p_teacher(k) - log p_student(k))
     ce_weight: float = 0.5  # the ordinary next-token cross-entropy on the data
+    # A folder of the teacher's top-k, written by `surogate distill capture` (the same config):
+    # training reads it instead of running the teacher. None: the teacher runs on the fly.
+    teacher_logprobs: str | None = None
 
 
 class DistillConfig(SFTConfig, forbid_unknown_fields=True, kw_only=True, frozen=True):

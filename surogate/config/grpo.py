@@ -9,8 +9,10 @@ arrays the optimizer updates, so it samples from the current policy either way.
 Where we differ from TRL: ``per_device_train_batch_size`` counts *prompts* per micro-batch (each
 brings its ``num_generations`` completions), so a prompt's group never spans micro-batches; and
 ``reward_functions`` lists import paths (``pkg.module:fn``) or the names of the built-in rewards
-(surogate.train.grpo_env), not callables; and the log-probs are the model's raw distribution (as
-the engine reports them), not divided by the sampling temperature.
+(surogate.train.grpo_env), not callables; and one step is one batch of rollouts with its
+``num_iterations`` optimizer updates (TRL counts each update as a step): ``max_steps`` counts
+rollout batches and the learning-rate schedule advances once per step. The trainer's log-probs
+are over logits / ``temperature``, as TRL's.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class GRPOConfig(SFTConfig, forbid_unknown_fields=True, kw_only=True, frozen=Tru
     beta: float = 0.04  # the KL penalty to the reference (the base model, adapter off); 0: no reference pass
     epsilon: float = 0.2  # the ratio's lower clip: 1 - epsilon
     epsilon_high: float | None = None  # the upper clip 1 + epsilon_high (DAPO's clip-higher); None: epsilon
+    num_iterations: int = 1  # optimizer updates per batch of rollouts (TRL's mu); > 1: the ratio moves off 1
 
     @property
     def clip_high(self) -> float:

@@ -392,6 +392,9 @@ def _check_grpo(c, fail) -> None:
         fail("epsilon", f"must be in (0, 1), got {c.epsilon}", "TRL's default is 0.2")
     if c.epsilon_high is not None and not c.epsilon_high > 0:
         fail("epsilon_high", f"must be positive, got {c.epsilon_high}", "DAPO uses 0.28")
+    if c.num_iterations < 1:
+        fail("num_iterations", f"must be at least 1, got {c.num_iterations}",
+             "the optimizer passes over each batch of rollouts; 1 (on-policy) is TRL's default")
 
 
 # -- type descriptions for messages --

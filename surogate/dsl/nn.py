@@ -510,12 +510,14 @@ class CausalLM:
         self.blocks = [block(spec, i) for i in range(spec.num_layers)]
 
     def build(self, *, mode: str = "train", dtype: str = "float32", lora: LoRAConfig | None = None,
-              ce_chunk: int = 4096, kv: KVCache | None = None, quant: dict[str, int] | None = None) -> Graph:
+              ce_chunk: int = 4096, kv: KVCache | None = None, quant: dict[str, int] | None = None,
+              temperature: float = 1.0) -> Graph:
         """mode: "train" (per-token loss fused with the head), "logits" (every row's logits),
         "hidden" (every row's final hidden state, after the final norm, no head: HF's
         last_hidden_state, what embeddings pool) or "serve" (over the paged KV cache `kv`;
         logits only for the rows in `logits_rows`). `quant` names the projection weights kept as
-        GGML blocks (parameter -> ggml type)."""
+        GGML blocks (parameter -> ggml type). ``temperature`` (train mode): the loss is over
+        logits / temperature (GRPO's log-probs of a sampling temperature, as TRL computes them)."""
         if mode not in ("train", "logits", "hidden", "serve"):
             raise ValueError(f"mode must be 'train', 'logits', 'hidden' or 'serve', got {mode!r}")
         if (mode == "serve") != (kv is not None):
@@ -558,6 +560,10 @@ class CausalLM:
                                                          trainable=lora is None)
         if mode == "train":
             targets = g.input("targets", (N,), "int32")
+            if temperature != 1.0:  # (h / T) W^T = logits / T; a soft cap is not linear in h
+                if s.final_softcap:
+                    raise ValueError("a temperature on a model with a final logit soft cap is not supported")
+                y = ops.scale(y, 1.0 / temperature, name="final_norm_tempered")
             loss = ops.lm_head_ce(y, head, targets, softcap=s.final_softcap, chunk=ce_chunk, name="loss")
             g.mark_output("loss", loss)
             if s.moe is not None and s.moe.router_aux_loss_coef > 0 and g.moe_routers:

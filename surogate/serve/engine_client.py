@@ -25,10 +25,11 @@ from __future__ import annotations
 import asyncio
 import atexit
 import collections
+import contextlib
 import logging
 import threading
 import weakref
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -265,6 +266,18 @@ class EngineClient:
     def idle(self) -> bool:
         s = self._engine.stats()
         return s["num_running"] == 0 and s["num_waiting"] == 0
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """The engine takes no new step inside the block (the one in flight finishes): requests
+        submitted there all reach its first step together, as one batch (GRPO submits a step's
+        prompts x num_generations so, then drains), instead of the engine starting on the first
+        while the rest are still being submitted. No ``reset_prefix_cache`` inside."""
+        self._engine.hold()
+        try:
+            yield
+        finally:
+            self._engine.release()
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached prefix (before the KV memory is released or rewritten); waits for

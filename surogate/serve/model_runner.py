@@ -50,7 +50,8 @@ class ProgramRunner:
         """``fuse_qkv``: serve each layer's q, k and v projections as one matmul over a fused copy
         of their weights, made here (default: on a GPU, where a decode step's small matmuls cost
         their launch more than their bytes). The copy is taken now: a runner whose model's
-        weights change afterwards (training) must be made anew. ``max_num_seqs``: the engine's,
+        weights change afterwards (training) must be made anew, unless the model keeps them
+        stacked (``Model.stack_qkv``): then the runner binds the model's stack, no copy. ``max_num_seqs``: the engine's,
         the number of per-sequence state slots a model with conv layers keeps."""
         self.model = model
         self.block_size = block_size
@@ -131,10 +132,13 @@ class ProgramRunner:
         for i in range(m.spec.num_layers):
             for kind in ("weight", "bias"):
                 parts = [f"layers.{i}.self_attn.{p}_proj.{kind}" for p in "qkv"]
+                name = f"layers.{i}.self_attn.qkv_proj.{kind}"
+                if name in m.stacks:  # the model keeps q, k, v as views of this stack: no copy
+                    self.fused[name] = (m.stacks[name][0], None) if m.device == "cpu" else (None, m.device_param(name))
+                    continue
                 if not all(p in m.params for p in parts) or any(p in m.quant for p in parts):
                     continue
                 stacked = np.ascontiguousarray(np.concatenate([m.params[p] for p in parts], axis=0))
-                name = f"layers.{i}.self_attn.qkv_proj.{kind}"
                 if m.device == "cpu":
                     self.fused[name] = (stacked, None)
                 else:

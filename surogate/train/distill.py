@@ -1,5 +1,6 @@
 """`surogate distill`: the SFT trainer's loop with a teacher's top-k next-token distribution as
-a second target, the teacher's log-probs computed on the fly by our engine.
+a second target, the teacher's log-probs computed on the fly by our engine, or read from a
+capture (`surogate distill capture`, distill_capture.py; ``distillation.teacher_logprobs``).
 
 Per micro-batch, the teacher's logits Program runs on the student's input buffers; at every
 position the student is trained on (the SFT targets), the teacher's k most likely tokens t_1..t_k
@@ -46,9 +47,15 @@ class DistillTrainer(Trainer):
     def _build(self) -> None:
         super()._build()
         d = self.cfg.distillation
+        self.vocab = self.model.tokenizer.vocab_size  # real tokens: both models may pad their heads past it
+        self.captured = None
+        if d.teacher_logprobs:  # the teacher's top-k from `surogate distill capture`: no teacher loaded
+            from surogate.train.distill_capture import CapturedTeacher
+
+            self.captured = CapturedTeacher(d.teacher_logprobs, self.model.tokenizer, d.top_k, self.cfg.sequence_len)
+            return
         self.teacher = self._teacher or load_model(d.teacher_model, device=self.model.device, dtype=self.model.dtype)
         check_same_tokenizer(self.model, self.teacher)
-        self.vocab = self.model.tokenizer.vocab_size  # real tokens: both models may pad their heads past it
         self.teacher_exe = self.teacher.executable("logits", self.N, self.N)
         for n in ("input_ids", "position_ids", "cu_seqlens"):
             self.teacher_exe.bind(n, self.inputs[n], self.exe.tensor(n))
@@ -57,21 +64,25 @@ class DistillTrainer(Trainer):
     def fingerprint(self) -> str:
         d = self.cfg.distillation
         key = [super().fingerprint(), "distill", d.teacher_model, d.top_k, d.kd_weight, d.ce_weight]
+        if d.teacher_logprobs:  # appended only when set: older fingerprints stay valid
+            key.append(["teacher_logprobs", d.teacher_logprobs])
         return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
 
     def teacher_top_k(self, b: Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(positions [M] with a target, teacher token ids [M, k], renormalized probabilities [M, k])."""
         self._load_batch(b)
+        if self.captured is not None:
+            return self.captured.top_k(b)
         self.teacher_exe.run()
         rows = np.nonzero(b.targets != IGNORE)[0]
-        z = np.asarray(self.teacher_exe.read("logits"), np.float32)[rows, :self.vocab].astype(np.float64)
-        k = self.cfg.distillation.top_k
-        top = np.argpartition(-z, k - 1, axis=1)[:, :k]
-        zk = np.take_along_axis(z, top, axis=1)
-        order = np.argsort(-zk, axis=1, kind="stable")  # most likely first: a fixed pass order
-        top, zk = np.take_along_axis(top, order, axis=1), np.take_along_axis(zk, order, axis=1)
-        w = np.exp(zk - zk.max(axis=1, keepdims=True))
-        return rows, top.astype(np.int32), w / w.sum(axis=1, keepdims=True)
+        from surogate.train.distill_capture import top_k_logprobs
+
+        # most likely first (a fixed pass order); the same numbers a capture stores
+        top, lp = top_k_logprobs(np.asarray(self.teacher_exe.read("logits"), np.float32)[rows],
+                                 self.cfg.distillation.top_k, self.vocab)
+        lp = lp.astype(np.float64)
+        w = np.exp(lp - lp.max(axis=1, keepdims=True))
+        return rows, top, w / w.sum(axis=1, keepdims=True)
 
     def _step(self, batches: list[Batch], step: int = 0) -> tuple[float, int]:
         loss, targets, _ = self._step_with_metrics(batches, step)

@@ -10,8 +10,10 @@ One optimizer step (``gradient_accumulation_steps`` micro-batches of B prompts e
    own LoRA arrays (``ProgramRunner.bind_adapter``: no copy; the optimizer updates them in place,
    so each step samples from the current policy). Full fine-tuning works the same way: the
    optimizer updates the weight arrays the engine reads. The prefix cache is reset before each
-   step's rollouts (cached K / V came from the previous weights). Q / K / V are not fused for
-   serving (a fused copy would be a second copy of those weights and go stale).
+   step's rollouts (cached K / V came from the previous weights), and the step's requests are
+   all submitted while the engine is held (``EngineClient.held``), so its first step sees them
+   all. Q / K / V run as one fused projection as in serving, over the model's own stack
+   (``Model.stack_qkv``: the trainer's q, k and v parameters are views of it), not a copy.
 2. **Rewards** (`grpo_env`): each function of ``reward_functions`` per completion, weighted and
    summed; advantages normalised per group (`grpo_loss.group_advantages`).
 3. **Loss**: per micro-batch, its B x G completions are the documents of one flat row (prompt +
@@ -22,10 +24,13 @@ One optimizer step (``gradient_accumulation_steps`` micro-batches of B prompts e
    log-probs (the importance ratio), written into the loss seed ``dloss`` (= -d loss / d logp),
    and the policy runs its ``backward`` phase. Then the SFT optimizer phase.
 
-The sampler reports the raw model distribution's log-probs (before temperature), the same the
-trainer recomputes, so the ratio is 1 up to numerics on policy; ``temperature`` shapes
-exploration only. Rollout seeds are a function of (seed, step, prompt), so a resumed run samples
-what the uninterrupted one sampled.
+The trainer's log-probs are over logits / ``temperature`` (TRL's), the reference's too. The
+ratio's denominator is fixed by the step's first pass: at temperature 1 the sampler's own
+log-probs (the engine reports the raw distribution, the one the trainer computes: the ratio is
+1 up to numerics on policy), otherwise the trainer's first-pass log-probs (TRL's
+old_per_token_logps). With ``num_iterations`` > 1 the step makes that many optimizer updates over
+its one batch of rollouts, the later passes' ratios moving off 1 (clipped). Rollout seeds are a
+function of (seed, step, prompt), so a resumed run samples what the uninterrupted one sampled.
 
 Step lines carry TRL's metric names: ``reward``, ``reward_std``, ``rewards/<fn>/mean`` and
 ``/std``, ``kl``, ``clip_ratio/low_mean`` / ``high_mean`` / ``region_mean``,
@@ -66,6 +71,7 @@ class Rollout:
     text: str
     truncated: bool  # stopped by max_completion_length, not by an end token
     advantage: float = 0.0
+    old: np.ndarray | None = None  # the behaviour policy's log-probs of ids, the ratio's denominator (learn sets it)
 
 
 class GRPOTrainer(Trainer):
@@ -75,6 +81,8 @@ class GRPOTrainer(Trainer):
         self.rewards = load_reward_functions(list(cfg.reward_functions))  # bad paths fail before any loading
         self.reward_weights = np.asarray(cfg.reward_weights or [1.0] * len(self.rewards), np.float64)
         self.client = None
+        if cfg.temperature != 1.0:  # the trainer's (and the reference's) log-probs over logits / T, as TRL's
+            self.graph_kw = {"temperature": cfg.temperature}
         super().__init__(cfg, model, stream)
         record = {"type": "rollout_engine", "colocated": True, "kv_cache_bytes": int(self.runner.kv_bytes),
                   "kv_cache_tokens": self.runner.num_blocks * BLOCK_SIZE, "max_num_seqs": self.max_num_seqs,
@@ -102,6 +110,11 @@ class GRPOTrainer(Trainer):
         if m.quant:
             raise ConfigError(f"{c.model} is loaded with quantized (GGUF block) weights, which train no gradients",
                               where="model", hint="train GRPO on an HF folder or a dequantized GGUF")
+        if c.temperature != 1.0 and m.spec.final_softcap:
+            raise ConfigError(f"temperature {c.temperature}: {c.model} soft-caps its logits, and the trainer's "
+                              "log-probs over capped logits / T are not built", where="temperature",
+                              hint="use temperature: 1.0 with this model")
+        m.stack_qkv()  # q / k / v as views of one array: the engine's fused projection reads it, no copy
         super()._build()
         self.ref_exe = None
         if c.beta > 0:
@@ -119,7 +132,7 @@ class GRPOTrainer(Trainer):
         ctx = c.max_prompt_length + c.max_completion_length
         self.max_num_seqs = min(seqs, 256)
         num_blocks = self.max_num_seqs * -(-ctx // BLOCK_SIZE) + 1
-        self.runner = ProgramRunner(m, num_blocks, BLOCK_SIZE, fuse_qkv=False, max_num_seqs=self.max_num_seqs)
+        self.runner = ProgramRunner(m, num_blocks, BLOCK_SIZE, fuse_qkv=True, max_num_seqs=self.max_num_seqs)
         self.adapter = None
         if self.lora is not None:
             serve_cfg = dataclasses.replace(self.lora, dropout=0.0)
@@ -150,6 +163,8 @@ class GRPOTrainer(Trainer):
         key = [super().fingerprint(), "grpo", c.num_generations, c.max_prompt_length, c.max_completion_length,
                c.loss_type, c.beta, c.epsilon, c.clip_high, c.temperature, c.top_p, c.top_k, list(c.reward_functions),
                c.reward_weights, c.scale_rewards]
+        if c.num_iterations != 1:  # appended only when set: older fingerprints stay valid
+            key.append(["num_iterations", c.num_iterations])
         return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
 
     # ---- rollouts ---------------------------------------------------------------------------
@@ -166,7 +181,10 @@ class GRPOTrainer(Trainer):
         self.client.reset_prefix_cache()  # cached blocks hold K / V of the weights before the last update
         t0 = time.perf_counter()
         params = [self._sampling_params(step, i) for i in range(len(samples))]
-        outs = self.llm.generate([s.prompt_ids for s in samples], params, adapter=self.adapter)
+        with self.client.held():  # every prompt x num_generations in before the engine's first step
+            gen = self.llm.submit([s.prompt_ids for s in samples], params, adapter=self.adapter)
+        with gen:
+            outs = gen.result()
         dt = time.perf_counter() - t0
         eos = set(self.model.tokenizer.eos_token_ids)
         G, tok = self.cfg.num_generations, self.model.tokenizer
@@ -210,6 +228,7 @@ class GRPOTrainer(Trainer):
         return batch, np.concatenate(where) if where else np.zeros(0, np.int64), where
 
     def _micro_batch(self, rollouts: list[Rollout], step: int, micro: int, num_seqs: int, num_tokens: int) -> dict:
+        """``micro`` counts the micro-batches of every pass over the step's rollouts (its dropout seed)."""
         c = self.cfg
         self._dropout_seed(step, micro)
         batch, at, _ = self._pack(rollouts)
@@ -221,7 +240,10 @@ class GRPOTrainer(Trainer):
         self.exe.run("forward")
         logp = -np.asarray(self.exe.read("loss"), np.float64)[at]
         lens = np.array([len(r.ids) for r in rollouts])
-        old = np.concatenate([r.logps for r in rollouts])
+        for r, mine in zip(rollouts, np.split(logp, np.cumsum(lens)[:-1])):
+            if r.old is None:  # the first pass: the policy is still the one that sampled
+                r.old = r.logps if c.temperature == 1.0 else mine.copy()
+        old = np.concatenate([r.old for r in rollouts])
         adv = np.repeat([r.advantage for r in rollouts], lens)
         w = np.repeat(token_weights(c.loss_type, lens, num_seqs, num_tokens, c.max_completion_length), lens)
         out = grpo_token_loss(logp, old, ref, adv, w, beta=c.beta, eps_low=c.epsilon, eps_high=c.clip_high)
@@ -231,7 +253,7 @@ class GRPOTrainer(Trainer):
         self.exe.push("dloss")
         self.exe.run("backward")
         return {"loss": out.loss, "kl": out.kl, "low": out.low_clipped, "high": out.high_clipped,
-                "diff": np.abs(logp - old)}
+                "diff": np.abs(logp - np.concatenate([r.logps for r in rollouts]))}
 
     # ---- one step ---------------------------------------------------------------------------
     def _step(self, batches, step: int = 0) -> tuple[float, int]:
@@ -240,16 +262,31 @@ class GRPOTrainer(Trainer):
 
     def _step_with_metrics(self, batches: list[list[PromptSample]], step: int) -> tuple[float, int, dict]:
         rollouts, rollout_time = self.rollout([s for b in batches for s in b], step)
-        loss, tokens, m = self.learn(rollouts, self.score(rollouts), [len(b) for b in batches], step)
+        per_fn, sizes = self.score(rollouts), [len(b) for b in batches]
+        passes = []
+        for i in range(self.cfg.num_iterations):
+            if i > 0:  # the previous pass's update (the loop applies the last one)
+                self.opt.apply(self.schedule.lr_at(step + 1))
+            passes.append(self.learn(rollouts, per_fn, sizes, step, iteration=i))
+        loss, tokens, m = passes[0]
+        if len(passes) > 1:  # the loss and the ratio's metrics: means over the passes
+            loss = float(np.mean([p[0] for p in passes]))
+            for k in m:
+                if k == "kl" or k.startswith("clip_ratio/"):
+                    m[k] = float(np.mean([p[2][k] for p in passes]))
         m["rollout_time"] = round(rollout_time, 4)
         m["rollout_tokens_per_second"] = tokens / max(rollout_time, 1e-9)
         return loss, tokens, m
 
     def learn(self, rollouts: list[Rollout], per_fn: np.ndarray, prompts_per_micro: list[int],
-              step: int) -> tuple[float, int, dict]:
+              step: int, iteration: int = 0) -> tuple[float, int, dict]:
         """Advantages, then forward + backward of each micro-batch (``prompts_per_micro[k]``
         prompts' groups, in order): gradients in the accumulators, the optimizer not run.
-        Returns (the step's loss, its completion tokens, the step line's metrics)."""
+        ``iteration``: which of the step's ``num_iterations`` passes this is. The ratio's
+        denominator (``Rollout.old``) is fixed by the first pass: the sampler's log-probs at
+        temperature 1 (the distribution the trainer computes), else the trainer's own first-pass
+        log-probs over logits / T (TRL's old_per_token_logps; the engine reports raw ones).
+        Returns (this pass's loss, its completion tokens, the step line's metrics)."""
         c = self.cfg
         G = c.num_generations
         total = per_fn @ self.reward_weights
@@ -258,7 +295,8 @@ class GRPOTrainer(Trainer):
         num_tokens = sum(len(r.ids) for r in rollouts)
         parts, at = [], 0
         for micro, n in enumerate(prompts_per_micro):
-            parts.append(self._micro_batch(rollouts[at:at + n * G], step, micro, len(rollouts), num_tokens))
+            parts.append(self._micro_batch(rollouts[at:at + n * G], step, iteration * len(prompts_per_micro) + micro,
+                                           len(rollouts), num_tokens))
             at += n * G
         loss = sum(p["loss"] for p in parts)
         return loss, num_tokens, self._metrics(rollouts, per_fn, total, parts)
@@ -283,6 +321,7 @@ class GRPOTrainer(Trainer):
         m["completions/min_length"] = int(lens.min())
         m["completions/max_length"] = int(lens.max())
         m["completions/clipped_ratio"] = float(np.mean([r.truncated for r in rollouts]))
-        m["sampling/sampling_logp_difference/mean"] = float(cat["diff"].mean())
-        m["sampling/sampling_logp_difference/max"] = float(cat["diff"].max())
+        if c.temperature == 1.0:  # the engine's log-probs are raw: comparable to the trainer's at T = 1 only
+            m["sampling/sampling_logp_difference/mean"] = float(cat["diff"].mean())
+            m["sampling/sampling_logp_difference/max"] = float(cat["diff"].max())
         return m

@@ -72,6 +72,8 @@ def qlora_load_args(cfg) -> dict:
 
 
 class Trainer:
+    graph_kw: dict = {}  # extra Model.executable arguments of the training and reference Programs (GRPO's temperature)
+
     def __init__(self, cfg: SFTConfig, model: Model | None = None, stream=None):
         self.cfg = cfg
         self.out = Path(cfg.output_dir)
@@ -134,7 +136,7 @@ class Trainer:
     def _build(self) -> None:
         m = self.model
         self.exe = m.executable("train", self.N, self.N, lora=self.lora, grads=True, recompute=self.cfg.recompute,
-                                mlp_chunk=self.mlp_chunk)
+                                mlp_chunk=self.mlp_chunk, **self.graph_kw)
         if self.mlp_chunk and not self.exe.lowered.tiled_mlps:
             raise ConfigError(f"long_context: {self.cfg.model} has no dense MLP to tile (its MLPs are experts)",
                               where="long_context", hint="remove long_context; recompute: true bounds a MoE's memory")
@@ -215,9 +217,9 @@ class Trainer:
         of the starting weights (the policy's are updated in place)."""
         m = self.model
         if self.lora is not None:
-            ref = m.executable("train", self.N, self.N, lora=None, grads=False)
+            ref = m.executable("train", self.N, self.N, lora=None, grads=False, **self.graph_kw)
         else:
-            ref = m.executable("train", self.N, self.N, lora=None, grads=False, shared=False)
+            ref = m.executable("train", self.N, self.N, lora=None, grads=False, shared=False, **self.graph_kw)
             for name in ref.external_names("param"):
                 if name in m.params:
                     ref.bind(name, m.params[name].copy())

@@ -26,6 +26,16 @@ def test_bench_serve_prints_both_rows(capsys):
     assert results[0].ttft_p50 is not None and results[0].output_tokens_per_s > 0
 
 
+def test_bench_grpo_prints_both_modes_and_the_serving_engine(capsys):
+    from surogate.bench.grpo import run
+
+    run("tiny", prompts=2, generations=2, prompt_len=8, completion_len=4, dtype="float32", device="cpu", steps=1,
+        warmup=0, lora_rank=4)
+    out = capsys.readouterr().out
+    assert "co-located" in out and "separate copy" in out and "co-located / separate" in out
+    assert "serving engine" in out and "co-located / serving x" in out
+
+
 def test_bench_train_takes_an_hf_config(tmp_path, capsys):
     from sgtest.tiny_models import make_qwen3
 

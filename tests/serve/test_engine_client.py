@@ -124,3 +124,30 @@ def test_n_and_stop_strings_belong_to_the_generation_api():
         assert "LLM" in e.value.hint
         with pytest.raises(InvalidArgumentError, match="SamplingParams.stop"):
             client.submit([1], SamplingParams(stop=["x"]))
+
+
+class ShapeRecorder(CountingRunner):
+    """CountingRunner that notes each step's number of sequences."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seqs: list[int] = []
+
+    def run(self, step) -> np.ndarray:
+        self.seqs.append(len(step.context_lens))
+        return super().run(step)
+
+
+def test_held_engine_takes_a_batch_of_submits_in_its_first_step():
+    """Inside ``held`` the engine takes no step; released, its first step runs every request
+    submitted there (GRPO's rollouts), not the first one alone."""
+    runner = ShapeRecorder()
+    with EngineClient(runner, config(max_num_seqs=16)) as client:
+        with client.held():
+            ids = [client.submit([k], SamplingParams(temperature=0, max_tokens=3)) for k in range(12)]
+            time.sleep(0.2)  # an engine that steps on the first submit would have run by now
+            assert client.stats().num_steps == 0
+        outs = [client.wait(i, timeout=10) for i in ids]
+    assert runner.seqs[0] == 12, runner.seqs
+    assert [[t for o in out for t in o.new_token_ids] for out in outs] == [[(k + j) % V for j in (1, 2, 3)]
+                                                                           for k in range(12)]

@@ -38,3 +38,28 @@ def test_distill_on_cuda_follows_the_cpu_curve(tmp_path):
     for c, g in zip(step_records(tmp_path / "cpu"), step_records(tmp_path / "gpu")):
         assert g["loss"] == pytest.approx(c["loss"], rel=2e-3), c["step"]
         assert g["kl"] == pytest.approx(c["kl"], rel=5e-3, abs=1e-4), c["step"]
+
+
+def test_capture_on_cuda_holds_the_cpu_top_k_and_trains_on_its_curve(tmp_path):
+    import numpy as np
+
+    from surogate.train.distill_capture import capture, shard_path
+
+    student = make_qwen3(tmp_path / "student", seed=11, initializer_range=0.2, head_dim=64)
+    teacher = make_qwen3(tmp_path / "teacher", seed=29, initializer_range=0.2, head_dim=64)
+    data = write_qa(tmp_path / "qa.jsonl")
+    for dev in ("cpu", "cuda"):
+        cfg = config(student, teacher, data, tmp_path / f"out-{dev}", device=dev,
+                     distillation={"teacher_model": str(teacher), "top_k": 4, "kd_weight": 0.7, "ce_weight": 0.3,
+                                   "teacher_logprobs": str(tmp_path / f"cap-{dev}")})
+        capture(cfg, log=lambda *_: None)
+        if dev == "cuda":
+            DistillTrainer(cfg).train()  # from the GPU capture, the student on the GPU
+    c, g = (np.load(shard_path(tmp_path / f"cap-{d}", 0)) for d in ("cpu", "cuda"))
+    np.testing.assert_array_equal(c["keys"], g["keys"])
+    np.testing.assert_array_equal(c["positions"], g["positions"])
+    assert (c["ids"] == g["ids"]).mean() > 0.99  # near-ties may swap
+    np.testing.assert_allclose(np.sort(c["logprobs"], 1), np.sort(g["logprobs"], 1), atol=1e-3)
+    DistillTrainer(config(student, teacher, data, tmp_path / "fly", device="cpu")).train()
+    for a, b in zip(step_records(tmp_path / "fly"), step_records(tmp_path / "out-cuda")):
+        assert b["loss"] == pytest.approx(a["loss"], rel=2e-3), a["step"]

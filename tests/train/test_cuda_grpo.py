@@ -69,12 +69,46 @@ def test_the_engine_samples_the_trained_device_weights(base, data, tmp_path, lor
     tr = GRPOTrainer(config(base, data, tmp_path / "run", device="cuda", lora=lora, recipe=recipe,
                             learning_rate=1e-2 if lora else 2e-3))
     tr.rollout(tr.train_data.batch([0, 1]), 0)
+    assert tr.runner.fused and all(host is None for host, _ in tr.runner.fused.values())  # no host stack uploaded
     for exe in tr.runner._programs.values():  # the trainer's device tensors, no copies
         for name in exe.external_names("param"):
-            assert exe.tensor(name) is tr.exe.tensor(name), name
+            if name in tr.model.stacks:  # the fused q/k/v: the trainer's q, k, v tensors are its rows
+                stack = exe.tensor(name)
+                row_bytes = stack.nbytes // stack.shape[0]
+                for part, first, _ in tr.model.stacks[name][1]:
+                    assert tr.exe.tensor(part).data_ptr == stack.data_ptr + first * row_bytes, part
+            else:
+                assert exe.tensor(name) is tr.exe.tensor(name), name
     tr.train()
     steps = step_records(tmp_path / "run")
     assert steps[-1]["kl"] > 1e-3, steps[-1]
     limit = 1e-3 if recipe == "fp32" else 0.1  # bf16: the serving and training kernels round apart
     for s in steps:
         assert s["sampling/sampling_logp_difference/mean"] < limit, s
+
+
+def test_num_iterations_and_temperature_give_the_cpu_passes(base, data, tmp_path):
+    """Two passes over fixed rollouts at temperature 0.7: each pass's loss and clip fractions
+    equal the CPU trainer's (the tempered head on the GPU, the second pass's ratio off 1)."""
+    trainers = [GRPOTrainer(config(base, data, tmp_path / d, device=d, temperature=0.7, num_iterations=2,
+                                   learning_rate=5e-2, epsilon=0.05)) for d in ("cpu", "cuda")]
+    try:
+        rollouts, _ = trainers[0].rollout(trainers[0].train_data.batch(range(4)), 0)
+        per_fn = np.random.default_rng(3).integers(0, 3, (len(rollouts), 2)).astype(np.float64)
+        for it in range(2):
+            outs = []
+            for tr in trainers:
+                for r in rollouts:
+                    r.old = getattr(r, f"old_{tr.model.device}", None)
+                if it:
+                    tr.opt.apply(5e-2)
+                outs.append(tr.learn(rollouts, per_fn, [2, 2], 0, iteration=it))
+                for r in rollouts:
+                    setattr(r, f"old_{tr.model.device}", r.old)
+            (cl, _, cm), (gl, _, gm) = outs
+            assert gl == pytest.approx(cl, rel=1e-3, abs=1e-6), it
+            assert gm["clip_ratio/region_mean"] == pytest.approx(cm["clip_ratio/region_mean"], abs=0.02), it
+        assert cm["clip_ratio/region_mean"] > 0
+    finally:
+        for tr in trainers:
+            tr.close()

@@ -43,27 +43,29 @@ config = grpo_config
 
 # -- the loss against torch --
 
-def _torch_logps(model, rollouts):
-    """[S, L] log-probs of each completion's sampled tokens (with grad) and the mask [S, L]."""
+def _torch_logps(model, rollouts, temperature=1.0):
+    """[S, L] log-probs of each completion's sampled tokens (with grad) and the mask [S, L], over
+    logits / temperature (TRL's _get_per_token_logps)."""
     L = max(len(r.ids) for r in rollouts)
     rows, mask = [], torch.zeros(len(rollouts), L)
     for i, r in enumerate(rollouts):
         p = len(r.sample.prompt_ids)
         ids = torch.tensor([r.sample.prompt_ids + r.ids])
         logits = model(ids).logits[0, p - 1:p - 1 + len(r.ids)]
-        logp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(r.ids)[:, None])[:, 0]
+        logp = torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(r.ids)[:, None])[:, 0]
         rows.append(torch.nn.functional.pad(logp, (0, L - len(r.ids))))
         mask[i, :len(r.ids)] = 1
     return torch.stack(rows), mask
 
 
-def trl_grpo_loss(pm, rollouts, old, adv, micro_sizes, *, loss_type, beta, eps_low, eps_high, max_len):
+def trl_grpo_loss(pm, rollouts, old, adv, micro_sizes, *, loss_type, beta, eps_low, eps_high, max_len,
+                  temperature=1.0):
     """TRL's GRPOTrainer._compute_loss, summed over the step's micro-batches as the HF Trainer's
     gradient accumulation does (grpo and dr_grpo divide by the accumulation steps; dapo by the
     step's completion tokens)."""
-    logp, mask = _torch_logps(pm, rollouts)
+    logp, mask = _torch_logps(pm, rollouts, temperature)
     with torch.no_grad(), pm.disable_adapter():
-        ref, _ = _torch_logps(pm, rollouts)
+        ref, _ = _torch_logps(pm, rollouts, temperature)
     coef_1 = torch.exp(logp - old)
     coef_2 = torch.clamp(coef_1, 1 - eps_low, 1 + eps_high)
     a = adv[:, None]
@@ -144,6 +146,82 @@ def test_loss_and_lora_grads_equal_trl_in_torch(base, data, tmp_path, loss_type,
         np.testing.assert_allclose(tr.grads["grad." + n], g, atol=2e-4 * scale_, rtol=1e-3, err_msg=n)
 
 
+def _peft_policy(tr, base, path):
+    save_peft_adapter(path, dict(tr.trainable), tr.lora, base_model=str(base))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    return peft.PeftModel.from_pretrained(hf, str(path), is_trainable=True).eval()
+
+
+def _check_grads(tr, pm):
+    grads = {n.removeprefix("base_model.model.model.").replace(".default.weight", ""): p.grad.numpy()
+             for n, p in pm.named_parameters() if "lora_" in n}
+    scale_ = max(np.abs(g).max() for g in grads.values())
+    assert scale_ > 0
+    for n, g in grads.items():
+        np.testing.assert_allclose(tr.grads["grad." + n], g, atol=2e-4 * scale_, rtol=1e-3, err_msg=n)
+
+
+def test_num_iterations_and_temperature_follow_trl(base, data, tmp_path):
+    """temperature 0.7, two optimizer passes over one batch of rollouts: each pass's loss, KL,
+    clip fractions and LoRA gradients equal TRL's loss in torch + peft over logits / T, the first
+    pass's old log-probs being the policy's own (ratio 1), the second's ratio against them
+    (the policy moved by the first update)."""
+    T = 0.7
+    tr = GRPOTrainer(config(base, data, tmp_path / "run", temperature=T, num_iterations=2, learning_rate=5e-2,
+                            epsilon=0.05))
+    try:
+        rng = np.random.default_rng(5)
+        for n, a in tr.trainable.items():
+            a[...] = rng.normal(0, 0.3, a.shape).astype(a.dtype)
+            tr.exe.push(n)
+        it = tr.train_data.iterator(tr.B)
+        rollouts, _ = tr.rollout([s for b in [next(it), next(it)] for s in b], 0)
+        per_fn = rng.integers(0, 3, (16, 2)).astype(np.float64)
+        total = torch.tensor(per_fn @ np.array([1.0, 0.5]))
+        g = total.view(-1, 4)
+        adv = ((g - g.mean(1, keepdim=True)) / (g.std(1, keepdim=True) + 1e-4)).reshape(-1)
+        L = max(len(r.ids) for r in rollouts)
+        kw = dict(loss_type="grpo", beta=0.04, eps_low=0.05, eps_high=0.05, max_len=8, temperature=T)
+
+        loss0, _, m0 = tr.learn(rollouts, per_fn, [2, 2], 0, iteration=0)
+        pm = _peft_policy(tr, base, tmp_path / "adapter0")
+        with torch.no_grad():
+            old, _ = _torch_logps(pm, rollouts, T)
+        for i, r in enumerate(rollouts):  # the tempered policy's own log-probs, not the engine's raw ones
+            np.testing.assert_allclose(r.old, old[i, :len(r.ids)].numpy(), atol=2e-4)
+            assert np.abs(r.old - r.logps).max() > 1e-2
+        ref0, _, _, ref_m0 = trl_grpo_loss(pm, rollouts, old, adv, [8, 8], **kw)
+        ref0.backward()
+        assert loss0 == pytest.approx(ref0.item(), rel=1e-4, abs=1e-6)
+        assert m0["clip_ratio/low_mean"] == m0["clip_ratio/high_mean"] == 0.0  # ratio 1
+        _check_grads(tr, pm)
+
+        tr.opt.apply(5e-2)  # what the step does between its passes
+        loss1, _, m1 = tr.learn(rollouts, per_fn, [2, 2], 0, iteration=1)
+        pm = _peft_policy(tr, base, tmp_path / "adapter1")
+        ref1, logp1, mask, ref_m1 = trl_grpo_loss(pm, rollouts, old, adv, [8, 8], **kw)
+        ref1.backward()
+    finally:
+        tr.close()
+    assert (torch.abs(logp1 - old) * mask).max() > 1e-2  # the update moved the ratio off 1
+    assert loss1 == pytest.approx(ref1.item(), rel=1e-4, abs=1e-6)
+    assert m1["kl"] == pytest.approx(ref_m1["kl"], rel=1e-4)
+    for k in ("clip_ratio/low_mean", "clip_ratio/high_mean"):
+        assert m1[k] == pytest.approx(ref_m1[k])
+    assert m1["clip_ratio/low_mean"] + m1["clip_ratio/high_mean"] > 0
+    assert "sampling/sampling_logp_difference/max" not in m1  # raw engine log-probs vs tempered: not comparable
+    _check_grads(tr, pm)
+
+
+def test_num_iterations_updates_per_step(base, data, tmp_path):
+    """A run of 2 steps at num_iterations 3 makes 6 optimizer updates (AdamW's step count)."""
+    tr = GRPOTrainer(config(base, data, tmp_path / "run", num_iterations=3, max_steps=2, beta=0.0))
+    tr.train()
+    assert tr.opt.step == 6
+    steps = step_records(tmp_path / "run")
+    assert len(steps) == 2 and all(np.isfinite(s["loss"]) for s in steps)
+
+
 def test_group_advantages_follow_trl():
     r = np.array([1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0])
     t = torch.tensor(r).view(-1, 4)
@@ -161,7 +239,12 @@ def test_rollouts_sample_from_the_current_weights(base, data, tmp_path, lora):
     """Every step's sampler log-probs equal the trainer's recomputed ones while the policy moves
     away from the reference (KL grows): the engine reads the weights the optimizer updates."""
     tr = GRPOTrainer(config(base, data, tmp_path / "run", lora=lora, learning_rate=1e-2 if lora else 2e-3))
-    assert not tr.runner.fuse_qkv  # no fused (copied) q/k/v weights beside the trained ones
+    # The engine runs q/k/v fused, over the model's stack, which the trainer's q/k/v are views of.
+    assert tr.runner.fuse_qkv and tr.runner.fused
+    for name, (stack, _) in tr.runner.fused.items():
+        assert stack is tr.model.stacks[name][0]
+        for part, _, _ in tr.model.stacks[name][1]:
+            assert np.shares_memory(tr.model.params[part], stack), part
     if lora:  # the engine's adapter is the trainer's arrays, not a copy
         _, host, _ = tr.runner.adapters[0]
         assert all(host[n] is tr.trainable[n] for n in tr.trainable)
@@ -175,6 +258,11 @@ def test_rollouts_sample_from_the_current_weights(base, data, tmp_path, lora):
     assert out.is_file()
 
 
+def address(t) -> int:
+    """Where a bound buffer's memory starts (a numpy array on the CPU, a device tensor on a GPU)."""
+    return t.data_ptr if hasattr(t, "data_ptr") else t.__array_interface__["data"][0]
+
+
 @pytest.mark.parametrize("lora", [True, False])
 def test_the_engine_reads_the_trainers_arrays(base, data, tmp_path, lora):
     """No second copy: every weight the engine's Programs read is the array (on a GPU, the device
@@ -182,10 +270,20 @@ def test_the_engine_reads_the_trainers_arrays(base, data, tmp_path, lora):
     tr = GRPOTrainer(config(base, data, tmp_path / "run", lora=lora, beta=0.0))
     try:
         tr.rollout(tr.train_data.batch([0, 1]), 0)
-        assert tr.runner._programs and not tr.runner.fused
+        assert tr.runner._programs and tr.runner.fused
+        parts = {p: (name, first) for name, (_, rows) in tr.model.stacks.items() for p, first, _ in rows}
         for exe in tr.runner._programs.values():
-            for name in exe.external_names("param"):
-                assert exe.tensor(name) is tr.exe.tensor(name), name
+            names = exe.external_names("param")
+            assert not set(names) & set(parts), "the serving Programs read the fused stack, not the parts"
+            for name in names:
+                if name in tr.model.stacks:  # each part the trainer reads lies inside this very array
+                    base = address(exe.tensor(name))
+                    for part, (stack, first) in parts.items():
+                        if stack == name:
+                            row_bytes = tr.model.stacks[name][0][0:1].nbytes
+                            assert address(tr.exe.tensor(part)) == base + first * row_bytes, part
+                else:
+                    assert exe.tensor(name) is tr.exe.tensor(name), name
     finally:
         tr.close()
 
@@ -208,23 +306,25 @@ def test_bind_adapter_refuses_arrays_it_would_have_to_copy(base, data, tmp_path)
 
 # -- runs from YAML, checkpoints, resume --
 
-def test_resume_reproduces_the_uninterrupted_curve(base, data, tmp_path):
-    GRPOTrainer(config(base, data, tmp_path / "a", save_steps=2)).train()
+@pytest.mark.parametrize("num_iterations", [1, 2])
+def test_resume_reproduces_the_uninterrupted_curve(base, data, tmp_path, num_iterations):
+    kw = {"save_steps": 2, "num_iterations": num_iterations}
+    GRPOTrainer(config(base, data, tmp_path / "a", **kw)).train()
     full = step_records(tmp_path / "a")
-    interrupted = GRPOTrainer(config(base, data, tmp_path / "b", save_steps=2))
-    interrupt_after(interrupted, 3)
+    interrupted = GRPOTrainer(config(base, data, tmp_path / "b", **kw))
+    interrupt_after(interrupted, 3 * num_iterations)  # optimizer updates: into step 4
     with pytest.raises(KeyboardInterrupt):
         interrupted.train()
     assert latest_checkpoint(tmp_path / "b" / "checkpoints").name == "step_00000002"
-    GRPOTrainer(config(base, data, tmp_path / "b", save_steps=2, resume_from_checkpoint=True)).train()
+    GRPOTrainer(config(base, data, tmp_path / "b", resume_from_checkpoint=True, **kw)).train()
     by_step = {r["step"]: r for r in step_records(tmp_path / "b")}
     for r in full:
         # The same completions (seeds are a function of the step and the prompt) ...
         for k in ("reward", "rewards/length/mean", "completions/mean_length"):
             assert by_step[r["step"]][k] == r[k], (r["step"], k)
-        # ... and the same update, up to the sampler's f32 log-probs (~1e-6): the engine starts
-        # on the first request while the rest are still being submitted, so its batch shapes vary.
-        # (The loss, ~1e-3, is a sum of +-A r terms that nearly cancel: an absolute bound.)
+        # ... and the same update, up to the sampler's f32 log-probs (~1e-6, should its steps'
+        # shapes differ). (The loss, ~1e-3, is a sum of +-A r terms that nearly cancel: an
+        # absolute bound.)
         assert by_step[r["step"]]["loss"] == pytest.approx(r["loss"], abs=2e-6), r["step"]
         for k in ("kl", "grad_norm"):
             assert by_step[r["step"]][k] == pytest.approx(r[k], rel=1e-4, abs=1e-7), (r["step"], k)
@@ -327,7 +427,8 @@ def test_a_reward_that_raises_names_itself(base, data, tmp_path):
     ("reward_functions", [], "reward_functions: no reward functions given"),
     ("sequence_len", 128, "sequence_len: not used by surogate grpo"),
     ("epsilon", 1.5, "epsilon: must be in (0, 1)"),
-    ("loss_type", "ppo", "loss_type: 'ppo' is not an allowed value")])
+    ("loss_type", "ppo", "loss_type: 'ppo' is not an allowed value"),
+    ("num_iterations", 0, "num_iterations: must be at least 1")])
 def test_config_errors_name_the_key(base, data, tmp_path, key, value, problem):
     with pytest.raises(ConfigError, match=problem.replace("(", r"\(").replace(")", r"\)")):
         config(base, data, tmp_path / "out", **{key: value})

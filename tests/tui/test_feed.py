@@ -79,7 +79,7 @@ def test_a_dpo_runs_reward_metrics_are_kept():
     assert m.rewards == {"chosen": 0.3, "rejected": -0.2, "margins": 0.5, "accuracies": 1.0}
     assert RunMetrics().rewards == {} and RunMetrics().kl is None  # an SFT run shows neither
     m.apply({"type": "step", "step": 3, "loss": 0.4, "kl": 0.25, "ce": 1.5})
-    assert m.kl == 0.25
+    assert m.kl == 0.25 and m.kl_points == [(3, 0.25)]  # a distill run's KL is charted
 
 
 def test_a_moe_runs_expert_load_is_charted_per_step():
@@ -110,6 +110,7 @@ def test_a_grpo_runs_rewards_are_charted():
                "rewards/length/mean": 0.9, "kl": 0.02, "clip_ratio/region_mean": 0.1,
                "completions/mean_length": 4.0, "rollout_tokens_per_second": 1000.0}])
     assert m.reward_points == [(1, 0.25), (2, 0.5)] and m.reward == 0.5
+    assert m.kl_points == [(1, 0.0), (2, 0.02)]
     assert m.reward_fns == {"arithmetic_exact": 0.5, "length": 0.9}
     assert m.rewards == {}  # no DPO block for a GRPO run
     assert (m.kl, m.clip_ratio, m.completion_length, m.rollout_tokens_per_second) == (0.02, 0.1, 4.0, 1000.0)

@@ -45,6 +45,8 @@ class RunMonitor(Vertical):
             plot.set_series("eval loss", m.eval_losses, "magenta")
             if m.reward_points:
                 plot.set_series("reward", m.reward_points, "green")
+            if m.kl_points:  # distill: the KL to the teacher; GRPO: to the reference
+                plot.set_series("kl", m.kl_points, "yellow")
             moe.set_series("worst layer", m.expert_load_worst, "red")
             moe.set_series("expert load", m.expert_load, "yellow")
         moe.display = m is not None and bool(m.expert_load)
