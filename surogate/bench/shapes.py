@@ -38,6 +38,9 @@ def _hf_rope(r: dict) -> dict:
                     original_max_position_embeddings=int(r["original_max_position"]))
     elif rope["rope_type"] == "linear":
         rope.update(factor=r["factor"])
+    elif rope["rope_type"] == "yarn":
+        rope.update(factor=r["factor"], beta_fast=r["beta_fast"], beta_slow=r["beta_slow"],
+                    truncate=bool(r["truncate"]), original_max_position_embeddings=int(r["original_max_position"]))
     return rope
 
 

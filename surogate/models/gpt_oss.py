@@ -68,6 +68,13 @@ def spec_from_config(cfg: dict) -> nn.ModelSpec:
                                attention_sinks=True, moe=moe)
 
 
+def bench_hf_config(spec: nn.ModelSpec) -> dict:
+    """GptOssConfig's keys of a bench shape (bench/shapes.py hf_config gives the common ones)."""
+    m = spec.moe
+    return dict(num_local_experts=m.num_experts, num_experts_per_tok=m.top_k, intermediate_size=m.intermediate_size,
+                swiglu_limit=m.swiglu_limit, attention_bias=spec.attention_bias)
+
+
 def hf_name_table() -> NameTable:
     L = "model.layers.{i}."
     base = decoder.hf_name_table()
@@ -163,6 +170,7 @@ FAMILY = Family(
     # Attention by module name; the experts by their stacked parameters (peft's target_parameters,
     # there are no gate_proj / up_proj modules to name).
     lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"),
+    bench_hf_config=bench_hf_config,
     name_table=hf_name_table,
     gguf=GGUFArchitecture(
         name="gpt-oss",

@@ -37,6 +37,7 @@ class HostAdamW(AdamW):
         for n in self.names:  # the very host arrays the training Program pulls into / pushes from
             host.bind(n, self.exe.bound(n))
             host.bind("grad." + n, self.exe.bound("grad." + n))
+        self._hp_used = True  # AdamW's step reads its hyper-parameters (Muon has no host step)
         for key, arr in (("optimizer.hp", self.hp_buf), *self._buffers()):
             host.bind(key, arr)
         zero = Graph(f"{self.exe.graph.name}.{ZERO_PHASE}")
