@@ -17,7 +17,7 @@ namespace surogate::cpu {
 namespace {
 
 constexpr double kSerialMNK = 1 << 21;
-constexpr int64_t kSmallM = 16;           // rows of A up to which a weight-streaming kernel runs
+constexpr int64_t kSmallM = 32;           // rows of A up to which a weight-streaming kernel runs
 constexpr int64_t kSmallMMinNK = 1 << 16;  // ... when B is at least this big
 
 // out[m] = dot(A[m, :K], b[:K]) for m < M: b (one row of a [N, K] weight) is read once from
