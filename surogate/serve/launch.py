@@ -46,6 +46,7 @@ class Launched:
         return Embedder.for_model(self.model, pooling)
 
 
+SPECULATIVE_METHODS = ("ngram",)  # the engine's proposers (kernels_native/serve/engine.h)
 CPU_KV_TOKENS = 16384  # the CPU's default KV cache, in tokens
 MIN_KV_BLOCKS = 16  # a GPU KV cache smaller than this is an error, not a server
 MAX_KV_TOKENS = 2**31  # a step's slots (block x block_size + offset) are int32
@@ -95,12 +96,23 @@ def launch(source: str, *, name: str | None = None, dtype: str = "float32", devi
            quantized: bool = False, loras: dict[str, str] | None = None, kv_cache_tokens: int | None = None,
            gpu_memory_utilization: float = 0.9, kv_share: float = 1.0, block_size: int = 16,
            max_num_seqs: int = 128, max_num_batched_tokens: int = 2048, max_model_len: int | None = None,
-           seed: int | None = None, max_loras: int | None = None) -> Launched:
+           seed: int | None = None, max_loras: int | None = None, speculative_method: str | None = None,
+           num_speculative_tokens: int | None = None, prompt_lookup_min: int | None = None,
+           prompt_lookup_max: int | None = None) -> Launched:
     """``kv_cache_tokens`` None: 16,384 on the CPU; on a GPU, what is left of
     ``gpu_memory_utilization`` of its memory once a profile run measured the weights, a step of
     the largest bucket and what other processes hold (``kv_share`` of it, when several models
     share the GPU). ``max_loras``: how many LoRA adapters may be loaded at once (``loras`` and
-    those loaded at run time, EngineClient.load_adapter); None: no limit."""
+    those loaded at run time, EngineClient.load_adapter); None: no limit. ``speculative_method``
+    ("ngram") with ``num_speculative_tokens``: speculative decoding (EngineConfig's fields)."""
+    if speculative_method is not None and speculative_method not in SPECULATIVE_METHODS:
+        raise InvalidArgumentError(f"--speculative-method {speculative_method!r} is not one of "
+                                   f"{', '.join(SPECULATIVE_METHODS)}", hint="use ngram (prompt lookup)")
+    if (speculative_method is None) != (num_speculative_tokens is None):
+        raise InvalidArgumentError("--speculative-method and --num-speculative-tokens go together",
+                                   hint="e.g. --speculative-method ngram --num-speculative-tokens 4")
+    if speculative_method is None and (prompt_lookup_min is not None or prompt_lookup_max is not None):
+        raise InvalidArgumentError("--prompt-lookup-min / --prompt-lookup-max are for --speculative-method ngram")
     if kv_cache_tokens is not None and kv_cache_tokens < block_size:
         raise InvalidArgumentError(f"--kv-cache-tokens {kv_cache_tokens} is less than one block ({block_size})")
     if max_loras is not None and len(loras or {}) > max_loras:
@@ -145,7 +157,9 @@ def launch(source: str, *, name: str | None = None, dtype: str = "float32", devi
     client = EngineClient(runner, EngineConfig(
         num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, max_model_len=limit,
-        eos_token_ids=list(model.tokenizer.eos_token_ids), seed=seed), adapters=adapters, max_loras=max_loras)
+        eos_token_ids=list(model.tokenizer.eos_token_ids), seed=seed, speculative_method=speculative_method,
+        num_speculative_tokens=num_speculative_tokens, prompt_lookup_min=prompt_lookup_min,
+        prompt_lookup_max=prompt_lookup_max), adapters=adapters, max_loras=max_loras)
     served_name = name or _default_name(source)
     return Launched(served_name, model, client, limit, num_blocks * block_size, runner, adapters)
 

@@ -288,3 +288,16 @@ def test_ngram_defaults_follow_vllm():
             EngineConfig(num_blocks=1, speculative_method="ngram").prompt_lookup_max) == (5, 5)
     c = EngineConfig(num_blocks=1, speculative_method="ngram", prompt_lookup_max=3)
     assert (c.prompt_lookup_min, c.prompt_lookup_max) == (3, 3)
+
+
+@pytest.mark.parametrize("kw, what", [
+    ({"speculative_method": "medusa", "num_speculative_tokens": 3}, "--speculative-method 'medusa'"),
+    ({"speculative_method": "ngram"}, "go together"),
+    ({"num_speculative_tokens": 3}, "go together"),
+    ({"prompt_lookup_min": 2}, "are for --speculative-method ngram"),
+])
+def test_bad_serve_flags_are_clear_errors(kw, what):
+    from surogate.serve.launch import launch
+
+    with pytest.raises(InvalidArgumentError, match=what):
+        launch("no/such/model", **kw)  # checked before the model loads
