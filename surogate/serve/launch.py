@@ -140,7 +140,7 @@ def launch(source: str, *, name: str | None = None, dtype: str = "float32", devi
                         min(limit, max_model_len) if max_model_len is not None else limit, 0, None)
     if kv_cache_tokens is None:
         kv_cache_tokens = _auto_kv_tokens(model, gpu_memory_utilization, kv_share, block_size, max_num_seqs,
-                                          max_num_batched_tokens)
+                                          max_num_batched_tokens, num_speculative_tokens or 0)
     num_blocks = kv_cache_tokens // block_size
     limit = int(model.config.get("max_position_embeddings") or num_blocks * block_size)
     limit = min(limit, num_blocks * block_size)
@@ -165,14 +165,14 @@ def launch(source: str, *, name: str | None = None, dtype: str = "float32", devi
 
 
 def _auto_kv_tokens(model: Model, fraction: float, share: float, block_size: int, max_num_seqs: int,
-                    max_num_batched_tokens: int) -> int:
+                    max_num_batched_tokens: int, num_speculative_tokens: int = 0) -> int:
     if model.device == "cpu":
         return CPU_KV_TOKENS
     from surogate import _native
     from surogate.model import _np_dtype
 
     s = model.spec
-    p = profile_memory(model, block_size, max_num_seqs, max_num_batched_tokens)
+    p = profile_memory(model, block_size, max_num_seqs, max_num_batched_tokens, num_speculative_tokens)
     layers = s.cache_layers()  # layers differ in K / V width (Gemma 4): counted at the widest
     return gpu_kv_tokens(p, fraction, share, num_arrays=2 * len(layers),
                          block_bytes=block_size * max(s.kv_heads_of(i) * s.head_dim_of(i) for i in layers)
@@ -206,7 +206,8 @@ def gpu_kv_tokens(p: MemoryProfile, fraction: float, share: float, *, num_arrays
         + ", lower --max-num-seqs, or set --kv-cache-tokens")
 
 
-def profile_memory(model: Model, block_size: int, max_num_seqs: int, max_num_batched_tokens: int) -> MemoryProfile:
+def profile_memory(model: Model, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
+                   num_speculative_tokens: int = 0) -> MemoryProfile:
     """The profile run (as vLLM's): a runner with the smallest KV cache runs the largest steps
     (ProgramRunner.profile), then our allocator's peak and the driver's view of the GPU say what
     a step needs and what others hold; the runner is dropped and its memory given back."""
@@ -215,10 +216,11 @@ def profile_memory(model: Model, block_size: int, max_num_seqs: int, max_num_bat
     dev = model.device
     runner = None
     try:
-        runner = ProgramRunner(model, ProgramRunner.profile_blocks(max_num_batched_tokens, max_num_seqs, block_size),
+        runner = ProgramRunner(model, ProgramRunner.profile_blocks(max_num_batched_tokens, max_num_seqs, block_size,
+                                                                   num_speculative_tokens),
                                block_size, max_num_seqs=max_num_seqs)
         kv = sum(_native.allocation_size(a.nbytes) for a in runner.caches.values())
-        step = runner.profile(max_num_batched_tokens, max_num_seqs)
+        step = runner.profile(max_num_batched_tokens, max_num_seqs, num_speculative_tokens)
         stats, mem = _native.allocator_stats(dev), _native.device_memory(dev)
     except OutOfMemoryError as e:  # not even the weights and one step fit beside what others hold
         raise OutOfMemoryError(
