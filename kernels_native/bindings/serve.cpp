@@ -179,6 +179,9 @@ EngineConfig engine_config_from(py::handle obj) {
                                   INT32_MIN, INT32_MAX);
   c.ngram.max_n = as_optional_int(optional_field(obj, "prompt_lookup_max"), o, "prompt_lookup_max", c.ngram.max_n,
                                   INT32_MIN, INT32_MAX);
+  c.speculative_disable_by_batch_size =
+      as_optional_int(optional_field(obj, "speculative_disable_by_batch_size"), o,
+                      "speculative_disable_by_batch_size", 0, INT32_MIN, INT32_MAX);
   return c;
 }
 

@@ -73,6 +73,10 @@ Status Engine::create(const EngineConfig& config, std::shared_ptr<ModelRunner> r
     return config_error(c.speculative_method.empty() ? "speculative_method" : "num_speculative_tokens", "is not set",
                         "speculative decoding needs both a method and num_speculative_tokens >= 1");
   }
+  if (c.speculative_disable_by_batch_size < 0) {
+    return config_error("speculative_disable_by_batch_size", str_cat("is ", c.speculative_disable_by_batch_size),
+                        "use 0 (always speculate) or a number of running sequences");
+  }
   if (c.speculative_method == "ngram" && (c.ngram.min_n < 1 || c.ngram.max_n < c.ngram.min_n)) {
     return config_error("prompt_lookup_min", str_cat("is ", c.ngram.min_n, " with prompt_lookup_max ", c.ngram.max_n),
                         "use 1 <= prompt_lookup_min <= prompt_lookup_max");
@@ -437,6 +441,10 @@ FinishReason Engine::stop_reason(const Sequence& seq, int32_t token) const {
 void Engine::propose(Sequence& seq) {
   seq.draft_ids.clear();
   if (!seq.can_speculate()) return;
+  if (config_.speculative_disable_by_batch_size > 0 &&
+      scheduler_.num_running() > config_.speculative_disable_by_batch_size) {
+    return;
+  }
   // No draft past what the request may still emit: the verified span's bonus token is one more.
   int k = std::min(config_.num_speculative_tokens, config_.max_model_len - seq.num_tokens());
   if (seq.params.max_tokens > 0) k = std::min(k, seq.params.max_tokens - seq.num_output_tokens() - 1);

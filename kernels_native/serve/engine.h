@@ -64,6 +64,9 @@ struct EngineConfig {
   std::string speculative_method;
   int num_speculative_tokens = 0;
   NgramConfig ngram;                 // prompt_lookup_min / max of the ngram method
+  // No drafts while more than this many sequences run (a large batch is compute-bound: rejected
+  // rows cost real time there); 0 = always speculate. vLLM's speculative_disable_by_batch_size.
+  int speculative_disable_by_batch_size = 0;
 };
 
 struct Request {

@@ -98,7 +98,7 @@ def launch(source: str, *, name: str | None = None, dtype: str = "float32", devi
            max_num_seqs: int = 128, max_num_batched_tokens: int = 2048, max_model_len: int | None = None,
            seed: int | None = None, max_loras: int | None = None, speculative_method: str | None = None,
            num_speculative_tokens: int | None = None, prompt_lookup_min: int | None = None,
-           prompt_lookup_max: int | None = None) -> Launched:
+           prompt_lookup_max: int | None = None, speculative_disable_by_batch_size: int | None = None) -> Launched:
     """``kv_cache_tokens`` None: 16,384 on the CPU; on a GPU, what is left of
     ``gpu_memory_utilization`` of its memory once a profile run measured the weights, a step of
     the largest bucket and what other processes hold (``kv_share`` of it, when several models
@@ -159,7 +159,8 @@ def launch(source: str, *, name: str | None = None, dtype: str = "float32", devi
         max_num_batched_tokens=max_num_batched_tokens, max_model_len=limit,
         eos_token_ids=list(model.tokenizer.eos_token_ids), seed=seed, speculative_method=speculative_method,
         num_speculative_tokens=num_speculative_tokens, prompt_lookup_min=prompt_lookup_min,
-        prompt_lookup_max=prompt_lookup_max), adapters=adapters, max_loras=max_loras)
+        prompt_lookup_max=prompt_lookup_max, speculative_disable_by_batch_size=speculative_disable_by_batch_size),
+        adapters=adapters, max_loras=max_loras)
     served_name = name or _default_name(source)
     return Launched(served_name, model, client, limit, num_blocks * block_size, runner, adapters)
 

@@ -171,6 +171,7 @@ class EngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     num_speculative_tokens: int | None = None
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
+    speculative_disable_by_batch_size: int | None = None  # no drafts while more sequences run
 
     def __post_init__(self) -> None:
         if self.speculative_method == "ngram":

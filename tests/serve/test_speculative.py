@@ -301,3 +301,16 @@ def test_bad_serve_flags_are_clear_errors(kw, what):
 
     with pytest.raises(InvalidArgumentError, match=what):
         launch("no/such/model", **kw)  # checked before the model loads
+
+
+def test_speculation_pauses_while_the_batch_is_larger_than_disable_by_batch_size():
+    ps = prompts(6, seed=5)
+    want = [reference(p, 40) for p in ps]
+    drafts = {}
+    for limit in (0, 2):
+        c, _ = client(speculative_disable_by_batch_size=limit)
+        with c:
+            assert run_all(c, ps, GREEDY) == want
+            drafts[limit] = c.stats().spec_num_drafts
+    # 6 run together to the end (same lengths): with the limit at 2 almost no step drafts
+    assert drafts[0] > 30 and drafts[2] < drafts[0] / 4, drafts
