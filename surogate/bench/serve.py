@@ -315,7 +315,11 @@ def bench_speculative_one(model, prompts: list[list[int]], output_len: int, spec
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True, detokenize=False)
     with EngineClient(runner, cfg) as client:
         llm = LLM(client, None)
-        llm.generate(prompts, params)  # warm-up: every bucket this run meets is compiled
+        # Warm-up: the buckets both passes meet are compiled (verification spans of 2..1+k tokens
+        # meet several per batch size), as a server compiles its shapes once.
+        llm.generate(prompts, params)
+        for p in prompts:
+            llm.generate([p], params)
         before = client.stats()
         tokens, decode_s, decoded = [], 0.0, 0
 
