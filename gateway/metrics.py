@@ -90,7 +90,11 @@ class _EngineCollector:
                 ("prefix_cache_hits", "prefix_cache_hits", "Prefix-cache hits, in tokens."),
                 ("engine_step_seconds", "step_seconds",
                  "Engine wall time in steps: scheduling, the model, sampling, outputs."),
-                ("engine_model_seconds", "model_seconds", "Engine wall time in the model's forward passes."))
+                ("engine_model_seconds", "model_seconds", "Engine wall time in the model's forward passes."),
+                ("spec_decode_num_drafts", "spec_num_drafts", "Speculative decoding: verified drafts."),
+                ("spec_decode_num_draft_tokens", "spec_num_draft_tokens", "Speculative decoding: draft tokens."),
+                ("spec_decode_num_accepted_tokens", "spec_num_accepted_tokens",
+                 "Speculative decoding: accepted draft tokens."))
 
     def __init__(self, models: ModelTable):
         self.models = models
@@ -102,6 +106,9 @@ class _EngineCollector:
         families = {name: GaugeMetricFamily(P + name, doc, labels=["model_name"]) for name, _, doc in self.GAUGES}
         families.update({name: CounterMetricFamily(P + name, doc, labels=["model_name"])
                          for name, _, doc in self.COUNTERS})
+        per_pos = CounterMetricFamily(P + "spec_decode_num_accepted_tokens_per_pos",
+                                      "Speculative decoding: accepted draft tokens by position in the draft.",
+                                      labels=["model_name", "position"])
         for model in self.models:
             if model.engine is None:
                 continue
@@ -112,4 +119,7 @@ class _EngineCollector:
                 continue
             for name, field, _ in (*self.GAUGES, *self.COUNTERS):
                 families[name].add_metric([model.name], float(getattr(stats, field)))
+            for pos, n in enumerate(stats.spec_accepted_per_pos):
+                per_pos.add_metric([model.name, str(pos)], float(n))
         yield from families.values()
+        yield per_pos

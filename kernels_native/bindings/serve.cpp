@@ -166,6 +166,22 @@ EngineConfig engine_config_from(py::handle obj) {
     c.has_seed = true;
     c.seed = PyLong_AsUnsignedLongLongMask(seed.ptr());
   }
+  py::object method = optional_field(obj, "speculative_method");
+  if (!method.is_none()) {
+    if (!py::isinstance<py::str>(method)) {
+      bad_field(o, "speculative_method", str_cat("must be a string, not ", type_name(method)), "use 'ngram'");
+    }
+    c.speculative_method = method.cast<std::string>();
+  }
+  c.num_speculative_tokens = as_optional_int(optional_field(obj, "num_speculative_tokens"), o,
+                                             "num_speculative_tokens", 0, 0, INT32_MAX);
+  c.ngram.min_n = as_optional_int(optional_field(obj, "prompt_lookup_min"), o, "prompt_lookup_min", c.ngram.min_n,
+                                  INT32_MIN, INT32_MAX);
+  c.ngram.max_n = as_optional_int(optional_field(obj, "prompt_lookup_max"), o, "prompt_lookup_max", c.ngram.max_n,
+                                  INT32_MIN, INT32_MAX);
+  c.speculative_disable_by_batch_size =
+      as_optional_int(optional_field(obj, "speculative_disable_by_batch_size"), o,
+                      "speculative_disable_by_batch_size", 0, INT32_MIN, INT32_MAX);
   return c;
 }
 
@@ -216,6 +232,10 @@ py::dict stats_dict(const EngineStats& s) {
   d["num_finished"] = s.num_finished;
   d["step_seconds"] = s.step_seconds;
   d["model_seconds"] = s.model_seconds;
+  d["spec_num_drafts"] = s.spec_num_drafts;
+  d["spec_num_draft_tokens"] = s.spec_num_draft_tokens;
+  d["spec_num_accepted_tokens"] = s.spec_num_accepted_tokens;
+  d["spec_accepted_per_pos"] = py::cast(s.spec_accepted_per_pos);
   d["last_error"] = s.last_error.empty() ? py::object(py::none()) : py::object(py::str(s.last_error));
   return d;
 }

@@ -91,13 +91,25 @@ void BlockManager::allocate(Sequence& seq) {
   }
 }
 
-bool BlockManager::can_append(const Sequence& seq) const {
-  return blocks_for(seq.num_tokens()) - static_cast<int>(seq.block_table.size()) <= num_free();
+bool BlockManager::can_append(const Sequence& seq, int lookahead) const {
+  return blocks_for(seq.num_tokens() + lookahead) - static_cast<int>(seq.block_table.size()) <= num_free();
 }
 
-void BlockManager::may_append(Sequence& seq) {
-  while (static_cast<int>(seq.block_table.size()) < blocks_for(seq.num_tokens())) {
+void BlockManager::may_append(Sequence& seq, int lookahead) {
+  while (static_cast<int>(seq.block_table.size()) < blocks_for(seq.num_tokens() + lookahead)) {
     seq.block_table.push_back(take_free_block());
+  }
+}
+
+void BlockManager::trim(Sequence& seq) {
+  const int keep = std::max(blocks_for(seq.num_tokens()), seq.num_registered_blocks);
+  while (static_cast<int>(seq.block_table.size()) > keep) {
+    Block& b = blocks_[seq.block_table.back()];
+    assert(b.ref_count == 1 && !b.has_hash);
+    b.ref_count = 0;
+    --num_used_;
+    free_.push_back(seq.block_table.back());
+    seq.block_table.pop_back();
   }
 }
 

@@ -11,7 +11,7 @@
 // needs its memory; never-registered free blocks are handed out first.
 //
 // The verb pairs: can_allocate / allocate (all tokens of a waiting sequence, reusing its cached
-// prefix), can_append / may_append (the next block of a running sequence), deallocate.
+// prefix), can_append / may_append (the next block(s) of a running sequence), trim, deallocate.
 #pragma once
 
 #include <cstdint>
@@ -43,8 +43,12 @@ class BlockManager {
 
   bool can_allocate(Sequence& seq);
   void allocate(Sequence& seq);
-  bool can_append(const Sequence& seq) const;
-  void may_append(Sequence& seq);
+  // `lookahead`: slots past the sequence's tokens for draft tokens (speculative decoding).
+  bool can_append(const Sequence& seq, int lookahead = 0) const;
+  void may_append(Sequence& seq, int lookahead = 0);
+  // Give back the blocks past what seq's tokens need (taken for draft tokens that were
+  // rejected); such blocks are never registered in the prefix cache.
+  void trim(Sequence& seq);
   void cache_computed_blocks(Sequence& seq);
   void deallocate(Sequence& seq);
 

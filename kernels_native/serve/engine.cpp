@@ -16,6 +16,8 @@ Status config_error(const char* field, const std::string& what, const std::strin
                 hint);
 }
 
+constexpr int kMaxSpeculativeTokens = 32;
+
 uint64_t splitmix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ULL;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
@@ -59,6 +61,26 @@ Status Engine::create(const EngineConfig& config, std::shared_ptr<ModelRunner> r
                           str_cat("token ids are in [0, ", V, ")"));
     }
   }
+  if (!c.speculative_method.empty() && c.speculative_method != "ngram") {
+    return config_error("speculative_method", str_cat("is '", c.speculative_method, "'"),
+                        "use 'ngram' (prompt lookup), or leave it empty for no speculation");
+  }
+  if (c.num_speculative_tokens < 0 || c.num_speculative_tokens > kMaxSpeculativeTokens) {
+    return config_error("num_speculative_tokens", str_cat("is ", c.num_speculative_tokens),
+                        str_cat("use 1 to ", kMaxSpeculativeTokens, " with a speculative_method, 0 without"));
+  }
+  if (c.speculative_method.empty() != (c.num_speculative_tokens == 0)) {
+    return config_error(c.speculative_method.empty() ? "speculative_method" : "num_speculative_tokens", "is not set",
+                        "speculative decoding needs both a method and num_speculative_tokens >= 1");
+  }
+  if (c.speculative_disable_by_batch_size < 0) {
+    return config_error("speculative_disable_by_batch_size", str_cat("is ", c.speculative_disable_by_batch_size),
+                        "use 0 (always speculate) or a number of running sequences");
+  }
+  if (c.speculative_method == "ngram" && (c.ngram.min_n < 1 || c.ngram.max_n < c.ngram.min_n)) {
+    return config_error("prompt_lookup_min", str_cat("is ", c.ngram.min_n, " with prompt_lookup_max ", c.ngram.max_n),
+                        "use 1 <= prompt_lookup_min <= prompt_lookup_max");
+  }
   out->reset(new Engine(c, std::move(runner)));
   return Status::OK();
 }
@@ -67,6 +89,7 @@ Engine::Engine(const EngineConfig& config, std::shared_ptr<ModelRunner> runner)
     : config_(config), runner_(std::move(runner)),
       block_manager_(config.num_blocks, config.block_size, config.enable_prefix_caching),
       scheduler_(scheduler_config(config), &block_manager_), sampler_(runner_->vocab_size()) {
+  counters_.spec_accepted_per_pos.assign(config.num_speculative_tokens, 0);
   seed_base_ = config.has_seed ? config.seed : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
   publish_stats();
 }
@@ -319,12 +342,14 @@ void Engine::postprocess(const StepPlan& plan, const StepOutput& step, const Ste
   }
 
   // Sampling is independent per sequence (each has its own generator): spread it over the pool.
+  // A span with drafts samples row after row while each token equals its draft (see engine.h);
+  // the tokens go onto token_ids for the penalties of the next row and come off again after.
   std::vector<const ScheduledSeq*> to_sample;
   for (const ScheduledSeq& ss : plan.seqs) {
     if (ss.sample_row >= 0) to_sample.push_back(&ss);
   }
-  std::vector<int32_t> tokens(to_sample.size(), -1);
-  std::vector<TokenLogprob> lps(to_sample.size());
+  std::vector<std::vector<int32_t>> tokens(to_sample.size());
+  std::vector<std::vector<TokenLogprob>> lps(to_sample.size());
   std::vector<Status> errors(to_sample.size());
   // Each sampled sequence's mask row (masks.seqs is a subsequence of to_sample, in plan order).
   const int W = mask_words(sampler_.vocab_size());
@@ -341,46 +366,103 @@ void Engine::postprocess(const StepPlan& plan, const StepOutput& step, const Ste
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max(1, sampler_.vocab_size()));
   parallel_for(0, static_cast<int64_t>(to_sample.size()), grain, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
-      Sequence& seq = *to_sample[i]->seq;
-      const int sr = to_sample[i]->sample_row;
+      const ScheduledSeq& ss = *to_sample[i];
+      Sequence& seq = *ss.seq;
       if (!errors[i].ok()) continue;  // the grammar failed
       if (!seq.forced.empty()) {  // the end of a reasoning span: appended, not sampled
-        tokens[i] = seq.forced.front();
-        if (seq.params.logprobs >= 0) lps[i] = sampler_.logprob(row(sr), tokens[i], seq.params.logprobs);
+        tokens[i].push_back(seq.forced.front());
+        if (seq.params.logprobs >= 0) lps[i].push_back(sampler_.logprob(row(ss.sample_row), tokens[i][0], seq.params.logprobs));
         continue;
       }
-      if (!step.argmax.empty() && !plan.input.need_logits[sr]) {  // plain greedy: the device's argmax
-        tokens[i] = step.argmax[sr];
-        if (tokens[i] < 0 || tokens[i] >= sampler_.vocab_size()) {
-          errors[i] = SG_ERROR(StatusCode::kInternal, "the model produced a non-finite logit (NaN or +inf)",
-                               "check the model's weights and dtype; NaN logits usually mean an overflow");
+      int pushed = 0;
+      for (int j = 0; j <= ss.num_draft; ++j) {
+        const int sr = ss.sample_row + j;
+        int32_t t = -1;
+        if (!step.argmax.empty() && !plan.input.need_logits[sr]) {  // plain greedy: the device's argmax
+          t = step.argmax[sr];
+          if (t < 0 || t >= sampler_.vocab_size()) {
+            errors[i] = SG_ERROR(StatusCode::kInternal, "the model produced a non-finite logit (NaN or +inf)",
+                                 "check the model's weights and dtype; NaN logits usually mean an overflow");
+            break;
+          }
+        } else {
+          errors[i] = sampler_.sample(row(sr), seq, &t, allowed[i]);
+          if (!errors[i].ok()) break;
         }
-        continue;
+        if (seq.params.logprobs >= 0) lps[i].push_back(sampler_.logprob(row(sr), t, seq.params.logprobs));
+        tokens[i].push_back(t);
+        if (j == ss.num_draft || t != seq.draft_ids[j]) break;  // the bonus token, or a rejection
+        seq.token_ids.push_back(t);
+        ++pushed;
+        if (stop_reason(seq, t) != FinishReason::kNone) break;  // never emit past a stop
       }
-      const float* r = row(sr);
-      errors[i] = sampler_.sample(r, seq, &tokens[i], allowed[i]);
-      if (errors[i].ok() && seq.params.logprobs >= 0) lps[i] = sampler_.logprob(r, tokens[i], seq.params.logprobs);
+      seq.token_ids.resize(seq.token_ids.size() - pushed);
     }
   });
 
   for (size_t i = 0; i < to_sample.size(); ++i) {
-    Sequence& seq = *to_sample[i]->seq;
+    const ScheduledSeq& ss = *to_sample[i];
+    Sequence& seq = *ss.seq;
     if (!errors[i].ok()) {
       counters_.last_error = errors[i].to_string();
       finish(seq, FinishReason::kError, errors[i].message());
       continue;
     }
     if (seq.num_output_tokens() == 0) counters_.prompt_tokens += seq.num_prompt_tokens;
-    ++counters_.generation_tokens;
-    const bool forced = !seq.forced.empty();
-    if (forced) seq.forced.pop_front();
-    seq.token_ids.push_back(tokens[i]);
+    if (ss.num_draft > 0) {
+      int accepted = 0;
+      while (accepted < static_cast<int>(tokens[i].size()) && accepted < ss.num_draft &&
+             tokens[i][accepted] == seq.draft_ids[accepted]) {
+        ++counters_.spec_accepted_per_pos[accepted];
+        ++accepted;
+      }
+      ++counters_.spec_num_drafts;
+      counters_.spec_num_draft_tokens += ss.num_draft;
+      counters_.spec_num_accepted_tokens += accepted;
+    }
     RequestOutput& out = output_for(seq);
-    out.new_token_ids.push_back(tokens[i]);
-    if (seq.params.logprobs >= 0) out.logprobs.push_back(std::move(lps[i]));
-    track_reasoning(seq, tokens[i], forced);
-    check_stop(seq, tokens[i]);
+    const size_t m = tokens[i].size();
+    for (size_t j = 0; j < m; ++j) {
+      const int32_t t = tokens[i][j];
+      ++counters_.generation_tokens;
+      const bool forced = !seq.forced.empty();
+      if (forced) seq.forced.pop_front();
+      seq.token_ids.push_back(t);
+      out.new_token_ids.push_back(t);
+      if (seq.params.logprobs >= 0) out.logprobs.push_back(std::move(lps[i][j]));
+      track_reasoning(seq, t, forced);
+      if (j + 1 == m && ss.num_draft > 0) scheduler_.accept(seq);  // before a stop frees the blocks
+      check_stop(seq, t);
+      if (seq.is_finished()) break;  // only the last can stop: the walk ended there
+    }
+    if (!seq.is_finished() && config_.num_speculative_tokens > 0) propose(seq);
   }
+}
+
+FinishReason Engine::stop_reason(const Sequence& seq, int32_t token) const {
+  const SamplingParams& p = seq.params;
+  const bool past_min = seq.num_output_tokens() >= p.min_tokens;
+  auto contains = [token](const std::vector<int32_t>& ids) {
+    return std::find(ids.begin(), ids.end(), token) != ids.end();
+  };
+  if (past_min && ((!p.ignore_eos && contains(p.eos_token_ids)) || contains(p.stop_token_ids))) return FinishReason::kStop;
+  if (p.max_tokens > 0 && seq.num_output_tokens() >= p.max_tokens) return FinishReason::kLength;
+  if (seq.num_tokens() >= config_.max_model_len) return FinishReason::kLength;
+  return FinishReason::kNone;
+}
+
+void Engine::propose(Sequence& seq) {
+  seq.draft_ids.clear();
+  if (!seq.can_speculate()) return;
+  if (config_.speculative_disable_by_batch_size > 0 &&
+      scheduler_.num_running() > config_.speculative_disable_by_batch_size) {
+    return;
+  }
+  // No draft past what the request may still emit: the verified span's bonus token is one more.
+  int k = std::min(config_.num_speculative_tokens, config_.max_model_len - seq.num_tokens());
+  if (seq.params.max_tokens > 0) k = std::min(k, seq.params.max_tokens - seq.num_output_tokens() - 1);
+  if (k <= 0) return;
+  ngram_propose(seq.token_ids, config_.ngram, k, &seq.draft_ids);
 }
 
 void Engine::track_reasoning(Sequence& seq, int32_t token, bool forced) {
@@ -414,19 +496,14 @@ void Engine::track_reasoning(Sequence& seq, int32_t token, bool forced) {
 }
 
 void Engine::check_stop(Sequence& seq, int32_t token) {
-  const SamplingParams& p = seq.params;
-  const bool past_min = seq.num_output_tokens() >= p.min_tokens;
-  auto contains = [token](const std::vector<int32_t>& ids) {
-    return std::find(ids.begin(), ids.end(), token) != ids.end();
-  };
-  if (past_min && ((!p.ignore_eos && contains(p.eos_token_ids)) || contains(p.stop_token_ids))) {
+  const FinishReason r = stop_reason(seq, token);
+  if (r == FinishReason::kStop) {
     seq.stop_token_id = token;
-    finish(seq, FinishReason::kStop, "");
-  } else if (p.max_tokens > 0 && seq.num_output_tokens() >= p.max_tokens) {
-    finish(seq, FinishReason::kLength, "");
-  } else if (seq.num_tokens() >= config_.max_model_len) {
-    finish(seq, FinishReason::kLength,
-         str_cat("reached the context limit of ", config_.max_model_len, " tokens (max_model_len)"));
+    finish(seq, r, "");
+  } else if (r == FinishReason::kLength) {
+    const bool by_context = !(seq.params.max_tokens > 0 && seq.num_output_tokens() >= seq.params.max_tokens);
+    finish(seq, r, by_context ? str_cat("reached the context limit of ", config_.max_model_len,
+                                        " tokens (max_model_len)") : "");
   }
 }
 

@@ -10,6 +10,20 @@
 // Constrained requests' grammar masks (token_mask.h) are computed on a helper thread while the
 // runner runs the step, and read by the sampler in postprocess.
 //
+// Speculative decoding (num_speculative_tokens > 0): after a sequence samples, a proposer (the
+// n-gram one, ngram_proposer.h) guesses its next k tokens (`draft_ids`); the next step runs
+// them as one span of 1 + k tokens (the chunked-prefill path over the paged cache) with a
+// logits row at each position. postprocess verifies them in order: the token sampled from row j
+// exactly as plain decoding would sample it (same penalties, filters and generator) is emitted;
+// while it equals draft j the walk goes on to row j + 1, after all k the last row gives a bonus
+// token. For a point-mass draft (n-gram, greedy drafting) this is speculative rejection
+// sampling: draft t is accepted with probability p(t), and a rejection emits a token from p with
+// t removed and renormalised, so outputs keep the target distribution; and since one draw is
+// made per emitted token in order, a seeded request's tokens are those of plain decoding (greedy
+// ones are identical). The stop rules run token by token inside the walk (nothing past a stop
+// is emitted). Then the KV of the rejected positions is rolled back (num_computed_tokens), the
+// blocks taken only for them are freed, and the prefix cache registers only accepted blocks.
+//
 // Outputs go to an OutputChannel that consumers poll. The engine never touches Python: a
 // runner that calls Python (PyModelRunner) takes the GIL only inside its run(), a Python
 // TokenMasker only inside its fill().
@@ -21,12 +35,14 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "serve/block_manager.h"
 #include "serve/model_runner.h"
+#include "serve/ngram_proposer.h"
 #include "serve/output_channel.h"
 #include "serve/sampler.h"
 #include "serve/scheduler.h"
@@ -44,6 +60,13 @@ struct EngineConfig {
   std::vector<int32_t> eos_token_ids;  // the model's; used by requests that name none
   bool has_seed = false;             // base of the generators of requests without a seed
   uint64_t seed = 0;
+  // Speculative decoding: "" (off) or "ngram"; drafts of up to num_speculative_tokens tokens.
+  std::string speculative_method;
+  int num_speculative_tokens = 0;
+  NgramConfig ngram;                 // prompt_lookup_min / max of the ngram method
+  // No drafts while more than this many sequences run (a large batch is compute-bound: rejected
+  // rows cost real time there); 0 = always speculate. vLLM's speculative_disable_by_batch_size.
+  int speculative_disable_by_batch_size = 0;
 };
 
 struct Request {
@@ -63,6 +86,12 @@ struct EngineStats {
   int64_t num_finished = 0;       // requests finished for any reason (aborts and errors included)
   double step_seconds = 0;        // wall time in steps (scheduling, the model, sampling, outputs)
   double model_seconds = 0;       // of which in the model runner
+  // Speculative decoding (vLLM's spec_decode_* counters): verification spans with at least one
+  // draft token, the draft tokens in them, those accepted, and accepted per draft position.
+  int64_t spec_num_drafts = 0;
+  int64_t spec_num_draft_tokens = 0;
+  int64_t spec_num_accepted_tokens = 0;
+  std::vector<int64_t> spec_accepted_per_pos;
   std::string last_error;         // the last runner / sampling failure, if any
 };
 
@@ -132,6 +161,10 @@ class Engine {
   // The reasoning span after `token` was appended (forced: it came from seq.forced).
   void track_reasoning(Sequence& seq, int32_t token, bool forced);
   void check_stop(Sequence& seq, int32_t token);
+  // The reason appending `token` (already in seq.token_ids) finishes seq, kNone if it does not.
+  FinishReason stop_reason(const Sequence& seq, int32_t token) const;
+  // Draft tokens for a sequence that just sampled (speculative decoding).
+  void propose(Sequence& seq);
   void finish(Sequence& seq, FinishReason reason, std::string message);
   void collect_finished();
   void abort_all();

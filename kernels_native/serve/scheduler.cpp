@@ -30,8 +30,12 @@ StepPlan Scheduler::schedule() {
       ++i;
       continue;
     }
+    // Drafts ride along only on budget and blocks left over: they never preempt anyone.
+    int k = std::min(static_cast<int>(seq->draft_ids.size()), budget - 1);
+    if (k > 0 && !bm.can_append(*seq, k)) k = 0;
+    seq->draft_ids.resize(k);
     bool self_preempted = false;
-    while (!bm.can_append(*seq)) {
+    while (!bm.can_append(*seq, k)) {
       Sequence* victim = running_.back();
       running_.pop_back();
       preempt(victim);
@@ -42,9 +46,11 @@ StepPlan Scheduler::schedule() {
       }
     }
     if (self_preempted) break;  // seq was the last one: nothing after it is left
-    bm.may_append(*seq);
-    plan.seqs.push_back({seq, seq->num_computed_tokens, 1});
-    --budget;
+    bm.may_append(*seq, k);
+    ScheduledSeq ss{seq, seq->num_computed_tokens, 1 + k};
+    ss.num_draft = k;
+    plan.seqs.push_back(ss);
+    budget -= 1 + k;
     ++i;
   }
 
@@ -107,10 +113,11 @@ void Scheduler::build_input(StepPlan& plan) const {
     ScheduledSeq& ss = plan.seqs[s];
     Sequence& seq = *ss.seq;
     const int end = ss.start + ss.len;
-    assert(end <= seq.num_tokens() && ss.start == seq.num_computed_tokens);
+    const int n = seq.num_tokens();
+    assert(end <= n + ss.num_draft && ss.start == seq.num_computed_tokens);
     const int row0 = static_cast<int>(in.token_ids.size());
     for (int p = ss.start; p < end; ++p) {
-      in.token_ids.push_back(seq.token_ids[p]);
+      in.token_ids.push_back(p < n ? seq.token_ids[p] : seq.draft_ids[p - n]);
       in.positions.push_back(p);
       in.slot_mapping.push_back(seq.block_table[p / bs] * bs + p % bs);
     }
@@ -135,10 +142,13 @@ void Scheduler::build_input(StepPlan& plan) const {
         in.need_logits.insert(in.need_logits.end(), hi - lo, 1);
       }
     }
-    if (end == seq.num_tokens()) {
+    if (end == n + ss.num_draft) {  // the last token's row, then one per draft token
       ss.sample_row = in.num_logits_rows();
-      in.logits_rows.push_back(row0 + ss.len - 1);
-      in.need_logits.push_back(Sampler::needs_logits(seq) ? 1 : 0);
+      const uint8_t need = Sampler::needs_logits(seq) ? 1 : 0;
+      for (int j = 0; j <= ss.num_draft; ++j) {
+        in.logits_rows.push_back(row0 + ss.len - 1 - ss.num_draft + j);
+        in.need_logits.push_back(need);
+      }
     }
   }
   in.num_tokens = static_cast<int32_t>(in.token_ids.size());
@@ -147,10 +157,17 @@ void Scheduler::build_input(StepPlan& plan) const {
 void Scheduler::update(const StepPlan& plan) {
   for (const ScheduledSeq& ss : plan.seqs) {
     Sequence& seq = *ss.seq;
-    if (seq.is_finished()) continue;  // failed or aborted while the step ran
+    if (seq.is_finished() || ss.num_draft > 0) continue;  // failed or aborted while the step ran; or accept()
     seq.num_computed_tokens = ss.start + ss.len;
     block_manager_->cache_computed_blocks(seq);
   }
+}
+
+void Scheduler::accept(Sequence& seq) {
+  seq.num_computed_tokens = seq.num_tokens() - 1;
+  seq.draft_ids.clear();
+  block_manager_->cache_computed_blocks(seq);
+  block_manager_->trim(seq);
 }
 
 void Scheduler::finish(Sequence* seq, FinishReason reason, std::string message) {
@@ -175,6 +192,7 @@ void Scheduler::preempt(Sequence* seq) {
   seq->status = SequenceStatus::kWaiting;
   seq->num_computed_tokens = 0;
   seq->num_cached_tokens = 0;
+  seq->draft_ids.clear();
   ++seq->num_preemptions;
   ++num_preemptions_;
   waiting_.push_front(seq);

@@ -3,7 +3,9 @@
 // holds KV blocks for all its tokens).
 //
 // One step, in this order, under a token budget (max_num_batched_tokens) and max_num_seqs:
-//   1. decodes: every running sequence with one token left gets it. When its next block cannot be
+//   1. decodes: every running sequence with one token left gets it, plus its draft tokens
+//      (speculative decoding: a span of 1 + k tokens with a logits row at each, the k drafts
+//      cut to what the budget and the free blocks allow, never a preemption for them). When its next block cannot be
 //      had, the most recently admitted running sequence not yet scheduled is preempted (blocks
 //      freed, back to the front of waiting, recomputed later); if there is none, the sequence
 //      itself is. Nothing is ever truncated or dropped.
@@ -44,6 +46,7 @@ struct ScheduledSeq {
   int prompt_lp_row = -1;     // first logits row of this chunk's prompt-logprob rows
   int prompt_lp_pos = 0;      // the prompt position of that row
   int num_prompt_lp_rows = 0;
+  int num_draft = 0;          // draft tokens verified: rows sample_row .. sample_row + num_draft
 };
 
 struct StepPlan {
@@ -65,8 +68,13 @@ class Scheduler {
   int64_t num_preemptions() const { return num_preemptions_; }
 
   StepPlan schedule();
-  // After the runner: the step's tokens are in the cache; full blocks become findable.
+  // After the runner: the step's tokens are in the cache; full blocks become findable. Spans
+  // with draft tokens are left to accept().
   void update(const StepPlan& plan);
+  // After verifying a speculative span and appending the tokens it kept: the KV of all tokens
+  // but the last is valid (the rest of the span is rolled back), full blocks become findable,
+  // blocks taken only for rejected drafts go back.
+  void accept(Sequence& seq);
   // Take a sequence out of the queues and free its blocks.
   void finish(Sequence* seq, FinishReason reason, std::string message = {});
 

@@ -12,6 +12,11 @@
 // Decoding state beyond sampling: `forced`, tokens the engine appends next instead of sampling
 // (the end of a reasoning span whose budget ran out); the reasoning span's state; and how many
 // of the answer's tokens the grammar's TokenMasker has seen.
+//
+// Speculative decoding: `draft_ids`, tokens a proposer guessed to follow token_ids (never part
+// of token_ids; the next step verifies them, see engine.h). A sequence speculates only when its
+// tokens are sampled token by token from the model: no grammar (the matcher would have to roll
+// back), no reasoning budget (forced tokens), nothing forced.
 #pragma once
 
 #include <cstdint>
@@ -105,6 +110,10 @@ class Sequence {
   int reasoning_tokens = 0;    // sampled inside the span
   int answer_start = 0;        // index in token_ids where the answer begins; -1 while reasoning
   int mask_fed = 0;            // token_ids before this index were given to the TokenMasker
+
+  std::vector<int32_t> draft_ids;  // proposed next tokens, verified by the next step
+
+  bool can_speculate() const { return !params.constrained && params.max_reasoning_tokens < 0 && forced.empty(); }
 
   // Whether the grammar limits the next token: constrained, in the answer, nothing forced.
   bool masked_next() const { return params.constrained && answer_start >= 0 && forced.empty(); }

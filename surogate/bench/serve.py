@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from surogate.bench.train import random_model
+from surogate.errors import InvalidArgumentError
 from surogate.serve import LLM, EngineClient, EngineConfig, Generation, SamplingParams
 from surogate.serve.model_runner import ProgramRunner
 
@@ -274,3 +275,110 @@ def run(shape: str, *, n: int, prompt_len: int, output_len: int, dtype: str, vs:
           f"{100 * results[0].single_stream_tokens_per_s / ceiling:.1f}% of the memory-bandwidth roofline "
           f"({weights / 2**20:,.0f} MiB of weights per token at the measured copy bandwidth: {ceiling:,.0f} tok/s)")
     return results
+
+
+# ---- speculative decoding ------------------------------------------------------------------
+
+# Text the model copies or continues: where prompt lookup finds its drafts (copying, lists, code
+# edits), as `bench serve --speculative-method` runs it, chat-templated when the model has one.
+REPETITIVE_PROMPTS = (
+    "Copy the following text exactly, word for word:\n\nThe quick brown fox jumps over the lazy dog. "
+    "Pack my box with five dozen liquor jugs. How vexingly quick daft zebras jump. The five boxing "
+    "wizards jump quickly. Sphinx of black quartz, judge my vow.",
+    "Repeat this list twice:\napple, banana, cherry, date, elderberry, fig, grape, honeydew, kiwi, lemon, mango",
+    "Rename the function `add` to `plus` in this code and print the whole file:\n\n```python\n"
+    "def add(a, b):\n    return a + b\n\n\ndef twice(x):\n    return add(x, x)\n\n\n"
+    "def total(xs):\n    s = 0\n    for x in xs:\n        s = add(s, x)\n    return s\n```",
+    "Write the numbers from 1 to 40, separated by commas.",
+    "Convert to a JSON list of objects with name and age fields: Alice 31, Bob 27, Carol 45, Dave 38, "
+    "Erin 29, Frank 52",
+    "Copy this HTML exactly:\n<ul>\n  <li>one</li>\n  <li>two</li>\n  <li>three</li>\n  <li>four</li>\n"
+    "  <li>five</li>\n</ul>",
+)
+
+
+@dataclass
+class SpecResult:
+    name: str
+    single_stream_tokens_per_s: float  # prompts one at a time, first token to last
+    batched_tokens_per_s: float  # all prompts at once, whole run
+    acceptance: float | None = None  # accepted / draft tokens
+    accepted_per_draft: float | None = None
+    tokens: list[list[int]] | None = None
+
+
+def bench_speculative_one(model, prompts: list[list[int]], output_len: int, spec: dict | None) -> SpecResult:
+    num_blocks = -(-len(prompts) * (max(map(len, prompts)) + output_len + 64) // 16)
+    runner = ProgramRunner(model, num_blocks=num_blocks, block_size=16)
+    cfg = EngineConfig(num_blocks=num_blocks, block_size=16, max_num_seqs=len(prompts), enable_prefix_caching=False,
+                       seed=0, **(spec or {}))
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True, detokenize=False)
+    with EngineClient(runner, cfg) as client:
+        llm = LLM(client, None)
+        # Warm-up: the buckets both passes meet are compiled (verification spans of 2..1+k tokens
+        # meet several per batch size), as a server compiles its shapes once.
+        llm.generate(prompts, params)
+        for p in prompts:
+            llm.generate([p], params)
+        before = client.stats()
+        tokens, decode_s, decoded = [], 0.0, 0
+
+        async def one(p: list[int]) -> None:
+            nonlocal decode_s, decoded
+            stamps, out = [], []
+            async with llm.submit(p, params) as gen:
+                async for o in gen:
+                    stamps.append(time.perf_counter())
+                    out.extend(o.new_token_ids)
+            tokens.append(out)
+            decode_s += stamps[-1] - stamps[0]
+            decoded += len(out) - 1  # first token to last: the prompt's prefill is left out
+
+        for p in prompts:
+            asyncio.run(one(p))
+        after = client.stats()
+        t0 = time.perf_counter()
+        llm.generate(prompts, params)
+        batched = len(prompts) * output_len / (time.perf_counter() - t0)
+    drafts = after.spec_num_drafts - before.spec_num_drafts
+    draft_tokens = after.spec_num_draft_tokens - before.spec_num_draft_tokens
+    accepted = after.spec_num_accepted_tokens - before.spec_num_accepted_tokens
+    name = "plain" if spec is None else f"{spec['speculative_method']} k={spec['num_speculative_tokens']}"
+    return SpecResult(name, decoded / decode_s, batched, accepted / draft_tokens if draft_tokens else None,
+                      accepted / drafts if drafts else None, tokens)
+
+
+def run_speculative(source: str | None, *, method: str, k: int, lookup_min: int | None, lookup_max: int | None,
+                    output_len: int, dtype: str, device: str) -> list[SpecResult]:
+    """Plain decoding vs speculative on REPETITIVE_PROMPTS with a real model (default: SmolLM2),
+    greedy: single stream and all at once, the acceptance rate and the ratio."""
+    from surogate.io.default_model import INSTALL_HINT, default_model_path
+    from surogate.model import load_model, resolve_device
+
+    if source is None:
+        source = default_model_path()
+        if source is None:
+            raise InvalidArgumentError(f"no --model and the default model is not installed ({INSTALL_HINT})")
+    device = resolve_device(device)
+    model = load_model(str(source), device=device, dtype=dtype)
+    tok = model.tokenizer
+    if tok is None:
+        raise InvalidArgumentError(f"{source} has no tokenizer: the repetitive prompt set is text")
+    prompts = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True)
+               if tok.chat_template else tok.encode(t) for t in REPETITIVE_PROMPTS]
+    spec = {"speculative_method": method, "num_speculative_tokens": k, "prompt_lookup_min": lookup_min,
+            "prompt_lookup_max": lookup_max}
+    plain, fast = bench_speculative_one(model, prompts, output_len, None), bench_speculative_one(
+        model, prompts, output_len, spec)
+    print(f"\n{source}, {model.dtype}, {device}: {len(prompts)} repetitive prompts (copying, lists, code edits) "
+          f"x {output_len} greedy tokens")
+    print(f"{'':20} {'1-stream tok/s':>15} {'batched tok/s':>14} {'acceptance':>11} {'accepted/draft':>15}")
+    for r in (plain, fast):
+        acc = f"{r.acceptance:.3f}" if r.acceptance is not None else "-"
+        per = f"{r.accepted_per_draft:.2f}" if r.accepted_per_draft is not None else "-"
+        print(f"{r.name:20} {r.single_stream_tokens_per_s:15,.1f} {r.batched_tokens_per_s:14,.1f} {acc:>11} {per:>15}")
+    print(f"{'ratio (spec / plain)':20} {fast.single_stream_tokens_per_s / plain.single_stream_tokens_per_s:14.2f}x "
+          f"{fast.batched_tokens_per_s / plain.batched_tokens_per_s:13.2f}x")
+    same = sum(a == b for a, b in zip(plain.tokens, fast.tokens))
+    print(f"greedy outputs identical to plain decoding: {same} of {len(prompts)}")
+    return [plain, fast]

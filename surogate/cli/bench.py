@@ -65,9 +65,26 @@ def serve(
     engine: Annotated[bool, typer.Option(help="--http: also the engine's offline figure and the ratio.")] = True,
     api_key: Annotated[str | None, typer.Option(help="--http with --url: the server's API key.",
                                                 show_default=False)] = None,
+    speculative_method: Annotated[str | None, typer.Option(
+        help="Plain vs speculative decoding (ngram) on a repetitive prompt set (copying, lists, code edits) with "
+             "a real model: --model a model folder / GGUF (default: SmolLM2), --output-len tokens each; prints the "
+             "acceptance rate, accepted tokens per draft and the ratio.", show_default=False)] = None,
+    num_speculative_tokens: Annotated[int, typer.Option(help="--speculative-method: draft tokens per step.")] = 4,
+    prompt_lookup_min: Annotated[int | None, typer.Option(help="--speculative-method ngram: shortest suffix.",
+                                                          show_default=False)] = None,
+    prompt_lookup_max: Annotated[int | None, typer.Option(help="--speculative-method ngram: longest suffix.",
+                                                          show_default=False)] = None,
 ) -> None:
     """Offline generation throughput and latency: ours, and with --vs hf HF generate; with --http as
-    streaming HTTP clients see it, beside the engine's own figure."""
+    streaming HTTP clients see it, beside the engine's own figure; with --speculative-method plain vs
+    speculative decoding."""
+    if speculative_method is not None:
+        from surogate.bench.serve import run_speculative
+
+        run_speculative(None if model == "tiny" else model, method=speculative_method, k=num_speculative_tokens,
+                        lookup_min=prompt_lookup_min, lookup_max=prompt_lookup_max, output_len=output_len,
+                        dtype=dtype, device=device)
+        return
     if http or url is not None:
         from surogate.bench.http import run as run_http
 

@@ -57,6 +57,18 @@ def serve(
                                                        show_default=False)] = None,
     max_queued_requests: Annotated[int, typer.Option(help="Requests waiting per model before new ones get 429.",
                                                      min=1)] = 1024,
+    speculative_method: Annotated[str | None, typer.Option(
+        help="Speculative decoding: ngram (prompt lookup: drafts what followed an earlier occurrence of the "
+             "last n-gram in the prompt + output). Needs --num-speculative-tokens.", show_default=False)] = None,
+    num_speculative_tokens: Annotated[int | None, typer.Option(
+        help="Draft tokens verified per sequence and step (1-32).", show_default=False)] = None,
+    prompt_lookup_min: Annotated[int | None, typer.Option(
+        help="ngram: the shortest suffix matched (default: --prompt-lookup-max, or 5).", show_default=False)] = None,
+    prompt_lookup_max: Annotated[int | None, typer.Option(
+        help="ngram: the longest suffix matched (default: --prompt-lookup-min, or 5).", show_default=False)] = None,
+    speculative_disable_by_batch_size: Annotated[int | None, typer.Option(
+        help="No drafts while more than this many sequences run (large batches are compute-bound).",
+        show_default=False)] = None,
 ) -> None:
     """Serve models over OpenAI- and Anthropic-compatible HTTP APIs."""
     try:
@@ -86,7 +98,10 @@ def serve(
         m = launch(path, name=name or None, device=device, dtype=dtype, quantized=quantized,
                    loras=loras if i == 0 else None, kv_cache_tokens=kv_cache_tokens,
                    gpu_memory_utilization=gpu_memory_utilization, kv_share=1.0 / (len(sources) - i),
-                   max_num_seqs=max_num_seqs, max_model_len=max_model_len, max_loras=max_loras)
+                   max_num_seqs=max_num_seqs, max_model_len=max_model_len, max_loras=max_loras,
+                   speculative_method=speculative_method, num_speculative_tokens=num_speculative_tokens,
+                   prompt_lookup_min=prompt_lookup_min, prompt_lookup_max=prompt_lookup_max,
+                   speculative_disable_by_batch_size=speculative_disable_by_batch_size)
         served.append(ServedModel(m.name, m.llm(), adapters=tuple(m.adapters), embedder=m.embedder(pooling),
                                   generates=m.generates))
         what = (f"KV cache {m.kv_cache_tokens:,} tokens" if m.generates else

@@ -163,6 +163,11 @@ class EngineClient:
             log.warning("prefix caching is off: the model keeps a per-sequence recurrent state (conv layers) "
                         "that cached KV blocks cannot restore")
             config = msgspec.structs.replace(config, enable_prefix_caching=False)
+        if getattr(runner, "has_recurrent_state", False) and config.speculative_method is not None:
+            raise InvalidArgumentError(
+                f"speculative decoding ({config.speculative_method}) on a model with a per-sequence recurrent state "
+                "(conv layers): rejected draft tokens would stay in that state",
+                hint="serve this model without --speculative-method")
         self._engine = _native.serve.Engine(native, config)
         self.masks = TokenMasks()  # the grammars of constrained requests (structured outputs)
         self._engine.set_token_masker(self.masks.fill)

@@ -46,6 +46,7 @@ class Launched:
         return Embedder.for_model(self.model, pooling)
 
 
+SPECULATIVE_METHODS = ("ngram",)  # the engine's proposers (kernels_native/serve/engine.h)
 CPU_KV_TOKENS = 16384  # the CPU's default KV cache, in tokens
 MIN_KV_BLOCKS = 16  # a GPU KV cache smaller than this is an error, not a server
 MAX_KV_TOKENS = 2**31  # a step's slots (block x block_size + offset) are int32
@@ -95,12 +96,23 @@ def launch(source: str, *, name: str | None = None, dtype: str = "float32", devi
            quantized: bool = False, loras: dict[str, str] | None = None, kv_cache_tokens: int | None = None,
            gpu_memory_utilization: float = 0.9, kv_share: float = 1.0, block_size: int = 16,
            max_num_seqs: int = 128, max_num_batched_tokens: int = 2048, max_model_len: int | None = None,
-           seed: int | None = None, max_loras: int | None = None) -> Launched:
+           seed: int | None = None, max_loras: int | None = None, speculative_method: str | None = None,
+           num_speculative_tokens: int | None = None, prompt_lookup_min: int | None = None,
+           prompt_lookup_max: int | None = None, speculative_disable_by_batch_size: int | None = None) -> Launched:
     """``kv_cache_tokens`` None: 16,384 on the CPU; on a GPU, what is left of
     ``gpu_memory_utilization`` of its memory once a profile run measured the weights, a step of
     the largest bucket and what other processes hold (``kv_share`` of it, when several models
     share the GPU). ``max_loras``: how many LoRA adapters may be loaded at once (``loras`` and
-    those loaded at run time, EngineClient.load_adapter); None: no limit."""
+    those loaded at run time, EngineClient.load_adapter); None: no limit. ``speculative_method``
+    ("ngram") with ``num_speculative_tokens``: speculative decoding (EngineConfig's fields)."""
+    if speculative_method is not None and speculative_method not in SPECULATIVE_METHODS:
+        raise InvalidArgumentError(f"--speculative-method {speculative_method!r} is not one of "
+                                   f"{', '.join(SPECULATIVE_METHODS)}", hint="use ngram (prompt lookup)")
+    if (speculative_method is None) != (num_speculative_tokens is None):
+        raise InvalidArgumentError("--speculative-method and --num-speculative-tokens go together",
+                                   hint="e.g. --speculative-method ngram --num-speculative-tokens 4")
+    if speculative_method is None and (prompt_lookup_min is not None or prompt_lookup_max is not None):
+        raise InvalidArgumentError("--prompt-lookup-min / --prompt-lookup-max are for --speculative-method ngram")
     if kv_cache_tokens is not None and kv_cache_tokens < block_size:
         raise InvalidArgumentError(f"--kv-cache-tokens {kv_cache_tokens} is less than one block ({block_size})")
     if max_loras is not None and len(loras or {}) > max_loras:
@@ -128,7 +140,7 @@ def launch(source: str, *, name: str | None = None, dtype: str = "float32", devi
                         min(limit, max_model_len) if max_model_len is not None else limit, 0, None)
     if kv_cache_tokens is None:
         kv_cache_tokens = _auto_kv_tokens(model, gpu_memory_utilization, kv_share, block_size, max_num_seqs,
-                                          max_num_batched_tokens)
+                                          max_num_batched_tokens, num_speculative_tokens or 0)
     num_blocks = kv_cache_tokens // block_size
     limit = int(model.config.get("max_position_embeddings") or num_blocks * block_size)
     limit = min(limit, num_blocks * block_size)
@@ -145,20 +157,23 @@ def launch(source: str, *, name: str | None = None, dtype: str = "float32", devi
     client = EngineClient(runner, EngineConfig(
         num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, max_model_len=limit,
-        eos_token_ids=list(model.tokenizer.eos_token_ids), seed=seed), adapters=adapters, max_loras=max_loras)
+        eos_token_ids=list(model.tokenizer.eos_token_ids), seed=seed, speculative_method=speculative_method,
+        num_speculative_tokens=num_speculative_tokens, prompt_lookup_min=prompt_lookup_min,
+        prompt_lookup_max=prompt_lookup_max, speculative_disable_by_batch_size=speculative_disable_by_batch_size),
+        adapters=adapters, max_loras=max_loras)
     served_name = name or _default_name(source)
     return Launched(served_name, model, client, limit, num_blocks * block_size, runner, adapters)
 
 
 def _auto_kv_tokens(model: Model, fraction: float, share: float, block_size: int, max_num_seqs: int,
-                    max_num_batched_tokens: int) -> int:
+                    max_num_batched_tokens: int, num_speculative_tokens: int = 0) -> int:
     if model.device == "cpu":
         return CPU_KV_TOKENS
     from surogate import _native
     from surogate.model import _np_dtype
 
     s = model.spec
-    p = profile_memory(model, block_size, max_num_seqs, max_num_batched_tokens)
+    p = profile_memory(model, block_size, max_num_seqs, max_num_batched_tokens, num_speculative_tokens)
     layers = s.cache_layers()  # layers differ in K / V width (Gemma 4): counted at the widest
     return gpu_kv_tokens(p, fraction, share, num_arrays=2 * len(layers),
                          block_bytes=block_size * max(s.kv_heads_of(i) * s.head_dim_of(i) for i in layers)
@@ -192,7 +207,8 @@ def gpu_kv_tokens(p: MemoryProfile, fraction: float, share: float, *, num_arrays
         + ", lower --max-num-seqs, or set --kv-cache-tokens")
 
 
-def profile_memory(model: Model, block_size: int, max_num_seqs: int, max_num_batched_tokens: int) -> MemoryProfile:
+def profile_memory(model: Model, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
+                   num_speculative_tokens: int = 0) -> MemoryProfile:
     """The profile run (as vLLM's): a runner with the smallest KV cache runs the largest steps
     (ProgramRunner.profile), then our allocator's peak and the driver's view of the GPU say what
     a step needs and what others hold; the runner is dropped and its memory given back."""
@@ -201,10 +217,11 @@ def profile_memory(model: Model, block_size: int, max_num_seqs: int, max_num_bat
     dev = model.device
     runner = None
     try:
-        runner = ProgramRunner(model, ProgramRunner.profile_blocks(max_num_batched_tokens, max_num_seqs, block_size),
+        runner = ProgramRunner(model, ProgramRunner.profile_blocks(max_num_batched_tokens, max_num_seqs, block_size,
+                                                                   num_speculative_tokens),
                                block_size, max_num_seqs=max_num_seqs)
         kv = sum(_native.allocation_size(a.nbytes) for a in runner.caches.values())
-        step = runner.profile(max_num_batched_tokens, max_num_seqs)
+        step = runner.profile(max_num_batched_tokens, max_num_seqs, num_speculative_tokens)
         stats, mem = _native.allocator_stats(dev), _native.device_memory(dev)
     except OutOfMemoryError as e:  # not even the weights and one step fit beside what others hold
         raise OutOfMemoryError(

@@ -255,23 +255,35 @@ class ProgramRunner:
         return math.ceil(MAX_PAD / block_size)
 
     @staticmethod
-    def profile_blocks(max_num_batched_tokens: int, max_num_seqs: int, block_size: int) -> int:
+    def profile_blocks(max_num_batched_tokens: int, max_num_seqs: int, block_size: int,
+                       num_speculative_tokens: int = 0) -> int:
         """The KV blocks ``profile`` needs (beside the pad blocks)."""
-        return _profile_shape(max_num_batched_tokens, max_num_seqs, block_size)[2]
+        blocks = _profile_shape(max_num_batched_tokens, max_num_seqs, block_size)[2]
+        if num_speculative_tokens:
+            S, n = _spec_shape(max_num_batched_tokens, max_num_seqs, num_speculative_tokens)
+            blocks = max(blocks, S * -(-n // block_size))
+        return blocks
 
-    def profile(self, max_num_batched_tokens: int, max_num_seqs: int) -> int:
+    def profile(self, max_num_batched_tokens: int, max_num_seqs: int, num_speculative_tokens: int = 0) -> int:
         """The profile run: the largest steps an engine of these limits schedules, each run three
         times (eagerly, captured into a CUDA graph, replayed) so that the allocator sees all a
         step needs. One is a full token budget (a prefill chunk beside one decode token of every
-        other sequence, a logits row each), one a full decode batch. Returns the bytes the steps
+        other sequence, a logits row each), one a full decode batch, and with speculative decoding
+        a full verification batch (1 + num_speculative_tokens tokens per sequence, a logits row
+        each). Returns the bytes the steps
         took at their peak above what was allocated once their Programs were compiled (which
         uploads the weights): arenas, scratch, inputs. Resets the device's peak statistics. The
         runner's KV cache needs ``profile_blocks`` blocks; its contents are scratch after."""
-        need = self.profile_blocks(max_num_batched_tokens, max_num_seqs, self.block_size)
+        need = self.profile_blocks(max_num_batched_tokens, max_num_seqs, self.block_size, num_speculative_tokens)
         if need > self.num_blocks:
             raise InvalidArgumentError(f"the profile run needs {need} KV blocks, the runner has {self.num_blocks}",
                                        hint="make it with num_blocks=ProgramRunner.profile_blocks(...)")
         steps = _profile_steps(max_num_batched_tokens, max_num_seqs, self.block_size)
+        if num_speculative_tokens:
+            S, n = _spec_shape(max_num_batched_tokens, max_num_seqs, num_speculative_tokens)
+            per = -(-n // self.block_size)
+            steps.append(_step([n] * S, [list(range(i * per, (i + 1) * per)) for i in range(S)], self.block_size,
+                               all_rows=True))
         for step in steps:
             self._compile(*self.native.bucket_key(step, -1))
         device = self.model.device
@@ -307,9 +319,14 @@ def _profile_steps(max_num_batched_tokens: int, max_num_seqs: int, block_size: i
     return [mixed, decode]
 
 
-def _step(lens: list[int], tables: list[list[int]], block_size: int):
+def _spec_shape(max_num_batched_tokens: int, max_num_seqs: int, k: int) -> tuple[int, int]:
+    """(sequences, tokens each) of the largest verification step: 1 + k tokens per sequence."""
+    return max(min(max_num_seqs, max_num_batched_tokens // (1 + k)), 1), 1 + k
+
+
+def _step(lens: list[int], tables: list[list[int]], block_size: int, all_rows: bool = False):
     """A step of sequences starting at position 0, ``lens[s]`` tokens each, their last token's
-    logits row wanted."""
+    logits row wanted (every row's: ``all_rows``, a verification step)."""
     positions = np.concatenate([np.arange(n) for n in lens]).astype(np.int32)
     slots = np.concatenate([[t[p // block_size] * block_size + p % block_size for p in range(n)]
                             for n, t in zip(lens, tables)]).astype(np.int32)
@@ -317,4 +334,4 @@ def _step(lens: list[int], tables: list[list[int]], block_size: int):
     return _native.serve.StepInput.make(
         token_ids=np.zeros(len(positions), np.int32), positions=positions, slot_mapping=slots, cu_q=cu_q,
         context_lens=np.asarray(lens, np.int32), block_tables=np.asarray(tables, np.int32).reshape(-1),
-        logits_rows=cu_q[1:] - 1, block_size=block_size)
+        logits_rows=np.arange(len(positions), dtype=np.int32) if all_rows else cu_q[1:] - 1, block_size=block_size)

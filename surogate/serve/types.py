@@ -163,6 +163,23 @@ class EngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     enable_prefix_caching: bool = True
     eos_token_ids: list[int] = msgspec.field(default_factory=list)  # the model's end tokens
     seed: int | None = None  # base of the generators of unseeded requests; None = random
+    # Speculative decoding (kernels_native/serve/engine.h): None (off) or "ngram" (prompt
+    # lookup), drafting up to num_speculative_tokens tokens per step; the ngram method matches
+    # suffixes of prompt_lookup_min..prompt_lookup_max tokens (vLLM's names and defaults: 5 and
+    # 5 when neither is set, the other one's value when one is).
+    speculative_method: str | None = None
+    num_speculative_tokens: int | None = None
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
+    speculative_disable_by_batch_size: int | None = None  # no drafts while more sequences run
+
+    def __post_init__(self) -> None:
+        if self.speculative_method == "ngram":
+            lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+            if lo is None and hi is None:
+                lo = hi = 5
+            self.prompt_lookup_min = hi if lo is None else lo
+            self.prompt_lookup_max = lo if hi is None else hi
 
 
 class EngineStats(msgspec.Struct, kw_only=True):
@@ -184,4 +201,10 @@ class EngineStats(msgspec.Struct, kw_only=True):
     num_finished: int
     step_seconds: float  # engine wall time in steps (scheduling, the model, sampling, outputs)
     model_seconds: float  # of which in the model runner
+    # Speculative decoding: verification spans with drafts, draft tokens, accepted draft tokens,
+    # and accepted ones by draft position (acceptance rate = accepted / draft tokens).
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: list[int] = msgspec.field(default_factory=list)
     last_error: str | None
