@@ -16,7 +16,7 @@ namespace surogate::cpu {
 
 namespace {
 
-constexpr double kSerialMNK = 1 << 21;
+constexpr double kSerialMNK = 1 << 21;  // m*n*k below: ~4 MFLOP, tens of microseconds on one core
 constexpr int64_t kSmallM = 32;           // rows of A up to which a weight-streaming kernel runs
 constexpr int64_t kSmallMMinNK = 1 << 16;  // ... when B is at least this big
 
@@ -132,7 +132,7 @@ void gemm_small_m(bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, co
       for (int64_t m = 0; m < M; ++m) store(m, n, out[m]);
     }
   });
-}  // m*n*k below: ~4 MFLOP, tens of microseconds on one core
+}
 std::mutex g_blas_threads_mu;
 
 }  // namespace
