@@ -259,12 +259,27 @@ class OutputProcessor:
                 decode_logprobs(tok, out.logprobs)
             if out.prompt_logprobs is not None:
                 decode_logprobs(tok, out.prompt_logprobs)
-            text = self._detok.push(visible)
-            if finish_reason is not None:
-                text += self._detok.flush()
-            text = self._stop.push(text)
+            # Several tokens in one output (a speculative step's accepted run) and stop strings to
+            # watch: one token at a time, so the answer ends at the token that completes the string
+            # (the tokens after it are not the answer's, nor counted), as plain decoding ends there.
+            pieces = [[t] for t in visible] if self._stop.stop and len(visible) > 1 else [visible]
+            text, used = "", 0
+            for k, piece in enumerate(pieces):
+                delta = self._detok.push(piece)
+                if finish_reason is not None and k == len(pieces) - 1:
+                    delta += self._detok.flush()
+                text += self._stop.push(delta)
+                used += len(piece)
+                if self._stop.matched is not None:
+                    break
             if self._stop.matched is not None:
                 finish_reason, out.stop_reason = "stop", self._stop.matched
+                if used < len(ids):
+                    self.num_tokens -= len(ids) - used
+                    out.num_output_tokens -= len(ids) - used
+                    out.new_token_ids = list(ids[:used])
+                    if out.logprobs is not None:
+                        out.logprobs = out.logprobs[:used]
             elif finish_reason is not None:
                 text += self._stop.flush()
             if self.parser is None:

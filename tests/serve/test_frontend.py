@@ -217,6 +217,23 @@ def test_a_parsers_special_tags_stay_in_the_text_while_other_specials_are_skippe
     assert "".join(d.content for d in plain) == 'Sure .get_weather{"city": "Paris"}'
 
 
+def test_a_stop_string_inside_a_multi_token_output_ends_the_answer_at_its_token(chatml):
+    """A speculative step hands several accepted tokens at once: a stop string completed by one of
+    them ends the answer there, as plain decoding would (the later tokens are neither returned nor
+    counted), and the text equals the one-token-at-a-time run's."""
+    text = "alpha beta STOP gamma delta epsilon"
+    ids = chatml.encode(text, add_special_tokens=False)
+    opts = SamplingParams(stop=["STOP"], logprobs=0)
+    plain, one = run(chatml, ids, opts, batch=1)
+    spec, many = run(chatml, ids, opts, batch=len(ids))
+    assert "".join(d.content for d in many) == "".join(d.content for d in one) == "alpha beta "
+    assert spec.num_tokens == plain.num_tokens < len(ids)
+    assert [t for d in many for t in d.new_token_ids] == [t for d in one for t in d.new_token_ids]
+    at_once = OutputProcessor(chatml, opts).step(ids, [TokenLogprob(t, -0.5, 1) for t in ids], "length")
+    assert len(at_once.logprobs) == len(at_once.new_token_ids) == at_once.num_output_tokens == plain.num_tokens
+    assert many[-1].finish_reason == "stop" and many[-1].stop_reason == "STOP"
+
+
 def test_prompt_logprobs_entries(chatml):
     ids = chatml.encode("Hello world", add_special_tokens=False)
     entries = decode_logprobs(chatml, [None, *[TokenLogprob(i, -1.0, 1) for i in ids[1:]]])
