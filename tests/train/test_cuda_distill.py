@@ -12,19 +12,15 @@ pytestmark = pytest.mark.cuda
 if not (_native.build_info()["cuda"] and _native.cuda_devices()):
     pytest.skip("no CUDA build or no GPU", allow_module_level=True)
 
+from sgtest.distill import distill_config  # noqa: E402
 from sgtest.qa import step_records, write_qa  # noqa: E402
 from sgtest.tiny_models import make_qwen3  # noqa: E402
-from surogate.config import load_config  # noqa: E402
 from surogate.train.distill import DistillTrainer  # noqa: E402
 
 
 def config(student, teacher, data, out, **kw):
-    c = {"model": str(student), "output_dir": str(out), "datasets": [{"path": str(data), "type": "messages"}],
-         "distillation": {"teacher_model": str(teacher), "top_k": 4, "kd_weight": 0.7, "ce_weight": 0.3},
-         "sequence_len": 64, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 2, "recipe": "fp32",
-         "learning_rate": 1e-2, "lr_scheduler_type": "constant", "max_steps": 5, "lora_rank": 8, "lora_alpha": 16,
-         "save_steps": 0, "eval_steps": 0, "seed": 7, **kw}
-    return load_config(c, kind="distill")
+    kw.setdefault("max_steps", 5)
+    return distill_config(student, teacher, data, out, **kw)
 
 
 def test_distill_on_cuda_follows_the_cpu_curve(tmp_path):

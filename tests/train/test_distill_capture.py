@@ -17,9 +17,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from sgtest.distill import distill_config  # noqa: E402
 from sgtest.qa import step_records, write_qa  # noqa: E402
 from sgtest.tiny_models import make_llama, make_qwen3  # noqa: E402
-from surogate.config import load_config  # noqa: E402
 from surogate.errors import ConfigError, FileFormatError  # noqa: E402
 from surogate.train import distill_capture  # noqa: E402
 from surogate.train.distill import DistillTrainer  # noqa: E402
@@ -42,14 +42,9 @@ def data(tmp_path_factory):
 
 
 def config(student, teacher, data, out, capture_dir=None, **kw):
-    c = {"model": str(student), "output_dir": str(out), "datasets": [{"path": str(data), "type": "messages"}],
-         "sequence_len": 64, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 2, "recipe": "fp32",
-         "learning_rate": 1e-2, "lr_scheduler_type": "constant", "max_steps": 4, "lora_rank": 8, "lora_alpha": 16,
-         "save_steps": 0, "eval_steps": 0, "seed": 7,
-         "distillation": {"teacher_model": str(teacher), "top_k": 4, "kd_weight": 0.7, "ce_weight": 0.3,
-                          **({"teacher_logprobs": str(capture_dir)} if capture_dir else {})}}
-    c.update(kw)
-    return load_config(c, kind="distill")
+    kw.setdefault("max_steps", 4)
+    return distill_config(student, teacher, data, out, **kw,
+                          distillation={"teacher_logprobs": str(capture_dir)} if capture_dir else None)
 
 
 @pytest.fixture(scope="module")
