@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 
 from surogate.serve.parsers.base import ToolCallDelta, held_prefix
+from surogate.serve.parsers.tool_calls import StepwiseToolParser
 
 MESSAGE, START, CHANNEL = "<|message|>", "<|start|>", "<|channel|>"
 ENDS = ("<|end|>", "<|call|>", "<|return|>")
@@ -118,59 +119,53 @@ class HarmonyReasoningParser:
             content.append(piece)
 
 
-class HarmonyToolParser:
-    tags = (CHANNEL, "<|call|>")
+class HarmonyToolParser(StepwiseToolParser):
     """Calls in the canonical form HarmonyReasoningParser writes; ``functions.`` is dropped from the
     name (the template adds it). Other recipients (``browser.search``, ``python``: built-in tools)
     are calls by their full name."""
 
+    tags = (CHANNEL, "<|call|>")
+
     def __init__(self):
-        self._buf = ""
-        self._calls = 0
+        super().__init__()
         self._in_call = False
-        self._name = ""
         self._named = False
 
-    @property
-    def num_calls(self) -> int:
-        return self._calls
-
     def feed(self, text: str) -> tuple[str, list[ToolCallDelta]]:
-        self._buf += text
-        content: list[str] = []
-        calls: list[ToolCallDelta] = []
-        while self._buf:
-            if not self._in_call:
-                at = self._buf.find(CALL_HEAD)
-                if at < 0:
-                    keep = held_prefix(self._buf, CALL_HEAD)
-                    content.append(self._buf[:len(self._buf) - keep])
-                    self._buf = self._buf[len(self._buf) - keep:]
-                    break
-                content.append(self._buf[:at])
-                self._buf, self._in_call, self._named = self._buf[at + len(CALL_HEAD):], True, False
-                continue
-            if not self._named:
-                at = self._buf.find(MESSAGE)
-                if at < 0:
-                    break
-                name = self._buf[:at].strip()
-                self._name = name.removeprefix("functions.")
-                calls.append(ToolCallDelta(self._calls, name=self._name))
-                self._buf, self._named = self._buf[at + len(MESSAGE):], True
-                continue
-            at = self._buf.find("<|call|>")
+        content, calls = super().feed(text)
+        return content, _merge(calls)
+
+    def _step(self, content: list[str], calls: list[ToolCallDelta]) -> bool:
+        buf = self._buf
+        if not self._in_call:
+            at = buf.find(CALL_HEAD)
             if at < 0:
-                keep = held_prefix(self._buf, "<|call|>")
-                if len(self._buf) > keep:
-                    calls.append(ToolCallDelta(self._calls, arguments=self._buf[:len(self._buf) - keep]))
-                self._buf = self._buf[len(self._buf) - keep:]
-                break
-            if at:
-                calls.append(ToolCallDelta(self._calls, arguments=self._buf[:at]))
-            self._buf, self._in_call = self._buf[at + len("<|call|>"):], False
-            self._calls += 1
-        return "".join(content), _merge(calls)
+                keep = held_prefix(buf, CALL_HEAD)
+                content.append(buf[:len(buf) - keep])
+                self._buf = buf[len(buf) - keep:]
+                return False
+            content.append(buf[:at])
+            self._buf, self._in_call, self._named = buf[at + len(CALL_HEAD):], True, False
+            return True
+        if not self._named:
+            at = buf.find(MESSAGE)
+            if at < 0:
+                return False
+            calls.append(ToolCallDelta(self._calls, name=buf[:at].strip().removeprefix("functions.")))
+            self._buf, self._named = buf[at + len(MESSAGE):], True
+            return True
+        at = buf.find("<|call|>")
+        if at < 0:
+            keep = held_prefix(buf, "<|call|>")
+            if len(buf) > keep:
+                calls.append(ToolCallDelta(self._calls, arguments=buf[:len(buf) - keep]))
+            self._buf = buf[len(buf) - keep:]
+            return False
+        if at:
+            calls.append(ToolCallDelta(self._calls, arguments=buf[:at]))
+        self._buf, self._in_call = buf[at + len("<|call|>"):], False
+        self._calls += 1
+        return True
 
     def finish(self) -> tuple[str, list[ToolCallDelta]]:
         buf, self._buf = self._buf, ""
