@@ -30,4 +30,17 @@ inline void add_op(OpRegistry& reg, const char* name, OpFn fn, std::initializer_
   add_kernel(reg, DeviceType::kCPU, name, fn, dtypes);
 }
 
+// A MoE op's per-expert row offsets: 0 .. M, non-decreasing (what moe_permute makes).
+inline Status check_offset_values(const char* op, const int32_t* off, int64_t E, int64_t M) {
+  SG_CHECK(off[0] == 0 && off[E] == M, StatusCode::kInvalidArgument,
+           str_cat(op, ": offsets run from ", off[0], " to ", off[E], ", expected 0 to M = ", M),
+           "pass the offsets moe_permute made for these rows");
+  for (int64_t e = 0; e < E; ++e) {
+    SG_CHECK(off[e] <= off[e + 1], StatusCode::kInvalidArgument,
+             str_cat(op, ": offsets[", e, "] = ", off[e], " > offsets[", e + 1, "] = ", off[e + 1]),
+             "pass the offsets moe_permute made for these rows");
+  }
+  return Status::OK();
+}
+
 }  // namespace surogate::cpu

@@ -255,18 +255,6 @@ Status moe_unpermute_bwd(const OpArgs& a) {
 
 // ---- grouped GEMM -----------------------------------------------------------------------------
 
-Status check_offset_values(const char* op, const int32_t* off, int64_t E, int64_t M) {
-  SG_CHECK(off[0] == 0 && off[E] == M, StatusCode::kInvalidArgument,
-           str_cat(op, ": offsets run from ", off[0], " to ", off[E], ", expected 0 to M = ", M),
-           "pass the offsets moe_permute made for these rows");
-  for (int64_t e = 0; e < E; ++e) {
-    SG_CHECK(off[e] <= off[e + 1], StatusCode::kInvalidArgument,
-             str_cat(op, ": offsets[", e, "] = ", off[e], " > offsets[", e + 1, "] = ", off[e + 1]),
-             "pass the offsets moe_permute made for these rows");
-  }
-  return Status::OK();
-}
-
 // n contiguous elements of dtype dt as f32: the data itself when it is f32, else widened into buf.
 const float* as_f32(const void* src, DType dt, int64_t n, std::vector<float>* buf) {
   if (dt == DType::kF32) return static_cast<const float*>(src);
