@@ -218,7 +218,8 @@ def test_anthropic_tool_choice_any_and_tool_yield_a_valid_call(server, choice):
               "input_schema": t["function"]["parameters"]} for t in (WEATHER, TIME)]
     for seed_prompt in ["What time is it in Tokyo?", "Tell me a joke."]:
         m = c.messages.create(model=MODEL, max_tokens=100, messages=[{"role": "user", "content": seed_prompt}],
-                              tools=tools, tool_choice=choice)
+                              tools=tools, tool_choice=choice,
+                              extra_body={"temperature": 0})  # the SDK (2.x) dropped the argument; the API keeps it
         uses = [b for b in m.content if b.type == "tool_use"]
         assert m.stop_reason == "tool_use" and uses, m
         for u in uses:
