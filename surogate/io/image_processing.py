@@ -1,8 +1,10 @@
 """The pixel values a vision model reads, computed as the Hugging Face processors compute them.
 
 Three processors, each built from the JSON config a model folder ships and equal to transformers'
-own to the last float32 bit where transformers uses Pillow (its PIL/numpy backend, the one that
-runs without torchvision):
+own to the last float32 bit. transformers has two backends: PIL/numpy (``...Pil`` classes, what
+it runs without torchvision) and torchvision (what it picks when torchvision is installed: torch's
+uint8 resize kernel and a fused float32 normalize). ``backend="pil"`` (the default) equals the
+first, ``backend="torchvision"`` the second on an x86 CPU (``image_resize.resize_like_torch``):
 
 - ``Gemma3ImageProcessor`` (``preprocessor_config.json``; transformers' ``Gemma3ImageProcessorPil``):
   RGB, optional pan-and-scan crops, resize to a square, rescale, normalize -> ``[N, 3, S, S]``.
@@ -13,13 +15,11 @@ runs without torchvision):
 - ``QwenVLVideoProcessor`` (Qwen3-VL videos; ``video_preprocessor_config.json``;
   ``Qwen3VLVideoProcessor``): frame sampling by fps or count, one resize for the whole clip,
   temporal patches -> ``pixel_values_videos``, ``video_grid_thw`` and each temporal patch's time.
-  transformers runs this one only with torchvision, so its resize here is torch's uint8 bicubic
-  kernel written in numpy (``resize_bicubic_like_torch``: Pillow's filter with int16 weights, a few
-  pixels one level away from Pillow's own), equal to ``torch.nn.functional.interpolate``'s output.
+  transformers has this one only on torchvision, so it always takes that backend.
 
-Arrays are channels-last uint8 until the rescale, as in transformers (its resize goes through a
-uint8 PIL image), so every step is the same operation on the same dtype. Shape letters: N images,
-F frames, C channels (3), T temporal_patch_size, P patch_size, M merge_size, S the square side.
+Arrays are channels-last uint8 until the rescale, as in transformers (both backends resize uint8
+pixels), so every step is the same operation on the same dtype. Shape letters: N images, F frames,
+C channels (3), T temporal_patch_size, P patch_size, M merge_size, S the square side.
 The file holds the three processors and their shared steps; it is past ~400 lines for that reason.
 """
 
@@ -36,6 +36,9 @@ from PIL import Image
 
 from surogate.errors import ConfigError, InvalidArgumentError
 from surogate.io.hf_folder import read_json
+from surogate.io.image_resize import resize_like_torch, resize_pil
+
+BACKENDS = ("pil", "torchvision")
 
 IMAGE_CONFIG = "preprocessor_config.json"
 VIDEO_CONFIG = "video_preprocessor_config.json"
@@ -68,7 +71,8 @@ def to_rgb(image: ImageLike) -> np.ndarray:
     if image.ndim == 2:
         image = image[..., None]
     if image.ndim != 3 or image.shape[-1] not in (1, 3, 4):
-        raise InvalidArgumentError(f"an image array must be [H, W], [H, W, 1], [H, W, 3] or [H, W, 4]; got {image.shape}",
+        raise InvalidArgumentError(f"an image array must be [H, W], [H, W, 1], [H, W, 3] or [H, W, 4]; "
+                                   f"got {image.shape}",
                                    hint="pass one frame, channels last")
     if image.shape[-1] == 1:
         return np.repeat(image, 3, axis=-1)
@@ -78,77 +82,31 @@ def to_rgb(image: ImageLike) -> np.ndarray:
     return image
 
 
-def resize(rgb: np.ndarray, height: int, width: int, resample: Image.Resampling) -> np.ndarray:
-    """``rgb`` [H, W, 3] uint8 resized by Pillow, as transformers' ``image_transforms.resize``."""
-    return np.asarray(Image.fromarray(rgb).resize((width, height), resample=resample))
+def resize(pixels: np.ndarray, height: int, width: int, spec: "PixelSpec") -> np.ndarray:
+    """``pixels`` [..., H, W, 3] uint8 (one image or a stack of frames) resized by the backend's kernel."""
+    if spec.backend == "torchvision":
+        return resize_like_torch(pixels, height, width, spec.resample)
+    if pixels.ndim == 3:
+        return resize_pil(pixels, height, width, spec.resample)
+    return np.stack([resize_pil(p, height, width, spec.resample) for p in pixels])
 
 
-def _keys_cubic(x: np.ndarray) -> np.ndarray:
-    # The antialiasing bicubic filter (a = -0.5, as Pillow), in torch's operation order (UpSample.h).
-    a, x = -0.5, np.abs(x)
-    near = ((a + 2) * x - (a + 3)) * x * x + 1
-    far = ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
-    return np.where(x < 1, near, np.where(x < 2, far, 0.0))
-
-
-def _torch_u8_taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """One axis of torch's uint8 antialiased bicubic: source indices [out, K], int16-valued weights
-    [out, K] and their fixed-point precision (``_compute_index_ranges_int16_weights`` in ATen's
-    UpSampleKernel.cpp: Pillow's support and centring, weights normalized in float64, then scaled to
-    the most bits under which the largest weight still fits an int16)."""
-    scale = in_size / out_size
-    support = 2.0 * scale if scale >= 1.0 else 2.0
-    taps = int(math.ceil(support)) * 2 + 1
-    invscale = 1.0 / scale if scale >= 1.0 else 1.0
-    center = scale * (np.arange(out_size) + 0.5)
-    xmin = np.maximum((center - support + 0.5).astype(np.int64), 0)  # C casts truncate; the values are >= 0 here
-    xsize = np.clip(np.minimum((center + support + 0.5).astype(np.int64), in_size) - xmin, 0, taps)
-    k = np.arange(taps)
-    valid = k[None, :] < xsize[:, None]
-    w = np.where(valid, _keys_cubic((k[None, :] + xmin[:, None] - center[:, None] + 0.5) * invscale), 0.0)
-    total = np.zeros(out_size)
-    for j in range(taps):  # summed tap by tap, as the C loop does
-        total += w[:, j]
-    w = np.where(total[:, None] != 0, w / np.where(total == 0, 1, total)[:, None], w)
-    wt_max = w.max()
-    precision = 0
-    while precision < 22 and int(0.5 + wt_max * (1 << (precision + 1))) < (1 << 15):
-        precision += 1
-    v = w * (1 << precision)
-    w16 = np.where(v < 0, np.trunc(-0.5 + v), np.trunc(0.5 + v)).astype(np.int32)
-    index = np.minimum(xmin[:, None] + k[None, :], in_size - 1)
-    return index, np.where(valid, w16, 0), precision
-
-
-def _torch_u8_pass(x: np.ndarray, axis: int, out_size: int) -> np.ndarray:
-    index, w, precision = _torch_u8_taps(x.shape[axis], out_size)
-    acc = np.full(x.shape[:axis] + (out_size,) + x.shape[axis + 1:], 1 << (precision - 1), dtype=np.int32)
-    shape = [1] * x.ndim
-    shape[axis] = out_size
-    for j in range(index.shape[1]):
-        acc += np.take(x, index[:, j], axis=axis).astype(np.int32) * w[:, j].reshape(shape)
-    return np.clip(acc >> precision, 0, 255).astype(np.uint8)
-
-
-def resize_bicubic_like_torch(frames: np.ndarray, height: int, width: int) -> np.ndarray:
-    """``frames`` [..., H, W, C] uint8 resized as torchvision resizes uint8 tensors with BICUBIC on CPU
-    (``interpolate(mode="bicubic", antialias=True)``'s native uint8 kernel): width pass, then height
-    pass, each an integer dot product rounded and clamped. Pillow's filter, with fewer weight bits,
-    so a few pixels land one level away from ``Image.resize``."""
-    if frames.shape[-2] != width:
-        frames = _torch_u8_pass(frames, frames.ndim - 2, width)
-    if frames.shape[-3] != height:
-        frames = _torch_u8_pass(frames, frames.ndim - 3, height)
-    return frames
-
-
-def rescale_normalize(rgb: np.ndarray, spec: "PixelSpec") -> np.ndarray:
-    """``[..., 3]`` uint8 -> float32, in the PIL backend's order: rescale in float64, then normalize in float32."""
-    x = rgb.astype(np.float64) * spec.rescale_factor if spec.do_rescale else rgb
+def rescale_normalize(pixels: np.ndarray, spec: "PixelSpec") -> np.ndarray:
+    """``[..., 3]`` uint8 -> float32 in the backend's arithmetic."""
+    mean, std = np.asarray(spec.image_mean, np.float32), np.asarray(spec.image_std, np.float32)
+    if spec.backend == "torchvision":
+        # Fused: (x - mean / rescale_factor) / (std / rescale_factor), all float32 (TorchvisionBackend).
+        x = pixels.astype(np.float32)
+        if spec.do_rescale and spec.do_normalize:
+            scale = np.float32(1.0 / spec.rescale_factor)
+            return (x - mean * scale) / (std * scale)
+        if spec.do_normalize:
+            return (x - mean) / std
+        return x * np.float32(spec.rescale_factor) if spec.do_rescale else x
+    # PIL backend: rescale in float64, cast, then normalize in float32.
+    x = pixels.astype(np.float64) * spec.rescale_factor if spec.do_rescale else pixels
     x = x.astype(np.float32)
-    if spec.do_normalize:
-        x = (x - np.asarray(spec.image_mean, np.float32)) / np.asarray(spec.image_std, np.float32)
-    return x
+    return (x - mean) / std if spec.do_normalize else x
 
 
 @dataclass(frozen=True)
@@ -162,6 +120,7 @@ class PixelSpec:
     do_normalize: bool
     image_mean: tuple[float, float, float]
     image_std: tuple[float, float, float]
+    backend: str = "pil"
 
 
 # --- config reading --------------------------------------------------------------------------------
@@ -222,11 +181,17 @@ class _Keys:
             raise self.error("resample", "must be a PIL filter number (0 nearest, 1 lanczos, 2 bilinear, 3 bicubic, "
                                          "4 box, 5 hamming)") from None
 
-    def pixel_spec(self, resample: Image.Resampling, mean: tuple, std: tuple) -> PixelSpec:
-        return PixelSpec(resample=self.resample(resample), do_resize=self.bool("do_resize", True),
+    def pixel_spec(self, resample: Image.Resampling, mean: tuple, std: tuple, backend: str) -> PixelSpec:
+        if backend not in BACKENDS:
+            raise InvalidArgumentError(f"image processing backend {backend!r}: expected one of {', '.join(BACKENDS)}",
+                                       hint="'pil' is transformers' PIL backend, 'torchvision' its torchvision one")
+        spec = PixelSpec(resample=self.resample(resample), do_resize=self.bool("do_resize", True),
                          do_rescale=self.bool("do_rescale", True), rescale_factor=self.float("rescale_factor", 1 / 255),
                          do_normalize=self.bool("do_normalize", True), image_mean=self.triple("image_mean", mean),
-                         image_std=self.triple("image_std", std))
+                         image_std=self.triple("image_std", std), backend=backend)
+        if backend == "torchvision" and spec.resample not in (Image.Resampling.BILINEAR, Image.Resampling.BICUBIC):
+            raise self.error("resample", "must be 2 (bilinear) or 3 (bicubic) with the torchvision backend")
+        return spec
 
     def pixel_bounds(self, default_min: int, default_max: int) -> tuple[int, int]:
         """Qwen's min/max pixels: ``size`` {shortest_edge, longest_edge}, overridden by top-level min/max_pixels."""
@@ -282,9 +247,10 @@ class Gemma3ImageProcessor:
     pan_and_scan_min_crop_size: int = 256
     pan_and_scan_max_num_crops: int = 4
     pan_and_scan_min_ratio_to_activate: float = 1.2
+    image_seq_length: int = 256  # soft tokens per view (image or crop) in the prompt: Gemma3Processor's
 
     @classmethod
-    def from_config(cls, config: dict, *, source: str = IMAGE_CONFIG) -> "Gemma3ImageProcessor":
+    def from_config(cls, config: dict, *, source: str = IMAGE_CONFIG, backend: str = "pil") -> "Gemma3ImageProcessor":
         # Defaults: transformers' class attributes, and Gemma3Processor's for the keys Gemma's files leave null.
         # HF's class default size is 224; every Gemma 3 checkpoint ships 896 (its SigLIP tower's image_size).
         keys = _Keys(config, source)
@@ -292,17 +258,18 @@ class Gemma3ImageProcessor:
         if not isinstance(size, dict) or not all(isinstance(size.get(k), int) and size[k] > 0
                                                  for k in ("height", "width")):
             raise keys.error("size", "must be an object {height, width} of positive integers")
-        return cls(spec=keys.pixel_spec(Image.Resampling.BILINEAR, STANDARD_MEAN, STANDARD_STD),
+        return cls(spec=keys.pixel_spec(Image.Resampling.BILINEAR, STANDARD_MEAN, STANDARD_STD, backend),
                    height=size["height"], width=size["width"],
                    do_pan_and_scan=keys.bool("do_pan_and_scan", False),
                    pan_and_scan_min_crop_size=keys.int("pan_and_scan_min_crop_size", 256),
                    pan_and_scan_max_num_crops=keys.int("pan_and_scan_max_num_crops", 4),
-                   pan_and_scan_min_ratio_to_activate=keys.float("pan_and_scan_min_ratio_to_activate", 1.2))
+                   pan_and_scan_min_ratio_to_activate=keys.float("pan_and_scan_min_ratio_to_activate", 1.2),
+                   image_seq_length=keys.int("image_seq_length", 256))
 
     @classmethod
-    def from_folder(cls, path: str | os.PathLike) -> "Gemma3ImageProcessor":
+    def from_folder(cls, path: str | os.PathLike, *, backend: str = "pil") -> "Gemma3ImageProcessor":
         config, source = _folder_config(path, IMAGE_CONFIG)
-        return cls.from_config(config, source=source)
+        return cls.from_config(config, source=source, backend=backend)
 
     def pan_and_scan(self, rgb: np.ndarray) -> list[np.ndarray]:
         """The crops of ``rgb`` [H, W, 3] (none when it is not elongated enough), row-major as HF orders them."""
@@ -327,9 +294,11 @@ class Gemma3ImageProcessor:
             views += [rgb, *crops]
             num_crops.append(len(crops))
         out = []
+        # transformers' torchvision Gemma 3 resizes pan-and-scan views even with do_resize false.
+        do_resize = self.spec.do_resize or (self.do_pan_and_scan and self.spec.backend == "torchvision")
         for view in views:
-            if self.spec.do_resize:
-                view = resize(view, self.height, self.width, self.spec.resample)
+            if do_resize:
+                view = resize(view, self.height, self.width, self.spec)
             elif view.shape[:2] != views[0].shape[:2]:
                 raise InvalidArgumentError(f"images of different sizes ({view.shape[:2]} and {views[0].shape[:2]}) "
                                            "cannot be batched with do_resize false",
@@ -396,18 +365,19 @@ class QwenVLImageProcessor:
     merge_size: int = 2
 
     @classmethod
-    def from_config(cls, config: dict, *, source: str = IMAGE_CONFIG) -> "QwenVLImageProcessor":
+    def from_config(cls, config: dict, *, source: str = IMAGE_CONFIG, backend: str = "pil") -> "QwenVLImageProcessor":
         # Defaults: transformers' Qwen2VLImageProcessor class attributes (Qwen3-VL's file sets its own).
         keys = _Keys(config, source)
         lo, hi = keys.pixel_bounds(cls.min_pixels, cls.max_pixels)
-        return cls(spec=keys.pixel_spec(Image.Resampling.BICUBIC, CLIP_MEAN, CLIP_STD), min_pixels=lo, max_pixels=hi,
+        return cls(spec=keys.pixel_spec(Image.Resampling.BICUBIC, CLIP_MEAN, CLIP_STD, backend),
+                   min_pixels=lo, max_pixels=hi,
                    patch_size=keys.int("patch_size", 14), temporal_patch_size=keys.int("temporal_patch_size", 2),
                    merge_size=keys.int("merge_size", 2))
 
     @classmethod
-    def from_folder(cls, path: str | os.PathLike) -> "QwenVLImageProcessor":
+    def from_folder(cls, path: str | os.PathLike, *, backend: str = "pil") -> "QwenVLImageProcessor":
         config, source = _folder_config(path, IMAGE_CONFIG)
-        return cls.from_config(config, source=source)
+        return cls.from_config(config, source=source, backend=backend)
 
     @property
     def factor(self) -> int:
@@ -437,7 +407,7 @@ class QwenVLImageProcessor:
                                            f"patch_size * merge_size = {self.factor} and do_resize is false",
                                            hint="set do_resize true in the processor config")
             if self.spec.do_resize:
-                rgb = resize(rgb, h, w, self.spec.resample)
+                rgb = resize(rgb, h, w, self.spec)
             x = rescale_normalize(rgb, self.spec)
             # One image is one temporal patch: the frame repeated T times.
             frames = np.broadcast_to(x, (self.temporal_patch_size, *x.shape))
@@ -502,10 +472,10 @@ class QwenVLVideoProcessor:
 
     @classmethod
     def from_config(cls, config: dict, *, source: str = VIDEO_CONFIG) -> "QwenVLVideoProcessor":
-        # Defaults: transformers' Qwen3VLVideoProcessor class attributes.
+        # Defaults: transformers' Qwen3VLVideoProcessor class attributes; it exists only on torchvision.
         keys = _Keys(config, source)
         lo, hi = keys.pixel_bounds(cls.min_pixels, cls.max_pixels)
-        return cls(spec=keys.pixel_spec(Image.Resampling.BICUBIC, STANDARD_MEAN, STANDARD_STD),
+        return cls(spec=keys.pixel_spec(Image.Resampling.BICUBIC, STANDARD_MEAN, STANDARD_STD, "torchvision"),
                    min_pixels=lo, max_pixels=hi, patch_size=keys.int("patch_size", 16),
                    temporal_patch_size=keys.int("temporal_patch_size", 2), merge_size=keys.int("merge_size", 2),
                    fps=keys.float("fps", 2.0), num_frames=keys.int("num_frames", None),
@@ -558,14 +528,12 @@ class QwenVLVideoProcessor:
                                 int(self.min_pixels * 1.05))
                 max_pixels = per_frame * n
             h, w = video_smart_resize(n, height, width, t, factor, self.min_pixels, max_pixels)
-            if self.spec.resample == Image.Resampling.BICUBIC:
-                stack = resize_bicubic_like_torch(stack, h, w)
-            elif (h, w) != (height, width):  # other filters: Pillow's, close to torchvision's but not equal
-                stack = np.stack([resize(f, h, w, self.spec.resample) for f in stack])
+            stack = resize(stack, h, w, self.spec)
         elif height % factor or width % factor:
-            raise InvalidArgumentError(f"video frames of {width}x{height} are not a multiple of patch_size * merge_size "
-                                       f"= {factor} and do_resize is false", hint="set do_resize true in the config")
-        x = self._rescale_normalize(stack)
+            raise InvalidArgumentError(f"video frames of {width}x{height} are not a multiple of patch_size * "
+                                       f"merge_size = {factor} and do_resize is false",
+                                       hint="set do_resize true in the config")
+        x = rescale_normalize(stack, self.spec)
         if pad := -n % t:  # the last frame repeated to fill the last temporal patch
             x = np.concatenate([x, np.repeat(x[-1:], pad, axis=0)])
         grid = (len(x) // t, x.shape[1] // self.patch_size, x.shape[2] // self.patch_size)
@@ -576,7 +544,8 @@ class QwenVLVideoProcessor:
     def _frames(self, frames: Sequence[ImageLike] | np.ndarray) -> np.ndarray:
         if isinstance(frames, np.ndarray) and frames.ndim == 4:
             if frames.dtype != np.uint8 or frames.shape[-1] != 3:
-                raise InvalidArgumentError(f"video frames must be [F, H, W, 3] uint8, got {frames.shape} {frames.dtype}",
+                raise InvalidArgumentError(f"video frames must be [F, H, W, 3] uint8, got {frames.shape} "
+                                           f"{frames.dtype}",
                                            hint="decode the video to RGB uint8 frames, channels last")
             stack = frames
         else:
@@ -588,14 +557,3 @@ class QwenVLVideoProcessor:
         if len(stack) == 0:
             raise InvalidArgumentError("a video with no frames", hint="pass at least temporal_patch_size frames")
         return stack
-
-    def _rescale_normalize(self, stack: np.ndarray) -> np.ndarray:
-        # transformers' torchvision backend fuses the two: (x - mean / factor) / (std / factor), in float32.
-        s = self.spec
-        x = stack.astype(np.float32)
-        if s.do_rescale and s.do_normalize:
-            scale = np.float32(1.0 / s.rescale_factor)
-            return (x - np.asarray(s.image_mean, np.float32) * scale) / (np.asarray(s.image_std, np.float32) * scale)
-        if s.do_normalize:
-            return (x - np.asarray(s.image_mean, np.float32)) / np.asarray(s.image_std, np.float32)
-        return x * np.float32(s.rescale_factor) if s.do_rescale else x

@@ -16,6 +16,7 @@ Frames, grids, timestamps and pixel values match it bit for bit.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -33,9 +34,9 @@ from surogate.io.image_processing import (  # noqa: E402
     QwenVLImageProcessor,
     QwenVLVideoProcessor,
     num_placeholder_tokens,
-    resize_bicubic_like_torch,
     to_rgb,
 )
+from surogate.io.image_resize import resize_like_torch  # noqa: E402
 
 # Gemma 3's preprocessor_config.json as the checkpoints ship it (gemma-3-4b-it), nulls included.
 GEMMA3_CONFIG = {
@@ -102,7 +103,7 @@ def test_gemma3_default_config_matches_transformers_at_896(tmp_path):
     image = random_image(rng, 301, 217, "RGBA")
     (tmp_path / "preprocessor_config.json").write_text(json.dumps(GEMMA3_CONFIG))
     proc = Gemma3ImageProcessor.from_folder(tmp_path)
-    assert (proc.height, proc.width, proc.do_pan_and_scan) == (896, 896, False)
+    assert (proc.height, proc.width, proc.do_pan_and_scan, proc.image_seq_length) == (896, 896, False, 256)
     batch = proc([image])
     want, crops = hf_gemma3(GEMMA3_CONFIG, [image])
     assert batch.pixel_values.shape == (1, 3, 896, 896) and batch.pixel_values.dtype == np.float32
@@ -164,7 +165,8 @@ def test_qwen_images_match_transformers(name, config, images):
     merge = config["merge_size"]
     for image, row in zip(images, grid):
         n = proc.num_image_tokens(image.height, image.width)
-        assert n == num_placeholder_tokens(row, merge) == hf.get_number_of_image_patches(image.height, image.width) // merge**2
+        hf_n = hf.get_number_of_image_patches(image.height, image.width) // merge**2
+        assert n == num_placeholder_tokens(row, merge) == hf_n
 
 
 def test_qwen_patch_rows_follow_the_merge_blocks():
@@ -183,23 +185,26 @@ def test_qwen_patch_rows_follow_the_merge_blocks():
     assert (pixels == pixels[:, :1]).all()
 
 
-# --- Qwen3-VL video --------------------------------------------------------------------------------
+# --- transformers' torchvision backend, run from its source --------------------------------------
 
 class _TorchvisionBackendStandIn:
-    """The two methods Qwen3VLVideoProcessor takes from transformers' TorchvisionBackend."""
+    """The methods transformers' torchvision-backend processors take from ``TorchvisionBackend``,
+    written from it and from torchvision's ``resize_image`` and ``normalize``."""
 
     def __init__(self, **kwargs):
         for key, value in kwargs.items():
             setattr(self, key, value)
 
     def resize(self, image, size, resample, **kwargs):
-        assert int(resample) == 3 and image.dtype == torch.uint8  # bicubic on uint8 frames
+        mode = {2: "bilinear", 3: "bicubic"}[int(resample)]
+        assert image.dtype == torch.uint8
         shape = image.shape
         if (size.height, size.width) == tuple(shape[-2:]):
             return image
-        # torchvision's resize_image on CPU: uint8 bicubic is native, antialiased, align_corners False.
+        # torchvision's resize_image on CPU: uint8 in, the native uint8 kernel (bicubic always, bilinear on
+        # AVX2 / AVX512 CPUs), antialiased, align_corners False.
         out = torch.nn.functional.interpolate(image.reshape(-1, *shape[-3:]), size=[size.height, size.width],
-                                              mode="bicubic", align_corners=False, antialias=True)
+                                              mode=mode, align_corners=False, antialias=True)
         return out.reshape(*shape[:-2], size.height, size.width)
 
     def rescale_and_normalize(self, images, do_rescale, rescale_factor, do_normalize, image_mean, image_std):
@@ -214,18 +219,79 @@ class _TorchvisionBackendStandIn:
         return images * rescale_factor if do_rescale else images
 
 
+def hf_torchvision_class(model: str, file: str, name: str):
+    """transformers' class ``name`` from models/``model``/``file``, on the stand-in base."""
+    import transformers.models as package
+
+    source = (Path(package.__file__).parent / model / file).read_text()
+    bases = ("from ...image_processing_backends import TorchvisionBackend\n",
+             "from ...video_processing_utils import BaseVideoProcessor\n")
+    assert sum(base in source for base in bases) == 1
+    for base in bases:
+        source = source.replace(base, "")
+    # A top-level torchvision import feeds quoted annotations only; the guarded one is skipped here.
+    source = re.sub(r"^from torchvision.transforms.v2 import functional as tvF\n", "", source, flags=re.M)
+    # auto_docstring only writes the docstring, and needs a module file this exec does not have.
+    source = re.sub(r"^[ ]*@auto_docstring\n", "", source.replace("from ...", "from transformers."), flags=re.M)
+    namespace = {"TorchvisionBackend": _TorchvisionBackendStandIn, "BaseVideoProcessor": _TorchvisionBackendStandIn,
+                 "__name__": f"hf_{model}_{file[:-3]}"}
+    exec(compile(source, file, "exec"), namespace)
+    return namespace[name]
+
+
+def hf_rgb_tensors(images):
+    # TorchvisionBackend.process_image for PIL input: transformers' convert_to_rgb, then CHW.
+    from transformers.image_transforms import convert_to_rgb
+
+    return [torch.from_numpy(convert_to_rgb(im, return_numpy=True)).permute(2, 0, 1).contiguous() for im in images]
+
+
+def hf_pixel_kwargs(config, resample):
+    return dict(do_rescale=config.get("do_rescale", True), rescale_factor=config.get("rescale_factor", 1 / 255),
+                do_normalize=config.get("do_normalize", True), image_mean=tuple(config["image_mean"]),
+                image_std=tuple(config["image_std"]), resample=config.get("resample", resample),
+                disable_grouping=None, return_tensors=None)
+
+
+def test_gemma3_torchvision_backend_matches_transformers_torchvision_code(images):
+    from transformers.image_utils import SizeDict
+
+    cls = hf_torchvision_class("gemma3", "image_processing_gemma3.py", "Gemma3ImageProcessor")
+    config = {**GEMMA3_CONFIG, "size": {"height": 56, "width": 56}, "do_pan_and_scan": True,
+              "pan_and_scan_min_crop_size": 32, "pan_and_scan_max_num_crops": 3}
+    out = cls()._preprocess(hf_rgb_tensors(images), do_resize=True, size=SizeDict(height=56, width=56),
+                            do_pan_and_scan=True, pan_and_scan_min_crop_size=32, pan_and_scan_max_num_crops=3,
+                            pan_and_scan_min_ratio_to_activate=1.2, **hf_pixel_kwargs(config, 2))
+    batch = Gemma3ImageProcessor.from_config(config, backend="torchvision")(images)
+    assert batch.num_crops == list(out["num_crops"]) and sum(batch.num_crops) > 0
+    np.testing.assert_array_equal(batch.pixel_values, torch.stack(out["pixel_values"]).numpy())
+    # The two backends differ by the resize's rounding (and the normalize's float32 steps).
+    pil = Gemma3ImageProcessor.from_config(config)(images).pixel_values
+    assert 0 < np.abs(pil - batch.pixel_values).max() < 0.2
+
+
+@pytest.mark.parametrize("config", [QWEN2VL_CONFIG, {**QWEN3VL_CONFIG, "size": {"shortest_edge": 64 * 64,
+                                                                               "longest_edge": 32 * 32 * 64}}])
+def test_qwen_torchvision_backend_matches_transformers_torchvision_code(config, images):
+    from transformers.image_utils import SizeDict
+
+    cls = hf_torchvision_class("qwen2_vl", "image_processing_qwen2_vl.py", "Qwen2VLImageProcessor")
+    hf = cls(**{k: config[k] for k in ("patch_size", "merge_size", "temporal_patch_size")})
+    proc = QwenVLImageProcessor.from_config(config, backend="torchvision")
+    out = hf._preprocess(hf_rgb_tensors(images), do_resize=True,
+                         size=SizeDict(shortest_edge=proc.min_pixels, longest_edge=proc.max_pixels),
+                         patch_size=proc.patch_size, temporal_patch_size=proc.temporal_patch_size,
+                         merge_size=proc.merge_size, **hf_pixel_kwargs(config, 3))
+    pixels, grid = proc(images)
+    np.testing.assert_array_equal(grid, out["image_grid_thw"].numpy())
+    np.testing.assert_array_equal(pixels, out["pixel_values"].numpy())
+
+
+# --- Qwen3-VL video --------------------------------------------------------------------------------
+
 @pytest.fixture(scope="module")
 def hf_video_class():
-    import transformers.models.qwen3_vl as package
-
-    source = (Path(package.__file__).parent / "video_processing_qwen3_vl.py").read_text()
-    base = "from ...video_processing_utils import BaseVideoProcessor\n"
-    assert base in source and "class Qwen3VLVideoProcessor(BaseVideoProcessor)" in source
-    # auto_docstring only writes the docstring, and needs a module file this exec does not have.
-    source = source.replace(base, "").replace("from ...", "from transformers.").replace("@auto_docstring\n", "")
-    namespace = {"BaseVideoProcessor": _TorchvisionBackendStandIn, "__name__": "hf_video_processing_qwen3_vl"}
-    exec(compile(source, "video_processing_qwen3_vl.py", "exec"), namespace)
-    return namespace["Qwen3VLVideoProcessor"]
+    return hf_torchvision_class("qwen3_vl", "video_processing_qwen3_vl.py", "Qwen3VLVideoProcessor")
 
 
 def hf_video(cls, config, frames, video_fps, *, cap=False):
@@ -271,17 +337,16 @@ def test_qwen3vl_video_matches_transformers_code(hf_video_class, case):
     np.testing.assert_array_equal(got.pixel_values_videos, want)
 
 
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
 @pytest.mark.parametrize("shape", [(37, 53, 64, 96), (300, 120, 96, 32), (45, 61, 45, 30), (20, 70, 64, 70),
-                                   (1000, 17, 37, 5)])
-def test_resize_bicubic_like_torch_equals_torch_interpolate(shape):
+                                   (1000, 17, 37, 5), (45, 61, 32, 64)])
+def test_resize_like_torch_equals_torch_interpolate(mode, shape):
     h, w, out_h, out_w = shape
+    resample = Image.Resampling[mode.upper()]
     frames = np.random.default_rng(h * w).integers(0, 256, (2, h, w, 3), dtype=np.uint8)
     want = torch.nn.functional.interpolate(torch.from_numpy(frames).permute(0, 3, 1, 2).contiguous(),
-                                           size=[out_h, out_w], mode="bicubic", align_corners=False, antialias=True)
-    got = resize_bicubic_like_torch(frames, out_h, out_w)
-    np.testing.assert_array_equal(got, want.permute(0, 2, 3, 1).numpy())
-    pil = np.asarray(Image.fromarray(frames[0]).resize((out_w, out_h), Image.Resampling.BICUBIC))
-    assert np.abs(pil.astype(int) - got[0]).max() <= 2  # the same filter; Pillow keeps more weight bits
+                                           size=[out_h, out_w], mode=mode, align_corners=False, antialias=True)
+    np.testing.assert_array_equal(resize_like_torch(frames, out_h, out_w, resample), want.permute(0, 2, 3, 1).numpy())
 
 
 def test_qwen3vl_video_frames_as_images_and_sampling_choices():
