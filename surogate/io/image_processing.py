@@ -4,7 +4,8 @@ Three processors, each built from the JSON config a model folder ships and equal
 own to the last float32 bit. transformers has two backends: PIL/numpy (``...Pil`` classes, what
 it runs without torchvision) and torchvision (what it picks when torchvision is installed: torch's
 uint8 resize kernel and a fused float32 normalize). ``backend="pil"`` (the default) equals the
-first, ``backend="torchvision"`` the second on an x86 CPU (``image_resize.resize_like_torch``):
+first; ``backend="torchvision"`` equals the second wherever torchvision resizes uint8 natively on
+CPU (bicubic always, bilinear on AVX2 / AVX512 machines; ``image_resize.resize_like_torch``):
 
 - ``Gemma3ImageProcessor`` (``preprocessor_config.json``; transformers' ``Gemma3ImageProcessorPil``):
   RGB, optional pan-and-scan crops, resize to a square, rescale, normalize -> ``[N, 3, S, S]``.
