@@ -4,13 +4,15 @@ Images: transformers' PIL/numpy processors (``Gemma3ImageProcessorPil``, ``Qwen2
 the classes its auto mapping picks without torchvision) resize with Pillow too, so the match is
 bit for bit (``assert_array_equal``), on odd sizes, elongated images, RGBA and L inputs.
 
-Video: transformers' ``Qwen3VLVideoProcessor`` needs torchvision, which is not installed here. The
-reference is that class's own source (the installed ``video_processing_qwen3_vl.py``, executed
-with its relative imports made absolute and its docstring decorator dropped) on a stand-in for its
-torchvision base class holding the two methods it calls, written from transformers'
-``TorchvisionBackend`` and torchvision's ``resize_image`` (on CPU a uint8 bicubic resize is
-``torch.nn.functional.interpolate(uint8, mode="bicubic", antialias=True)``, torch's own kernel).
-Frames, grids, timestamps and pixel values match it bit for bit.
+torchvision backend and video: transformers' torchvision processors (``Gemma3ImageProcessor``,
+``Qwen2VLImageProcessor``, and ``Qwen3VLVideoProcessor``, which has no other) need torchvision,
+which is not installed here. The reference is each class's own source (the installed file,
+executed with its relative imports made absolute, its base-class and annotation-only torchvision
+imports and its docstring decorator dropped) on a stand-in for ``TorchvisionBackend`` holding the
+methods they call, written from transformers' ``TorchvisionBackend`` and torchvision's
+``resize_image`` / ``normalize`` (on CPU a uint8 bilinear or bicubic resize is torch's own kernel,
+``torch.nn.functional.interpolate(uint8, antialias=True)``). Crops, frames, grids, timestamps and
+pixel values match it bit for bit.
 """
 
 from __future__ import annotations
