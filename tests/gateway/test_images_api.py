@@ -13,10 +13,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import http.server
 import io
 import threading
+import time
 from types import SimpleNamespace
 
 import msgspec
@@ -356,6 +358,59 @@ def test_llm_submit_does_not_drop_a_prompts_images():
     prompt = llm.render([user({"type": "image"})], images=[image(1)])
     with pytest.raises(ValueError, match="cannot take yet"):
         llm.submit(prompt)
+
+
+# -- off the event loop ----------------------------------------------------------------------------------
+
+
+class _SlowImages(http.server.BaseHTTPRequestHandler):
+    body = b""
+
+    def do_GET(self):  # noqa: N802
+        time.sleep(1.0)
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_slow_image_fetch_stalls_no_other_request(gw):
+    """A request with images is converted in a worker thread: while its image downloads (1 s),
+    the loop answers other requests at once. It then reaches the generation API, which refuses
+    images until the engine takes them."""
+    httpx = pytest.importorskip("httpx")
+    from surogate.gateway.app import GatewayApp
+
+    buf = io.BytesIO()
+    image(9).save(buf, "PNG")
+    _SlowImages.body = buf.getvalue()
+    host = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SlowImages)
+    threading.Thread(target=host.serve_forever, daemon=True).start()
+    vision = gw.models.models["gemma-vision"]
+    llm = LLM.for_model(SimpleNamespace(max_model_len=2048), vision.tokenizer, 2048, image_placeholder=GEMMA_IMAGE)
+    app = GatewayApp([ServedModel("gemma-vision", llm)], GatewayConfig(allow_remote_media=True))
+    body = {"model": "gemma-vision", "max_tokens": 4, "messages": [user(
+        {"type": "text", "text": "?"}, chat_image(f"http://127.0.0.1:{host.server_address[1]}/cat.png"))]}
+
+    async def check():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as c:
+            slow = asyncio.create_task(c.post("/v1/chat/completions", json=body))
+            await asyncio.sleep(0.2)
+            start = time.perf_counter()
+            models = await c.get("/v1/models")
+            waited = time.perf_counter() - start
+            assert models.status_code == 200 and waited < 0.5 and not slow.done()
+            answer = await slow
+            assert answer.status_code == 400 and "cannot take yet" in answer.json()["error"]["message"]
+
+    try:
+        asyncio.run(check())
+    finally:
+        host.shutdown()
+        host.server_close()
 
 
 # -- the real server, through the SDKs: each API's 400 --------------------------------------------------
