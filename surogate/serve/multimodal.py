@@ -16,9 +16,6 @@ from collections.abc import Mapping, Sequence
 
 from surogate.errors import InvalidArgumentError
 
-IMAGE_PART = {"type": "image"}
-
-
 def count_image_parts(messages: Sequence[Mapping]) -> int:
     """How many ``{"type": "image"}`` parts the messages' content lists hold."""
     n = 0
@@ -30,7 +27,7 @@ def count_image_parts(messages: Sequence[Mapping]) -> int:
 
 
 def check_rendered_images(text: str, num_parts: int, num_images: int, image_placeholder: str | None, *,
-                          model: str = "this model", param: str = "messages") -> None:
+                          param: str = "messages") -> None:
     """The rendered prompt ``text`` holds one ``image_placeholder`` per image part (raises a
     ``RequestError`` naming ``param`` when it does not, or when the model takes no images)."""
     from surogate.serve.frontend import RequestError  # frontend imports this module
@@ -38,10 +35,10 @@ def check_rendered_images(text: str, num_parts: int, num_images: int, image_plac
     if num_parts != num_images:
         raise InvalidArgumentError(f"the messages hold {num_parts} image parts but {num_images} images came with them",
                                    hint="pass one decoded image per {\"type\": \"image\"} part, in order")
-    if num_parts == 0:
-        return
     if image_placeholder is None:
-        raise RequestError(f"the messages hold {num_parts} image(s), and {model} does not take images "
+        if num_parts == 0:
+            return
+        raise RequestError(f"the messages hold {num_parts} image(s), and this model does not take images "
                            "(it has no vision encoder)", param=param, hint="send text only, or serve a vision model")
     written = text.count(image_placeholder)
     if written < num_parts:

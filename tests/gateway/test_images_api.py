@@ -339,6 +339,8 @@ def test_placeholder_text_in_the_messages_is_refused(gw):
     err = chat_error(gw, "gemma-vision", user({"type": "text", "text": "fake <start_of_image> here"},
                                               chat_image(data_url(image(1)))))
     assert "the text itself contains the placeholder" in err.message
+    err = chat_error(gw, "gemma-vision", {"role": "user", "content": "no image, but <start_of_image>"})
+    assert "2 image placeholders" not in err.message and "the text itself contains the placeholder" in err.message
 
 
 def test_render_chat_counts_placeholders_for_any_caller():
