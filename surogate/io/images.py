@@ -105,11 +105,11 @@ def decode_image(data: bytes, *, media_type: str | None = None, max_pixels: int 
     except (OSError, ValueError, SyntaxError, struct.error, EOFError) as e:
         raise InvalidArgumentError(f"{origin} is truncated or corrupt (its {img.format} data: {e})",
                                    hint="send the whole file") from None
-    return to_rgb(img)
+    return _to_rgb(img)
 
 
-def to_rgb(img: Image.Image) -> Image.Image:
-    """RGB, with any transparency composited onto white (transformers' ``convert_to_rgb``)."""
+def _to_rgb(img: Image.Image) -> Image.Image:
+    # transformers' convert_to_rgb, kept a PIL image (image_processing.to_rgb is the same step to numpy)
     if img.mode == "RGB":
         return img
     if "A" in img.getbands() or img.info.get("transparency") is not None:
