@@ -14,14 +14,13 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import surogate  # noqa: E402
+from sgtest.embeds import (greedy, hf_greedy_embeds, hf_logits, log_softmax, prompt, served_logprobs,  # noqa: E402
+                           with_placeholders)
 from sgtest.engine import engine, hf_greedy  # noqa: E402
 from sgtest.tiny_models import make_model  # noqa: E402
 from surogate.errors import InvalidArgumentError  # noqa: E402
-from surogate.serve.engine_client import EngineClient  # noqa: E402
-from surogate.serve.model_runner import ProgramRunner  # noqa: E402
-from surogate.serve.types import EmbedSpan, EngineConfig, SamplingParams  # noqa: E402
-
-PLACEHOLDER = 5
+from surogate.serve.llm import LLM  # noqa: E402
+from surogate.serve.types import EmbedSpan, SamplingParams  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -30,34 +29,6 @@ def llama(tmp_path_factory):
     ours = surogate.load_model(path)
     ref = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     return ours, ref
-
-
-def prompt(n: int, seed: int, vocab: int) -> list[int]:
-    return np.random.default_rng(seed).integers(10, vocab, n).tolist()
-
-
-def with_placeholders(ids: list[int], spans: list[tuple[int, int]]) -> list[int]:
-    ids = list(ids)
-    for start, n in spans:
-        ids[start:start + n] = [PLACEHOLDER] * n
-    return ids
-
-
-def greedy(client: EngineClient, ids: list[int], n: int, embeds=()) -> tuple[list[int], int]:
-    """Greedy tokens and the prompt tokens the prefix cache served."""
-    rid = client.submit(ids, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True), embeds=embeds)
-    outs = client.wait(rid, timeout=120)
-    return [t for o in outs for t in o.new_token_ids], outs[-1].num_cached_tokens
-
-
-def hf_greedy_embeds(ref, ids: list[int], spans: list[EmbedSpan], n: int) -> list[int]:
-    with torch.no_grad():
-        e = ref.get_input_embeddings()(torch.tensor([ids]))[0].clone()
-        for s in spans:
-            e[s.start:s.start + len(s.rows)] = torch.from_numpy(s.rows)
-        out = ref.generate(inputs_embeds=e[None], attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                           do_sample=False, max_new_tokens=n, min_new_tokens=n, eos_token_id=None, pad_token_id=0)
-    return out[0, -n:].tolist()
 
 
 def test_own_embedding_rows_answer_as_the_plain_prompt(llama):
@@ -143,64 +114,6 @@ def gemma3(tmp_path_factory):
     return ours, ref
 
 
-def hf_logits(ref, ids: list[int], spans: list[EmbedSpan], bidirectional: bool = True) -> np.ndarray:
-    """transformers' Gemma 3 on the prompt's embeddings with the spans' rows, under the mask its
-    multimodal model builds from token_type_ids: full layers OR(causal, same span), sliding ones
-    AND(window, OR(causal, same span))."""
-    L = len(ids)
-    window = ref.config.sliding_window
-    limit = torch.arange(L)
-    for s in spans:
-        if bidirectional and s.bidirectional:
-            limit[s.start:s.start + len(s.rows)] = s.start + len(s.rows) - 1
-    i, j = torch.arange(L)[:, None], torch.arange(L)[None]
-    full = j <= limit[:, None]
-    sliding = full & (j > i - window)
-
-    def additive(m):
-        return torch.where(m, 0.0, torch.finfo(torch.float32).min)[None, None]
-
-    with torch.no_grad():
-        e = ref.get_input_embeddings()(torch.tensor([ids]))[0].clone()
-        for s in spans:
-            e[s.start:s.start + len(s.rows)] = torch.from_numpy(s.rows)
-        out = ref(inputs_embeds=e[None], position_ids=torch.arange(L)[None],
-                  attention_mask={"full_attention": additive(full), "sliding_attention": additive(sliding)})
-    return out.logits[0].float().numpy()
-
-
-class Recording:
-    """A ProgramRunner seen through the Python runner interface, keeping each step's positions,
-    kv_limit and embedding rows' token rows (every row's logits are asked for: logprobs)."""
-
-    def __init__(self, runner: ProgramRunner):
-        self.runner, self.steps = runner, []
-        self.vocab_size, self.hidden_size = runner.vocab_size, runner.model.spec.hidden_size
-
-    def run(self, step):
-        self.steps.append((step.positions.copy(), step.kv_limit.copy(), step.embed_index.copy()))
-        return self.runner.run(step)[0]
-
-
-def served_logprobs(ours, ids, spans, **kw):
-    """(prompt logprobs of each next prompt token, the first answer token's top-5) served, and the
-    runner's steps."""
-    config = EngineConfig(num_blocks=32, **kw)
-    rec = Recording(ProgramRunner(ours, num_blocks=32, block_size=config.block_size))
-    with EngineClient(rec, config) as client:
-        rid = client.submit(ids, SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0, logprobs=5),
-                            embeds=spans)
-        out = client.wait(rid, timeout=120)[0]
-    prompt_lps = np.array([lp.logprob for lp in out.prompt_logprobs[1:]])
-    top = [(t.token_id, t.logprob) for t in out.logprobs[0].top]
-    return prompt_lps, top, rec.steps
-
-
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x - x.max(-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(-1, keepdims=True))
-
-
 @pytest.mark.parametrize("budget", [None, 3, 6])
 def test_bidirectional_span_gives_transformers_gemma3_logits_and_is_never_split(gemma3, budget):
     ours, ref = gemma3
@@ -259,4 +172,23 @@ def test_prefix_cache_hit_backs_off_to_a_bidirectional_spans_start(gemma3):
         out = client.wait(client.submit(ids[:11], params, embeds=[EmbedSpan(6, spans[0].rows[:5], b"x5", True)]),
                           timeout=120)[-1]
         assert out.num_cached_tokens == 4
-        assert out.new_token_ids == [hf_logits(ref, ids[:11], [EmbedSpan(6, spans[0].rows[:5], b"", True)])[-1].argmax()]
+        want = hf_logits(ref, ids[:11], [EmbedSpan(6, spans[0].rows[:5], b"", True)])[-1].argmax()
+        assert out.new_token_ids == [want]
+
+
+def test_llm_takes_embeds_and_ngram_speculation_drafts_only_decode_tokens(gemma3):
+    ours, _ = gemma3
+    rng = np.random.default_rng(13)
+    C = ours.spec.hidden_size
+    ids = with_placeholders(prompt(8, 14, ours.spec.vocab_size) * 3, [(9, 4)])
+    spans = [EmbedSpan(9, rng.normal(0, 1.0, (4, C)).astype(np.float32), b"s", True)]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, detokenize=False)
+    with engine(ours) as client:
+        expected = greedy(client, ids, 16, spans)[0]
+    spec = {"speculative_method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    with engine(ours, **spec) as client:
+        (out,) = LLM(client, None).generate(ids, params, embeds=spans)
+        assert out.new_token_ids == expected
+        assert client.stats().spec_num_draft_tokens > 0
+        with pytest.raises(InvalidArgumentError, match="embeds for 1 prompts, but 2 prompts"):
+            LLM(client, None).generate([ids, ids], params, embeds=[spans])
