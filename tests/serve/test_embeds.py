@@ -18,9 +18,12 @@ from sgtest.embeds import (greedy, hf_greedy_embeds, hf_logits, log_softmax, pro
                            with_placeholders)
 from sgtest.engine import engine, hf_greedy  # noqa: E402
 from sgtest.tiny_models import make_model  # noqa: E402
+from surogate.dsl.nn import LoRAConfig  # noqa: E402
 from surogate.errors import InvalidArgumentError  # noqa: E402
+from surogate.serve.engine_client import EngineClient  # noqa: E402
 from surogate.serve.llm import LLM  # noqa: E402
-from surogate.serve.types import EmbedSpan, SamplingParams  # noqa: E402
+from surogate.serve.model_runner import ProgramRunner  # noqa: E402
+from surogate.serve.types import EmbedSpan, EngineConfig, SamplingParams  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -192,3 +195,68 @@ def test_llm_takes_embeds_and_ngram_speculation_drafts_only_decode_tokens(gemma3
         assert client.stats().spec_num_draft_tokens > 0
         with pytest.raises(InvalidArgumentError, match="embeds for 1 prompts, but 2 prompts"):
             LLM(client, None).generate([ids, ids], params, embeds=[spans])
+
+
+def test_preemption_and_chunking_with_spans_change_nothing(llama, gemma3):
+    # 8 blocks of 4 and a 7-token budget: prompts are chunked, sequences preempted and recomputed
+    # (their spans with them); a bidirectional span is recomputed whole.
+    for (ours, ref), bidirectional in ((llama, False), (gemma3, True)):
+        rng = np.random.default_rng(15)
+        C = ours.spec.hidden_size
+        reqs = []
+        for k in range(6):
+            ids = with_placeholders(prompt(14, 20 + k, ours.spec.vocab_size), [(3 + k, 5)])
+            reqs.append((ids, [EmbedSpan(3 + k, rng.normal(0, 0.5, (5, C)).astype(np.float32), b"p%d" % k,
+                                         bidirectional)]))
+        if bidirectional:  # greedy under the span mask, one transformers forward per token
+            expected = []
+            for ids, spans in reqs:
+                out = list(ids)
+                for _ in range(10):
+                    out.append(int(hf_logits(ref, out, spans)[-1].argmax()))
+                expected.append(out[len(ids):])
+        else:
+            expected = [hf_greedy_embeds(ref, ids, spans, 10) for ids, spans in reqs]
+        with engine(ours, num_blocks=8, block_size=4, max_num_batched_tokens=7, enable_prefix_caching=False) as client:
+            params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+            rids = [client.submit(ids, params, embeds=spans) for ids, spans in reqs]
+            assert [[t for o in client.wait(r, timeout=120) for t in o.new_token_ids] for r in rids] == expected
+            assert client.stats().num_preemptions > 0
+
+
+def test_a_runner_without_a_hidden_size_refuses_embeds():
+    class Toy:
+        vocab_size = 16
+
+        def run(self, step):
+            return np.zeros((len(step.logits_rows), 16), np.float32)
+
+    with EngineClient(Toy(), EngineConfig(num_blocks=4)) as client:
+        with pytest.raises(InvalidArgumentError, match="embeds: this model runner takes no embedding rows"):
+            client.submit([1, 2, 3], SamplingParams(max_tokens=1), embeds=[EmbedSpan(0, np.zeros((1, 4), np.float32))])
+        client.wait(client.submit([1, 2, 3], SamplingParams(max_tokens=1)), timeout=30)  # plain requests run
+
+
+def test_rows_follow_their_sequence_into_an_adapters_sub_step(llama):
+    # A step of base-model and adapter sequences runs one sub-step per adapter: each sequence's
+    # rows (and token rows) go with it. The adapter's B is zero, so its answers are the base's.
+    ours, ref = llama
+    rng = np.random.default_rng(16)
+    C = ours.spec.hidden_size
+    cfg = LoRAConfig(rank=2, alpha=4.0, targets=("q_proj", "v_proj"))
+    g = ours.arch.build(mode="logits", dtype=ours.dtype, lora=cfg, quant=ours.quant)
+    lora = {p.name: (rng.normal(0, 0.1, p.shape) if p.meta["lora"] == "A" else np.zeros(p.shape)).astype(np.float32)
+            for p in g.params() if p.meta.get("lora")}
+    runner = ProgramRunner(ours, num_blocks=64)
+    runner.add_adapter(0, cfg, lora)
+    reqs = []
+    for k in range(4):
+        ids = with_placeholders(prompt(16 + 3 * k, 30 + k, ours.spec.vocab_size), [(2 + k, 6)])
+        reqs.append((ids, [EmbedSpan(2 + k, rng.normal(0, 0.3, (6, C)).astype(np.float32), b"r%d" % k)]))
+    expected = [hf_greedy_embeds(ref, ids, spans, 6) for ids, spans in reqs]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    with EngineClient(runner, EngineConfig(num_blocks=64), adapters={"zero": 0}) as client:
+        with client.held():  # one first step for all four
+            rids = [client.submit(ids, params, "zero" if k % 2 else None, embeds=spans)
+                    for k, (ids, spans) in enumerate(reqs)]
+        assert [[t for o in client.wait(r, timeout=120) for t in o.new_token_ids] for r in rids] == expected
