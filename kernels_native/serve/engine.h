@@ -73,8 +73,9 @@ struct Request {
   std::vector<int32_t> prompt_token_ids;
   SamplingParams params;
   int32_t adapter_id = -1;
-
-  // set; `width` the rows' width). Checked at submit against the prompt and the runner's hidden size.
+  // Embedding rows in place of prompt tokens' embeddings (start, len, rows, key, bidirectional
+  // set; embed_widths[i] the width of span i's rows), checked at submit against the prompt and
+  // the runner's hidden size; the engine fills in their digests.
   std::vector<EmbedSpan> embeds;
   std::vector<int> embed_widths;  // per span: the width of its rows
 };

@@ -180,8 +180,9 @@ void Scheduler::build_input(StepPlan& plan) const {
     for (size_t s = 0; s < plan.seqs.size(); ++s) {
       const ScheduledSeq& ss = plan.seqs[s];
       for (const EmbedSpan& e : ss.seq->embeds) {
-        if (!e.bidirectional || e.end() <= ss.start || e.start >= ss.start + ss.len) continue;
-        for (int p = e.start; p < e.end(); ++p) in.kv_limit[in.cu_q[s] + (p - ss.start)] = e.end() - 1;
+        if (!e.bidirectional) continue;
+        const int a = std::max(ss.start, e.start), b = std::min(ss.start + ss.len, e.end());
+        for (int p = a; p < b; ++p) in.kv_limit[in.cu_q[s] + (p - ss.start)] = e.end() - 1;
       }
     }
   }
