@@ -70,9 +70,9 @@ def test_bidirectional_span_on_cuda_gives_transformers_gemma3_logits(tmp_path_fa
     ours = surogate.load_model(path, device="cuda")
     rng = np.random.default_rng(8)
     C = ours.spec.hidden_size
-    ids = with_placeholders(prompt(22, 9, ours.spec.vocab_size), [(5, 4), (13, 3)])
-    spans = [EmbedSpan(5, rng.normal(0, 1.0, (4, C)).astype(np.float32), b"i0", True),
-             EmbedSpan(13, rng.normal(0, 1.0, (3, C)).astype(np.float32), b"i1", True)]
+    ids = with_placeholders(prompt(22, 9, ours.spec.vocab_size), [(5, 6), (14, 3)])
+    spans = [EmbedSpan(5, rng.normal(0, 1.0, (6, C)).astype(np.float32), b"i0", True),
+             EmbedSpan(14, rng.normal(0, 1.0, (3, C)).astype(np.float32), b"i1", True)]
     lp = log_softmax(hf_logits(ref, ids, spans))
     kw = {} if budget is None else {"max_num_batched_tokens": budget, "block_size": 4}
     got, top, _ = served_logprobs(ours, ids, spans, **kw)

@@ -122,11 +122,12 @@ def test_bidirectional_span_gives_transformers_gemma3_logits_and_is_never_split(
     ours, ref = gemma3
     rng = np.random.default_rng(8)
     C = ours.spec.hidden_size
-    # Spans of 4 (the tiny model's window) and 3 tokens; a budget of 3 is less than the first span
-    # (taken whole), 6 would end chunks inside both (moved before them).
-    ids = with_placeholders(prompt(22, 9, ours.spec.vocab_size), [(5, 4), (13, 3)])
-    spans = [EmbedSpan(5, rng.normal(0, 1.0, (4, C)).astype(np.float32), b"i0", True),
-             EmbedSpan(13, rng.normal(0, 1.0, (3, C)).astype(np.float32), b"i1", True)]
+    # Spans of 6 (past the tiny model's window of 4: the window still applies inside) and 3
+    # tokens; a budget of 3 is less than the first span (taken whole), 6 would end chunks inside
+    # both (moved before them).
+    ids = with_placeholders(prompt(22, 9, ours.spec.vocab_size), [(5, 6), (14, 3)])
+    spans = [EmbedSpan(5, rng.normal(0, 1.0, (6, C)).astype(np.float32), b"i0", True),
+             EmbedSpan(14, rng.normal(0, 1.0, (3, C)).astype(np.float32), b"i1", True)]
     logits = hf_logits(ref, ids, spans)
     lp = log_softmax(logits)
     expected_prompt = lp[np.arange(len(ids) - 1), ids[1:]]
@@ -149,9 +150,9 @@ def test_bidirectional_span_gives_transformers_gemma3_logits_and_is_never_split(
         assert lim.tolist() == [last.get(p, p) for p in pos.tolist()]
     assert all(len(lim) == 0 for pos, lim, _ in steps if not set(last) & set(pos.tolist()))
     if budget == 3:
-        assert any(len(pos) > 3 for pos, _, _ in steps)  # the 4-token span went past the budget
+        assert any(len(pos) > 3 for pos, _, _ in steps)  # the 6-token span went past the budget
     for pos, lim, index in steps:
-        assert len(index) == sum(p in range(5, 9) or p in range(13, 16) for p in pos.tolist())
+        assert len(index) == sum(p in last for p in pos.tolist())
 
 
 def test_prefix_cache_hit_backs_off_to_a_bidirectional_spans_start(gemma3):

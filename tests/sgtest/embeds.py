@@ -45,30 +45,29 @@ def hf_greedy_embeds(ref, ids: list[int], spans: list[EmbedSpan], n: int) -> lis
 
 
 def hf_logits(ref, ids: list[int], spans: list[EmbedSpan], bidirectional: bool = True) -> np.ndarray:
-    """transformers' Gemma 3 on the prompt's embeddings with the spans' rows, under the mask its
-    multimodal model builds from token_type_ids: full layers OR(causal, same span), sliding ones
-    AND(window, OR(causal, same span))."""
+    """transformers' Gemma 3 (text) on the prompt's embeddings with the spans' rows, under the
+    masks its multimodal model builds from token_type_ids (create_masks_for_vision_model: full
+    layers OR(causal, same image), sliding ones AND(window, OR(causal, same image))); the spans
+    marked as images when ``bidirectional`` (adjacent spans would merge into one image there)."""
     import torch
+    from transformers.models.gemma3.modeling_gemma3 import (create_masks_for_vision_model,
+                                                            get_block_sequence_ids_for_mask)
 
     L = len(ids)
-    window = ref.config.sliding_window
-    limit = torch.arange(L)
+    token_type_ids = torch.zeros(1, L, dtype=torch.long)
     for s in spans:
         if bidirectional and s.bidirectional:
-            limit[s.start:s.start + len(s.rows)] = s.start + len(s.rows) - 1
-    i, j = torch.arange(L)[:, None], torch.arange(L)[None]
-    full = j <= limit[:, None]
-    sliding = full & (j > i - window)
-
-    def additive(m):
-        return torch.where(m, 0.0, torch.finfo(torch.float32).min)[None, None]
-
+            token_type_ids[0, s.start:s.start + len(s.rows)] = 1
     with torch.no_grad():
         e = ref.get_input_embeddings()(torch.tensor([ids]))[0].clone()
         for s in spans:
             e[s.start:s.start + len(s.rows)] = torch.from_numpy(s.rows)
-        out = ref(inputs_embeds=e[None], position_ids=torch.arange(L)[None],
-                  attention_mask={"full_attention": additive(full), "sliding_attention": additive(sliding)})
+        positions = torch.arange(L)[None]
+        masks = create_masks_for_vision_model(config=ref.config, inputs_embeds=e[None],
+                                              attention_mask=torch.ones(1, L, dtype=torch.long), cache=None,
+                                              position_ids=positions,
+                                              block_sequence_ids=get_block_sequence_ids_for_mask(token_type_ids))
+        out = ref(inputs_embeds=e[None], position_ids=positions, attention_mask=masks)
     return out.logits[0].float().numpy()
 
 
