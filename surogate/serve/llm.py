@@ -29,7 +29,7 @@ from surogate.serve.engine_client import EngineClient, OutputStream
 from surogate.serve.frontend import OutputProcessor, Prompt, encode_prompt, render_chat, template_kwargs
 from surogate.serve.parsers import ForcedTools, OfferedTools, ParserChoice, make_output_parser, resolve_parsers
 from surogate.serve.structured import Grammars
-from surogate.serve.types import RequestOutput, SamplingParams
+from surogate.serve.types import EmbedSpan, RequestOutput, SamplingParams
 
 PromptInput = Prompt | str | Sequence[int]
 
@@ -107,10 +107,12 @@ class LLM:
 
     def submit(self, prompts: PromptInput | Sequence[PromptInput], params: SamplingParams | Sequence[SamplingParams]
                | None = None, *, adapter: str | int | None = None, tools: bool | OfferedTools | ForcedTools = False,
-               max_tool_calls: int | None = None, reasoning: bool = True) -> Generation:
+               max_tool_calls: int | None = None, reasoning: bool = True,
+               embeds: Sequence[EmbedSpan] | Sequence[Sequence[EmbedSpan]] = ()) -> Generation:
         """Start generating: ``params`` is one SamplingParams for all prompts or one per prompt.
         ``tools``: the prompt offered tools, so tool calls are parsed; ``reasoning``: parse
-        reasoning (``<think>``) when the model has a reasoning parser."""
+        reasoning (``<think>``) when the model has a reasoning parser. ``embeds``: EmbedSpans of
+        the prompt (image features at its placeholder tokens), or one sequence of them per prompt."""
         if self.client is None:
             raise InvalidArgumentError("this model has no engine yet (it is loading)", hint="retry once it has loaded")
         many = isinstance(prompts, Sequence) and not isinstance(prompts, str) and bool(prompts) \
@@ -126,14 +128,22 @@ class LLM:
             if len(per_prompt) != len(items):
                 raise InvalidArgumentError(f"{len(per_prompt)} SamplingParams for {len(items)} prompts",
                                            hint="pass one SamplingParams, or one per prompt")
+        spans = list(embeds)
+        if spans and isinstance(spans[0], EmbedSpan):
+            spans = [spans]
+        if spans and len(spans) != len(items):
+            raise InvalidArgumentError(f"embeds for {len(spans)} prompts, but {len(items)} prompts",
+                                       hint="pass one sequence of EmbedSpan per prompt")
+        spans = spans or [()] * len(items)
         requests, processors = [], []
-        for prompt, p in zip(items, per_prompt):
+        for prompt, p, prompt_embeds in zip(items, per_prompt, spans):
             p = self._reasoning_budget(prompt, p) if reasoning else msgspec.structs.replace(p, max_reasoning_tokens=None)
             grammar = self.grammars.compile(p.structured_outputs) if p.structured_outputs is not None else None
             for i in range(p.n):
                 # the engine's copy: one sequence, its own seed; stop strings stay with the processor
                 one = msgspec.structs.replace(p, n=1, seed=None if p.seed is None else p.seed + i, stop=[])
-                requests.append((prompt.token_ids, one, None if grammar is None else self.grammars.matcher(grammar)))
+                requests.append((prompt.token_ids, one, None if grammar is None else self.grammars.matcher(grammar),
+                                 tuple(prompt_embeds)))
                 parser = make_output_parser(self.parsers, prompt.text, tools=tools, reasoning=reasoning,
                                             max_tool_calls=max_tool_calls) if p.detokenize else None
                 processors.append(OutputProcessor(self.tokenizer, p, parser))
@@ -179,7 +189,7 @@ class Generation:
     """The answers of one ``LLM.submit``, as one stream. ``processors[i]`` holds answer i's
     totals once it ends (``num_tokens``, ``reasoning_tokens``, ``finish_reason``, ``stop_reason``)."""
 
-    def __init__(self, llm: LLM, requests: list[tuple[list[int], SamplingParams, Any]],
+    def __init__(self, llm: LLM, requests: list[tuple[list[int], SamplingParams, Any, tuple[EmbedSpan, ...]]],
                  processors: list[OutputProcessor], adapter: str | int | None):
         self.client = client = llm.client
         self.processors = processors
@@ -189,10 +199,12 @@ class Generation:
         self._unread = len(processors)  # answers whose last output the consumer has not taken yet
         self._stream = OutputStream(self._process)
         try:
-            for i, (prompt_ids, params, matcher) in enumerate(requests):
+            for i, (prompt_ids, params, matcher, embeds) in enumerate(requests):
                 self._queued.add((self, i))  # before submit: its first output may come at once
-                grammar = {} if matcher is None else {"matcher": matcher}  # stand-in clients take no matcher
-                rid = client.submit(prompt_ids, params, adapter, stream=self._stream, index=i, **grammar)
+                extra = {} if matcher is None else {"matcher": matcher}  # stand-in clients take neither
+                if embeds:
+                    extra["embeds"] = embeds
+                rid = client.submit(prompt_ids, params, adapter, stream=self._stream, index=i, **extra)
                 self._live.add(rid)
                 self.request_ids.append(rid)
         except BaseException:
