@@ -29,7 +29,7 @@ void register_backend();
 void register_cuda_elementwise(OpRegistry& reg);
 void register_cuda_matmul(OpRegistry& reg);  // matmul (cuBLASLt) and lm_head_ce_fwd / lm_head_ce_bwd
 void register_cuda_attention(OpRegistry& reg);  // attention_fwd / attention_bwd (packed varlen causal GQA)
-void register_cuda_norm_rope_act(OpRegistry& reg);  // rmsnorm, add_rmsnorm, rope, qk_norm_rope, swiglu, geglu (fwd + bwd)
+void register_cuda_norm_rope_act(OpRegistry& reg);  // rmsnorm, add_rmsnorm, layer_norm, rope, qk_norm_rope, swiglu, geglu (fwd + bwd)
 void register_cuda_embed_optim(OpRegistry& reg);  // embedding fwd / bwd, dropout_fwd, global_norm, adamw, adamw8
 void register_cuda_paged_attention(OpRegistry& reg);  // kv_cache_write and paged_attention (serving)
 void register_cuda_qkv_rope_cache(OpRegistry& reg);  // qkv_rope_cache (serving: q / k rope + KV cache write)
