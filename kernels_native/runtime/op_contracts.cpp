@@ -41,8 +41,9 @@ constexpr OpContract kContracts[] = {
     {"swiglu_bwd", 2, 2, 1, -1, "(dy[N,F], gu[N,2F]) -> (dgu[N,2F])"},
     {"geglu_fwd", 1, 1, 1, -1, "(gu[N,2F] = [gate, up]) -> (y[N,F] = gelu_tanh(gate) * up)"},
     {"geglu_bwd", 2, 2, 1, -1, "(dy[N,F], gu[N,2F]) -> (dgu[N,2F])"},
-    {"act_mul_fwd", 2, 2, 1, -1, "(a, b: a's shape or one value) -> (y = act(a) * b); attrs: act (none|gelu_tanh)"},
-    {"act_mul_bwd", 3, 3, 2, 1, "(dy, a, b) -> (da, [db], not for a broadcast b); attrs: act"},
+    {"act_mul_fwd", 1, 2, 1, -1,
+     "(a, [b: a's shape or one value]) -> (y = act(a) * b, act(a) without b); attrs: act (none|gelu_tanh)"},
+    {"act_mul_bwd", 2, 3, 2, 1, "(dy, a, [b]) -> (da, [db], not for a broadcast or absent b); attrs: act"},
     {"softcap_fwd", 1, 1, 1, -1, "(x) -> (y = cap * tanh(x / cap)); attrs: cap"},
     {"attention_fwd", 4, 5, 2, -1,
      "(q[N,Hq,D], k[N,Hkv,D], v[N,Hkv,D], cu_seqlens[S+1], [sinks[Hq]]) -> (out[N,Hq,D], lse[N,Hq] f32); "

@@ -224,7 +224,7 @@ RULES["geglu_fwd"] = _glu("geglu_bwd")
 
 @rule("act_mul_fwd")
 def _act_mul(c: RuleContext, n: Node, gy: list) -> list:
-    a, b = n.inputs
+    a, b = n.inputs  # b None: the plain activation (ops.gelu_tanh)
     da, db = c.grad_spec(a), c.grad_spec(b)
     if c.needs(b) and b.shape != a.shape:
         raise UnsupportedError(f"act_mul: the gradient of a broadcast b ({b.name}) is not supported (node {n})",

@@ -313,6 +313,13 @@ def act_mul(a: Value, b: Value, act: str = "none", name: str = "act_mul") -> Val
     return y
 
 
+def gelu_tanh(x: Value, name: str = "act") -> Value:
+    """The plain GELU, tanh approximation (gelu_pytorch_tanh: SigLIP's MLP): act_mul without b,
+    the math geglu's gate uses."""
+    (y,) = _g(x).node("act_mul_fwd", [x, None], [(name, x.shape, x.dtype)], act="gelu_tanh")
+    return y
+
+
 def softcap(x: Value, cap: float, name: str = "softcap") -> Value:
     """cap * tanh(x / cap) (Gemma's final logit soft-capping in inference graphs). Forward only:
     training graphs fold it into lm_head_ce."""

@@ -17,7 +17,7 @@ HAS_CUDA = bool(_native.build_info()["cuda"]) and len(_native.cuda_devices()) > 
 if not HAS_CUDA:
     pytest.skip("no CUDA build or no GPU", allow_module_level=True)
 
-COVERS = ("layer_norm_fwd", "layer_norm_bwd")
+COVERS = ("layer_norm_fwd", "layer_norm_bwd", "act_mul_fwd", "act_mul_bwd")
 DTYPES = ["float32", "bfloat16", "float16"]
 
 
@@ -69,3 +69,12 @@ def test_layer_norm(dtype, shape, bias):
     compare("layer_norm_bwd", [dy, x, w, mean, rstd], [np.zeros(shape, x.dtype), np.full(c, 0.25, np.float32), db],
             [dtype, "sum", "sum"], accumulate=True)
     compare("layer_norm_bwd", [dy, x, w, mean, rstd], [np.zeros(shape, x.dtype), None, None], [dtype, None, None])
+
+
+# ---- gelu_tanh: act_mul without b -------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gelu_tanh(dtype):
+    x, dy = rand((37, 77), dtype, 4, 3.0), rand((37, 77), dtype, 5)
+    compare("act_mul_fwd", [x, None], [np.zeros(x.shape, x.dtype)], [dtype], act="gelu_tanh")
+    compare("act_mul_bwd", [dy, x, None], [np.zeros(x.shape, x.dtype), None], [dtype, None], act="gelu_tanh")

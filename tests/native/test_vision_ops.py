@@ -146,3 +146,39 @@ def test_layer_norm_dsl_op_trains_through_autodiff():
     assert_close(grads["P"], Pt.grad.numpy(), rtol=1e-4, atol=1e-4)
     assert_close(grads["w"], wt.grad.numpy(), rtol=1e-4, atol=1e-4)
     assert_close(grads["b"], bt.grad.numpy(), rtol=1e-5, atol=1e-5)
+
+
+# ---- gelu_tanh (act_mul without b) ----------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gelu_tanh_matches_torch(dtype):
+    x = rand((13, 77), dtype, seed=3, scale=3.0)
+    dy = rand((13, 77), dtype, seed=4)
+    (y,) = run_op("act_mul_fwd", [x, None], [((13, 77), dtype)], act="gelu_tanh")
+    dx = np.zeros_like(x)
+    _native.call_op("act_mul_bwd", [dy, x, None], [dx, None], {"act": "gelu_tanh"})
+    xt = t64(x, True)
+    y_ref = F.gelu(xt, approximate="tanh")
+    (y_ref * t64(dy)).sum().backward()
+    close(y, y_ref.detach().numpy(), dtype)
+    close(dx, xt.grad.numpy(), dtype)
+    if dtype == "bfloat16":  # one rounding of the f32 math, as torch's bf16 gelu: at most one ulp apart
+        want = F.gelu(torch.tensor(f32(x)).to(torch.bfloat16), approximate="tanh").float().numpy()
+        assert np.abs(f32(y) - want).max() <= np.abs(want).max() * 2 ** -7
+
+
+def test_gelu_tanh_without_b_has_no_db():
+    x = rand((4, 8))
+    with pytest.raises(Exception, match="there is no b"):
+        run_op("act_mul_bwd", [x, x, None], [((4, 8), "float32"), ((4, 8), "float32")], act="gelu_tanh")
+
+
+def test_gelu_tanh_dsl_op_trains_through_autodiff():
+    x, dy = rand((5, 24), seed=1), rand((5, 12), seed=2)
+    P = rand((12, 24), seed=3, scale=0.5)
+    y, grads = run_graph(lambda p, i: ops.gelu_tanh(ops.linear(i["x"], p["P"])), {"P": P}, {"x": x}, dy)
+    h, Pt = through_linear(x, P)
+    y_ref = F.gelu(h, approximate="tanh")
+    (y_ref * t64(dy)).sum().backward()
+    close(y, y_ref.detach().numpy(), "float32")
+    assert_close(grads["P"], Pt.grad.numpy(), rtol=1e-5, atol=1e-5)
