@@ -170,6 +170,15 @@ def _short_conv(c: RuleContext, n: Node, gy: list) -> list:
     return [dbcx if spec else None, None, None, None]
 
 
+@rule("mean_pool_2d_fwd")
+def _mean_pool_2d(c: RuleContext, n: Node, gy: list) -> list:
+    (x,) = n.inputs
+    if c.grad_spec(x) is None:
+        return [None]
+    (dx,) = c.g.node("mean_pool_2d_bwd", [gy[0]], [c.grad_spec(x)], **n.attrs)
+    return [dx]
+
+
 def _serving_only(c: RuleContext, n: Node, gy: list) -> list:
     raise UnsupportedError(f"{n.op} is a serving op (it reads or writes the paged KV cache) and has no derivative "
                            f"(node {n})", hint="differentiate a training graph: CausalLM.build(mode='train')")

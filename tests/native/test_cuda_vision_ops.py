@@ -1,6 +1,6 @@
 """The CUDA twins of the vision towers' ops against the CPU backend: layer_norm
 (cuda/norm_rope_act_layernorm.cu), act_mul without b (plain gelu_tanh, cuda/norm_rope_act_gated.cu),
-mean_pool_2d (cuda/mean_pool_2d.cu) and the training attention's kv_limit (cuda/attention.cu and the
+mean_pool_2d (cuda/pool.cu) and the training attention's kv_limit (cuda/attention.cu and the
 flash path in cuda/attention_flash.cu), with packed documents, bidirectional spans and windows.
 
 Skipped on machines without a CUDA build and a GPU; run on the lent H200."""
@@ -17,7 +17,7 @@ HAS_CUDA = bool(_native.build_info()["cuda"]) and len(_native.cuda_devices()) > 
 if not HAS_CUDA:
     pytest.skip("no CUDA build or no GPU", allow_module_level=True)
 
-COVERS = ("layer_norm_fwd", "layer_norm_bwd", "act_mul_fwd", "act_mul_bwd")
+COVERS = ("layer_norm_fwd", "layer_norm_bwd", "act_mul_fwd", "act_mul_bwd", "mean_pool_2d_fwd", "mean_pool_2d_bwd")
 DTYPES = ["float32", "bfloat16", "float16"]
 
 
@@ -78,3 +78,14 @@ def test_gelu_tanh(dtype):
     x, dy = rand((37, 77), dtype, 4, 3.0), rand((37, 77), dtype, 5)
     compare("act_mul_fwd", [x, None], [np.zeros(x.shape, x.dtype)], [dtype], act="gelu_tanh")
     compare("act_mul_bwd", [dy, x, None], [np.zeros(x.shape, x.dtype), None], [dtype, None], act="gelu_tanh")
+
+
+# ---- mean_pool_2d -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,H,W,k,C", [(2, 64, 64, 4, 72), (3, 12, 12, 3, 5), (1, 6, 9, 3, 16)])
+def test_mean_pool_2d(dtype, B, H, W, k, C):
+    attrs = dict(height=H, width=W, kernel=k)
+    x, dy = rand((B * H * W, C), dtype, 6), rand((B * (H // k) * (W // k), C), dtype, 7)
+    compare("mean_pool_2d_fwd", [x], [np.zeros(dy.shape, x.dtype)], [dtype], **attrs)
+    compare("mean_pool_2d_bwd", [dy], [np.zeros(x.shape, x.dtype)], [dtype], **attrs)
