@@ -1,7 +1,8 @@
 // The packed documents of the training attention kernels, shared by cuda/attention.cu and
 // cuda/attention_flash.cu: int64 min / max for device code, a document's bounds from cu_seqlens,
-// the document that owns a tile, and the two bounds a kv_limit gives (op_checks_attention.h). cu_seqlens' values are not validated on the device, so a
-// document's bounds are clamped into [0, N] (attention.cu's header).
+// the document that owns a tile, and the two bounds a kv_limit gives (op_checks_attention.h).
+// cu_seqlens' values are not validated on the device, so a document's bounds are clamped into
+// [0, N] (attention.cu's header).
 #pragma once
 
 #include <cstdint>
