@@ -68,6 +68,18 @@ def _rmsnorm(c: RuleContext, n: Node, gy: list) -> list:
     return [dx if dx_spec else None, None]
 
 
+@rule("layer_norm_fwd")
+def _layer_norm(c: RuleContext, n: Node, gy: list) -> list:
+    x, w, b = n.inputs
+    _, mean, rstd = n.outputs
+    dx_spec, dw, db = c.grad_spec(x), c.param_grad(w), c.param_grad(b)
+    if dx_spec is None and dw is None and db is None:
+        return [None] * 3
+    dx, _, _ = c.g.node("layer_norm_bwd", [gy[0], x, w, mean, rstd],
+                        [dx_spec or (x.name + ".grad_unused", x.shape, x.dtype), dw, db], accumulate=1)
+    return [dx if dx_spec else None, None, None]
+
+
 @rule("add_rmsnorm_fwd")
 def _add_rmsnorm(c: RuleContext, n: Node, gy: list) -> list:
     x, res, w = n.inputs
@@ -134,17 +146,19 @@ def _qk_norm_rope(c: RuleContext, n: Node, gy: list) -> list:
 
 @rule("attention_fwd")
 def _attention(c: RuleContext, n: Node, gy: list) -> list:
-    q, k, v, cu, *sinks = n.inputs  # sinks [Hq]: GPT-OSS's, when given
+    q, k, v, cu, *rest = n.inputs  # [sinks [Hq] (GPT-OSS's, or None), [kv_limit [N]]]
+    sinks = rest[0] if rest else None
+    kv_limit = rest[1:]
     out, lse = n.outputs
     specs = [c.grad_spec(t) or (t.name + ".grad_unused", t.shape, t.dtype) for t in (q, k, v)]
-    dsinks = c.param_grad(sinks[0]) if sinks else None
+    dsinks = c.param_grad(sinks)
     if dsinks is not None:  # lse holds the sink: attention_bwd needs nothing more, the sinks their own op
-        c.g.node("attention_sinks_bwd", [gy[0], out, lse, sinks[0]], [dsinks], accumulate=1)
+        c.g.node("attention_sinks_bwd", [gy[0], out, lse, sinks], [dsinks], accumulate=1)
     if not any(c.needs(t) for t in (q, k, v)):
         return [None] * len(n.inputs)
-    dq, dk, dv = c.g.node("attention_bwd", [gy[0], q, k, v, out, lse, cu], specs, **n.attrs)
+    dq, dk, dv = c.g.node("attention_bwd", [gy[0], q, k, v, out, lse, cu, *kv_limit], specs, **n.attrs)
     return [dq if c.needs(q) else None, dk if c.needs(k) else None, dv if c.needs(v) else None, None] + \
-        [None] * len(sinks)
+        [None] * len(rest)
 
 
 @rule("short_conv_fwd")
@@ -156,6 +170,15 @@ def _short_conv(c: RuleContext, n: Node, gy: list) -> list:
     dbcx, _, _ = c.g.node("short_conv_bwd", [gy[0], bcx, w, cu, bias],
                           [spec or (bcx.name + ".grad_unused", bcx.shape, bcx.dtype), dw, db], accumulate=1)
     return [dbcx if spec else None, None, None, None]
+
+
+@rule("mean_pool_2d_fwd")
+def _mean_pool_2d(c: RuleContext, n: Node, gy: list) -> list:
+    (x,) = n.inputs
+    if c.grad_spec(x) is None:
+        return [None]
+    (dx,) = c.g.node("mean_pool_2d_bwd", [gy[0]], [c.grad_spec(x)], **n.attrs)
+    return [dx]
 
 
 def _serving_only(c: RuleContext, n: Node, gy: list) -> list:
@@ -213,7 +236,7 @@ RULES["geglu_fwd"] = _glu("geglu_bwd")
 
 @rule("act_mul_fwd")
 def _act_mul(c: RuleContext, n: Node, gy: list) -> list:
-    a, b = n.inputs
+    a, b = n.inputs  # b None: the plain activation (ops.gelu_tanh)
     da, db = c.grad_spec(a), c.grad_spec(b)
     if c.needs(b) and b.shape != a.shape:
         raise UnsupportedError(f"act_mul: the gradient of a broadcast b ({b.name}) is not supported (node {n})",

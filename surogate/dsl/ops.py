@@ -70,6 +70,17 @@ def add_rmsnorm(x: Value, residual: Value, w: Value, eps: float, name: str = "no
     return y, h
 
 
+def layer_norm(x: Value, w: Value, b: Value | None, eps: float, name: str = "norm") -> Value:
+    """torch's LayerNorm over the last dim (biased variance), times w, plus b (SigLIP's)."""
+    N, C = x.shape
+    _check(w.shape == (C,), f"layer_norm {name}: weight {w.shape} does not match width {C}")
+    _check(b is None or b.shape == (C,), f"layer_norm {name}: bias {None if b is None else b.shape} != ({C},)")
+    y, _, _ = _g(x).node("layer_norm_fwd", [x, w, b],
+                         [(name, (N, C), x.dtype), (name + ".mean", (N,), "float32"),
+                          (name + ".rstd", (N,), "float32")], eps=float(eps))
+    return y
+
+
 # ---- projections ----------------------------------------------------------------------------
 @dataclass
 class LoRASlice:
@@ -208,14 +219,22 @@ def qk_norm_rope(x: Value, w: Value, pos: Value, eps: float, rope_attrs: dict, n
 
 # ---- attention ------------------------------------------------------------------------------
 def attention(q: Value, k: Value, v: Value, cu_seqlens: Value, *, causal: bool = True, scale: float = 0.0,
-              window: int = 0, softcap: float = 0.0, sinks: Value | None = None, name: str = "attn") -> Value:
-    """``sinks`` [Hq] (GPT-OSS): a learned logit per query head in each row's softmax denominator."""
+              window: int = 0, softcap: float = 0.0, sinks: Value | None = None, kv_limit: Value | None = None,
+              name: str = "attn") -> Value:
+    """``sinks`` [Hq] (GPT-OSS): a learned logit per query head in each row's softmax denominator.
+    ``kv_limit`` int32 [N] (causal only; Gemma 3's bidirectional image spans): per query token the
+    last key it sees, counted from its document's start (i for a causal token, the span's last
+    index for a token of an image span); a window keeps its lower bound."""
     N, Hq, D = q.shape
     _, Hkv, Dk = k.shape
     _check(D == Dk and v.shape == k.shape, f"attention {name}: q {q.shape}, k {k.shape}, v {v.shape}")
     _check(Hq % Hkv == 0, f"attention {name}: {Hq} query heads are not a multiple of {Hkv} kv heads")
     _check(sinks is None or sinks.shape == (Hq,), f"attention {name}: sinks {sinks and sinks.shape} != ({Hq},)")
-    ins = [q, k, v, cu_seqlens] + ([sinks] if sinks is not None else [])
+    _check(kv_limit is None or (kv_limit.shape == (N,) and kv_limit.dtype == "int32"),
+           f"attention {name}: kv_limit {kv_limit and (kv_limit.shape, kv_limit.dtype)} is not int32 ({N},)")
+    _check(kv_limit is None or causal, f"attention {name}: kv_limit widens a causal mask; this one is not causal")
+    ins = [q, k, v, cu_seqlens] + ([sinks] if sinks is not None or kv_limit is not None else [])
+    ins += [kv_limit] if kv_limit is not None else []
     out, _ = _g(q).node("attention_fwd", ins,
                         [(name, (N, Hq, D), q.dtype), (name + ".lse", (N, Hq), "float32")],
                         causal=int(causal), scale=float(scale), window=int(window), softcap=float(softcap))
@@ -288,6 +307,22 @@ def short_conv_cache(bcx: Value, w: Value, state_slots: Value, cu_q: Value, cont
     return y
 
 
+# ---- pooling --------------------------------------------------------------------------------
+def mean_pool_2d(x: Value, height: int, width: int, kernel: int, name: str = "pool") -> Value:
+    """x [B*H*W, C], B row-major H x W patch grids -> [B*(H/k)*(W/k), C]: the mean of each k x k
+    block, row-major per image (Gemma 3's multimodal projector: AvgPool2d over the patch grid)."""
+    N, C = x.shape
+    _check(height > 0 and width > 0 and kernel > 0 and height % kernel == 0 and width % kernel == 0,
+           f"mean_pool_2d {name}: kernel {kernel} does not divide the {height} x {width} patch grid")
+    cells, pooled = height * width, (height // kernel) * (width // kernel)
+    times = N.times if isinstance(N, Dim) else N  # rows: B images (a symbolic B: Dim("B", cells))
+    _check(times % cells == 0, f"mean_pool_2d {name}: {N} rows are not whole {height} x {width} grids")
+    M = Dim(N.name, times // cells * pooled) if isinstance(N, Dim) else N // cells * pooled
+    (y,) = _g(x).node("mean_pool_2d_fwd", [x], [(name, (M, C), x.dtype)], height=int(height), width=int(width),
+                      kernel=int(kernel))
+    return y
+
+
 # ---- activations ----------------------------------------------------------------------------
 def swiglu(gu: Value, name: str = "act") -> Value:
     N, F2 = gu.shape
@@ -316,6 +351,13 @@ def act_mul(a: Value, b: Value, act: str = "none", name: str = "act_mul") -> Val
     _check(act in ("none", "gelu_tanh"), f"act_mul {name}: act {act!r} is not 'none' or 'gelu_tanh'")
     _check(b.shape == a.shape or b.shape in ((1,), (1, 1)), f"act_mul {name}: b {b.shape} is neither {a.shape} nor one value")
     (y,) = _g(a).node("act_mul_fwd", [a, b], [(name, a.shape, a.dtype)], act=act)
+    return y
+
+
+def gelu_tanh(x: Value, name: str = "act") -> Value:
+    """The plain GELU, tanh approximation (gelu_pytorch_tanh: SigLIP's MLP): act_mul without b,
+    the math geglu's gate uses."""
+    (y,) = _g(x).node("act_mul_fwd", [x, None], [(name, x.shape, x.dtype)], act="gelu_tanh")
     return y
 
 
