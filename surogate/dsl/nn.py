@@ -139,6 +139,8 @@ class ModelSpec:
     # document, or on a sliding layer the tokens less than its window away on either side; such a
     # model embeds (build mode "hidden") and has no serving build.
     causal: bool = True
+    # Images (Gemma 3's SigLIP tower and projector: dsl/nn_vision.py VisionSpec); None: text only.
+    vision: object | None = None
 
     def window(self, layer: int) -> int:
         return self.sliding_windows[layer] if self.sliding_windows else 0
