@@ -30,6 +30,9 @@ constexpr OpContract kContracts[] = {
     // check_add_rmsnorm_bwd requires h, w and rstd.
     {"add_rmsnorm_bwd", 1, 5, 2, 1,
      "(dy, [dh], h, w, rstd) -> (dx = d residual, [dw]); attrs: weight_offset, accumulate"},
+    {"layer_norm_fwd", 2, 3, 3, -1,
+     "(x[N,C], w[C], [b[C]]) -> (y[N,C] = (x - mean) rstd w + b, mean[N] f32, rstd[N] f32); attrs: eps"},
+    {"layer_norm_bwd", 5, 5, 3, 1, "(dy, x, w, mean, rstd) -> (dx, [dw], [db]); attrs: accumulate"},
     {"rope_fwd", 2, 2, 1, -1, "(x[N,H,D], pos[N] i32) -> (y); attrs: " SG_ROPE_ATTRS},
     {"rope_bwd", 2, 2, 1, -1, "(dy[N,H,D], pos[N] i32) -> (dx), rotation by -angle; attrs: " SG_ROPE_ATTRS},
     {"qk_norm_rope_fwd", 3, 3, 2, -1, "(x[N,H,D], w[D], pos[N]) -> (y, rstd[N,H] f32); attrs: eps, weight_offset, " SG_ROPE_ATTRS},

@@ -68,6 +68,18 @@ def _rmsnorm(c: RuleContext, n: Node, gy: list) -> list:
     return [dx if dx_spec else None, None]
 
 
+@rule("layer_norm_fwd")
+def _layer_norm(c: RuleContext, n: Node, gy: list) -> list:
+    x, w, b = n.inputs
+    _, mean, rstd = n.outputs
+    dx_spec, dw, db = c.grad_spec(x), c.param_grad(w), c.param_grad(b)
+    if dx_spec is None and dw is None and db is None:
+        return [None] * 3
+    dx, _, _ = c.g.node("layer_norm_bwd", [gy[0], x, w, mean, rstd],
+                        [dx_spec or (x.name + ".grad_unused", x.shape, x.dtype), dw, db], accumulate=1)
+    return [dx if dx_spec else None, None, None]
+
+
 @rule("add_rmsnorm_fwd")
 def _add_rmsnorm(c: RuleContext, n: Node, gy: list) -> list:
     x, res, w = n.inputs

@@ -59,6 +59,17 @@ def add_rmsnorm(x: Value, residual: Value, w: Value, eps: float, name: str = "no
     return y, h
 
 
+def layer_norm(x: Value, w: Value, b: Value | None, eps: float, name: str = "norm") -> Value:
+    """torch's LayerNorm over the last dim (biased variance), times w, plus b (SigLIP's)."""
+    N, C = x.shape
+    _check(w.shape == (C,), f"layer_norm {name}: weight {w.shape} does not match width {C}")
+    _check(b is None or b.shape == (C,), f"layer_norm {name}: bias {None if b is None else b.shape} != ({C},)")
+    y, _, _ = _g(x).node("layer_norm_fwd", [x, w, b],
+                         [(name, (N, C), x.dtype), (name + ".mean", (N,), "float32"),
+                          (name + ".rstd", (N,), "float32")], eps=float(eps))
+    return y
+
+
 # ---- projections ----------------------------------------------------------------------------
 @dataclass
 class LoRASlice:
