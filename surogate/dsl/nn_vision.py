@@ -21,18 +21,16 @@ The tower is frozen (forward only); the projector's weights are plain parameters
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
 from surogate.dsl import ops
 from surogate.dsl.graph import Graph, Value
-from surogate.dsl.nn import CausalLM, LoRAConfig, ModelSpec, SandwichBlock
+from surogate.dsl.nn import KV_LIMIT, CausalLM, LoRAConfig, ModelSpec, SandwichBlock
 
 VISION_PREFIX = "vision_tower"
 PROJECTOR_PREFIX = "multi_modal_projector"
-KV_LIMIT = "kv_limit"  # int32 [N]: the last key (within its sequence) each token sees; attention reads it
 
 
 @dataclass(frozen=True)
@@ -228,7 +226,3 @@ def image_inputs(ids: np.ndarray, pos: np.ndarray, cu: np.ndarray, rows: np.ndar
         "text_mask": np.ascontiguousarray(np.broadcast_to((~is_img)[:, None], (len(ids), C)).astype(np_dtype)),
         KV_LIMIT: kv_limit,
     }
-
-
-def with_vision(spec: ModelSpec, v: VisionSpec) -> ModelSpec:
-    return dataclasses.replace(spec, vision=v)
