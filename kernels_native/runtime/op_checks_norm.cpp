@@ -130,7 +130,9 @@ Status check_layer_norm_fwd(const OpArgs& a, LayerNormArgs* r) {
     const Tensor& b = a.in(2);
     SG_RETURN_IF_ERROR(check_same_shape(op, "b", b, "w", w));
     SG_RETURN_IF_ERROR(check_contiguous(op, "b", b));
-    SG_RETURN_IF_ERROR(check_dtype(op, "b", b, {DType::kF32, DType::kBF16, DType::kF16}));
+    SG_CHECK(b.dtype == w.dtype, StatusCode::kDTypeUnsupported,
+             str_cat(op, ": b is ", dtype_name(b.dtype), " but w is ", dtype_name(w.dtype)),
+             "give the norm's weight and bias one dtype");
     r->b = &b;
   }
   r->N = dims.N;

@@ -9,7 +9,7 @@
 // dw has w's shape, in f32 or w's dtype.
 //   layer_norm_fwd   (x[N,C], w[C], [b[C]]) -> (y[N,C], mean[N] f32, rstd[N] f32)
 //   layer_norm_bwd   (dy, x, w, mean, rstd) -> (dx, [dw], [db])
-// As RMSNorm's, plus b (w's shape and dtype family) and db (b's shape, f32 or b's dtype).
+// As RMSNorm's, plus b (w's shape and dtype) and db (w's shape, f32 or w's dtype).
 #pragma once
 
 #include <cstdint>

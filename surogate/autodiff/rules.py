@@ -170,6 +170,15 @@ def _short_conv(c: RuleContext, n: Node, gy: list) -> list:
     return [dbcx if spec else None, None, None, None]
 
 
+@rule("mean_pool_2d_fwd")
+def _mean_pool_2d(c: RuleContext, n: Node, gy: list) -> list:
+    (x,) = n.inputs
+    if c.grad_spec(x) is None:
+        return [None]
+    (dx,) = c.g.node("mean_pool_2d_bwd", [gy[0]], [c.grad_spec(x)], **n.attrs)
+    return [dx]
+
+
 def _serving_only(c: RuleContext, n: Node, gy: list) -> list:
     raise UnsupportedError(f"{n.op} is a serving op (it reads or writes the paged KV cache) and has no derivative "
                            f"(node {n})", hint="differentiate a training graph: CausalLM.build(mode='train')")
@@ -224,7 +233,7 @@ RULES["geglu_fwd"] = _glu("geglu_bwd")
 
 @rule("act_mul_fwd")
 def _act_mul(c: RuleContext, n: Node, gy: list) -> list:
-    a, b = n.inputs
+    a, b = n.inputs  # b None: the plain activation (ops.gelu_tanh)
     da, db = c.grad_spec(a), c.grad_spec(b)
     if c.needs(b) and b.shape != a.shape:
         raise UnsupportedError(f"act_mul: the gradient of a broadcast b ({b.name}) is not supported (node {n})",

@@ -146,3 +146,112 @@ def test_layer_norm_dsl_op_trains_through_autodiff():
     assert_close(grads["P"], Pt.grad.numpy(), rtol=1e-4, atol=1e-4)
     assert_close(grads["w"], wt.grad.numpy(), rtol=1e-4, atol=1e-4)
     assert_close(grads["b"], bt.grad.numpy(), rtol=1e-5, atol=1e-5)
+
+
+# ---- gelu_tanh (act_mul without b) ----------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gelu_tanh_matches_torch(dtype):
+    x = rand((13, 77), dtype, seed=3, scale=3.0)
+    dy = rand((13, 77), dtype, seed=4)
+    (y,) = run_op("act_mul_fwd", [x, None], [((13, 77), dtype)], act="gelu_tanh")
+    dx = np.zeros_like(x)
+    _native.call_op("act_mul_bwd", [dy, x, None], [dx, None], {"act": "gelu_tanh"})
+    xt = t64(x, True)
+    y_ref = F.gelu(xt, approximate="tanh")
+    (y_ref * t64(dy)).sum().backward()
+    close(y, y_ref.detach().numpy(), dtype)
+    close(dx, xt.grad.numpy(), dtype)
+    if dtype == "bfloat16":  # one rounding of the f32 math, as torch's bf16 gelu: at most one ulp apart
+        want = F.gelu(torch.tensor(f32(x)).to(torch.bfloat16), approximate="tanh").float().numpy()
+        assert np.abs(f32(y) - want).max() <= np.abs(want).max() * 2 ** -7
+
+
+def test_gelu_tanh_without_b_has_no_db():
+    x = rand((4, 8))
+    with pytest.raises(Exception, match="there is no b"):
+        run_op("act_mul_bwd", [x, x, None], [((4, 8), "float32"), ((4, 8), "float32")], act="gelu_tanh")
+
+
+def test_gelu_tanh_dsl_op_trains_through_autodiff():
+    x, dy = rand((5, 24), seed=1), rand((5, 12), seed=2)
+    P = rand((12, 24), seed=3, scale=0.5)
+    y, grads = run_graph(lambda p, i: ops.gelu_tanh(ops.linear(i["x"], p["P"])), {"P": P}, {"x": x}, dy)
+    h, Pt = through_linear(x, P)
+    y_ref = F.gelu(h, approximate="tanh")
+    (y_ref * t64(dy)).sum().backward()
+    close(y, y_ref.detach().numpy(), "float32")
+    assert_close(grads["P"], Pt.grad.numpy(), rtol=1e-5, atol=1e-5)
+
+
+# ---- mean_pool_2d -----------------------------------------------------------------------------
+
+def pool_ref(x, dy, B, H, W, k):
+    """F.avg_pool2d over each image's [C, H, W] grid (rows row-major), back to [B*Ho*Wo, C]."""
+    C = x.shape[1]
+    xt = t64(x, True)
+    grid = xt.reshape(B, H, W, C).permute(0, 3, 1, 2)
+    y = F.avg_pool2d(grid, k, k).permute(0, 2, 3, 1).reshape(-1, C)
+    (y * t64(dy)).sum().backward()
+    return y.detach().numpy(), xt.grad.numpy()
+
+
+def pool(x, H, W, k):
+    B = x.shape[0] // (H * W)
+    return run_op("mean_pool_2d_fwd", [x], [((B * (H // k) * (W // k), x.shape[1]), x.dtype.name)], height=H,
+                  width=W, kernel=k)[0]
+
+
+def pool_bwd(dy, H, W, k):
+    B = dy.shape[0] // ((H // k) * (W // k))
+    return run_op("mean_pool_2d_bwd", [dy], [((B * H * W, dy.shape[1]), dy.dtype.name)], height=H, width=W,
+                  kernel=k)[0]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,H,W,k,C", [(1, 4, 4, 2, 8), (3, 12, 12, 3, 5), (2, 6, 9, 3, 16), (2, 4, 4, 1, 3),
+                                       (1, 8, 8, 8, 7)])
+def test_mean_pool_2d_matches_avg_pool2d(dtype, B, H, W, k, C):
+    x = rand((B * H * W, C), dtype, seed=1)
+    dy = rand((B * (H // k) * (W // k), C), dtype, seed=2)
+    y_ref, dx_ref = pool_ref(x, dy, B, H, W, k)
+    close(pool(x, H, W, k), y_ref, dtype)
+    close(pool_bwd(dy, H, W, k), dx_ref, dtype)
+
+
+def test_mean_pool_2d_rows_are_gemma3_projectors_order():
+    """The rows transformers' Gemma3MultiModalProjector pools (its norm's input) are ours, in order."""
+    from transformers import Gemma3Config
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3MultiModalProjector
+
+    cfg = Gemma3Config(vision_config=dict(image_size=48, patch_size=4, hidden_size=8, intermediate_size=16,
+                                          num_hidden_layers=1, num_attention_heads=2),
+                       text_config=dict(hidden_size=16, vocab_size=64, num_hidden_layers=1, intermediate_size=32,
+                                        num_attention_heads=2, num_key_value_heads=1, head_dim=8),
+                       mm_tokens_per_image=16)
+    proj = Gemma3MultiModalProjector(cfg)
+    seen = {}
+    proj.mm_soft_emb_norm.register_forward_pre_hook(lambda m, args: seen.setdefault("pooled", args[0]))
+    x = rand((2 * 144, 8), seed=7)
+    with torch.no_grad():
+        proj(torch.tensor(x).reshape(2, 144, 8))
+    want = seen["pooled"].reshape(-1, 8).numpy()
+    assert_close(pool(x, 12, 12, proj.kernel_size), want, rtol=1e-6, atol=1e-6)
+
+
+def test_mean_pool_2d_refuses_a_kernel_that_does_not_divide_the_grid():
+    with pytest.raises(Exception, match="does not divide"):
+        run_op("mean_pool_2d_fwd", [rand((36, 4))], [((4, 4), "float32")], height=6, width=6, kernel=4)
+    with pytest.raises(ShapeError, match="whole number"):
+        run_op("mean_pool_2d_fwd", [rand((30, 4))], [((4, 4), "float32")], height=6, width=6, kernel=3)
+
+
+def test_mean_pool_2d_dsl_op_trains_through_autodiff():
+    x, dy = rand((2 * 36, 6), seed=3), rand((2 * 4, 6), seed=4)
+    P = rand((6, 6), seed=5, scale=0.5)
+    y, grads = run_graph(lambda p, i: ops.mean_pool_2d(ops.linear(i["x"], p["P"]), 6, 6, 3), {"P": P}, {"x": x}, dy)
+    h, Pt = through_linear(x, P)
+    y_ref = F.avg_pool2d(h.reshape(2, 6, 6, 6).permute(0, 3, 1, 2), 3, 3).permute(0, 2, 3, 1).reshape(-1, 6)
+    (y_ref * t64(dy)).sum().backward()
+    close(y, y_ref.detach().numpy(), "float32")
+    assert_close(grads["P"], Pt.grad.numpy(), rtol=1e-5, atol=1e-5)
