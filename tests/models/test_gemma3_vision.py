@@ -99,11 +99,26 @@ def test_logits_of_a_prompt_with_two_images_match_transformers(ours, ref):
     assert np.abs(causal - want).max() > 1e-3
 
 
-def test_loss_with_images_matches_transformers(ours, ref):
+def test_loss_and_language_model_grads_with_images_match_transformers(ours, ref):
+    """The tower and projector are frozen (their rows are inputs of the text graph): every other
+    gradient of a full fine-tune equals HF's."""
     ids, px = prompt(ours, 2, seed=2), pixels(2, seed=8)
     labels = np.where(ids == ours.spec.vision.image_token_index, -100, ids)
-    want = hf_logits(ref, ids, px, ours.spec.vision.image_token_index, labels).loss.item()
-    assert ours.loss(ids, labels, images=px) == pytest.approx(want, rel=1e-5, abs=1e-6)
+    t = torch.tensor(ids)[None]
+    out = ref(input_ids=t, pixel_values=torch.tensor(px), token_type_ids=(t == ours.spec.vision.image_token_index).long(),
+              labels=torch.tensor(labels)[None])
+    assert ours.loss(ids, labels, images=px) == pytest.approx(out.loss.item(), rel=1e-5, abs=1e-6)
+    loss, grads = ours.loss_and_grads(ids, labels, images=px)
+    assert loss == pytest.approx(out.loss.item(), rel=1e-5, abs=1e-6)
+    ref.zero_grad()
+    out.loss.backward()
+    named = dict(ref.named_parameters())
+    ours_hf = ours.to_hf(grads)  # the text model's names (model.*): HF's under model.language_model.*
+    assert len(ours_hf) == len([n for n in named if n.startswith("model.language_model.")])
+    for name, g in ours_hf.items():
+        r = named[name.replace("model.", "model.language_model.", 1)].grad.numpy()
+        err = np.abs(g - r).max() / (np.abs(r).max() + 1e-12)
+        assert err < 1e-4, f"{name}: max error {err:.2e}"
 
 
 def test_a_text_only_prompt_matches_transformers(ours, ref):
