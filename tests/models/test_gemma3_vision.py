@@ -127,12 +127,34 @@ def test_a_text_only_prompt_matches_transformers(ours, ref):
     np.testing.assert_allclose(got, hf_logits(ref, ids, None, 0).logits[0].numpy(), atol=ATOL, rtol=0)
 
 
+def test_text_prompts_serve_as_transformers_generates(ours, ref):
+    """The serving engine runs the language model of the vision checkpoint (text prompts; image
+    rows in serving come through the engine's embeddings, not yet here)."""
+    from sgtest.engine import engine, generate, hf_greedy, prompts
+
+    ps = prompts(ours.spec.vision.boi_token_index, 6, seed=5)
+    with engine(ours) as client:
+        assert generate(client, ps, 8) == [hf_greedy(ref, p, 8) for p in ps]
+
+
 def test_packed_documents_with_images_equal_each_alone(ours):
     a, b = prompt(ours, 1, seed=11), prompt(ours, 2, seed=12)
     px = pixels(3, seed=9)
     packed = ours.forward([a, b], images=px)
     alone = np.concatenate([ours.forward(a, images=px[:1]), ours.forward(b, images=px[1:])])
     np.testing.assert_allclose(packed, alone, atol=1e-5, rtol=0)
+
+
+def test_an_image_token_past_the_vocabulary(ours, tmp_path):
+    """HF reads an image token id >= vocab_size as 0 before the embedding (its row is replaced)."""
+    v = ours.spec.vision.boi_token_index  # the tokenizer's size; boi, eoi follow
+    path = make_gemma3_vision(tmp_path / "oov", seed=4, text={"vocab_size": v + 2}, image_token_index=v + 2)
+    model = surogate.load_model(path)
+    assert model.spec.vision.image_token_index == model.spec.vocab_size
+    ref = transformers.Gemma3ForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32).eval()
+    ids, px = prompt(model, 2, seed=6), pixels(2, seed=6)
+    want = hf_logits(ref, ids, px, model.spec.vision.image_token_index).logits[0].numpy()
+    np.testing.assert_allclose(model.forward(ids, images=px), want, atol=ATOL, rtol=0)
 
 
 def _rewrite(folder, dest, rename):
