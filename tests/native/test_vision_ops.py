@@ -14,7 +14,7 @@ from surogate import _native
 from surogate.autodiff import backward
 from surogate.compile import Executable
 from surogate.dsl import Graph, ops
-from surogate.errors import ShapeError
+from surogate.errors import InvalidArgumentError, ShapeError
 
 DTYPES = ["float32", "bfloat16"]
 
@@ -169,7 +169,7 @@ def test_gelu_tanh_matches_torch(dtype):
 
 def test_gelu_tanh_without_b_has_no_db():
     x = rand((4, 8))
-    with pytest.raises(Exception, match="there is no b"):
+    with pytest.raises(InvalidArgumentError, match="there is no b"):
         run_op("act_mul_bwd", [x, x, None], [((4, 8), "float32"), ((4, 8), "float32")], act="gelu_tanh")
 
 
@@ -240,7 +240,7 @@ def test_mean_pool_2d_rows_are_gemma3_projectors_order():
 
 
 def test_mean_pool_2d_refuses_a_kernel_that_does_not_divide_the_grid():
-    with pytest.raises(Exception, match="does not divide"):
+    with pytest.raises(InvalidArgumentError, match="does not divide"):
         run_op("mean_pool_2d_fwd", [rand((36, 4))], [((4, 4), "float32")], height=6, width=6, kernel=4)
     with pytest.raises(ShapeError, match="whole number"):
         run_op("mean_pool_2d_fwd", [rand((30, 4))], [((4, 4), "float32")], height=6, width=6, kernel=3)
@@ -389,13 +389,13 @@ def test_attention_kv_limit_values_are_checked(bad, match):
     if match is None:
         attn_fwd(q, k, v, cu, lim)
         return
-    with pytest.raises(Exception, match=match):
+    with pytest.raises(InvalidArgumentError, match=match):
         attn_fwd(q, k, v, cu, lim)
 
 
 def test_attention_kv_limit_needs_a_causal_mask_and_one_entry_per_token():
     q, k, v, _, cu, lim = attn_inputs([(6, [(1, 3)])], 2, 1, 8, "float32")
-    with pytest.raises(Exception, match="not causal"):
+    with pytest.raises(InvalidArgumentError, match="not causal"):
         attn_fwd(q, k, v, cu, lim, causal=0)
     with pytest.raises(ShapeError, match="kv_limit must be \\[N\\]"):
         attn_fwd(q, k, v, cu, lim[:5].copy())
