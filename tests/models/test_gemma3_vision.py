@@ -171,6 +171,18 @@ def test_an_image_token_past_the_vocabulary(ours, tmp_path):
     np.testing.assert_allclose(model.forward(ids, images=px), want, atol=ATOL, rtol=0)
 
 
+def test_an_untied_head(ours, tmp_path):
+    """tie_word_embeddings false: the head is saved as language_model.lm_head.weight."""
+    path = make_gemma3_vision(tmp_path / "untied", seed=5, text={"tie_word_embeddings": False},
+                              tie_word_embeddings=False)
+    model = surogate.load_model(path)
+    assert not model.spec.tie_word_embeddings and "lm_head.weight" in model.params
+    ref = transformers.Gemma3ForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32).eval()
+    ids, px = prompt(model, 1, seed=8), pixels(1, seed=8)
+    want = hf_logits(ref, ids, px, model.spec.vision.image_token_index).logits[0].numpy()
+    np.testing.assert_allclose(model.forward(ids, images=px), want, atol=ATOL, rtol=0)
+
+
 def _rewrite(folder, dest, rename):
     import shutil
 
