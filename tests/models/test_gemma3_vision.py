@@ -119,8 +119,8 @@ def test_loss_and_language_model_grads_with_images_match_transformers(ours, ref)
     ids, px = prompt(ours, 2, seed=2), pixels(2, seed=8)
     labels = np.where(ids == ours.spec.vision.image_token_index, -100, ids)
     t = torch.tensor(ids)[None]
-    out = ref(input_ids=t, pixel_values=torch.tensor(px), token_type_ids=(t == ours.spec.vision.image_token_index).long(),
-              labels=torch.tensor(labels)[None])
+    types = (t == ours.spec.vision.image_token_index).long()
+    out = ref(input_ids=t, pixel_values=torch.tensor(px), token_type_ids=types, labels=torch.tensor(labels)[None])
     assert ours.loss(ids, labels, images=px) == pytest.approx(out.loss.item(), rel=1e-5, abs=1e-6)
     loss, grads = ours.loss_and_grads(ids, labels, images=px)
     assert loss == pytest.approx(out.loss.item(), rel=1e-5, abs=1e-6)
