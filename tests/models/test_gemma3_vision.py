@@ -135,6 +135,36 @@ def test_loss_and_language_model_grads_with_images_match_transformers(ours, ref)
         assert err < 1e-4, f"{name}: max error {err:.2e}"
 
 
+def test_lora_grads_with_images_match_peft(folder, ours):
+    """LoRA on the language model's projections (peft targeting language_model only; the tower has
+    q_proj / k_proj / v_proj too), a two-image prompt: loss and every adapter gradient equal peft's."""
+    pytest.importorskip("peft")
+    from sgtest.peft_ref import peft_model, peft_tensors
+    from surogate.dsl.nn import LoRAConfig
+    from surogate.models.peft import from_peft_tensors
+
+    ref = transformers.Gemma3ForConditionalGeneration.from_pretrained(str(folder), dtype=torch.float32).eval()
+    targets = LoRAConfig().targets
+    pm = peft_model(ref, r".*language_model.*\.(" + "|".join(targets) + ")")
+    lora = LoRAConfig(rank=4, alpha=8, targets=targets)
+
+    def ours_names(tensors):  # peft's names on the multimodal model -> the text model's
+        return from_peft_tensors({k.replace("model.language_model.", "model."): v for k, v in tensors.items()}, lora)
+
+    ids, px = prompt(ours, 2, seed=15), pixels(2, seed=15)
+    loss, grads = ours.loss_and_grads(ids, lora=lora, lora_params=ours_names(peft_tensors(pm)), images=px)
+    t = torch.tensor(ids)[None]
+    types = (t == ours.spec.vision.image_token_index).long()
+    out = pm(input_ids=t, pixel_values=torch.tensor(px), token_type_ids=types, labels=t)
+    out.loss.backward()
+    assert loss == pytest.approx(out.loss.item(), rel=1e-5)
+    want = ours_names(peft_tensors(pm, "grad"))
+    assert set(grads) == set(want) and len(want) == 2 * 7 * ours.spec.num_layers
+    for name, g in grads.items():
+        err = np.abs(g - want[name]).max() / (np.abs(want[name]).max() + 1e-12)
+        assert err < 1e-4, f"{name}: {err:.2e}"
+
+
 def test_a_text_only_prompt_matches_transformers(ours, ref):
     ids = prompt(ours, 0, seed=4)
     got = ours.forward(ids)
