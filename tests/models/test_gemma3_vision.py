@@ -312,3 +312,10 @@ def test_bf16_agrees_with_f32(folder, ours):
     la, lb = ours.forward(ids, images=px), bf16.forward(ids, images=px)
     assert np.abs(la - lb).max() < 0.1 * la.std()
     assert (la.argmax(-1) == lb.argmax(-1)).mean() >= 0.85
+
+
+def test_quantize_refuses_a_model_with_images(folder, tmp_path):
+    from surogate.models.gguf_names import quantize_to_gguf
+
+    with pytest.raises(UnsupportedError, match="Gemma3ForConditionalGeneration has a vision tower"):
+        quantize_to_gguf(folder, tmp_path / "x.gguf", "Q8_0")
