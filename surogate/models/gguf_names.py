@@ -346,7 +346,8 @@ def quantize_to_gguf(model: str | os.PathLike, output: str | os.PathLike, qtype:
     if spec.vision is not None:
         raise UnsupportedError(f"{folder.path}: {config.get('architectures', ['this model'])[0]} has a vision tower, "
                                "which a GGUF file does not hold (llama.cpp writes it as a separate mmproj file)",
-                               hint="run it from the Hugging Face folder (quantize= at load keeps its projections as blocks)")
+                               hint="run it from the Hugging Face folder (load_model's quantize= keeps its "
+                                    "projections as blocks)")
     weights = folder.open_weights()
     readers = {name: (lambda n=name: weights.get(n)) for name in weights.keys()}  # noqa: SIM118 (not a dict)
     plan = plan_gguf_tensors(family, config, readers, qtype, source=str(folder.path))
