@@ -1,7 +1,8 @@
 // Gated MLP activation CPU ops, forward and backward: swiglu_fwd / swiglu_bwd (Llama, Qwen,
 // Mistral) and geglu_fwd / geglu_bwd (Gemma's gelu_pytorch_tanh); act_mul_fwd / act_mul_bwd are
 // y = act(a) * b over two tensors (Gemma 4's per-layer input gate, gelu_tanh(gate) * input, with
-// geglu's math and roundings per element), b also one value (act none: Gemma 4's layer scalar).
+// geglu's math and roundings per element), b also one value (act none: Gemma 4's layer scalar) or
+// absent: y = act(a), the plain activation (SigLIP's gelu_pytorch_tanh), rounded once.
 //
 // Shapes: N rows (tokens), F intermediate channels. gu, dgu: [N, 2F]; y, dy: [N, F]; one
 // storage dtype T (f32, bf16 or f16), math in f32.
@@ -178,20 +179,23 @@ struct NoAct {
   }
 };
 
-// act_mul over [lo, hi): b[i], or b[0] for a broadcast b.
+// act_mul over [lo, hi): b[i], or b[0] for a broadcast b, or 1 without b (b null).
+template <typename T> float broadcast_value(const T* b) { return b ? load(b[0]) : 1.0f; }
+
 template <typename Act, typename T>
 void act_mul_fwd_range(const T* x, const T* b, T* y, int64_t lo, int64_t hi, bool broadcast) {
   if (!broadcast) return gated_fwd_row<Act, T>(x + lo, b + lo, y + lo, hi - lo);
-  const float bv = load(b[0]);
+  const float bv = broadcast_value(b);
   for (int64_t i = lo; i < hi; ++i) y[i] = store<T>(round_to<T>(Act::act(load(x[i]))) * bv);
 }
 
 template <typename Act, typename T>
 void act_mul_bwd_range(const T* dy, const T* x, const T* b, T* dx, T* db, int64_t lo, int64_t hi, bool broadcast) {
   if (!broadcast && db != nullptr) return gated_bwd_row<Act, T>(dy + lo, x + lo, b + lo, dx + lo, db + lo, hi - lo);
+  const float bv = broadcast ? broadcast_value(b) : 0.0f;
   for (int64_t i = lo; i < hi; ++i) {
     float a;
-    dx[i] = store<T>(load(dy[i]) * load(b[broadcast ? 0 : i]) * Act::grad(load(x[i]), &a));
+    dx[i] = store<T>(load(dy[i]) * (broadcast ? bv : load(b[i])) * Act::grad(load(x[i]), &a));
   }
 }
 
@@ -199,7 +203,7 @@ template <typename Act>
 Status act_mul_fwd_as(const OpArgs& a, const ActMulArgs& r) {
   SG_DISPATCH_FLOAT("act_mul_fwd", a.in(0).dtype, T, {
     const T* x = a.in(0).ptr<T>();
-    const T* b = a.in(1).ptr<T>();
+    const T* b = r.has_b ? a.in(1).ptr<T>() : nullptr;
     T* y = a.out(0).ptr<T>();
     parallel_for(0, r.n, 8192, [&](int64_t lo, int64_t hi) { act_mul_fwd_range<Act, T>(x, b, y, lo, hi, r.broadcast); });
   });
@@ -211,7 +215,7 @@ Status act_mul_bwd_as(const OpArgs& a, const ActMulArgs& r) {
   SG_DISPATCH_FLOAT("act_mul_bwd", a.in(0).dtype, T, {
     const T* d = a.in(0).ptr<T>();
     const T* x = a.in(1).ptr<T>();
-    const T* b = a.in(2).ptr<T>();
+    const T* b = r.has_b ? a.in(2).ptr<T>() : nullptr;
     T* dx = a.out(0).ptr<T>();
     T* db = a.has_out(1) ? a.out(1).ptr<T>() : nullptr;
     parallel_for(0, r.n, 8192, [&](int64_t lo, int64_t hi) {

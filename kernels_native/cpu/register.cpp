@@ -21,6 +21,7 @@ void register_cpu_qkv_rope_cache(OpRegistry& reg);
 void register_cpu_dropout(OpRegistry& reg);
 void register_cpu_fused_matmul(OpRegistry& reg);
 void register_cpu_short_conv(OpRegistry& reg);
+void register_cpu_pool(OpRegistry& reg);
 void register_cpu_moe(OpRegistry& reg);
 void register_cpu_moe_oai(OpRegistry& reg);
 }  // namespace cpu
@@ -43,6 +44,7 @@ void register_cpu_ops(OpRegistry& reg) {
   cpu::register_cpu_dropout(reg);
   cpu::register_cpu_fused_matmul(reg);
   cpu::register_cpu_short_conv(reg);
+  cpu::register_cpu_pool(reg);
   cpu::register_cpu_moe(reg);
   cpu::register_cpu_moe_oai(reg);
 }

@@ -173,6 +173,7 @@ void register_backend() {
   register_cuda_muon(reg);
   register_cuda_fused_matmul(reg);
   register_cuda_short_conv(reg);
+  register_cuda_pool(reg);
   register_cuda_moe(reg);
   register_cuda_moe_gemm(reg);
   register_cuda_moe_oai(reg);

@@ -29,7 +29,7 @@ void register_backend();
 void register_cuda_elementwise(OpRegistry& reg);
 void register_cuda_matmul(OpRegistry& reg);  // matmul (cuBLASLt) and lm_head_ce_fwd / lm_head_ce_bwd
 void register_cuda_attention(OpRegistry& reg);  // attention_fwd / attention_bwd (packed varlen causal GQA)
-void register_cuda_norm_rope_act(OpRegistry& reg);  // rmsnorm, add_rmsnorm, rope, qk_norm_rope, swiglu, geglu (fwd + bwd)
+void register_cuda_norm_rope_act(OpRegistry& reg);  // rmsnorm, add_rmsnorm, layer_norm, rope, qk_norm_rope, swiglu, geglu (fwd + bwd)
 void register_cuda_embed_optim(OpRegistry& reg);  // embedding fwd / bwd, dropout_fwd, global_norm, adamw, adamw8
 void register_cuda_paged_attention(OpRegistry& reg);  // kv_cache_write and paged_attention (serving)
 void register_cuda_qkv_rope_cache(OpRegistry& reg);  // qkv_rope_cache (serving: q / k rope + KV cache write)
@@ -37,6 +37,7 @@ void register_cuda_gguf(OpRegistry& reg);  // gguf_dequantize and gguf_matmul
 void register_cuda_nf4(OpRegistry& reg);   // nf4_dequantize
 void register_cuda_muon(OpRegistry& reg);  // muon_momentum and muon_update
 void register_cuda_fused_matmul(OpRegistry& reg);  // gated_matmul and add_rmsnorm_matmul (serving)
+void register_cuda_pool(OpRegistry& reg);  // mean_pool_2d_fwd / _bwd (Gemma 3's projector: patch-grid average pool)
 void register_cuda_short_conv(OpRegistry& reg);  // short_conv_fwd / _bwd / _cache (LFM2's gated short convolution)
 void register_cuda_moe(OpRegistry& reg);  // MoE router, permute / unpermute, load-balancing loss (fwd + bwd)
 void register_cuda_moe_gemm(OpRegistry& reg);  // moe_grouped_matmul and its weight gradient (one launch, all experts)

@@ -1,4 +1,4 @@
-// CUDA kernels: rmsnorm, add_rmsnorm, rope, qk_norm_rope, swiglu, geglu (fwd + bwd), the CUDA twins
+// CUDA kernels: rmsnorm, add_rmsnorm, layer_norm, rope, qk_norm_rope, swiglu, geglu (fwd + bwd), the CUDA twins
 // of cpu/norm.cpp, cpu/rope.cpp and cpu/activation.cpp. The kernels live in norm_rope_act_*.cu (one
 // per CPU file); this file holds their registration hook and the dw reduction two of them share.
 #include "cuda/backend.h"
@@ -61,6 +61,7 @@ namespace surogate::cuda {
 
 void register_cuda_norm_rope_act(OpRegistry& reg) {
   nra::register_cuda_rmsnorm(reg);
+  nra::register_cuda_layernorm(reg);
   nra::register_cuda_rope(reg);
   nra::register_cuda_gated(reg);
 }

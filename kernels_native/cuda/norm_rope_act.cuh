@@ -11,6 +11,7 @@
 namespace surogate::cuda::nra {
 
 void register_cuda_rmsnorm(OpRegistry& reg);  // norm_rope_act_rmsnorm.cu
+void register_cuda_layernorm(OpRegistry& reg);  // norm_rope_act_layernorm.cu
 void register_cuda_rope(OpRegistry& reg);     // norm_rope_act_rope.cu
 void register_cuda_gated(OpRegistry& reg);    // norm_rope_act_gated.cu
 

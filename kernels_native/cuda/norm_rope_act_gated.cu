@@ -1,5 +1,6 @@
 // Gated MLP activations on CUDA: swiglu_fwd / swiglu_bwd and geglu_fwd / geglu_bwd (gelu_tanh),
-// and act_mul_fwd / act_mul_bwd (act(a) * b over two tensors, b also one value; cpu/activation.cpp).
+// and act_mul_fwd / act_mul_bwd (act(a) * b over two tensors, b also one value or absent: the plain
+// activation; cpu/activation.cpp).
 // The contract is cpu/activation.cpp's (read its header): N rows, F channels, gu [N, 2F] = [gate, up],
 // y / dy [N, F]; math in f32 with the forward's two roundings (a = T(act(gate)), y = T(a up)) and
 // one rounding per backward output. The activations themselves are cuda/gated_act.cuh's.
@@ -65,11 +66,17 @@ struct NoAct {
   }
 };
 
-// act_mul: element k of a / y, b[k] or (broadcast) b[0]; the gated kernels' math per element.
+// act_mul: element k of a / y, b[k] or (broadcast) b[0], or 1 without b (b null: the plain
+// activation); the gated kernels' math per element.
+template <typename T>
+__device__ __forceinline__ float b_at(const T* b, int64_t k, bool broadcast) {
+  return b ? ld(b[broadcast ? 0 : k]) : 1.0f;
+}
+
 template <typename Act, typename T>
 __global__ void act_mul_fwd_kernel(const T* x, const T* b, T* y, int64_t n, bool broadcast) {
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n; k += int64_t(gridDim.x) * blockDim.x) {
-    y[k] = st<T>(rnd<T>(Act::act(ld(x[k]))) * ld(b[broadcast ? 0 : k]));
+    y[k] = st<T>(rnd<T>(Act::act(ld(x[k]))) * b_at(b, k, broadcast));
   }
 }
 
@@ -77,7 +84,7 @@ __global__ void act_mul_fwd_kernel(const T* x, const T* b, T* y, int64_t n, bool
 template <typename Act, typename T>
 __global__ void act_mul_bwd_kernel(const T* dy, const T* x, const T* b, T* dx, T* db, int64_t n, bool broadcast) {
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n; k += int64_t(gridDim.x) * blockDim.x) {
-    const float d = ld(dy[k]), u = ld(b[broadcast ? 0 : k]);
+    const float d = ld(dy[k]), u = b_at(b, k, broadcast);
     float a;
     const float da = Act::grad(ld(x[k]), &a);
     dx[k] = st<T>(d * u * da);
@@ -129,7 +136,7 @@ template <typename Act>
 Status act_mul_fwd_as(const OpArgs& a, const ActMulArgs& r) {
   SG_CUDA_DISPATCH_FLOAT("act_mul_fwd", a.in(0).dtype, T, {
     act_mul_fwd_kernel<Act, T><<<grid_for(r.n), kThreads, 0, current_stream()>>>(
-        a.in(0).ptr<T>(), a.in(1).ptr<T>(), a.out(0).ptr<T>(), r.n, r.broadcast);
+        a.in(0).ptr<T>(), r.has_b ? a.in(1).ptr<T>() : nullptr, a.out(0).ptr<T>(), r.n, r.broadcast);
   });
   return Status::OK();
 }
@@ -138,7 +145,7 @@ template <typename Act>
 Status act_mul_bwd_as(const OpArgs& a, const ActMulArgs& r) {
   SG_CUDA_DISPATCH_FLOAT("act_mul_bwd", a.in(0).dtype, T, {
     act_mul_bwd_kernel<Act, T><<<grid_for(r.n), kThreads, 0, current_stream()>>>(
-        a.in(0).ptr<T>(), a.in(1).ptr<T>(), a.in(2).ptr<T>(), a.out(0).ptr<T>(),
+        a.in(0).ptr<T>(), a.in(1).ptr<T>(), r.has_b ? a.in(2).ptr<T>() : nullptr, a.out(0).ptr<T>(),
         a.has_out(1) ? a.out(1).ptr<T>() : nullptr, r.n, r.broadcast);
   });
   return Status::OK();

@@ -111,13 +111,19 @@ Status check_same_float(const char* op, std::initializer_list<std::pair<const ch
 
 namespace {
 
-// The attributes and b's form, after a, b and y (or dy, da) were checked.
-Status act_mul_args(const char* op, const OpArgs& args, const Tensor& x, const Tensor& b, ActMulArgs* r) {
-  SG_RETURN_IF_ERROR(check_contiguous(op, "b", b));
-  SG_CHECK(b.dtype == x.dtype, StatusCode::kDTypeUnsupported,
-           str_cat(op, ": b is ", dtype_name(b.dtype), " but a is ", dtype_name(x.dtype)), "give a and b one dtype");
-  r->broadcast = b.numel() == 1 && x.numel() != 1;
-  if (!r->broadcast) SG_RETURN_IF_ERROR(check_same_shape(op, "b", b, "a", x));
+// The attributes and b's form (input b_slot, optional), after a and y (or dy, da) were checked.
+Status act_mul_args(const char* op, const OpArgs& args, const Tensor& x, int b_slot, ActMulArgs* r) {
+  r->has_b = args.has_in(b_slot);
+  if (r->has_b) {
+    const Tensor& b = args.in(b_slot);
+    SG_RETURN_IF_ERROR(check_contiguous(op, "b", b));
+    SG_CHECK(b.dtype == x.dtype, StatusCode::kDTypeUnsupported,
+             str_cat(op, ": b is ", dtype_name(b.dtype), " but a is ", dtype_name(x.dtype)), "give a and b one dtype");
+    r->broadcast = b.numel() == 1 && x.numel() != 1;
+    if (!r->broadcast) SG_RETURN_IF_ERROR(check_same_shape(op, "b", b, "a", x));
+  } else {
+    r->broadcast = true;  // act(a) * 1
+  }
   const std::string act = args.attr().get_str("act", "none");
   SG_CHECK_ARG(act == "none" || act == "gelu_tanh", str_cat(op, ": act must be none or gelu_tanh, got '", act, "'"));
   r->gelu = act == "gelu_tanh";
@@ -129,13 +135,14 @@ Status act_mul_args(const char* op, const OpArgs& args, const Tensor& x, const T
 
 Status check_act_mul_fwd(const OpArgs& a, ActMulArgs* r) {
   SG_RETURN_IF_ERROR(check_same_float("act_mul_fwd", {{"a", &a.in(0)}, {"y", &a.out(0)}}));
-  return act_mul_args("act_mul_fwd", a, a.in(0), a.in(1), r);
+  return act_mul_args("act_mul_fwd", a, a.in(0), 1, r);
 }
 
 Status check_act_mul_bwd(const OpArgs& a, ActMulArgs* r) {
   SG_RETURN_IF_ERROR(check_same_float("act_mul_bwd", {{"dy", &a.in(0)}, {"a", &a.in(1)}, {"da", &a.out(0)}}));
-  SG_RETURN_IF_ERROR(act_mul_args("act_mul_bwd", a, a.in(1), a.in(2), r));
+  SG_RETURN_IF_ERROR(act_mul_args("act_mul_bwd", a, a.in(1), 2, r));
   if (a.has_out(1)) {
+    SG_CHECK_ARG(r->has_b, "act_mul_bwd: db was asked for but there is no b (the op is act(a) alone)");
     SG_CHECK_ARG(!r->broadcast, "act_mul_bwd: db of a broadcast b (one value) is not supported");
     SG_RETURN_IF_ERROR(check_same_float("act_mul_bwd", {{"db", &a.out(1)}, {"b", &a.in(2)}}));
   }

@@ -5,8 +5,9 @@
 //   add          (a, b) -> (y = alpha a + beta b)           scale (x) -> (y = alpha x)
 //   swiglu_fwd / geglu_fwd  (gu[N,2F]) -> (y[N,F])          swiglu_bwd / geglu_bwd (dy[N,F], gu) -> (dgu)
 //   dropout_fwd  (x, [rng int32[2] | int64[1]]) -> (y); attrs p, seed, offset
-//   act_mul_fwd  (a, b) -> (y = act(a) * b), b of a's shape or one value; attr act (none | gelu_tanh)
-//   act_mul_bwd  (dy, a, b) -> (da, [db]) (db only for b of a's shape)
+//   act_mul_fwd  (a, [b]) -> (y = act(a) * b), b of a's shape or one value, absent: act(a) alone (the
+//                plain gelu_tanh of SigLIP's MLP); attr act (none | gelu_tanh)
+//   act_mul_bwd  (dy, a, [b]) -> (da, [db]) (db only for b of a's shape)
 //   softcap_fwd  (x) -> (y = cap tanh(x / cap)); attr cap
 #pragma once
 
@@ -31,10 +32,12 @@ Status check_gated_fwd(const char* op, const OpArgs& a, int64_t* N, int64_t* F);
 Status check_gated_bwd(const char* op, const OpArgs& a, int64_t* N, int64_t* F);
 
 // act(a) * b (Gemma 4: its per-layer input gate, gelu_tanh(gate) * per_layer_input, and its layer
-// scalar, x * s with s one value): n elements of a; b of a's shape, or one value (broadcast).
+// scalar, x * s with s one value): n elements of a; b of a's shape, or one value (broadcast), or
+// absent: act(a) (SigLIP's gelu_tanh), a broadcast of 1 that the kernels read as b == nullptr.
 struct ActMulArgs {
   int64_t n = 0;
-  bool broadcast = false;  // b holds one value
+  bool has_b = true;       // input b given
+  bool broadcast = false;  // b holds one value (or is absent)
   bool gelu = false;       // act: gelu_tanh, else none
 };
 Status check_act_mul_fwd(const OpArgs& a, ActMulArgs* r);

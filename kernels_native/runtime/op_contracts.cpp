@@ -30,6 +30,9 @@ constexpr OpContract kContracts[] = {
     // check_add_rmsnorm_bwd requires h, w and rstd.
     {"add_rmsnorm_bwd", 1, 5, 2, 1,
      "(dy, [dh], h, w, rstd) -> (dx = d residual, [dw]); attrs: weight_offset, accumulate"},
+    {"layer_norm_fwd", 2, 3, 3, -1,
+     "(x[N,C], w[C], [b[C]]) -> (y[N,C] = (x - mean) rstd w + b, mean[N] f32, rstd[N] f32); attrs: eps"},
+    {"layer_norm_bwd", 5, 5, 3, 1, "(dy, x, w, mean, rstd) -> (dx, [dw], [db]); attrs: accumulate"},
     {"rope_fwd", 2, 2, 1, -1, "(x[N,H,D], pos[N] i32) -> (y); attrs: " SG_ROPE_ATTRS},
     {"rope_bwd", 2, 2, 1, -1, "(dy[N,H,D], pos[N] i32) -> (dx), rotation by -angle; attrs: " SG_ROPE_ATTRS},
     {"qk_norm_rope_fwd", 3, 3, 2, -1, "(x[N,H,D], w[D], pos[N]) -> (y, rstd[N,H] f32); attrs: eps, weight_offset, " SG_ROPE_ATTRS},
@@ -38,8 +41,9 @@ constexpr OpContract kContracts[] = {
     {"swiglu_bwd", 2, 2, 1, -1, "(dy[N,F], gu[N,2F]) -> (dgu[N,2F])"},
     {"geglu_fwd", 1, 1, 1, -1, "(gu[N,2F] = [gate, up]) -> (y[N,F] = gelu_tanh(gate) * up)"},
     {"geglu_bwd", 2, 2, 1, -1, "(dy[N,F], gu[N,2F]) -> (dgu[N,2F])"},
-    {"act_mul_fwd", 2, 2, 1, -1, "(a, b: a's shape or one value) -> (y = act(a) * b); attrs: act (none|gelu_tanh)"},
-    {"act_mul_bwd", 3, 3, 2, 1, "(dy, a, b) -> (da, [db], not for a broadcast b); attrs: act"},
+    {"act_mul_fwd", 1, 2, 1, -1,
+     "(a, [b: a's shape or one value]) -> (y = act(a) * b, act(a) without b); attrs: act (none|gelu_tanh)"},
+    {"act_mul_bwd", 2, 3, 2, 1, "(dy, a, [b]) -> (da, [db], not for a broadcast or absent b); attrs: act"},
     {"softcap_fwd", 1, 1, 1, -1, "(x) -> (y = cap * tanh(x / cap)); attrs: cap"},
     {"attention_fwd", 4, 5, 2, -1,
      "(q[N,Hq,D], k[N,Hkv,D], v[N,Hkv,D], cu_seqlens[S+1], [sinks[Hq]]) -> (out[N,Hq,D], lse[N,Hq] f32); "
@@ -80,6 +84,11 @@ constexpr OpContract kContracts[] = {
     {"short_conv_cache", 5, 6, 2, -1,
      "(bcx[T,3C], w, state_slots[S] i32, cu_q[S+1] i32, context_lens[S] i32, [bias]) -> (y[T,C], "
      "conv_state[P, L-1, C] read and rewritten in place; a span at position 0 starts from zeros)"},
+    {"mean_pool_2d_fwd", 1, 1, 1, -1,
+     "(x[B*H*W, C], B row-major H x W patch grids) -> (y[B*(H/k)*(W/k), C], the mean of each k x k block, "
+     "row-major); attrs: height, width, kernel"},
+    {"mean_pool_2d_bwd", 1, 1, 1, -1,
+     "(dy[B*(H/k)*(W/k), C]) -> (dx[B*H*W, C] = dy of its block / k^2); attrs: height, width, kernel"},
     {"gguf_dequantize", 1, 1, 1, -1,
      "(q[rows, bytes_per_row] u8) -> (y[rows, cols] f32/bf16/f16); attrs: type (ggml id), cols"},
     {"gguf_quantize", 1, 1, 1, -1,

