@@ -334,11 +334,17 @@ def load_params(names: list[str], weights, source: str) -> dict[str, np.ndarray]
 
 # ---- running it -----------------------------------------------------------------------------
 class Qwen3VLVision:
-    """The tower with its weights: `encode` compiles (once per number of patches and frames) and
-    runs the graph."""
+    """The tower with its weights in ``dtype`` (float32 or bfloat16; the host tables stay f32):
+    `encode` compiles (once per number of patches and frames) and runs the graph."""
 
-    def __init__(self, spec: VisionSpec, params: dict[str, np.ndarray], device: str = "cpu"):
-        self.spec, self.device = spec, device
+    def __init__(self, spec: VisionSpec, params: dict[str, np.ndarray], device: str = "cpu",
+                 dtype: str = "float32"):
+        from surogate.model import DTYPES, _np_dtype
+
+        if dtype not in DTYPES:
+            raise InvalidArgumentError(f"dtype {dtype!r} is not supported", hint=f"use one of {', '.join(DTYPES)}")
+        self.spec, self.device, self.dtype = spec, device, dtype
+        self._np = _np_dtype(dtype)
         self.tower = Qwen3VLVisionTower(spec)
         names = [p.name for p in self.tower.build(spec.merge_unit, 1).params()]
         missing = [n for n in names if n not in params]
@@ -346,11 +352,11 @@ class Qwen3VLVision:
             raise InvalidArgumentError(f"vision tower parameters missing: {', '.join(missing[:5])}"
                                        + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""),
                                        hint="load them with Qwen3VLVision.from_folder or load_params")
-        self.params = {n: np.ascontiguousarray(params[n], dtype=np.float32) for n in names}
+        self.params = {n: np.ascontiguousarray(np.asarray(params[n]).astype(self._np)) for n in names}
         self._cache: dict[tuple[int, int], object] = {}
 
     @classmethod
-    def from_folder(cls, path: str | Path, device: str = "cpu") -> "Qwen3VLVision":
+    def from_folder(cls, path: str | Path, device: str = "cpu", dtype: str = "float32") -> "Qwen3VLVision":
         """A Qwen3VLForConditionalGeneration folder's tower (config.json's vision_config and the
         model.visual.* tensors)."""
         from surogate.io import ModelFolder
@@ -365,14 +371,14 @@ class Qwen3VLVision:
                 raise FileFormatError(f"{folder.path}: the tensor for {p.name} has shape {params[p.name].shape}, but "
                                       f"the config implies {tuple(p.shape)}",
                                       hint="the weights and the config do not belong together")
-        return cls(spec, params, device)
+        return cls(spec, params, device, dtype)
 
     def _executable(self, patches: int, segments: int):
         from surogate.compile import Executable
 
         exe = self._cache.get((patches, segments))
         if exe is None:
-            g = self.tower.build(patches, segments)
+            g = self.tower.build(patches, segments, self.dtype)
             keep = [g.outputs["image_embeds"], g.outputs["vision_hidden"]] + \
                 [g.outputs[f"deepstack.{j}"] for j in range(len(self.spec.deepstack_visual_indexes))]
             exe = Executable(g, {}, self.device, keep=keep)
@@ -383,7 +389,7 @@ class Qwen3VLVision:
 
     def encode(self, pixel_values, grid_thw, *, hidden: bool = False):
         """(merged embeddings [M, O], [DeepStack feature [M, O] per deepstack_visual_indexes])
-        float32 for the processor's ``pixel_values`` [N, Cin T P P] and ``grid_thw`` [n, 3] (images
+        (float32, whatever the tower's dtype) for the processor's ``pixel_values`` [N, Cin T P P] and ``grid_thw`` [n, 3] (images
         and videos alike, in order); with ``hidden`` also the last hidden state [N, C]."""
         v = self.spec
         px = np.asarray(pixel_values, dtype=np.float32)
@@ -394,7 +400,7 @@ class Qwen3VLVision:
                                        f"{v.patch_features} values ([{n}, {v.patch_features}])",
                                        hint="pass the image processor's pixel_values with its image_grid_thw")
         exe = self._executable(n, len(tables["vision_cu_seqlens"]) - 1)
-        exe.bind("pixel_values", np.ascontiguousarray(px))
+        exe.bind("pixel_values", np.ascontiguousarray(px.astype(self._np)))
         for name, arr in tables.items():
             exe.bind(name, arr)
         exe.run()

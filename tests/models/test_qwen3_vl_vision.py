@@ -94,6 +94,17 @@ def test_images_and_video_in_one_call_equal_hf(checkpoint):
     check(Qwen3VLVision.from_folder(path), visual, pixels, grid)
 
 
+def test_bfloat16_tower_is_close_to_hf_float32(checkpoint):
+    path, visual = checkpoint
+    grid = [[1, 4, 6], [2, 2, 4]]
+    pixels = np.random.default_rng(4).standard_normal((24 + 16, 384)).astype(np.float32)
+    embeds, deep = Qwen3VLVision.from_folder(path, dtype="bfloat16").encode(pixels, grid)
+    want_embeds, want_deep, _ = hf(visual, pixels, grid)
+    for ours, theirs in zip([embeds, *deep], [want_embeds, *want_deep]):
+        assert ours.dtype == np.float32
+        np.testing.assert_allclose(ours, theirs, rtol=0, atol=0.03 * np.abs(theirs).max())
+
+
 def test_host_tables_equal_transformers_helpers():
     from transformers.vision_utils import (get_vision_cu_seqlens, get_vision_interpolation_indices_and_weights,
                                            get_vision_position_ids)
