@@ -15,7 +15,13 @@
 //                                                  and the W-1 before it; Mistral, Qwen2, Gemma 2)
 //   !causal, window = 0: every key of the document
 //   !causal, window = W: |i - j| <= W            (sliding_window_bidirectional_overlay)
-// Every query sees at least itself, so no row of the softmax is empty.
+//   causal + kv_limit:   key_lo(i) <= j <= kv_limit[i]   (optional input kv_limit[N] i32: Gemma 3's
+//                        bidirectional image spans, the span's last index for its tokens, i for
+//                        the rest; the window keeps its lower bound, as transformers'
+//                        AND(sliding_window_overlay, OR(causal, blockwise_overlay)))
+// Every query sees at least itself, so no row of the softmax is empty. kv_limit is validated
+// (i <= kv_limit[i] < L, nondecreasing in i), so both key bounds stay nondecreasing in i and
+// the queries of a key stay one interval, [lowest i with kv_limit[i] >= j, ...).
 //
 // Attention sinks (GPT-OSS; optional input sinks[Hq]): a logit z_h per query head joins every
 // row's softmax denominator and carries no value, as transformers' eager_attention_forward
@@ -164,20 +170,26 @@ SG_GEMM_VERSION(, 16)
 struct AttnConfig : AttentionArgs {
   int64_t tile_tokens = 1;  // query tokens per tile: kTileRows / G, at least 1
 
+  const int32_t* limits = nullptr;  // the kv_limit input's values (validated), or null
+
+  // The document's slice of kv_limit (null without one): `lim` below.
+  const int32_t* doc_limit(int64_t base) const { return limits ? limits + base : nullptr; }
+
   // Keys [key_lo(i), key_hi(i)) are visible to query i of a document of length L; both bounds
-  // are nondecreasing in i, which the tile loops below rely on.
+  // are nondecreasing in i, which the tile loops below rely on (a kv_limit is validated to be).
   int64_t key_lo(int64_t i) const {
     if (window <= 0) return 0;
     return std::max<int64_t>(0, causal ? i - window + 1 : i - window);
   }
-  int64_t key_hi(int64_t i, int64_t L) const {
-    if (causal) return i + 1;
+  int64_t key_hi(int64_t i, int64_t L, const int32_t* lim) const {
+    if (causal) return lim ? lim[i] + 1 : i + 1;
     return window > 0 ? std::min(L, i + window + 1) : L;
   }
-  // The queries that see at least one key of [k0, k1): the inverse of the two bounds above.
-  void query_range(int64_t k0, int64_t k1, int64_t L, int64_t* q0, int64_t* q1) const {
+  // The queries that see at least one key of [k0, k1): the inverse of the two bounds above. With
+  // a kv_limit the first is the lowest i with lim[i] >= k0 (at most k0: lim[k0] >= k0).
+  void query_range(int64_t k0, int64_t k1, int64_t L, const int32_t* lim, int64_t* q0, int64_t* q1) const {
     if (causal) {
-      *q0 = k0;
+      *q0 = lim ? std::lower_bound(lim, lim + k0, static_cast<int32_t>(k0)) - lim : k0;
       *q1 = window > 0 ? std::min(L, k1 + window - 1) : L;
     } else if (window > 0) {
       *q0 = std::max<int64_t>(0, k0 - window);
@@ -190,10 +202,11 @@ struct AttnConfig : AttentionArgs {
 };
 
 // Per token of a query tile, the visible columns [lo, hi) of the key tile [k0, k0 + nk).
-void tile_columns(const AttnConfig& c, int64_t L, int64_t t0, int64_t nt, int64_t k0, int64_t nk, int* lo, int* hi) {
+void tile_columns(const AttnConfig& c, int64_t L, const int32_t* lim, int64_t t0, int64_t nt, int64_t k0, int64_t nk,
+                  int* lo, int* hi) {
   for (int64_t ti = 0; ti < nt; ++ti) {
     lo[ti] = static_cast<int>(std::clamp<int64_t>(c.key_lo(t0 + ti) - k0, 0, nk));
-    hi[ti] = static_cast<int>(std::clamp<int64_t>(c.key_hi(t0 + ti, L) - k0, 0, nk));
+    hi[ti] = static_cast<int>(std::clamp<int64_t>(c.key_hi(t0 + ti, L, lim) - k0, 0, nk));
   }
 }
 
@@ -215,6 +228,20 @@ Status read_config(const char* op, const OpArgs& a, bool backward, const Tensor&
   SG_CHECK(cs[c->S] == c->N, StatusCode::kInvalidArgument,
            str_cat(op, ": cu_seqlens ends at ", cs[c->S], " but q has N = ", c->N, " tokens"),
            "the last offset of cu_seqlens is the total token count");
+  if (c->kv_limit == nullptr) return Status::OK();
+  const int32_t* lim = c->kv_limit->ptr<int32_t>();
+  for (int64_t s = 0; s < c->S; ++s) {
+    const int64_t L = cs[s + 1] - cs[s];
+    for (int64_t i = 0; i < L; ++i) {
+      const int64_t v = lim[cs[s] + i], prev = i > 0 ? lim[cs[s] + i - 1] : 0;
+      SG_CHECK(v >= i && v < L && v >= prev, StatusCode::kInvalidArgument,
+               str_cat(op, ": kv_limit[", cs[s] + i, "] = ", v, " for token ", i, " of document ", s, " (length ", L,
+                       "); each must lie in [its own index, L - 1] and not fall below the one before"),
+               "kv_limit counts from the document's start: i for a causal token, the span's last index for a "
+               "token of a bidirectional span");
+    }
+  }
+  c->limits = lim;
   return Status::OK();
 }
 
@@ -383,12 +410,13 @@ Status attention_fwd_impl(const AttnConfig& c, const T* q, const T* k, const T* 
       std::fill(o.p, o.p + R * D, 0.0f);
       std::fill(m.p, m.p + R, -std::numeric_limits<float>::infinity());
       std::fill(l.p, l.p + R, 0.0f);
-      const int64_t b_end = (c.key_hi(t0 + nt - 1, L) + kBlockK - 1) / kBlockK;
+      const int32_t* lim = c.doc_limit(base);
+      const int64_t b_end = (c.key_hi(t0 + nt - 1, L, lim) + kBlockK - 1) / kBlockK;
       for (int64_t b = c.key_lo(t0) / kBlockK; b < b_end; ++b) {
         const int64_t k0 = b * kBlockK, nk = std::min<int64_t>(kBlockK, L - k0);
         const float* kt = kt_all + (kvh * N + base + k0) * D;  // [D][nk]
         const float* vr = v_all + (kvh * N + base + k0) * D;
-        tile_columns(c, L, t0, nt, k0, nk, col_lo.data(), col_hi.data());
+        tile_columns(c, L, lim, t0, nt, k0, nk, col_lo.data(), col_hi.data());
         gemm_tile(sc.p, kBlockK, qf.p, D, kt, nk, R, nk, D, false);  // S = scale Q K^T
         softmax_tile(sc.p, kBlockK, nk, R, G, col_lo.data(), col_hi.data(), c.softcap, m.p, l.p, o.p, D);
         gemm_tile(o.p, D, sc.p, kBlockK, vr, D, R, D, nk, true);  // O += P V
@@ -541,6 +569,7 @@ Status attention_bwd_impl(const AttnConfig& c, const T* dout, const T* q, const 
     for (int64_t it = lo_item; it < hi_item; ++it) {
       const Item& w = items[it / c.Hkv];
       const int64_t kvh = it % c.Hkv, base = cu[w.s], L = cu[w.s + 1] - cu[w.s];
+      const int32_t* lim = c.doc_limit(base);
       // Rows of this (document, kv head) in the group-major operands: row (t, g) at (t * G + g).
       const int64_t row0 = (kvh * N + base) * G;
       const float *qs_d = qs_all + row0 * D, *do_d = do_all + row0 * D;
@@ -553,12 +582,12 @@ Status attention_bwd_impl(const AttnConfig& c, const T* dout, const T* q, const 
         std::fill(dk_acc.p, dk_acc.p + nk * D, 0.0f);
         std::fill(dv_acc.p, dv_acc.p + nk * D, 0.0f);
         int64_t q0, q1;
-        c.query_range(k0, k0 + nk, L, &q0, &q1);
+        c.query_range(k0, k0 + nk, L, lim, &q0, &q1);
         for (int64_t t0 = q0; t0 < q1; t0 += Bt) {
           const int64_t nt = std::min(Bt, q1 - t0);
           const int R = static_cast<int>(nt * G);
           const float *qs = qs_d + t0 * G * D, *dO = do_d + t0 * G * D;
-          tile_columns(c, L, t0, nt, k0, nk, col_lo.data(), col_hi.data());
+          tile_columns(c, L, lim, t0, nt, k0, nk, col_lo.data(), col_hi.data());
           gemm_tile(sc.p, kBlockK, qs, D, kt.p, kBlockK, R, nk, D, false);  // S = scale Q K^T
           gemm_tile(ds.p, kBlockK, dO, D, vt.p, kBlockK, R, nk, D, false);  // dP = dO V^T
           softmax_grad_tile(sc.p, p.p, ds.p, kBlockK, nk, R, G, col_lo.data(), col_hi.data(), lse_d + t0 * G,

@@ -60,14 +60,16 @@ void pool_backward(const T* dy, T* dx, const MeanPool2dArgs& r) {
 Status mean_pool_2d_fwd(const OpArgs& a) {
   MeanPool2dArgs r;
   SG_RETURN_IF_ERROR(check_mean_pool_2d_fwd(a, &r));
-  SG_DISPATCH_FLOAT("mean_pool_2d_fwd", a.in(0).dtype, T, { pool_forward<T>(a.in(0).ptr<T>(), a.out(0).ptr<T>(), r); });
+  SG_DISPATCH_FLOAT("mean_pool_2d_fwd", a.in(0).dtype, T,
+                    { pool_forward<T>(a.in(0).ptr<T>(), a.out(0).ptr<T>(), r); });
   return Status::OK();
 }
 
 Status mean_pool_2d_bwd(const OpArgs& a) {
   MeanPool2dArgs r;
   SG_RETURN_IF_ERROR(check_mean_pool_2d_bwd(a, &r));
-  SG_DISPATCH_FLOAT("mean_pool_2d_bwd", a.in(0).dtype, T, { pool_backward<T>(a.in(0).ptr<T>(), a.out(0).ptr<T>(), r); });
+  SG_DISPATCH_FLOAT("mean_pool_2d_bwd", a.in(0).dtype, T,
+                    { pool_backward<T>(a.in(0).ptr<T>(), a.out(0).ptr<T>(), r); });
   return Status::OK();
 }
 

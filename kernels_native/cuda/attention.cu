@@ -15,6 +15,9 @@
 //             dP = dO V^T, dS = P (dP - Delta) [(1 - tanh^2) under softcap], add dV += P^T dO,
 //             dK += dS^T Q, and atomically add dS K into an f32 [N, Hq, D] scratch, cast to dq
 //             (times scale) at the end.
+// A kv_limit (bidirectional spans) moves each query's last key: the forward's key tiles end at
+// the last query's limit, the backward's query tiles start at the first query that sees the key
+// tile (a binary search over the document's nondecreasing limits); both stay intervals.
 //
 // bf16 / f16 with D = 64 or 128 and no softcap take the fast path instead (attention_flash.cu:
 // register-resident FlashAttention-2 on mma.sync); these kernels serve everything else.
@@ -132,21 +135,28 @@ using namespace attn;
 
 // Keys [lo(i), hi(i)) of a document of length L are visible to its query i; both bounds are
 // nondecreasing in i (cpu/attention.cpp, AttnConfig). int64: i + window must not overflow.
+// kLimit (a kv_limit is given; causal only): hi(i) = lim[i] + 1 and the first query of a key tile
+// the first whose limit reaches it (attention_docs.cuh), lim the document's slice of kv_limit. The
+// kernels are compiled once without it: a call without a kv_limit runs the code it ran before.
 struct Mask {
   bool causal;
   int64_t window;
+  const int32_t* kv_limit;  // [N], or null
   __device__ int64_t lo(int64_t i) const {
     if (window <= 0) return 0;
     return max64(0, causal ? i - window + 1 : i - window);
   }
-  __device__ int64_t hi(int64_t i, int64_t L) const {
+  template <bool kLimit>
+  __device__ int64_t hi(int64_t i, int64_t L, const int32_t* lim) const {
+    if constexpr (kLimit) return limit_hi(lim, i, L);
     if (causal) return i + 1;
     return window > 0 ? min64(L, i + window + 1) : L;
   }
   // The queries that see at least one key of [k0, k1).
-  __device__ void queries(int64_t k0, int64_t k1, int64_t L, int64_t* q0, int64_t* q1) const {
+  template <bool kLimit>
+  __device__ void queries(int64_t k0, int64_t k1, int64_t L, const int32_t* lim, int64_t* q0, int64_t* q1) const {
     if (causal) {
-      *q0 = k0;
+      *q0 = kLimit ? limit_first_query(lim, k0, L) : k0;
       *q1 = window > 0 ? min64(L, k1 + window - 1) : L;
     } else if (window > 0) {
       *q0 = max64(0, k0 - window);
@@ -312,7 +322,7 @@ struct Params {
 
 // ---- forward -------------------------------------------------------------------------------
 
-template <typename T, int kD>
+template <typename T, int kD, bool kLimit>
 __global__ void __launch_bounds__(kThreads) attention_fwd_kernel(Params p) {
   using C = FwdTile<T, kD>;
   constexpr int BM = C::BM, BN = C::BN;
@@ -326,6 +336,7 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_kernel(Params p) {
   const int64_t q0 = int64_t(b - p.off[s]) * BM;
   const int nq = static_cast<int>(min64(BM, L - q0));
   const int64_t h = blockIdx.y, hk = h / p.G;
+  const int32_t* lim = kLimit ? p.mask.kv_limit + base : nullptr;  // the document's kv_limit
 
   extern __shared__ __align__(128) unsigned char smem[];
   T* Qs = reinterpret_cast<T*>(smem + C::kQ);
@@ -349,7 +360,7 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_kernel(Params p) {
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int64_t kb_begin = p.mask.lo(q0) / BN;
-  const int64_t kb_end = (p.mask.hi(q0 + nq - 1, L) + BN - 1) / BN;
+  const int64_t kb_end = (p.mask.hi<kLimit>(q0 + nq - 1, L, lim) + BN - 1) / BN;
   for (int64_t kb = kb_begin; kb < kb_end; ++kb) {
     const int64_t k0 = kb * BN;
     const int nk = static_cast<int>(min64(BN, L - k0));
@@ -371,7 +382,7 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_kernel(Params p) {
       }
       const int64_t i = q0 + r;
       const int64_t lo = clamp64(p.mask.lo(i) - k0, 0, nk);
-      const int64_t hi = clamp64(p.mask.hi(i, L) - k0, 0, nk);
+      const int64_t hi = clamp64(p.mask.hi<kLimit>(i, L, lim) - k0, 0, nk);
       float mx = kNegInf;
       for (int c = lane; c < BN; c += 32) {
         float x = kNegInf;
@@ -444,7 +455,7 @@ __global__ void attention_dq_kernel(const float* acc, T* dq, int64_t n, float sc
   }
 }
 
-template <typename T, int kD>
+template <typename T, int kD, bool kLimit>
 __global__ void __launch_bounds__(kThreads) attention_bwd_kernel(Params p) {
   using C = BwdTile<T, kD>;
   constexpr int BM = C::BM, BN = C::BN;
@@ -456,6 +467,7 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_kernel(Params p) {
   const int64_t k0 = int64_t(b - p.off[s]) * BN;
   const int nk = static_cast<int>(min64(BN, L - k0));
   const int64_t hk = blockIdx.y;
+  const int32_t* lim = kLimit ? p.mask.kv_limit + base : nullptr;  // the document's kv_limit
 
   extern __shared__ __align__(128) unsigned char smem[];
   T* Ks = reinterpret_cast<T*>(smem + C::kK);
@@ -483,7 +495,7 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_kernel(Params p) {
   zero_f32(dVs, BN * C::LDO);
 
   int64_t q_lo, q_hi;
-  p.mask.queries(k0, k0 + nk, L, &q_lo, &q_hi);
+  p.mask.queries<kLimit>(k0, k0 + nk, L, lim, &q_lo, &q_hi);
   for (int64_t g = 0; g < p.G; ++g) {
     const int64_t h = hk * p.G + g;
     for (int64_t t0 = q_lo; t0 < q_hi; t0 += BM) {
@@ -506,7 +518,7 @@ __global__ void __launch_bounds__(kThreads) attention_bwd_kernel(Params p) {
         const int r = e / BN, c = e % BN;
         float pv = 0.0f, ds = 0.0f;
         const int64_t i = t0 + r, j = k0 + c;
-        if (r < nq && c < nk && j >= p.mask.lo(i) && j < p.mask.hi(i, L)) {
+        if (r < nq && c < nk && j >= p.mask.lo(i) && j < p.mask.hi<kLimit>(i, L, lim)) {
           float x = Ss[r * C::LDS + c] * p.scale, dcap = 1.0f;
           if (p.softcap > 0.0f) {
             const float th = tanhf(x / p.softcap);
@@ -571,7 +583,7 @@ Params make_params(const Config& c, const Tensor& cu) {
   p.D = c.D;
   p.S = static_cast<int>(c.S);
   // A window past N tokens is no window; capping it keeps i + window far from overflow.
-  p.mask = Mask{c.causal, std::min(c.window, c.N + 1)};
+  p.mask = Mask{c.causal, std::min(c.window, c.N + 1), c.kv_limit ? c.kv_limit->ptr<int32_t>() : nullptr};
   p.scale = c.scale;
   p.softcap = c.softcap;
   return p;
@@ -610,6 +622,7 @@ Status flash_args(const Config& c, const Params& p, const Tensor& cu, DType dtyp
   f->cu = p.cu;
   f->causal = p.mask.causal;
   f->window = p.mask.window;
+  f->kv_limit = p.mask.kv_limit;
   f->scale = p.scale;
   f->q = p.q;
   f->k = p.k;
@@ -630,7 +643,7 @@ Status launch_fwd(const Config& c, Params p, const Tensor& cu, DType dtype) {
     using Tile = FwdTile<T, kD>;
     std::shared_ptr<void> off_holder;
     SG_RETURN_IF_ERROR(tile_offsets(cu, c, Tile::BM, &off_holder, &p.off));
-    auto kernel = attention_fwd_kernel<T, kD>;
+    auto kernel = p.mask.kv_limit ? attention_fwd_kernel<T, kD, true> : attention_fwd_kernel<T, kD, false>;
     SG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kBytes));
     const dim3 grid(tile_grid(c, Tile::BM), static_cast<unsigned>(c.Hq));
     kernel<<<grid, kThreads, Tile::kBytes, current_stream()>>>(p);
@@ -665,7 +678,7 @@ Status launch_bwd(const Config& c, Params p, const Tensor& cu, const Tensor& dq)
       using Tile = BwdTile<T, kD>;
       std::shared_ptr<void> off_holder;
       SG_RETURN_IF_ERROR(tile_offsets(cu, c, Tile::BN, &off_holder, &p.off));
-      auto kernel = attention_bwd_kernel<T, kD>;
+      auto kernel = p.mask.kv_limit ? attention_bwd_kernel<T, kD, true> : attention_bwd_kernel<T, kD, false>;
       SG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kBytes));
       const dim3 grid(tile_grid(c, Tile::BN), static_cast<unsigned>(c.Hkv));
       kernel<<<grid, kThreads, Tile::kBytes, current_stream()>>>(p);
@@ -681,7 +694,8 @@ Status launch_bwd(const Config& c, Params p, const Tensor& cu, const Tensor& dq)
   return Status::OK();
 }
 
-// attention_fwd: (q, k, v, cu_seqlens, [sinks]) -> (out, lse); attrs: causal, scale, window, softcap.
+// attention_fwd: (q, k, v, cu_seqlens, [sinks], [kv_limit]) -> (out, lse); attrs: causal, scale, window,
+// softcap.
 Status attention_fwd(const OpArgs& a) {
   const char* op = "attention_fwd";
   const Tensor &q = a.in(0), &k = a.in(1), &v = a.in(2), &cu = a.in(3);
@@ -702,7 +716,7 @@ Status attention_fwd(const OpArgs& a) {
   return Status::OK();
 }
 
-// attention_bwd: (dout, q, k, v, out, lse, cu_seqlens) -> (dq, dk, dv); attrs as attention_fwd.
+// attention_bwd: (dout, q, k, v, out, lse, cu_seqlens, [kv_limit]) -> (dq, dk, dv); attrs as attention_fwd.
 Status attention_bwd(const OpArgs& a) {
   const char* op = "attention_bwd";
   const Tensor &dout = a.in(0), &q = a.in(1), &k = a.in(2), &v = a.in(3), &out = a.in(4), &lse = a.in(5),

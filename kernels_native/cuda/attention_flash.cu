@@ -148,19 +148,28 @@ using namespace attn;  // min64 / max64, doc_bounds, find_doc: cuda/attention_do
 // Keys [lo(i), hi(i)) of a document of length L are visible to its query i (cpu/attention.cpp);
 // both bounds are nondecreasing in i. Queries [qa(j), qb(j)) see key j; nondecreasing in j.
 // int64: i + window must not overflow; every result lies in [0, L] (hi: for i < L).
+// kLimit (a kv_limit is given; causal only): hi(i) = lim[i] + 1 and qa(j) the first query whose
+// limit reaches j (attention_docs.cuh), lim the document's slice of kv_limit. The kernels are
+// compiled once without it, so a call without a kv_limit runs exactly the code it ran before.
 struct FlashMask {
   bool causal;
   int64_t window;
+  const int32_t* kv_limit;  // [N], or null
   __device__ int64_t lo(int64_t i) const {
     if (window <= 0) return 0;
     return max64(0, causal ? i - window + 1 : i - window);
   }
-  __device__ int64_t hi(int64_t i, int64_t L) const {
+  template <bool kLimit>
+  __device__ int64_t hi(int64_t i, int64_t L, const int32_t* lim) const {
+    if constexpr (kLimit) return limit_hi(lim, i, L);
     if (causal) return min64(L, i + 1);
     return window > 0 ? min64(L, i + window + 1) : L;
   }
-  // causal: j <= i < j + W; bidirectional: j - W <= i <= j + W.
-  __device__ int64_t qa(int64_t j) const {
+  // causal: j <= i < j + W (from the first query whose limit reaches j with kLimit);
+  // bidirectional: j - W <= i <= j + W.
+  template <bool kLimit>
+  __device__ int64_t qa(int64_t j, int64_t L, const int32_t* lim) const {
+    if constexpr (kLimit) return limit_first_query(lim, j, L);
     if (causal) return j;
     return window > 0 ? max64(0, j - window) : 0;
   }
@@ -212,7 +221,7 @@ struct FwdShape {
   static constexpr int kBytes = (BM + 4 * BN) * LD * 2;  // Q, K x2, V x2
 };
 
-template <typename T, int kD>
+template <typename T, int kD, bool kLimit>
 __global__ void __launch_bounds__(FwdShape<kD>::kThreads) flash_fwd_kernel(FlashParams p) {
   using F = FwdShape<kD>;
   constexpr int BM = F::BM, BN = F::BN, LD = F::LD, kThreads = F::kThreads;
@@ -225,6 +234,7 @@ __global__ void __launch_bounds__(FwdShape<kD>::kThreads) flash_fwd_kernel(Flash
   const int64_t q0 = int64_t(b - p.off[s]) * BM;
   const int nq = static_cast<int>(min64(BM, L - q0));
   const int64_t h = blockIdx.y, hk = h / p.G;
+  const int32_t* lim = kLimit ? p.mask.kv_limit + base : nullptr;  // the document's kv_limit
 
   extern __shared__ __align__(128) unsigned char smem[];
   T* Qs = reinterpret_cast<T*>(smem);
@@ -243,12 +253,12 @@ __global__ void __launch_bounds__(FwdShape<kD>::kThreads) flash_fwd_kernel(Flash
   for (int r = 0; r < 2; ++r) {
     const int64_t i = q0 + warp * 16 + g + 8 * r;
     lo[r] = static_cast<int>(min64(p.mask.lo(i), L));
-    hi[r] = static_cast<int>(p.mask.hi(i, L));
+    hi[r] = static_cast<int>(p.mask.hi<kLimit>(i, L, lim));
   }
   const int64_t q_last = q0 + nq - 1;
   const int kb_begin = static_cast<int>(p.mask.lo(q0) / BN);
-  const int kb_end = static_cast<int>((p.mask.hi(q_last, L) + BN - 1) / BN);
-  const int64_t lo_last = p.mask.lo(q_last), hi_first = p.mask.hi(q0, L);
+  const int kb_end = static_cast<int>((p.mask.hi<kLimit>(q_last, L, lim) + BN - 1) / BN);
+  const int64_t lo_last = p.mask.lo(q_last), hi_first = p.mask.hi<kLimit>(q0, L, lim);
 
   auto load_kv = [&](int kb, int buf) {
     const int64_t k0 = int64_t(kb) * BN;
@@ -408,7 +418,7 @@ struct BwdShape {
   static_assert(kThreads >= BM, "one thread per query row loads lse and Delta");
 };
 
-template <typename T, int kD>
+template <typename T, int kD, bool kLimit>
 __global__ void __launch_bounds__(BwdShape<kD>::kThreads) flash_bwd_kernel(FlashParams p) {
   using B = BwdShape<kD>;
   constexpr int BM = B::BM, BN = B::BN, LD = B::LD, LDS = B::LDS, kThreads = B::kThreads, kSub = B::kSub;
@@ -420,6 +430,7 @@ __global__ void __launch_bounds__(BwdShape<kD>::kThreads) flash_bwd_kernel(Flash
   const int64_t k0 = int64_t(b - p.off[s]) * BN;
   const int nk = static_cast<int>(min64(BN, L - k0));
   const int64_t hk = blockIdx.y;
+  const int32_t* lim = kLimit ? p.mask.kv_limit + base : nullptr;  // the document's kv_limit
 
   extern __shared__ __align__(128) unsigned char smem[];
   T* Ks = reinterpret_cast<T*>(smem + B::kK);
@@ -441,12 +452,12 @@ __global__ void __launch_bounds__(BwdShape<kD>::kThreads) flash_bwd_kernel(Flash
   for (int r = 0; r < 2; ++r) {
     const int64_t j = k0 + warp * 16 + g + 8 * r;
     const bool ok = j < L;
-    qa[r] = ok ? static_cast<int>(p.mask.qa(j)) : 0;
+    qa[r] = ok ? static_cast<int>(p.mask.qa<kLimit>(j, L, lim)) : 0;
     qb[r] = ok ? static_cast<int>(p.mask.qb(j, L)) : 0;
   }
   // Queries [q_lo, q_hi) see some key of the tile; qa and qb are nondecreasing in j.
-  const int64_t q_lo = p.mask.qa(k0), q_hi = p.mask.qb(k0 + nk - 1, L);
-  const int64_t qa_last = p.mask.qa(k0 + BN - 1), qb_first = p.mask.qb(k0, L);
+  const int64_t q_lo = p.mask.qa<kLimit>(k0, L, lim), q_hi = p.mask.qb(k0 + nk - 1, L);
+  const int64_t qa_last = p.mask.qa<kLimit>(k0 + BN - 1, L, lim), qb_first = p.mask.qb(k0, L);
   const int n_qt = static_cast<int>((q_hi - q_lo + BM - 1) / BM);
   const int total = p.G * n_qt;  // (query head of the group, query tile) pairs
 
@@ -666,7 +677,7 @@ FlashParams make_params(const FlashAttnArgs& a) {
   p.Hkv = a.Hkv;
   p.G = static_cast<int>(a.Hq / a.Hkv);
   p.S = a.S;
-  p.mask = FlashMask{a.causal, a.window};
+  p.mask = FlashMask{a.causal, a.window, a.kv_limit};
   p.scale = a.scale;
   return p;
 }
@@ -685,24 +696,24 @@ Status allow_smem(Kernel kernel, int bytes, std::atomic<uint64_t>* done) {
 
 int tile_grid(const FlashAttnArgs& a, int rows) { return static_cast<int>((a.N + rows - 1) / rows + a.S); }
 
-template <typename T, int kD>
+template <typename T, int kD, bool kLimit>
 Status launch_fwd(const FlashParams& p, const FlashAttnArgs& a) {
   using F = FwdShape<kD>;
   static std::atomic<uint64_t> smem_set{0};
-  SG_RETURN_IF_ERROR(allow_smem(flash_fwd_kernel<T, kD>, F::kBytes, &smem_set));
+  SG_RETURN_IF_ERROR(allow_smem(flash_fwd_kernel<T, kD, kLimit>, F::kBytes, &smem_set));
   const dim3 grid(tile_grid(a, F::BM), static_cast<unsigned>(a.Hq));
-  flash_fwd_kernel<T, kD><<<grid, F::kThreads, F::kBytes, current_stream()>>>(p);
+  flash_fwd_kernel<T, kD, kLimit><<<grid, F::kThreads, F::kBytes, current_stream()>>>(p);
   SG_CUDA_CHECK_LAUNCH();
   return Status::OK();
 }
 
-template <typename T, int kD>
+template <typename T, int kD, bool kLimit>
 Status launch_bwd(const FlashParams& p, const FlashAttnArgs& a) {
   using B = BwdShape<kD>;
   static std::atomic<uint64_t> smem_set{0};
-  SG_RETURN_IF_ERROR(allow_smem(flash_bwd_kernel<T, kD>, B::kBytes, &smem_set));
+  SG_RETURN_IF_ERROR(allow_smem(flash_bwd_kernel<T, kD, kLimit>, B::kBytes, &smem_set));
   const dim3 grid(tile_grid(a, B::BN), static_cast<unsigned>(a.Hkv));
-  flash_bwd_kernel<T, kD><<<grid, B::kThreads, B::kBytes, current_stream()>>>(p);
+  flash_bwd_kernel<T, kD, kLimit><<<grid, B::kThreads, B::kBytes, current_stream()>>>(p);
   SG_CUDA_CHECK_LAUNCH();
   return Status::OK();
 }
@@ -716,11 +727,15 @@ Status dispatch(const FlashParams& p, const FlashAttnArgs& a) {
 }
 template <typename T, int kD>
 struct FwdLaunch {
-  static Status run(const FlashParams& p, const FlashAttnArgs& a) { return launch_fwd<T, kD>(p, a); }
+  static Status run(const FlashParams& p, const FlashAttnArgs& a) {
+    return p.mask.kv_limit ? launch_fwd<T, kD, true>(p, a) : launch_fwd<T, kD, false>(p, a);
+  }
 };
 template <typename T, int kD>
 struct BwdLaunch {
-  static Status run(const FlashParams& p, const FlashAttnArgs& a) { return launch_bwd<T, kD>(p, a); }
+  static Status run(const FlashParams& p, const FlashAttnArgs& a) {
+    return p.mask.kv_limit ? launch_bwd<T, kD, true>(p, a) : launch_bwd<T, kD, false>(p, a);
+  }
 };
 
 }  // namespace

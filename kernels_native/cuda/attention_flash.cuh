@@ -21,6 +21,7 @@ struct FlashAttnArgs {
   const int* off = nullptr;     // [S+1] device: document s owns tiles [off[s], off[s+1])
   bool causal = true;
   int64_t window = 0;           // 0: none; already capped at N + 1
+  const int32_t* kv_limit = nullptr;  // [N] device, causal only (op_checks_attention.h); null: none
   float scale = 1.0f;
   const void *q = nullptr, *k = nullptr, *v = nullptr;  // [N, Hq, D], [N, Hkv, D] x2
 };

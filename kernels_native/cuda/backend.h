@@ -37,7 +37,7 @@ void register_cuda_gguf(OpRegistry& reg);  // gguf_dequantize and gguf_matmul
 void register_cuda_nf4(OpRegistry& reg);   // nf4_dequantize
 void register_cuda_muon(OpRegistry& reg);  // muon_momentum and muon_update
 void register_cuda_fused_matmul(OpRegistry& reg);  // gated_matmul and add_rmsnorm_matmul (serving)
-void register_cuda_pool(OpRegistry& reg);  // mean_pool_2d_fwd / _bwd (Gemma 3's projector: patch-grid average pool)
+void register_cuda_pool(OpRegistry& reg);  // mean_pool_2d_fwd / _bwd (Gemma 3's projector's average pool)
 void register_cuda_short_conv(OpRegistry& reg);  // short_conv_fwd / _bwd / _cache (LFM2's gated short convolution)
 void register_cuda_moe(OpRegistry& reg);  // MoE router, permute / unpermute, load-balancing loss (fwd + bwd)
 void register_cuda_moe_gemm(OpRegistry& reg);  // moe_grouped_matmul and its weight gradient (one launch, all experts)

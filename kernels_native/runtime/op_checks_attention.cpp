@@ -58,6 +58,20 @@ Status read_config(const char* op, const OpArgs& a, const Tensor& q, const Tenso
   return Status::OK();
 }
 
+// The optional kv_limit [N] i32 of input `slot` (its values: the CPU kernel's checks).
+Status check_kv_limit(const char* op, const OpArgs& a, int slot, AttentionArgs* c) {
+  if (!a.has_in(slot)) return Status::OK();
+  const Tensor& t = a.in(slot);
+  SG_RETURN_IF_ERROR(check_dtype(op, "kv_limit", t, {DType::kI32}));
+  SG_RETURN_IF_ERROR(check_contiguous(op, "kv_limit", t));
+  SG_CHECK_SHAPE(t.ndim == 1 && t.shape[0] == c->N,
+                 str_cat(op, ": kv_limit must be [N] = [", c->N, "], one entry per token; got ", t.shape_str()));
+  SG_CHECK_ARG(c->causal, str_cat(op, ": kv_limit widens a causal mask (bidirectional spans); this attention is "
+                                      "not causal"));
+  c->kv_limit = &t;
+  return Status::OK();
+}
+
 Status check_lse(const char* op, const Tensor& lse, const AttentionArgs& c) {
   SG_RETURN_IF_ERROR(check_dtype(op, "lse", lse, {DType::kF32}));
   SG_RETURN_IF_ERROR(check_contiguous(op, "lse", lse));
@@ -83,6 +97,7 @@ Status check_attention_fwd(const OpArgs& a, AttentionArgs* c) {
   SG_RETURN_IF_ERROR(check_float_like(op, "out", a.out(0), q, "q"));
   c->sinks = a.has_in(4);
   if (c->sinks) SG_RETURN_IF_ERROR(check_sinks(op, a.in(4), c->Hq));
+  SG_RETURN_IF_ERROR(check_kv_limit(op, a, 5, c));
   return check_lse(op, a.out(1), *c);
 }
 
@@ -95,6 +110,7 @@ Status check_attention_bwd(const OpArgs& a, AttentionArgs* c) {
   SG_RETURN_IF_ERROR(check_lse(op, a.in(5), *c));
   SG_RETURN_IF_ERROR(check_float_like(op, "dq", a.out(0), q, "q"));
   SG_RETURN_IF_ERROR(check_float_like(op, "dk", a.out(1), k, "k"));
+  SG_RETURN_IF_ERROR(check_kv_limit(op, a, 7, c));
   return check_float_like(op, "dv", a.out(2), v, "v");
 }
 

@@ -7,8 +7,15 @@
 // value) as attention_fwd's input 4; lse then includes the sink, so attention_bwd is unchanged,
 // and the sinks' gradient is its own op:
 //   attention_sinks_bwd (dout, out, lse, sinks[Hq]) -> (dsinks[Hq], f32 or the sinks' dtype)
+// Optional kv_limit[N] i32 (attention_fwd's input 5, attention_bwd's input 7; causal only): for
+// each query token, the last key it sees, counted from its document's start, in place of itself:
+// a causal token has its own index, a token of a bidirectional span (Gemma 3's image tokens) the
+// span's last one. Visible keys become [key_lo(i), kv_limit[i]] (the sliding window's lower bound
+// stays: transformers' AND(sliding window, OR(causal, same image span))). Within each document
+// i <= kv_limit[i] < L and kv_limit is nondecreasing (causal tokens and contiguous spans), so the
+// queries that see a key are still one interval: the kernels rely on it.
 // Every tensor contiguous; q, k, v and their gradients in one dtype. The values of cu_seqlens
-// (0 first, nondecreasing, N last) are host memory: the CPU checks them, CUDA cannot.
+// (0 first, nondecreasing, N last) and kv_limit are host memory: the CPU checks them, CUDA cannot.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +32,7 @@ struct AttentionArgs {
   float scale = 1.0f;           // attr scale, default 1 / sqrt(D)
   float softcap = 0.0f;         // attr softcap: 0 none
   bool sinks = false;           // a sinks[Hq] input is given
+  const Tensor* kv_limit = nullptr;  // the optional kv_limit[N] i32 input
 };
 
 // sinks[Hq], any float dtype, contiguous (shared with paged_attention).

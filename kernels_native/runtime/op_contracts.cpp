@@ -45,11 +45,11 @@ constexpr OpContract kContracts[] = {
      "(a, [b: a's shape or one value]) -> (y = act(a) * b, act(a) without b); attrs: act (none|gelu_tanh|gelu)"},
     {"act_mul_bwd", 2, 3, 2, 1, "(dy, a, [b]) -> (da, [db], not for a broadcast or absent b); attrs: act"},
     {"softcap_fwd", 1, 1, 1, -1, "(x) -> (y = cap * tanh(x / cap)); attrs: cap"},
-    {"attention_fwd", 4, 5, 2, -1,
-     "(q[N,Hq,D], k[N,Hkv,D], v[N,Hkv,D], cu_seqlens[S+1], [sinks[Hq]]) -> (out[N,Hq,D], lse[N,Hq] f32); "
-     "attrs: causal, scale, window, softcap"},
-    {"attention_bwd", 7, 7, 3, -1,
-     "(dout, q, k, v, out, lse, cu_seqlens) -> (dq, dk, dv); attrs: causal, scale, window, softcap"},
+    {"attention_fwd", 4, 6, 2, -1,
+     "(q[N,Hq,D], k[N,Hkv,D], v[N,Hkv,D], cu_seqlens[S+1], [sinks[Hq]], [kv_limit[N] i32]) -> (out[N,Hq,D], "
+     "lse[N,Hq] f32); attrs: causal, scale, window, softcap"},
+    {"attention_bwd", 7, 8, 3, -1,
+     "(dout, q, k, v, out, lse, cu_seqlens, [kv_limit]) -> (dq, dk, dv); attrs: causal, scale, window, softcap"},
     {"attention_sinks_bwd", 4, 4, 1, -1,
      "(dout[N,Hq,D], out[N,Hq,D], lse[N,Hq] f32, sinks[Hq]) -> (dsinks[Hq] f32 or sinks' dtype = -sum_i "
      "exp(z - lse_i) dout_i . out_i); attrs: accumulate"},

@@ -146,17 +146,19 @@ def _qk_norm_rope(c: RuleContext, n: Node, gy: list) -> list:
 
 @rule("attention_fwd")
 def _attention(c: RuleContext, n: Node, gy: list) -> list:
-    q, k, v, cu, *sinks = n.inputs  # sinks [Hq]: GPT-OSS's, when given
+    q, k, v, cu, *rest = n.inputs  # [sinks [Hq] (GPT-OSS's, or None), [kv_limit [N]]]
+    sinks = rest[0] if rest else None
+    kv_limit = rest[1:]
     out, lse = n.outputs
     specs = [c.grad_spec(t) or (t.name + ".grad_unused", t.shape, t.dtype) for t in (q, k, v)]
-    dsinks = c.param_grad(sinks[0]) if sinks else None
+    dsinks = c.param_grad(sinks)
     if dsinks is not None:  # lse holds the sink: attention_bwd needs nothing more, the sinks their own op
-        c.g.node("attention_sinks_bwd", [gy[0], out, lse, sinks[0]], [dsinks], accumulate=1)
+        c.g.node("attention_sinks_bwd", [gy[0], out, lse, sinks], [dsinks], accumulate=1)
     if not any(c.needs(t) for t in (q, k, v)):
         return [None] * len(n.inputs)
-    dq, dk, dv = c.g.node("attention_bwd", [gy[0], q, k, v, out, lse, cu], specs, **n.attrs)
+    dq, dk, dv = c.g.node("attention_bwd", [gy[0], q, k, v, out, lse, cu, *kv_limit], specs, **n.attrs)
     return [dq if c.needs(q) else None, dk if c.needs(k) else None, dv if c.needs(v) else None, None] + \
-        [None] * len(sinks)
+        [None] * len(rest)
 
 
 @rule("short_conv_fwd")

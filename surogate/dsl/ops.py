@@ -233,14 +233,22 @@ def rope_table(x: Value, cos: Value, sin: Value, name: str = "rope") -> Value:
 
 # ---- attention ------------------------------------------------------------------------------
 def attention(q: Value, k: Value, v: Value, cu_seqlens: Value, *, causal: bool = True, scale: float = 0.0,
-              window: int = 0, softcap: float = 0.0, sinks: Value | None = None, name: str = "attn") -> Value:
-    """``sinks`` [Hq] (GPT-OSS): a learned logit per query head in each row's softmax denominator."""
+              window: int = 0, softcap: float = 0.0, sinks: Value | None = None, kv_limit: Value | None = None,
+              name: str = "attn") -> Value:
+    """``sinks`` [Hq] (GPT-OSS): a learned logit per query head in each row's softmax denominator.
+    ``kv_limit`` int32 [N] (causal only; Gemma 3's bidirectional image spans): per query token the
+    last key it sees, counted from its document's start (i for a causal token, the span's last
+    index for a token of an image span); a window keeps its lower bound."""
     N, Hq, D = q.shape
     _, Hkv, Dk = k.shape
     _check(D == Dk and v.shape == k.shape, f"attention {name}: q {q.shape}, k {k.shape}, v {v.shape}")
     _check(Hq % Hkv == 0, f"attention {name}: {Hq} query heads are not a multiple of {Hkv} kv heads")
     _check(sinks is None or sinks.shape == (Hq,), f"attention {name}: sinks {sinks and sinks.shape} != ({Hq},)")
-    ins = [q, k, v, cu_seqlens] + ([sinks] if sinks is not None else [])
+    _check(kv_limit is None or (kv_limit.shape == (N,) and kv_limit.dtype == "int32"),
+           f"attention {name}: kv_limit {kv_limit and (kv_limit.shape, kv_limit.dtype)} is not int32 ({N},)")
+    _check(kv_limit is None or causal, f"attention {name}: kv_limit widens a causal mask; this one is not causal")
+    ins = [q, k, v, cu_seqlens] + ([sinks] if sinks is not None or kv_limit is not None else [])
+    ins += [kv_limit] if kv_limit is not None else []
     out, _ = _g(q).node("attention_fwd", ins,
                         [(name, (N, Hq, D), q.dtype), (name + ".lse", (N, Hq), "float32")],
                         causal=int(causal), scale=float(scale), window=int(window), softcap=float(softcap))

@@ -17,7 +17,8 @@ HAS_CUDA = bool(_native.build_info()["cuda"]) and len(_native.cuda_devices()) > 
 if not HAS_CUDA:
     pytest.skip("no CUDA build or no GPU", allow_module_level=True)
 
-COVERS = ("layer_norm_fwd", "layer_norm_bwd", "act_mul_fwd", "act_mul_bwd", "mean_pool_2d_fwd", "mean_pool_2d_bwd")
+COVERS = ("layer_norm_fwd", "layer_norm_bwd", "act_mul_fwd", "act_mul_bwd", "mean_pool_2d_fwd", "mean_pool_2d_bwd",
+          "attention_fwd", "attention_bwd")
 DTYPES = ["float32", "bfloat16", "float16"]
 
 
@@ -89,3 +90,51 @@ def test_mean_pool_2d(dtype, B, H, W, k, C):
     x, dy = rand((B * H * W, C), dtype, 6), rand((B * (H // k) * (W // k), C), dtype, 7)
     compare("mean_pool_2d_fwd", [x], [np.zeros(dy.shape, x.dtype)], [dtype], **attrs)
     compare("mean_pool_2d_bwd", [dy], [np.zeros(x.shape, x.dtype)], [dtype], **attrs)
+
+
+# ---- attention with kv_limit ------------------------------------------------------------------
+
+def spans_limit(L, spans):
+    """kv_limit of one document: i, or the last index of the image span [a, b) holding i."""
+    lim = np.arange(L, dtype=np.int32)
+    for a, b in spans:
+        lim[a:b] = b - 1
+    return lim
+
+
+# Documents (length, spans): spans across the 64- and 128-key tiles of both kernel families, at a
+# document's start and end, a whole-image document, a one-token one, one without images.
+DOCS = [(300, [(10, 200), (201, 260)]), (1, []), (70, [(0, 70)]), (129, [(64, 128)]), (40, [])]
+# Bound on |gpu - cpu| relative to the tensor's scale (test_cuda_attention.py's check): f32 order of
+# sums only; bf16 / f16 also P and dS in the storage dtype on the tensor cores.
+ATTN_TOL = {"float32": 5e-5, "bfloat16": 2e-2, "float16": 5e-3}
+
+
+def check_scaled(got, want, tol, what):
+    a, e = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert np.all(np.isfinite(a)), what
+    bound = tol * (np.abs(e) + max(np.abs(e).max(initial=0.0), 1.0))
+    assert np.all(np.abs(a - e) <= bound), f"{what}: max error {np.abs(a - e).max():.3g}, tolerance {tol}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", [64, 128, 256, 80])  # flash (bf16 / f16 at 64, 128) and the general kernels
+@pytest.mark.parametrize("window", [0, 5, 100])
+def test_attention_kv_limit(dtype, D, window):
+    cu = np.concatenate([[0], np.cumsum([L for L, _ in DOCS])]).astype(np.int32)
+    lim = np.concatenate([spans_limit(L, sp) for L, sp in DOCS])
+    N, Hq, Hkv = int(cu[-1]), 4, 2
+    q, dout = rand((N, Hq, D), dtype, 8), rand((N, Hq, D), dtype, 9)
+    k, v = rand((N, Hkv, D), dtype, 10), rand((N, Hkv, D), dtype, 11)
+    tol = ATTN_TOL[dtype]
+    fwd_outs = [np.zeros((N, Hq, D), q.dtype), np.zeros((N, Hq), np.float32)]
+    out, lse = run("cpu", "attention_fwd", [q, k, v, cu, None, lim], fwd_outs, window=window)
+    g_out, g_lse = run("cuda", "attention_fwd", [q, k, v, cu, None, lim], fwd_outs, window=window)
+    check_scaled(g_out.astype(np.float32), out.astype(np.float32), tol, "out")
+    check_scaled(g_lse, lse, 1e-4, "lse")
+    bwd_outs = [np.zeros(q.shape, q.dtype), np.zeros(k.shape, k.dtype), np.zeros(v.shape, v.dtype)]
+    ins = [dout, q, k, v, out, lse, cu, lim]
+    want = run("cpu", "attention_bwd", ins, bwd_outs, window=window)
+    got = run("cuda", "attention_bwd", ins, bwd_outs, window=window)
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        check_scaled(g.astype(np.float32), w.astype(np.float32), tol, name)

@@ -14,7 +14,7 @@ from surogate import _native
 from surogate.autodiff import backward
 from surogate.compile import Executable
 from surogate.dsl import Graph, ops
-from surogate.errors import ShapeError
+from surogate.errors import InvalidArgumentError, ShapeError
 
 DTYPES = ["float32", "bfloat16"]
 
@@ -169,7 +169,7 @@ def test_gelu_tanh_matches_torch(dtype):
 
 def test_gelu_tanh_without_b_has_no_db():
     x = rand((4, 8))
-    with pytest.raises(Exception, match="there is no b"):
+    with pytest.raises(InvalidArgumentError, match="there is no b"):
         run_op("act_mul_bwd", [x, x, None], [((4, 8), "float32"), ((4, 8), "float32")], act="gelu_tanh")
 
 
@@ -240,7 +240,7 @@ def test_mean_pool_2d_rows_are_gemma3_projectors_order():
 
 
 def test_mean_pool_2d_refuses_a_kernel_that_does_not_divide_the_grid():
-    with pytest.raises(Exception, match="does not divide"):
+    with pytest.raises(InvalidArgumentError, match="does not divide"):
         run_op("mean_pool_2d_fwd", [rand((36, 4))], [((4, 4), "float32")], height=6, width=6, kernel=4)
     with pytest.raises(ShapeError, match="whole number"):
         run_op("mean_pool_2d_fwd", [rand((30, 4))], [((4, 4), "float32")], height=6, width=6, kernel=3)
@@ -255,3 +255,177 @@ def test_mean_pool_2d_dsl_op_trains_through_autodiff():
     (y_ref * t64(dy)).sum().backward()
     close(y, y_ref.detach().numpy(), "float32")
     assert_close(grads["P"], Pt.grad.numpy(), rtol=1e-5, atol=1e-5)
+
+
+# ---- attention with kv_limit (bidirectional image spans) --------------------------------------
+
+def hf_mask(token_type_ids: np.ndarray, window: int) -> torch.Tensor:
+    """[L, L] bool, query (row) sees key (column), built with transformers' own Gemma 3 pieces:
+    get_block_sequence_ids_for_mask, then OR(causal, blockwise) and, for sliding layers,
+    AND(sliding_window_overlay, that) (create_masks_for_vision_model)."""
+    from transformers.masking_utils import and_masks, blockwise_overlay, causal_mask_function, or_masks, \
+        sliding_window_overlay
+    from transformers.models.gemma3.modeling_gemma3 import get_block_sequence_ids_for_mask
+
+    ids = get_block_sequence_ids_for_mask(torch.tensor(token_type_ids)[None])
+    fn = or_masks(causal_mask_function, blockwise_overlay(ids))
+    if window > 0:
+        fn = and_masks(sliding_window_overlay(window), fn)
+    L = len(token_type_ids)
+    qi, kj = torch.arange(L)[:, None], torch.arange(L)[None, :]
+    return fn(torch.tensor(0), torch.tensor(0), qi, kj)
+
+
+def kv_limit_of(token_type_ids: np.ndarray) -> np.ndarray:
+    """Per token of one document: i, or the last index of its run of image tokens."""
+    L = len(token_type_ids)
+    lim = np.arange(L, dtype=np.int32)
+    i = 0
+    while i < L:
+        if token_type_ids[i] == 1:
+            j = i
+            while j + 1 < L and token_type_ids[j + 1] == 1:
+                j += 1
+            lim[i:j + 1] = j
+            i = j + 1
+        else:
+            i += 1
+    return lim
+
+
+def types(L: int, spans) -> np.ndarray:
+    t = np.zeros(L, np.int64)
+    for a, b in spans:
+        t[a:b] = 1
+    return t
+
+
+# Documents as (length, image spans [a, b)): spans inside, at the start and end, across key tiles
+# of 64, a whole image document, a document without images.
+DOCS = [
+    [(150, [(20, 110)])],
+    [(9, [(2, 6)]), (1, []), (70, [(0, 5), (40, 70)]), (12, []), (5, [(0, 5)])],
+    [(200, [(3, 4), (60, 130), (131, 190)])],
+]
+
+
+def attn_inputs(docs, Hq, Hkv, D, dtype, seed=0):
+    cu = np.concatenate([[0], np.cumsum([L for L, _ in docs])]).astype(np.int32)
+    N = int(cu[-1])
+    q, dout = rand((N, Hq, D), dtype, seed), rand((N, Hq, D), dtype, seed + 1)
+    k, v = rand((N, Hkv, D), dtype, seed + 2), rand((N, Hkv, D), dtype, seed + 3)
+    lim = np.concatenate([kv_limit_of(types(L, sp)) for L, sp in docs]).astype(np.int32)
+    return q, k, v, dout, cu, lim
+
+
+def attn_ref(q, k, v, dout, docs, cu, window, scale):
+    """f64 explicit masked attention per document with transformers' mask; out, lse, dq, dk, dv."""
+    qt, kt, vt = t64(q, True), t64(k, True), t64(v, True)
+    G = q.shape[1] // k.shape[1]
+    outs, lses = [], []
+    for (L, spans), a in zip(docs, cu[:-1]):
+        m = hf_mask(types(L, spans), window)
+        qs = qt[a:a + L].transpose(0, 1)
+        ks = kt[a:a + L].transpose(0, 1).repeat_interleave(G, 0)
+        vs = vt[a:a + L].transpose(0, 1).repeat_interleave(G, 0)
+        s = (scale * qs @ ks.transpose(1, 2)).masked_fill(~m, -float("inf"))
+        lses.append(torch.logsumexp(s, -1).transpose(0, 1))
+        outs.append((torch.softmax(s, -1) @ vs).transpose(0, 1))
+    out, lse = torch.cat(outs), torch.cat(lses)
+    (out * t64(dout)).sum().backward()
+    return out.detach().numpy(), lse.detach().numpy(), qt.grad.numpy(), kt.grad.numpy(), vt.grad.numpy()
+
+
+def attn_fwd(q, k, v, cu, lim, **attrs):
+    N, Hq, D = q.shape
+    return run_op("attention_fwd", [q, k, v, cu, None, lim], [((N, Hq, D), q.dtype.name), ((N, Hq), "float32")],
+                  **attrs)
+
+
+def attn_bwd(dout, q, k, v, out, lse, cu, lim, **attrs):
+    return run_op("attention_bwd", [dout, q, k, v, out, lse, cu, lim],
+                  [(q.shape, q.dtype.name), (k.shape, k.dtype.name), (v.shape, v.dtype.name)], **attrs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("window", [0, 5, 64])
+@pytest.mark.parametrize("docs", range(len(DOCS)))
+def test_attention_kv_limit_matches_transformers_gemma3_mask(dtype, window, docs):
+    docs = DOCS[docs]
+    q, k, v, dout, cu, lim = attn_inputs(docs, 4, 2, 16, dtype)
+    scale = 0.25
+    out_ref, lse_ref, dq_ref, dk_ref, dv_ref = attn_ref(q, k, v, dout, docs, cu, window, scale)
+    out, lse = attn_fwd(q, k, v, cu, lim, window=window, scale=scale)
+    close(out, out_ref, dtype)
+    assert_close(lse, lse_ref, rtol=1e-5 if dtype == "float32" else 1e-2, atol=1e-5 if dtype == "float32" else 2e-2)
+    dq, dk, dv = attn_bwd(dout, q, k, v, out, lse, cu, lim, window=window, scale=scale)
+    close(dq, dq_ref, dtype, scale=2.0)
+    close(dk, dk_ref, dtype, scale=2.0)
+    close(dv, dv_ref, dtype, scale=2.0)
+
+
+def test_attention_kv_limit_of_a_causal_batch_is_the_causal_attention():
+    docs = [(70, []), (30, [])]
+    q, k, v, dout, cu, lim = attn_inputs(docs, 2, 1, 8, "float32", seed=4)
+    out, lse = attn_fwd(q, k, v, cu, lim, window=7)
+    out0, lse0 = attn_fwd(q, k, v, cu, None, window=7)
+    np.testing.assert_array_equal(out, out0)
+    np.testing.assert_array_equal(lse, lse0)
+    grads = attn_bwd(dout, q, k, v, out, lse, cu, lim, window=7)
+    grads0 = attn_bwd(dout, q, k, v, out, lse, cu, None, window=7)
+    for g, g0 in zip(grads, grads0):
+        np.testing.assert_array_equal(g, g0)
+
+
+@pytest.mark.parametrize("bad,match", [
+    ([0, 0, 1, 2, 3], "kv_limit\\[1\\] = 0"),   # below its own index
+    ([0, 5, 5, 5, 5], "kv_limit\\[1\\] = 5"),   # past the document
+    ([2, 2, 2, 1, 4], "kv_limit\\[3\\] = 1"),   # falls below the one before (and its own index)
+    ([0, 3, 3, 3, 4], None),                    # fine
+])
+def test_attention_kv_limit_values_are_checked(bad, match):
+    q, k, v, _, cu, _ = attn_inputs([(5, [])], 2, 1, 8, "float32")
+    lim = np.asarray(bad, np.int32)
+    if match is None:
+        attn_fwd(q, k, v, cu, lim)
+        return
+    with pytest.raises(InvalidArgumentError, match=match):
+        attn_fwd(q, k, v, cu, lim)
+
+
+def test_attention_kv_limit_needs_a_causal_mask_and_one_entry_per_token():
+    q, k, v, _, cu, lim = attn_inputs([(6, [(1, 3)])], 2, 1, 8, "float32")
+    with pytest.raises(InvalidArgumentError, match="not causal"):
+        attn_fwd(q, k, v, cu, lim, causal=0)
+    with pytest.raises(ShapeError, match="kv_limit must be \\[N\\]"):
+        attn_fwd(q, k, v, cu, lim[:5].copy())
+
+
+def test_attention_kv_limit_dsl_op_trains_through_autodiff():
+    """ops.attention(..., kv_limit=) over q / k / v projections; the gradients of the projection
+    weights against the f64 reference with transformers' mask, window 4, two documents."""
+    docs = [(40, [(5, 20)]), (24, [(0, 10)])]
+    cu = np.concatenate([[0], np.cumsum([L for L, _ in docs])]).astype(np.int32)
+    N, C, H, D = int(cu[-1]), 16, 2, 8
+    lim = np.concatenate([kv_limit_of(types(L, sp)) for L, sp in docs]).astype(np.int32)
+    x, dy = rand((N, C), seed=1), rand((N, H * D), seed=2)
+    Wq, Wk, Wv = (rand((H * D, C), seed=s, scale=0.3) for s in (3, 4, 5))
+
+    def build(p, i):
+        q, k, v = (ops.view(ops.linear(i["x"], p[w]), (N, H, D), name=w + ".heads") for w in ("Wq", "Wk", "Wv"))
+        o = ops.attention(q, k, v, i["cu"], window=4, kv_limit=i["lim"])
+        return ops.view(o, (N, H * D), name="o")
+
+    y, grads = run_graph(build, {"Wq": Wq, "Wk": Wk, "Wv": Wv}, {"x": x, "cu": cu, "lim": lim}, dy)
+    Ws = {w: t64(a, True) for w, a in (("Wq", Wq), ("Wk", Wk), ("Wv", Wv))}
+    q, k, v = ((t64(x) @ Ws[w].T).reshape(N, H, D) for w in ("Wq", "Wk", "Wv"))
+    outs = []
+    for (L, spans), a in zip(docs, cu[:-1]):
+        s = (q[a:a + L].transpose(0, 1) @ k[a:a + L].permute(1, 2, 0)) / np.sqrt(D)
+        s = s.masked_fill(~hf_mask(types(L, spans), 4), -float("inf"))
+        outs.append((torch.softmax(s, -1) @ v[a:a + L].transpose(0, 1)).transpose(0, 1))
+    y_ref = torch.cat(outs).reshape(N, H * D)
+    (y_ref * t64(dy)).sum().backward()
+    close(y, y_ref.detach().numpy(), "float32")
+    for w in Ws:
+        assert_close(grads[w], Ws[w].grad.numpy(), rtol=1e-4, atol=1e-5)
