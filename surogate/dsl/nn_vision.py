@@ -122,7 +122,7 @@ class SiglipTower:
             x = self._norm(g, x, param, "post_layernorm")
         g.mark_output("vision_hidden", x)
         with g.scope(PROJECTOR_PREFIX):
-            pooled = ops.mean_pool_2d(x, images, v.grid, v.grid, v.pool_kernel, name="pooled")
+            pooled = ops.mean_pool_2d(x, v.grid, v.grid, v.pool_kernel, name="pooled")
             w_norm = param("mm_soft_emb_norm.weight", (C,))
             y = ops.rmsnorm(pooled, w_norm, v.layer_norm_eps, name="soft_emb_norm", weight_offset=1.0)
             proj = param("mm_input_projection_weight", (v.text_hidden_size, C))

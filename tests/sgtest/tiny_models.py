@@ -449,8 +449,13 @@ def make_gemma3_vision(path: str | Path, *, seed: int = 0, text: dict | None = N
     """A tiny Gemma3ForConditionalGeneration: the gemma3 family's tiny text config as text_config
     (with ``text`` overrides), its TINY_VISION tower and projector (with ``overrides`` of the outer
     Gemma3Config keys), the Gemma tokenizer's vocabulary plus three ids past it for
-    <start_of_image>, <end_of_image> and the image token (tests feed token ids)."""
+    <start_of_image>, <end_of_image> and the image token (tests feed token ids). transformers
+    initialises the projection weight and every (1 + w) norm to zeros, the layer norms to ones and
+    the biases to zeros: each such constant tensor gets seeded noise (0.1) added, so that none of
+    them can be dropped or misread unseen."""
+    import torch
     import transformers
+    from transformers.utils import logging
 
     from surogate.models import family_named
     from surogate.models.gemma3 import TINY_VISION
@@ -463,5 +468,14 @@ def make_gemma3_vision(path: str | Path, *, seed: int = 0, text: dict | None = N
     config = transformers.Gemma3Config(**{
         **TINY_VISION, "text_config": text_config, "boi_token_index": v, "eoi_token_index": v + 1,
         "image_token_index": v + 2, **overrides})
-    return _save_model(path, transformers.Gemma3ForConditionalGeneration, config, f.tiny.tokenizer, None,
-                       "float32", seed)
+    logging.disable_progress_bar()
+    torch.manual_seed(seed)
+    model = transformers.Gemma3ForConditionalGeneration(config)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in model.parameters():
+            if bool((p == p.flatten()[0]).all()):
+                p.add_(0.1 * torch.randn(p.shape, generator=gen))
+    path = Path(path)
+    model.save_pretrained(path)
+    return make_tokenizer(path, f.tiny.tokenizer)
