@@ -354,9 +354,10 @@ def geglu(gu: Value, name: str = "act") -> Value:
 
 
 def act_mul(a: Value, b: Value, act: str = "none", name: str = "act_mul") -> Value:
-    """act(a) * b, act "none", "gelu_tanh" (geglu over two tensors) or "gelu" (the exact erf form); b of a's shape, or of one
-    value (a scalar tensor: Gemma 4's layer scalar), whose gradient is then not available."""
-    _check(act in ("none", "gelu_tanh", "gelu"), f"act_mul {name}: act {act!r} is not 'none', 'gelu_tanh' or 'gelu'")
+    """act(a) * b, act "none", "gelu_tanh" (geglu over two tensors) or "gelu" (the exact erf form);
+    b of a's shape, or of one value (a scalar tensor: Gemma 4's layer scalar), whose gradient is
+    then not available."""
+    _check(act in ("none", "gelu_tanh", "gelu"), f"act_mul {name}: act {act!r} is not none, gelu_tanh or gelu")
     _check(b.shape == a.shape or b.shape in ((1,), (1, 1)), f"act_mul {name}: b {b.shape} is neither {a.shape} nor one value")
     (y,) = _g(a).node("act_mul_fwd", [a, b], [(name, a.shape, a.dtype)], act=act)
     return y

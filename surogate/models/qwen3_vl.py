@@ -318,8 +318,8 @@ def load_params(names: list[str], weights, source: str) -> dict[str, np.ndarray]
         hf, block = checkpoint_name(name)
         key = full(hf)
         if key is None:
-            raise FileFormatError(f"{source}: no tensor {CHECKPOINT_PREFIXES[0]}{hf} (nor {CHECKPOINT_PREFIXES[1]}{hf}) "
-                                  f"for the vision tower's {name}",
+            raise FileFormatError(f"{source}: no tensor {CHECKPOINT_PREFIXES[0]}{hf} (nor "
+                                  f"{CHECKPOINT_PREFIXES[1]}{hf}) for the vision tower's {name}",
                                   hint="the checkpoint lacks the vision tower, or the config does not match it "
                                        "(depth, deepstack_visual_indexes)")
         arr = np.asarray(weights.get(key), dtype=np.float32)
@@ -339,12 +339,12 @@ class Qwen3VLVision:
 
     def __init__(self, spec: VisionSpec, params: dict[str, np.ndarray], device: str = "cpu",
                  dtype: str = "float32"):
-        from surogate.model import DTYPES, _np_dtype
+        import ml_dtypes
 
-        if dtype not in DTYPES:
-            raise InvalidArgumentError(f"dtype {dtype!r} is not supported", hint=f"use one of {', '.join(DTYPES)}")
+        if dtype not in ("float32", "bfloat16"):
+            raise InvalidArgumentError(f"dtype {dtype!r} is not supported", hint="use float32 or bfloat16")
         self.spec, self.device, self.dtype = spec, device, dtype
-        self._np = _np_dtype(dtype)
+        self._np = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(np.float32)
         self.tower = Qwen3VLVisionTower(spec)
         names = [p.name for p in self.tower.build(spec.merge_unit, 1).params()]
         missing = [n for n in names if n not in params]
@@ -388,9 +388,10 @@ class Qwen3VLVision:
         return exe
 
     def encode(self, pixel_values, grid_thw, *, hidden: bool = False):
-        """(merged embeddings [M, O], [DeepStack feature [M, O] per deepstack_visual_indexes])
-        (float32, whatever the tower's dtype) for the processor's ``pixel_values`` [N, Cin T P P] and ``grid_thw`` [n, 3] (images
-        and videos alike, in order); with ``hidden`` also the last hidden state [N, C]."""
+        """(merged embeddings [M, O], [DeepStack feature [M, O] per deepstack_visual_indexes]),
+        float32 whatever the tower's dtype, for the processor's ``pixel_values`` [N, Cin T P P]
+        and ``grid_thw`` [n, 3] (images and videos alike, in order); with ``hidden`` also the last
+        hidden state [N, C]."""
         v = self.spec
         px = np.asarray(pixel_values, dtype=np.float32)
         tables = grid_tables(grid_thw, v)
