@@ -100,10 +100,14 @@ def _int(value, key: str) -> int:
 
 def vision_spec_from_config(cfg: dict) -> VisionSpec:
     """The tower of a Qwen3VLConfig (its vision_config) or of a Qwen3VLVisionConfig itself."""
-    vc = cfg.get("vision_config", cfg) if cfg.get("model_type") != "qwen3_vl_vision" else cfg
-    if vc is None:
-        raise ConfigError("config.json: no vision_config", hint="a Qwen3VLForConditionalGeneration config has one")
-    if vc.get("model_type", "qwen3_vl_vision") not in ("qwen3_vl_vision", "qwen3_vl"):
+    if cfg.get("model_type") == "qwen3_vl_vision":
+        vc = cfg
+    elif "vision_config" in cfg or cfg.get("model_type") == "qwen3_vl":
+        vc = cfg.get("vision_config") or {}  # absent: Qwen3VLVisionConfig's defaults, as transformers
+    else:
+        raise ConfigError("config.json: no vision_config (and model_type is not qwen3_vl)",
+                          hint="a Qwen3VLForConditionalGeneration checkpoint's config.json has one")
+    if vc.get("model_type", "qwen3_vl_vision") != "qwen3_vl_vision":
         raise UnsupportedError(f"config.json: vision_config.model_type {vc['model_type']!r} is not qwen3_vl_vision",
                                hint="this is Qwen3-VL's dense tower (Qwen3-VL-MoE's has the same layout but is not "
                                     "checked here)")
@@ -115,7 +119,7 @@ def vision_spec_from_config(cfg: dict) -> VisionSpec:
         raise UnsupportedError(f"config.json: vision_config.hidden_act {act!r} is not supported",
                                hint=f"supported: {', '.join(ACTS)}")
     rope = c.get("rope_parameters") or {}
-    if rope.get("rope_type", "axial") not in ("axial", "default"):
+    if rope.get("rope_type", "axial") != "axial":
         raise UnsupportedError(f"config.json: vision_config.rope_parameters.rope_type {rope['rope_type']!r}",
                                hint="Qwen3-VL's tower has the axial 2D rope only")
     spec = VisionSpec(depth=int(c["depth"]), hidden_size=int(c["hidden_size"]),
@@ -354,6 +358,7 @@ class Qwen3VLVision:
                                        hint="load them with Qwen3VLVision.from_folder or load_params")
         self.params = {n: np.ascontiguousarray(np.asarray(params[n]).astype(self._np)) for n in names}
         self._cache: dict[tuple[int, int], object] = {}
+        self._on_device: dict[str, object] = {}  # GPU: one device copy of each weight for every executable
 
     @classmethod
     def from_folder(cls, path: str | Path, device: str = "cpu", dtype: str = "float32") -> "Qwen3VLVision":
@@ -383,9 +388,18 @@ class Qwen3VLVision:
                 [g.outputs[f"deepstack.{j}"] for j in range(len(self.spec.deepstack_visual_indexes))]
             exe = Executable(g, {}, self.device, keep=keep)
             for name in exe.external_names("param"):
-                exe.bind(name, self.params[name])
+                exe.bind(name, self.params[name], self._device_param(name))
             self._cache[(patches, segments)] = exe
         return exe
+
+    def _device_param(self, name: str):
+        if self.device == "cpu":
+            return None
+        if name not in self._on_device:
+            from surogate import _native
+
+            self._on_device[name] = _native.tensor(self.params[name]).to(self.device)
+        return self._on_device[name]
 
     def encode(self, pixel_values, grid_thw, *, hidden: bool = False):
         """(merged embeddings [M, O], [DeepStack feature [M, O] per deepstack_visual_indexes]),
