@@ -38,6 +38,7 @@ import numpy as np
 from surogate.dsl import ops
 from surogate.dsl.graph import Graph, Value
 from surogate.errors import ConfigError, FileFormatError, InvalidArgumentError, UnsupportedError
+from surogate.models.name_table import Direct, NameTable, Rows
 
 PREFIX = "visual"  # our parameter names: visual.blocks.{i}.attn.q.weight, ...
 LN_EPS = 1e-6  # every LayerNorm of the tower (fixed in transformers' code)
@@ -295,45 +296,49 @@ class Qwen3VLVisionTower:
 
 
 # ---- names: our parameters <- a Qwen3VLForConditionalGeneration checkpoint -----------------
-# transformers 5's save_pretrained and the hub's Qwen3-VL files: model.visual.*; transformers 4.5x
-# and Qwen2-VL-era layouts: visual.*.
-CHECKPOINT_PREFIXES = ("model.visual.", "visual.")
-_QKV = {"q": 0, "k": 1, "v": 2}  # our attn.{q,k,v} are row blocks of the checkpoint's fused attn.qkv
+_TOWER = ["patch_embed.proj.weight", "patch_embed.proj.bias", "pos_embed.weight"]
+_BLOCK = [f"{n}.{p}" for n in ("norm1", "norm2", "attn.proj", "mlp.linear_fc1", "mlp.linear_fc2")
+          for p in ("weight", "bias")]
+_MERGER = [f"{n}.{p}" for n in ("norm", "linear_fc1", "linear_fc2") for p in ("weight", "bias")]
 
 
-def checkpoint_name(name: str) -> tuple[str, int | None]:
-    """(the checkpoint tensor under one of CHECKPOINT_PREFIXES, less the prefix; the row block of
-    the fused qkv it is, or None) for our parameter ``name``."""
-    rest = name[len(PREFIX) + 1:]
-    parts = rest.split(".")
-    if len(parts) == 5 and parts[0] == "blocks" and parts[2] == "attn" and parts[3] in _QKV:
-        return f"blocks.{parts[1]}.attn.qkv.{parts[4]}", _QKV[parts[3]]
-    return rest, None
+def vision_name_table() -> NameTable:
+    """Our tower's parameters <- transformers 5's names (model.visual.*, what its save_pretrained
+    and the hub's Qwen3-VL files hold; `checkpoint_aliases` finds the older visual.*): the fused
+    attn.qkv held as its q, k and v row blocks (name_table.Rows)."""
+    V, H = f"{PREFIX}.", "model.visual."
+    e = {f"{V}{n}": Direct(f"{H}{n}") for n in _TOWER}
+    e.update({f"{V}blocks.{{i}}.{n}": Direct(f"{H}blocks.{{i}}.{n}") for n in _BLOCK})
+    for j, part in enumerate("qkv"):
+        for kind in ("weight", "bias"):
+            e[f"{V}blocks.{{i}}.attn.{part}.{kind}"] = Rows(f"{H}blocks.{{i}}.attn.qkv.{kind}", j, 3)
+    e.update({f"{V}merger.{n}": Direct(f"{H}merger.{n}") for n in _MERGER})
+    # The DeepStack mergers are numbered like layers: {i} is the merger's index.
+    e.update({f"{V}deepstack_merger_list.{{i}}.{n}": Direct(f"{H}deepstack_merger_list.{{i}}.{n}") for n in _MERGER})
+    return NameTable(e)
+
+
+def checkpoint_aliases(hf: str) -> tuple[str, ...]:
+    """Where a checkpoint keeps a tensor of the table: model.visual.* (transformers 5, the hub's
+    Qwen3-VL files), visual.* (transformers 4.5x's layout)."""
+    if hf.startswith("model.visual."):
+        return hf, hf[len("model."):]
+    return (hf,)
 
 
 def load_params(names: list[str], weights, source: str) -> dict[str, np.ndarray]:
     """Our parameters from a checkpoint's tensors (``weights``: ``name in weights``,
     ``weights.get(name)``), as float32 arrays; the first missing tensor is named."""
-    def full(hf: str) -> str | None:
-        return next((p + hf for p in CHECKPOINT_PREFIXES if p + hf in weights), None)
-
-    out = {}
-    for name in names:
-        hf, block = checkpoint_name(name)
-        key = full(hf)
-        if key is None:
-            raise FileFormatError(f"{source}: no tensor {CHECKPOINT_PREFIXES[0]}{hf} (nor "
-                                  f"{CHECKPOINT_PREFIXES[1]}{hf}) for the vision tower's {name}",
+    def resolve(hf: str) -> str:
+        found = next((a for a in checkpoint_aliases(hf) if a in weights), None)
+        if found is None:
+            raise FileFormatError(f"{source}: no tensor {' or '.join(checkpoint_aliases(hf))} for the vision tower",
                                   hint="the checkpoint lacks the vision tower, or the config does not match it "
                                        "(depth, deepstack_visual_indexes)")
-        arr = np.asarray(weights.get(key), dtype=np.float32)
-        if block is not None:
-            if arr.shape[0] % 3:
-                raise FileFormatError(f"{source}: {key} {arr.shape} does not split into q, k, v row blocks",
-                                      hint="the weights and the config do not belong together")
-            arr = np.split(arr, 3, axis=0)[block]
-        out[name] = np.ascontiguousarray(arr)
-    return out
+        return found
+
+    return vision_name_table().load(names, lambda hf: np.asarray(weights.get(resolve(hf)), dtype=np.float32),
+                                    source, has=lambda hf: any(a in weights for a in checkpoint_aliases(hf)))
 
 
 # ---- running it -----------------------------------------------------------------------------

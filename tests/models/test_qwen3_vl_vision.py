@@ -16,7 +16,8 @@ from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration  # noqa:
 
 from surogate.errors import FileFormatError, InvalidArgumentError  # noqa: E402
 from surogate.io.image_processing import QwenVLImageProcessor  # noqa: E402
-from surogate.models.qwen3_vl import Qwen3VLVision, grid_tables, vision_spec_from_config  # noqa: E402
+from surogate.models.qwen3_vl import (Qwen3VLVision, grid_tables, load_params, vision_name_table,  # noqa: E402
+                                      vision_spec_from_config)
 
 # depth 3, width 32 (2 heads of 16: 4 rope frequencies per axis), 8-pixel patches, 2 frames per
 # temporal patch, 2 x 2 merge, DeepStack after blocks 0 and 2, out 48 = the text width, a 4 x 4
@@ -121,6 +122,24 @@ def test_host_tables_equal_transformers_helpers():
     inv = 1.0 / (10000.0 ** (np.arange(0, 8, 2) / 8.0))
     np.testing.assert_allclose(t["rope_cos"], np.cos(np.concatenate([pos[:, :1] * inv, pos[:, 1:] * inv], 1)),
                                atol=1e-6)
+
+
+def test_name_table_loads_and_exports_the_checkpoints_tensors(checkpoint):
+    from safetensors.numpy import load_file
+
+    path, _ = checkpoint
+    tensors = load_file(str(path / "model.safetensors"))
+    tower = Qwen3VLVision.from_folder(path)
+    visual = {k: v for k, v in tensors.items() if k.startswith("model.visual.")}
+    back = vision_name_table().export(tower.params, lambda name, r: [])
+    assert sorted(back) == sorted(visual)  # every tensor of the tower read, the fused qkv joined again
+    for k, v in visual.items():
+        np.testing.assert_array_equal(back[k], v)
+    # transformers 4.5x's layout (visual.*) loads the same.
+    old = {k[len("model."):]: v for k, v in visual.items()}
+    params = load_params(list(tower.params), old, "old layout")
+    for k, v in params.items():
+        np.testing.assert_array_equal(v, tower.params[k])
 
 
 def test_wrong_inputs_and_missing_tensors_are_named(checkpoint, tmp_path):
