@@ -15,7 +15,7 @@ pytest.importorskip("transformers.models.qwen3_vl")
 from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration  # noqa: E402
 
 from surogate.errors import FileFormatError, InvalidArgumentError  # noqa: E402
-from surogate.io.image_processing import QwenVLImageProcessor  # noqa: E402
+from surogate.io.image_processing import QwenVLImageProcessor, QwenVLVideoProcessor  # noqa: E402
 from surogate.models.qwen3_vl import (Qwen3VLVision, grid_tables, load_params, vision_name_table,  # noqa: E402
                                       vision_spec_from_config)
 
@@ -83,9 +83,13 @@ def test_two_images_of_different_grids_equal_hf(checkpoint):
 
 def test_video_grid_equals_hf(checkpoint):
     path, visual = checkpoint
-    grid = [[3, 4, 6]]  # 3 temporal patches (6 frames), each frame attending within itself
-    pixels = np.random.default_rng(2).standard_normal((3 * 4 * 6, 3 * 2 * 8 * 8)).astype(np.float32)
-    check(Qwen3VLVision.from_folder(path), visual, pixels, grid)
+    video = QwenVLVideoProcessor.from_config({"patch_size": 8, "temporal_patch_size": 2, "merge_size": 2,
+                                              "min_pixels": 16 * 16, "max_pixels": 6 * 32 * 48,
+                                              "do_sample_frames": False})
+    frames = np.random.default_rng(2).integers(0, 256, (5, 32, 48, 3), dtype=np.uint8)
+    out = video(frames)  # 5 frames, the last repeated: 3 temporal patches of a 4 x 6 grid
+    assert out.video_grid_thw.tolist() == [[3, 4, 6]]
+    check(Qwen3VLVision.from_folder(path), visual, out.pixel_values_videos, out.video_grid_thw)
 
 
 def test_images_and_video_in_one_call_equal_hf(checkpoint):
