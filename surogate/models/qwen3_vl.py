@@ -373,10 +373,9 @@ class Qwen3VLVision:
 
         folder = ModelFolder(path)
         spec = vision_spec_from_config(folder.config)
-        names = [p.name for p in Qwen3VLVisionTower(spec).build(spec.merge_unit, 1).params()]
-        params = load_params(names, folder.open_weights(), str(folder.path))
-        graph = Qwen3VLVisionTower(spec).build(spec.merge_unit, 1)
-        for p in graph.params():
+        graph_params = Qwen3VLVisionTower(spec).build(spec.merge_unit, 1).params()
+        params = load_params([p.name for p in graph_params], folder.open_weights(), str(folder.path))
+        for p in graph_params:
             if params[p.name].shape != tuple(p.shape):
                 raise FileFormatError(f"{folder.path}: the tensor for {p.name} has shape {params[p.name].shape}, but "
                                       f"the config implies {tuple(p.shape)}",
