@@ -164,6 +164,12 @@ def test_wrong_inputs_and_missing_tensors_are_named(checkpoint, tmp_path):
     with pytest.raises(FileFormatError, match=r"visual\.deepstack_merger_list\.1\.linear_fc2\.bias"):
         Qwen3VLVision.from_folder(tmp_path)
     cfg = json.loads((path / "config.json").read_text())
+    cfg["vision_config"]["intermediate_size"] = 40
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(FileFormatError, match=r"visual\.blocks\.0\.mlp\.linear_fc1\.weight has shape \(48, 32\)"):
+        Qwen3VLVision.from_folder(tmp_path)
+    cfg["vision_config"]["intermediate_size"] = 48
     cfg["vision_config"]["num_position_embeddings"] = 15
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(Exception, match="num_position_embeddings 15 is not a square"):
