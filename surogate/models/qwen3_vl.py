@@ -26,6 +26,10 @@ The tower, per transformers 5 (modeling_qwen3_vl.py, vision_utils.py):
   DeepStack mergers after blocks deepstack_visual_indexes), then fc1, exact GELU, fc2 -> O.
 
 The tower is frozen: its graph is forward only.
+
+One file past 400 lines because the family is one file (house rule): spec, host tables, graph,
+name table and runner of the tower; the language model will bring its own graph module
+(dsl/, as Gemma 3's nn_vision.py) when it comes.
 """
 
 from __future__ import annotations
