@@ -2,7 +2,8 @@
 // Mistral) and geglu_fwd / geglu_bwd (Gemma's gelu_pytorch_tanh); act_mul_fwd / act_mul_bwd are
 // y = act(a) * b over two tensors (Gemma 4's per-layer input gate, gelu_tanh(gate) * input, with
 // geglu's math and roundings per element), b also one value (act none: Gemma 4's layer scalar) or
-// absent: y = act(a), the plain activation (SigLIP's gelu_pytorch_tanh), rounded once.
+// absent: y = act(a), the plain activation (SigLIP's gelu_pytorch_tanh), rounded once; act_mul's
+// act may also be gelu, the exact erf form (nn.GELU(): Qwen3-VL's patch mergers).
 //
 // Shapes: N rows (tokens), F intermediate channels. gu, dgu: [N, 2F]; y, dy: [N, F]; one
 // storage dtype T (f32, bf16 or f16), math in f32.
@@ -29,6 +30,7 @@
 // gradients are the closer ones to the f32 math.) p (1 - p) is computed from e = exp(-v) as
 // 1 / (2 + e + 1/e), accurate in both tails. dgu may alias gu: each element of gate and up is
 // read before the same element of dgu is written.
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -118,6 +120,20 @@ struct GeluTanh {
     *a = g * p;
     return p + 2.0f * g * sigmoid_slope(e) * kSqrt2OverPi * (1.0f + 3.0f * kGeluCoeff * g2);
   }
+};
+
+// The exact GELU (act "gelu", torch's nn.GELU(): Qwen3-VL's patch mergers), erf in f32:
+//   gelu(g) = g Phi(g),  Phi(g) = 0.5 (1 + erf(g / sqrt 2));  gelu'(g) = Phi(g) + g phi(g),
+//   phi(g) = exp(-g^2 / 2) / sqrt(2 pi).
+struct GeluErf {
+  static float act(float g) { return 0.5f * g * (1.0f + std::erf(g * kInvSqrt2)); }
+  static float grad(float g, float* a) {
+    const float cdf = 0.5f * (1.0f + std::erf(g * kInvSqrt2));
+    *a = g * cdf;
+    return cdf + g * kInvSqrt2Pi * std::exp(-0.5f * g * g);
+  }
+  static constexpr float kInvSqrt2 = 0.70710678118654752f;
+  static constexpr float kInvSqrt2Pi = 0.39894228040143268f;
 };
 
 template <typename Act, typename T>
@@ -228,12 +244,14 @@ Status act_mul_bwd_as(const OpArgs& a, const ActMulArgs& r) {
 Status act_mul_fwd(const OpArgs& a) {
   ActMulArgs r;
   SG_RETURN_IF_ERROR(check_act_mul_fwd(a, &r));
+  if (r.gelu_erf) return act_mul_fwd_as<GeluErf>(a, r);
   return r.gelu ? act_mul_fwd_as<GeluTanh>(a, r) : act_mul_fwd_as<NoAct>(a, r);
 }
 
 Status act_mul_bwd(const OpArgs& a) {
   ActMulArgs r;
   SG_RETURN_IF_ERROR(check_act_mul_bwd(a, &r));
+  if (r.gelu_erf) return act_mul_bwd_as<GeluErf>(a, r);
   return r.gelu ? act_mul_bwd_as<GeluTanh>(a, r) : act_mul_bwd_as<NoAct>(a, r);
 }
 

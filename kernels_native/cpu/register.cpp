@@ -24,6 +24,8 @@ void register_cpu_short_conv(OpRegistry& reg);
 void register_cpu_pool(OpRegistry& reg);
 void register_cpu_moe(OpRegistry& reg);
 void register_cpu_moe_oai(OpRegistry& reg);
+void register_cpu_rope_table(OpRegistry& reg);
+void register_cpu_embedding_bag(OpRegistry& reg);
 }  // namespace cpu
 
 void register_cpu_ops(OpRegistry& reg) {
@@ -47,6 +49,8 @@ void register_cpu_ops(OpRegistry& reg) {
   cpu::register_cpu_pool(reg);
   cpu::register_cpu_moe(reg);
   cpu::register_cpu_moe_oai(reg);
+  cpu::register_cpu_rope_table(reg);
+  cpu::register_cpu_embedding_bag(reg);
 }
 
 }  // namespace surogate

@@ -177,6 +177,8 @@ void register_backend() {
   register_cuda_moe(reg);
   register_cuda_moe_gemm(reg);
   register_cuda_moe_oai(reg);
+  register_cuda_rope_table(reg);
+  register_cuda_embedding_bag(reg);
 }
 
 }  // namespace surogate::cuda

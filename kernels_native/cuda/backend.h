@@ -42,5 +42,7 @@ void register_cuda_short_conv(OpRegistry& reg);  // short_conv_fwd / _bwd / _cac
 void register_cuda_moe(OpRegistry& reg);  // MoE router, permute / unpermute, load-balancing loss (fwd + bwd)
 void register_cuda_moe_gemm(OpRegistry& reg);  // moe_grouped_matmul and its weight gradient (one launch, all experts)
 void register_cuda_moe_oai(OpRegistry& reg);   // GPT-OSS: swiglu_oai, the per-expert bias (moe_oai.cu)
+void register_cuda_rope_table(OpRegistry& reg);  // rope_table_fwd / _bwd (RoPE by per-token cos / sin)
+void register_cuda_embedding_bag(OpRegistry& reg);  // embedding_bag_fwd (a weighted row gather)
 
 }  // namespace surogate::cuda

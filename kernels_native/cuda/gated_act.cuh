@@ -39,4 +39,16 @@ struct GeluTanh {
   }
 };
 
+// The exact GELU (act_mul's act "gelu", nn.GELU()): cpu/activation.cpp's GeluErf, CUDA's erff / expf.
+struct GeluErf {
+  static constexpr float kInvSqrt2 = 0.70710678118654752f;
+  static constexpr float kInvSqrt2Pi = 0.39894228040143268f;
+  static __device__ __forceinline__ float act(float g) { return 0.5f * g * (1.0f + erff(g * kInvSqrt2)); }
+  static __device__ __forceinline__ float grad(float g, float* a) {
+    const float cdf = 0.5f * (1.0f + erff(g * kInvSqrt2));
+    *a = g * cdf;
+    return cdf + g * kInvSqrt2Pi * expf(-0.5f * g * g);
+  }
+};
+
 }  // namespace surogate::cuda

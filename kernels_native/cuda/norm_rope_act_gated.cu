@@ -155,7 +155,9 @@ Status act_mul_fwd(const OpArgs& a) {
   ActMulArgs r;
   SG_RETURN_IF_ERROR(check_act_mul_fwd(a, &r));
   if (r.n == 0) return Status::OK();
-  SG_RETURN_IF_ERROR(r.gelu ? act_mul_fwd_as<GeluTanh>(a, r) : act_mul_fwd_as<NoAct>(a, r));
+  SG_RETURN_IF_ERROR(r.gelu_erf ? act_mul_fwd_as<GeluErf>(a, r)
+                     : r.gelu   ? act_mul_fwd_as<GeluTanh>(a, r)
+                                : act_mul_fwd_as<NoAct>(a, r));
   SG_CUDA_CHECK_LAUNCH();
   return Status::OK();
 }
@@ -164,7 +166,9 @@ Status act_mul_bwd(const OpArgs& a) {
   ActMulArgs r;
   SG_RETURN_IF_ERROR(check_act_mul_bwd(a, &r));
   if (r.n == 0) return Status::OK();
-  SG_RETURN_IF_ERROR(r.gelu ? act_mul_bwd_as<GeluTanh>(a, r) : act_mul_bwd_as<NoAct>(a, r));
+  SG_RETURN_IF_ERROR(r.gelu_erf ? act_mul_bwd_as<GeluErf>(a, r)
+                     : r.gelu   ? act_mul_bwd_as<GeluTanh>(a, r)
+                                : act_mul_bwd_as<NoAct>(a, r));
   SG_CUDA_CHECK_LAUNCH();
   return Status::OK();
 }

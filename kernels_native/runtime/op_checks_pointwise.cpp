@@ -125,8 +125,10 @@ Status act_mul_args(const char* op, const OpArgs& args, const Tensor& x, int b_s
     r->broadcast = true;  // act(a) * 1
   }
   const std::string act = args.attr().get_str("act", "none");
-  SG_CHECK_ARG(act == "none" || act == "gelu_tanh", str_cat(op, ": act must be none or gelu_tanh, got '", act, "'"));
+  SG_CHECK_ARG(act == "none" || act == "gelu_tanh" || act == "gelu",
+               str_cat(op, ": act must be none, gelu_tanh or gelu, got '", act, "'"));
   r->gelu = act == "gelu_tanh";
+  r->gelu_erf = act == "gelu";
   r->n = x.numel();
   return Status::OK();
 }

@@ -39,6 +39,7 @@ struct ActMulArgs {
   bool has_b = true;       // input b given
   bool broadcast = false;  // b holds one value (or is absent)
   bool gelu = false;       // act: gelu_tanh, else none
+  bool gelu_erf = false;   // act: gelu (the exact, erf form: nn.GELU())
 };
 Status check_act_mul_fwd(const OpArgs& a, ActMulArgs* r);
 Status check_act_mul_bwd(const OpArgs& a, ActMulArgs* r);

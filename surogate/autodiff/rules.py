@@ -172,6 +172,24 @@ def _short_conv(c: RuleContext, n: Node, gy: list) -> list:
     return [dbcx if spec else None, None, None, None]
 
 
+@rule("rope_table_fwd")
+def _rope_table(c: RuleContext, n: Node, gy: list) -> list:
+    x, cos, sin = n.inputs
+    if c.grad_spec(x) is None:
+        return [None, None, None]
+    (dx,) = c.g.node("rope_table_bwd", [gy[0], cos, sin], [c.grad_spec(x)])
+    return [dx, None, None]
+
+
+@rule("embedding_bag_fwd")
+def _embedding_bag(c: RuleContext, n: Node, gy: list) -> list:
+    table = n.inputs[2]
+    if c.param_grad(table) is not None:
+        raise UnsupportedError(f"embedding_bag: the table {table.name} has no gradient (node {n})",
+                               hint="keep the table frozen (Qwen3-VL's vision tower is not trained)")
+    return [None, None, None]
+
+
 @rule("mean_pool_2d_fwd")
 def _mean_pool_2d(c: RuleContext, n: Node, gy: list) -> list:
     (x,) = n.inputs

@@ -49,6 +49,19 @@ def embed_rows(x: Value, index: Value, rows: Value, name: str = "embed_rows") ->
     return y
 
 
+def embedding_bag(ids: Value, weights: Value, table: Value, name: str = "embed_bag") -> Value:
+    """y[n] = sum_k weights[n, k] table[ids[n, k]]: ids int32 [N, K], weights f32 [N, K] (graph
+    inputs made on the host), summed in f32 (F.embedding_bag(mode="sum", per_sample_weights);
+    Qwen3-VL's position embeddings bilinearly resampled to each image's grid). Forward only: the
+    table gets no gradient."""
+    N, K = ids.shape
+    V, C = table.shape
+    _check(weights.shape == (N, K) and weights.dtype == "float32" and ids.dtype == "int32",
+           f"embedding_bag {name}: ids {ids.shape} {ids.dtype}, weights {weights.shape} {weights.dtype}")
+    (y,) = _g(ids).node("embedding_bag_fwd", [ids, weights, table], [(name, (N, C), table.dtype)])
+    return y
+
+
 # ---- norms ----------------------------------------------------------------------------------
 def rmsnorm(x: Value, w: Value, eps: float, name: str = "norm", weight_offset: float = 0.0) -> Value:
     N, C = x.shape
@@ -217,6 +230,18 @@ def qk_norm_rope(x: Value, w: Value, pos: Value, eps: float, rope_attrs: dict, n
     return y
 
 
+def rope_table(x: Value, cos: Value, sin: Value, name: str = "rope") -> Value:
+    """RoPE by given per-token angles: cos / sin f32 [N, half] (graph inputs made on the host), dims i
+    and i + half of each head rotated (HF's rotate_half), dims from 2 half on passed through; f32 math,
+    one rounding (Qwen3-VL's vision rotary, apply_rotary_pos_emb_vision)."""
+    N, H, D = x.shape
+    _check(cos.shape == sin.shape and cos.shape[0] == N and 0 < 2 * cos.shape[1] <= D,
+           f"rope_table {name}: cos {cos.shape} / sin {sin.shape} do not fit x {x.shape}")
+    _check(cos.dtype == "float32" and sin.dtype == "float32", f"rope_table {name}: cos / sin must be float32")
+    (y,) = _g(x).node("rope_table_fwd", [x, cos, sin], [(name, x.shape, x.dtype)])
+    return y
+
+
 # ---- attention ------------------------------------------------------------------------------
 def attention(q: Value, k: Value, v: Value, cu_seqlens: Value, *, causal: bool = True, scale: float = 0.0,
               window: int = 0, softcap: float = 0.0, sinks: Value | None = None, kv_limit: Value | None = None,
@@ -346,9 +371,10 @@ def geglu(gu: Value, name: str = "act") -> Value:
 
 
 def act_mul(a: Value, b: Value, act: str = "none", name: str = "act_mul") -> Value:
-    """act(a) * b, act "none" or "gelu_tanh" (geglu over two tensors); b of a's shape, or of one
-    value (a scalar tensor: Gemma 4's layer scalar), whose gradient is then not available."""
-    _check(act in ("none", "gelu_tanh"), f"act_mul {name}: act {act!r} is not 'none' or 'gelu_tanh'")
+    """act(a) * b, act "none", "gelu_tanh" (geglu over two tensors) or "gelu" (the exact erf form);
+    b of a's shape, or of one value (a scalar tensor: Gemma 4's layer scalar), whose gradient is
+    then not available."""
+    _check(act in ("none", "gelu_tanh", "gelu"), f"act_mul {name}: act {act!r} is not none, gelu_tanh or gelu")
     _check(b.shape == a.shape or b.shape in ((1,), (1, 1)), f"act_mul {name}: b {b.shape} is neither {a.shape} nor one value")
     (y,) = _g(a).node("act_mul_fwd", [a, b], [(name, a.shape, a.dtype)], act=act)
     return y
@@ -358,6 +384,13 @@ def gelu_tanh(x: Value, name: str = "act") -> Value:
     """The plain GELU, tanh approximation (gelu_pytorch_tanh: SigLIP's MLP): act_mul without b,
     the math geglu's gate uses."""
     (y,) = _g(x).node("act_mul_fwd", [x, None], [(name, x.shape, x.dtype)], act="gelu_tanh")
+    return y
+
+
+def gelu(x: Value, name: str = "act") -> Value:
+    """The exact GELU, x Phi(x) with erf (torch's nn.GELU(): Qwen3-VL's patch mergers): act_mul
+    without b."""
+    (y,) = _g(x).node("act_mul_fwd", [x, None], [(name, x.shape, x.dtype)], act="gelu")
     return y
 
 

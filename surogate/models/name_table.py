@@ -3,10 +3,11 @@
 A table maps our parameter names (with ``{i}`` for the layer index) to a recipe over HF
 checkpoint names: `Direct` (one tensor), `Fuse` (several tensors concatenated along an
 axis, e.g. gate_proj and up_proj into one gate_up projection), `Slice` (layer i's equal part
-of one tensor packed over the layers, Gemma 4's per-layer input tables) or `Experts` (a
+of one tensor packed over the layers, Gemma 4's per-layer input tables), `Rows` (one of the equal
+row blocks of one tensor: Qwen3-VL's fused vision qkv held as q, k, v) or `Experts` (a
 mixture-of-experts layer's per-expert tensors stacked into one [E, ...] tensor). Export runs
-the recipe backwards (`Fuse` splits, `Slice` joins; `Experts` writes the stacked tensor under
-transformers 5's name).
+the recipe backwards (`Fuse` splits, `Slice` and `Rows` join; `Experts` writes the stacked tensor
+under transformers 5's name).
 """
 
 from __future__ import annotations
@@ -42,6 +43,16 @@ class Slice:
 
 
 @dataclass(frozen=True)
+class Rows:
+    """Our parameter is row block ``index`` of ``hf`` cut into ``parts`` equal blocks along axis 0
+    (the inverse of `Fuse`: Qwen3-VL's vision attn.qkv as q, k and v)."""
+
+    hf: str
+    index: int
+    parts: int
+
+
+@dataclass(frozen=True)
 class Experts:
     """One [E, ...] tensor of a mixture-of-experts layer: ``hf`` is transformers 5's name of the
     stacked tensor (``mlp.experts.gate_up_proj``), read as it is when the checkpoint has it;
@@ -65,7 +76,7 @@ class Transposed:
     hf: str
 
 
-Recipe = Direct | Fuse | Slice | Experts | Transposed
+Recipe = Direct | Fuse | Slice | Rows | Experts | Transposed
 
 
 class NameTable:
@@ -85,6 +96,8 @@ class NameTable:
                     return Transposed(r.hf.format(i=i))
                 if isinstance(r, Slice):
                     return Slice(r.hf, r.axis, int(i))
+                if isinstance(r, Rows):
+                    return Rows(r.hf.format(i=i), r.index, r.parts)
                 if isinstance(r, Experts):
                     return Experts(r.hf.format(i=i), tuple(h.replace("{i}", str(i)) for h in r.parts), r.axis,
                                    r.transposed)
@@ -117,6 +130,12 @@ class NameTable:
                     raise FileFormatError(f"{source}: {r.hf} {full.shape} does not split into {n} layers along "
                                           f"axis {r.axis}", hint="the weights and the config do not belong together")
                 out[name] = np.ascontiguousarray(np.split(full, n, axis=r.axis)[r.index])
+            elif isinstance(r, Rows):
+                full = read(r.hf)
+                if full.shape[0] % r.parts:
+                    raise FileFormatError(f"{source}: {r.hf} {full.shape} does not split into {r.parts} equal row "
+                                          "blocks", hint="the weights and the config do not belong together")
+                out[name] = np.ascontiguousarray(np.split(full, r.parts, axis=0)[r.index])
             elif isinstance(r, Experts):
                 out[name] = _stack_experts(r, read, has, source)
             else:
@@ -128,6 +147,7 @@ class NameTable:
         """Checkpoint tensors from our parameters; `sizes` gives the split sizes of a fused one."""
         out = {}
         sliced: dict[str, dict[int, np.ndarray]] = {}
+        blocks: dict[tuple[str, int], dict[int, np.ndarray]] = {}  # Rows: (hf, parts) -> index -> block
         for name, arr in params.items():
             r = self.recipe(name)
             if r is None:
@@ -140,6 +160,8 @@ class NameTable:
                 out[r.hf] = np.ascontiguousarray(arr.T)
             elif isinstance(r, Slice):
                 sliced.setdefault(r.hf, {})[r.index] = (arr, r.axis)
+            elif isinstance(r, Rows):
+                blocks.setdefault((r.hf, r.parts), {})[r.index] = arr
             else:
                 bounds = np.cumsum(sizes(name, r))[:-1]
                 for h, part in zip(r.hf, np.split(arr, bounds, axis=r.axis)):
@@ -147,6 +169,9 @@ class NameTable:
         for hf, got in sliced.items():  # joined only when every layer's part is there
             if sorted(got) == list(range(len(got))):
                 out[hf] = np.concatenate([got[k][0] for k in range(len(got))], axis=got[0][1])
+        for (hf, parts), got in blocks.items():  # joined only when every block is there
+            if sorted(got) == list(range(parts)):
+                out[hf] = np.concatenate([got[k] for k in range(parts)], axis=0)
         return out
 
 
