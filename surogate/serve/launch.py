@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from surogate.errors import InvalidArgumentError, OutOfMemoryError
+from surogate.errors import ConfigError, InvalidArgumentError, OutOfMemoryError
 from surogate.model import Model, load_model
 from surogate.serve.embedder import Embedder
 from surogate.serve.engine_client import EngineClient
@@ -57,7 +57,12 @@ class Launched:
             log.warning("%s: the model has a vision tower, but its family does not say how prompts carry images "
                         "(Family.image_prompt): served for text only", m.spec.family)
             return None
-        return ImageEncoder(m.family.image_prompt(m.spec, m.tokenizer, m.path), m.encode_images)
+        try:
+            prompt = m.family.image_prompt(m.spec, m.tokenizer, m.path)
+        except ConfigError as e:  # e.g. a tokenizer without the image tokens: the model still serves text
+            log.warning("%s: served for text only, without images: %s (%s)", self.name, e.message, e.hint)
+            return None
+        return ImageEncoder(prompt, m.encode_images)
 
     def embedder(self, pooling: str = "last") -> Embedder:
         """Embeddings from this model's final hidden states (``last`` or ``mean`` pooling, normalised)."""

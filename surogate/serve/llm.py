@@ -146,7 +146,7 @@ class LLM:
             raise InvalidArgumentError("this model has no engine yet (it is loading)", hint="retry once it has loaded")
         many = isinstance(prompts, Sequence) and not isinstance(prompts, str) and bool(prompts) \
             and not isinstance(prompts[0], int)
-        items = [self.embed(self.encode(p)) for p in (prompts if many else [prompts])]
+        items = [self.encode(p) for p in (prompts if many else [prompts])]
         if params is None or isinstance(params, SamplingParams):
             per_prompt = [params or SamplingParams()] * len(items)
         else:
@@ -160,10 +160,12 @@ class LLM:
         if spans and len(spans) != len(items):
             raise InvalidArgumentError(f"embeds for {len(spans)} prompts, but {len(items)} prompts",
                                        hint="pass one sequence of EmbedSpan per prompt")
-        if spans and any(p.embeds for p in items):
+        if spans and any(p.images for p in items):
             raise InvalidArgumentError("embeds given for prompts whose images give their own",
                                        hint="pass images in the prompt, or embeds, not both")
-        spans = spans or [p.embeds for p in items]
+        if not spans:  # the prompts' own images (encoded here unless LLM.embed did it before)
+            items = [self.embed(p) for p in items]
+            spans = [p.embeds for p in items]
         requests, processors = [], []
         for prompt, p, prompt_embeds in zip(items, per_prompt, spans):
             p = self._reasoning_budget(prompt, p) if reasoning else msgspec.structs.replace(p, max_reasoning_tokens=None)

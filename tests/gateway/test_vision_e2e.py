@@ -2,12 +2,14 @@
 no flag beyond the folder, through the official SDKs, against transformers'
 Gemma3ForConditionalGeneration.generate on Gemma3Processor's inputs (greedy):
 
-- OpenAI chat with ``image_url`` data URLs (one and two images): the answer's text and
-  usage.prompt_tokens (the expanded prompt, image tokens included) equal HF's; the same request
-  again reports its prompt's full blocks as cached (prefix cache over the image span);
+- OpenAI chat with ``image_url`` data URLs (one and two images; plain and streamed): the answer's
+  text and usage.prompt_tokens (the expanded prompt, image tokens included) equal HF's; the same
+  request again reports its prompt's full blocks as cached (prefix cache over the image span);
+  Responses with an ``input_image``;
 - Anthropic messages with a base64 image block: the text and usage.input_tokens equal HF's, and
   count_tokens counts the same expanded prompt; /tokenize too;
-- a text-only request to the vision model still answers as HF does.
+- a text-only request to the vision model still answers as HF does;
+- in process: the images are encoded off the event loop, one encode at a time.
 """
 
 from __future__ import annotations
@@ -88,6 +90,18 @@ def test_openai_chat_with_images_equals_transformers(server, ref, processor):
         streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(**kw, stream=True)
                            if c.choices)
         assert streamed == want
+
+
+def test_openai_responses_with_an_input_image_equal_transformers(server, ref, processor):
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key="none", max_retries=0)
+    pic = image(45, (50, 26))
+    want, prompt_len = reference(ref, processor, ["What is this?", pic])
+    r = client.responses.create(model=MODEL, max_output_tokens=N, temperature=0, extra_body={"ignore_eos": True},
+                                input=[{"role": "user", "content": [
+                                    {"type": "input_text", "text": "What is this?"},
+                                    {"type": "input_image", "image_url": image_part(pic)["image_url"]["url"],
+                                     "detail": "auto"}]}])
+    assert r.output_text == want and r.usage.input_tokens == prompt_len
 
 
 def test_anthropic_messages_with_a_base64_image_equal_transformers(server, ref, processor):

@@ -10,7 +10,8 @@ Gemma3Processor loads from the folder):
 - a repeated image is encoded once (the encoder's cache) and its prompt served from the prefix
   cache; a text-only chat still equals HF; image tokens without an image are refused;
 - the family's processor: preprocessor_config.json's, else the defaults at the tower's size; a
-  processor_config.json whose image_seq_length disagrees with the model is refused.
+  processor_config.json whose image_seq_length disagrees with the model is refused; a tokenizer
+  without the image tokens serves text only, with a warning.
 """
 
 from __future__ import annotations
@@ -112,6 +113,24 @@ def test_repeated_image_is_encoded_once_and_hits_the_prefix_cache(served, llm, r
     assert ours(llm, twice)[0] == want2
 
 
+def test_the_encoder_cache_keeps_the_last_images(served, ref):
+    from surogate.serve.multimodal import ImageEncoder
+
+    enc = ImageEncoder(served.images.prompt, served.model.encode_images, cache_images=2)
+    a, b, c = image(60), image(61), image(62)
+    rows = enc.rows([a, b, a, c])  # a once (twice in one call), b, c; a is the oldest then: dropped
+    assert enc.encodes == 3 and enc.hits == 0
+    np.testing.assert_array_equal(rows[0], rows[2])
+    with torch.no_grad():  # the rows are HF's projected image features for the processor's pixels
+        want = ref.model.get_image_features(pixel_values=torch.from_numpy(enc.prompt.processor([c]).pixel_values))
+    want = getattr(want, "pooler_output", want)
+    np.testing.assert_allclose(rows[3], want.reshape(rows[3].shape).numpy(), atol=1e-4, rtol=0)
+    enc.rows([c, b])
+    assert enc.encodes == 3 and enc.hits == 2
+    enc.rows([a])
+    assert enc.encodes == 4
+
+
 def test_text_only_chat_on_the_vision_model_equals_transformers(llm, ref, processor):
     messages = [{"role": "user", "content": "Hello there, how are you?"}]
     want, want_prompt = hf_generate(ref, processor, messages, N)
@@ -173,3 +192,17 @@ def test_processor_from_the_folder_or_the_towers_defaults(folder, tmp_path, serv
     (bare / "processor_config.json").write_text(json.dumps({"image_seq_length": 256}))
     with pytest.raises(ConfigError, match="image_seq_length 256"):
         image_prompt(spec, tok, str(bare))
+
+
+def test_a_tokenizer_without_the_image_tokens_serves_text_only(tmp_path, caplog):
+    from sgtest.tiny_models import make_gemma3_vision
+
+    m = launch(str(make_gemma3_vision(tmp_path / "plain", seed=3)), kv_cache_tokens=256)
+    try:
+        with caplog.at_level("WARNING", logger="surogate.serve.launch"):
+            llm = m.llm()
+        assert not llm.accepts_images and m.images is None
+        assert "served for text only" in caplog.text and "not in the tokenizer's vocabulary" in caplog.text
+        assert len(llm.generate("hello", GREEDY)[0].new_token_ids) == N
+    finally:
+        m.client.close()
