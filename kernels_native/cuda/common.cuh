@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -116,5 +117,11 @@ inline void add_op(OpRegistry& reg, const char* name, OpFn fn, std::initializer_
 }
 
 inline int blocks_for(int64_t n, int threads) { return static_cast<int>((n + threads - 1) / threads); }
+
+// Blocks of `threads` for a grid-stride loop over `items`: at least one, at most 65535 x 16 (the
+// loop covers what a capped grid leaves).
+inline unsigned grid_stride_blocks(int64_t items, int threads) {
+  return static_cast<unsigned>(std::clamp<int64_t>((items + threads - 1) / threads, 1, 65535 * 16));
+}
 
 }  // namespace surogate::cuda

@@ -15,9 +15,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
-unsigned grid_for(int64_t items) {
-  return static_cast<unsigned>(std::clamp<int64_t>((items + kThreads - 1) / kThreads, 1, 65535 * 16));
-}
+unsigned grid_for(int64_t items) { return grid_stride_blocks(items, kThreads); }
 
 template <typename T>
 __global__ void embedding_bag_fwd_kernel(const int32_t* ids, const float* w, const T* table, T* y,

@@ -92,9 +92,7 @@ __global__ void act_mul_bwd_kernel(const T* dy, const T* x, const T* b, T* dx, T
   }
 }
 
-unsigned grid_for(int64_t items) {
-  return static_cast<unsigned>(std::clamp<int64_t>((items + kThreads - 1) / kThreads, 1, 65535 * 16));
-}
+unsigned grid_for(int64_t items) { return grid_stride_blocks(items, kThreads); }
 
 template <typename Act>
 Status gated_fwd(const char* op, const OpArgs& a) {

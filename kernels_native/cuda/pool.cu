@@ -15,9 +15,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
-unsigned grid_for(int64_t items) {
-  return static_cast<unsigned>(std::clamp<int64_t>((items + kThreads - 1) / kThreads, 1, 65535 * 16));
-}
+unsigned grid_for(int64_t items) { return grid_stride_blocks(items, kThreads); }
 
 template <typename T>
 __global__ void mean_pool_2d_fwd_kernel(const T* x, T* y, MeanPool2dArgs r, float inv) {

@@ -28,9 +28,7 @@ constexpr int kMaxL = static_cast<int>(kShortConvMaxTaps);
 constexpr int kChannels = 32;  // dw / dbias: channels per CTA
 constexpr int kLanes = 8;      // dw / dbias: token lanes per CTA
 
-unsigned grid_for(int64_t items) {
-  return static_cast<unsigned>(std::clamp<int64_t>((items + kThreads - 1) / kThreads, 1, 65535 * 16));
-}
+unsigned grid_for(int64_t items) { return grid_stride_blocks(items, kThreads); }
 
 __device__ __forceinline__ int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : (v > hi ? hi : v); }
 

@@ -7,7 +7,7 @@ Skipped on machines without a CUDA build and a GPU; run on the lent H200."""
 import numpy as np
 import pytest
 
-from sgtest.ops import as_dtype, assert_close
+from sgtest.ops import as_dtype, assert_close, run_on
 from surogate import _native
 
 pytestmark = pytest.mark.cuda
@@ -20,25 +20,13 @@ COVERS = ("short_conv_fwd", "short_conv_bwd", "short_conv_cache")
 DTYPES = ["float32", "bfloat16", "float16"]
 
 
-def run(device, name, inputs, outputs, **attrs):
-    """outputs: arrays (copied: their values are read by accumulate / in-place ops) or None."""
-    if device == "cpu":
-        outs = [None if o is None else o.copy() for o in outputs]
-        _native.call_op(name, list(inputs), outs, attrs)
-        return outs
-    ins = [None if x is None else _native.tensor(x).to("cuda") for x in inputs]
-    outs = [None if o is None else _native.tensor(o.copy()).to("cuda") for o in outputs]
-    _native.call_op(name, ins, outs, attrs)
-    return [None if o is None else o.to("cpu").numpy() for o in outs]
-
-
 def rand(shape, dtype, seed, scale=1.0):
     return as_dtype(np.random.default_rng(seed).standard_normal(shape).astype(np.float32) * scale, dtype)
 
 
 def compare(name, inputs, outputs, dtypes, **attrs):
-    want = run("cpu", name, inputs, outputs, **attrs)
-    got = run("cuda", name, inputs, outputs, **attrs)
+    want = run_on("cpu", name, inputs, outputs, **attrs)
+    got = run_on("cuda", name, inputs, outputs, **attrs)
     for g, w, dt in zip(got, want, dtypes):
         if w is None:
             assert g is None

@@ -8,7 +8,7 @@ Skipped on machines without a CUDA build and a GPU; run on the lent H200."""
 import numpy as np
 import pytest
 
-from sgtest.ops import as_dtype, assert_close
+from sgtest.ops import as_dtype, assert_close, run_on
 from surogate import _native
 
 pytestmark = pytest.mark.cuda
@@ -22,26 +22,14 @@ COVERS = ("layer_norm_fwd", "layer_norm_bwd", "act_mul_fwd", "act_mul_bwd", "mea
 DTYPES = ["float32", "bfloat16", "float16"]
 
 
-def run(device, name, inputs, outputs, **attrs):
-    """outputs: arrays (copied: accumulate reads them) or None."""
-    if device == "cpu":
-        outs = [None if o is None else o.copy() for o in outputs]
-        _native.call_op(name, list(inputs), outs, attrs)
-        return outs
-    ins = [None if x is None else _native.tensor(x).to("cuda") for x in inputs]
-    outs = [None if o is None else _native.tensor(o.copy()).to("cuda") for o in outputs]
-    _native.call_op(name, ins, outs, attrs)
-    return [None if o is None else o.to("cpu").numpy() for o in outs]
-
-
 def rand(shape, dtype, seed, scale=1.0, shift=0.0):
     return as_dtype(np.random.default_rng(seed).standard_normal(shape).astype(np.float32) * scale + shift, dtype)
 
 
 def compare(name, inputs, outputs, dtypes, **attrs):
     """dtypes per output: a storage dtype's tolerance, or 'sum' for f32 sums over rows."""
-    want = run("cpu", name, inputs, outputs, **attrs)
-    got = run("cuda", name, inputs, outputs, **attrs)
+    want = run_on("cpu", name, inputs, outputs, **attrs)
+    got = run_on("cuda", name, inputs, outputs, **attrs)
     for g, w, dt in zip(got, want, dtypes):
         if w is None:
             assert g is None
@@ -62,7 +50,7 @@ def test_layer_norm(dtype, shape, bias):
     x, w = rand(shape, dtype, 0, 2.0, 0.5), rand(c, dtype, 1, 0.3, 1.0)
     b = rand(c, dtype, 2, 0.2) if bias else None
     dy = rand(shape, dtype, 3)
-    y, mean, rstd = run("cpu", "layer_norm_fwd", [x, w, b], [np.zeros(shape, x.dtype), np.zeros(n, np.float32),
+    y, mean, rstd = run_on("cpu", "layer_norm_fwd", [x, w, b], [np.zeros(shape, x.dtype), np.zeros(n, np.float32),
                                                              np.zeros(n, np.float32)], eps=1e-6)
     compare("layer_norm_fwd", [x, w, b], [np.zeros(shape, x.dtype), np.zeros(n, np.float32), np.zeros(n, np.float32)],
             [dtype, "float32", "float32"], eps=1e-6)
@@ -128,13 +116,13 @@ def test_attention_kv_limit(dtype, D, window):
     k, v = rand((N, Hkv, D), dtype, 10), rand((N, Hkv, D), dtype, 11)
     tol = ATTN_TOL[dtype]
     fwd_outs = [np.zeros((N, Hq, D), q.dtype), np.zeros((N, Hq), np.float32)]
-    out, lse = run("cpu", "attention_fwd", [q, k, v, cu, None, lim], fwd_outs, window=window)
-    g_out, g_lse = run("cuda", "attention_fwd", [q, k, v, cu, None, lim], fwd_outs, window=window)
+    out, lse = run_on("cpu", "attention_fwd", [q, k, v, cu, None, lim], fwd_outs, window=window)
+    g_out, g_lse = run_on("cuda", "attention_fwd", [q, k, v, cu, None, lim], fwd_outs, window=window)
     check_scaled(g_out.astype(np.float32), out.astype(np.float32), tol, "out")
     check_scaled(g_lse, lse, 1e-4, "lse")
     bwd_outs = [np.zeros(q.shape, q.dtype), np.zeros(k.shape, k.dtype), np.zeros(v.shape, v.dtype)]
     ins = [dout, q, k, v, out, lse, cu, lim]
-    want = run("cpu", "attention_bwd", ins, bwd_outs, window=window)
-    got = run("cuda", "attention_bwd", ins, bwd_outs, window=window)
+    want = run_on("cpu", "attention_bwd", ins, bwd_outs, window=window)
+    got = run_on("cuda", "attention_bwd", ins, bwd_outs, window=window)
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
         check_scaled(g.astype(np.float32), w.astype(np.float32), tol, name)

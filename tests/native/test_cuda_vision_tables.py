@@ -7,7 +7,7 @@ Skipped on machines without a CUDA build and a GPU; run on the lent H200."""
 import numpy as np
 import pytest
 
-from sgtest.ops import as_dtype, assert_close
+from sgtest.ops import as_dtype, assert_close, run_on
 from surogate import _native
 
 pytestmark = pytest.mark.cuda
@@ -20,24 +20,13 @@ COVERS = ("rope_table_fwd", "rope_table_bwd", "embedding_bag_fwd")
 DTYPES = ["float32", "bfloat16", "float16"]
 
 
-def run(device, name, inputs, outputs, **attrs):
-    if device == "cpu":
-        outs = [None if o is None else o.copy() for o in outputs]
-        _native.call_op(name, list(inputs), outs, attrs)
-        return outs
-    ins = [None if x is None else _native.tensor(x).to("cuda") for x in inputs]
-    outs = [None if o is None else _native.tensor(o.copy()).to("cuda") for o in outputs]
-    _native.call_op(name, ins, outs, attrs)
-    return [None if o is None else o.to("cpu").numpy() for o in outs]
-
-
 def rand(shape, dtype, seed, scale=1.0):
     return as_dtype(np.random.default_rng(seed).standard_normal(shape).astype(np.float32) * scale, dtype)
 
 
 def compare(name, inputs, outputs, dtype, **attrs):
-    want = run("cpu", name, inputs, outputs, **attrs)
-    got = run("cuda", name, inputs, outputs, **attrs)
+    want = run_on("cpu", name, inputs, outputs, **attrs)
+    got = run_on("cuda", name, inputs, outputs, **attrs)
     for g, w in zip(got, want):
         if w is not None:
             assert_close(g.astype(np.float32), w.astype(np.float32), dtype)
@@ -55,7 +44,7 @@ def test_rope_table(dtype, shape):
     # In place (y aliasing x) on the device: the pass-through dims stay.
     t = _native.tensor(x.copy()).to("cuda")
     _native.call_op("rope_table_fwd", [t, _native.tensor(cos).to("cuda"), _native.tensor(sin).to("cuda")], [t], {})
-    (want,) = run("cpu", "rope_table_fwd", [x, cos, sin], [np.zeros(x.shape, x.dtype)])
+    (want,) = run_on("cpu", "rope_table_fwd", [x, cos, sin], [np.zeros(x.shape, x.dtype)])
     assert_close(t.to("cpu").numpy().astype(np.float32), want.astype(np.float32), dtype)
 
 

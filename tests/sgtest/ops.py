@@ -41,6 +41,20 @@ def run_op(name: str, inputs: Sequence, outputs: Sequence, **attrs) -> list[np.n
     return outs
 
 
+def run_on(device: str, name: str, inputs: Sequence, outputs: Sequence, **attrs) -> list:
+    """Call op ``name`` on ``device`` ("cpu" or "cuda") with host arrays (None where an input or
+    output is absent; the outputs are copied first, since accumulating and in-place ops read
+    them); the outputs come back as host arrays (the CUDA-vs-CPU tests' runner)."""
+    if device == "cpu":
+        outs = [None if o is None else o.copy() for o in outputs]
+        _native.call_op(name, list(inputs), outs, attrs)
+        return outs
+    ins = [None if x is None else _native.tensor(x).to(device) for x in inputs]
+    outs = [None if o is None else _native.tensor(o.copy()).to(device) for o in outputs]
+    _native.call_op(name, ins, outs, attrs)
+    return [None if o is None else o.to("cpu").numpy() for o in outs]
+
+
 def f32(x: np.ndarray) -> np.ndarray:
     return np.asarray(x, dtype=np.float32)
 
