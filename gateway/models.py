@@ -93,10 +93,16 @@ class GatewayConfig(msgspec.Struct, kw_only=True, frozen=True):
     log_requests: bool = True  # one JSON line per request on the "surogate.gateway.access" logger
     sse_ping_seconds: float = 15.0  # keep-alive in quiet streams; 0: never
     max_queued_requests: int = 1024  # per model: engine requests waiting for their first output; then 429
+    # image inputs (gateway/media.py): data: URLs always; local files only under this folder; http(s) only if allowed
+    allowed_local_media_path: str | None = None
+    allow_remote_media: bool = False
+    max_images_per_prompt: int = 8  # --limit-mm-per-prompt '{"image": N}'
 
     def __post_init__(self):
         if self.max_queued_requests < 1:
             raise ValueError(f"max_queued_requests must be at least 1, got {self.max_queued_requests}")
+        if self.max_images_per_prompt < 0:
+            raise ValueError(f"max_images_per_prompt must be at least 0, got {self.max_images_per_prompt}")
         if self.reasoning_field not in ("reasoning_content", "reasoning", "both"):
             raise ValueError("reasoning_field must be reasoning_content, reasoning or both")
 

@@ -3,6 +3,9 @@
 - ``system`` (a string or text blocks) becomes the system message.
 - Roles: ``user`` and ``assistant``; Claude Code's ``ctx`` / ``msg`` count as ``user`` and a
   ``system`` role as system (vLLM #44000). Anything else is a 400 naming ``messages.i.role``.
+- ``image`` blocks (user turns and ``tool_result`` content; base64 or url sources) make the
+  message's content a list of text and image parts (gateway/media.py); the prompt carries the
+  decoded images, and a model that takes no images answers 400 naming the block.
 - ``tool_result`` blocks (inside user turns) become ``tool`` messages, before the turn's text,
   as llama.cpp does; ``tool_use`` blocks become the assistant's ``tool_calls``; ``thinking`` blocks
   become its ``reasoning_content`` (a 400 on thinking history was a real complaint: llm-scaler
@@ -24,6 +27,7 @@ from surogate.serve.frontend import Prompt, RequestError, check_sampling, fit_to
 
 from .. import errors
 from ..errors import ApiError
+from ..media import ImageInput, image_part, load_images
 from ..serving import Gateway, Job
 from . import protocol as a
 
@@ -42,8 +46,10 @@ def messages_job(gw: Gateway, req: a.MessagesRequest | a.CountTokensRequest) -> 
         thinking = req.thinking
         enable = True if isinstance(thinking, a.ThinkingEnabled) else False if isinstance(
             thinking, a.ThinkingDisabled) else None
-        prompt: Prompt = model.llm.render(anthropic_messages(req.system, req.messages), tools, enable_thinking=enable,
-                                          chat_template_kwargs=req.chat_template_kwargs)
+        messages = anthropic_messages(req.system, req.messages)
+        images = load_images(model, messages, gw.config)
+        prompt: Prompt = model.llm.render(messages, tools, enable_thinking=enable,
+                                          chat_template_kwargs=req.chat_template_kwargs, images=images)
         if isinstance(req, a.CountTokensRequest):
             return Job(model, adapter, prompt, SamplingParams())
         opts = SamplingParams(
@@ -66,6 +72,13 @@ def messages_job(gw: Gateway, req: a.MessagesRequest | a.CountTokensRequest) -> 
     one = isinstance(choice, (a.ToolChoiceAuto, a.ToolChoiceAny)) and bool(choice.disable_parallel_tool_use)
     offered = OfferedTools({t.name: t.input_schema or {} for t in req.tools}) if offer else False
     return Job(model, adapter, prompt, opts, tools=forced or offered, max_tool_calls=1 if one else None)
+
+
+def has_images(req: a.MessagesRequest | a.CountTokensRequest) -> bool:
+    def image(b) -> bool:
+        return isinstance(b, a.ImageBlockParam) or (isinstance(b, a.ToolResultBlockParam) and isinstance(
+            b.content, list) and any(isinstance(c, a.ImageBlockParam) for c in b.content))
+    return any(isinstance(m.content, list) and any(image(b) for b in m.content) for m in req.messages)
 
 
 def _forced(tools: Sequence[a.Tool], choice: a.ToolChoice | None) -> ForcedTools | None:
@@ -99,20 +112,41 @@ def anthropic_messages(system: str | list[a.TextBlockParam] | None, messages: Se
 
 
 def _user(role: str, blocks: Sequence, i: int) -> list[dict]:
-    out, texts = [], []
+    out, parts = [], []
     for j, b in enumerate(blocks):
         where = f"messages.{i}.content.{j}"
         if isinstance(b, a.TextBlockParam):
-            texts.append(b.text)
+            parts.append({"type": "text", "text": b.text})
+        elif isinstance(b, a.ImageBlockParam):
+            parts.append(_image(b, where))
         elif isinstance(b, a.ToolResultBlockParam):
-            content = _result_text(b.content, f"{where}.content")
-            out.append({"role": "tool", "tool_call_id": b.tool_use_id,
-                        "content": f"Error: {content}" if b.is_error else content})
+            content = _result_content(b.content, f"{where}.content")
+            if b.is_error:
+                content = f"Error: {content}" if isinstance(content, str) else [
+                    {"type": "text", "text": "Error:"}, *content]
+            out.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": content})
         else:
             raise RequestError(_refusal(b), param=f"{where}.type")
-    if texts or not out:
-        out.append({"role": role, "content": "\n".join(texts)})
+    if parts or not out:
+        out.append({"role": role, "content": _joined(parts)})
     return out
+
+
+def _joined(parts: list[dict]) -> str | list[dict]:
+    """Text blocks alone are one string, joined by newlines; with images, the parts in order."""
+    if any(part["type"] == "image" for part in parts):
+        return parts
+    return "\n".join(part["text"] for part in parts)
+
+
+def _image(b: a.ImageBlockParam, where: str) -> dict:
+    source = b.source
+    if isinstance(source, a.FileImageSource):
+        raise RequestError("Images by `file_id` are not supported: this server stores no files. Send a base64 "
+                           "source.", param=f"{where}.source")
+    if isinstance(source, a.Base64ImageSource):
+        return image_part(ImageInput(where, base64=source.data, media_type=source.media_type))
+    return image_part(ImageInput(where, url=source.url))
 
 
 def _assistant(blocks: Sequence, i: int) -> dict:
@@ -136,15 +170,18 @@ def _assistant(blocks: Sequence, i: int) -> dict:
     return message
 
 
-def _result_text(content, param: str) -> str:
+def _result_content(content, param: str) -> str | list[dict]:
     if content is None or isinstance(content, str):
         return content or ""
-    texts = []
+    parts = []
     for k, b in enumerate(content):
-        if not isinstance(b, a.TextBlockParam):
+        if isinstance(b, a.TextBlockParam):
+            parts.append({"type": "text", "text": b.text})
+        elif isinstance(b, a.ImageBlockParam):
+            parts.append(_image(b, f"{param}.{k}"))
+        else:
             raise RequestError(_refusal(b), param=f"{param}.{k}.type")
-        texts.append(b.text)
-    return "\n".join(texts)
+    return _joined(parts)
 
 
 def _tool(t: a.Tool, i: int) -> dict:
@@ -158,8 +195,10 @@ def _tool(t: a.Tool, i: int) -> dict:
 
 def _refusal(block) -> str:
     kind = type(block).__struct_config__.tag
-    if kind in ("image", "document"):
-        return f"{kind.capitalize()} blocks are not supported: this model reads text only."
+    if kind == "document":
+        return "Document blocks are not supported: this server takes text and images."
+    if kind == "image":
+        return "Image blocks belong in user turns and tool results only."
     return f"A {kind!r} block cannot appear here."
 
 

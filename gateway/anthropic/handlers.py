@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..context import RequestContext
 from ..errors import ApiError
 from ..http import JSONReply, StreamReply
+from ..media import converted
 from ..serving import Gateway, collected, ready, start, streamed, totals
 from ..sse import event
 from . import convert
@@ -16,7 +17,7 @@ PING_EVENT = event("ping", a.PingEvent())
 
 
 async def messages(gw: Gateway, ctx: RequestContext, req: a.MessagesRequest) -> Reply:
-    job = convert.messages_job(gw, req)
+    job = await converted(convert.messages_job, gw, req, images=convert.has_images(req))
     if isinstance(job, ApiError):
         return job
     ctx.model, ctx.prompt_tokens, ctx.max_tokens, ctx.stream = (req.model, len(job.prompt.token_ids),
@@ -41,7 +42,7 @@ async def messages(gw: Gateway, ctx: RequestContext, req: a.MessagesRequest) -> 
 
 
 async def count_tokens(gw: Gateway, ctx: RequestContext, req: a.CountTokensRequest) -> Reply:
-    job = convert.messages_job(gw, req)
+    job = await converted(convert.messages_job, gw, req, images=convert.has_images(req))
     if isinstance(job, ApiError):
         return job
     ctx.model = req.model

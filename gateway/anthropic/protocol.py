@@ -21,8 +21,25 @@ class TextBlockParam(Struct, tag_field="type", tag="text", kw_only=True):
     citations: list[Any] | None = None
 
 
+class Base64ImageSource(Struct, tag_field="type", tag="base64", kw_only=True):
+    media_type: Literal["image/jpeg", "image/png", "image/gif", "image/webp"]
+    data: str
+
+
+class URLImageSource(Struct, tag_field="type", tag="url", kw_only=True):
+    url: str
+
+
+class FileImageSource(Struct, tag_field="type", tag="file", kw_only=True):
+    """The Files API (beta): refused, this server stores no files."""
+
+    file_id: str
+
+
 class ImageBlockParam(Struct, tag_field="type", tag="image", kw_only=True):
-    source: dict[str, Any]
+    """https://docs.claude.com/en/docs/build-with-claude/vision"""
+
+    source: Base64ImageSource | URLImageSource | FileImageSource
     cache_control: dict[str, Any] | None = None
 
 

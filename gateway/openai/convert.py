@@ -2,8 +2,13 @@
 
 Each function returns a Job or an ApiError naming the request field in OpenAI's spelling
 (``messages[2].content[0].type``, ``max_completion_tokens``). Features that need machinery the
-engine does not have (audio, images, predicted outputs) are refused with a 400 that says so,
+engine does not have (audio, files, predicted outputs) are refused with a 400 that says so,
 instead of being ignored.
+
+Images (chat ``image_url`` parts in user messages; Responses ``input_image`` parts in input
+messages and function call outputs) make the message's content a list of text and image parts
+(gateway/media.py); the prompt carries the decoded images. A model that takes no images answers
+400 naming the part.
 
 Constraints become a grammar (SamplingParams.structured_outputs): ``response_format`` /
 ``text.format`` json_object and json_schema, vLLM's ``structured_outputs``, and forced tools
@@ -23,10 +28,11 @@ from surogate.serve.parsers import ForcedTools, OfferedTools
 
 from .. import errors
 from ..errors import ApiError
+from ..media import ImageInput, image_part, load_images
 from ..serving import Gateway, Job, parse_logit_bias, parse_stop
 from . import protocol as p
 
-_PART_NAMES = {"image_url": "Image input", "input_audio": "Audio input", "file": "File input"}
+_PART_NAMES = {"input_audio": "Audio input", "file": "File input"}
 
 
 def chat_job(gw: Gateway, req: p.ChatCompletionRequest) -> Job | ApiError:
@@ -39,13 +45,14 @@ def chat_job(gw: Gateway, req: p.ChatCompletionRequest) -> Job | ApiError:
         return refused
     try:
         messages = chat_messages(req.messages)
+        images = load_images(model, messages, gw.config)
         offer_tools = bool(req.tools) and req.tool_choice != "none"
         tools = [{"type": "function", "function": _function(t.function)} for t in req.tools] if offer_tools else None
         continue_final = bool(req.continue_final_message)
         add_prompt = req.add_generation_prompt if req.add_generation_prompt is not None else not continue_final
         prompt = model.llm.render(messages, tools, reasoning_effort=req.reasoning_effort,
                                   chat_template_kwargs=req.chat_template_kwargs, add_generation_prompt=add_prompt,
-                                  continue_final_message=continue_final, documents=req.documents)
+                                  continue_final_message=continue_final, documents=req.documents, images=images)
         max_name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         if req.top_logprobs is not None and not req.logprobs:
             return errors.invalid("`top_logprobs` needs `logprobs: true`", param="top_logprobs")
@@ -63,6 +70,17 @@ def chat_job(gw: Gateway, req: p.ChatCompletionRequest) -> Job | ApiError:
         return errors.from_exception(e)
     return Job(model, adapter, prompt, opts, tools=forced or (OfferedTools(schemas) if offer_tools else False),
                max_tool_calls=1 if req.parallel_tool_calls is False else None)
+
+
+def chat_has_images(messages: Sequence[p.ChatMessage]) -> bool:
+    return any(isinstance(part, p.ImageURLPart) for m in messages if isinstance(getattr(m, "content", None), list)
+               for part in m.content)
+
+
+def responses_has_images(req: p.ResponsesRequest) -> bool:
+    return not isinstance(req.input, str) and any(
+        isinstance(content, list) and any(part.type == "input_image" for part in content)
+        for item in req.input for content in (item.content, item.output))
 
 
 def forced_tools(tools: dict[str, dict], choice, parallel: bool | None) -> ForcedTools | None:
@@ -117,14 +135,15 @@ def _text_format(fmt: p.TextFormat | None) -> StructuredOutputsParams | None:
 
 
 def chat_messages(messages: Sequence[p.ChatMessage]) -> list[dict]:
-    """Wire messages -> template messages (``developer`` is ``system`` to a template)."""
+    """Wire messages -> template messages (``developer`` is ``system`` to a template); a user
+    message with images gets a content list (their sources in the parts: gateway/media.py)."""
     out = []
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
         if isinstance(m, (p.SystemMessage, p.DeveloperMessage)):
             out.append({"role": "system", "content": text_of(m.content, f"{where}.content")})
         elif isinstance(m, p.UserMessage):
-            out.append({"role": "user", "content": text_of(m.content, f"{where}.content")})
+            out.append({"role": "user", "content": content_of(m.content, f"{where}.content")})
         elif isinstance(m, p.AssistantMessage):
             message = {"role": "assistant",
                        "content": text_of(m.content, f"{where}.content") if m.content is not None else ""}
@@ -151,15 +170,36 @@ def text_of(content: str | list, param: str) -> str:
         return content
     texts = []
     for j, part in enumerate(content):
-        if isinstance(part, p.TextPart):
-            texts.append(part.text)
-        elif isinstance(part, p.RefusalPart):
-            texts.append(part.refusal)
+        if isinstance(part, (p.TextPart, p.RefusalPart)):
+            texts.append(part.text if isinstance(part, p.TextPart) else part.refusal)
+        elif isinstance(part, p.ImageURLPart):
+            raise RequestError("`image_url` parts belong in user messages only.", param=f"{param}[{j}]")
         else:
-            kind = type(part).__struct_config__.tag
-            raise RequestError(f"{_PART_NAMES.get(kind, kind)} is not supported: this model reads text only.",
-                               param=f"{param}[{j}].type")
+            _refuse_part(part, f"{param}[{j}]")
     return "\n".join(texts)
+
+
+def content_of(content: str | list, param: str) -> str | list[dict]:
+    """A user message's content: its text (``text_of``), or with image parts, the text and image
+    parts in order."""
+    if isinstance(content, str) or not any(isinstance(part, p.ImageURLPart) for part in content):
+        return text_of(content, param)
+    parts = []
+    for j, part in enumerate(content):
+        if isinstance(part, p.ImageURLPart):
+            url = part.image_url if isinstance(part.image_url, str) else part.image_url.url
+            parts.append(image_part(ImageInput(f"{param}[{j}]", url=url)))
+        elif isinstance(part, (p.TextPart, p.RefusalPart)):
+            parts.append({"type": "text", "text": part.text if isinstance(part, p.TextPart) else part.refusal})
+        else:
+            _refuse_part(part, f"{param}[{j}]")
+    return parts
+
+
+def _refuse_part(part, where: str):
+    kind = type(part).__struct_config__.tag
+    raise RequestError(f"{_PART_NAMES.get(kind, kind)} is not supported: this server takes text and images.",
+                       param=f"{where}.type")
 
 
 def completion_jobs(gw: Gateway, req: p.CompletionRequest) -> list[Job] | ApiError:
@@ -221,6 +261,7 @@ def responses_job(gw: Gateway, req: p.ResponsesRequest) -> Job | ApiError:
         return errors.unsupported("background", "`background` mode")
     try:
         messages = responses_messages(req)
+        images = load_images(model, messages, gw.config)
         tools = None
         if req.tools and req.tool_choice != "none":
             tools = []
@@ -232,7 +273,7 @@ def responses_job(gw: Gateway, req: p.ResponsesRequest) -> Job | ApiError:
                     {"name": t.name, "description": t.description, "parameters": t.parameters})})
         effort = req.reasoning.effort if req.reasoning else None
         prompt = model.llm.render(messages, tools, reasoning_effort=effort,
-                                  chat_template_kwargs=req.chat_template_kwargs)
+                                  chat_template_kwargs=req.chat_template_kwargs, images=images)
         opts = _sampling(req, model.tokenizer.vocab_size, max_tokens=req.max_output_tokens,
                          logprobs=req.top_logprobs)
         schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools or []}
@@ -267,7 +308,8 @@ def responses_messages(req: p.ResponsesRequest) -> list[dict]:
             role = {"developer": "system"}.get(item.role or "", item.role)
             if role not in ("system", "user", "assistant"):
                 raise RequestError(f"Unknown role {item.role!r}", param=f"{where}.role")
-            message = {"role": role, "content": _input_text(item.content, f"{where}.content")}
+            message = {"role": role, "content": _input_content(item.content, f"{where}.content",
+                                                               images=role != "assistant")}
             if role == "assistant" and reasoning is not None:
                 message["reasoning_content"], reasoning = reasoning, None
             out.append(message)
@@ -287,7 +329,8 @@ def responses_messages(req: p.ResponsesRequest) -> list[dict]:
         elif item.type == "function_call_output":
             if not item.call_id:
                 raise RequestError("A function_call_output item needs `call_id`", param=f"{where}.call_id")
-            output = item.output if isinstance(item.output, str) else _input_text(item.output or [], f"{where}.output")
+            output = item.output if isinstance(item.output, str) else _input_content(item.output or [],
+                                                                                     f"{where}.output", images=True)
             out.append({"role": "tool", "tool_call_id": item.call_id, "content": output})
         elif item.type == "reasoning":
             # Our own reasoning items carry the text as reasoning_text content; OpenAI's, as a summary.
@@ -299,19 +342,33 @@ def responses_messages(req: p.ResponsesRequest) -> list[dict]:
     return out
 
 
-def _input_text(content, param: str) -> str:
+def _input_content(content, param: str, *, images: bool) -> str | list[dict]:
+    """An input message's (or function call output's) content: its text parts joined by newlines,
+    or with ``input_image`` parts (where ``images`` allows them), the text and image parts in order."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    texts = []
+    with_images = any(part.type == "input_image" for part in content)
+    parts = []
     for j, part in enumerate(content):
+        where = f"{param}[{j}]"
         if part.type in ("input_text", "output_text", "text"):
-            texts.append(part.text or "")
+            parts.append({"type": "text", "text": part.text or ""})
+        elif part.type == "input_image" and not images:
+            raise RequestError("`input_image` parts belong in user, system and developer messages and function "
+                               "call outputs only.", param=where)
+        elif part.type == "input_image":
+            if part.file_id is not None:
+                raise RequestError("Images by `file_id` are not supported: this server stores no files. Send the "
+                                   "image as `image_url` (a data: URL).", param=f"{where}.file_id")
+            if not part.image_url:
+                raise RequestError("An `input_image` part needs `image_url`", param=f"{where}.image_url")
+            parts.append(image_part(ImageInput(where, url=part.image_url)))
         else:
-            raise RequestError(f"Content of type {part.type!r} is not supported: this model reads text only.",
-                               param=f"{param}[{j}].type")
-    return "\n".join(texts)
+            raise RequestError(f"Content of type {part.type!r} is not supported: this server takes text and images.",
+                               param=f"{where}.type")
+    return parts if with_images else "\n".join(part["text"] for part in parts)
 
 
 def _refuse_chat(req: p.ChatCompletionRequest) -> ApiError | None:

@@ -19,6 +19,7 @@ from .. import errors
 from ..context import RequestContext
 from ..errors import ApiError
 from ..http import JSONReply, StreamReply
+from ..media import converted
 from ..serving import Gateway, collected, ready, start, streamed, totals
 from . import convert
 from . import protocol as p
@@ -28,7 +29,7 @@ Reply = JSONReply | StreamReply | ApiError
 
 
 async def chat_completions(gw: Gateway, ctx: RequestContext, req: p.ChatCompletionRequest) -> Reply:
-    job = convert.chat_job(gw, req)
+    job = await converted(convert.chat_job, gw, req, images=convert.chat_has_images(req.messages))
     if isinstance(job, ApiError):
         return job
     _note(ctx, req.model, job.prompt.token_ids, job.opts, bool(req.stream))
@@ -91,7 +92,7 @@ async def completions(gw: Gateway, ctx: RequestContext, req: p.CompletionRequest
 
 
 async def responses(gw: Gateway, ctx: RequestContext, req: p.ResponsesRequest) -> Reply:
-    job = convert.responses_job(gw, req)
+    job = await converted(convert.responses_job, gw, req, images=convert.responses_has_images(req))
     if isinstance(job, ApiError):
         return job
     _note(ctx, req.model, job.prompt.token_ids, job.opts, bool(req.stream))

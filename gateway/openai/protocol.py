@@ -122,8 +122,13 @@ class TextPart(Struct, tag_field="type", tag="text"):
     text: str
 
 
+class ImageURL(Struct, kw_only=True):
+    url: str  # a data: URL, or http(s):// / file:// where the server allows them
+    detail: str | None = None  # auto / low / high: accepted, not acted on (the model's processor sizes images)
+
+
 class ImageURLPart(Struct, tag_field="type", tag="image_url"):
-    image_url: dict[str, Any]
+    image_url: ImageURL | str  # the bare string is vLLM's shorthand
 
 
 class InputAudioPart(Struct, tag_field="type", tag="input_audio"):
@@ -425,10 +430,15 @@ class ModelList(Struct, kw_only=True):
 
 
 class InputContent(Struct, kw_only=True):
-    """A content part of an input message: input_text, output_text (earlier answers), or kinds we refuse."""
+    """A content part of an input message: input_text, output_text (earlier answers), input_image,
+    or kinds we refuse."""
 
     type: str
     text: str | None = None
+    # input_image
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: str | None = None  # accepted, not acted on
 
 
 class ReasoningContent(Struct, kw_only=True):

@@ -240,6 +240,37 @@ py::dict stats_dict(const EngineStats& s) {
   return d;
 }
 
+// Request::embeds from a sequence of surogate.serve.types.EmbedSpan (read by attribute: start,
+// rows float [n, width], key bytes, bidirectional); the engine checks them against the prompt.
+void embeds_from(py::handle spans, Request* r) {
+  if (spans.is_none()) return;
+  if (!py::isinstance<py::sequence>(spans)) bad_field("argument", "embeds", "must be a sequence of EmbedSpan", "");
+  int i = 0;
+  for (py::handle sp : py::reinterpret_borrow<py::sequence>(spans)) {
+    const std::string owner = str_cat("embeds[", i++, "]");
+    const char* o = owner.c_str();
+    EmbedSpan e;
+    e.start = static_cast<int>(as_int(field(sp, o, "start"), o, "start", 0, INT32_MAX));
+    py::object rows = field(sp, o, "rows");
+    auto a = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(rows);
+    if (!a) {
+      PyErr_Clear();
+      bad_field(o, "rows", str_cat("must be a float array [n, hidden_size], not ", type_name(rows)), "");
+    }
+    if (a.ndim() != 2) bad_field(o, "rows", str_cat("must be 2-D [n, hidden_size], got ", a.ndim(), " dimensions"), "");
+    e.len = static_cast<int>(a.shape(0));
+    e.rows.assign(a.data(), a.data() + a.size());
+    py::object key = field(sp, o, "key");
+    if (!key.is_none()) {
+      if (!py::isinstance<py::bytes>(key)) bad_field(o, "key", str_cat("must be bytes, not ", type_name(key)), "");
+      e.key = key.cast<std::string>();
+    }
+    e.bidirectional = as_bool(field(sp, o, "bidirectional"), o, "bidirectional");
+    r->embed_widths.push_back(static_cast<int>(a.shape(1)));
+    r->embeds.push_back(std::move(e));
+  }
+}
+
 py::array_t<int32_t> int32_array(const std::vector<int32_t>& v, std::vector<py::ssize_t> shape) {
   return py::array_t<int32_t>(shape, v.data());  // copies
 }
@@ -247,7 +278,8 @@ py::array_t<int32_t> int32_array(const std::vector<int32_t>& v, std::vector<py::
 // A ModelRunner that calls fn(step: StepInput) -> float32 array [R, V] in Python.
 class PyModelRunner : public ModelRunner {
  public:
-  PyModelRunner(py::function fn, int vocab_size) : fn_(std::move(fn)), vocab_size_(vocab_size) {}
+  PyModelRunner(py::function fn, int vocab_size, int hidden_size)
+      : fn_(std::move(fn)), vocab_size_(vocab_size), hidden_size_(hidden_size) {}
   ~PyModelRunner() override {
     if (!Py_IsInitialized()) {
       fn_.release();  // the interpreter is gone: leak rather than touch it
@@ -258,6 +290,7 @@ class PyModelRunner : public ModelRunner {
   }
 
   int vocab_size() const override { return vocab_size_; }
+  int hidden_size() const override { return hidden_size_; }
 
   Status run(const StepInput& in, StepOutput* out) override {
     if (!Py_IsInitialized()) {
@@ -287,6 +320,7 @@ class PyModelRunner : public ModelRunner {
  private:
   py::object fn_;
   int vocab_size_;
+  int hidden_size_;
   std::vector<float> logits_;
 };
 
@@ -438,6 +472,16 @@ void bind_serve(py::module_& parent) {
       .def_property_readonly("need_logits", [](const StepInput& s) {
         return py::array_t<uint8_t>({static_cast<py::ssize_t>(s.need_logits.size())}, s.need_logits.data());
       })
+      .def_property_readonly("embed_index", [](const StepInput& s) {
+        return int32_array(s.embed_index, {s.num_embed_rows()});
+      })
+      .def_property_readonly("embed_rows", [](const StepInput& s) {
+        return py::array_t<float>({static_cast<py::ssize_t>(s.num_embed_rows()), static_cast<py::ssize_t>(s.embed_width)},
+                                  s.embed_rows.data());
+      })
+      .def_property_readonly("kv_limit", [](const StepInput& s) {
+        return int32_array(s.kv_limit, {static_cast<int64_t>(s.kv_limit.size())});
+      })
       .def_static("make", [](py::handle token_ids, py::handle positions, py::handle slot_mapping, py::handle cu_q,
                              py::handle context_lens, py::handle block_tables, py::handle logits_rows,
                              py::handle adapter_ids, py::handle need_logits, int block_size) {
@@ -508,28 +552,31 @@ void bind_serve(py::module_& parent) {
 
   py::class_<PyModelRunner, ModelRunner, std::shared_ptr<PyModelRunner>>(
       m, "PyModelRunner", "A ModelRunner calling fn(step: StepInput) -> float32 [R, V] logits, with the GIL held.")
-      .def(py::init([](py::function fn, int vocab_size) {
-             if (vocab_size <= 0) {
-               throw_status(SG_ERROR(StatusCode::kInvalidArgument, str_cat("vocab_size is ", vocab_size), ""));
+      .def(py::init([](py::function fn, int vocab_size, int hidden_size) {
+             if (vocab_size <= 0 || hidden_size < 0) {
+               throw_status(SG_ERROR(StatusCode::kInvalidArgument,
+                                     str_cat("vocab_size is ", vocab_size, ", hidden_size ", hidden_size), ""));
              }
-             return std::make_shared<PyModelRunner>(std::move(fn), vocab_size);
+             return std::make_shared<PyModelRunner>(std::move(fn), vocab_size, hidden_size);
            }),
-           py::arg("fn"), py::arg("vocab_size"));
+           py::arg("fn"), py::arg("vocab_size"), py::arg("hidden_size") = 0,
+           "hidden_size: the width of the embedding rows it takes (StepInput.embed_rows); 0: none");
 
   py::class_<ProgramRunner, ModelRunner, std::shared_ptr<ProgramRunner>>(
       m, "ProgramRunner",
       "The ModelRunner of a compiled model: pads each step to a shape bucket and runs that bucket's Program "
-      "natively (see serve/program_runner.h). compile(T, S, B, R, adapter) -> an object whose .program is the "
+      "natively (see serve/program_runner.h). compile(T, S, B, R, adapter, E) -> an object whose .program is the "
       "bucket's Program, called with the GIL the first time a bucket is met.")
       .def(py::init([](const std::string& device, int vocab_size, int block_size, int num_blocks, int pad_blocks,
-                       py::function compile) {
-             if (vocab_size <= 0 || block_size <= 0 || num_blocks <= 0 || pad_blocks < 0) {
+                       py::function compile, int hidden_size) {
+             if (vocab_size <= 0 || block_size <= 0 || num_blocks <= 0 || pad_blocks < 0 || hidden_size < 0) {
                throw_status(SG_ERROR(StatusCode::kInvalidArgument,
                                      str_cat("ProgramRunner: vocab_size ", vocab_size, ", block_size ", block_size,
                                              ", num_blocks ", num_blocks, ", pad_blocks ", pad_blocks),
                                      "all positive (pad_blocks >= 0)"));
              }
-             ProgramRunner::Config cfg{parse_device(device), vocab_size, block_size, num_blocks, pad_blocks};
+             ProgramRunner::Config cfg{parse_device(device), vocab_size, block_size, num_blocks, pad_blocks,
+                                       hidden_size};
              std::shared_ptr<void> fn = hold_py(std::move(compile));
              auto cf = [fn](const BucketKey& k, Program** out, std::shared_ptr<void>* owner) -> Status {
                if (!Py_IsInitialized()) {
@@ -538,7 +585,7 @@ void bind_serve(py::module_& parent) {
                }
                py::gil_scoped_acquire gil;
                try {
-                 py::object exe = (*static_cast<py::object*>(fn.get()))(k.T, k.S, k.B, k.R, k.adapter);
+                 py::object exe = (*static_cast<py::object*>(fn.get()))(k.T, k.S, k.B, k.R, k.adapter, k.E);
                  *out = exe.attr("program").cast<Program*>();
                  *owner = hold_py(std::move(exe));
                  return Status::OK();
@@ -551,15 +598,15 @@ void bind_serve(py::module_& parent) {
              return std::make_shared<ProgramRunner>(cfg, std::move(cf));
            }),
            py::arg("device"), py::arg("vocab_size"), py::arg("block_size"), py::arg("num_blocks"),
-           py::arg("pad_blocks"), py::arg("compile"))
+           py::arg("pad_blocks"), py::arg("compile"), py::arg("hidden_size") = 0)
       .def("forget", &ProgramRunner::forget, py::arg("adapter"), py::call_guard<py::gil_scoped_release>(),
            "Drop the Programs of one adapter slot (-1: the base model, -2: all).")
       .def_property_readonly("num_programs", &ProgramRunner::num_programs)
       .def("bucket_key", [](const ProgramRunner& r, const StepInput& in, int adapter) {
              const BucketKey k = r.bucket_key(in, adapter);
-             return py::make_tuple(k.T, k.S, k.B, k.R, k.adapter);
+             return py::make_tuple(k.T, k.S, k.B, k.R, k.adapter, k.E);
            }, py::arg("step"), py::arg("adapter") = -1,
-           "(T, S, B, R, adapter): the bucket a step of one adapter runs in (what compile is asked for).")
+           "(T, S, B, R, adapter, E): the bucket a step of one adapter runs in (what compile is asked for).")
       .def_static("bucket_tokens", &ProgramRunner::bucket_tokens, py::arg("t"))
       .def_property_readonly_static("MAX_PAD", [](py::object) { return ProgramRunner::kMaxPad; });
 
@@ -570,16 +617,18 @@ void bind_serve(py::module_& parent) {
              return e.release();
            }),
            py::arg("runner"), py::arg("config"))
-      .def("submit", [](Engine& e, py::handle prompt_ids, py::handle params, int adapter_id) {
+      .def("submit", [](Engine& e, py::handle prompt_ids, py::handle params, int adapter_id, py::handle embeds) {
              Request r;
              r.prompt_token_ids = as_token_ids(prompt_ids, "argument", "prompt_ids");
              r.params = sampling_params_from(params);
              r.adapter_id = adapter_id;
+             embeds_from(embeds, &r);
              uint64_t id = 0;
              check(e.submit(std::move(r), &id));
              return id;
            },
-           py::arg("prompt_ids"), py::arg("params"), py::arg("adapter_id") = -1)
+           py::arg("prompt_ids"), py::arg("params"), py::arg("adapter_id") = -1, py::arg("embeds") = py::none(),
+           "embeds: EmbedSpan-like objects (start, rows [n, hidden], key bytes, bidirectional)")
       .def("abort", &Engine::abort, py::arg("request_id"))
       .def("hold", &Engine::hold, "Take no new step until release() (a batch of submits all reach the first step).")
       .def("release", &Engine::release)

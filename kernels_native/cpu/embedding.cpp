@@ -1,4 +1,5 @@
-// Token embedding CPU ops, forward and backward: embedding_fwd / embedding_bwd.
+// Token embedding CPU ops, forward and backward: embedding_fwd / embedding_bwd; and embed_rows
+// (serving: given rows in place of some tokens' embeddings, runtime/op_checks_embedding.h).
 //
 // Shapes: N tokens, V vocabulary rows, C channels. ids: [N] int32; table, dtable: [V, C];
 // y, dy: [N, C]. Storage f32, bf16 or f16; dtable is f32 or dy's dtype.
@@ -124,11 +125,42 @@ Status embedding_bwd(const OpArgs& a) {
   return Status::OK();
 }
 
+// y = x, then the rows (f32) at their indices, rounded to y's dtype. Indices are checked (in
+// range, distinct) before anything is written.
+Status embed_rows(const OpArgs& a) {
+  const char* op = "embed_rows";
+  const Tensor &x = a.in(0), &index = a.in(1), &rows = a.in(2), &y = a.out(0);
+  EmbedRowsArgs r;
+  SG_RETURN_IF_ERROR(check_embed_rows(a, &r));
+  const int64_t N = r.N, E = r.E, C = r.C;
+  const int32_t* idx = index.ptr<int32_t>();
+  std::vector<uint8_t> seen(static_cast<size_t>(N), 0);
+  for (int64_t e = 0; e < E; ++e) {
+    if (idx[e] == -1) continue;
+    SG_CHECK(idx[e] >= 0 && idx[e] < N, StatusCode::kInvalidArgument,
+             str_cat(op, ": index[", e, "] = ", idx[e], " is not a row of x (", N, " rows; -1 skips)"), "");
+    SG_CHECK(!seen[idx[e]], StatusCode::kInvalidArgument,
+             str_cat(op, ": index[", e, "] = ", idx[e], " repeats an earlier index"), "give each row once");
+    seen[idx[e]] = 1;
+  }
+  const size_t row_bytes = static_cast<size_t>(C) * dtype_size(x.dtype);
+  if (y.data != x.data) std::memcpy(y.data, x.data, static_cast<size_t>(N) * row_bytes);
+  char* dst = static_cast<char*>(y.data);
+  const float* src = rows.ptr<float>();
+  parallel_for(0, E, std::max<int64_t>(1, 4096 / std::max<int64_t>(C, 1)), [&](int64_t lo, int64_t hi) {
+    for (int64_t e = lo; e < hi; ++e) {
+      if (idx[e] >= 0) (void)convert(src + e * C, DType::kF32, dst + idx[e] * row_bytes, y.dtype, C);
+    }
+  });
+  return Status::OK();
+}
+
 }  // namespace
 
 void register_cpu_embedding(OpRegistry& reg) {
   add_op(reg, "embedding_fwd", embedding_fwd);
   add_op(reg, "embedding_bwd", embedding_bwd);
+  add_op(reg, "embed_rows", embed_rows);
 }
 
 }  // namespace surogate::cpu

@@ -26,6 +26,10 @@
 //   score_j = scale * q . k_j, then softcap * tanh(score_j / softcap) when softcap > 0;
 //   out = sum_j softmax(score)_j v_j, lse = log(sum_j exp(score_j)) (natural log, f32).
 //   attrs: scale (1 / sqrt(D)), window (0: none), softcap (0: none).
+//   kv_limit[T] (optional input 7, int32): row i sees keys j <= kv_limit[i] instead of j <= p
+//   (the window still counts from p): a row inside a bidirectional span (Gemma 3's image tokens)
+//   also sees the span's later keys, which this step wrote. p <= kv_limit[i] < context_lens[s]
+//   is checked before anything is computed.
 //   sinks[Hq] (optional input 6, GPT-OSS): exp(sinks[h]) joins each row's denominator (no value),
 //   as cpu/attention.cpp's sinks: out = sum_j exp(score_j) v_j / (sum_j exp(score_j) + exp(z_h)).
 //   Only the blocks a query reads must be valid: with a window, entries of blocks that lie
@@ -400,6 +404,7 @@ struct Geometry {
   float scale = 1.0f, softcap = 0.0f;
   float* part = nullptr;  // split partials
   const float* sinks = nullptr;  // [Hq] f32, or null
+  const int32_t* kv_limit = nullptr;  // [T] last visible key per row, or null (causal)
 };
 
 // A finished row (running max m, sum l, accumulator o relative to m) written out: out = o / l and
@@ -557,8 +562,9 @@ SG_INLINE void attend_item_impl(const Geometry& geo, const Item& it, float* ws) 
       for (int64_t mi = 0; mi < Mh; ++mi) {
         const int64_t m = gi * Mh + mi;
         const int64_t p = pos0 + mi / G;
+        const int64_t lim = geo.kv_limit ? geo.kv_limit[q_first + it.r0 + mi / G] : p;
         const int64_t lo = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
-        const int64_t a = std::max(tl, lo - kb), e = std::min(th, p + 1 - kb);
+        const int64_t a = std::max(tl, lo - kb), e = std::min(th, lim + 1 - kb);
         float* pm = P + mi * KT;
         if (a >= e) {
           for (int64_t t = tl; t < th; ++t) pm[t] = 0.0f;
@@ -713,6 +719,15 @@ Status paged_attention(const OpArgs& a) {
                  str_cat(op, ": context_lens[", s, "] = ", ctx[s], " exceeds the ", max_blocks, " blocks of ", BS,
                          " tokens a row of block_tables holds"));
     if (nq == 0) continue;
+    if (pa.kv_limit) {
+      const int32_t* kl = pa.kv_limit->ptr<int32_t>();
+      for (int64_t i = 0; i < nq; ++i) {
+        const int64_t row = cu_q[s] + i, p = ctx[s] - nq + i;
+        SG_CHECK_ARG(kl[row] >= p && kl[row] < ctx[s],
+                     str_cat(op, ": kv_limit[", row, "] = ", kl[row], " but that row of sequence ", s,
+                             " sits at position ", p, " of ", ctx[s], "; it must lie in [", p, ", ", ctx[s] - 1, "]"));
+      }
+    }
     const int64_t first_pos = ctx[s] - nq;
     const int64_t first_key = window > 0 ? std::max<int64_t>(0, first_pos - window + 1) : 0;
     for (int64_t b = first_key / BS; b * BS < ctx[s]; ++b) {
@@ -743,6 +758,7 @@ Status paged_attention(const OpArgs& a) {
   geo.window = window;
   geo.scale = static_cast<float>(scale);
   geo.softcap = static_cast<float>(softcap);
+  geo.kv_limit = pa.kv_limit ? pa.kv_limit->ptr<int32_t>() : nullptr;
   std::vector<float> sinks;
   if (pa.sinks) {
     sinks.resize(Hq);
@@ -767,7 +783,9 @@ Status paged_attention(const OpArgs& a) {
       const int64_t r1 = std::min(nq, r0 + qb);
       const int64_t p0 = ctx[s] - nq + r0, p1 = ctx[s] - nq + r1 - 1;
       const int64_t k0 = window > 0 ? std::max<int64_t>(0, p0 - window + 1) : 0;
-      bases.push_back({static_cast<int32_t>(s), static_cast<int32_t>(r0), static_cast<int32_t>(r1), k0, p1 + 1});
+      int64_t last = p1;  // the last key any of the rows sees
+      for (int64_t r = r0; geo.kv_limit && r < r1; ++r) last = std::max<int64_t>(last, geo.kv_limit[cu_q[s] + r]);
+      bases.push_back({static_cast<int32_t>(s), static_cast<int32_t>(r0), static_cast<int32_t>(r1), k0, last + 1});
     }
   }
   const int64_t threads = num_threads();

@@ -1,5 +1,6 @@
-// Token embedding CUDA ops, the twins of cpu/embedding.cpp: embedding_fwd / embedding_bwd. Also
-// the registration hook of the embedding / dropout / optimizer group.
+// Token embedding CUDA ops, the twins of cpu/embedding.cpp: embedding_fwd / embedding_bwd and
+// embed_rows (serving's per-request rows in place of token embeddings). Also the registration
+// hook of the embedding / dropout / optimizer group.
 //
 // Shapes: N tokens, V vocabulary rows, C channels. ids: [N] int32; table, dtable: [V, C];
 // y, dy: [N, C]. Storage f32, bf16 or f16; dtable is f32 or dy's dtype.
@@ -227,12 +228,49 @@ Status embedding_bwd(const OpArgs& a) {
   return Status::OK();
 }
 
+// ---- embed_rows -------------------------------------------------------------------------
+
+// One warp per given row: y[index[e]] = rows[e] (f32, rounded to T); index -1 or past N skips.
+// y = x was copied before (cudaMemcpyAsync), so the two launches are one stream's order.
+template <typename T>
+__global__ void embed_rows_kernel(const int32_t* index, const float* rows, T* y, int64_t E, int64_t N, int64_t C) {
+  const int64_t e = blockIdx.x * int64_t(kRowWarps) + threadIdx.x / 32;
+  if (e >= E) return;
+  const int lane = threadIdx.x % 32;
+  const int32_t i = index[e];
+  if (i < 0 || i >= N) return;
+  const float* src = rows + e * C;
+  T* dst = y + int64_t(i) * C;
+  for (int64_t j = lane; j < C; j += 32) dst[j] = st<T>(src[j]);
+}
+
+Status embed_rows(const OpArgs& a) {
+  const char* op = "embed_rows";
+  const Tensor &x = a.in(0), &index = a.in(1), &rows = a.in(2), &y = a.out(0);
+  EmbedRowsArgs r;
+  SG_RETURN_IF_ERROR(check_embed_rows(a, &r));
+  SG_RETURN_IF_ERROR(check_token_count(op, r.N));
+  const size_t bytes = static_cast<size_t>(r.N * r.C) * dtype_size(x.dtype);
+  if (y.data != x.data && bytes > 0) {
+    SG_CUDA_CHECK(cudaMemcpyAsync(y.data, x.data, bytes, cudaMemcpyDeviceToDevice, current_stream()));
+  }
+  if (r.E == 0 || r.C == 0) return Status::OK();
+  const unsigned blocks = static_cast<unsigned>((r.E + kRowWarps - 1) / kRowWarps);
+  SG_CUDA_DISPATCH_FLOAT(op, x.dtype, T, {
+    embed_rows_kernel<T><<<blocks, 32 * kRowWarps, 0, current_stream()>>>(index.ptr<int32_t>(), rows.ptr<float>(),
+                                                                          y.ptr<T>(), r.E, r.N, r.C);
+  });
+  SG_CUDA_CHECK_LAUNCH();
+  return Status::OK();
+}
+
 }  // namespace
 
 void register_cuda_embedding(OpRegistry& reg) {
   // ids are not checked on the host: out-of-range ids give zero rows (forward) or are skipped (backward).
   add_op(reg, "embedding_fwd", embedding_fwd);
   add_op(reg, "embedding_bwd", embedding_bwd);
+  add_op(reg, "embed_rows", embed_rows);
 }
 
 void register_cuda_embed_optim(OpRegistry& reg) {

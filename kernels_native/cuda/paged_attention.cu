@@ -16,7 +16,12 @@
 //   with f32 math in registers; keys are split over CTAs only when rows x kv heads would not give
 //   every SM two CTAs, and the last split of a row to finish merges them in the same launch. Its
 //   header says the details.
-//   everything else (prefill, chunked prefill, odd head dims): the general kernel below.
+//   everything else (prefill, chunked prefill, odd head dims, and any step with a kv_limit, the
+//   per-row key limit of bidirectional spans): the general kernel below.
+//
+// kv_limit (optional input 7): row i sees keys j <= kv_limit[i] (clamped to [p, context_len - 1],
+// the harmless reading of a bad value) instead of j <= p; a CTA's key range ends at the largest
+// limit of its rows.
 //
 // General kernel. A CTA of kWarps warps takes one (sequence, tile of R query rows,
 // kv head, chunk of its Gc query heads, key split): M = R * Gc queries, QPW per warp. It walks
@@ -141,6 +146,7 @@ struct PagedParams {
   const int32_t* cu_q = nullptr;
   const int32_t* ctx = nullptr;
   const int32_t* tile_start = nullptr;  // [S + 1] prefix sums of ceil(n_q / R); nullptr when R = 1
+  const int32_t* kv_limit = nullptr;    // [T] last visible key of each row; nullptr: causal
   int64_t T = 0, window = 0;
   int Hq = 0, Hkv = 0, G = 0, D = 0, Dp4 = 0, BS = 0, max_blocks = 0, NB = 0, S = 0;
   int R = 1, Gc = 1, head_chunks = 1, nsplit = 1;
@@ -208,6 +214,9 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(const PagedPa
   const int64_t pos_first = ctx - nq + r0, pos_last = ctx - nq + r1 - 1;
   int64_t kbeg = p.window > 0 ? max64(0, pos_first - p.window + 1) : 0;
   int64_t kend = pos_last + 1;
+  if (p.kv_limit) {
+    for (int64_t r = r0; r < r1; ++r) kend = max64(kend, min64(ctx - 1, p.kv_limit[q0 + r]) + 1);
+  }
   const int z = static_cast<int>(blockIdx.z);
   if (p.nsplit > 1) {
     const int64_t len = max64(0, kend - kbeg);
@@ -327,7 +336,8 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(const PagedPa
       pr[i] = 0.0f;
       if (i >= nvalid) continue;  // warp-uniform
       const int64_t qp = pos0 + (m0 + i) / p.Gc;
-      const bool ok = lane < nt && j <= qp && (p.window == 0 || j > qp - p.window);
+      const int64_t lim = p.kv_limit ? max64(qp, min64(ctx - 1, p.kv_limit[row0 + (m0 + i) / p.Gc])) : qp;
+      const bool ok = lane < nt && j <= lim && (p.window == 0 || j > qp - p.window);
       float x = sc[i];
       if (p.softcap > 0.0f) x = p.softcap * tanhf(x * (1.0f / p.softcap));
       x = ok ? x : -INFINITY;
@@ -526,12 +536,13 @@ Status paged_attention_core(const OpArgs& a, float* lse_scratch) {
   p.S = static_cast<int>(S);
   p.scale = static_cast<float>(scale);
   p.softcap = static_cast<float>(softcap);
+  p.kv_limit = pa.kv_limit ? pa.kv_limit->ptr<int32_t>() : nullptr;
   const int64_t esize = static_cast<int64_t>(dtype_size(q.dtype));
   p.vec = (D * esize) % 16 == 0 && reinterpret_cast<uintptr_t>(kc.data) % 16 == 0 &&
           reinterpret_cast<uintptr_t>(vc.data) % 16 == 0;
 
   // Decode batches with 16-byte rows take the streaming kernel of paged_attention_decode.cu.
-  if (T <= S && paged_decode_supports(q.dtype, D, {q.data, kc.data, vc.data, out.data})) {
+  if (T <= S && p.kv_limit == nullptr && paged_decode_supports(q.dtype, D, {q.data, kc.data, vc.data, out.data})) {
     PagedDecodeArgs d;
     d.dtype = q.dtype;
     d.device = q.device;
@@ -584,7 +595,7 @@ Status paged_attention_core(const OpArgs& a, float* lse_scratch) {
   // Key splits while the CTAs would not fill the GPU twice; the kernel keeps >= kMinSplitKeys
   // keys per split of the actual context (a short context leaves the extra splits empty).
   const int64_t ctx_cap = max_blocks * BS;
-  const int64_t keys_cap = window > 0 ? std::min<int64_t>(ctx_cap, window + p.R - 1) : ctx_cap;
+  const int64_t keys_cap = window > 0 && !p.kv_limit ? std::min<int64_t>(ctx_cap, window + p.R - 1) : ctx_cap;
   const int64_t n_cta = n_tiles * grid_y, want = 2LL * sm_count();
   if (n_cta < want) {
     p.nsplit = static_cast<int>(std::min<int64_t>(

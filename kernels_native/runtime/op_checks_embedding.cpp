@@ -59,4 +59,23 @@ Status check_embedding_bwd(const OpArgs& a, EmbeddingArgs* r) {
   return Status::OK();
 }
 
+Status check_embed_rows(const OpArgs& a, EmbedRowsArgs* r) {
+  const char* op = "embed_rows";
+  const Tensor &x = a.in(0), &index = a.in(1), &rows = a.in(2), &y = a.out(0);
+  SG_RETURN_IF_ERROR(check_ndim(op, "x", x, 2));
+  r->N = x.shape[0];
+  r->C = x.shape[1];
+  SG_RETURN_IF_ERROR(check_rows(op, "x", x, r->N, r->C));
+  SG_RETURN_IF_ERROR(check_rows(op, "y", y, r->N, r->C));
+  SG_CHECK(y.dtype == x.dtype, StatusCode::kDTypeUnsupported,
+           str_cat(op, ": y is ", dtype_name(y.dtype), " but x is ", dtype_name(x.dtype)), "allocate y in x's dtype");
+  SG_RETURN_IF_ERROR(check_ndim(op, "index", index, 1));
+  SG_RETURN_IF_ERROR(check_contiguous(op, "index", index));
+  SG_RETURN_IF_ERROR(check_dtype(op, "index", index, {DType::kI32}));
+  r->E = index.shape[0];
+  SG_RETURN_IF_ERROR(check_rows(op, "rows", rows, r->E, r->C));
+  SG_RETURN_IF_ERROR(check_dtype(op, "rows", rows, {DType::kF32}));
+  return Status::OK();
+}
+
 }  // namespace surogate

@@ -92,6 +92,15 @@ Status check_paged_attention(const OpArgs& a, PagedAttentionArgs* r) {
     SG_RETURN_IF_ERROR(check_sinks(op, a.in(6), Hq));
     r->sinks = &a.in(6);
   }
+  if (a.has_in(7)) {
+    const Tensor& kl = a.in(7);
+    SG_RETURN_IF_ERROR(check_ndim(op, "kv_limit", kl, 1));
+    SG_RETURN_IF_ERROR(check_dtype(op, "kv_limit", kl, {DType::kI32}));
+    SG_RETURN_IF_ERROR(check_contiguous(op, "kv_limit", kl));
+    SG_CHECK_SHAPE(kl.shape[0] == T, str_cat(op, ": kv_limit ", kl.shape_str(), " must have one entry per row of q ",
+                                             q.shape_str()));
+    r->kv_limit = &kl;
+  }
 
   r->scale = a.attr().get_float("scale", 1.0 / std::sqrt(static_cast<double>(D)));
   r->window = a.attr().get_int("window", 0);

@@ -22,6 +22,8 @@ constexpr OpContract kContracts[] = {
      "(A, B, [bias]) -> (C = alpha*op(A)@op(B) + beta*C + bias); attrs: trans_a, trans_b, alpha, beta"},
     {"embedding_fwd", 2, 2, 1, -1, "(ids[N] int32, table[V,C]) -> (y[N,C])"},
     {"embedding_bwd", 2, 2, 1, -1, "(ids[N] int32, dy[N,C]) -> (dtable[V,C], f32 or dy's dtype); attrs: accumulate"},
+    {"embed_rows", 3, 3, 1, -1,
+     "(x[N,C], index[E] int32, rows[E,C] f32) -> (y[N,C] = x with y[index[e]] = rows[e]; index -1 skips)"},
     {"rmsnorm_fwd", 2, 2, 2, -1, "(x[N,C], w[C]) -> (y[N,C], rstd[N] f32); attrs: eps, weight_offset"},
     {"rmsnorm_bwd", 4, 4, 2, 1, "(dy, x, w, rstd) -> (dx, [dw]); attrs: weight_offset, accumulate"},
     {"add_rmsnorm_fwd", 3, 3, 3, -1,
@@ -66,9 +68,9 @@ constexpr OpContract kContracts[] = {
      "(q[N,Hq,D], k[N,Hkv,D], v[N,Hkv,D], pos[N] i32, slot_mapping[N] i32, [q_norm[D], k_norm[D]]) -> "
      "(q_out[N,Hq,D], k_cache, v_cache [num_blocks, block_size, Hkv, D], written in place; slot -1 skips); "
      "attrs: eps, weight_offset, " SG_ROPE_ATTRS},
-    {"paged_attention", 6, 7, 2, 1,
+    {"paged_attention", 6, 8, 2, 1,
      "(q[T,Hq,D], k_cache, v_cache, block_tables[S,max_blocks] i32, cu_q[S+1] i32, context_lens[S] i32, "
-     "[sinks[Hq]]) -> (out[T,Hq,D], [lse[T,Hq] f32]); attrs: scale, window, softcap"},
+     "[sinks[Hq]], [kv_limit[T] i32]) -> (out[T,Hq,D], [lse[T,Hq] f32]); attrs: scale, window, softcap"},
     {"gated_matmul", 2, 3, 1, -1,
      "(gu[M,2F] = [gate, up], W[N,F], [bias[N]]) -> (y[M,N] = act(gate) * up @ W^T + bias); attrs: act "
      "(silu | gelu_tanh)"},

@@ -25,6 +25,22 @@ uint64_t block_hash(uint64_t parent, const int32_t* tokens, int n) {
 
 constexpr uint64_t kRootHash = 0x5eed5eed5eed5eedULL;
 
+// The embedding spans block i of seq overlaps: each one's digest, where the overlap starts in the
+// block and in the span, and its length. 0 when the block holds no span position.
+uint64_t embed_digest(const Sequence& seq, int i, int bs) {
+  uint64_t h = 0;
+  const int lo = i * bs, hi = lo + bs;
+  for (const EmbedSpan& e : seq.embeds) {
+    if (e.start >= hi) break;
+    if (e.end() <= lo) continue;
+    const int a = std::max(lo, e.start), b = std::min(hi, e.end());
+    h = mix64(h ^ e.digest);
+    h = mix64(h ^ ((static_cast<uint64_t>(a - lo) << 40) ^ (static_cast<uint64_t>(a - e.start) << 8) ^
+                   static_cast<uint64_t>(b - a)) ^ (e.bidirectional ? 0x8000000000000000ULL : 0));
+  }
+  return h;
+}
+
 // The parent of a sequence's first block: the same tokens under another LoRA adapter hold other
 // keys and values, so each adapter (and the base model, -1) has its own chain of hashes.
 uint64_t root_hash(const Sequence& seq) {
@@ -46,7 +62,9 @@ void BlockManager::hash_full_blocks(Sequence& seq) const {
   while (static_cast<int>(hashes.size()) < full) {
     const int i = static_cast<int>(hashes.size());
     const uint64_t parent = i == 0 ? root_hash(seq) : hashes[i - 1];
-    hashes.push_back(block_hash(parent, seq.token_ids.data() + static_cast<size_t>(i) * block_size_, block_size_));
+    uint64_t h = block_hash(parent, seq.token_ids.data() + static_cast<size_t>(i) * block_size_, block_size_);
+    if (const uint64_t d = embed_digest(seq, i, block_size_)) h = mix64(h ^ d);
+    hashes.push_back(h);
   }
 }
 
@@ -61,8 +79,17 @@ std::vector<int> BlockManager::find_cached_prefix(Sequence& seq) {
     const Block& b = blocks_[it->second];
     const uint64_t parent = i == 0 ? root_hash(seq) : seq.block_hashes[i - 1];
     const int32_t* tokens = seq.token_ids.data() + static_cast<size_t>(i) * block_size_;
-    if (b.parent_hash != parent || std::memcmp(b.tokens.data(), tokens, sizeof(int32_t) * block_size_) != 0) break;
+    if (b.parent_hash != parent || std::memcmp(b.tokens.data(), tokens, sizeof(int32_t) * block_size_) != 0 ||
+        b.embed_digest != embed_digest(seq, i, block_size_)) {
+      break;
+    }
     hits.push_back(it->second);
+  }
+  // Never end inside a bidirectional span: back off to the block where it starts.
+  while (!hits.empty()) {
+    const EmbedSpan* span = seq.bidirectional_span_across(static_cast<int>(hits.size()) * block_size_);
+    if (span == nullptr) break;
+    hits.resize(span->start / block_size_);
   }
   return hits;
 }
@@ -130,6 +157,7 @@ void BlockManager::cache_computed_blocks(Sequence& seq) {
     b.parent_hash = i == 0 ? root_hash(seq) : seq.block_hashes[i - 1];
     const int32_t* tokens = seq.token_ids.data() + static_cast<size_t>(i) * block_size_;
     b.tokens.assign(tokens, tokens + block_size_);
+    b.embed_digest = embed_digest(seq, i, block_size_);
     cached_.emplace(h, seq.block_table[i]);
   }
   seq.num_registered_blocks = full;

@@ -10,6 +10,13 @@
 // to 0 keeps its contents and stays findable (evictable, in LRU order) until a fresh allocation
 // needs its memory; never-registered free blocks are handed out first.
 //
+// Embedding spans (Sequence::embeds): a block's tokens at a span's positions are placeholders
+// whose first-layer input is the span's rows, so the block's hash also takes the digest of every
+// span its tokens overlap with the offsets into it (the same placeholders with another image
+// never share a block, the same image does); the digest is stored and compared on lookup like
+// the tokens. A hit that would end inside a bidirectional span backs off to the block holding
+// the span's start: the span is always computed whole, in one step.
+//
 // The verb pairs: can_allocate / allocate (all tokens of a waiting sequence, reusing its cached
 // prefix), can_append / may_append (the next block(s) of a running sequence), trim, deallocate.
 #pragma once
@@ -65,6 +72,7 @@ class BlockManager {
     uint64_t hash = 0;
     uint64_t parent_hash = 0;
     std::vector<int32_t> tokens;  // of a registered block: compared on lookup
+    uint64_t embed_digest = 0;    // of the embedding spans its tokens overlap (0: none), compared too
     std::list<int>::iterator lru_pos;
   };
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cstring>
 
 #include "core/thread_pool.h"
 
@@ -23,6 +24,56 @@ uint64_t splitmix64(uint64_t x) {
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
   return x ^ (x >> 31);
+}
+
+// A 64-bit digest of n bytes (splitmix64 over 8-byte words, the length mixed in first).
+uint64_t hash_bytes(const void* data, size_t n, uint64_t seed) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint64_t h = splitmix64(seed ^ n);
+  for (size_t i = 0; i < n; i += 8) {
+    uint64_t w = 0;
+    std::memcpy(&w, p + i, std::min<size_t>(8, n - i));
+    h = splitmix64(h ^ w);
+  }
+  return h;
+}
+
+// The embedding spans of a prompt of P tokens, for a runner taking rows of `width` (0: none):
+// each inside the prompt, none empty, none overlapping another, rows of that width. Sorted by
+// start on success, each with its digest (of the key, or of the rows when there is no key).
+Status check_embeds(std::vector<EmbedSpan>* spans, const std::vector<int>& widths, int P, int width) {
+  if (spans->empty()) return Status::OK();
+  SG_CHECK(width > 0, StatusCode::kInvalidArgument, "embeds: this model runner takes no embedding rows",
+           "serve the model through surogate.serve (its ProgramRunner takes them), or submit token ids only");
+  for (size_t i = 0; i < spans->size(); ++i) {
+    EmbedSpan& e = (*spans)[i];
+    SG_CHECK(e.len > 0, StatusCode::kInvalidArgument, str_cat("embeds[", i, "].rows is empty"),
+             "give at least one row, or leave the span out");
+    SG_CHECK(widths[i] == width, StatusCode::kInvalidArgument,
+             str_cat("embeds[", i, "].rows has width ", widths[i], "; the model's hidden size is ", width),
+             "give rows of the model's hidden size (the output of its vision projector)");
+    SG_CHECK(e.start >= 0 && e.start + static_cast<int64_t>(e.len) <= P, StatusCode::kInvalidArgument,
+             str_cat("embeds[", i, "] covers prompt positions ", e.start, "..", int64_t{e.start} + e.len - 1,
+                     " but the prompt has ", P, " tokens"),
+             "a span's start + len(rows) must lie inside the prompt (its placeholder tokens)");
+    e.digest = e.key.empty() ? hash_bytes(e.rows.data(), e.rows.size() * sizeof(float), 0x726f7773ULL)
+                             : hash_bytes(e.key.data(), e.key.size(), 0x6b6579ULL);
+  }
+  std::vector<size_t> order(spans->size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return (*spans)[a].start < (*spans)[b].start; });
+  for (size_t k = 1; k < order.size(); ++k) {
+    const EmbedSpan &a = (*spans)[order[k - 1]], &b = (*spans)[order[k]];
+    SG_CHECK(b.start >= a.end(), StatusCode::kInvalidArgument,
+             str_cat("embeds[", order[k], "] (positions ", b.start, "..", b.end() - 1, ") overlaps embeds[",
+                     order[k - 1], "] (positions ", a.start, "..", a.end() - 1, ")"),
+             "each prompt position takes at most one row");
+  }
+  std::vector<EmbedSpan> sorted;
+  sorted.reserve(spans->size());
+  for (size_t i : order) sorted.push_back(std::move((*spans)[i]));
+  *spans = std::move(sorted);
+  return Status::OK();
 }
 
 SchedulerConfig scheduler_config(const EngineConfig& c) {
@@ -113,12 +164,15 @@ Status Engine::submit(Request req, uint64_t* id) {
   SG_CHECK(!req.params.constrained || masker_ != nullptr, StatusCode::kInvalidArgument,
            "a constrained request (a grammar) on an engine without a token masker",
            "submit through surogate.serve.EngineClient, which installs the grammar engine");
+  SG_RETURN_IF_ERROR(check_embeds(&req.embeds, req.embed_widths, static_cast<int>(req.prompt_token_ids.size()),
+                                  runner_->hidden_size()));
 
   const uint64_t rng_seed =
       req.params.has_seed ? req.params.seed : splitmix64(seed_base_ ^ splitmix64(seed_counter_.fetch_add(1)));
   const uint64_t seq_id = next_id_.fetch_add(1);
   auto seq = std::make_unique<Sequence>(seq_id, std::move(req.prompt_token_ids), std::move(req.params),
                                         req.adapter_id, rng_seed);
+  seq->embeds = std::move(req.embeds);
   {
     std::lock_guard<std::mutex> lock(mu_);
     SG_CHECK(!shut_down_, StatusCode::kUnsupported, "the engine is shut down", "create a new engine");

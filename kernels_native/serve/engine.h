@@ -73,6 +73,11 @@ struct Request {
   std::vector<int32_t> prompt_token_ids;
   SamplingParams params;
   int32_t adapter_id = -1;
+  // Embedding rows in place of prompt tokens' embeddings (start, len, rows, key, bidirectional
+  // set; embed_widths[i] the width of span i's rows), checked at submit against the prompt and
+  // the runner's hidden size; the engine fills in their digests.
+  std::vector<EmbedSpan> embeds;
+  std::vector<int> embed_widths;  // per span: the width of its rows
 };
 
 struct EngineStats {
@@ -103,7 +108,8 @@ class Engine {
   ~Engine();
 
   // Queue a request; its id is written to *id. Bad input (empty prompt, token ids outside the
-  // vocabulary, sampling parameters out of range) is an error naming the field.
+  // vocabulary, sampling parameters out of range, embedding spans outside the prompt,
+  // overlapping or of the wrong width) is an error naming the field.
   Status submit(Request request, uint64_t* id);
   // Finish a request now ("abort"): its blocks are freed before the next step. Unknown or
   // already finished ids are ignored.

@@ -27,6 +27,13 @@
 //                         state the runner keeps per sequence beside the KV blocks), -1 = none;
 //                         a span starting at position 0 must not read what the slot held
 //   request_ids   [S]     (int64) the engine's request ids, for logging and per-request state
+//   embed_index   [E]     token rows (into T, increasing) whose first-layer input is given: the
+//                         embedding rows of a request's EmbedSpan (image features) at the prompt
+//                         positions this step computes; empty: none
+//   embed_rows    [E, C]  (float32) those rows, C = embed_width = the runner's hidden_size()
+//   kv_limit      [T]     per token, the last position of its sequence its query may see: its own
+//                         position (causal), the span's last position for a token of a
+//                         bidirectional span (whose tokens are all in this step); empty: causal
 //
 // Writes to the cache happen before attention reads it (as in a layer: store K/V, then attend),
 // so a sequence's query rows see this step's own tokens. Blocks shared between sequences (prefix
@@ -59,6 +66,12 @@ struct StepInput {
   std::vector<int32_t> adapter_ids;
   std::vector<int32_t> state_slots;
   std::vector<int64_t> request_ids;
+  int32_t embed_width = 0;
+  std::vector<int32_t> embed_index;
+  std::vector<float> embed_rows;
+  std::vector<int32_t> kv_limit;
+
+  int32_t num_embed_rows() const { return static_cast<int32_t>(embed_index.size()); }  // E
 
   int32_t num_logits_rows() const { return static_cast<int32_t>(logits_rows.size()); }  // R
   bool is_decode_only() const { return num_tokens == num_seqs; }
@@ -86,6 +99,9 @@ class ModelRunner {
   // Compute the KV of in's tokens into the cache and the logits of in.logits_rows.
   virtual Status run(const StepInput& in, StepOutput* out) = 0;
   virtual int vocab_size() const = 0;
+  // The width of the embedding rows this runner takes (StepInput::embed_rows; the model's hidden
+  // size), 0: it takes none (requests with embeds are refused at submit).
+  virtual int hidden_size() const { return 0; }
 };
 
 }  // namespace surogate::serve

@@ -12,9 +12,11 @@ namespace surogate::serve {
 namespace {
 
 // The step inputs, in the order of Bucket::off.
-constexpr const char* kInputs[8] = {"input_ids", "position_ids", "slot_mapping", "block_tables",
-                                    "cu_q",      "context_lens", "logits_rows",  "state_slots"};
-enum { kIds, kPos, kSlots, kTables, kCuQ, kCtx, kRows, kStates };
+constexpr int kNumInputs = 10;
+constexpr const char* kInputs[kNumInputs] = {"input_ids",    "position_ids", "slot_mapping", "block_tables",
+                                             "cu_q",         "context_lens", "logits_rows",  "state_slots",
+                                             "embed_index",  "kv_limit"};
+enum { kIds, kPos, kSlots, kTables, kCuQ, kCtx, kRows, kStates, kEmbedIndex, kKvLimit };
 constexpr int kOptional = kStates;  // inputs from here on: bound when the Program has them
 
 int pow2(int n) {
@@ -69,23 +71,36 @@ Status ProgramRunner::bucket(const BucketKey& key, Bucket** out) {
   SG_RETURN_IF_ERROR(compile_(key, &b->program, &b->owner));
   SG_CHECK(b->program != nullptr && b->program->device() == config_.device, StatusCode::kInternal,
            "the step compiler returned no Program for this runner's device", "");
-  const int64_t sizes[8] = {key.T, key.T, key.T, int64_t{key.S} * key.B, key.S + 1, key.S, key.R, key.S};
-  const std::vector<int64_t> shapes[8] = {{key.T}, {key.T}, {key.T}, {key.S, key.B}, {key.S + 1}, {key.S}, {key.R},
-                                          {key.S}};
+  const int64_t E = key.E, TE = key.E > 0 ? key.T : 0;  // no embed inputs without embedding rows
+  const int64_t sizes[kNumInputs] = {key.T, key.T, key.T, int64_t{key.S} * key.B, key.S + 1, key.S, key.R, key.S,
+                                     E,     TE};
+  const std::vector<int64_t> shapes[kNumInputs] = {{key.T}, {key.T}, {key.T}, {key.S, key.B}, {key.S + 1},
+                                                   {key.S}, {key.R}, {key.S}, {E},              {TE}};
   int64_t total = 0;
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < kNumInputs; ++i) {
     b->off[i] = total;
     total += sizes[i];
   }
   b->host.assign(total, 0);
   SG_RETURN_IF_ERROR(allocate(config_.device, static_cast<size_t>(total) * sizeof(int32_t), &b->inputs));
   auto* base = static_cast<int32_t*>(b->inputs.get());
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < kNumInputs; ++i) {
     const int id = b->program->find_buffer(kInputs[i]);
     if (id < 0 && i >= kOptional) continue;
     SG_CHECK(id >= 0, StatusCode::kInternal, str_cat("the step Program has no input '", kInputs[i], "'"), "");
     SG_RETURN_IF_ERROR(b->program->bind(id, Tensor::view_of(base + b->off[i], DType::kI32, shapes[i], config_.device,
                                                             b->inputs)));
+  }
+  if (E > 0) {
+    const int id = b->program->find_buffer("embed_rows");
+    SG_CHECK(id >= 0 && config_.hidden_size > 0, StatusCode::kInternal,
+             "a step with embedding rows, but its Program has no 'embed_rows' input or the runner no hidden_size",
+             "build it with KVCache(embeds=True) and give the runner the model's hidden size");
+    const int64_t C = config_.hidden_size;
+    b->host_rows.assign(static_cast<size_t>(E * C), 0.0f);
+    SG_RETURN_IF_ERROR(allocate(config_.device, b->host_rows.size() * sizeof(float), &b->rows));
+    SG_RETURN_IF_ERROR(b->program->bind(id, Tensor::view_of(b->rows.get(), DType::kF32, {E, C}, config_.device,
+                                                            b->rows)));
   }
   b->logits_id = b->program->find_buffer("logits");
   b->argmax_id = b->program->find_buffer("argmax");
@@ -126,6 +141,16 @@ Status ProgramRunner::run(const StepInput& in, StepOutput* out) {
         sub.token_ids.insert(sub.token_ids.end(), in.token_ids.begin() + lo, in.token_ids.begin() + hi);
         sub.positions.insert(sub.positions.end(), in.positions.begin() + lo, in.positions.begin() + hi);
         sub.slot_mapping.insert(sub.slot_mapping.end(), in.slot_mapping.begin() + lo, in.slot_mapping.begin() + hi);
+        if (!in.kv_limit.empty()) {
+          sub.kv_limit.insert(sub.kv_limit.end(), in.kv_limit.begin() + lo, in.kv_limit.begin() + hi);
+        }
+        const int64_t C = in.embed_width;
+        for (int e = 0; e < in.num_embed_rows(); ++e) {
+          if (in.embed_index[e] < lo || in.embed_index[e] >= hi) continue;
+          sub.embed_width = in.embed_width;
+          sub.embed_index.push_back(base + in.embed_index[e] - lo);
+          sub.embed_rows.insert(sub.embed_rows.end(), in.embed_rows.begin() + e * C, in.embed_rows.begin() + (e + 1) * C);
+        }
         sub.num_tokens += hi - lo;
         sub.cu_q.push_back(sub.num_tokens);
         sub.context_lens.push_back(in.context_lens[s]);
@@ -153,8 +178,10 @@ Status ProgramRunner::run(const StepInput& in, StepOutput* out) {
 BucketKey ProgramRunner::bucket_key(const StepInput& in, int adapter) const {
   const int tp = bucket_tokens(in.num_tokens), pad = tp - in.num_tokens;
   const int pad_table = (pad + config_.block_size - 1) / config_.block_size;
+  const bool embeds = in.num_embed_rows() > 0 || !in.kv_limit.empty();
   return BucketKey{tp, pow2(in.num_seqs + (pad ? 1 : 0)), pow2(std::max({in.max_blocks_per_seq, pad_table, 1})),
-                   pow2(std::max(in.num_logits_rows(), 1)), adapter};
+                   pow2(std::max(in.num_logits_rows(), 1)), adapter,
+                   embeds ? std::min(pow2(std::max(in.num_embed_rows(), 1)), tp) : 0};
 }
 
 Status ProgramRunner::run_one(const StepInput& in, int adapter, StepOutput* out, const std::vector<int32_t>& dst_rows) {
@@ -204,6 +231,25 @@ Status ProgramRunner::run_one(const StepInput& in, int adapter, StepOutput* out,
   std::copy_n(in.logits_rows.data(), R, rows);
   std::fill(rows + R, rows + key.R, 0);
   const Device host{};
+  if (key.E > 0) {  // the embedding rows and their token rows (padding: -1), kv_limit (padding: causal)
+    const int E = in.num_embed_rows();
+    SG_CHECK(E == 0 || in.embed_width == config_.hidden_size, StatusCode::kInvalidArgument,
+             str_cat("a step's embedding rows have width ", in.embed_width, "; the model's hidden size is ",
+                     config_.hidden_size), "");
+    int32_t* index = h + b->off[kEmbedIndex];
+    std::copy_n(in.embed_index.data(), E, index);
+    std::fill(index + E, index + key.E, -1);
+    std::copy_n(in.embed_rows.data(), static_cast<size_t>(E) * config_.hidden_size, b->host_rows.data());
+    int32_t* limit = h + b->off[kKvLimit];
+    if (in.kv_limit.empty()) {
+      std::copy_n(pos, T, limit);
+    } else {
+      std::copy_n(in.kv_limit.data(), T, limit);
+    }
+    std::copy(pos + T, pos + tp, limit + T);
+    SG_RETURN_IF_ERROR(copy_raw(b->rows.get(), config_.device, b->host_rows.data(), host, DType::kF32,
+                                static_cast<int64_t>(E) * config_.hidden_size));
+  }
   SG_RETURN_IF_ERROR(copy_raw(b->inputs.get(), config_.device, h, host, DType::kI32, static_cast<int64_t>(b->host.size())));
 
   SG_RETURN_IF_ERROR(b->program->run());

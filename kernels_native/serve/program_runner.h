@@ -8,12 +8,15 @@
 //     the padding tokens form one extra sequence that writes and reads scratch blocks at the end
 //     of the cache ([num_blocks, num_blocks + pad_blocks), never handed out by the engine);
 //   sequences: a power of two; padding sequences have no queries and an empty context;
-//   block-table width and logits rows: powers of two (padding rows read row 0, dropped).
+//   block-table width and logits rows: powers of two (padding rows read row 0, dropped);
+//   embedding rows E: 0 for a step without any (its Program has no embed inputs), else a power of
+//     two up to T (padding entries have index -1); such a Program also takes kv_limit [T].
 //
 // A bucket's step inputs (input_ids, position_ids, slot_mapping, block_tables, cu_q,
-// context_lens, logits_rows, and state_slots where the model keeps per-sequence state: all
-// int32; padding sequences have slot -1) live in one buffer on the Program's device, bound here,
-// filled on the host and copied up in one transfer. The Program computes `logits` [R, V] and
+// context_lens, logits_rows, and state_slots where the model keeps per-sequence state, embed_index
+// and kv_limit where the step has embedding rows: all int32; padding sequences have slot -1) live
+// in one buffer on the Program's device, bound here, filled on the host and copied up in one
+// transfer; the embedding rows (float32 [E, hidden]) in a second one. The Program computes `logits` [R, V] and
 // `argmax` [R] (int32); the argmax comes back every step, logits rows only where the engine
 // needs them (StepInput::need_logits), converted to float32 on the host. On the CPU the
 // buffers are host memory and float32 logits are returned without a copy.
@@ -37,9 +40,9 @@
 namespace surogate::serve {
 
 struct BucketKey {
-  int T = 0, S = 0, B = 0, R = 0, adapter = -1;
+  int T = 0, S = 0, B = 0, R = 0, adapter = -1, E = 0;
   bool operator<(const BucketKey& o) const {
-    return std::tie(T, S, B, R, adapter) < std::tie(o.T, o.S, o.B, o.R, o.adapter);
+    return std::tie(T, S, B, R, adapter, E) < std::tie(o.T, o.S, o.B, o.R, o.adapter, o.E);
   }
 };
 
@@ -51,6 +54,7 @@ class ProgramRunner : public ModelRunner {
     int block_size = 16;
     int num_blocks = 0;  // what the engine hands out
     int pad_blocks = 0;  // scratch blocks after them, for padding tokens
+    int hidden_size = 0;  // the width of embedding rows (0: the runner takes none)
   };
   // compile(key, &program, &owner): the Program of a bucket, its weights and KV cache bound, its
   // step inputs left for this runner to bind; `owner` keeps it (and what it reads) alive while
@@ -64,6 +68,7 @@ class ProgramRunner : public ModelRunner {
 
   Status run(const StepInput& in, StepOutput* out) override;
   int vocab_size() const override { return config_.vocab_size; }
+  int hidden_size() const override { return config_.hidden_size; }
 
   // Drop the Programs of one adapter (-2: all), e.g. before the caller re-registers it.
   void forget(int adapter);
@@ -80,7 +85,9 @@ class ProgramRunner : public ModelRunner {
     BucketKey key;
     std::shared_ptr<void> inputs;   // the packed int32 inputs on the program's device
     std::vector<int32_t> host;      // their host image
-    int64_t off[8] = {};            // element offset of each input in both
+    int64_t off[10] = {};           // element offset of each input in both
+    std::shared_ptr<void> rows;     // the embedding rows [E, hidden] f32 on the device (E > 0)
+    std::vector<float> host_rows;   // their host image
     int logits_id = -1, argmax_id = -1;  // the program's outputs
   };
 

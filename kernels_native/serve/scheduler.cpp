@@ -18,6 +18,14 @@ void Scheduler::add(Sequence* seq) {
   waiting_.push_back(seq);
 }
 
+int Scheduler::chunk_len(const Sequence& seq, int budget) {
+  const int start = seq.num_computed_tokens;
+  const int len = std::min(seq.num_uncomputed_tokens(), budget);
+  const EmbedSpan* span = seq.bidirectional_span_across(start + len);
+  if (span == nullptr) return len;
+  return span->start > start ? span->start - start : span->end() - start;
+}
+
 StepPlan Scheduler::schedule() {
   StepPlan plan;
   int budget = config_.max_num_batched_tokens;
@@ -58,9 +66,9 @@ StepPlan Scheduler::schedule() {
   for (Sequence* seq : running_) {
     if (budget == 0) break;
     if (seq->is_decoding()) continue;
-    const int len = std::min(seq->num_uncomputed_tokens(), budget);
+    const int len = chunk_len(*seq, budget);
     plan.seqs.push_back({seq, seq->num_computed_tokens, len});
-    budget -= len;
+    budget = std::max(0, budget - len);
   }
 
   // 3. Admissions.
@@ -89,9 +97,9 @@ StepPlan Scheduler::schedule() {
     free_state_slots_.pop_back();
     seq->status = SequenceStatus::kRunning;
     running_.push_back(seq);
-    const int len = std::min(seq->num_uncomputed_tokens(), budget);
+    const int len = chunk_len(*seq, budget);
     plan.seqs.push_back({seq, seq->num_computed_tokens, len});
-    budget -= len;
+    budget = std::max(0, budget - len);
   }
 
   if (!plan.empty()) build_input(plan);
@@ -102,6 +110,7 @@ void Scheduler::build_input(StepPlan& plan) const {
   const int bs = block_manager_->block_size();
   StepInput& in = plan.input;
   in.block_size = bs;
+  bool bidirectional = false;  // a bidirectional span's tokens run in this step: kv_limit is needed
   in.num_seqs = static_cast<int32_t>(plan.seqs.size());
   in.cu_q.push_back(0);
   for (const ScheduledSeq& ss : plan.seqs) {
@@ -120,6 +129,20 @@ void Scheduler::build_input(StepPlan& plan) const {
       in.token_ids.push_back(p < n ? seq.token_ids[p] : seq.draft_ids[p - n]);
       in.positions.push_back(p);
       in.slot_mapping.push_back(seq.block_table[p / bs] * bs + p % bs);
+    }
+    for (const EmbedSpan& e : seq.embeds) {  // the rows of the positions this chunk computes
+      const int a = std::max(ss.start, e.start), b = std::min(end, e.end());
+      if (a >= b) continue;
+      const int width = static_cast<int>(e.rows.size() / e.len);
+      assert(in.embed_width == 0 || in.embed_width == width);
+      in.embed_width = width;
+      for (int p = a; p < b; ++p) in.embed_index.push_back(row0 + (p - ss.start));
+      in.embed_rows.insert(in.embed_rows.end(), e.rows.begin() + static_cast<ptrdiff_t>(a - e.start) * width,
+                           e.rows.begin() + static_cast<ptrdiff_t>(b - e.start) * width);
+      if (e.bidirectional) {
+        assert(a == e.start && b == e.end());  // never split (chunk_len, the prefix cache's back-off)
+        bidirectional = true;
+      }
     }
     in.cu_q.push_back(static_cast<int32_t>(in.token_ids.size()));
     in.context_lens.push_back(end);
@@ -152,6 +175,17 @@ void Scheduler::build_input(StepPlan& plan) const {
     }
   }
   in.num_tokens = static_cast<int32_t>(in.token_ids.size());
+  if (bidirectional) {  // causal (the own position) except inside bidirectional spans: the span's end
+    in.kv_limit = in.positions;
+    for (size_t s = 0; s < plan.seqs.size(); ++s) {
+      const ScheduledSeq& ss = plan.seqs[s];
+      for (const EmbedSpan& e : ss.seq->embeds) {
+        if (!e.bidirectional) continue;
+        const int a = std::max(ss.start, e.start), b = std::min(ss.start + ss.len, e.end());
+        for (int p = a; p < b; ++p) in.kv_limit[in.cu_q[s] + (p - ss.start)] = e.end() - 1;
+      }
+    }
+  }
 }
 
 void Scheduler::update(const StepPlan& plan) {

@@ -14,6 +14,12 @@
 //      in a step that preempted). A prompt longer than the budget is split across steps (chunked
 //      prefill). A prompt that can never fit (more tokens than max_model_len or the whole cache)
 //      finishes with an error instead of waiting forever.
+// Bidirectional embedding spans (Sequence::embeds): a chunk never ends inside one, since its
+// tokens see the span's later keys, which must be written in the same step. A chunk that would
+// stops before the span instead; a chunk that starts at the span takes all of it, even past the
+// token budget (by at most the span's length), so a span longer than the budget still runs.
+// Embedding rows of the positions a step computes go into its StepInput (embed_index /
+// embed_rows), with each token's kv_limit when a bidirectional span is among them.
 // Each running sequence also holds one of max_num_seqs recurrent-state slots (StepInput::
 // state_slots), so a model with per-sequence state beside its KV blocks (a conv or SSM state)
 // finds it again next step; a slot is always free at admission (no more than max_num_seqs run).
@@ -80,6 +86,8 @@ class Scheduler {
 
  private:
   void preempt(Sequence* seq);
+  // How many of seq's uncomputed tokens the next chunk takes under `budget` (see the header).
+  static int chunk_len(const Sequence& seq, int budget);
   void build_input(StepPlan& plan) const;
 
   SchedulerConfig config_;

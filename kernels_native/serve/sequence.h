@@ -13,6 +13,12 @@
 // (the end of a reasoning span whose budget ran out); the reasoning span's state; and how many
 // of the answer's tokens the grammar's TokenMasker has seen.
 //
+// Embedding spans (`embeds`, sorted by start, disjoint, inside the prompt): prompt positions whose
+// first-layer input is a given row (image features) instead of the token's embedding. `digest`
+// (of the request's key, or of the rows) goes into the prefix-cache hash of every block a span
+// overlaps. A bidirectional span's tokens also see its later tokens, so a prefill chunk never
+// ends inside one (scheduler.h) and a prefix-cache hit never ends inside one (block_manager.h).
+//
 // Speculative decoding: `draft_ids`, tokens a proposer guessed to follow token_ids (never part
 // of token_ids; the next step verifies them, see engine.h). A sequence speculates only when its
 // tokens are sampled token by token from the model: no grammar (the matcher would have to roll
@@ -42,6 +48,16 @@ inline const char* finish_reason_name(FinishReason r) {
     default: return "";
   }
 }
+
+struct EmbedSpan {
+  int start = 0;              // first prompt position
+  int len = 0;                // rows
+  std::vector<float> rows;    // [len, width] float32
+  std::string key;            // the caller's key bytes (empty: the rows' bytes identify the span)
+  uint64_t digest = 0;        // hash of key (or rows), computed at submit
+  bool bidirectional = false;
+  int end() const { return start + len; }
+};
 
 // The logprob of one token at one position, its rank in the distribution (1 = most likely) and
 // the top-N (id, logprob) pairs, most likely first.
@@ -112,6 +128,17 @@ class Sequence {
   int mask_fed = 0;            // token_ids before this index were given to the TokenMasker
 
   std::vector<int32_t> draft_ids;  // proposed next tokens, verified by the next step
+
+  std::vector<EmbedSpan> embeds;  // sorted by start, disjoint, inside the prompt
+
+  // The bidirectional span that position `pos` would cut (start < pos < end), or null.
+  const EmbedSpan* bidirectional_span_across(int pos) const {
+    for (const EmbedSpan& e : embeds) {
+      if (e.start >= pos) break;
+      if (e.bidirectional && pos < e.end()) return &e;
+    }
+    return nullptr;
+  }
 
   bool can_speculate() const { return !params.constrained && params.max_reasoning_tokens < 0 && forced.empty(); }
 

@@ -200,13 +200,14 @@ def _mean_pool_2d(c: RuleContext, n: Node, gy: list) -> list:
 
 
 def _serving_only(c: RuleContext, n: Node, gy: list) -> list:
-    raise UnsupportedError(f"{n.op} is a serving op (it reads or writes the paged KV cache) and has no derivative "
+    raise UnsupportedError(f"{n.op} is a serving op (the paged KV cache, a step's inputs) and has no derivative "
                            f"(node {n})", hint="differentiate a training graph: CausalLM.build(mode='train')")
 
 
 RULES["qkv_rope_cache"] = _serving_only
 RULES["paged_attention"] = _serving_only
 RULES["short_conv_cache"] = _serving_only
+RULES["embed_rows"] = _serving_only
 
 
 def _serving_fusion(c: RuleContext, n: Node, gy: list) -> list:

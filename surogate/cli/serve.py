@@ -5,6 +5,7 @@ The gateway (granian) is an extra: it is imported inside the command, never at m
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Annotated
 
@@ -69,6 +70,15 @@ def serve(
     speculative_disable_by_batch_size: Annotated[int | None, typer.Option(
         help="No drafts while more than this many sequences run (large batches are compute-bound).",
         show_default=False)] = None,
+    allowed_local_media_path: Annotated[str | None, typer.Option(
+        help="Image inputs: let requests name image files (file:// URLs, absolute paths) inside this folder. "
+             "Default: none (data: URLs only).", show_default=False)] = None,
+    allow_remote_media: Annotated[bool, typer.Option(
+        "--allow-remote-media", help="Image inputs: fetch http(s) image URLs (at most 32 MiB, 10 s each). "
+                                     "Default: off, no network fetch.")] = False,
+    limit_mm_per_prompt: Annotated[str | None, typer.Option(
+        help='Image inputs a prompt may hold, as JSON (vLLM\'s flag): \'{"image": 4}\'. Default: 8.',
+        show_default=False)] = None,
 ) -> None:
     """Serve models over OpenAI- and Anthropic-compatible HTTP APIs."""
     try:
@@ -82,6 +92,7 @@ def serve(
 
     if pooling not in POOLINGS:
         raise InvalidArgumentError(f"--pooling {pooling!r} is not one of {', '.join(POOLINGS)}")
+    media = media_options(allowed_local_media_path, allow_remote_media, limit_mm_per_prompt)
 
     sources = models or [_default_model()]
     keys = tuple(api_key or ([os.environ["SUROGATE_API_KEY"]] if os.environ.get("SUROGATE_API_KEY") else []))
@@ -108,8 +119,35 @@ def serve(
                 "an encoder: /v1/embeddings only")
         typer.echo(f"serving {m.name} (max_model_len {m.max_model_len}, {what}) on http://{host}:{port}/v1",
                    err=True)
-    run_server(served, GatewayConfig(api_keys=keys, max_queued_requests=max_queued_requests), host=host, port=port,
-               grace=shutdown_grace)
+    run_server(served, GatewayConfig(api_keys=keys, max_queued_requests=max_queued_requests, **media), host=host,
+               port=port, grace=shutdown_grace)
+
+
+def media_options(allowed_local_media_path: str | None, allow_remote_media: bool,
+                  limit_mm_per_prompt: str | None) -> dict:
+    """The image-input flags as GatewayConfig fields, checked."""
+    out: dict = {"allow_remote_media": allow_remote_media}
+    if allowed_local_media_path is not None:
+        if not os.path.isdir(allowed_local_media_path):
+            raise InvalidArgumentError(f"--allowed-local-media-path {allowed_local_media_path!r} is not a folder",
+                                       hint="name an existing folder whose images requests may read")
+        out["allowed_local_media_path"] = os.path.abspath(allowed_local_media_path)
+    if limit_mm_per_prompt is not None:
+        try:
+            limits = json.loads(limit_mm_per_prompt)
+        except ValueError:
+            limits = None
+        if not isinstance(limits, dict) or any(not isinstance(v, int) or isinstance(v, bool) or v < 0
+                                               for v in limits.values()):
+            raise InvalidArgumentError(f"--limit-mm-per-prompt {limit_mm_per_prompt!r} is not a JSON object of counts",
+                                       hint='e.g. --limit-mm-per-prompt \'{"image": 4}\'')
+        other = sorted(set(limits) - {"image"})
+        if other:
+            raise InvalidArgumentError(f"--limit-mm-per-prompt names {', '.join(other)}: this server takes images only",
+                                       hint='e.g. --limit-mm-per-prompt \'{"image": 4}\'')
+        if "image" in limits:
+            out["max_images_per_prompt"] = limits["image"]
+    return out
 
 
 def _default_model() -> str:

@@ -184,11 +184,16 @@ class KVCache:
     cache addressing, all graph inputs; a serving graph keeps it as ``Graph.kv``. ``fuse_qkv``
     asks the serving fusions (surogate.compile.fuse_serving) to make each layer's q, k and v
     projections one matmul over a fused weight, ``self_attn.qkv_proj`` (rows q, then k, then v;
-    the caller binds it); layers whose q / k / v are GGML blocks stay unfused."""
+    the caller binds it); layers whose q / k / v are GGML blocks stay unfused. ``embeds``: the
+    step also takes per-request embedding rows (``embed_rows`` float32 [E, C] replacing the first
+    block's input at token rows ``embed_index`` [E], -1 padding) and each query's last visible key
+    (``kv_limit`` [N], bidirectional spans), all graph inputs (kernels_native/serve/model_runner.h)."""
 
     num_blocks: int
     block_size: int
     fuse_qkv: bool = False
+    embeds: bool = False
+    kv_limit: Value | None = None
     # Per-sequence recurrent state beside the KV blocks (LFM2's conv layers): num_state_slots rows
     # per layer, indexed by the step input state_slots [S] (the engine's slot of each sequence).
     num_state_slots: int = 0
@@ -311,7 +316,7 @@ class Attention:
                                    eps=s.rms_norm_eps, weight_offset=s.norm_offset, name="q_rope")
             o = ops.paged_attention(q, k_cache, v_cache, kv.block_tables, kv.cu_q, kv.context_lens,
                                     scale=s.attn_scale, window=s.window(self.layer), softcap=s.attn_softcap,
-                                    sinks=sinks, name="attn")
+                                    sinks=sinks, kv_limit=kv.kv_limit, name="attn")
         else:
             if s.qk_norm:
                 q = ops.qk_norm_rope(q, qn, pos, s.rms_norm_eps, rope, name="q_rope", weight_offset=s.norm_offset)
@@ -543,11 +548,16 @@ class CausalLM:
             kv.block_tables = g.input("block_tables", (Dim("S"), Dim("B")), "int32")
             kv.cu_q = g.input("cu_q", (Dim("S1"),), "int32")
             kv.context_lens = g.input("context_lens", (Dim("S"),), "int32")
+            if kv.embeds:
+                kv.kv_limit = g.input("kv_limit", (N,), "int32")
             cu = kv.cu_q
         else:
             cu = g.input("cu_seqlens", (Dim("S1"),), "int32")
         emb = g.param("embed_tokens.weight", (s.vocab_size, s.hidden_size), dtype, trainable=lora is None)
         x = self.embed(g, ids, emb, dtype, lora)
+        if kv is not None and kv.embeds:  # the request's rows replace the embeddings they cover
+            index = g.input("embed_index", (Dim("E"),), "int32")
+            x = ops.embed_rows(x, index, g.input("embed_rows", (Dim("E"), s.hidden_size), "float32"))
         residual = None
         for i, block in enumerate(self.blocks):
             with g.scope(f"layers.{i}"):

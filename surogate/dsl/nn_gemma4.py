@@ -78,7 +78,7 @@ class Gemma4Attention:
                 q = ops.qkv_rope_cache(q, k, v, pos, kv.slots, k_cache, v_cache, rope, q_norm=qn, k_norm=kn, eps=eps,
                                        name="q_rope")
             o = ops.paged_attention(q, k_cache, v_cache, kv.block_tables, kv.cu_q, kv.context_lens, scale=1.0,
-                                    window=window, softcap=s.attn_softcap, name="attn")
+                                    window=window, softcap=s.attn_softcap, kv_limit=kv.kv_limit, name="attn")
         else:
             if self.shared:
                 k, v = shared_kv[s.kv_source(i)]

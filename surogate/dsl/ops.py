@@ -51,6 +51,17 @@ def embedding_bag(ids: Value, weights: Value, table: Value, name: str = "embed_b
     return y
 
 
+def embed_rows(x: Value, index: Value, rows: Value, name: str = "embed_rows") -> Value:
+    """Serving: x [N, C] with row index[e] replaced by rows[e] (float32 [E, C], rounded to x's
+    dtype; index -1 skips): per-request embedding rows (image features) in place of the prompt
+    tokens' embeddings. Forward only."""
+    N, C = x.shape
+    _check(rows.shape[1:] == (C,) and index.shape == rows.shape[:1],
+           f"embed_rows {name}: rows {rows.shape} and index {index.shape} do not fit x {x.shape}")
+    (y,) = _g(x).node("embed_rows", [x, index, rows], [(name, (N, C), x.dtype)])
+    return y
+
+
 # ---- norms ----------------------------------------------------------------------------------
 def rmsnorm(x: Value, w: Value, eps: float, name: str = "norm", weight_offset: float = 0.0) -> Value:
     N, C = x.shape
@@ -279,14 +290,20 @@ def qkv_rope_cache(q: Value, k: Value, v: Value, pos: Value, slots: Value, k_cac
 
 def paged_attention(q: Value, k_cache: Value, v_cache: Value, block_tables: Value, cu_q: Value,
                     context_lens: Value, *, scale: float = 0.0, window: int = 0, softcap: float = 0.0,
-                    sinks: Value | None = None, name: str = "attn") -> Value:
+                    sinks: Value | None = None, kv_limit: Value | None = None, name: str = "attn") -> Value:
     """Attention of this step's queries over each sequence's cached context (decode, prefill
-    chunks and mixed batches alike)."""
+    chunks and mixed batches alike). ``kv_limit`` [N] int32: the last key position (of its
+    sequence) each query may see; absent, causal (its own position). A query inside a
+    bidirectional span (Gemma 3's image tokens) sees up to the span's end; the window still
+    counts back from the query's own position."""
     N, Hq, D = q.shape
     attrs = {"window": int(window), "softcap": float(softcap)}
     if scale > 0:  # absent: the kernel's default, 1/sqrt(D)
         attrs["scale"] = float(scale)
     ins = [q, k_cache, v_cache, block_tables, cu_q, context_lens] + ([sinks] if sinks is not None else [])
+    if kv_limit is not None:
+        _check(kv_limit.shape == (N,), f"paged_attention {name}: kv_limit {kv_limit.shape} != ({N},)")
+        ins = ins + ([None] if sinks is None else []) + [kv_limit]
     out, _ = _g(q).node("paged_attention", ins, [(name, (N, Hq, D), q.dtype), None], **attrs)
     return out
 

@@ -37,7 +37,7 @@ import msgspec
 from surogate import _native
 from surogate.errors import InvalidArgumentError, NotFoundError, UnsupportedError
 from surogate.serve.structured import TokenMasks
-from surogate.serve.types import EngineConfig, EngineStats, RequestOutput, SamplingParams
+from surogate.serve.types import EmbedSpan, EngineConfig, EngineStats, RequestOutput, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,8 @@ class EngineClient:
                     f"runner {type(runner).__name__} is not a model runner",
                     hint="pass a _native.serve.ModelRunner or an object with vocab_size and run(step)",
                 )
-            native = _native.serve.PyModelRunner(runner.run, int(runner.vocab_size))
+            native = _native.serve.PyModelRunner(runner.run, int(runner.vocab_size),
+                                                 int(getattr(runner, "hidden_size", 0) or 0))
         if getattr(runner, "has_recurrent_state", False) and config.enable_prefix_caching:
             # A cached prefix restores KV blocks, not the conv state of the tokens before it
             # (no snapshots at block boundaries yet): such a sequence must compute its prompt.
@@ -188,13 +189,15 @@ class EngineClient:
         return self._engine.max_model_len
 
     def submit(self, prompt_ids: Sequence[int], params: SamplingParams | None = None, adapter: str | int | None = None,
-               *, stream: OutputStream | None = None, index: int = 0, matcher: Any = None) -> int:
+               *, stream: OutputStream | None = None, index: int = 0, matcher: Any = None,
+               embeds: Sequence[EmbedSpan] = ()) -> int:
         """Queue a request; returns its id. ``adapter``: a served adapter's name or slot; None =
         the base model. Its outputs go to ``stream`` (default: its own, for ``stream(id)`` /
         ``wait(id)``) with ``index`` set (which of the stream's requests it is: known before any
         output arrives). ``matcher``: the llguidance matcher of a request with
-        ``structured_outputs`` (surogate.serve.structured.Grammars). Bad input raises
-        InvalidArgumentError naming the field."""
+        ``structured_outputs`` (surogate.serve.structured.Grammars). ``embeds``: rows in place of
+        prompt tokens' embeddings (image features; each span inside the prompt, none overlapping,
+        rows of the model's hidden size). Bad input raises InvalidArgumentError naming the field."""
         params = params or SamplingParams()
         if params.n != 1 or params.stop:
             field = "n" if params.n != 1 else "stop"
@@ -209,7 +212,7 @@ class EngineClient:
                 raise InvalidArgumentError("the engine client is closed", hint="create a new EngineClient")
             slot = self._slot(adapter)  # under the lock: an unload cannot drop the slot in between
             with self.masks.lock:  # the engine may step the request at once: its matcher is there first
-                request_id = self._engine.submit(prompt_ids, params, -1 if slot is None else slot)
+                request_id = self._engine.submit(prompt_ids, params, -1 if slot is None else slot, embeds or None)
                 if matcher is not None:
                     self.masks.add(request_id, matcher)
             self._streams[request_id] = (stream if stream is not None else OutputStream(), index)

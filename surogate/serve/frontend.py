@@ -23,6 +23,7 @@ import msgspec
 from surogate.errors import InvalidArgumentError
 from surogate.io import Tokenizer
 from surogate.serve.detokenizer import IncrementalDetokenizer
+from surogate.serve.multimodal import check_rendered_images, count_image_parts
 from surogate.serve.parsers import OutputParser
 from surogate.serve.stop import StopMatcher
 from surogate.serve.types import RequestOutput, SamplingParams, TokenLogprob
@@ -42,6 +43,7 @@ class RequestError(InvalidArgumentError):
 class Prompt(msgspec.Struct):
     token_ids: list[int]
     text: str | None = None  # the rendered text, when it came from text (the reasoning parser reads its end)
+    images: list[Any] = []  # PIL images, one per image placeholder in the text, in order (serve.multimodal)
 
 
 class Limits(msgspec.Struct, frozen=True):
@@ -138,10 +140,12 @@ def template_kwargs(defaults: Mapping[str, Any] | None = None, *, chat_template_
 def render_chat(tokenizer: Tokenizer, messages: Sequence[Mapping], tools: Sequence[Mapping] | None = None, *,
                 kwargs: Mapping[str, Any] | None = None, add_generation_prompt: bool = True,
                 continue_final_message: bool = False, chat_template: str | None = None,
-                documents: Sequence[Mapping] | None = None) -> Prompt:
+                documents: Sequence[Mapping] | None = None, images: Sequence[Any] = (),
+                image_placeholder: str | None = None) -> Prompt:
     """The conversation through the model's chat template: prompt ids and text. Tool-call
     arguments given as JSON strings (the OpenAI wire form) become objects, which is what
-    templates expect (``tool_call.arguments | tojson``)."""
+    templates expect (``tool_call.arguments | tojson``). ``images``: one per ``{"type": "image"}``
+    part, in order; the template must write one ``image_placeholder`` for each (serve.multimodal)."""
     chat = [_template_message(m) for m in messages]
     try:
         text = tokenizer.apply_chat_template(
@@ -150,7 +154,8 @@ def render_chat(tokenizer: Tokenizer, messages: Sequence[Mapping], tools: Sequen
             documents=documents, **dict(kwargs or {}))
     except InvalidArgumentError as e:
         raise RequestError(e.message, param="messages", hint=e.hint) from None
-    return Prompt(tokenizer.encode(text, add_special_tokens=False), text)
+    check_rendered_images(text, count_image_parts(chat), len(images), image_placeholder)
+    return Prompt(tokenizer.encode(text, add_special_tokens=False), text, list(images))
 
 
 def encode_prompt(tokenizer: Tokenizer, prompt: str | Sequence[int], *, add_special_tokens: bool = True,

@@ -29,7 +29,7 @@ from surogate.serve.engine_client import EngineClient, OutputStream
 from surogate.serve.frontend import OutputProcessor, Prompt, encode_prompt, render_chat, template_kwargs
 from surogate.serve.parsers import ForcedTools, OfferedTools, ParserChoice, make_output_parser, resolve_parsers
 from surogate.serve.structured import Grammars
-from surogate.serve.types import RequestOutput, SamplingParams
+from surogate.serve.types import EmbedSpan, RequestOutput, SamplingParams
 
 PromptInput = Prompt | str | Sequence[int]
 
@@ -41,13 +41,15 @@ class LLM:
 
     def __init__(self, client: EngineClient | None, tokenizer: Tokenizer | None, *,
                  parsers: ParserChoice | None = None, max_model_len: int | None = None,
-                 template_defaults: Mapping[str, Any] | None = None, chat_template: str | None = None):
+                 template_defaults: Mapping[str, Any] | None = None, chat_template: str | None = None,
+                 image_placeholder: str | None = None):
         self.client = client
         self.tokenizer = tokenizer
         self.parsers = parsers or ParserChoice()
         self.max_model_len = max_model_len if max_model_len is not None else client.max_model_len
         self.template_defaults = dict(template_defaults or {})  # like vLLM's --default-chat-template-kwargs
         self.chat_template = chat_template  # a template name or text; None: the model's own
+        self.image_placeholder = image_placeholder  # what the template writes per image; None: takes no images
         self.queued: set = set()  # one entry per engine request submitted with no output yet (admission reads it)
         self._grammars: Grammars | None = None
 
@@ -60,6 +62,11 @@ class LLM:
                                            hint="build the LLM with the model's tokenizer")
             self._grammars = Grammars(self.tokenizer, self.client.vocab_size if self.client is not None else None)
         return self._grammars
+
+    @property
+    def accepts_images(self) -> bool:
+        """The model reads images (it has a vision encoder and its template writes a placeholder per image)."""
+        return self.image_placeholder is not None
 
     @classmethod
     def for_model(cls, client: EngineClient | None, tokenizer: Tokenizer, max_model_len: int, *,
@@ -85,28 +92,35 @@ class LLM:
     def render(self, messages: Sequence[Mapping], tools: Sequence[Mapping] | None = None, *,
                enable_thinking: bool | None = None, reasoning_effort: str | None = None,
                chat_template_kwargs: Mapping[str, Any] | None = None, add_generation_prompt: bool = True,
-               continue_final_message: bool = False, documents: Sequence[Mapping] | None = None) -> Prompt:
+               continue_final_message: bool = False, documents: Sequence[Mapping] | None = None,
+               images: Sequence[Any] = ()) -> Prompt:
         """Chat messages (template format) through the model's chat template, with the thinking
-        controls (``frontend.template_kwargs``' precedence) over the model's template defaults."""
+        controls (``frontend.template_kwargs``' precedence) over the model's template defaults.
+        ``images``: one decoded image per ``{"type": "image"}`` part, in order (serve.multimodal)."""
         kwargs = template_kwargs(self.template_defaults, chat_template_kwargs=chat_template_kwargs,
                                  enable_thinking=enable_thinking, reasoning_effort=reasoning_effort)
         return render_chat(self.tokenizer, messages, tools, kwargs=kwargs, add_generation_prompt=add_generation_prompt,
                            continue_final_message=continue_final_message, chat_template=self.chat_template,
-                           documents=documents)
+                           documents=documents, images=images, image_placeholder=self.image_placeholder)
 
     # -- run --
 
     def submit(self, prompts: PromptInput | Sequence[PromptInput], params: SamplingParams | Sequence[SamplingParams]
                | None = None, *, adapter: str | int | None = None, tools: bool | OfferedTools | ForcedTools = False,
-               max_tool_calls: int | None = None, reasoning: bool = True) -> Generation:
+               max_tool_calls: int | None = None, reasoning: bool = True,
+               embeds: Sequence[EmbedSpan] | Sequence[Sequence[EmbedSpan]] = ()) -> Generation:
         """Start generating: ``params`` is one SamplingParams for all prompts or one per prompt.
         ``tools``: the prompt offered tools, so tool calls are parsed; ``reasoning``: parse
-        reasoning (``<think>``) when the model has a reasoning parser."""
+        reasoning (``<think>``) when the model has a reasoning parser. ``embeds``: EmbedSpans of
+        the prompt (image features at its placeholder tokens), or one sequence of them per prompt."""
         if self.client is None:
             raise InvalidArgumentError("this model has no engine yet (it is loading)", hint="retry once it has loaded")
         many = isinstance(prompts, Sequence) and not isinstance(prompts, str) and bool(prompts) \
             and not isinstance(prompts[0], int)
         items = [self.encode(p) for p in (prompts if many else [prompts])]
+        if any(p.images for p in items):  # the engine's embedding rows (EmbedSpan) are not joined to prompts yet
+            raise InvalidArgumentError("this prompt holds images, which the engine cannot take yet",
+                                       hint="send text only")
         if params is None or isinstance(params, SamplingParams):
             per_prompt = [params or SamplingParams()] * len(items)
         else:
@@ -114,14 +128,22 @@ class LLM:
             if len(per_prompt) != len(items):
                 raise InvalidArgumentError(f"{len(per_prompt)} SamplingParams for {len(items)} prompts",
                                            hint="pass one SamplingParams, or one per prompt")
+        spans = list(embeds)
+        if spans and isinstance(spans[0], EmbedSpan):
+            spans = [spans]
+        if spans and len(spans) != len(items):
+            raise InvalidArgumentError(f"embeds for {len(spans)} prompts, but {len(items)} prompts",
+                                       hint="pass one sequence of EmbedSpan per prompt")
+        spans = spans or [()] * len(items)
         requests, processors = [], []
-        for prompt, p in zip(items, per_prompt):
+        for prompt, p, prompt_embeds in zip(items, per_prompt, spans):
             p = self._reasoning_budget(prompt, p) if reasoning else msgspec.structs.replace(p, max_reasoning_tokens=None)
             grammar = self.grammars.compile(p.structured_outputs) if p.structured_outputs is not None else None
             for i in range(p.n):
                 # the engine's copy: one sequence, its own seed; stop strings stay with the processor
                 one = msgspec.structs.replace(p, n=1, seed=None if p.seed is None else p.seed + i, stop=[])
-                requests.append((prompt.token_ids, one, None if grammar is None else self.grammars.matcher(grammar)))
+                requests.append((prompt.token_ids, one, None if grammar is None else self.grammars.matcher(grammar),
+                                 tuple(prompt_embeds)))
                 parser = make_output_parser(self.parsers, prompt.text, tools=tools, reasoning=reasoning,
                                             max_tool_calls=max_tool_calls) if p.detokenize else None
                 processors.append(OutputProcessor(self.tokenizer, p, parser))
@@ -167,7 +189,7 @@ class Generation:
     """The answers of one ``LLM.submit``, as one stream. ``processors[i]`` holds answer i's
     totals once it ends (``num_tokens``, ``reasoning_tokens``, ``finish_reason``, ``stop_reason``)."""
 
-    def __init__(self, llm: LLM, requests: list[tuple[list[int], SamplingParams, Any]],
+    def __init__(self, llm: LLM, requests: list[tuple[list[int], SamplingParams, Any, tuple[EmbedSpan, ...]]],
                  processors: list[OutputProcessor], adapter: str | int | None):
         self.client = client = llm.client
         self.processors = processors
@@ -177,10 +199,12 @@ class Generation:
         self._unread = len(processors)  # answers whose last output the consumer has not taken yet
         self._stream = OutputStream(self._process)
         try:
-            for i, (prompt_ids, params, matcher) in enumerate(requests):
+            for i, (prompt_ids, params, matcher, embeds) in enumerate(requests):
                 self._queued.add((self, i))  # before submit: its first output may come at once
-                grammar = {} if matcher is None else {"matcher": matcher}  # stand-in clients take no matcher
-                rid = client.submit(prompt_ids, params, adapter, stream=self._stream, index=i, **grammar)
+                extra = {} if matcher is None else {"matcher": matcher}  # stand-in clients take neither
+                if embeds:
+                    extra["embeds"] = embeds
+                rid = client.submit(prompt_ids, params, adapter, stream=self._stream, index=i, **extra)
                 self._live.add(rid)
                 self.request_ids.append(rid)
         except BaseException:

@@ -66,11 +66,11 @@ class ProgramRunner:
         self.fused: dict[str, tuple[np.ndarray | None, object]] = {}  # name -> (host array, device twin)
         self.released = False
         self._allocate()
-        self._programs: dict[tuple[int, int, int, int, int], Executable] = {}
+        self._programs: dict[tuple[int, int, int, int, int, int], Executable] = {}  # (T, S, B, R, slot, E)
         # adapter slot -> (its LoRA config, our-named params in the model dtype, their device twins)
         self.adapters: dict[int, tuple[LoRAConfig, dict[str, np.ndarray], dict[str, object]]] = {}
         self.native = _native.serve.ProgramRunner(model.device, s.vocab_size, block_size, num_blocks,
-                                                  self.pad_blocks, self._compile)
+                                                  self.pad_blocks, self._compile, s.hidden_size)
 
     @property
     def has_recurrent_state(self) -> bool:
@@ -214,10 +214,11 @@ class ProgramRunner:
     def kv_bytes(self) -> int:
         return sum(a.nbytes for a in self.caches.values())
 
-    def _compile(self, T: int, S: int, B: int, R: int, slot: int = -1) -> Executable:
+    def _compile(self, T: int, S: int, B: int, R: int, slot: int = -1, E: int = 0) -> Executable:
         """The Executable of one bucket (called by the native runner, with the GIL): weights, the
-        KV cache and the adapter's LoRA tensors bound; the step inputs are the native runner's."""
-        key = (T, S, B, R, slot)
+        KV cache and the adapter's LoRA tensors bound; the step inputs are the native runner's.
+        ``E`` > 0: a step with (up to E) embedding rows of requests' EmbedSpans, and kv_limit."""
+        key = (T, S, B, R, slot, E)
         hit = self._programs.get(key)
         if hit is not None:
             return hit
@@ -229,8 +230,9 @@ class ProgramRunner:
         lora = self.adapters[slot][0] if slot >= 0 else None
         g = fuse_serving(m.arch.build(mode="serve", dtype=m.dtype, quant=m.quant, lora=lora,
                                       kv=KVCache(self.total_blocks, self.block_size, self.fuse_qkv,
-                                                 num_state_slots=self.max_num_seqs)))
-        exe = Executable(g, {"N": T, "S": S, "S1": S + 1, "B": B, "R": R}, m.device,
+                                                 num_state_slots=self.max_num_seqs, embeds=E > 0)))
+        dims = {"N": T, "S": S, "S1": S + 1, "B": B, "R": R} | ({"E": E} if E else {})
+        exe = Executable(g, dims, m.device,
                          keep=[g.outputs["logits"], g.outputs["argmax"]])
         for name in exe.external_names("param"):
             if name in self.fused:

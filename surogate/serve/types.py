@@ -13,13 +13,32 @@ one engine request per answer and applies stop strings to the text.
 samples only tokens a matcher allows (surogate.serve.structured, through llguidance).
 ``max_reasoning_tokens`` caps a reasoning span (``<think>``): the generation API fills in the
 model's reasoning tokens (the ``reasoning_*`` fields) from its reasoning parser.
+
+``EmbedSpan``: embedding rows a request gives in place of some prompt tokens' embeddings (image
+features at the image placeholders; vLLM's prompt embeddings), with the key the prefix cache knows
+them by and whether the span's tokens attend to each other both ways (Gemma 3's images).
 """
 
 from __future__ import annotations
 
 import msgspec
+import numpy as np
 
 from surogate.serve.parsers.base import ToolCallDelta
+
+
+class EmbedSpan(msgspec.Struct):
+    """Rows (float32 [n, hidden_size]) that replace the first decoder layer's input at prompt
+    positions ``start .. start + n - 1`` (after any embedding scale: the rows are used as they
+    are). ``key`` names their content for the prefix cache (the same key = the same rows, e.g.
+    ``surogate.io.images.image_hash``); empty: the rows' bytes are hashed instead.
+    ``bidirectional``: the span's tokens also see its later tokens (Gemma 3's image tokens,
+    transformers' token_type_ids mask); the engine then computes the span in one step."""
+
+    start: int
+    rows: np.ndarray
+    key: bytes = b""
+    bidirectional: bool = False
 
 
 class StructuredOutputsParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):

@@ -17,7 +17,7 @@ HAS_CUDA = bool(_native.build_info()["cuda"]) and len(_native.cuda_devices()) > 
 if not HAS_CUDA:
     pytest.skip("no CUDA build or no GPU", allow_module_level=True)
 
-COVERS = ("embedding_fwd", "embedding_bwd", "dropout_fwd", "global_norm", "adamw", "adamw8")
+COVERS = ("embedding_fwd", "embedding_bwd", "embed_rows", "dropout_fwd", "global_norm", "adamw", "adamw8")
 
 DTYPES = ["float32", "bfloat16", "float16"]
 
@@ -63,6 +63,17 @@ def test_embedding_fwd(dtype, C):
     ids, table = token_ids(29, 37), rand((37, C), dtype)
     (expected,) = run_op("embedding_fwd", [ids, table], [((29, C), dtype)])
     (got,) = run_cuda("embedding_fwd", [ids, table], [((29, C), dtype)])
+    assert_bits(got, expected)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("C", [67, 64, 2560])
+def test_embed_rows(dtype, C):
+    # Serving's image rows over token embeddings: the CPU's rounding, bit for bit; -1 skips.
+    x, rows = rand((40, C), dtype, 5), rand((9, C), "float32", 6)
+    index = np.array([3, 4, 5, -1, 20, 21, 39, 0, -1], np.int32)
+    (expected,) = run_op("embed_rows", [x, index, rows], [((40, C), dtype)])
+    (got,) = run_cuda("embed_rows", [x, index, rows], [((40, C), dtype)])
     assert_bits(got, expected)
 
 

@@ -53,35 +53,50 @@ def make_cache(rng, ctx, hkv, d, block_size, dtype, spare_blocks=3):
     return k_cache, v_cache, tables
 
 
-def paged(device, q, k_cache, v_cache, tables, nqs, ctx, with_lse=True, **attrs):
-    """paged_attention on `device` ('cpu' or 'cuda'); returns (out, lse or None) as numpy."""
+def paged(device, q, k_cache, v_cache, tables, nqs, ctx, with_lse=True, kv_limit=None, **attrs):
+    """paged_attention on `device` ('cpu' or 'cuda'); returns (out, lse or None) as numpy.
+    ``kv_limit``: each row's last visible key (input 7)."""
     t, hq, d = q.shape
     cu = np.concatenate([[0], np.cumsum(nqs)]).astype(np.int32)
     ins = [q, k_cache, v_cache, tables, cu, np.asarray(ctx, np.int32)]
+    if kv_limit is not None:
+        ins += [None, np.asarray(kv_limit, np.int32)]
     if device == "cpu":
         outs = [np.zeros((t, hq, d), q.dtype), np.zeros((t, hq), np.float32) if with_lse else None]
         _native.call_op("paged_attention", ins, outs, attrs)
         return outs[0], outs[1]
     outs = [_native.zeros([t, hq, d], str(q.dtype), "cuda"),
             _native.zeros([t, hq], "float32", "cuda") if with_lse else None]
-    _native.call_op("paged_attention", [cuda(x) for x in ins], outs, attrs)
+    _native.call_op("paged_attention", [None if x is None else cuda(x) for x in ins], outs, attrs)
     return outs[0].to("cpu").numpy(), (outs[1].to("cpu").numpy() if with_lse else None)
 
 
-def compare(q, k_cache, v_cache, tables, nqs, ctx, with_lse=True, **attrs):
+def compare(q, k_cache, v_cache, tables, nqs, ctx, with_lse=True, kv_limit=None, **attrs):
     dtype = str(q.dtype)
-    want, want_lse = paged("cpu", q, k_cache, v_cache, tables, nqs, ctx, with_lse, **attrs)
-    got, got_lse = paged("cuda", q, k_cache, v_cache, tables, nqs, ctx, with_lse, **attrs)
+    want, want_lse = paged("cpu", q, k_cache, v_cache, tables, nqs, ctx, with_lse, kv_limit, **attrs)
+    got, got_lse = paged("cuda", q, k_cache, v_cache, tables, nqs, ctx, with_lse, kv_limit, **attrs)
     assert_close(got.astype(np.float32), want.astype(np.float32), dtype)
     if with_lse:
         assert_close(got_lse, want_lse, rtol=LSE_TOL[dtype], atol=LSE_TOL[dtype])
 
 
-def check(dtype, ctx, nqs, hq, hkv, d, block_size, with_lse=True, seed=0, **attrs):
+def check(dtype, ctx, nqs, hq, hkv, d, block_size, with_lse=True, seed=0, kv_limit=None, **attrs):
     rng = np.random.default_rng(seed)
     k_cache, v_cache, tables = make_cache(rng, ctx, hkv, d, block_size, dtype)
     q = rand(rng, (sum(nqs), hq, d), dtype)
-    compare(q, k_cache, v_cache, tables, nqs, ctx, with_lse, **attrs)
+    compare(q, k_cache, v_cache, tables, nqs, ctx, with_lse, kv_limit, **attrs)
+
+
+def span_limits(ctx, nqs, spans):
+    """Each row's kv_limit, flattened: its position, or the end of the (start, len) span holding it."""
+    out = []
+    for c, n, sp in zip(ctx, nqs, spans):
+        pos = np.arange(c - n, c)
+        lim = pos.copy()
+        for a, m in sp:
+            lim[(pos >= a) & (pos < a + m)] = a + m - 1
+        out.append(lim)
+    return np.concatenate(out).astype(np.int32)
 
 
 # ---- kv_cache_write ------------------------------------------------------------------------------
@@ -135,6 +150,27 @@ PREFILL_CTX = [50, 5, 9, 97]
 @pytest.mark.parametrize("window,softcap", [(0, 0.0), (48, 0.0), (0, 30.0), (48, 30.0)])
 def test_chunked_prefill(dtype, hq, hkv, window, softcap):
     check(dtype, PREFILL_CTX, PREFILL_NQ, hq, hkv, 64, 16, seed=hq + window, window=window, softcap=softcap)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("window", [0, 20])
+@pytest.mark.parametrize("d,hq,hkv", [(64, 8, 2), (128, 4, 4), (256, 8, 1), (72, 6, 2)])
+def test_kv_limit_bidirectional_spans(dtype, window, d, hq, hkv):
+    # Gemma 3's image spans: rows of a span see its later keys (input 7), in a mixed batch (a
+    # decode row, a whole prompt with two spans, a chunk of a long context starting at its span).
+    ctx, nqs = [40, 70, 600, 5], [1, 70, 64, 0]
+    limits = span_limits(ctx, nqs, [[], [(10, 12), (60, 10)], [(536, 16)], []])
+    check(dtype, ctx, nqs, hq, hkv, d, 16, seed=d + window, kv_limit=limits, window=window)
+    # Few CTAs over a long context: key splits, each ending at its rows' largest limit.
+    check(dtype, [3000], [24], 8, 1, 64, 16, seed=3, kv_limit=span_limits([3000], [24], [[(2980, 8)]]))
+
+
+def test_kv_limit_on_a_decode_shaped_step_takes_the_general_kernel():
+    # T <= S (one row per sequence), as a step whose only rows are one-token spans: the causal
+    # limit, which the streaming decode kernel (no kv_limit) would also give; and a whole one-row
+    # prompt beside idle sequences.
+    ctx, nqs = [7, 33, 129, 300], [1, 1, 1, 1]
+    check("bfloat16", ctx, nqs, 8, 2, 64, 16, seed=4, kv_limit=span_limits(ctx, nqs, [[]] * 4))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -124,3 +124,34 @@ def test_embedding_bwd_is_bitwise_independent_of_thread_count():
     finally:
         _native.set_num_threads(before)
     assert np.array_equal(results[0], results[1])
+
+
+# ---- embed_rows (serving: given rows in place of some tokens' embeddings) ----------------------
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_embed_rows_replaces_the_indexed_rows_rounded_to_x_dtype(dtype):
+    rng = np.random.default_rng(3)
+    x = as_dtype(rng.standard_normal((9, 24)), dtype)
+    rows = rng.standard_normal((4, 24)).astype(np.float32)
+    index = np.array([2, -1, 7, 0], np.int32)
+    (y,) = run_op("embed_rows", [x, index, rows], [((9, 24), dtype)])
+    want = x.copy()
+    for e, i in enumerate(index):
+        if i >= 0:
+            want[i] = as_dtype(rows[e], dtype)  # torch's .to(dtype): round to nearest even
+    np.testing.assert_array_equal(f32(y), f32(want))
+
+
+def test_embed_rows_refuses_bad_indices_before_writing():
+    x = np.ones((4, 8), np.float32)
+    rows = np.zeros((2, 8), np.float32)
+    y = np.full((4, 8), 7.0, np.float32)
+    with pytest.raises(InvalidArgumentError, match=r"embed_rows: index\[1\] = 4 is not a row of x \(4 rows"):
+        run_op("embed_rows", [x, np.array([0, 4], np.int32), rows], [y])
+    with pytest.raises(InvalidArgumentError, match=r"embed_rows: index\[1\] = 1 repeats an earlier index"):
+        run_op("embed_rows", [x, np.array([1, 1], np.int32), rows], [y])
+    assert (y == 7.0).all()
+    with pytest.raises(ShapeError, match="embed_rows: rows"):
+        run_op("embed_rows", [x, np.array([0, 1], np.int32), np.zeros((2, 5), np.float32)], [y])
+    with pytest.raises(DTypeError, match="embed_rows: rows"):
+        run_op("embed_rows", [x, np.array([0, 1], np.int32), rows.astype(np.float16)], [y])

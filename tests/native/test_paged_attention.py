@@ -75,8 +75,9 @@ class Cache:
                                   np.concatenate(sl)], [self.k_cache, self.v_cache])
 
 
-def reference(q, k, v, scale, window=0, softcap=0.0):
-    """Dense causal GQA attention of the last nq positions of a context of len(k), float64."""
+def reference(q, k, v, scale, window=0, softcap=0.0, kv_limit=None):
+    """Dense causal GQA attention of the last nq positions of a context of len(k), float64;
+    ``kv_limit`` [nq]: each row's last visible key instead of its own position."""
     nq, hq, _ = q.shape
     ctx, hkv, _ = k.shape
     g = hq // hkv
@@ -88,7 +89,7 @@ def reference(q, k, v, scale, window=0, softcap=0.0):
         sc = softcap * np.tanh(sc / softcap)
     pos = ctx - nq + np.arange(nq)[:, None]
     j = np.arange(ctx)[None, :]
-    ok = j <= pos
+    ok = j <= (pos if kv_limit is None else np.asarray(kv_limit)[:, None])
     if window:
         ok &= j > pos - window
     sc = np.where(ok[None], sc, -np.inf)
@@ -100,7 +101,7 @@ def reference(q, k, v, scale, window=0, softcap=0.0):
     return out, lse
 
 
-def attend(cache, qs, ctx, hq, dtype, with_lse=True, **attrs):
+def attend(cache, qs, ctx, hq, dtype, with_lse=True, kv_limit=None, **attrs):
     """paged_attention for sequences with queries qs[s] ([nq, hq, d] f32) and contexts ctx[s]."""
     cu = np.concatenate([[0], np.cumsum([len(x) for x in qs])]).astype(np.int32)
     q = as_dtype(np.concatenate(qs), dtype)
@@ -108,8 +109,10 @@ def attend(cache, qs, ctx, hq, dtype, with_lse=True, **attrs):
     outs = [np.zeros((t, hq, cache.d), as_dtype(np.zeros(0), dtype).dtype),
             np.zeros((t, hq), np.float32) if with_lse else None]
     # (run_op does not take an absent output; call the op directly.)
-    _native.call_op("paged_attention", [q, cache.k_cache, cache.v_cache, cache.tables, cu, np.asarray(ctx, np.int32)],
-                    outs, attrs)
+    ins = [q, cache.k_cache, cache.v_cache, cache.tables, cu, np.asarray(ctx, np.int32)]
+    if kv_limit is not None:
+        ins += [None, np.concatenate(kv_limit).astype(np.int32)]
+    _native.call_op("paged_attention", ins, outs, attrs)
     return outs[0].astype(np.float32), outs[1], cu
 
 
@@ -117,19 +120,20 @@ def make_queries(rng, nqs, hq, d, dtype):
     return [as_dtype(rng.standard_normal((n, hq, d)).astype(np.float32), dtype).astype(np.float32) for n in nqs]
 
 
-def check(cache, qs, ctx, hq, dtype, window=0, softcap=0.0, **kw):
+def check(cache, qs, ctx, hq, dtype, window=0, softcap=0.0, kv_limit=None, **kw):
     d = cache.d
     attrs = {}
     if window:
         attrs["window"] = window
     if softcap:
         attrs["softcap"] = softcap
-    out, lse, cu = attend(cache, qs, ctx, hq, dtype, **attrs, **kw)
+    out, lse, cu = attend(cache, qs, ctx, hq, dtype, kv_limit=kv_limit, **attrs, **kw)
     scale = 1.0 / math.sqrt(d)
     for s, qq in enumerate(qs):
         if len(qq) == 0:
             continue
-        ro, rl = reference(qq, cache.k[s][:ctx[s]], cache.v[s][:ctx[s]], scale, window, softcap)
+        ro, rl = reference(qq, cache.k[s][:ctx[s]], cache.v[s][:ctx[s]], scale, window, softcap,
+                           None if kv_limit is None else kv_limit[s])
         np.testing.assert_allclose(out[cu[s]:cu[s + 1]], ro, rtol=TOL[dtype], atol=TOL[dtype],
                                    err_msg=f"out of sequence {s} (ctx {ctx[s]}, nq {len(qq)})")
         np.testing.assert_allclose(lse[cu[s]:cu[s + 1]], rl, rtol=LSE_TOL[dtype], atol=LSE_TOL[dtype],
@@ -222,6 +226,55 @@ def test_mixed_batch(dtype, window, softcap, threads):
     # Scores of O(10): make softcap matter.
     qs = [x * 3.0 for x in make_queries(rng, nq, hq, d, dtype)]
     check(cache, [as_dtype(x, dtype).astype(np.float32) for x in qs], ctx, hq, dtype, window, softcap)
+
+
+def span_limits(ctx, nq, spans):
+    """Each row's kv_limit: its position, or the end of the (start, len) span holding it."""
+    out = []
+    for c, n, sp in zip(ctx, nq, spans):
+        pos = np.arange(c - n, c)
+        lim = pos.copy()
+        for a, m in sp:
+            lim[(pos >= a) & (pos < a + m)] = a + m - 1
+        out.append(lim)
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("window", [0, 20])
+@pytest.mark.parametrize("n_threads", [1, 8])
+def test_kv_limit_lets_span_rows_see_their_later_keys(dtype, window, n_threads, threads):
+    # Bidirectional spans (Gemma 3's image tokens) in a mixed batch: a decode row, a whole prompt
+    # with two spans (one over a block boundary, one up to the last row), a chunk late in a long
+    # context (key splits with 8 threads) whose span starts at its first row, an idle sequence.
+    threads(n_threads)
+    rng = np.random.default_rng(11 + window)
+    hkv, hq, d = 2, 8, 64
+    ctx = [40, 70, 900, 5]
+    nq = [1, 70, 64, 0]
+    spans = [[], [(10, 12), (60, 10)], [(836, 16)], []]
+    cache = Cache(rng, ctx, hkv, d, 16, dtype)
+    cache.append({s: c - n for s, (c, n) in enumerate(zip(ctx, nq)) if c > n})
+    cache.append({s: n for s, n in enumerate(nq) if n})
+    limits = span_limits(ctx, nq, spans)
+    qs = make_queries(rng, nq, hq, d, dtype)
+    out, _ = check(cache, qs, ctx, hq, dtype, window, kv_limit=limits)
+    causal, _ = check(cache, qs, ctx, hq, dtype, window)
+    changed = np.abs(out - causal).max(axis=(1, 2)) > 1e-3
+    in_span = np.concatenate([lim > np.arange(c - n, c) for lim, c, n in zip(limits, ctx, nq)])
+    assert (changed == in_span).all()  # exactly the rows that see a later key differ
+
+
+def test_kv_limit_outside_the_rows_range_is_refused():
+    rng = np.random.default_rng(12)
+    cache = Cache(rng, [10], 1, 16, 4, "float32")
+    cache.append({0: 10})
+    qs = make_queries(rng, [4], 2, 16, "float32")
+    # Rows at positions 6..9 of a 10-token context: a limit past the context, one before the row.
+    for bad, msg in (([6, 7, 8, 10], r"kv_limit\[3\] = 10 .* position 9 of 10"),
+                     ([5, 7, 8, 9], r"kv_limit\[0\] = 5 .* position 6 of 10; it must lie in \[6, 9\]")):
+        with pytest.raises(InvalidArgumentError, match=msg):
+            attend(cache, qs, [10], 2, "float32", kv_limit=[np.array(bad)])
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

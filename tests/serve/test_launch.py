@@ -112,7 +112,7 @@ def test_the_profile_run_measures_the_largest_step(tmp_path):
     before = _native.allocator_stats("cpu")["allocated_bytes"]
     step = runner.profile(512, 8)
     # both steps compiled and run: the full budget's bucket and the decode batch's
-    assert sorted(runner._programs) == [(8, 8, 1, 8, -1), (512, 8, 32, 8, -1)]
+    assert sorted(runner._programs) == [(8, 8, 1, 8, -1, 0), (512, 8, 32, 8, -1, 0)]  # (T, S, B, R, adapter, E)
     largest = max(exe.program.arena_bytes for exe in runner._programs.values())
     assert step >= largest
     held = _native.allocator_stats("cpu")["allocated_bytes"]

@@ -62,7 +62,7 @@ def test_a_step_with_many_tokens_is_padded_into_its_bucket(model):
     runner = ProgramRunner(model, num_blocks=64)
     odd = prefill_step([40, 33, 30])  # 103 tokens -> the 112 bucket, a padding sequence of 9
     exact = [ProgramRunner(model, num_blocks=64).run(prefill_step([n]))[0][0] for n in (40, 33, 30)]
-    assert runner.native.bucket_key(odd) == (112, 4, 4, 4, -1)  # T, S (+ the padding one), B, R, adapter
+    assert runner.native.bucket_key(odd) == (112, 4, 4, 4, -1, 0)  # T, S (+ the padding one), B, R, adapter, E
     logits, _ = runner.run(odd)
     for got, want in zip(logits, exact):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,89 @@
+"""Image inputs of the three APIs, from the wire to the images a prompt carries.
+
+Each API's converter writes an image part where the client put it, as the part HF processors
+take, ``{"type": "image", "image": ImageInput}``: the source (a URL, or Anthropic's base64 with its
+media type) and where it was in the request, in that API's spelling (``messages[0].content[1]``,
+``input[2].content[0]``, ``messages.0.content.1``). ``load_images`` then takes the sources out in
+the conversation's order (the parts become ``{"type": "image"}``, surogate.serve.multimodal's
+form), refuses them when the model takes no images or when there are more than the server allows
+(``--limit-mm-per-prompt``), and decodes them under the server's media rules
+(``--allowed-local-media-path``, ``--allow-remote-media``; surogate.io.images). Every refusal is a
+400 naming the part.
+
+Decoding (and fetching) runs outside the event loop: a request with images is converted in a
+worker thread (``converted``), so one large JPEG or a slow remote host stalls no other stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import msgspec
+
+from surogate.errors import SurogateError
+from surogate.io.images import b64decode, decode_image, load_image
+from surogate.serve.frontend import RequestError
+
+from .models import GatewayConfig, ServedModel
+
+T = TypeVar("T")
+
+
+class ImageInput(msgspec.Struct, frozen=True):
+    """One image a request names: ``url`` (data:, file://, http(s)://) or ``base64`` data."""
+
+    param: str
+    url: str | None = None
+    base64: str | None = None
+    media_type: str | None = None
+
+
+def image_part(source: ImageInput) -> dict:
+    return {"type": "image", "image": source}
+
+
+def take_images(messages: Sequence[dict]) -> list[ImageInput]:
+    """The image parts' sources in the conversation's order; each part becomes ``{"type": "image"}``."""
+    found = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and part.get("type") == "image" and "image" in part:
+                    found.append(part.pop("image"))
+    return found
+
+
+def load_images(model: ServedModel, messages: Sequence[dict], config: GatewayConfig) -> list:
+    """The decoded images of ``messages`` (taken out of their parts), in order, or a RequestError
+    naming the first part the server cannot take."""
+    sources = take_images(messages)
+    if not sources:
+        return []
+    if not model.llm.accepts_images:
+        raise RequestError(f"`{sources[0].param}` is an image, and the model `{model.name}` does not take images "
+                           "(it has no vision encoder).", param=sources[0].param,
+                           hint="send text only, or serve a vision model")
+    limit = config.max_images_per_prompt
+    if len(sources) > limit:
+        raise RequestError(f"The request holds {len(sources)} images; this server takes at most {limit} per prompt.",
+                           param=sources[limit].param,
+                           hint='send fewer images, or start the server with --limit-mm-per-prompt \'{"image": N}\'')
+    return [decode(s, config) for s in sources]
+
+
+def decode(source: ImageInput, config: GatewayConfig):
+    try:
+        if source.base64 is not None:
+            return decode_image(b64decode(source.base64), media_type=source.media_type)
+        return load_image(source.url or "", allowed_local_media_path=config.allowed_local_media_path,
+                          allow_remote=config.allow_remote_media)
+    except SurogateError as e:
+        raise RequestError(f"`{source.param}`: {e.message}", param=source.param, hint=e.hint) from None
+
+
+async def converted(convert: Callable[..., T], *args, images: bool) -> T:
+    """``convert(*args)``: in a worker thread when the request has images (they are decoded there)."""
+    return await asyncio.to_thread(convert, *args) if images else convert(*args)
