@@ -16,7 +16,8 @@ in place of the image tokens' embeddings.
   is the projected feature (not scaled by sqrt(hidden): HF replaces the scaled embeddings), and an
   image token sees every token of its image span (HF's token_type_ids mask; `kv_limit`).
 
-The tower is frozen (forward only); the projector's weights are plain parameters.
+The tower and the projector are frozen here (forward only: the language model's graphs read
+their rows as inputs, so no gradient reaches them; a trainable projector is for later).
 """
 
 from __future__ import annotations

@@ -87,6 +87,20 @@ def test_projected_image_rows_match_transformers(ours, ref):
     np.testing.assert_allclose(got, want.reshape(got.shape).numpy(), atol=ATOL, rtol=0)
 
 
+def test_the_folder_s_image_processor_feeds_the_tower(ours, ref, folder):
+    """preprocessor_config.json (as the hub's folders have it) read by transformers' processor: a
+    picture's pixel values give the same rows here and in HF."""
+    from PIL import Image
+
+    proc = transformers.AutoImageProcessor.from_pretrained(str(folder))
+    rgb = np.random.default_rng(3).integers(0, 256, (40, 70, 3), dtype=np.uint8)
+    px = proc(images=[Image.fromarray(rgb)], return_tensors="np")["pixel_values"]
+    assert px.shape == (1, 3, 56, 56)
+    with torch.no_grad():
+        want = ref.model.get_image_features(torch.tensor(px)).pooler_output
+    np.testing.assert_allclose(ours.encode_images(px), want.reshape(4, -1).numpy(), atol=ATOL, rtol=0)
+
+
 def test_logits_of_a_prompt_with_two_images_match_transformers(ours, ref):
     ids, px = prompt(ours, 2), pixels(2, seed=7)
     got = ours.forward(ids, images=px)
@@ -153,6 +167,18 @@ def test_an_image_token_past_the_vocabulary(ours, tmp_path):
     assert model.spec.vision.image_token_index == model.spec.vocab_size
     ref = transformers.Gemma3ForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32).eval()
     ids, px = prompt(model, 2, seed=6), pixels(2, seed=6)
+    want = hf_logits(ref, ids, px, model.spec.vision.image_token_index).logits[0].numpy()
+    np.testing.assert_allclose(model.forward(ids, images=px), want, atol=ATOL, rtol=0)
+
+
+def test_an_untied_head(ours, tmp_path):
+    """tie_word_embeddings false: the head is saved as language_model.lm_head.weight."""
+    path = make_gemma3_vision(tmp_path / "untied", seed=5, text={"tie_word_embeddings": False},
+                              tie_word_embeddings=False)
+    model = surogate.load_model(path)
+    assert not model.spec.tie_word_embeddings and "lm_head.weight" in model.params
+    ref = transformers.Gemma3ForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32).eval()
+    ids, px = prompt(model, 1, seed=8), pixels(1, seed=8)
     want = hf_logits(ref, ids, px, model.spec.vision.image_token_index).logits[0].numpy()
     np.testing.assert_allclose(model.forward(ids, images=px), want, atol=ATOL, rtol=0)
 

@@ -478,4 +478,12 @@ def make_gemma3_vision(path: str | Path, *, seed: int = 0, text: dict | None = N
                 p.add_(0.1 * torch.randn(p.shape, generator=gen))
     path = Path(path)
     model.save_pretrained(path)
+    # preprocessor_config.json as the hub's Gemma 3 folders have it (resize to image_size, mean / std 0.5)
+    size = config.vision_config.image_size
+    _write_json(path / "preprocessor_config.json", {
+        "image_processor_type": "Gemma3ImageProcessor", "processor_class": "Gemma3Processor",
+        "do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
+        "do_pan_and_scan": None, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+        "image_seq_length": config.mm_tokens_per_image, "resample": 2, "rescale_factor": 1 / 255,
+        "size": {"height": size, "width": size}})
     return make_tokenizer(path, f.tiny.tokenizer)
