@@ -177,7 +177,7 @@ def _rope_table(c: RuleContext, n: Node, gy: list) -> list:
     x, cos, sin = n.inputs
     if c.grad_spec(x) is None:
         return [None, None, None]
-    (dx,) = c.g.node("rope_table_bwd", [gy[0], cos, sin], [c.grad_spec(x)])
+    (dx,) = c.g.node("rope_table_bwd", [gy[0], cos, sin], [c.grad_spec(x)], **n.attrs)
     return [dx, None, None]
 
 

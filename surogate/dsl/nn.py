@@ -326,8 +326,8 @@ class Attention:
                     q = _head_norm(q, qn, s, "q_norm")
                     k = _head_norm(k, kn, s, "k_norm")
                 cos, sin = g.values[MROPE_COS], g.values[MROPE_SIN]
-                q = ops.rope_table(q, cos, sin, name="q_rope")
-                k = ops.rope_table(k, cos, sin, name="k_rope")
+                q = ops.rope_table(q, cos, sin, name="q_rope", round_products=True)  # HF's text rope rounding
+                k = ops.rope_table(k, cos, sin, name="k_rope", round_products=True)
             elif s.qk_norm:
                 q = ops.qk_norm_rope(q, qn, pos, s.rms_norm_eps, rope, name="q_rope", weight_offset=s.norm_offset)
                 k = ops.qk_norm_rope(k, kn, pos, s.rms_norm_eps, rope, name="k_rope", weight_offset=s.norm_offset)
