@@ -1,8 +1,11 @@
-"""Qwen3-VL (transformers' Qwen3VLForConditionalGeneration): the vision tower, Qwen3VLVisionModel,
-as a forward-only DSL graph. The language model (Qwen3 with interleaved MRoPE and the DeepStack
-rows added to its first layers' hidden states) is not here yet; `encode`'s outputs are what it
-will read: the merged rows replace the image / video pad tokens' embeddings, and DeepStack
-feature j is added to the hidden state after decoder layer j at the same positions.
+"""Qwen3-VL (transformers' Qwen3VLForConditionalGeneration, the dense family qwen3_vl): the vision
+tower, Qwen3VLVisionModel, as a forward-only DSL graph, and the language model (Qwen3's decoder,
+dsl/nn_qwen3_vl.py Qwen3VLLM) reading its outputs: the merged rows replace the image / video pad
+tokens' embeddings, DeepStack feature j is added to the hidden state after decoder layer j at the
+same positions, and the attention rotates by interleaved MRoPE (3-D positions from the ids and
+the grids, `rope_index` / `mrope_tables`, made on the host). Model.forward / loss take
+``images=(pixel_values, image_grid_thw)`` and ``videos=(pixel_values_videos, video_grid_thw)``
+(`visual_inputs`); a prompt without them is Qwen3's graph (all three axes the text position).
 
 Shape letters: N patches of all images / videos in one call (the processor's pixel rows), M = N /
 merge^2 merged tokens, C vision width, H heads, D head dim, F MLP width, O out_hidden_size (the LLM's).
@@ -27,9 +30,9 @@ The tower, per transformers 5 (modeling_qwen3_vl.py, vision_utils.py):
 
 The tower is frozen: its graph is forward only.
 
-One file past 400 lines because the family is one file (house rule): spec, host tables, graph,
-name table and runner of the tower; the language model will bring its own graph module
-(dsl/, as Gemma 3's nn_vision.py) when it comes.
+One file past 400 lines because the family is one file (house rule): the tower's spec, host
+tables, graph, name table and runner, the text config, the MRoPE positions and the family; the
+language model's graph is its own module (dsl/nn_qwen3_vl.py, as Gemma 3's nn_vision.py).
 """
 
 from __future__ import annotations
@@ -681,8 +684,9 @@ def _family() -> Family:
         # Qwen's ChatML templates: Hermes tool calls; the Thinking checkpoints write <think>.
         chat=ChatDefaults(reasoning_parser="qwen3", tool_parser="hermes", model_types=("qwen3_vl",)),
         bench_shapes={},
-        # tests/models/test_qwen3_vl.py's checkpoint: text 2 layers, hidden 64, heads 4 / 2 of 16,
-        # mrope_section [2, 3, 3]; the tower of the tower tests (out 64); token ids past the text.
+        # tests/sgtest/tiny_models.py make_qwen3_vl's checkpoint (weights only: its tests feed token
+        # ids 0..95, the placeholders 90..93): text 2 layers, hidden 64, heads 4 / 2 of 16,
+        # mrope_section [2, 3, 3]; the tower of the tower tests (out 64).
         tiny=TinyModel(tokenizer="chatml", config=TINY, bos_token=None, eos_token="<|im_end|>"),
     )
 

@@ -11,30 +11,21 @@ import pytest
 import torch
 
 pytest.importorskip("transformers.models.qwen3_vl")
-from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration  # noqa: E402
+from transformers import Qwen3VLForConditionalGeneration  # noqa: E402
 
 import surogate  # noqa: E402
 from surogate.dsl.nn import LoRAConfig  # noqa: E402
 from surogate.errors import InvalidArgumentError  # noqa: E402
 from surogate.models import family_for  # noqa: E402
-from surogate.models.qwen3_vl import TINY, rope_index, spec_from_config  # noqa: E402
+from surogate.models.qwen3_vl import rope_index, spec_from_config  # noqa: E402
 
-IMG, VID, START, END = 90, 91, 92, 93
-PATCH = 3 * 2 * 8 * 8  # a pixel row: channels x temporal patch x patch x patch
+from sgtest.tiny_models import (QWEN3_VL_END as END, QWEN3_VL_IMAGE as IMG, QWEN3_VL_START as START,  # noqa: E402
+                                QWEN3_VL_VIDEO as VID, make_qwen3_vl, qwen3_vl_prompts)
 
 
 def build(tmp_path_factory, tie: bool):
-    torch.manual_seed(0)
-    model = Qwen3VLForConditionalGeneration(Qwen3VLConfig(**TINY, tie_word_embeddings=tie)).eval()
-    with torch.no_grad():  # every weight random (HF's init leaves biases 0 and norms 1)
-        for name, p in model.named_parameters():
-            if "norm" in name and name.endswith("weight"):
-                p.copy_(1 + 0.2 * torch.randn_like(p))
-            else:
-                p.copy_(0.15 * torch.randn_like(p))
-    path = tmp_path_factory.mktemp("qwen3vl-tied" if tie else "qwen3vl")
-    model.save_pretrained(path)
-    return path, model
+    path = make_qwen3_vl(tmp_path_factory.mktemp("qwen3vl-tied" if tie else "qwen3vl"), tie=tie)
+    return path, Qwen3VLForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="module")
@@ -44,12 +35,7 @@ def checkpoint(tmp_path_factory):
 
 def pixels(grids, seed):
     n = sum(int(np.prod(g)) for g in grids)
-    return np.random.default_rng(seed).standard_normal((n, PATCH)).astype(np.float32)
-
-
-def span(grid, token):
-    t, h, w = grid
-    return [START] + [token] * (h * w // 4) + [END]
+    return np.random.default_rng(seed).standard_normal((n, 3 * 2 * 8 * 8)).astype(np.float32)
 
 
 def hf_logits(model, ids, images=None, videos=None):
@@ -66,17 +52,11 @@ def hf_logits(model, ids, images=None, videos=None):
 
 
 def two_images():
-    grids = [[1, 4, 6], [1, 6, 4]]
-    ids = [5, 6, 7] + span(grids[0], IMG) + [8, 9] + span(grids[1], IMG) + [10, 11, 12]
-    return ids, (pixels(grids, 1), np.array(grids))
+    return qwen3_vl_prompts()[0]
 
 
 def video():
-    grid = [3, 4, 4]  # three temporal patches, each its own run after a timestamp's text tokens
-    ids = [5, 6]
-    for f in range(3):
-        ids += [20 + f, 30] + span([1, 4, 4], VID)
-    return ids + [7, 8], (pixels([grid], 2), np.array([grid]))
+    return qwen3_vl_prompts()[1]
 
 
 def test_registry_and_spec(checkpoint):
