@@ -22,6 +22,7 @@ from __future__ import annotations
 from surogate.dsl import ops
 from surogate.dsl.graph import Graph, Value
 from surogate.dsl.nn import MROPE_COS, MROPE_SIN, CausalLM, LoRAConfig, ModelSpec
+from surogate.errors import UnsupportedError
 
 VISUAL_INDEX = "visual_index"  # int32 [M]: the token row each merged visual row replaces
 VISUAL_ROWS = "visual_rows"  # float32 [M, C]: the merged rows (images, then videos)
@@ -48,6 +49,12 @@ class Qwen3VLLM(CausalLM):
             return self.tower.build(patches, frames, kw.get("dtype", "float32"))
         if images and mode == "serve":
             raise ValueError("visual rows in a serving graph come through the engine's embeddings, not this build")
+        kv = kw.get("kv")
+        if mode == "serve" and kv is not None and kv.embeds:
+            # The rows alone would run with 1-D positions: the prompt's logits would be wrong.
+            raise UnsupportedError("Qwen3-VL: serving with image rows needs the MRoPE positions (3-D per token) and "
+                                   "the DeepStack rows in the paged step, which it does not take yet",
+                                   hint="serve Qwen3-VL for text only; Model.forward(ids, images=...) runs images")
         self._rows = int(images)
         try:
             return super().build(mode=mode, **kw)

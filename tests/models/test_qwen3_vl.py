@@ -74,6 +74,17 @@ def test_text_only_prompt_equals_hf(checkpoint):
     np.testing.assert_allclose(ours.forward(ids), hf_logits(model, ids), atol=1e-4, rtol=0)
 
 
+def test_text_prompts_serve_as_transformers_generates(checkpoint):
+    """The serving engine runs the language model (text prompts: Qwen3's graph)."""
+    from sgtest.engine import engine, generate, hf_greedy, prompts
+
+    path, model = checkpoint
+    ours = surogate.load_model(path)
+    ps = prompts(IMG, 4, seed=5)  # ids below the placeholders
+    with engine(ours) as client:
+        assert generate(client, ps, 6) == [hf_greedy(model, p, 6) for p in ps]
+
+
 def test_tied_head_equals_hf(tmp_path_factory):
     path, model = build(tmp_path_factory, tie=True)
     ours = surogate.load_model(path)
@@ -102,6 +113,17 @@ def test_video_and_images_with_video_equal_hf(checkpoint):
     both = img_ids + ids
     np.testing.assert_allclose(ours.forward(both, images=images, videos=vid),
                                hf_logits(model, both, images, vid), atol=1e-4, rtol=0)
+
+
+def test_packed_documents_with_images_and_a_video_equal_hf(checkpoint):
+    """Two packed documents: each counts its positions from 0, the grids taken in order."""
+    path, model = checkpoint
+    ours = surogate.load_model(path)
+    img_ids, images = two_images()
+    vid_ids, vid = video()
+    got = ours.forward([img_ids, vid_ids], images=images, videos=vid)
+    want = np.concatenate([hf_logits(model, img_ids, images), hf_logits(model, vid_ids, videos=vid)])
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
 
 
 def test_rope_index_equals_hf(checkpoint):
@@ -148,8 +170,14 @@ def test_loss_and_lora_grads_with_an_image_equal_peft(checkpoint):
 
 
 def test_errors(checkpoint):
+    from surogate.dsl.nn import KVCache
+    from surogate.errors import UnsupportedError
+
     path, _ = checkpoint
     ours = surogate.load_model(path)
+    ours.arch.build(mode="serve", kv=KVCache(num_blocks=4, block_size=16))  # text-only serving: Qwen3's graph
+    with pytest.raises(UnsupportedError, match="MRoPE positions"):
+        ours.arch.build(mode="serve", kv=KVCache(num_blocks=4, block_size=16, embeds=True))
     ids, images = two_images()
     with pytest.raises(InvalidArgumentError, match="no pixels were given"):
         ours.forward(ids)
