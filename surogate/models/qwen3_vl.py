@@ -651,19 +651,23 @@ def architecture(spec):
     return Qwen3VLLM(spec, Qwen3VLVisionTower(spec.vision.tower))
 
 
+def _language_model(hf: str) -> str:
+    return f"model.language_model.{hf[len('model.'):]}" if hf.startswith("model.") else hf
+
+
 def hf_name_table() -> NameTable:
-    """The language model's parameters (Qwen3's table) and the tower's; `checkpoint_aliases` finds
-    the language model under model.language_model.*."""
-    return NameTable({**decoder.hf_name_table(qk_norm=True).entries, **vision_name_table().entries})
+    """The language model's parameters (Qwen3's table, under model.language_model.*: transformers 5's
+    and the hub's names, so that load and `Model.to_hf` use them) and the tower's."""
+    text = {}
+    for ours, r in decoder.hf_name_table(qk_norm=True).entries.items():
+        hf = tuple(_language_model(h) for h in r.hf) if isinstance(r.hf, tuple) else _language_model(r.hf)
+        text[ours] = dataclasses.replace(r, hf=hf)
+    return NameTable({**text, **vision_name_table().entries})
 
 
 def family_aliases(hf: str) -> tuple[str, ...]:
-    """transformers 5 and the hub: model.language_model.*, model.visual.*, lm_head.weight."""
-    if hf.startswith("model.visual."):
-        return checkpoint_aliases(hf)
-    if hf.startswith("model."):
-        return f"model.language_model.{hf[len('model.'):]}", hf
-    return (hf,)
+    """The tower's tensors may be visual.* (transformers 4.5x); the rest as the table names them."""
+    return checkpoint_aliases(hf)
 
 
 def _no_gguf(*_):
