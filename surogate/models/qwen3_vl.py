@@ -484,13 +484,14 @@ def _text_rope(text: dict) -> tuple[float, tuple[int, ...]]:
 
 def spec_from_config(cfg: dict):
     """A Qwen3VLForConditionalGeneration config: its text_config (Qwen3's dense decoder, with
-    Qwen3VLTextConfig's defaults; the outer tie_word_embeddings wins) and ModelSpec.vision."""
+    Qwen3VLTextConfig's defaults; tie_word_embeddings the outer config's) and ModelSpec.vision."""
     text = {**TEXT_DEFAULTS, **(cfg.get("text_config") or {})}
     if text.get("model_type", "qwen3_vl_text") != "qwen3_vl_text":
         raise UnsupportedError(f"config.json: text_config.model_type {text['model_type']!r} is not qwen3_vl_text",
                                hint="this is Qwen3-VL's dense language model (Qwen3-VL-MoE's is not supported)")
     theta, section = _text_rope(text)
-    tie = cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+    # transformers 5 ties by the outer key alone (Qwen3VLConfig's default False; text_config's is not read).
+    tie = cfg.get("tie_word_embeddings", False)
     base = {**text, "tie_word_embeddings": bool(tie), "rope_parameters": {"rope_type": "default", "rope_theta": theta},
             "rope_scaling": None}
     spec = decoder.spec_from_config(base, "qwen3_vl", qk_norm=True)

@@ -15,7 +15,7 @@ from transformers import Qwen3VLForConditionalGeneration  # noqa: E402
 
 import surogate  # noqa: E402
 from surogate.dsl.nn import LoRAConfig  # noqa: E402
-from surogate.errors import InvalidArgumentError  # noqa: E402
+from surogate.errors import ConfigError, InvalidArgumentError  # noqa: E402
 from surogate.models import family_for  # noqa: E402
 from surogate.models.qwen3_vl import rope_index, spec_from_config  # noqa: E402
 
@@ -65,6 +65,16 @@ def test_registry_and_spec(checkpoint):
     assert family_for(cfg).name == "qwen3_vl"
     spec = spec_from_config(cfg)
     assert spec.vision.mrope_section == (2, 3, 3) and not spec.tie_word_embeddings and spec.qk_norm
+    # transformers ties by the outer key only; the hub's v4 rope_scaling form reads the same.
+    text = {**cfg["text_config"], "tie_word_embeddings": True}
+    assert not spec_from_config({**cfg, "text_config": text}).tie_word_embeddings
+    v4 = {**cfg["text_config"], "rope_parameters": None, "rope_theta": 5e6,
+          "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True}}
+    s4 = spec_from_config({**cfg, "text_config": v4})
+    assert s4.vision.rope_theta == 5e6 and s4.rope["theta"] == 5e6 and s4.vision.mrope_section == (2, 3, 3)
+    with pytest.raises(ConfigError, match="mrope_section"):
+        spec_from_config({**cfg, "text_config": {**cfg["text_config"], "rope_parameters": {
+            "rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 4]}}})
 
 
 def test_export_names_are_the_checkpoint_s(checkpoint):
@@ -111,6 +121,13 @@ def test_two_images_of_different_grids_equal_hf(checkpoint):
     ids, images = two_images()
     want = hf_logits(model, ids, images)
     np.testing.assert_allclose(ours.forward(ids, images=images), want, atol=1e-4, rtol=0)
+    # Model.encode_images is the tower's encode (one set of weights, the Model's).
+    from surogate.models.qwen3_vl import Qwen3VLVision
+
+    rows, deep = ours.encode_images(*images)
+    want_rows, want_deep = Qwen3VLVision.from_folder(path).encode(*images)
+    np.testing.assert_array_equal(rows, want_rows)
+    assert len(deep) == 2 and all(np.array_equal(a, b) for a, b in zip(deep, want_deep))
     # The rows matter: other pixels change the logits after the first image.
     other = (pixels(images[1].tolist(), 7), images[1])
     assert np.abs(ours.forward(ids, images=other) - want)[4:].max() > 1e-2
