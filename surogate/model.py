@@ -241,21 +241,16 @@ class Model:
                     **kw) -> Executable:
         """The executable of ``mode`` (``kw``: `executable`'s setup) fed with the packed tokens, and
         with the images' rows when there are images."""
-        if images is None and videos is None and self.spec.vision is not None and hasattr(self.spec.vision, "tower"):
-            vs = self.spec.vision
-            if np.isin(ids, [vs.image_token_id, vs.video_token_id]).any():
-                raise InvalidArgumentError(f"the prompt has image or video tokens (ids {vs.image_token_id}, "
-                                           f"{vs.video_token_id}) but no pixels were given",
-                                           hint="pass images=(pixel_values, image_grid_thw) / videos=")
-        elif self.spec.vision is not None and hasattr(self.spec.vision, "tower"):  # Qwen3-VL
+        if self.spec.vision is not None and hasattr(self.spec.vision, "tower"):  # Qwen3-VL (models/qwen3_vl.py)
             from surogate.models.qwen3_vl import visual_inputs
 
-            rows, feed = visual_inputs(self, ids, cu, images, videos)
-            exe = self.executable(mode, len(ids), len(cu) - 1, images=rows, **kw)
-            self._feed(exe, ids, None, cu, lora_params)
-            for name, arr in feed.items():
-                exe.bind(name, arr)
-            return exe
+            rows, feed = visual_inputs(self, ids, cu, images, videos)  # no rows: a text prompt, Qwen3's graph
+            if rows:
+                exe = self.executable(mode, len(ids), len(cu) - 1, images=rows, **kw)
+                self._feed(exe, ids, None, cu, lora_params)
+                for name, arr in feed.items():
+                    exe.bind(name, arr)
+                return exe
         elif videos is not None:
             raise UnsupportedError(f"{self.spec.family}: this model takes no videos", hint="pass images only")
         if images is None:

@@ -583,6 +583,8 @@ def _visual(pixels, grid, what: str, v: VisionSpec):
         return np.zeros((0, v.patch_features), np.float32), np.zeros((0, 3), np.int64)
     g = np.asarray(grid, np.int64).reshape(-1, 3)
     px = np.asarray(pixels, np.float32)
+    if not len(g):
+        raise InvalidArgumentError(f"{what}: no grid_thw rows", hint=f"pass None for no {what}")
     if px.ndim != 2 or px.shape != (int(g.prod(axis=1).sum()), v.patch_features):
         raise InvalidArgumentError(f"{what}: pixel rows {px.shape} do not fit the grids {g.tolist()} "
                                    f"([{int(g.prod(axis=1).sum())}, {v.patch_features}])",
@@ -615,12 +617,18 @@ def visual_inputs(model, ids: np.ndarray, cu: np.ndarray, images, videos) -> tup
     """(M, the inputs of a Qwen3VLLM graph with M visual rows) for packed ids and ``images`` /
     ``videos`` = (pixel rows, grid_thw) or None: the tower run once over both (each frame attends
     within itself, so that equals HF's two calls), the merged rows at the image then the video pad
-    tokens, the DeepStack rows, the MRoPE tables."""
+    tokens, the DeepStack rows, the MRoPE tables. Neither: (0, {}), a text prompt (Qwen3's graph)."""
     from surogate.dsl.nn import MROPE_COS, MROPE_SIN
     from surogate.dsl.nn_qwen3_vl import DEEPSTACK, VISUAL_INDEX, VISUAL_ROWS, VISUAL_SLOTS
 
     vs = model.spec.vision
     v = vs.tower
+    if images is None and videos is None:
+        if np.isin(ids, [vs.image_token_id, vs.video_token_id]).any():
+            raise InvalidArgumentError(f"the prompt has image or video tokens (ids {vs.image_token_id}, "
+                                       f"{vs.video_token_id}) but no pixels were given",
+                                       hint="pass images=(pixel_values, image_grid_thw) / videos=")
+        return 0, {}
     (ipx, igrid), (vpx, vgrid) = _visual(*(images or (None, None)), "images", v), \
         _visual(*(videos or (None, None)), "videos", v)
     img_pos = np.flatnonzero(ids == vs.image_token_id)
