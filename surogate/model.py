@@ -161,7 +161,7 @@ class Model:
                                 **({"temperature": temperature} if temperature != 1.0 else {}),
                                 **({"images": images} if images else {}))
             if mode == "vision":
-                keep = [g.outputs["vision_hidden"], g.outputs["image_features"]]
+                keep = list(g.outputs.values())
             else:
                 keep = [g.outputs[{"train": "loss", "hidden": "hidden"}.get(mode, "logits")]]
             # A MoE model's load-balancing loss and router z-loss, each seeded with its coefficient.
@@ -181,31 +181,42 @@ class Model:
 
     def _feed(self, exe: Executable, ids, pos, cu, lora_params: dict | None = None) -> None:
         exe.bind("input_ids", ids)
-        exe.bind("position_ids", pos)
+        if pos is not None:  # None: a graph with per-token rope tables instead (Qwen3-VL's MRoPE)
+            exe.bind("position_ids", pos)
         exe.bind("cu_seqlens", cu)
         for name, arr in (lora_params or {}).items():
             exe.bind(name, np.ascontiguousarray(arr.astype(_np_dtype(self.dtype))))
 
     # ---- inference --------------------------------------------------------------------------
-    def forward(self, token_ids, images=None) -> np.ndarray:
+    def forward(self, token_ids, images=None, videos=None) -> np.ndarray:
         """Logits [T, V] (float32) for one sequence, or for several packed documents (each
         attends only to itself), in order. ``images`` (a model with images: pixel values
         [n, 3, S, S], the image processor's): the prompt's image tokens, in order, read the
-        images' rows (`encode_images`), and each image span attends both ways within itself."""
+        images' rows (`encode_images`), and each image span attends both ways within itself.
+        Qwen3-VL: ``images`` / ``videos`` = (pixel rows, grid_thw) as its processors give them
+        (models/qwen3_vl.py visual_inputs: merged rows, DeepStack, MRoPE positions)."""
         ids, pos, cu = pack(token_ids)
         self._check_ids(ids)
-        exe = self._image_feed(ids, pos, cu, images, "logits")
+        exe = self._image_feed(ids, pos, cu, images, "logits", videos=videos)
         exe.run()
         return np.array(exe.read("logits"), dtype=np.float32)
 
-    def encode_images(self, pixel_values, *, hidden: bool = False) -> np.ndarray:
+    def encode_images(self, pixel_values, grid_thw=None, *, hidden: bool = False) -> np.ndarray:
         """The rows that replace the image tokens' embeddings: [n * mm_tokens_per_image, hidden]
         float32 for pixel values [n, channels, S, S] (the projector's output, used as it is: no
         embedding scale). ``hidden``: the tower's last hidden state [n * patches, vision hidden]
-        instead (HF's vision_tower(...).last_hidden_state)."""
+        instead (HF's vision_tower(...).last_hidden_state). Qwen3-VL: pixel rows with their
+        ``grid_thw``; returns (merged rows, DeepStack rows) (models/qwen3_vl.py encode_visual)."""
         from surogate.dsl.nn_vision import patchify
 
         v = self._vision()
+        if grid_thw is not None or hasattr(v, "tower"):
+            from surogate.models.qwen3_vl import encode_visual
+
+            if grid_thw is None:
+                raise InvalidArgumentError(f"{self.spec.family}: encode_images needs the images' grid_thw",
+                                           hint="pass the image processor's image_grid_thw")
+            return encode_visual(self, np.asarray(pixel_values, np.float32), np.asarray(grid_thw), hidden=hidden)
         px = np.asarray(pixel_values, dtype=np.float32)
         want = (v.num_channels, v.image_size, v.image_size)
         if px.ndim != 4 or px.shape[1:] != want:
@@ -226,9 +237,22 @@ class Model:
                                    hint="load a checkpoint with a vision tower (Gemma3ForConditionalGeneration)")
         return self.spec.vision
 
-    def _image_feed(self, ids, pos, cu, images, mode: str, lora_params: dict | None = None, **kw) -> Executable:
+    def _image_feed(self, ids, pos, cu, images, mode: str, lora_params: dict | None = None, videos=None,
+                    **kw) -> Executable:
         """The executable of ``mode`` (``kw``: `executable`'s setup) fed with the packed tokens, and
         with the images' rows when there are images."""
+        if self.spec.vision is not None and hasattr(self.spec.vision, "tower"):  # Qwen3-VL (models/qwen3_vl.py)
+            from surogate.models.qwen3_vl import visual_inputs
+
+            rows, feed = visual_inputs(self, ids, cu, images, videos)  # no rows: a text prompt, Qwen3's graph
+            if rows:
+                exe = self.executable(mode, len(ids), len(cu) - 1, images=rows, **kw)
+                self._feed(exe, ids, None, cu, lora_params)
+                for name, arr in feed.items():
+                    exe.bind(name, arr)
+                return exe
+        elif videos is not None:
+            raise UnsupportedError(f"{self.spec.family}: this model takes no videos", hint="pass images only")
         if images is None:
             if self.spec.vision is not None and (ids == self.spec.vision.image_token_index).any():
                 raise InvalidArgumentError(f"the prompt has image tokens (id {self.spec.vision.image_token_index}) "
@@ -268,23 +292,24 @@ class Model:
         exe.run()
         return np.array(exe.read(exe.graph.outputs["hidden"].name), dtype=np.float32)[:T]
 
-    def loss(self, token_ids, labels=None, images=None) -> float:
+    def loss(self, token_ids, labels=None, images=None, videos=None) -> float:
         """Mean next-token cross-entropy, HF semantics (labels default to the inputs; -100 is
-        ignored; the shift happens here). ``images``: as in `forward`."""
-        value, _ = self._train_step(token_ids, labels, grads=False, images=images)
+        ignored; the shift happens here). ``images`` / ``videos``: as in `forward`."""
+        value, _ = self._train_step(token_ids, labels, grads=False, images=images, videos=videos)
         return value
 
     def loss_and_grads(self, token_ids, labels=None, lora: LoRAConfig | None = None,
                        lora_params: dict[str, np.ndarray] | None = None,
-                       recompute: bool = False, mlp_chunk: int = 0, images=None) -> tuple[float, dict[str, np.ndarray]]:
+                       recompute: bool = False, mlp_chunk: int = 0, images=None,
+                       videos=None) -> tuple[float, dict[str, np.ndarray]]:
         """Loss and the gradient of every trainable parameter (all weights for a full fine-tune,
         the LoRA A/B matrices with `lora`), by our parameter names. ``images``: as in `forward`
         (the tower and projector stay frozen: no gradient of theirs)."""
         return self._train_step(token_ids, labels, grads=True, lora=lora, lora_params=lora_params,
-                                recompute=recompute, mlp_chunk=mlp_chunk, images=images)
+                                recompute=recompute, mlp_chunk=mlp_chunk, images=images, videos=videos)
 
     def _train_step(self, token_ids, labels, grads: bool, lora=None, lora_params=None, recompute=False,
-                    mlp_chunk=0, images=None):
+                    mlp_chunk=0, images=None, videos=None):
         ids, pos, cu = pack(token_ids)
         self._check_ids(ids)
         docs = np.split(ids, cu[1:-1])
@@ -299,7 +324,7 @@ class Model:
         targets = shift_labels(label_docs)
         valid = targets != -100
         n_valid = int(valid.sum())
-        exe = self._image_feed(ids, pos, cu, images, "train", lora_params, lora=lora, grads=grads,
+        exe = self._image_feed(ids, pos, cu, images, "train", lora_params, videos=videos, lora=lora, grads=grads,
                                recompute=recompute, mlp_chunk=mlp_chunk)
         exe.bind("targets", targets)
         out = {}

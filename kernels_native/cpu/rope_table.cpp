@@ -8,7 +8,8 @@
 //   y[i + half] = x[i + half] c[i] + x[i] s[i]            (i < half; dims [R, D) copied)
 // HF's vision rotary casts q / k to f32, rotates with f32 cos / sin and casts back: the math here is
 // f32 with one rounding to T at the store (for f32, HF's exactly: x c + rotate_half(x) s, the
-// products and the sum in that order).
+// products and the sum in that order). With attr round_products (HF's text rope in T, Qwen3-VL's
+// MRoPE): c and s rounded to T, each product rounded to T, then the sum.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -19,6 +20,11 @@
 namespace surogate::cpu {
 
 namespace {
+
+template <typename T>
+float rnd(float v) {  // v rounded to T (nearest even), as a float
+  return load(store<T>(v));
+}
 
 template <typename T>
 void rotate(const T* x, const float* cos, const float* sin, T* y, const RopeTableArgs& r, float sign) {
@@ -37,8 +43,14 @@ void rotate(const T* x, const float* cos, const float* sin, T* y, const RopeTabl
         }
         for (int64_t i = 0; i < half; ++i) {
           const float sn = sign * s[i];
-          yr[i] = store<T>(a[i] * c[i] + (-b[i]) * sn);
-          yr[i + half] = store<T>(b[i] * c[i] + a[i] * sn);
+          if (r.round_products) {
+            const float ct = rnd<T>(c[i]), st = rnd<T>(sn);
+            yr[i] = store<T>(rnd<T>(a[i] * ct) + rnd<T>((-b[i]) * st));
+            yr[i + half] = store<T>(rnd<T>(b[i] * ct) + rnd<T>(a[i] * st));
+          } else {
+            yr[i] = store<T>(a[i] * c[i] + (-b[i]) * sn);
+            yr[i + half] = store<T>(b[i] * c[i] + a[i] * sn);
+          }
         }
         if (R < D && xr != yr) std::memcpy(yr + R, xr + R, (D - R) * sizeof(T));
       }

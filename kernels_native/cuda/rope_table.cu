@@ -25,8 +25,14 @@ __global__ void rope_table_kernel(const T* x, const float* cos, const float* sin
     T* yr = y + nh * r.D;
     const float a = ld(xr[i]), b = ld(xr[i + half]);
     const float c = cos[n * half + i], s = sign * sin[n * half + i];
-    yr[i] = st<T>(a * c + (-b) * s);
-    yr[i + half] = st<T>(b * c + a * s);
+    if (r.round_products) {  // HF's text rope in T: cos / sin, each product and the sum rounded to T
+      const float ct = ld(st<T>(c)), s_t = ld(st<T>(s));
+      yr[i] = st<T>(ld(st<T>(a * ct)) + ld(st<T>((-b) * s_t)));
+      yr[i + half] = st<T>(ld(st<T>(b * ct)) + ld(st<T>(a * s_t)));
+    } else {
+      yr[i] = st<T>(a * c + (-b) * s);
+      yr[i + half] = st<T>(b * c + a * s);
+    }
     if (xr != yr) {
       for (int64_t j = R + i; j < r.D; j += half) yr[j] = xr[j];
     }

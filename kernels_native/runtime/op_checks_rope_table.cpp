@@ -21,6 +21,7 @@ Status check_rope_table(const char* op, const OpArgs& a, RopeTableArgs* r) {
   r->H = x.shape[1];
   r->D = x.shape[2];
   r->half = cos.shape[1];
+  r->round_products = a.attr().get_int("round_products", 0) != 0;
   SG_CHECK_SHAPE(cos.shape[0] == r->N,
                  str_cat(op, ": cos ", cos.shape_str(), " has ", cos.shape[0], " rows for the ", r->N, " tokens of x ",
                          x.shape_str()));

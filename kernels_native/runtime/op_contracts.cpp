@@ -93,8 +93,8 @@ constexpr OpContract kContracts[] = {
      "(dy[B*(H/k)*(W/k), C]) -> (dx[B*H*W, C] = dy of its block / k^2); attrs: height, width, kernel"},
     {"rope_table_fwd", 3, 3, 1, -1,
      "(x[N,H,D], cos[N,half] f32, sin[N,half] f32) -> (y[N,H,D]): rotate_half rope of dims [0, 2 half) by the "
-     "given per-token angles, dims beyond passed through"},
-    {"rope_table_bwd", 3, 3, 1, -1, "(dy[N,H,D], cos, sin) -> (dx), rotation by -angle"},
+     "given per-token angles, dims beyond passed through; attrs: round_products (HF's text rope rounding)"},
+    {"rope_table_bwd", 3, 3, 1, -1, "(dy[N,H,D], cos, sin) -> (dx), rotation by -angle; attrs: round_products"},
     {"embedding_bag_fwd", 3, 3, 1, -1,
      "(ids[N,K] i32, weights[N,K] f32, table[V,C]) -> (y[N,C] = sum_k weights[n,k] table[ids[n,k]]); forward only"},
     {"gguf_dequantize", 1, 1, 1, -1,

@@ -177,7 +177,7 @@ def _rope_table(c: RuleContext, n: Node, gy: list) -> list:
     x, cos, sin = n.inputs
     if c.grad_spec(x) is None:
         return [None, None, None]
-    (dx,) = c.g.node("rope_table_bwd", [gy[0], cos, sin], [c.grad_spec(x)])
+    (dx,) = c.g.node("rope_table_bwd", [gy[0], cos, sin], [c.grad_spec(x)], **n.attrs)
     return [dx, None, None]
 
 
@@ -207,7 +207,18 @@ def _serving_only(c: RuleContext, n: Node, gy: list) -> list:
 RULES["qkv_rope_cache"] = _serving_only
 RULES["paged_attention"] = _serving_only
 RULES["short_conv_cache"] = _serving_only
-RULES["embed_rows"] = _serving_only
+
+
+@rule("embed_rows")
+def _embed_rows(c: RuleContext, n: Node, gy: list) -> list:
+    # y = x with rows replaced: dx = dy with those rows zero (the rows are inputs, no gradient).
+    x, index, rows = n.inputs
+    spec = c.grad_spec(x)
+    if spec is None or gy[0] is None:
+        return [None, None, None]
+    (zero,) = c.g.node("fill", [], [(rows.name + ".zero", rows.shape, rows.dtype)], value=0.0)
+    (dx,) = c.g.node("embed_rows", [gy[0], index, zero], [spec])
+    return [dx, None, None]
 
 
 def _serving_fusion(c: RuleContext, n: Node, gy: list) -> list:

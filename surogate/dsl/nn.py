@@ -23,6 +23,9 @@ from surogate.errors import UnsupportedError
 N = Dim("N")  # tokens in one packed step
 LORA_RNG = "lora_rng"  # int32 [2]: the LoRA dropout seed (low, high words), written every step
 KV_LIMIT = "kv_limit"  # int32 [N]: the last key (within its sequence) each token may see, where a graph has it
+# float32 [N, head_dim / 2]: each token's rope cos / sin, where a graph has them (Qwen3-VL's MRoPE,
+# dsl/nn_qwen3_vl.py): rope_table in place of the 1-D rope.
+MROPE_COS, MROPE_SIN = "mrope_cos", "mrope_sin"
 
 
 @dataclass
@@ -318,7 +321,14 @@ class Attention:
                                     scale=s.attn_scale, window=s.window(self.layer), softcap=s.attn_softcap,
                                     sinks=sinks, kv_limit=kv.kv_limit, name="attn")
         else:
-            if s.qk_norm:
+            if MROPE_COS in g.values:  # per-token cos / sin tables (Qwen3-VL with images)
+                if s.qk_norm:
+                    q = _head_norm(q, qn, s, "q_norm")
+                    k = _head_norm(k, kn, s, "k_norm")
+                cos, sin = g.values[MROPE_COS], g.values[MROPE_SIN]
+                q = ops.rope_table(q, cos, sin, name="q_rope", round_products=True)  # HF's text rope rounding
+                k = ops.rope_table(k, cos, sin, name="k_rope", round_products=True)
+            elif s.qk_norm:
                 q = ops.qk_norm_rope(q, qn, pos, s.rms_norm_eps, rope, name="q_rope", weight_offset=s.norm_offset)
                 k = ops.qk_norm_rope(k, kn, pos, s.rms_norm_eps, rope, name="k_rope", weight_offset=s.norm_offset)
             else:
@@ -331,6 +341,14 @@ class Attention:
                               name="attn", **limit)
         o = ops.view(o, (n, Hq * D))
         return self.o(g, o, dtype, lora)
+
+
+def _head_norm(x: Value, w: Value, s: ModelSpec, name: str) -> Value:
+    """Per-head RMSNorm of [N, H, D] (qk-norm without the rope)."""
+    n, H, D = x.shape
+    y = ops.rmsnorm(ops.view(x, (n * H, D), name=f"{name}.rows"), w, s.rms_norm_eps, name=name,
+                    weight_offset=s.norm_offset)
+    return ops.view(y, (n, H, D), name=f"{name}.heads")
 
 
 class MLP:
@@ -562,6 +580,7 @@ class CausalLM:
         for i, block in enumerate(self.blocks):
             with g.scope(f"layers.{i}"):
                 x, residual = block(g, x, residual, pos, cu, dtype, lora, kv)
+            x = self.after_block(g, i, x)
         fn = g.param("norm.weight", (s.hidden_size,), dtype, trainable=lora is None)
         if mode == "serve":  # only the rows that need logits go through the final norm and head
             rows = g.input("logits_rows", (Dim("R"),), "int32")
@@ -596,6 +615,10 @@ class CausalLM:
             if mode == "serve":
                 g.mark_output("argmax", ops.argmax(logits))
         return g
+
+    def after_block(self, g: Graph, layer: int, x: Value) -> Value:
+        """The block's output delta as the next block reads it (Qwen3-VL adds DeepStack rows)."""
+        return x
 
     def embed(self, g: Graph, ids: Value, table: Value, dtype: str, lora: LoRAConfig | None) -> Value:
         """The rows the first block reads: the token embeddings (Gemma: scaled)."""

@@ -39,9 +39,10 @@ def embedding(ids: Value, table: Value, name: str = "embed") -> Value:
 
 
 def embed_rows(x: Value, index: Value, rows: Value, name: str = "embed_rows") -> Value:
-    """Serving: x [N, C] with row index[e] replaced by rows[e] (float32 [E, C], rounded to x's
-    dtype; index -1 skips): per-request embedding rows (image features) in place of the prompt
-    tokens' embeddings. Forward only."""
+    """x [N, C] with row index[e] replaced by rows[e] (float32 [E, C], rounded to x's dtype;
+    index -1 skips): image features (or a request's embedding rows in serving) in place of the
+    prompt tokens' embeddings. The rows are inputs: x's gradient is dy with the replaced rows
+    zeroed, and the rows get none."""
     N, C = x.shape
     _check(rows.shape[1:] == (C,) and index.shape == rows.shape[:1],
            f"embed_rows {name}: rows {rows.shape} and index {index.shape} do not fit x {x.shape}")
@@ -230,15 +231,18 @@ def qk_norm_rope(x: Value, w: Value, pos: Value, eps: float, rope_attrs: dict, n
     return y
 
 
-def rope_table(x: Value, cos: Value, sin: Value, name: str = "rope") -> Value:
+def rope_table(x: Value, cos: Value, sin: Value, name: str = "rope", round_products: bool = False) -> Value:
     """RoPE by given per-token angles: cos / sin f32 [N, half] (graph inputs made on the host), dims i
     and i + half of each head rotated (HF's rotate_half), dims from 2 half on passed through; f32 math,
-    one rounding (Qwen3-VL's vision rotary, apply_rotary_pos_emb_vision)."""
+    one rounding (Qwen3-VL's vision rotary, apply_rotary_pos_emb_vision). ``round_products``: cos /
+    sin, each product and the sum rounded to x's dtype instead (HF's text rope, apply_rotary_pos_emb
+    in bf16: Qwen3-VL's MRoPE)."""
     N, H, D = x.shape
     _check(cos.shape == sin.shape and cos.shape[0] == N and 0 < 2 * cos.shape[1] <= D,
            f"rope_table {name}: cos {cos.shape} / sin {sin.shape} do not fit x {x.shape}")
     _check(cos.dtype == "float32" and sin.dtype == "float32", f"rope_table {name}: cos / sin must be float32")
-    (y,) = _g(x).node("rope_table_fwd", [x, cos, sin], [(name, x.shape, x.dtype)])
+    (y,) = _g(x).node("rope_table_fwd", [x, cos, sin], [(name, x.shape, x.dtype)],
+                      **({"round_products": 1} if round_products else {}))
     return y
 
 

@@ -1,8 +1,11 @@
-"""Qwen3-VL (transformers' Qwen3VLForConditionalGeneration): the vision tower, Qwen3VLVisionModel,
-as a forward-only DSL graph. The language model (Qwen3 with interleaved MRoPE and the DeepStack
-rows added to its first layers' hidden states) is not here yet; `encode`'s outputs are what it
-will read: the merged rows replace the image / video pad tokens' embeddings, and DeepStack
-feature j is added to the hidden state after decoder layer j at the same positions.
+"""Qwen3-VL (transformers' Qwen3VLForConditionalGeneration, the dense family qwen3_vl): the vision
+tower, Qwen3VLVisionModel, as a forward-only DSL graph, and the language model (Qwen3's decoder,
+dsl/nn_qwen3_vl.py Qwen3VLLM) reading its outputs: the merged rows replace the image / video pad
+tokens' embeddings, DeepStack feature j is added to the hidden state after decoder layer j at the
+same positions, and the attention rotates by interleaved MRoPE (3-D positions from the ids and
+the grids, `rope_index` / `mrope_tables`, made on the host). Model.forward / loss take
+``images=(pixel_values, image_grid_thw)`` and ``videos=(pixel_values_videos, video_grid_thw)``
+(`visual_inputs`); a prompt without them is Qwen3's graph (all three axes the text position).
 
 Shape letters: N patches of all images / videos in one call (the processor's pixel rows), M = N /
 merge^2 merged tokens, C vision width, H heads, D head dim, F MLP width, O out_hidden_size (the LLM's).
@@ -27,13 +30,14 @@ The tower, per transformers 5 (modeling_qwen3_vl.py, vision_utils.py):
 
 The tower is frozen: its graph is forward only.
 
-One file past 400 lines because the family is one file (house rule): spec, host tables, graph,
-name table and runner of the tower; the language model will bring its own graph module
-(dsl/, as Gemma 3's nn_vision.py) when it comes.
+One file past 400 lines because the family is one file (house rule): the tower's spec, host
+tables, graph, name table and runner, the text config, the MRoPE positions and the family; the
+language model's graph is its own module (dsl/nn_qwen3_vl.py, as Gemma 3's nn_vision.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +46,8 @@ import numpy as np
 from surogate.dsl import ops
 from surogate.dsl.graph import Graph, Value
 from surogate.errors import ConfigError, FileFormatError, InvalidArgumentError, UnsupportedError
+from surogate.models import decoder
+from surogate.models.family import ChatDefaults, Family, GGUFArchitecture, TinyModel
 from surogate.models.name_table import Direct, NameTable, Rows
 
 PREFIX = "visual"  # our parameter names: visual.blocks.{i}.attn.q.weight, ...
@@ -434,3 +440,280 @@ class Qwen3VLVision:
         if hidden:
             return embeds, deep, np.array(exe.read(out["vision_hidden"].name), dtype=np.float32)
         return embeds, deep
+
+
+# ---- the language model: Qwen3VLForConditionalGeneration -----------------------------------
+# Qwen3VLTextConfig's defaults (the hub's text_config lists most of them) and Qwen3VLConfig's own.
+TEXT_DEFAULTS = {"vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016, "num_hidden_layers": 32,
+                 "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 128, "hidden_act": "silu",
+                 "max_position_embeddings": 128000, "rms_norm_eps": 1e-6, "attention_bias": False}
+TEXT_THETA = 500000.0  # Qwen3VLTextConfig.default_theta
+MROPE_SECTION = [24, 20, 20]  # Qwen3VLTextRotaryEmbedding's default
+MM_DEFAULTS = {"image_token_id": 151655, "video_token_id": 151656, "vision_start_token_id": 151652,
+               "vision_end_token_id": 151653}
+
+
+@dataclass(frozen=True)
+class Qwen3VLSpec:
+    """ModelSpec.vision of a Qwen3-VL model: the tower, the placeholder token ids and the MRoPE
+    (rope_theta, mrope_section: the (t, h, w) frequency counts, interleaved as transformers'
+    Qwen3VLTextRotaryEmbedding.recomposition_frequencies)."""
+
+    tower: VisionSpec
+    image_token_id: int
+    video_token_id: int
+    vision_start_token_id: int
+    rope_theta: float
+    mrope_section: tuple[int, int, int]
+
+    @property
+    def image_token_index(self) -> int:  # the name surogate/model.py reads (Gemma 3's)
+        return self.image_token_id
+
+
+def _text_rope(text: dict) -> tuple[float, tuple[int, ...]]:
+    """(rope_theta, mrope_section) from v5's rope_parameters or v4's rope_theta + rope_scaling."""
+    rp = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
+    rope_type = rp.get("rope_type") or rp.get("type") or "default"
+    if rope_type not in ("default", "mrope"):
+        raise UnsupportedError(f"config.json: text_config rope type {rope_type!r} is not supported for Qwen3-VL",
+                               hint="Qwen3-VL's checkpoints use the default MRoPE (rope_type default)")
+    theta = float(rp.get("rope_theta", text.get("rope_theta", TEXT_THETA)))
+    return theta, tuple(int(s) for s in rp.get("mrope_section", MROPE_SECTION))
+
+
+def spec_from_config(cfg: dict):
+    """A Qwen3VLForConditionalGeneration config: its text_config (Qwen3's dense decoder, with
+    Qwen3VLTextConfig's defaults; tie_word_embeddings the outer config's) and ModelSpec.vision."""
+    text = {**TEXT_DEFAULTS, **(cfg.get("text_config") or {})}
+    if text.get("model_type", "qwen3_vl_text") != "qwen3_vl_text":
+        raise UnsupportedError(f"config.json: text_config.model_type {text['model_type']!r} is not qwen3_vl_text",
+                               hint="this is Qwen3-VL's dense language model (Qwen3-VL-MoE's is not supported)")
+    theta, section = _text_rope(text)
+    # transformers 5 ties by the outer key alone (Qwen3VLConfig's default False; text_config's is not read).
+    tie = cfg.get("tie_word_embeddings", False)
+    base = {**text, "tie_word_embeddings": bool(tie), "rope_parameters": {"rope_type": "default", "rope_theta": theta},
+            "rope_scaling": None}
+    spec = decoder.spec_from_config(base, "qwen3_vl", qk_norm=True)
+    tower = vision_spec_from_config(cfg)
+    problems = [
+        (len(section) != 3 or sum(section) != spec.head_dim // 2,
+         f"text_config mrope_section {list(section)} must be three counts summing to head_dim / 2 "
+         f"({spec.head_dim // 2})"),
+        (tower.out_hidden_size != spec.hidden_size,
+         f"vision_config.out_hidden_size {tower.out_hidden_size} is not text_config.hidden_size {spec.hidden_size}"),
+    ]
+    for bad, msg in problems:
+        if bad:
+            raise ConfigError(f"config.json: {msg}", hint="check config.json")
+    mm = {k: int(cfg.get(k, d)) for k, d in MM_DEFAULTS.items()}
+    vision = Qwen3VLSpec(tower=tower, image_token_id=mm["image_token_id"], video_token_id=mm["video_token_id"],
+                         vision_start_token_id=mm["vision_start_token_id"], rope_theta=theta,
+                         mrope_section=tuple(section))
+    return dataclasses.replace(spec, vision=vision)
+
+
+# ---- MRoPE positions and tables -------------------------------------------------------------
+def rope_index(ids: np.ndarray, cu: np.ndarray, image_grid_thw, video_grid_thw, vs: Qwen3VLSpec) -> np.ndarray:
+    """[3, N] (temporal, height, width) positions of packed ids, each document from 0, as
+    transformers' Qwen3VLModel.get_rope_index with mm_token_type_ids from the ids (image tokens 1,
+    video tokens 2): a text run counts on from the current position on all three axes; a run of
+    visual tokens takes the next grid (a video one grid per frame: its timestamps are text tokens
+    between the frames) and gets (start, start + row, start + column) over the merged grid, then
+    the position moves on by max(h, w) / merge. Grids are taken in order across documents."""
+    m = vs.tower.spatial_merge_size
+    grids = {1: [tuple(int(x) for x in r) for r in np.asarray(image_grid_thw if image_grid_thw is not None else
+                                                             np.zeros((0, 3)), np.int64).reshape(-1, 3)],
+             2: [(1, int(h), int(w)) for t, h, w in np.asarray(video_grid_thw if video_grid_thw is not None else
+                                                               np.zeros((0, 3)), np.int64).reshape(-1, 3)
+                 for _ in range(int(t))]}
+    used = {1: 0, 2: 0}
+    kind = np.where(ids == vs.image_token_id, 1, np.where(ids == vs.video_token_id, 2, 0))
+    out = np.zeros((3, len(ids)), np.int64)
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        k = kind[a:b]
+        edges = np.flatnonzero(np.diff(k)) + 1
+        cur = 0
+        for s, e in zip([0, *edges.tolist()], [*edges.tolist(), b - a]):
+            t = int(k[s])
+            if t == 0:
+                out[:, a + s:a + e] = cur + np.arange(e - s)
+                cur += e - s
+                continue
+            what = "image" if t == 1 else "video frame"
+            if used[t] >= len(grids[t]):
+                raise InvalidArgumentError(f"the prompt has more {what} token runs than {what} grids "
+                                           f"({len(grids[t])})", hint="one vision_start ... vision_end run of pad "
+                                           "tokens per image, per video frame")
+            _, h, w = grids[t][used[t]]
+            used[t] += 1
+            gh, gw = h // m, w // m
+            if e - s != gh * gw:
+                raise InvalidArgumentError(f"a run of {e - s} {what} tokens at token {a + s} does not fit its "
+                                           f"grid {h} x {w} ({gh * gw} merged tokens)",
+                                           hint="put (h / merge) * (w / merge) pad tokens per image / frame")
+            r, c = np.meshgrid(np.arange(gh), np.arange(gw), indexing="ij")
+            out[0, a + s:a + e] = cur
+            out[1, a + s:a + e] = cur + r.ravel()
+            out[2, a + s:a + e] = cur + c.ravel()
+            cur += max(h, w) // m
+    for t, what in ((1, "image"), (2, "video frame")):
+        if used[t] != len(grids[t]):
+            raise InvalidArgumentError(f"{len(grids[t])} {what} grids but {used[t]} runs of their tokens",
+                                       hint="one run of pad tokens per image, per video frame")
+    return out
+
+
+def mrope_tables(pos3: np.ndarray, head_dim: int, vs: Qwen3VLSpec) -> tuple[np.ndarray, np.ndarray]:
+    """cos / sin f32 [N, head_dim / 2] of [3, N] positions: frequency i from the temporal axis,
+    but from height where i % 3 == 1 and i < 3 section[1], from width where i % 3 == 2 and
+    i < 3 section[2] (HF's interleaved MRoPE), all in f32 as transformers."""
+    inv = (np.float32(1.0) / (np.float32(vs.rope_theta) ** (np.arange(0, head_dim, 2, dtype=np.float32)
+                                                            / np.float32(head_dim)))).astype(np.float32)
+    freqs = pos3.astype(np.float32)[:, :, None] * inv[None, None, :]  # [3, N, D/2]
+    f = freqs[0].copy()
+    for axis, offset in ((1, 1), (2, 2)):
+        idx = slice(offset, vs.mrope_section[axis] * 3, 3)
+        f[:, idx] = freqs[axis][:, idx]
+    return np.ascontiguousarray(np.cos(f).astype(np.float32)), np.ascontiguousarray(np.sin(f).astype(np.float32))
+
+
+def _visual(pixels, grid, what: str, v: VisionSpec):
+    if pixels is None:
+        return np.zeros((0, v.patch_features), np.float32), np.zeros((0, 3), np.int64)
+    g = np.asarray(grid, np.int64).reshape(-1, 3)
+    px = np.asarray(pixels, np.float32)
+    if not len(g):
+        raise InvalidArgumentError(f"{what}: no grid_thw rows", hint=f"pass None for no {what}")
+    if px.ndim != 2 or px.shape != (int(g.prod(axis=1).sum()), v.patch_features):
+        raise InvalidArgumentError(f"{what}: pixel rows {px.shape} do not fit the grids {g.tolist()} "
+                                   f"([{int(g.prod(axis=1).sum())}, {v.patch_features}])",
+                                   hint="pass the image / video processor's pixel_values with its grid_thw")
+    return px, g
+
+
+def encode_visual(model, pixels: np.ndarray, grid: np.ndarray, hidden: bool = False):
+    """The tower over the pixel rows of grids ``grid`` through the Model's executables (its weights):
+    (merged rows [M, C], [DeepStack rows [M, C] per index]) f32, with ``hidden`` also the last
+    hidden state."""
+    v = model.spec.vision.tower
+    tables = grid_tables(grid, v)
+    n, frames = len(tables["pos_ids"]), len(tables["vision_cu_seqlens"]) - 1
+    exe = model.executable("vision", n, frames, images=(n, frames))
+    exe.bind("pixel_values", np.ascontiguousarray(pixels.astype(model.params[f"{PREFIX}.pos_embed.weight"].dtype)))
+    for name, arr in tables.items():
+        exe.bind(name, arr)
+    exe.run()
+    out = exe.graph.outputs
+    embeds = np.array(exe.read(out["image_embeds"].name), dtype=np.float32)
+    deep = [np.array(exe.read(out[f"deepstack.{j}"].name), dtype=np.float32)
+            for j in range(len(v.deepstack_visual_indexes))]
+    if hidden:
+        return embeds, deep, np.array(exe.read(out["vision_hidden"].name), dtype=np.float32)
+    return embeds, deep
+
+
+def visual_inputs(model, ids: np.ndarray, cu: np.ndarray, images, videos) -> tuple[int, dict[str, np.ndarray]]:
+    """(M, the inputs of a Qwen3VLLM graph with M visual rows) for packed ids and ``images`` /
+    ``videos`` = (pixel rows, grid_thw) or None: the tower run once over both (each frame attends
+    within itself, so that equals HF's two calls), the merged rows at the image then the video pad
+    tokens, the DeepStack rows, the MRoPE tables. Neither: (0, {}), a text prompt (Qwen3's graph)."""
+    from surogate.dsl.nn import MROPE_COS, MROPE_SIN
+    from surogate.dsl.nn_qwen3_vl import DEEPSTACK, VISUAL_INDEX, VISUAL_ROWS, VISUAL_SLOTS
+
+    vs = model.spec.vision
+    v = vs.tower
+    if images is None and videos is None:
+        if np.isin(ids, [vs.image_token_id, vs.video_token_id]).any():
+            raise InvalidArgumentError(f"the prompt has image or video tokens (ids {vs.image_token_id}, "
+                                       f"{vs.video_token_id}) but no pixels were given",
+                                       hint="pass images=(pixel_values, image_grid_thw) / videos=")
+        return 0, {}
+    (ipx, igrid), (vpx, vgrid) = _visual(*(images or (None, None)), "images", v), \
+        _visual(*(videos or (None, None)), "videos", v)
+    img_pos = np.flatnonzero(ids == vs.image_token_id)
+    vid_pos = np.flatnonzero(ids == vs.video_token_id)
+    n_img, n_vid = int(igrid.prod(axis=1).sum()) // v.merge_unit, int(vgrid.prod(axis=1).sum()) // v.merge_unit
+    for what, have, want, tok in (("image", len(img_pos), n_img, vs.image_token_id),
+                                  ("video", len(vid_pos), n_vid, vs.video_token_id)):
+        if have != want:
+            raise InvalidArgumentError(f"the prompt has {have} {what} tokens (id {tok}) but the {what}s give {want} "
+                                       "merged rows", hint=f"put (t h w / merge^2) {what} tokens per {what}")
+    pos3 = rope_index(ids, cu, igrid if len(igrid) else None, vgrid if len(vgrid) else None, vs)
+    cos, sin = mrope_tables(pos3, model.spec.head_dim, vs)
+    rows, deep = encode_visual(model, np.concatenate([ipx, vpx]), np.concatenate([igrid, vgrid]))
+    index = np.concatenate([img_pos, vid_pos]).astype(np.int32)
+    M, C = rows.shape
+    slots = np.full(len(ids), M, np.int32)
+    slots[index] = np.arange(M, dtype=np.int32)
+    dt = model.params["embed_tokens.weight"].dtype
+    feed = {MROPE_COS: cos, MROPE_SIN: sin, VISUAL_INDEX: index, VISUAL_ROWS: np.ascontiguousarray(rows),
+            VISUAL_SLOTS: slots}
+    for j, d in enumerate(deep):
+        feed[f"{DEEPSTACK}.{j}"] = np.ascontiguousarray(np.concatenate([d, np.zeros((1, C), np.float32)]).astype(dt))
+    return M, feed
+
+
+def architecture(spec):
+    from surogate.dsl.nn_qwen3_vl import Qwen3VLLM
+
+    return Qwen3VLLM(spec, Qwen3VLVisionTower(spec.vision.tower))
+
+
+def _language_model(hf: str) -> str:
+    return f"model.language_model.{hf[len('model.'):]}" if hf.startswith("model.") else hf
+
+
+def hf_name_table() -> NameTable:
+    """The language model's parameters (Qwen3's table, under model.language_model.*: transformers 5's
+    and the hub's names, so that load and `Model.to_hf` use them) and the tower's."""
+    text = {}
+    for ours, r in decoder.hf_name_table(qk_norm=True).entries.items():
+        hf = tuple(_language_model(h) for h in r.hf) if isinstance(r.hf, tuple) else _language_model(r.hf)
+        text[ours] = dataclasses.replace(r, hf=hf)
+    return NameTable({**text, **vision_name_table().entries})
+
+
+def family_aliases(hf: str) -> tuple[str, ...]:
+    """The tower's tensors may be visual.* (transformers 4.5x); the rest as the table names them."""
+    return checkpoint_aliases(hf)
+
+
+def _no_gguf(*_):
+    raise UnsupportedError("Qwen3-VL in GGUF (llama.cpp's qwen3vl text model and mmproj file) is not supported",
+                           hint="load the Hugging Face folder")
+
+
+def _family() -> Family:
+    return Family(
+        name="qwen3_vl",
+        hf_architectures=("Qwen3VLForConditionalGeneration",),
+        model_types=("qwen3_vl",),
+        spec_from_config=spec_from_config,
+        architecture=architecture,
+        name_table=hf_name_table,
+        checkpoint_aliases=family_aliases,
+        gguf=GGUFArchitecture(name="qwen3vl", tensors=_no_gguf, config_from_gguf=_no_gguf, metadata=_no_gguf),
+        # Qwen's ChatML templates: Hermes tool calls; the Thinking checkpoints write <think>.
+        chat=ChatDefaults(reasoning_parser="qwen3", tool_parser="hermes", model_types=("qwen3_vl",)),
+        bench_shapes={},
+        # tests/sgtest/tiny_models.py make_qwen3_vl's checkpoint (weights only: its tests feed token
+        # ids 0..95, the placeholders 90..93): text 2 layers, hidden 64, heads 4 / 2 of 16,
+        # mrope_section [2, 3, 3]; the tower of the tower tests (out 64).
+        tiny=TinyModel(tokenizer="chatml", config=TINY, bos_token=None, eos_token="<|im_end|>"),
+    )
+
+
+TINY = {
+    "vision_config": {"depth": 3, "hidden_size": 32, "intermediate_size": 48, "num_heads": 2, "in_channels": 3,
+                      "patch_size": 8, "temporal_patch_size": 2, "spatial_merge_size": 2, "out_hidden_size": 64,
+                      "num_position_embeddings": 16, "deepstack_visual_indexes": [0, 2],
+                      "hidden_act": "gelu_pytorch_tanh"},
+    "text_config": {"vocab_size": 96, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6,
+                    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
+                                        "mrope_interleaved": True}},
+    "image_token_id": 90, "video_token_id": 91, "vision_start_token_id": 92, "vision_end_token_id": 93,
+}
+
+FAMILY = _family()

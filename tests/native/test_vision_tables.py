@@ -61,6 +61,29 @@ def test_rope_table_matches_hf_rotation(dtype, rotary):
     close(dx, xg.grad.numpy(), dtype)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_rope_table_round_products_is_hf_text_rope_bit_for_bit(dtype):
+    """round_products: transformers' apply_rotary_pos_emb in bf16 / f16 (cos / sin cast to the
+    dtype, each product and the sum rounded), forward and autograd's backward, bit for bit."""
+    N, H, D = 9, 3, 16
+    tdt = getattr(torch, dtype)
+    x = rand((N, H, D), dtype, seed=11, scale=3.0)
+    ang = np.random.default_rng(12).uniform(-50, 50, (N, D // 2)).astype(np.float32)
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    (y,) = run_op("rope_table_fwd", [x, cos, sin], [((N, H, D), dtype)], round_products=1)
+    c = torch.tensor(np.concatenate([cos, cos], 1)).to(tdt)
+    s = torch.tensor(np.concatenate([sin, sin], 1)).to(tdt)
+    xt = torch.tensor(f32(x)).to(tdt).requires_grad_(True)
+    want = torch_rope_vision(xt, c, s)
+    np.testing.assert_array_equal(f32(y), want.detach().float().numpy())
+    dy = rand((N, H, D), dtype, seed=13)
+    want.backward(torch.tensor(f32(dy)).to(tdt))
+    (dx,) = run_op("rope_table_bwd", [dy, cos, sin], [((N, H, D), dtype)], round_products=1)
+    np.testing.assert_array_equal(f32(dx), xt.grad.float().numpy())
+    (plain,) = run_op("rope_table_fwd", [x, cos, sin], [((N, H, D), dtype)])
+    assert not np.array_equal(f32(plain), f32(y))  # the option changes the rounding
+
+
 def test_rope_table_in_place_and_errors():
     N, H, D = 4, 2, 8
     x = rand((N, H, D), seed=4)

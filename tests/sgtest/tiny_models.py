@@ -487,3 +487,53 @@ def make_gemma3_vision(path: str | Path, *, seed: int = 0, text: dict | None = N
         "image_seq_length": config.mm_tokens_per_image, "resample": 2, "rescale_factor": 1 / 255,
         "size": {"height": size, "width": size}})
     return make_tokenizer(path, f.tiny.tokenizer)
+
+
+QWEN3_VL_IMAGE, QWEN3_VL_VIDEO, QWEN3_VL_START, QWEN3_VL_END = 90, 91, 92, 93  # the qwen3_vl TINY's ids
+
+
+def make_qwen3_vl(path: str | Path, *, tie: bool = False, seed: int = 0) -> Path:
+    """A tiny Qwen3VLForConditionalGeneration (surogate/models/qwen3_vl.py TINY: text 2 layers,
+    hidden 64, heads 4 / 2 of 16, mrope_section [2, 3, 3]; a 3-block tower of width 32, 8-pixel
+    patches, DeepStack after blocks 0 and 2), weights only (tests feed token ids). Every weight is
+    random (HF's init leaves biases 0 and norms 1): norms 1 + N(0, 0.2²), the rest N(0, 0.15²)."""
+    import torch
+    import transformers
+    from transformers.utils import logging
+
+    from surogate.models.qwen3_vl import TINY
+
+    logging.disable_progress_bar()
+    torch.manual_seed(seed)
+    model = transformers.Qwen3VLForConditionalGeneration(
+        transformers.Qwen3VLConfig(**TINY, tie_word_embeddings=tie)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name and name.endswith("weight"):
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+            else:
+                p.copy_(0.15 * torch.randn_like(p))
+    model.save_pretrained(path)
+    return Path(path)
+
+
+def qwen3_vl_prompts(seed: int = 1):
+    """Prompts for make_qwen3_vl: (ids with two images of grids 4 x 6 and 6 x 4, (pixel rows,
+    image_grid_thw)) and (ids with a 3-frame 4 x 4 video, a timestamp's two text tokens before each
+    frame, (pixel rows, video_grid_thw)); random pixel rows."""
+    import numpy as np
+
+    def span(h, w, token):
+        return [QWEN3_VL_START] + [token] * (h * w // 4) + [QWEN3_VL_END]
+
+    def rows(grids, s):
+        n = sum(int(np.prod(g)) for g in grids)
+        return np.random.default_rng(s).standard_normal((n, 3 * 2 * 8 * 8)).astype(np.float32)
+
+    grids = [[1, 4, 6], [1, 6, 4]]
+    img = [5, 6, 7] + span(4, 6, QWEN3_VL_IMAGE) + [8, 9] + span(6, 4, QWEN3_VL_IMAGE) + [10, 11, 12]
+    vid = [5, 6]
+    for f in range(3):
+        vid += [20 + f, 30] + span(4, 4, QWEN3_VL_VIDEO)
+    vid += [7, 8]
+    return (img, (rows(grids, seed), np.array(grids))), (vid, (rows([[3, 4, 4]], seed + 1), np.array([[3, 4, 4]])))
