@@ -140,14 +140,16 @@ class Model:
     # ---- compilation ------------------------------------------------------------------------
     def executable(self, mode: str, n_tokens: int, n_docs: int, lora: LoRAConfig | None = None,
                    grads: bool = False, recompute: bool = False, shared: bool = True,
-                   mlp_chunk: int = 0, temperature: float = 1.0) -> Executable:
+                   mlp_chunk: int = 0, temperature: float = 1.0, images: int = 0) -> Executable:
         """The compiled Program for this shape, bound to the model's weights; one per shape and
         setup (cached) unless ``shared`` is False: then a new one the caller may bind other
         weights to (DPO's frozen reference copy). ``temperature``: a train-mode loss over
-        logits / temperature (GRPO)."""
+        logits / temperature (GRPO). ``images`` (a model with ModelSpec.vision): the graph reads
+        that many images' rows (mode "vision": the tower and projector over that many images)."""
         key = (mode, n_tokens, n_docs,
                None if lora is None else lora.key(), grads,
-               recompute) + ((mlp_chunk,) if mlp_chunk else ()) + ((temperature,) if temperature != 1.0 else ())
+               recompute) + ((mlp_chunk,) if mlp_chunk else ()) + ((temperature,) if temperature != 1.0 else ()) \
+            + (("images", images) if images else ())
         exe = self._cache.get(key) if shared else None
         if exe is None and grads and lora is None and self.quant:
             name = next(iter(self.quant))
@@ -156,8 +158,12 @@ class Model:
                                    "weights dequantized (the default) for a full fine-tune")
         if exe is None:
             g = self.arch.build(mode=mode, dtype=self.dtype, lora=lora, quant=self.quant,
-                                **({"temperature": temperature} if temperature != 1.0 else {}))
-            keep = [g.outputs[{"train": "loss", "hidden": "hidden"}.get(mode, "logits")]]
+                                **({"temperature": temperature} if temperature != 1.0 else {}),
+                                **({"images": images} if images else {}))
+            if mode == "vision":
+                keep = [g.outputs["vision_hidden"], g.outputs["image_features"]]
+            else:
+                keep = [g.outputs[{"train": "loss", "hidden": "hidden"}.get(mode, "logits")]]
             # A MoE model's load-balancing loss and router z-loss, each seeded with its coefficient.
             extra = {seed: g.outputs[out] for out, (seed, _) in ROUTER_LOSSES.items() if out in g.outputs}
             keep += list(extra.values())
@@ -181,15 +187,65 @@ class Model:
             exe.bind(name, np.ascontiguousarray(arr.astype(_np_dtype(self.dtype))))
 
     # ---- inference --------------------------------------------------------------------------
-    def forward(self, token_ids) -> np.ndarray:
+    def forward(self, token_ids, images=None) -> np.ndarray:
         """Logits [T, V] (float32) for one sequence, or for several packed documents (each
-        attends only to itself), in order."""
+        attends only to itself), in order. ``images`` (a model with images: pixel values
+        [n, 3, S, S], the image processor's): the prompt's image tokens, in order, read the
+        images' rows (`encode_images`), and each image span attends both ways within itself."""
         ids, pos, cu = pack(token_ids)
         self._check_ids(ids)
-        exe = self.executable("logits", len(ids), len(cu) - 1)
-        self._feed(exe, ids, pos, cu)
+        exe = self._image_feed(ids, pos, cu, images, "logits")
         exe.run()
         return np.array(exe.read("logits"), dtype=np.float32)
+
+    def encode_images(self, pixel_values, *, hidden: bool = False) -> np.ndarray:
+        """The rows that replace the image tokens' embeddings: [n * mm_tokens_per_image, hidden]
+        float32 for pixel values [n, channels, S, S] (the projector's output, used as it is: no
+        embedding scale). ``hidden``: the tower's last hidden state [n * patches, vision hidden]
+        instead (HF's vision_tower(...).last_hidden_state)."""
+        from surogate.dsl.nn_vision import patchify
+
+        v = self._vision()
+        px = np.asarray(pixel_values, dtype=np.float32)
+        want = (v.num_channels, v.image_size, v.image_size)
+        if px.ndim != 4 or px.shape[1:] != want:
+            raise InvalidArgumentError(f"pixel_values has shape {px.shape}; this model takes [n, {want[0]}, "
+                                       f"{want[1]}, {want[2]}]", hint="resize images with the model's image processor")
+        n = px.shape[0]
+        exe = self.executable("vision", n * v.patches, n, images=n)
+        exe.bind("pixel_patches", np.ascontiguousarray(patchify(px, v).astype(_np_dtype(self.dtype))))
+        exe.bind("patch_positions", np.tile(np.arange(v.patches, dtype=np.int32), n))
+        exe.bind("image_cu_seqlens", (np.arange(n + 1) * v.patches).astype(np.int32))
+        exe.run()
+        out = exe.graph.outputs["vision_hidden" if hidden else "image_features"]
+        return np.array(exe.read(out.name), dtype=np.float32)
+
+    def _vision(self):
+        if self.spec.vision is None:
+            raise UnsupportedError(f"{self.spec.family}: this model takes no images",
+                                   hint="load a checkpoint with a vision tower (Gemma3ForConditionalGeneration)")
+        return self.spec.vision
+
+    def _image_feed(self, ids, pos, cu, images, mode: str, lora_params: dict | None = None, **kw) -> Executable:
+        """The executable of ``mode`` (``kw``: `executable`'s setup) fed with the packed tokens, and
+        with the images' rows when there are images."""
+        if images is None:
+            if self.spec.vision is not None and (ids == self.spec.vision.image_token_index).any():
+                raise InvalidArgumentError(f"the prompt has image tokens (id {self.spec.vision.image_token_index}) "
+                                           "but no images were given", hint="pass the images' pixel values: images=")
+            exe = self.executable(mode, len(ids), len(cu) - 1, **kw)
+            self._feed(exe, ids, pos, cu, lora_params)
+            return exe
+        from surogate.dsl.nn_vision import image_inputs
+
+        v = self._vision()
+        rows = self.encode_images(images)
+        feed = image_inputs(ids, pos, cu, rows, v, _np_dtype(self.dtype))
+        exe = self.executable(mode, len(ids), len(cu) - 1, images=len(rows) // v.mm_tokens_per_image, **kw)
+        self._feed(exe, feed.pop("input_ids"), pos, cu, lora_params)
+        for name, arr in feed.items():
+            exe.bind(name, arr)
+        return exe
 
     def hidden_states(self, token_ids, pad_to: int | None = None, pad_docs_to: int | None = None) -> np.ndarray:
         """The final hidden states [T, C] (float32, after the final norm: HF's last_hidden_state)
@@ -212,22 +268,23 @@ class Model:
         exe.run()
         return np.array(exe.read(exe.graph.outputs["hidden"].name), dtype=np.float32)[:T]
 
-    def loss(self, token_ids, labels=None) -> float:
+    def loss(self, token_ids, labels=None, images=None) -> float:
         """Mean next-token cross-entropy, HF semantics (labels default to the inputs; -100 is
-        ignored; the shift happens here)."""
-        value, _ = self._train_step(token_ids, labels, grads=False)
+        ignored; the shift happens here). ``images``: as in `forward`."""
+        value, _ = self._train_step(token_ids, labels, grads=False, images=images)
         return value
 
     def loss_and_grads(self, token_ids, labels=None, lora: LoRAConfig | None = None,
                        lora_params: dict[str, np.ndarray] | None = None,
-                       recompute: bool = False, mlp_chunk: int = 0) -> tuple[float, dict[str, np.ndarray]]:
+                       recompute: bool = False, mlp_chunk: int = 0, images=None) -> tuple[float, dict[str, np.ndarray]]:
         """Loss and the gradient of every trainable parameter (all weights for a full fine-tune,
-        the LoRA A/B matrices with `lora`), by our parameter names."""
+        the LoRA A/B matrices with `lora`), by our parameter names. ``images``: as in `forward`
+        (the tower and projector stay frozen: no gradient of theirs)."""
         return self._train_step(token_ids, labels, grads=True, lora=lora, lora_params=lora_params,
-                                recompute=recompute, mlp_chunk=mlp_chunk)
+                                recompute=recompute, mlp_chunk=mlp_chunk, images=images)
 
     def _train_step(self, token_ids, labels, grads: bool, lora=None, lora_params=None, recompute=False,
-                    mlp_chunk=0):
+                    mlp_chunk=0, images=None):
         ids, pos, cu = pack(token_ids)
         self._check_ids(ids)
         docs = np.split(ids, cu[1:-1])
@@ -242,9 +299,8 @@ class Model:
         targets = shift_labels(label_docs)
         valid = targets != -100
         n_valid = int(valid.sum())
-        exe = self.executable("train", len(ids), len(cu) - 1, lora=lora, grads=grads, recompute=recompute,
-                              mlp_chunk=mlp_chunk)
-        self._feed(exe, ids, pos, cu, lora_params)
+        exe = self._image_feed(ids, pos, cu, images, "train", lora_params, lora=lora, grads=grads,
+                               recompute=recompute, mlp_chunk=mlp_chunk)
         exe.bind("targets", targets)
         out = {}
         if grads:
@@ -268,6 +324,8 @@ class Model:
         return value, out
 
     def _check_ids(self, ids: np.ndarray) -> None:
+        if self.spec.vision is not None:  # the image token may lie past the vocabulary (HF reads it as 0)
+            ids = np.where(ids == self.spec.vision.image_token_index, 0, ids)
         if ids.min() < 0 or ids.max() >= self.spec.vocab_size:
             bad = int(ids[(ids < 0) | (ids >= self.spec.vocab_size)][0])
             raise InvalidArgumentError(f"token id {bad} is outside the vocabulary (size {self.spec.vocab_size})")
@@ -336,7 +394,10 @@ def load_model(path_or_id: str | Path, device: str = "cpu", dtype: str = "float3
         family = family_for(config, source=str(Path(folder.path) / "config.json"))
     spec = family.spec_from_config(config)
     g = family.architecture(spec).build(mode="logits", dtype=dtype)
-    names = [p.name for p in g.params()]
+    graph_params = list(g.params())
+    if spec.vision is not None:  # the vision tower and projector (their own graph)
+        graph_params += list(family.architecture(spec).build(mode="vision", dtype=dtype).params())
+    names = [p.name for p in graph_params]
     if quantized and not gguf:
         raise InvalidArgumentError(f"{path}: quantized=True keeps a GGUF file's blocks; this is not a GGUF file",
                                    hint="quantize it first: surogate quantize MODEL --type Q8_0 --output x.gguf, "
@@ -357,7 +418,7 @@ def load_model(path_or_id: str | Path, device: str = "cpu", dtype: str = "float3
     else:
         weights = folder.open_weights()  # block-FP8 checkpoints dequantized as they are read
         target = _np_dtype(dtype)
-        hf_name = _base_model_names(weights)
+        hf_name = _checkpoint_names(weights, family)
         params = family.name_table().load(
             names, lambda hf: np.ascontiguousarray(weights.get(hf_name(hf)).astype(target)),
             has=lambda hf: hf_name(hf) in weights)
@@ -373,7 +434,7 @@ def load_model(path_or_id: str | Path, device: str = "cpu", dtype: str = "float3
         quant = _quantize_projections(params, projections(family.architecture(spec), dtype), quantize,
                                       spec.num_layers)
         params.update({n: raw for n, (_, raw) in quant.items()})
-    for p in g.params():
+    for p in graph_params:
         if p.name not in quant and params[p.name].shape != p.shape:
             raise FileFormatError(
                 f"{source}: tensor for {p.name} has shape {params[p.name].shape}, but the model's config implies "
@@ -459,6 +520,18 @@ def _base_model_names(weights):
     if any(k.startswith("model.") for k in weights.keys()):
         return lambda hf: hf
     return lambda hf: hf[len("model."):] if hf.startswith("model.") else hf
+
+
+def _checkpoint_names(weights, family: Family):
+    """The checkpoint's name for a name-table tensor: the first of the family's aliases for it that
+    the checkpoint holds, else `_base_model_names`'."""
+    base = _base_model_names(weights)
+    if family.checkpoint_aliases is None:
+        return base
+
+    def name(hf: str) -> str:
+        return next((a for a in family.checkpoint_aliases(hf) if a in weights), None) or base(hf)
+    return name
 
 
 def _gguf_blocks(gguf, family: Family, config: dict, projections) -> dict[str, tuple[int, np.ndarray]]:

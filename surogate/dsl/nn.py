@@ -22,6 +22,7 @@ from surogate.errors import UnsupportedError
 
 N = Dim("N")  # tokens in one packed step
 LORA_RNG = "lora_rng"  # int32 [2]: the LoRA dropout seed (low, high words), written every step
+KV_LIMIT = "kv_limit"  # int32 [N]: the last key (within its sequence) each token may see, where a graph has it
 
 
 @dataclass
@@ -139,6 +140,8 @@ class ModelSpec:
     # document, or on a sliding layer the tokens less than its window away on either side; such a
     # model embeds (build mode "hidden") and has no serving build.
     causal: bool = True
+    # Images (Gemma 3's SigLIP tower and projector: dsl/nn_vision.py VisionSpec); None: text only.
+    vision: object | None = None
 
     def window(self, layer: int) -> int:
         return self.sliding_windows[layer] if self.sliding_windows else 0
@@ -321,9 +324,11 @@ class Attention:
             else:
                 q = ops.rope(q, pos, rope, name="q_rope")
                 k = ops.rope(k, pos, rope, name="k_rope")
+            # A graph input kv_limit (Gemma 3 with images: dsl/nn_vision.py) lets a token see later keys.
+            limit = {"kv_limit": g.values[KV_LIMIT]} if KV_LIMIT in g.values else {}
             o = ops.attention(q, k, v, cu, causal=s.causal, scale=s.attn_scale,
                               window=s.attention_window(self.layer), softcap=s.attn_softcap, sinks=sinks,
-                              name="attn")
+                              name="attn", **limit)
         o = ops.view(o, (n, Hq * D))
         return self.o(g, o, dtype, lora)
 

@@ -84,6 +84,9 @@ class Family:
     lora_targets: tuple[str, ...] = LoRAConfig.targets
     # HF config keys a bench shape needs beyond bench/shapes.py's common ones (a hybrid's layers).
     bench_hf_config: Callable[[ModelSpec], dict] | None = None
+    # The names a checkpoint may give a name-table tensor, first found wins (Gemma 3 with images:
+    # its language model under language_model.model.* or model.language_model.*); None: the table's.
+    checkpoint_aliases: Callable[[str], tuple[str, ...]] | None = None
 
     @property
     def hf_architecture(self) -> str:

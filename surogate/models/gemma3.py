@@ -28,12 +28,13 @@ from __future__ import annotations
 import dataclasses
 
 from surogate.dsl import nn
+from surogate.dsl.nn_vision import PROJECTOR_PREFIX, VISION_PREFIX, Gemma3VisionLM, VisionSpec
 from surogate.errors import ConfigError, UnsupportedError
 from surogate.io import gguf_config
 from surogate.models import decoder
 from surogate.models.family import ChatDefaults, Family, GGUFArchitecture, TinyModel
 from surogate.models.gguf_names import GGUFName, GGUFNameTable
-from surogate.models.name_table import Direct, NameTable
+from surogate.models.name_table import Direct, NameTable, Transposed
 
 NORM_OFFSET = 1.0  # Gemma3RMSNorm: x * rstd * (1 + w)
 PATTERN = 6  # transformers' default sliding_window_pattern, and llama.cpp's fixed one
@@ -70,7 +71,88 @@ def _ropes(cfg: dict) -> tuple[dict, dict]:
     return glob, {"theta": float(cfg.get("rope_local_base_freq", LOCAL_THETA)), "rope_type": "default"}
 
 
+# Gemma3TextConfig's defaults: a Gemma3ForConditionalGeneration config.json (google/gemma-3-4b-it)
+# lists only some text_config keys and leaves the rest to these.
+TEXT_DEFAULTS = {"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+                 "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "rms_norm_eps": 1e-6,
+                 "query_pre_attn_scalar": 256, "sliding_window": 4096, "max_position_embeddings": 131072,
+                 "bos_token_id": 2, "eos_token_id": 1}
+# SiglipVisionConfig's defaults (vision_use_head: its pooling head, which Gemma 3 never reads).
+VISION_DEFAULTS = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
+                   "num_channels": 3, "image_size": 224, "patch_size": 16, "hidden_act": "gelu_pytorch_tanh",
+                   "layer_norm_eps": 1e-6, "vision_use_head": True}
+# Gemma3Config's own defaults.
+MM_DEFAULTS = {"mm_tokens_per_image": 256, "boi_token_index": 255_999, "eoi_token_index": 256_000,
+               "image_token_index": 262_144}
+
+
+def _side(value, key: str) -> int:
+    if isinstance(value, (list, tuple)):
+        if len(value) != 2 or value[0] != value[1]:
+            raise UnsupportedError(f"config.json: vision_config.{key} {list(value)} is not square",
+                                   hint="Gemma 3's SigLIP tower takes square images and patches")
+        value = value[0]
+    return int(value)
+
+
+def vision_spec_from_config(cfg: dict, text_hidden: int) -> VisionSpec:
+    """The tower and projector of a Gemma3Config (config.json's vision_config and the mm keys)."""
+    vc = {**VISION_DEFAULTS, **(cfg.get("vision_config") or {})}
+    mm = {k: cfg.get(k, d) for k, d in MM_DEFAULTS.items()}
+    for alias, key in (("image_token_id", "image_token_index"), ("boi_token_id", "boi_token_index"),
+                       ("eoi_token_id", "eoi_token_index")):
+        if cfg.get(key) is None and cfg.get(alias) is not None:
+            mm[key] = cfg[alias]
+    if vc.get("model_type", "siglip_vision_model") != "siglip_vision_model":
+        raise UnsupportedError(f"config.json: vision_config.model_type {vc['model_type']!r} is not supported",
+                               hint="Gemma 3's vision tower is SigLIP (siglip_vision_model)")
+    if vc["vision_use_head"]:
+        raise UnsupportedError("config.json: vision_config.vision_use_head is true (SigLIP's default): the "
+                               "attention-pooling head is not supported",
+                               hint="Gemma 3 never reads that head; its own configs set vision_use_head: false")
+    act = vc["hidden_act"]
+    if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        raise UnsupportedError(f"config.json: vision_config.hidden_act {act!r} is not supported",
+                               hint="supported: gelu_pytorch_tanh (SigLIP's)")
+    size, patch = _side(vc["image_size"], "image_size"), _side(vc["patch_size"], "patch_size")
+    hidden, heads = int(vc["hidden_size"]), int(vc["num_attention_heads"])
+    tokens = int(mm["mm_tokens_per_image"])
+    side = int(round(tokens ** 0.5))
+    problems = [
+        (size % patch, f"vision_config.image_size {size} is not a multiple of patch_size {patch}"),
+        (hidden % heads, f"vision_config.hidden_size {hidden} is not a multiple of num_attention_heads {heads}"),
+        (side * side != tokens, f"mm_tokens_per_image {tokens} is not a square"),
+        (side * side == tokens and (size // patch) % side,
+         f"mm_tokens_per_image {tokens}: {side} tokens per side do not divide the {size // patch} patches per side"),
+    ]
+    for bad, msg in problems:
+        if bad:
+            raise ConfigError(f"config.json: {msg}", hint="check config.json")
+    return VisionSpec(hidden_size=hidden, intermediate_size=int(vc["intermediate_size"]),
+                      num_layers=int(vc["num_hidden_layers"]), num_heads=heads, image_size=size, patch_size=patch,
+                      mm_tokens_per_image=tokens, image_token_index=int(mm["image_token_index"]),
+                      text_hidden_size=text_hidden, num_channels=int(vc["num_channels"]),
+                      layer_norm_eps=float(vc["layer_norm_eps"]), boi_token_index=mm["boi_token_index"],
+                      eoi_token_index=mm["eoi_token_index"])
+
+
 def spec_from_config(cfg: dict) -> nn.ModelSpec:
+    """A Gemma3ForCausalLM / Gemma3TextModel config, or a Gemma3ForConditionalGeneration one (its
+    text_config, with Gemma3TextConfig's defaults, and its vision tower: ModelSpec.vision)."""
+    if "text_config" in cfg or cfg.get("model_type") == "gemma3":
+        text = {**TEXT_DEFAULTS, **(cfg.get("text_config") or {})}
+        for key in ("tie_word_embeddings", "bos_token_id", "eos_token_id"):  # the outer config's win
+            if cfg.get(key) is not None:
+                text[key] = cfg[key]
+        spec = text_spec_from_config(text)
+        if spec.causal is False:
+            raise UnsupportedError("config.json: text_config.use_bidirectional_attention with images",
+                                   hint="Gemma 3 with images is a causal model; check config.json")
+        return dataclasses.replace(spec, vision=vision_spec_from_config(cfg, spec.hidden_size))
+    return text_spec_from_config(cfg)
+
+
+def text_spec_from_config(cfg: dict) -> nn.ModelSpec:
     if cfg.get("attn_logit_softcapping"):
         # transformers' Gemma3Attention never passes it to attention, and llama.cpp's converter
         # refuses it: there is no reference for what it would mean.
@@ -105,7 +187,43 @@ def hf_name_table() -> NameTable:
     t = decoder.hf_name_table(qk_norm=True)
     L = "model.layers.{i}."
     extra = {f"layers.{{i}}.{n}.weight": Direct(f"{L}{n}.weight") for n in _NORMS}
-    return NameTable({**t.entries, **extra})
+    return NameTable({**t.entries, **extra, **vision_name_table().entries})
+
+
+_VISION_LAYER = [f"{n}.{p}" for n in ("layer_norm1", "layer_norm2", "self_attn.q_proj", "self_attn.k_proj",
+                                      "self_attn.v_proj", "self_attn.out_proj", "mlp.fc1", "mlp.fc2")
+                 for p in ("weight", "bias")]
+
+
+def vision_name_table() -> NameTable:
+    """The tower's and projector's parameters <- the hub's names (vision_tower.vision_model.*,
+    multi_modal_projector.*); `checkpoint_aliases` finds transformers' other layouts."""
+    V, H = f"{VISION_PREFIX}.", f"{VISION_PREFIX}.vision_model."
+    e = {f"{V}{n}": Direct(f"{H}{n}") for n in (
+        "embeddings.patch_embedding.weight", "embeddings.patch_embedding.bias", "embeddings.position_embedding.weight",
+        "post_layernorm.weight", "post_layernorm.bias")}
+    e.update({f"{V}encoder.layers.{{i}}.{n}": Direct(f"{H}encoder.layers.{{i}}.{n}") for n in _VISION_LAYER})
+    P = f"{PROJECTOR_PREFIX}."
+    e[f"{P}mm_soft_emb_norm.weight"] = Direct(f"{P}mm_soft_emb_norm.weight")
+    e[f"{P}mm_input_projection_weight"] = Transposed(f"{P}mm_input_projection_weight")
+    return NameTable(e)
+
+
+def checkpoint_aliases(hf: str) -> tuple[str, ...]:
+    """Where a Gemma3ForConditionalGeneration checkpoint keeps a tensor of the table: the hub's
+    files and transformers 5's save_pretrained use language_model.model.* (and vision_tower.* without
+    vision_model on save), transformers 4.5x model.language_model.*, model.vision_tower.vision_model.*,
+    model.multi_modal_projector.*; a text checkpoint has the table's names."""
+    if hf == "lm_head.weight":
+        return hf, "language_model.lm_head.weight"
+    if hf.startswith("model."):
+        rest = hf[len("model."):]
+        return f"model.language_model.{rest}", f"language_model.model.{rest}", hf
+    tower = f"{VISION_PREFIX}.vision_model."
+    if hf.startswith(tower):
+        rest = hf[len(tower):]
+        return hf, f"model.{hf}", f"{VISION_PREFIX}.{rest}", f"model.{VISION_PREFIX}.{rest}"
+    return hf, f"model.{hf}"
 
 
 _GGUF_NORMS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",
@@ -171,15 +289,35 @@ def _shape(**kw) -> dict:
                 rope_sliding={"theta": LOCAL_THETA, "rope_type": "default"}, **kw)
 
 
+def architecture(spec: nn.ModelSpec) -> nn.CausalLM:
+    if spec.vision is not None:
+        return Gemma3VisionLM(spec)
+    return nn.CausalLM(spec, block=nn.SandwichBlock)
+
+
+# A tiny Gemma3ForConditionalGeneration (transformers' Gemma3Config; tests/sgtest/tiny_models.py
+# make_gemma3_vision adds the vocabulary and the special tokens): the family's tiny text config as
+# text_config, a 2-layer SigLIP tower over 56-pixel images of 14-pixel patches (a 4 x 4 grid) pooled
+# to 4 tokens per image (kernel 2), vision width 32 != text width 64.
+TINY_VISION = {
+    "vision_config": {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 2,
+                      "image_size": 56, "patch_size": 14, "layer_norm_eps": 1e-6, "vision_use_head": False},
+    "mm_tokens_per_image": 4,
+}
+
+
 FAMILY = Family(
     name="gemma3",
     # Gemma3TextModel: the encoder checkpoints (EmbeddingGemma: use_bidirectional_attention, no head,
     # tensors without the "model." prefix), served for embeddings only.
-    hf_architectures=("Gemma3ForCausalLM", "Gemma3TextModel"),
-    model_types=("gemma3_text",),
+    # Gemma3ForConditionalGeneration (model_type gemma3): the language model with the SigLIP tower and
+    # projector (ModelSpec.vision; dsl/nn_vision.py), its tensors under transformers' multimodal names.
+    hf_architectures=("Gemma3ForCausalLM", "Gemma3TextModel", "Gemma3ForConditionalGeneration"),
+    model_types=("gemma3_text", "gemma3"),
     spec_from_config=spec_from_config,
-    architecture=lambda spec: nn.CausalLM(spec, block=nn.SandwichBlock),
+    architecture=architecture,
     name_table=hf_name_table,
+    checkpoint_aliases=checkpoint_aliases,
     gguf=GGUFArchitecture(
         name="gemma3",
         tensors=gguf_tensor_table,

@@ -57,7 +57,15 @@ class Experts:
     transposed: bool = False
 
 
-Recipe = Direct | Fuse | Slice | Experts
+@dataclass(frozen=True)
+class Transposed:
+    """One 2-D tensor held transposed (Gemma 3's mm_input_projection_weight, [in, out] in the
+    checkpoint, is an ordinary [out, in] linear weight here)."""
+
+    hf: str
+
+
+Recipe = Direct | Fuse | Slice | Experts | Transposed
 
 
 class NameTable:
@@ -73,6 +81,8 @@ class NameTable:
                 i = m.groupdict().get("i")
                 if isinstance(r, Direct):
                     return Direct(r.hf.format(i=i))
+                if isinstance(r, Transposed):
+                    return Transposed(r.hf.format(i=i))
                 if isinstance(r, Slice):
                     return Slice(r.hf, r.axis, int(i))
                 if isinstance(r, Experts):
@@ -98,6 +108,8 @@ class NameTable:
                                       hint="this is a gap in the model family's name table; please report it")
             if isinstance(r, Direct):
                 out[name] = read(r.hf)
+            elif isinstance(r, Transposed):
+                out[name] = np.ascontiguousarray(read(r.hf).T)
             elif isinstance(r, Slice):
                 full = read(r.hf)
                 n = n_slices[r.hf]
@@ -124,6 +136,8 @@ class NameTable:
                 out[r.hf] = np.ascontiguousarray(np.swapaxes(arr, 1, 2))
             elif isinstance(r, (Direct, Experts)):
                 out[r.hf] = arr
+            elif isinstance(r, Transposed):
+                out[r.hf] = np.ascontiguousarray(arr.T)
             elif isinstance(r, Slice):
                 sliced.setdefault(r.hf, {})[r.index] = (arr, r.axis)
             else:

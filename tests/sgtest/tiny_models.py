@@ -443,3 +443,47 @@ def make_embedding_gemma(path: str | Path, *, seed: int = 0, dense: tuple[int, .
     (path / f"{n}_Normalize").mkdir()
     _write_json(path / "modules.json", modules)
     return path
+
+
+def make_gemma3_vision(path: str | Path, *, seed: int = 0, text: dict | None = None, **overrides) -> Path:
+    """A tiny Gemma3ForConditionalGeneration: the gemma3 family's tiny text config as text_config
+    (with ``text`` overrides), its TINY_VISION tower and projector (with ``overrides`` of the outer
+    Gemma3Config keys), the Gemma tokenizer's vocabulary plus three ids past it for
+    <start_of_image>, <end_of_image> and the image token (tests feed token ids). transformers
+    initialises the projection weight and every (1 + w) norm to zeros, the layer norms to ones and
+    the biases to zeros: each such constant tensor gets seeded noise (0.1) added, so that none of
+    them can be dropped or misread unseen."""
+    import torch
+    import transformers
+    from transformers.utils import logging
+
+    from surogate.models import family_named
+    from surogate.models.gemma3 import TINY_VISION
+
+    f = family_named("gemma3")
+    tok = build_tokenizer(f.tiny.tokenizer)
+    v = tok.get_vocab_size()
+    special = {"bos_token_id": tok.token_to_id(f.tiny.bos_token), "eos_token_id": tok.token_to_id(f.tiny.eos_token)}
+    text_config = {**f.tiny.config, "vocab_size": v + 3, **special, **(text or {})}
+    config = transformers.Gemma3Config(**{
+        **TINY_VISION, "text_config": text_config, "boi_token_index": v, "eoi_token_index": v + 1,
+        "image_token_index": v + 2, **overrides})
+    logging.disable_progress_bar()
+    torch.manual_seed(seed)
+    model = transformers.Gemma3ForConditionalGeneration(config)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in model.parameters():
+            if bool((p == p.flatten()[0]).all()):
+                p.add_(0.1 * torch.randn(p.shape, generator=gen))
+    path = Path(path)
+    model.save_pretrained(path)
+    # preprocessor_config.json as the hub's Gemma 3 folders have it (resize to image_size, mean / std 0.5)
+    size = config.vision_config.image_size
+    _write_json(path / "preprocessor_config.json", {
+        "image_processor_type": "Gemma3ImageProcessor", "processor_class": "Gemma3Processor",
+        "do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
+        "do_pan_and_scan": None, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+        "image_seq_length": config.mm_tokens_per_image, "resample": 2, "rescale_factor": 1 / 255,
+        "size": {"height": size, "width": size}})
+    return make_tokenizer(path, f.tiny.tokenizer)
