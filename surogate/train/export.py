@@ -21,7 +21,8 @@ from surogate.train.lora import _replace_dir, load_peft_adapter, merge_into_hf
 
 # Files that travel with the weights: tokenizer, chat template, generation defaults.
 SIDECAR_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                 "chat_template.json", "generation_config.json", "tokenizer.model", "vocab.json", "merges.txt")
+                 "chat_template.json", "generation_config.json", "tokenizer.model", "vocab.json", "merges.txt",
+                 "preprocessor_config.json", "processor_config.json")
 
 
 def read_hf_tensors(folder: ModelFolder) -> dict[str, np.ndarray]:

@@ -1,0 +1,377 @@
+"""`surogate sft` on image + text chat rows for Gemma 3 (Gemma3ForConditionalGeneration) against
+transformers' Gemma3Processor and peft on a tiny random checkpoint (sgtest make_gemma3_vision,
+with a tokenizer that has Gemma 3's image tokens and the hub's chat template): the token ids,
+labels and pixel values of an image row, the LoRA gradients of one row (f32, 1e-4), a short run
+from YAML whose adapter loads in peft and whose merged model gives HF + peft's merged logits,
+packed rows with images, and the errors for rows that cannot be trained on."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+Image = pytest.importorskip("PIL.Image")
+
+import surogate  # noqa: E402
+from sgtest.peft_ref import peft_model, peft_tensors  # noqa: E402
+from sgtest.qa import step_losses  # noqa: E402
+from sgtest.tiny_models import build_tokenizer, make_gemma3_vision  # noqa: E402
+from surogate.config import load_config  # noqa: E402
+from surogate.dsl.nn import LoRAConfig  # noqa: E402
+from surogate.errors import FileFormatError  # noqa: E402
+from surogate.models.image_prompt import GEMMA3_PEFT_EXCLUDE, GEMMA3_PEFT_PREFIX, image_prompt  # noqa: E402
+from surogate.models.peft import from_peft_tensors  # noqa: E402
+from surogate.train.trainer import Trainer  # noqa: E402
+
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+IMAGE_TOKENS = ("<start_of_image>", "<end_of_image>", "<image_soft_token>")  # ids v, v + 1, v + 2: the config's
+
+# google/gemma-3-4b-it's chat template (one <start_of_image> per image part).
+GEMMA3_TEMPLATE = """{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- if messages[0]['content'] is string -%}
+        {%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}
+    {%- else -%}
+        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\\n\\n' -%}
+    {%- endif -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- if (message['role'] == 'assistant') -%}
+        {%- set role = "model" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else "") }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- elif message['content'] is iterable -%}
+        {%- for item in message['content'] -%}
+            {%- if item['type'] == 'image' -%}
+                {{ '<start_of_image>' }}
+            {%- elif item['type'] == 'text' -%}
+                {{ item['text'] | trim }}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- else -%}
+        {{ raise_exception("Invalid content type") }}
+    {%- endif -%}
+    {{ '<end_of_turn>\\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{'<start_of_turn>model\\n'}}
+{%- endif -%}
+"""
+
+
+def make_folder(path: Path, seed: int = 3) -> Path:
+    """The tiny Gemma 3 with images, its tokenizer given <start_of_image>, <end_of_image> and
+    <image_soft_token> at the ids its config names, and the hub's template and processor config."""
+    from tokenizers import AddedToken
+
+    path = make_gemma3_vision(path, seed=seed)
+    cfg = json.loads((path / "config.json").read_text())
+    tok = build_tokenizer("gemma")
+    v = tok.get_vocab_size()
+    assert (cfg["boi_token_index"], cfg["eoi_token_index"], cfg["image_token_index"]) == (v, v + 1, v + 2)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in IMAGE_TOKENS])
+    tok.save(str(path / "tokenizer.json"))
+    tc = json.loads((path / "tokenizer_config.json").read_text())
+    tc.update(chat_template=GEMMA3_TEMPLATE, boi_token=IMAGE_TOKENS[0], eoi_token=IMAGE_TOKENS[1],
+              image_token=IMAGE_TOKENS[2],
+              extra_special_tokens=dict(zip(("boi_token", "eoi_token", "image_token"), IMAGE_TOKENS)))
+    (path / "tokenizer_config.json").write_text(json.dumps(tc))
+    (path / "chat_template.jinja").write_text(GEMMA3_TEMPLATE)  # the processor's, as the hub ships it
+    (path / "processor_config.json").write_text(json.dumps(
+        {"processor_class": "Gemma3Processor", "image_seq_length": cfg["mm_tokens_per_image"]}))
+    return path
+
+
+def picture(seed: int, w: int = 40, h: int = 30):
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8))
+
+
+def data_url(img) -> str:
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return make_folder(tmp_path_factory.mktemp("g3v"))
+
+
+@pytest.fixture(scope="module")
+def ours(folder):
+    return surogate.load_model(folder)
+
+
+@pytest.fixture(scope="module")
+def processor(folder):
+    return transformers.AutoProcessor.from_pretrained(str(folder))
+
+
+def hf_model(folder):
+    return transformers.Gemma3ForConditionalGeneration.from_pretrained(str(folder), dtype=torch.float32).eval()
+
+
+def encode_row(model, record: dict, base: Path):
+    """Our data path for one row: normalize, resolve the images, render + expand + tokenize + mask."""
+    from surogate.config.sft import DatasetConfig
+    from surogate.train.data.formats import normalize
+    from surogate.train.data.images import resolve_image
+    from surogate.train.data.tokenize import ChatEncoder
+
+    sample = normalize(record, DatasetConfig(path=str(base)))
+    sample = sample._replace(images=tuple(resolve_image(s, base, f) for s, f in zip(sample.images,
+                                                                                   sample.image_fields)))
+    enc = ChatEncoder(model.tokenizer, None, image_prompt(model.spec, model.tokenizer)).encode(sample)
+    return enc
+
+
+def hf_assistant_labels(processor, ids: np.ndarray) -> np.ndarray:
+    """Labels as TRL's assistant-only loss gives them, found on HF's ids: each model turn's tokens
+    after "<start_of_turn>model\\n" up to its <end_of_turn>; image tokens -100."""
+    tok = processor.tokenizer
+    sot, eot = tok.convert_tokens_to_ids("<start_of_turn>"), tok.convert_tokens_to_ids("<end_of_turn>")
+    header = tok.encode("model\n", add_special_tokens=False)
+    labels = np.full(len(ids), -100, np.int64)
+    for i in np.flatnonzero(ids == sot):
+        start = i + 1 + len(header)
+        if list(ids[i + 1:start]) == header:
+            end = start + int(np.flatnonzero(ids[start:] == eot)[0])
+            labels[start:end + 1] = ids[start:end + 1]
+    labels[ids == tok.image_token_id] = -100
+    return labels
+
+
+def row_with_two_images(tmp_path: Path) -> tuple[dict, list]:
+    """A TRL-style row: image parts, the images in the row's list (a relative path and a data URL)."""
+    a, b = picture(1, 40, 30), picture(2, 25, 50)
+    a.save(tmp_path / "cat.png")
+    record = {"messages": [
+        {"role": "user", "content": [{"type": "text", "text": "Compare"}, {"type": "image"},
+                                     {"type": "text", "text": "with"}, {"type": "image"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "The first one is wider."}]},
+        {"role": "user", "content": "And the colours?"},
+        {"role": "assistant", "content": "Both are noise."}],
+        "images": ["cat.png", data_url(b)]}
+    return record, [a, b]
+
+
+def test_an_image_row_gives_the_processor_s_ids_labels_and_pixels(ours, processor, tmp_path):
+    record, pics = row_with_two_images(tmp_path)
+    enc = encode_row(ours, record, tmp_path / "data.jsonl")
+    hf_messages = json.loads(json.dumps(record["messages"]))
+    it = iter(pics)
+    for m in hf_messages:
+        for part in m["content"] if isinstance(m["content"], list) else []:
+            if part["type"] == "image":
+                part["image"] = next(it)
+    out = processor.apply_chat_template(hf_messages, tokenize=True, return_dict=True, return_tensors="np")
+    ids = out["input_ids"][0]
+    np.testing.assert_array_equal(enc.input_ids, ids)
+    v = ours.spec.vision
+    assert int((ids == v.image_token_index).sum()) == 2 * v.mm_tokens_per_image
+    np.testing.assert_array_equal(out["token_type_ids"][0], (ids == v.image_token_index).astype(int))
+    labels = np.where(enc.loss_mask, enc.input_ids, -100)
+    np.testing.assert_array_equal(labels, hf_assistant_labels(processor, ids))
+    from surogate.io.image_processing import Gemma3ImageProcessor
+    from surogate.train.data.images import pixel_values
+
+    px = pixel_values(Gemma3ImageProcessor.from_folder(ours.path), enc.images)
+    np.testing.assert_allclose(px, out["pixel_values"], atol=1e-6, rtol=0)
+
+
+def test_lora_gradients_of_an_image_row_equal_peft(ours, folder, processor, tmp_path):
+    record, pics = row_with_two_images(tmp_path)
+    enc = encode_row(ours, record, tmp_path / "data.jsonl")
+    from surogate.io.image_processing import Gemma3ImageProcessor
+    from surogate.train.data.images import pixel_values
+
+    px = pixel_values(Gemma3ImageProcessor.from_folder(ours.path), enc.images)
+    labels = np.where(enc.loss_mask, enc.input_ids, -100)
+    lora = LoRAConfig(4, 8.0, tuple(TARGETS))
+    pm = peft_model(hf_model(folder), TARGETS, r=4, alpha=8, seed=2, exclude_modules=GEMMA3_PEFT_EXCLUDE)
+    assert not any("vision_tower" in n for n, _ in pm.named_parameters() if "lora_" in n)
+    params = from_peft_tensors(peft_tensors(pm), lora, GEMMA3_PEFT_PREFIX)
+    loss, grads = ours.loss_and_grads(enc.input_ids, labels, lora=lora, lora_params=params, images=px)
+    t = torch.tensor(enc.input_ids.astype(np.int64))[None]
+    out = pm(input_ids=t, pixel_values=torch.tensor(px), token_type_ids=(t == ours.spec.vision.image_token_index).long(),
+             labels=torch.tensor(labels.astype(np.int64))[None])
+    out.loss.backward()
+    assert loss == pytest.approx(out.loss.item(), rel=1e-5)
+    ref = from_peft_tensors(peft_tensors(pm, "grad"), lora, GEMMA3_PEFT_PREFIX)
+    assert set(grads) == set(ref) and len(grads) == 2 * len(TARGETS) * ours.spec.num_layers
+    for name, g in grads.items():
+        r = ref[name]
+        err = np.abs(g - r).max() / (np.abs(r).max() + 1e-12)
+        assert err < 1e-4, f"{name}: {err:.2e}"
+
+
+def write_dataset(path: Path, n: int = 6) -> Path:
+    """Rows of one or two images (files beside the data, data URLs, inline image parts) and a
+    text-only row: the answer names the picture's brightest channel."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "img").mkdir(exist_ok=True)
+    rows = []
+    for i in range(n):
+        img = picture(10 + i, 30 + 4 * i, 40)
+        img.save(path / "img" / f"{i}.png")
+        channel = ["red", "green", "blue"][int(np.asarray(img).reshape(-1, 3).mean(0).argmax())]
+        if i % 3 == 0:
+            rows.append({"messages": [{"role": "user", "content": "Which channel is brightest?"},
+                                      {"role": "assistant", "content": f"The {channel} one."}],
+                         "images": [f"img/{i}.png"]})
+        elif i % 3 == 1:
+            other = picture(100 + i)
+            rows.append({"messages": [
+                {"role": "user", "content": [{"type": "image", "image": data_url(other)},
+                                             {"type": "text", "text": "and"}, {"type": "image"},
+                                             {"type": "text", "text": "Which channel in the second?"}]},
+                {"role": "assistant", "content": f"The {channel} one."}], "images": [str(path / "img" / f"{i}.png")]})
+        else:
+            rows.append({"messages": [{"role": "user", "content": "Say hello."},
+                                      {"role": "assistant", "content": "Hello."}]})
+    data = path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return data
+
+
+def yaml_config(folder, data, out, **kw) -> Path:
+    """The run's YAML, as a user writes it (``kw``: keys changed or added, as YAML text)."""
+    keys = {"sequence_len": 128, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1,
+            "max_steps": 8, "learning_rate": 0.01, "lr_scheduler_type": "constant", "warmup_ratio": 0.0,
+            "recipe": "fp32", "lora_rank": 8, "lora_alpha": 16, "save_steps": 3, "eval_steps": 0,
+            "merge_adapter": "true", "seed": 5, **kw}
+    text = f"""model: {folder}
+output_dir: {out}
+datasets:
+  - path: {data}
+    type: messages
+""" + "".join(f"{k}: {v}\n" for k, v in keys.items())
+    path = Path(out).parent / f"{Path(out).name}.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_sft_on_image_rows_trains_and_its_adapter_and_merged_model_match_peft(folder, tmp_path):
+    data = write_dataset(tmp_path / "data")
+    cfg = load_config(yaml_config(folder, data, tmp_path / "out"), kind="sft")
+    trainer = Trainer(cfg)
+    assert trainer.images > 0  # packed rows of several documents carry their images
+    assert any(len(trainer.train_data.plan.row(r)) > 1 for r in range(trainer.train_data.num_rows))
+    result = trainer.train()
+    losses = step_losses(tmp_path / "out")
+    assert len(losses) == 8 and np.mean(losses[-2:]) < np.mean(losses[:2]) - 0.3, losses  # epoch 4 vs epoch 1
+
+    adapter_cfg = json.loads((result.output / "adapter_config.json").read_text())
+    assert adapter_cfg["exclude_modules"] == GEMMA3_PEFT_EXCLUDE
+    pm = peft.PeftModel.from_pretrained(hf_model(folder), str(result.output))
+    loaded = from_peft_tensors(peft_tensors(pm), LoRAConfig(8, 16.0, tuple(TARGETS)), GEMMA3_PEFT_PREFIX)
+    state = trainer._trainable_state()
+    assert set(loaded) == set(state)
+    for n, a in state.items():
+        np.testing.assert_allclose(loaded[n], a, atol=1e-7, rtol=0, err_msg=n)
+
+    # The merged folder (ours) and HF + peft merged: the same logits for a prompt with an image.
+    hf_merged = pm.merge_and_unload().eval()
+    mine = transformers.Gemma3ForConditionalGeneration.from_pretrained(str(result.merged), dtype=torch.float32).eval()
+    proc = transformers.AutoProcessor.from_pretrained(str(result.merged))
+    msgs = [{"role": "user", "content": [{"type": "image", "image": picture(77)},
+                                         {"type": "text", "text": "Which channel is brightest?"}]}]
+    inputs = proc.apply_chat_template(msgs, tokenize=True, return_dict=True, return_tensors="pt",
+                                      add_generation_prompt=True)
+    with torch.no_grad():
+        want = hf_merged(**inputs).logits[0].numpy()
+        got = mine(**inputs).logits[0].numpy()
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    ours_merged = surogate.load_model(result.merged)
+    ids = inputs["input_ids"][0].numpy()
+    np.testing.assert_allclose(ours_merged.forward(ids, images=inputs["pixel_values"].numpy()), want,
+                               atol=1e-4, rtol=0)
+    base = hf_model(folder)
+    with torch.no_grad():
+        assert np.abs(base(**inputs).logits[0].numpy() - want).max() > 1e-3  # the adapter changed it
+
+
+def test_resume_with_images_reproduces_the_curve(folder, tmp_path):
+    from sgtest.qa import interrupt_after, step_records
+
+    data = write_dataset(tmp_path / "data")
+    full = Trainer(load_config(yaml_config(folder, data, tmp_path / "a", merge_adapter="false"), kind="sft"))
+    full.train()
+    interrupted = Trainer(load_config(yaml_config(folder, data, tmp_path / "b", merge_adapter="false"), kind="sft"))
+    interrupt_after(interrupted, 4)
+    with pytest.raises(KeyboardInterrupt):
+        interrupted.train()
+    resumed = Trainer(load_config(yaml_config(folder, data, tmp_path / "b", merge_adapter="false",
+                                              resume_from_checkpoint="true"), kind="sft"))
+    resumed.train()
+    by_step = {r["step"]: r["loss"] for r in step_records(tmp_path / "b")}
+    assert [by_step[s] for s in range(1, 9)] == step_losses(tmp_path / "a")
+
+
+def _config_for_rows(folder, tmp_path, rows, **kw):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return load_config(yaml_config(folder, data, tmp_path / "out", **kw), kind="sft"), data
+
+
+def _user_image(extra=None):
+    return {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What?"}]},
+                         {"role": "assistant", "content": "Noise."}], **(extra or {})}
+
+
+@pytest.mark.parametrize("row, match", [
+    (_user_image({"images": ["missing.png"]}), r"rows.jsonl line 1: images\[0\]: no such image file .*missing.png"),
+    (_user_image(), r"rows.jsonl line 1: 'messages' holds 1 image part\(s\) .* field 'images' holds 0"),
+    (_user_image({"images": [data_url(picture(1)), data_url(picture(2))]}),
+     r"rows.jsonl line 1: 'messages' holds 1 image part\(s\) .* 'images' holds 2"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "image": "nope/x.png"}]},
+                   {"role": "assistant", "content": "Hi."}]},
+     r"rows.jsonl line 1: messages\[0\].content\[0\].image: no such image file"),
+    (_user_image({"images": ["https://example.com/cat.png"]}), r"images\[0\]: remote image .* is not fetched"),
+    ({"messages": [{"role": "user", "content": "a <start_of_image> in text"},
+                   {"role": "assistant", "content": "Hi."}]},
+     r"rows.jsonl line 1: .*2 image placeholder\(s\) .* for 1 image\(s\): the text itself contains"),
+])
+def test_rows_that_cannot_be_trained_on_name_file_line_and_field(folder, tmp_path, row, match):
+    if "a <start_of_image> in text" in json.dumps(row):
+        row = {**row, "images": [data_url(picture(3))]}
+    cfg, _ = _config_for_rows(folder, tmp_path, [row])
+    with pytest.raises(FileFormatError, match=match):
+        Trainer(cfg)
+
+
+def test_an_image_row_for_a_model_without_a_vision_tower(tmp_path):
+    from sgtest.tiny_models import make_model
+
+    base = make_model("gemma3", tmp_path / "text")
+    cfg, _ = _config_for_rows(base, tmp_path / "run", [_user_image({"images": [data_url(picture(1))]})])
+    with pytest.raises(FileFormatError, match=r"rows.jsonl line 1: the row has 1 image\(s\), and this model takes "
+                                              r"no images \(it has no vision tower\)"):
+        Trainer(cfg)
+
+
+def test_lora_target_modules_naming_the_projector_are_refused(folder, tmp_path):
+    from surogate.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="lora_target_modules"):
+        _config_for_rows(folder, tmp_path, [_user_image()], lora_target_modules="[mm_input_projection]")
