@@ -343,6 +343,11 @@ def quantize_to_gguf(model: str | os.PathLike, output: str | os.PathLike, qtype:
     config = folder.config
     family = family_for(config, source=str(folder.path / "config.json"))
     spec = family.spec_from_config(config)  # a config we cannot run fails before any work
+    if spec.vision is not None:
+        raise UnsupportedError(f"{folder.path}: {config.get('architectures', ['this model'])[0]} has a vision tower, "
+                               "which a GGUF file does not hold (llama.cpp writes it as a separate mmproj file)",
+                               hint="run it from the Hugging Face folder (load_model's quantize= keeps its "
+                                    "projections as blocks)")
     weights = folder.open_weights()
     readers = {name: (lambda n=name: weights.get(n)) for name in weights.keys()}  # noqa: SIM118 (not a dict)
     plan = plan_gguf_tensors(family, config, readers, qtype, source=str(folder.path))

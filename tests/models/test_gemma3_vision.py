@@ -119,8 +119,8 @@ def test_loss_and_language_model_grads_with_images_match_transformers(ours, ref)
     ids, px = prompt(ours, 2, seed=2), pixels(2, seed=8)
     labels = np.where(ids == ours.spec.vision.image_token_index, -100, ids)
     t = torch.tensor(ids)[None]
-    out = ref(input_ids=t, pixel_values=torch.tensor(px), token_type_ids=(t == ours.spec.vision.image_token_index).long(),
-              labels=torch.tensor(labels)[None])
+    types = (t == ours.spec.vision.image_token_index).long()
+    out = ref(input_ids=t, pixel_values=torch.tensor(px), token_type_ids=types, labels=torch.tensor(labels)[None])
     assert ours.loss(ids, labels, images=px) == pytest.approx(out.loss.item(), rel=1e-5, abs=1e-6)
     loss, grads = ours.loss_and_grads(ids, labels, images=px)
     assert loss == pytest.approx(out.loss.item(), rel=1e-5, abs=1e-6)
@@ -133,6 +133,36 @@ def test_loss_and_language_model_grads_with_images_match_transformers(ours, ref)
         r = named[name.replace("model.", "model.language_model.", 1)].grad.numpy()
         err = np.abs(g - r).max() / (np.abs(r).max() + 1e-12)
         assert err < 1e-4, f"{name}: max error {err:.2e}"
+
+
+def test_lora_grads_with_images_match_peft(folder, ours):
+    """LoRA on the language model's projections (peft targeting language_model only; the tower has
+    q_proj / k_proj / v_proj too), a two-image prompt: loss and every adapter gradient equal peft's."""
+    pytest.importorskip("peft")
+    from sgtest.peft_ref import peft_model, peft_tensors
+    from surogate.dsl.nn import LoRAConfig
+    from surogate.models.peft import from_peft_tensors
+
+    ref = transformers.Gemma3ForConditionalGeneration.from_pretrained(str(folder), dtype=torch.float32).eval()
+    targets = LoRAConfig().targets
+    pm = peft_model(ref, r".*language_model.*\.(" + "|".join(targets) + ")")
+    lora = LoRAConfig(rank=4, alpha=8, targets=targets)
+
+    def ours_names(tensors):  # peft's names on the multimodal model -> the text model's
+        return from_peft_tensors({k.replace("model.language_model.", "model."): v for k, v in tensors.items()}, lora)
+
+    ids, px = prompt(ours, 2, seed=15), pixels(2, seed=15)
+    loss, grads = ours.loss_and_grads(ids, lora=lora, lora_params=ours_names(peft_tensors(pm)), images=px)
+    t = torch.tensor(ids)[None]
+    types = (t == ours.spec.vision.image_token_index).long()
+    out = pm(input_ids=t, pixel_values=torch.tensor(px), token_type_ids=types, labels=t)
+    out.loss.backward()
+    assert loss == pytest.approx(out.loss.item(), rel=1e-5)
+    want = ours_names(peft_tensors(pm, "grad"))
+    assert set(grads) == set(want) and len(want) == 2 * 7 * ours.spec.num_layers
+    for name, g in grads.items():
+        err = np.abs(g - want[name]).max() / (np.abs(want[name]).max() + 1e-12)
+        assert err < 1e-4, f"{name}: {err:.2e}"
 
 
 def test_a_text_only_prompt_matches_transformers(ours, ref):
@@ -167,6 +197,18 @@ def test_an_image_token_past_the_vocabulary(ours, tmp_path):
     assert model.spec.vision.image_token_index == model.spec.vocab_size
     ref = transformers.Gemma3ForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32).eval()
     ids, px = prompt(model, 2, seed=6), pixels(2, seed=6)
+    want = hf_logits(ref, ids, px, model.spec.vision.image_token_index).logits[0].numpy()
+    np.testing.assert_allclose(model.forward(ids, images=px), want, atol=ATOL, rtol=0)
+
+
+def test_an_untied_head(ours, tmp_path):
+    """tie_word_embeddings false: the head is saved as language_model.lm_head.weight."""
+    path = make_gemma3_vision(tmp_path / "untied", seed=5, text={"tie_word_embeddings": False},
+                              tie_word_embeddings=False)
+    model = surogate.load_model(path)
+    assert not model.spec.tie_word_embeddings and "lm_head.weight" in model.params
+    ref = transformers.Gemma3ForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32).eval()
+    ids, px = prompt(model, 1, seed=8), pixels(1, seed=8)
     want = hf_logits(ref, ids, px, model.spec.vision.image_token_index).logits[0].numpy()
     np.testing.assert_allclose(model.forward(ids, images=px), want, atol=ATOL, rtol=0)
 
@@ -270,3 +312,10 @@ def test_bf16_agrees_with_f32(folder, ours):
     la, lb = ours.forward(ids, images=px), bf16.forward(ids, images=px)
     assert np.abs(la - lb).max() < 0.1 * la.std()
     assert (la.argmax(-1) == lb.argmax(-1)).mean() >= 0.85
+
+
+def test_quantize_refuses_a_model_with_images(folder, tmp_path):
+    from surogate.models.gguf_names import quantize_to_gguf
+
+    with pytest.raises(UnsupportedError, match="Gemma3ForConditionalGeneration has a vision tower"):
+        quantize_to_gguf(folder, tmp_path / "x.gguf", "Q8_0")
