@@ -310,6 +310,37 @@ def test_sft_on_image_rows_trains_and_its_adapter_and_merged_model_match_peft(fo
         assert np.abs(base(**inputs).logits[0].numpy() - want).max() > 1e-3  # the adapter changed it
 
 
+def test_a_packed_micro_batch_s_loss_equals_transformers_document_by_document(folder, tmp_path):
+    """Rows of several documents, each with its own images in order: the trainer's first-step
+    loss (LoRA B = 0: the base model) is HF's token-summed loss of each document alone, with its
+    images through transformers' own image processor, over the step's targets."""
+    data = write_dataset(tmp_path / "data")
+    trainer = Trainer(load_config(yaml_config(folder, data, tmp_path / "out"), kind="sft"))
+    ds = trainer.train_data
+    b = ds.batch([0, 1])
+    docs = [int(d) for r in (0, 1) for d in ds.plan.row(r)]
+    assert len(docs) > 2 and sum(len(ds.docs.doc_images(d)) for d in docs) == len(b.images) > 1
+    loss, targets = trainer._step([b])
+    ref, proc = hf_model(folder), transformers.AutoImageProcessor.from_pretrained(str(folder))
+    from surogate.train.data.images import load_images
+
+    total, count = 0.0, 0
+    for d in docs:
+        ids, mask = ds.docs[d]
+        labels = torch.tensor(np.where(mask, ids, -100).astype(np.int64))[None]
+        t = torch.tensor(ids.astype(np.int64))[None]
+        kw = {}
+        if ds.docs.doc_images(d):
+            px = proc(images=load_images(ds.docs.doc_images(d)), return_tensors="pt")["pixel_values"]
+            kw = {"pixel_values": px, "token_type_ids": (t == ref.config.image_token_index).long()}
+        n = int((labels[0, 1:] != -100).sum())
+        with torch.no_grad():
+            total += ref(input_ids=t, labels=labels, **kw).loss.item() * n
+        count += n
+    assert targets == count
+    assert loss == pytest.approx(total / count, rel=1e-5)
+
+
 def test_resume_with_images_reproduces_the_curve(folder, tmp_path):
     from sgtest.qa import interrupt_after, step_records
 
@@ -373,5 +404,5 @@ def test_an_image_row_for_a_model_without_a_vision_tower(tmp_path):
 def test_lora_target_modules_naming_the_projector_are_refused(folder, tmp_path):
     from surogate.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="lora_target_modules"):
+    with pytest.raises(ConfigError, match=r"lora_target_modules\[0\]: .mm_input_projection. is not an allowed value"):
         _config_for_rows(folder, tmp_path, [_user_image()], lora_target_modules="[mm_input_projection]")
