@@ -21,11 +21,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from surogate.errors import ConfigError
+from surogate.models.peft import LANGUAGE_MODEL_PREFIX
 
 # peft on transformers' Gemma3ForConditionalGeneration: the language model's modules are
 # model.language_model.layers.*; the SigLIP tower has q_proj / k_proj / v_proj too, which a
 # target_modules list would also wrap (exclude_modules keeps the adapter to the language model).
-GEMMA3_PEFT_PREFIX = "model.language_model."
+GEMMA3_PEFT_PREFIX = LANGUAGE_MODEL_PREFIX
 GEMMA3_PEFT_EXCLUDE = r".*(vision_tower|multi_modal_projector).*"
 
 

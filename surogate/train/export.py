@@ -72,6 +72,27 @@ def save_hf_folder(out: str | Path, tensors: dict[str, np.ndarray], config: dict
     return out
 
 
+def checkpoint_prefix(tensors: dict, family, params: dict) -> str:
+    """Where a checkpoint keeps the modules an adapter names (``layers.0.self_attn.q_proj``):
+    ``model.``, or the first of the family's checkpoint aliases it holds (Gemma 3 with images:
+    ``language_model.model.`` or ``model.language_model.``)."""
+    if family.checkpoint_aliases is None:
+        return "model."
+    module = next((n.rsplit(".", 1)[0] for n in params if n.endswith(".lora_A")), None)
+    if module is None:
+        return "model."
+    suffix = f"{module}.weight"
+    hit = next((a for a in family.checkpoint_aliases(f"model.{suffix}") if a in tensors), None)
+    if hit is None:
+        raise FileFormatError(f"the adapter adapts {module}, which the base model's checkpoint does not hold "
+                              "under any of its names", hint="is this adapter for another model?")
+    return hit[:-len(suffix)]
+
+
+def _tied(config: dict) -> bool:
+    return bool(config.get("tie_word_embeddings", (config.get("text_config") or {}).get("tie_word_embeddings", False)))
+
+
 def merge_adapter(base: str | Path | None, adapter: str | Path, output: str | Path) -> Path:
     """Fold a PEFT LoRA adapter into its base model and write the merged HF folder."""
     adapter = Path(adapter)
@@ -93,10 +114,12 @@ def merge_adapter(base: str | Path | None, adapter: str | Path, output: str | Pa
         return save_hf_folder(output, merged, model.config, source=path, dtype="float32")
     folder = ModelFolder(path)
     tensors = read_hf_tensors(folder)
-    if "lm_head.weight" not in tensors and not folder.config.get("tie_word_embeddings", False):
+    family = family_for(folder.config)
+    prefix = checkpoint_prefix(tensors, family, params)
+    if not any(k.endswith("lm_head.weight") for k in tensors) and not _tied(folder.config):
         raise FileFormatError(f"{folder.path}: no lm_head.weight and embeddings are not tied")
-    merged = merge_into_hf(tensors, params, cfg,
-                           transposed_experts=transposed_experts(family_for(folder.config).name_table()))
+    merged = merge_into_hf(tensors, params, cfg, module_prefix=prefix,
+                           transposed_experts=transposed_experts(family.name_table()))
     dtype = str(next(iter(tensors.values())).dtype)
     if folder.config.get("quantization_config"):  # a block-FP8 base, read dequantized: merged in bf16
         dtype = "bfloat16"

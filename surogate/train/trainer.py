@@ -526,17 +526,11 @@ def _merge_vision_checkpoint(m: Model, lora_params: dict, lora: LoRAConfig, out:
     """The model's checkpoint with the adapter folded into its language model, every tensor under
     the checkpoint's own name (Gemma 3: language_model.model.* or model.language_model.*)."""
     from surogate.io.hf_folder import ModelFolder
-    from surogate.train.export import read_hf_tensors
+    from surogate.train.export import checkpoint_prefix, read_hf_tensors
 
     folder = ModelFolder(m.path)
     tensors = read_hf_tensors(folder)
-    probe = "model.layers.0.self_attn.q_proj.weight"
-    name = next((a for a in m.family.checkpoint_aliases(probe) if a in tensors), None)
-    if name is None:
-        raise ConfigError(f"{m.path}: no language-model tensor {probe} under any of its checkpoint names",
-                          where="merge_adapter", hint="merge with `surogate merge` from the adapter")
-    prefix = name[:-len(probe[len("model."):])]
-    merged = merge_into_hf(tensors, lora_params, lora, module_prefix=prefix)
+    merged = merge_into_hf(tensors, lora_params, lora, module_prefix=checkpoint_prefix(tensors, m.family, lora_params))
     return save_hf_folder(out, merged, folder.config, source=folder, dtype=str(next(iter(tensors.values())).dtype))
 
 

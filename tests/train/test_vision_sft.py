@@ -186,6 +186,18 @@ def test_sft_on_image_rows_trains_and_its_adapter_and_merged_model_match_peft(fo
     with torch.no_grad():
         assert np.abs(base(**inputs).logits[0].numpy() - want).max() > 1e-3  # the adapter changed it
 
+    # Surogate's own adapter reader, and `surogate merge`, take the adapter as peft wrote it.
+    from safetensors.numpy import load_file
+
+    from surogate.models.peft import load_peft_adapter
+    from surogate.train.export import merge_adapter
+
+    _, params = load_peft_adapter(adapter)
+    assert set(params) == set(loaded) and all(np.array_equal(params[n], loaded[n]) for n in params)
+    again = load_file(merge_adapter(str(folder), adapter, tmp_path / "merged2") / "model.safetensors")
+    first = load_file(merged / "model.safetensors")
+    assert set(again) == set(first) and all(np.array_equal(again[k], first[k]) for k in first)
+
 
 def test_a_packed_micro_batch_s_loss_equals_transformers_document_by_document(folder, tmp_path):
     """Rows of several documents, each with its own images in order: the trainer's first-step
@@ -216,6 +228,34 @@ def test_a_packed_micro_batch_s_loss_equals_transformers_document_by_document(fo
         count += n
     assert targets == count
     assert loss == pytest.approx(total / count, rel=1e-5)
+
+
+def test_evaluation_with_images_equals_transformers(folder, tmp_path):
+    """The eval Program reads the same image inputs: before any step (LoRA B = 0) the eval loss
+    is HF's over the held-out documents, each with its images."""
+    data = write_dataset(tmp_path / "data")
+    trainer = Trainer(load_config(yaml_config(folder, data, tmp_path / "out", validation_split_ratio=0.5,
+                                                  eval_steps=2),
+                                  kind="sft"))
+    docs = trainer.eval_data.docs
+    assert docs.images is not None and any(docs.images)
+    ref, proc = hf_model(folder), transformers.AutoImageProcessor.from_pretrained(str(folder))
+    from surogate.train.data.images import load_images
+
+    total, count = 0.0, 0
+    for d in range(len(docs)):
+        ids, mask = docs[d]
+        t = torch.tensor(ids.astype(np.int64))[None]
+        labels = torch.tensor(np.where(mask, ids, -100).astype(np.int64))[None]
+        kw = {}
+        if docs.doc_images(d):
+            kw = {"pixel_values": proc(images=load_images(docs.doc_images(d)), return_tensors="pt")["pixel_values"],
+                  "token_type_ids": (t == ref.config.image_token_index).long()}
+        n = int((labels[0, 1:] != -100).sum())
+        with torch.no_grad():
+            total += ref(input_ids=t, labels=labels, **kw).loss.item() * n
+        count += n
+    assert trainer.evaluate() == pytest.approx(total / count, rel=1e-5)
 
 
 def test_resume_with_images_reproduces_the_curve(folder, tmp_path):
