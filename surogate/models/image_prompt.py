@@ -30,6 +30,11 @@ GEMMA3_PEFT_PREFIX = LANGUAGE_MODEL_PREFIX
 GEMMA3_PEFT_EXCLUDE = r".*(vision_tower|multi_modal_projector).*"
 
 
+def vision_adapter_names() -> dict:
+    """`save_peft_adapter`'s keywords for a Gemma 3 with images (peft's names on transformers')."""
+    return {"module_prefix": GEMMA3_PEFT_PREFIX, "exclude_modules": GEMMA3_PEFT_EXCLUDE}
+
+
 @dataclass(frozen=True)
 class ImagePrompt:
     """One model's image placeholders: ``placeholder`` is what the template writes per image part,

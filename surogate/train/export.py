@@ -89,6 +89,16 @@ def checkpoint_prefix(tensors: dict, family, params: dict) -> str:
     return hit[:-len(suffix)]
 
 
+def merge_into_checkpoint(base: str | Path, params: dict[str, np.ndarray], cfg, output: str | Path) -> Path:
+    """``base``'s checkpoint with the adapter folded in, every tensor under the checkpoint's own
+    name (a multimodal model's tower and projector as they are)."""
+    folder = ModelFolder(base)
+    tensors = read_hf_tensors(folder)
+    merged = merge_into_hf(tensors, params, cfg, module_prefix=checkpoint_prefix(tensors, family_for(folder.config),
+                                                                                params))
+    return save_hf_folder(output, merged, folder.config, source=folder, dtype=str(next(iter(tensors.values())).dtype))
+
+
 def _tied(config: dict) -> bool:
     return bool(config.get("tie_word_embeddings", (config.get("text_config") or {}).get("tie_word_embeddings", False)))
 

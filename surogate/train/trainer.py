@@ -30,16 +30,16 @@ from surogate.errors import ConfigError
 from surogate.model import ROUTER_LOSSES, Model, _np_dtype, load_model, resolve_device
 from surogate.train.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
 from surogate.train.data import Batch, build_datasets
-from surogate.train.export import save_hf_folder, write_sidecars
+from surogate.train.export import merge_into_checkpoint, save_hf_folder, write_sidecars
+from surogate.train.image_feed import IMAGE_INPUTS, ImageFeed, images_per_batch
 from surogate.models.name_table import transposed_experts
 from surogate.train.lora import init_lora, merge_into_hf, save_peft_adapter
+from surogate.models.image_prompt import image_prompt, vision_adapter_names
 from surogate.train.metrics import MetricsFeed
 from surogate.train.optimizer import AdamW, AdamWParams
 from surogate.train.schedule import Schedule
 
 MICRO_BATCH = ("forward", "backward")  # the phases one micro-batch runs (one CUDA graph)
-# A vision model's Program with images (dsl/nn_vision.py): the rows the image tokens read.
-IMAGE_INPUTS = ("image_rows", "image_slots", "text_mask", "kv_limit")
 
 
 @dataclass
@@ -123,23 +123,8 @@ class Trainer:
 
     def _datasets(self):
         """(train, eval or None): what the iterator and `_step` consume (a DPO trainer's are pairs)."""
-        from surogate.models.image_prompt import image_prompt
-
         prompt = image_prompt(self.model.spec, self.model.tokenizer, source=f"{self.cfg.model}/config.json")
         return build_datasets(self.cfg, self.model.tokenizer, image_prompt=prompt)
-
-    def _images_per_batch(self) -> int:
-        """The most images one micro-batch can hold (its B fullest rows), over the train and eval
-        data: the training Program reads that many images' rows (fewer are padded). 0: no images."""
-        most = 0
-        for data in (self.train_data, self.eval_data):
-            docs = getattr(data, "docs", None)
-            if docs is None or docs.images is None:
-                continue
-            per_row = sorted((sum(len(docs.images[d]) for d in data.plan.row(r).tolist())
-                              for r in range(data.num_rows)), reverse=True)
-            most = max(most, sum(per_row[:self.B]))
-        return most
 
     def _tokens_per_row(self) -> int:
         """Tokens per batch row: a micro-batch is B rows, N = B * this tokens."""
@@ -153,7 +138,8 @@ class Trainer:
 
     def _build(self) -> None:
         m = self.model
-        self.images = self._images_per_batch()
+        # Images (a vision model's rows with images): the Program reads the rows of this many (image_feed.py).
+        self.images = images_per_batch((self.train_data, self.eval_data), self.B)
         image_kw = {"images": self.images} if self.images else {}
         self.exe = m.executable("train", self.N, self.N, lora=self.lora, grads=True, recompute=self.cfg.recompute,
                                 mlp_chunk=self.mlp_chunk, **self.graph_kw, **image_kw)
@@ -205,8 +191,9 @@ class Trainer:
                               if seed in self.exe.lowered.by_value}
         for seed, _ in self.router_losses.values():
             self.inputs[seed] = np.zeros(1, np.float32)
-        if self.images:
-            self.inputs.update(self._image_inputs())
+        self.image_feed = ImageFeed(m, self.images, self.N) if self.images else None
+        if self.image_feed is not None:
+            self.inputs.update(self.image_feed.arrays)
         for n, a in self.inputs.items():
             self.exe.bind(n, a)
         self.exe.use_graphs(self.cfg.cuda_graphs)  # GPU: each micro-batch and optimizer step is one graph
@@ -220,48 +207,6 @@ class Trainer:
             for n in ("input_ids", "position_ids", "cu_seqlens", "targets", *(IMAGE_INPUTS if self.images else ())):
                 self.eval_exe.bind(n, self.inputs[n], self.exe.tensor(n))
             self.eval_exe.use_graphs(self.cfg.cuda_graphs)
-
-    def _image_inputs(self) -> dict[str, np.ndarray]:
-        """The image Program's extra inputs (dsl/nn_vision.py Gemma3VisionLM), and the processor
-        that turns a batch's images into pixel values."""
-        from surogate.io.image_processing import Gemma3ImageProcessor
-
-        m = self.model
-        self.image_processor = Gemma3ImageProcessor.from_folder(m.path)
-        if self.image_processor.do_pan_and_scan:
-            raise ConfigError(f"{m.path}/preprocessor_config.json: do_pan_and_scan is true; training reads one "
-                              "view per image", where="model", hint="set do_pan_and_scan false in that file")
-        v, C, dt = m.spec.vision, m.spec.hidden_size, _np_dtype(m.dtype)
-        return dict(zip(IMAGE_INPUTS, (np.zeros((self.images * v.mm_tokens_per_image + 1, C), dt),
-                                       np.zeros(self.N, np.int32), np.ones((self.N, C), dt),
-                                       np.zeros(self.N, np.int32))))
-
-    def _load_images(self, b: Batch) -> None:
-        """A micro-batch's images -> the rows its image tokens read (the frozen tower and projector,
-        over a fixed number of images: the batch's own, then zeros), the slots, mask and key limits."""
-        from surogate.dsl.nn_vision import image_inputs
-        from surogate.train.data.images import pixel_values
-
-        m = self.model
-        v = m.spec.vision
-        n = len(b.images)
-        if n:
-            px = pixel_values(self.image_processor, b.images)
-            padded = np.zeros((self.images, *px.shape[1:]), np.float32)
-            padded[:n] = px
-            rows = m.encode_images(padded)[:n * v.mm_tokens_per_image]
-        else:
-            rows = np.zeros((0, m.spec.hidden_size), np.float32)
-        feed = image_inputs(b.input_ids, b.position_ids, b.cu_seqlens, rows, v, _np_dtype(m.dtype))
-        self.inputs["input_ids"][:] = feed.pop("input_ids")
-        table = self.inputs["image_rows"]
-        used = feed.pop("image_rows")
-        table[:len(used)] = used
-        table[len(rows) + 1:] = 0
-        for name, arr in feed.items():
-            self.inputs[name][:] = arr
-        for name in IMAGE_INPUTS:
-            self.exe.push(name)
 
     def _optimizer_class(self):
         """AdamW in the training Program, or on the host with offload_optimizer on a GPU."""
@@ -318,11 +263,9 @@ class Trainer:
         cu[:s] = b.cu_seqlens
         cu[s:] = self.N  # empty documents fill the fixed-size boundary list
         self.inputs["targets"][:] = b.targets
-        if self.images:
-            self._load_images(b)
-        elif b.images:
-            raise ConfigError("a micro-batch holds images, and the training Program reads none", where="datasets")
-        for n in ("input_ids", "position_ids", "cu_seqlens", "targets"):
+        if self.image_feed is not None:
+            self.image_feed.load(b, self.inputs["input_ids"])
+        for n in ("input_ids", "position_ids", "cu_seqlens", "targets", *(IMAGE_INPUTS if self.images else ())):
             self.exe.push(n)
 
     def _dropout_seed(self, step: int, micro: int) -> None:
@@ -487,13 +430,13 @@ class Trainer:
         self._sync_to_host()
         source = m.path  # an HF folder or a GGUF file: either carries the tokenizer
         if self.lora is not None:
-            vision = m.spec.vision is not None
+            vision = m.spec.vision is not None  # peft's names for the multimodal model's language model
             adapter = save_peft_adapter(self.out / "adapter", self._trainable_state(), self.lora, base_model=c.model,
-                                        **(_vision_peft() if vision else {}))
+                                        **(vision_adapter_names() if vision else {}))
             write_sidecars(source, adapter)  # a tokenizer beside the adapter, as peft users expect
             merged = None
             if c.merge_adapter and vision:  # into the checkpoint's own tensors, tower and projector as they are
-                merged = _merge_vision_checkpoint(m, self._trainable_state(), self.lora, self.out / "merged")
+                merged = merge_into_checkpoint(m.path, self._trainable_state(), self.lora, self.out / "merged")
             elif c.merge_adapter and c.qlora_bnb:  # NF4: the dequantized base + the adapter, in bf16
                 from surogate.model import nf4_dequantized
 
@@ -514,24 +457,6 @@ class Trainer:
         full = {n: self.opt.master.get(n, a) for n, a in m.params.items()}
         return save_hf_folder(self.out / "model", m.to_hf(full), m.config, source=source,
                               dtype="float32" if self.opt.master else m.dtype), None
-
-
-def _vision_peft() -> dict:
-    from surogate.models.image_prompt import GEMMA3_PEFT_EXCLUDE, GEMMA3_PEFT_PREFIX
-
-    return {"module_prefix": GEMMA3_PEFT_PREFIX, "exclude_modules": GEMMA3_PEFT_EXCLUDE}
-
-
-def _merge_vision_checkpoint(m: Model, lora_params: dict, lora: LoRAConfig, out: Path) -> Path:
-    """The model's checkpoint with the adapter folded into its language model, every tensor under
-    the checkpoint's own name (Gemma 3: language_model.model.* or model.language_model.*)."""
-    from surogate.io.hf_folder import ModelFolder
-    from surogate.train.export import checkpoint_prefix, read_hf_tensors
-
-    folder = ModelFolder(m.path)
-    tensors = read_hf_tensors(folder)
-    merged = merge_into_hf(tensors, lora_params, lora, module_prefix=checkpoint_prefix(tensors, m.family, lora_params))
-    return save_hf_folder(out, merged, folder.config, source=folder, dtype=str(next(iter(tensors.values())).dtype))
 
 
 def _jsonable(cfg) -> dict:
