@@ -209,6 +209,9 @@ def test_a_packed_micro_batch_s_loss_equals_transformers_document_by_document(fo
     b = ds.batch([0, 1])
     docs = [int(d) for r in (0, 1) for d in ds.plan.row(r)]
     assert len(docs) > 2 and sum(len(ds.docs.doc_images(d)) for d in docs) == len(b.images) > 1
+    image_token = trainer.model.spec.vision.image_token_index
+    assert (b.input_ids == image_token).sum() == len(b.images) * trainer.model.spec.vision.mm_tokens_per_image
+    assert not (b.targets == image_token).any()  # never a target
     loss, targets = trainer._step([b])
     ref, proc = hf_model(folder), transformers.AutoImageProcessor.from_pretrained(str(folder))
     from surogate.train.data.images import load_images
@@ -270,6 +273,8 @@ def test_resume_with_images_reproduces_the_curve(folder, tmp_path):
         interrupted.train()
     resumed = Trainer(load_config(yaml_config(folder, data, tmp_path / "b", merge_adapter="false",
                                               resume_from_checkpoint="true"), kind="sft"))
+    assert resumed.train_data.stats.cached == 1  # the images' sources come back from the tokenized cache
+    assert resumed.train_data.docs.images == interrupted.train_data.docs.images
     resumed.train()
     by_step = {r["step"]: r["loss"] for r in step_records(tmp_path / "b")}
     assert [by_step[s] for s in range(1, 9)] == step_losses(tmp_path / "a")
