@@ -12,6 +12,8 @@ form), refuses them when the model takes no images or when there are more than t
 
 Decoding (and fetching) runs outside the event loop: a request with images is converted in a
 worker thread (``converted``), so one large JPEG or a slow remote host stalls no other stream.
+Encoding the images (the model's vision tower, surogate.serve.LLM.embed) runs in a worker thread
+too, once the request is admitted (``embedded``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from surogate.errors import SurogateError
 from surogate.io.images import b64decode, decode_image, load_image
 from surogate.serve.frontend import RequestError
 
+from . import errors
+from .errors import ApiError
 from .models import GatewayConfig, ServedModel
 
 T = TypeVar("T")
@@ -87,3 +91,15 @@ def decode(source: ImageInput, config: GatewayConfig):
 async def converted(convert: Callable[..., T], *args, images: bool) -> T:
     """``convert(*args)``: in a worker thread when the request has images (they are decoded there)."""
     return await asyncio.to_thread(convert, *args) if images else convert(*args)
+
+
+async def embedded(job) -> ApiError | None:
+    """The images of ``job``'s prompt encoded into its EmbedSpans, in a worker thread (an error value
+    when the encoder refuses them); nothing to do for a prompt without images."""
+    if not job.prompt.images:
+        return None
+    try:
+        job.prompt = await asyncio.to_thread(job.model.llm.embed, job.prompt)
+    except SurogateError as e:
+        return errors.from_exception(e)
+    return None

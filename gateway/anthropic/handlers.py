@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..context import RequestContext
 from ..errors import ApiError
 from ..http import JSONReply, StreamReply
-from ..media import converted
+from ..media import converted, embedded
 from ..serving import Gateway, collected, ready, start, streamed, totals
 from ..sse import event
 from . import convert
@@ -22,7 +22,7 @@ async def messages(gw: Gateway, ctx: RequestContext, req: a.MessagesRequest) -> 
         return job
     ctx.model, ctx.prompt_tokens, ctx.max_tokens, ctx.stream = (req.model, len(job.prompt.token_ids),
                                                                  job.opts.max_tokens, bool(req.stream))
-    if (err := ready(job, gw.config)) is not None:
+    if (err := ready(job, gw.config) or await embedded(job)) is not None:
         return err
     gen = start(ctx, [job])
     processors = gen.processors

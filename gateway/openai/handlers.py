@@ -19,7 +19,7 @@ from .. import errors
 from ..context import RequestContext
 from ..errors import ApiError
 from ..http import JSONReply, StreamReply
-from ..media import converted
+from ..media import converted, embedded
 from ..serving import Gateway, collected, ready, start, streamed, totals
 from . import convert
 from . import protocol as p
@@ -33,7 +33,7 @@ async def chat_completions(gw: Gateway, ctx: RequestContext, req: p.ChatCompleti
     if isinstance(job, ApiError):
         return job
     _note(ctx, req.model, job.prompt.token_ids, job.opts, bool(req.stream))
-    if (err := ready(job, gw.config)) is not None:
+    if (err := ready(job, gw.config) or await embedded(job)) is not None:
         return err
     gen = start(ctx, [job])
     processors = gen.processors
@@ -96,7 +96,7 @@ async def responses(gw: Gateway, ctx: RequestContext, req: p.ResponsesRequest) -
     if isinstance(job, ApiError):
         return job
     _note(ctx, req.model, job.prompt.token_ids, job.opts, bool(req.stream))
-    if (err := ready(job, gw.config)) is not None:
+    if (err := ready(job, gw.config) or await embedded(job)) is not None:
         return err
     gen = start(ctx, [job])
     processors = gen.processors

@@ -51,6 +51,25 @@ class ChatDefaults:
 
 
 @dataclass(frozen=True)
+class ImagePrompt:
+    """What a family's images need in a served prompt (surogate/serve/multimodal.py runs it): the
+    chat template writes ``placeholder`` once per image; ``image_text(num_crops)`` is the text that
+    replaces it (the processor's expansion: the image tokens of the image and of its ``num_crops``
+    crops), re-tokenized so the ids equal the HF processor's; ``processor(images)`` gives
+    ``surogate.io.image_processing.ImageBatch``; every run of ``tokens_per_view`` ``image_token_id``
+    tokens takes one view's rows (``Model.encode_images``), attending both ways within the run when
+    ``bidirectional``."""
+
+    placeholder: str
+    image_text: Callable[[int], str]
+    processor: Callable
+    image_token_id: int
+    tokens_per_view: int
+    bidirectional: bool
+    num_crops: Callable[[object], int] = lambda image: 0  # the crops the processor cuts from an image
+
+
+@dataclass(frozen=True)
 class TinyModel:
     """A tiny random checkpoint of the family, for tests (tests/sgtest/tiny_models.py builds it
     with transformers): ``config`` holds HF config keys; the vocabulary and the special token ids
@@ -87,6 +106,8 @@ class Family:
     # The names a checkpoint may give a name-table tensor, first found wins (Gemma 3 with images:
     # its language model under language_model.model.* or model.language_model.*); None: the table's.
     checkpoint_aliases: Callable[[str], tuple[str, ...]] | None = None
+    # (spec, tokenizer, model folder or None) -> ImagePrompt, for a spec with images (ModelSpec.vision).
+    image_prompt: Callable[[ModelSpec, object, str | None], ImagePrompt] | None = None
 
     @property
     def hf_architecture(self) -> str:

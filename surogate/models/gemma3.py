@@ -32,7 +32,7 @@ from surogate.dsl.nn_vision import PROJECTOR_PREFIX, VISION_PREFIX, Gemma3Vision
 from surogate.errors import ConfigError, UnsupportedError
 from surogate.io import gguf_config
 from surogate.models import decoder
-from surogate.models.family import ChatDefaults, Family, GGUFArchitecture, TinyModel
+from surogate.models.family import ChatDefaults, Family, GGUFArchitecture, ImagePrompt, TinyModel
 from surogate.models.gguf_names import GGUFName, GGUFNameTable
 from surogate.models.name_table import Direct, NameTable, Transposed
 
@@ -295,6 +295,53 @@ def architecture(spec: nn.ModelSpec) -> nn.CausalLM:
     return nn.CausalLM(spec, block=nn.SandwichBlock)
 
 
+
+def image_prompt(spec: nn.ModelSpec, tokenizer, folder: str | None) -> ImagePrompt:
+    """Gemma3Processor's text rule: the template's <start_of_image> becomes "\\n\\n" + boi + the image
+    token x mm_tokens_per_image + eoi + "\\n\\n" (its full_image_sequence); with pan-and-scan crops,
+    "Here is the original image {seq} and here are some crops to help you see better " and one
+    sequence per crop. The image processor is preprocessor_config.json's (without one: the
+    processor's defaults at the tower's image_size); each image's tokens attend both ways."""
+    import os
+
+    from surogate.io.hf_folder import read_json
+    from surogate.io.image_processing import IMAGE_CONFIG, Gemma3ImageProcessor, to_rgb
+
+    v = spec.vision
+    names = {}
+    for what, index in (("boi", v.boi_token_index), ("eoi", v.eoi_token_index), ("image", v.image_token_index)):
+        token = tokenizer.id_to_token(index) if index is not None else None
+        if token is None:
+            raise ConfigError(f"config.json: the {what} token (id {index}) is not in the tokenizer's vocabulary",
+                              hint="serve the model's own tokenizer.json (Gemma 3's has <start_of_image>, "
+                                   "<end_of_image> and <image_soft_token>)")
+        names[what] = token
+    seq = f"\n\n{names['boi']}{names['image'] * v.mm_tokens_per_image}{names['eoi']}\n\n"
+    has = folder is not None and os.path.isfile(os.path.join(folder, IMAGE_CONFIG))
+    processor = Gemma3ImageProcessor.from_folder(folder) if has else Gemma3ImageProcessor.from_config(
+        {"size": {"height": v.image_size, "width": v.image_size}, "image_seq_length": v.mm_tokens_per_image})
+    processor_config = os.path.join(folder, "processor_config.json") if folder is not None else ""
+    if os.path.isfile(processor_config):  # Gemma3Processor's image_seq_length: the tokens it writes per image
+        length = read_json(processor_config).get("image_seq_length", v.mm_tokens_per_image)
+        if length != v.mm_tokens_per_image:
+            raise ConfigError(f"{processor_config}: image_seq_length {length} differs from config.json's "
+                              f"mm_tokens_per_image {v.mm_tokens_per_image}",
+                              hint="the projector gives mm_tokens_per_image rows per image; fix one of the files")
+
+    def image_text(num_crops: int) -> str:
+        if not num_crops:
+            return seq
+        return (f"Here is the original image {seq} and here are some crops to help you see better "
+                + " ".join([seq] * num_crops))
+
+    def num_crops(image) -> int:
+        return len(processor.pan_and_scan(to_rgb(image))) if processor.do_pan_and_scan else 0
+
+    return ImagePrompt(placeholder=names["boi"], image_text=image_text, processor=processor,
+                       image_token_id=v.image_token_index, tokens_per_view=v.mm_tokens_per_image, bidirectional=True,
+                       num_crops=num_crops)
+
+
 # A tiny Gemma3ForConditionalGeneration (transformers' Gemma3Config; tests/sgtest/tiny_models.py
 # make_gemma3_vision adds the vocabulary and the special tokens): the family's tiny text config as
 # text_config, a 2-layer SigLIP tower over 56-pixel images of 14-pixel patches (a 4 x 4 grid) pooled
@@ -318,6 +365,7 @@ FAMILY = Family(
     architecture=architecture,
     name_table=hf_name_table,
     checkpoint_aliases=checkpoint_aliases,
+    image_prompt=image_prompt,
     gguf=GGUFArchitecture(
         name="gemma3",
         tensors=gguf_tensor_table,

@@ -44,6 +44,7 @@ class Prompt(msgspec.Struct):
     token_ids: list[int]
     text: str | None = None  # the rendered text, when it came from text (the reasoning parser reads its end)
     images: list[Any] = []  # PIL images, one per image placeholder in the text, in order (serve.multimodal)
+    embeds: list[Any] = []  # the images' EmbedSpans, once encoded (LLM.embed); empty: not yet
 
 
 class Limits(msgspec.Struct, frozen=True):
@@ -141,11 +142,12 @@ def render_chat(tokenizer: Tokenizer, messages: Sequence[Mapping], tools: Sequen
                 kwargs: Mapping[str, Any] | None = None, add_generation_prompt: bool = True,
                 continue_final_message: bool = False, chat_template: str | None = None,
                 documents: Sequence[Mapping] | None = None, images: Sequence[Any] = (),
-                image_placeholder: str | None = None) -> Prompt:
+                image_placeholder: str | None = None, expand_images=None) -> Prompt:
     """The conversation through the model's chat template: prompt ids and text. Tool-call
     arguments given as JSON strings (the OpenAI wire form) become objects, which is what
     templates expect (``tool_call.arguments | tojson``). ``images``: one per ``{"type": "image"}``
-    part, in order; the template must write one ``image_placeholder`` for each (serve.multimodal)."""
+    part, in order; the template must write one ``image_placeholder`` for each (serve.multimodal),
+    which ``expand_images(text, images)`` turns into the model's image tokens before tokenizing."""
     chat = [_template_message(m) for m in messages]
     try:
         text = tokenizer.apply_chat_template(
@@ -155,6 +157,8 @@ def render_chat(tokenizer: Tokenizer, messages: Sequence[Mapping], tools: Sequen
     except InvalidArgumentError as e:
         raise RequestError(e.message, param="messages", hint=e.hint) from None
     check_rendered_images(text, count_image_parts(chat), len(images), image_placeholder)
+    if images and expand_images is not None:
+        text = expand_images(text, images)
     return Prompt(tokenizer.encode(text, add_special_tokens=False), text, list(images))
 
 

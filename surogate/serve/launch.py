@@ -10,15 +10,20 @@ later, counted as the allocator rounds its arrays."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
+from functools import cached_property
 
-from surogate.errors import InvalidArgumentError, OutOfMemoryError
+from surogate.errors import ConfigError, InvalidArgumentError, OutOfMemoryError
 from surogate.model import Model, load_model
 from surogate.serve.embedder import Embedder
 from surogate.serve.engine_client import EngineClient
 from surogate.serve.llm import LLM
 from surogate.serve.model_runner import ProgramRunner
+from surogate.serve.multimodal import ImageEncoder
 from surogate.serve.types import EngineConfig
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -37,9 +42,27 @@ class Launched:
 
     def llm(self, **kw) -> LLM:
         """The generation API over this engine: parsers detected from the chat template (``kw``:
-        ``reasoning_parser``, ``tool_parser``, ``template_defaults``, ``chat_template``)."""
+        ``reasoning_parser``, ``tool_parser``, ``template_defaults``, ``chat_template``). A model
+        with images (ModelSpec.vision) takes them: its family's ImagePrompt, one encoder per model."""
         return LLM.for_model(self.client, self.model.tokenizer, self.max_model_len,
-                             model_type=self.model.config.get("model_type"), **kw)
+                             model_type=self.model.config.get("model_type"), images=self.images, **kw)
+
+    @cached_property
+    def images(self) -> ImageEncoder | None:
+        """The model's image path (its family's ImagePrompt around Model.encode_images); None: text only."""
+        m = self.model
+        if m.spec.vision is None or self.client is None:
+            return None
+        if m.family.image_prompt is None:
+            log.warning("%s: the model has a vision tower, but its family does not say how prompts carry images "
+                        "(Family.image_prompt): served for text only", m.spec.family)
+            return None
+        try:
+            prompt = m.family.image_prompt(m.spec, m.tokenizer, m.path)
+        except ConfigError as e:  # e.g. a tokenizer without the image tokens: the model still serves text
+            log.warning("%s: served for text only, without images: %s (%s)", self.name, e.message, e.hint)
+            return None
+        return ImageEncoder(prompt, m.encode_images)
 
     def embedder(self, pooling: str = "last") -> Embedder:
         """Embeddings from this model's final hidden states (``last`` or ``mean`` pooling, normalised)."""

@@ -14,6 +14,12 @@ cannot see aborts its engine request there and then. Read a Generation with ``as
 ``for`` (one output at a time), ``next_batch`` (everything that arrived: one wake-up per engine
 step however many answers stream), or ``result`` (each answer summed into one output).
 Leaving early (``close``, the ``with`` block, the client gone) aborts what still runs.
+
+Images (a model with an ``ImageEncoder``, serve.multimodal): ``render`` expands each image's
+placeholder into the model's image tokens before tokenizing (the ids, and so every count of
+prompt tokens, are the HF processor's); ``embed`` encodes the images into the prompt's
+``EmbedSpan``s (blocking: the gateway calls it in a worker thread), which ``submit`` does itself
+for a prompt not embedded yet.
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ import msgspec
 from surogate.errors import InvalidArgumentError
 from surogate.io import Tokenizer
 from surogate.serve.engine_client import EngineClient, OutputStream
-from surogate.serve.frontend import OutputProcessor, Prompt, encode_prompt, render_chat, template_kwargs
+from surogate.serve.frontend import OutputProcessor, Prompt, RequestError, encode_prompt, render_chat, template_kwargs
+from surogate.serve.multimodal import ImageEncoder
 from surogate.serve.parsers import ForcedTools, OfferedTools, ParserChoice, make_output_parser, resolve_parsers
 from surogate.serve.structured import Grammars
 from surogate.serve.types import EmbedSpan, RequestOutput, SamplingParams
@@ -42,13 +49,16 @@ class LLM:
     def __init__(self, client: EngineClient | None, tokenizer: Tokenizer | None, *,
                  parsers: ParserChoice | None = None, max_model_len: int | None = None,
                  template_defaults: Mapping[str, Any] | None = None, chat_template: str | None = None,
-                 image_placeholder: str | None = None):
+                 image_placeholder: str | None = None, images: ImageEncoder | None = None):
         self.client = client
         self.tokenizer = tokenizer
         self.parsers = parsers or ParserChoice()
         self.max_model_len = max_model_len if max_model_len is not None else client.max_model_len
         self.template_defaults = dict(template_defaults or {})  # like vLLM's --default-chat-template-kwargs
         self.chat_template = chat_template  # a template name or text; None: the model's own
+        self.images = images  # the model's image path (expand, encode); None: images are refused at submit
+        if images is not None and image_placeholder is None:
+            image_placeholder = images.placeholder
         self.image_placeholder = image_placeholder  # what the template writes per image; None: takes no images
         self.queued: set = set()  # one entry per engine request submitted with no output yet (admission reads it)
         self._grammars: Grammars | None = None
@@ -101,7 +111,26 @@ class LLM:
                                  enable_thinking=enable_thinking, reasoning_effort=reasoning_effort)
         return render_chat(self.tokenizer, messages, tools, kwargs=kwargs, add_generation_prompt=add_generation_prompt,
                            continue_final_message=continue_final_message, chat_template=self.chat_template,
-                           documents=documents, images=images, image_placeholder=self.image_placeholder)
+                           documents=documents, images=images, image_placeholder=self.image_placeholder,
+                           expand_images=self.images.expand if self.images is not None else None)
+
+    def embed(self, prompt: Prompt) -> Prompt:
+        """``prompt`` with its images' EmbedSpans (encoded, or from the encoder's cache); blocking.
+        A prompt without images is checked to hold no image tokens and returned as it is."""
+        if self.images is None:
+            if prompt.images:
+                raise InvalidArgumentError("this prompt holds images, and this model takes none (it has no image "
+                                           "encoder)", hint="send text only, or serve a vision model")
+            return prompt
+        if not prompt.images:
+            if self.images.prompt.image_token_id in prompt.token_ids:
+                raise RequestError(f"the prompt holds the image token (id {self.images.prompt.image_token_id}) "
+                                   "but no image",
+                                   hint="send the image as an image part; do not write the image token in the text")
+            return prompt
+        if prompt.embeds:
+            return prompt
+        return msgspec.structs.replace(prompt, embeds=self.images.spans(prompt.token_ids, prompt.images))
 
     # -- run --
 
@@ -118,9 +147,6 @@ class LLM:
         many = isinstance(prompts, Sequence) and not isinstance(prompts, str) and bool(prompts) \
             and not isinstance(prompts[0], int)
         items = [self.encode(p) for p in (prompts if many else [prompts])]
-        if any(p.images for p in items):  # the engine's embedding rows (EmbedSpan) are not joined to prompts yet
-            raise InvalidArgumentError("this prompt holds images, which the engine cannot take yet",
-                                       hint="send text only")
         if params is None or isinstance(params, SamplingParams):
             per_prompt = [params or SamplingParams()] * len(items)
         else:
@@ -134,7 +160,12 @@ class LLM:
         if spans and len(spans) != len(items):
             raise InvalidArgumentError(f"embeds for {len(spans)} prompts, but {len(items)} prompts",
                                        hint="pass one sequence of EmbedSpan per prompt")
-        spans = spans or [()] * len(items)
+        if spans and any(p.images for p in items):
+            raise InvalidArgumentError("embeds given for prompts whose images give their own",
+                                       hint="pass images in the prompt, or embeds, not both")
+        if not spans:  # the prompts' own images (encoded here unless LLM.embed did it before)
+            items = [self.embed(p) for p in items]
+            spans = [p.embeds for p in items]
         requests, processors = [], []
         for prompt, p, prompt_embeds in zip(items, per_prompt, spans):
             p = self._reasoning_budget(prompt, p) if reasoning else msgspec.structs.replace(p, max_reasoning_tokens=None)

@@ -8,11 +8,23 @@ writes their placeholders. The template writes one placeholder per part (Gemma 3
 ``<start_of_image>``; Qwen-VL: ``<|vision_start|><|image_pad|><|vision_end|>``); the model's
 ``image_placeholder`` names it, and the rendered prompt must hold exactly one per image: a template
 that ignores image parts (a text-only one) would otherwise drop them without a word.
+
+``ImageEncoder`` is a served model's image path (its family's ``ImagePrompt``, its encoder): the
+rendered text's placeholders expanded as the HF processor expands them (``expand``), then the
+prompt's image tokens given their rows (``spans``: one ``EmbedSpan`` per run of image tokens, keyed
+by the image's ``image_hash``). Each distinct image is encoded once (the model's
+``encode_images``, under a lock: one Executable is never run by two threads at once) and its rows
+kept in a small LRU, so a repeated image is not encoded again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
 
 from surogate.errors import InvalidArgumentError
 
@@ -49,3 +61,89 @@ def check_rendered_images(text: str, num_parts: int, num_images: int, image_plac
         raise RequestError(f"the prompt holds {written} image placeholders ({image_placeholder!r}) for {num_parts} "
                            "image(s): the text itself contains the placeholder", param=param,
                            hint=f"remove {image_placeholder!r} from the messages' text")
+
+
+ENCODER_CACHE_IMAGES = 64  # the images whose rows an ImageEncoder keeps (Gemma 3 4B: 256 x 2560 f32 = 2.6 MB each)
+
+
+class ImageEncoder:
+    """One served model's images: ``prompt`` is its family's ``surogate.models.family.ImagePrompt``,
+    ``encode(pixel_values) -> rows`` its ``Model.encode_images``. ``encodes`` counts the images
+    encoded, ``hits`` those served from the cache."""
+
+    def __init__(self, prompt, encode: Callable[[np.ndarray], np.ndarray], *, cache_images: int = ENCODER_CACHE_IMAGES):
+        self.prompt = prompt
+        self._encode = encode
+        self._cache: OrderedDict[bytes, np.ndarray] = OrderedDict()
+        self._cache_images = cache_images
+        self._lock = threading.Lock()
+        self.encodes = 0
+        self.hits = 0
+
+    @property
+    def placeholder(self) -> str:
+        return self.prompt.placeholder
+
+    def expand(self, text: str, images: Sequence) -> str:
+        """``text`` with its i-th placeholder replaced by image i's text (its crops' too)."""
+        pieces = text.split(self.prompt.placeholder)
+        if len(pieces) != len(images) + 1:  # check_rendered_images has made sure of it for rendered chats
+            raise InvalidArgumentError(f"the prompt holds {len(pieces) - 1} image placeholders for {len(images)} "
+                                       "image(s)", hint=f"write {self.prompt.placeholder!r} once per image")
+        out = [pieces[0]]
+        for image, piece in zip(images, pieces[1:]):
+            out += [self.prompt.image_text(self.prompt.num_crops(image)), piece]
+        return "".join(out)
+
+    def spans(self, token_ids: Sequence[int], images: Sequence) -> list:
+        """One EmbedSpan per view (an image, then its crops) at its run of image tokens, in order."""
+        from surogate.io.images import image_hash
+        from surogate.serve.types import EmbedSpan
+
+        runs = image_runs(token_ids, self.prompt.image_token_id)
+        keys = [image_hash(img) for img in images]
+        rows = self.rows(images, keys)
+        per = self.prompt.tokens_per_view
+        views = [(key if v == 0 else hashlib.sha256(key + v.to_bytes(4, "little")).digest(), r[v * per:(v + 1) * per])
+                 for key, r in zip(keys, rows) for v in range(len(r) // per)]
+        if [n for _, n in runs] != [per] * len(views):
+            raise InvalidArgumentError(
+                f"the prompt's image tokens (id {self.prompt.image_token_id}) come in runs of "
+                f"{[n for _, n in runs]}; its {len(images)} image(s) need {len(views)} run(s) of {per}",
+                hint="render the messages with the model's chat template (LLM.render), which expands each image; "
+                     "do not write the image token in the text")
+        return [EmbedSpan(start, np.ascontiguousarray(r, dtype=np.float32), key, self.prompt.bidirectional)
+                for (start, _), (key, r) in zip(runs, views)]
+
+    def rows(self, images: Sequence, keys: Sequence[bytes] | None = None) -> list[np.ndarray]:
+        """Each image's rows (its views': the image's, then its crops'), [views * tokens_per_view, hidden]."""
+        from surogate.io.images import image_hash
+
+        keys = list(keys) if keys is not None else [image_hash(img) for img in images]
+        out: dict[bytes, np.ndarray] = {}
+        with self._lock:
+            for key, image in zip(keys, images):
+                if key in out:
+                    continue
+                cached = self._cache.get(key)
+                if cached is not None:
+                    self._cache.move_to_end(key)
+                    self.hits += 1
+                    out[key] = cached
+                    continue
+                batch = self.prompt.processor([image])
+                rows = np.asarray(self._encode(batch.pixel_values), dtype=np.float32)
+                self.encodes += 1
+                out[key] = rows
+                self._cache[key] = rows
+                while len(self._cache) > self._cache_images:
+                    self._cache.popitem(last=False)
+        return [out[k] for k in keys]
+
+
+def image_runs(token_ids: Sequence[int], image_token_id: int) -> list[tuple[int, int]]:
+    """(start, length) of each run of ``image_token_id`` in ``token_ids``."""
+    ids = np.asarray(token_ids)
+    hit = np.concatenate([[False], ids == image_token_id, [False]])
+    edges = np.flatnonzero(hit[1:] != hit[:-1])
+    return [(int(a), int(b - a)) for a, b in zip(edges[::2], edges[1::2])]

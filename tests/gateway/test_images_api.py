@@ -27,6 +27,7 @@ import pytest
 from PIL import Image
 
 from sgtest import tiny_models
+from sgtest.vision import GEMMA3_TEMPLATE
 from surogate.gateway.anthropic import protocol as a
 from surogate.gateway.anthropic.convert import anthropic_messages, messages_job
 from surogate.gateway.errors import ApiError
@@ -40,45 +41,6 @@ from surogate.serve import LLM
 from surogate.serve.frontend import RequestError, render_chat
 
 render_jinja_template = pytest.importorskip("transformers.utils.chat_template_utils").render_jinja_template
-
-# Modeled on google/gemma-3-4b-it's chat template: one <start_of_image> per image part.
-GEMMA3_TEMPLATE = """{{ bos_token }}
-{%- if messages[0]['role'] == 'system' -%}
-    {%- if messages[0]['content'] is string -%}
-        {%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}
-    {%- else -%}
-        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\\n\\n' -%}
-    {%- endif -%}
-    {%- set loop_messages = messages[1:] -%}
-{%- else -%}
-    {%- set first_user_prefix = "" -%}
-    {%- set loop_messages = messages -%}
-{%- endif -%}
-{%- for message in loop_messages -%}
-    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
-        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
-    {%- endif -%}
-    {%- set role = "model" if message['role'] == 'assistant' else message['role'] -%}
-    {{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else "") }}
-    {%- if message['content'] is string -%}
-        {{ message['content'] | trim }}
-    {%- elif message['content'] is iterable -%}
-        {%- for item in message['content'] -%}
-            {%- if item['type'] == 'image' -%}
-                {{ '<start_of_image>' }}
-            {%- elif item['type'] == 'text' -%}
-                {{ item['text'] | trim }}
-            {%- endif -%}
-        {%- endfor -%}
-    {%- else -%}
-        {{ raise_exception("Invalid content type") }}
-    {%- endif -%}
-    {{ '<end_of_turn>\\n' }}
-{%- endfor -%}
-{%- if add_generation_prompt -%}
-    {{ '<start_of_turn>model\\n' }}
-{%- endif -%}
-"""
 
 # Modeled on Qwen/Qwen2-VL-7B-Instruct's: <|vision_start|><|image_pad|><|vision_end|> per image, any role.
 QWEN_VL_TEMPLATE = """{% set image_count = namespace(value=0) %}
@@ -358,7 +320,7 @@ def test_llm_submit_does_not_drop_a_prompts_images():
     llm = LLM.for_model(SimpleNamespace(max_model_len=64), gemma_tokenizer(), 64, image_placeholder=GEMMA_IMAGE)
     assert llm.accepts_images and not LLM.for_model(None, gemma_tokenizer(), 64).accepts_images
     prompt = llm.render([user({"type": "image"})], images=[image(1)])
-    with pytest.raises(ValueError, match="cannot take yet"):
+    with pytest.raises(ValueError, match="no image encoder"):  # a placeholder but no encoder (ImageEncoder)
         llm.submit(prompt)
 
 
@@ -382,7 +344,7 @@ class _SlowImages(http.server.BaseHTTPRequestHandler):
 def test_a_slow_image_fetch_stalls_no_other_request(gw):
     """A request with images is converted in a worker thread: while its image downloads (1 s),
     the loop answers other requests at once. It then reaches the generation API, which refuses
-    images until the engine takes them."""
+    the images of an LLM flagged with a placeholder but given no image encoder."""
     httpx = pytest.importorskip("httpx")
     from surogate.gateway.app import GatewayApp
 
@@ -406,7 +368,7 @@ def test_a_slow_image_fetch_stalls_no_other_request(gw):
             waited = time.perf_counter() - start
             assert models.status_code == 200 and waited < 0.5 and not slow.done()
             answer = await slow
-            assert answer.status_code == 400 and "cannot take yet" in answer.json()["error"]["message"]
+            assert answer.status_code == 400 and "no image encoder" in answer.json()["error"]["message"]
 
     try:
         asyncio.run(check())
