@@ -35,6 +35,9 @@ PEFT_PREFIX = "base_model.model."
 # peft on a multimodal model (transformers 5's Gemma3ForConditionalGeneration): the language
 # model's modules are model.language_model.layers.*, not model.layers.*.
 LANGUAGE_MODEL_PREFIX = "model.language_model."
+# Its vision modules, which a target_modules list would also wrap (the SigLIP tower has q_proj /
+# k_proj / v_proj): peft's exclude_modules regex keeps the adapter to the language model.
+VISION_MODULES = r".*(vision_tower|multi_modal_projector).*"
 
 
 def to_peft_name(name: str, module_prefix: str = "model.") -> str:

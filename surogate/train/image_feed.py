@@ -35,15 +35,14 @@ def images_per_batch(datasets, batch_size: int) -> int:
 
 class ImageFeed:
     """The image inputs of one training Program (``arrays``, bound once) for ``images`` images
-    and ``n_tokens`` tokens per micro-batch."""
+    and ``n_tokens`` tokens per micro-batch; ``prompt``: the family's ``ImagePrompt``."""
 
-    def __init__(self, model, images: int, n_tokens: int):
-        from surogate.io.image_processing import Gemma3ImageProcessor
+    def __init__(self, model, prompt, images: int, n_tokens: int):
         from surogate.model import _np_dtype
 
         self.model, self.images = model, images
-        self.processor = Gemma3ImageProcessor.from_folder(model.path)
-        if self.processor.do_pan_and_scan:
+        self.processor = prompt.processor  # the family's ImagePrompt: the folder's image processor
+        if getattr(self.processor, "do_pan_and_scan", False):
             raise ConfigError(f"{model.path}/preprocessor_config.json: do_pan_and_scan is true; training reads one "
                               "view per image", where="model", hint="set do_pan_and_scan false in that file")
         v, C = model.spec.vision, model.spec.hidden_size

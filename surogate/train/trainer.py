@@ -33,8 +33,8 @@ from surogate.train.data import Batch, build_datasets
 from surogate.train.export import merge_into_checkpoint, save_hf_folder, write_sidecars
 from surogate.train.image_feed import IMAGE_INPUTS, ImageFeed, images_per_batch
 from surogate.models.name_table import transposed_experts
+from surogate.models.peft import LANGUAGE_MODEL_PREFIX, VISION_MODULES
 from surogate.train.lora import init_lora, merge_into_hf, save_peft_adapter
-from surogate.models.image_prompt import image_prompt, vision_adapter_names
 from surogate.train.metrics import MetricsFeed
 from surogate.train.optimizer import AdamW, AdamWParams
 from surogate.train.schedule import Schedule
@@ -123,8 +123,15 @@ class Trainer:
 
     def _datasets(self):
         """(train, eval or None): what the iterator and `_step` consume (a DPO trainer's are pairs)."""
-        prompt = image_prompt(self.model.spec, self.model.tokenizer, source=f"{self.cfg.model}/config.json")
-        return build_datasets(self.cfg, self.model.tokenizer, image_prompt=prompt)
+        m = self.model  # a vision model's image placeholders (None: rows with images are errors)
+        hook = m.family.image_prompt if m.spec.vision is not None else None
+        self.image_prompt = None
+        if hook is not None:
+            try:
+                self.image_prompt = hook(m.spec, m.tokenizer, str(m.path))
+            except ConfigError as e:  # (a tokenizer without the image tokens): text rows still train
+                logging.getLogger(__name__).warning("%s: rows with images are refused (%s)", self.cfg.model, e.message)
+        return build_datasets(self.cfg, m.tokenizer, image_prompt=self.image_prompt)
 
     def _tokens_per_row(self) -> int:
         """Tokens per batch row: a micro-batch is B rows, N = B * this tokens."""
@@ -191,7 +198,7 @@ class Trainer:
                               if seed in self.exe.lowered.by_value}
         for seed, _ in self.router_losses.values():
             self.inputs[seed] = np.zeros(1, np.float32)
-        self.image_feed = ImageFeed(m, self.images, self.N) if self.images else None
+        self.image_feed = ImageFeed(m, self.image_prompt, self.images, self.N) if self.images else None
         if self.image_feed is not None:
             self.inputs.update(self.image_feed.arrays)
         for n, a in self.inputs.items():
@@ -432,7 +439,8 @@ class Trainer:
         if self.lora is not None:
             vision = m.spec.vision is not None  # peft's names for the multimodal model's language model
             adapter = save_peft_adapter(self.out / "adapter", self._trainable_state(), self.lora, base_model=c.model,
-                                        **(vision_adapter_names() if vision else {}))
+                                        **({"module_prefix": LANGUAGE_MODEL_PREFIX, "exclude_modules": VISION_MODULES}
+                                           if vision else {}))
             write_sidecars(source, adapter)  # a tokenizer beside the adapter, as peft users expect
             merged = None
             if c.merge_adapter and vision:  # into the checkpoint's own tensors, tower and projector as they are

@@ -1,7 +1,6 @@
-"""A tiny Gemma 3 with images to train on (tiny_models.make_gemma3_vision's checkpoint with a
-tokenizer that has Gemma 3's image tokens at the config's ids, the hub's chat template and
-processor_config.json, so transformers' Gemma3Processor loads from the folder offline), pictures,
-a dataset of image chat rows in TRL's forms, and the run's YAML as a user writes it."""
+"""Training on images: a tiny Gemma 3 with images (sgtest.vision's folder, which transformers'
+Gemma3Processor loads offline), pictures, a dataset of image chat rows in TRL's forms, and the
+run's YAML as a user writes it."""
 
 from __future__ import annotations
 
@@ -11,81 +10,14 @@ import json
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
 
-from sgtest.tiny_models import build_tokenizer, make_gemma3_vision
-
-IMAGE_TOKENS = ("<start_of_image>", "<end_of_image>", "<image_soft_token>")  # ids v, v + 1, v + 2: the config's
-
-# google/gemma-3-4b-it's chat template (one <start_of_image> per image part).
-GEMMA3_TEMPLATE = """{{ bos_token }}
-{%- if messages[0]['role'] == 'system' -%}
-    {%- if messages[0]['content'] is string -%}
-        {%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}
-    {%- else -%}
-        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\\n\\n' -%}
-    {%- endif -%}
-    {%- set loop_messages = messages[1:] -%}
-{%- else -%}
-    {%- set first_user_prefix = "" -%}
-    {%- set loop_messages = messages -%}
-{%- endif -%}
-{%- for message in loop_messages -%}
-    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
-        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
-    {%- endif -%}
-    {%- if (message['role'] == 'assistant') -%}
-        {%- set role = "model" -%}
-    {%- else -%}
-        {%- set role = message['role'] -%}
-    {%- endif -%}
-    {{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else "") }}
-    {%- if message['content'] is string -%}
-        {{ message['content'] | trim }}
-    {%- elif message['content'] is iterable -%}
-        {%- for item in message['content'] -%}
-            {%- if item['type'] == 'image' -%}
-                {{ '<start_of_image>' }}
-            {%- elif item['type'] == 'text' -%}
-                {{ item['text'] | trim }}
-            {%- endif -%}
-        {%- endfor -%}
-    {%- else -%}
-        {{ raise_exception("Invalid content type") }}
-    {%- endif -%}
-    {{ '<end_of_turn>\\n' }}
-{%- endfor -%}
-{%- if add_generation_prompt -%}
-    {{'<start_of_turn>model\\n'}}
-{%- endif -%}
-"""
+from sgtest.vision import image, make_gemma3_vision_chat
 
 
 def make_folder(path: Path, seed: int = 3, text: dict | None = None) -> Path:
-    """The tiny Gemma 3 with images, its tokenizer given <start_of_image>, <end_of_image> and
-    <image_soft_token> at the ids its config names, and the hub's template and processor config."""
-    from tokenizers import AddedToken
-
-    path = make_gemma3_vision(path, seed=seed, text=text)
-    cfg = json.loads((path / "config.json").read_text())
-    tok = build_tokenizer("gemma")
-    v = tok.get_vocab_size()
-    assert (cfg["boi_token_index"], cfg["eoi_token_index"], cfg["image_token_index"]) == (v, v + 1, v + 2)
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in IMAGE_TOKENS])
-    tok.save(str(path / "tokenizer.json"))
-    tc = json.loads((path / "tokenizer_config.json").read_text())
-    tc.update(chat_template=GEMMA3_TEMPLATE, boi_token=IMAGE_TOKENS[0], eoi_token=IMAGE_TOKENS[1],
-              image_token=IMAGE_TOKENS[2],
-              extra_special_tokens=dict(zip(("boi_token", "eoi_token", "image_token"), IMAGE_TOKENS)))
-    (path / "tokenizer_config.json").write_text(json.dumps(tc))
-    (path / "chat_template.jinja").write_text(GEMMA3_TEMPLATE)  # the processor's, as the hub ships it
-    (path / "processor_config.json").write_text(json.dumps(
-        {"processor_class": "Gemma3Processor", "image_seq_length": cfg["mm_tokens_per_image"]}))
-    return path
-
-
-def picture(seed: int, w: int = 40, h: int = 30):
-    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8))
+    """sgtest.vision's served folder (the tokenizer with Gemma 3's image tokens, the hub's chat
+    template and processor_config.json), ``text``: text_config overrides."""
+    return make_gemma3_vision_chat(path, seed=seed, **({"text": text} if text else {}))
 
 
 def data_url(img) -> str:
@@ -101,7 +33,7 @@ def write_dataset(path: Path, n: int = 6) -> Path:
     (path / "img").mkdir(exist_ok=True)
     rows = []
     for i in range(n):
-        img = picture(10 + i, 30 + 4 * i, 40)
+        img = image(10 + i, (30 + 4 * i, 40))
         img.save(path / "img" / f"{i}.png")
         channel = ["red", "green", "blue"][int(np.asarray(img).reshape(-1, 3).mean(0).argmax())]
         if i % 3 == 0:
@@ -109,7 +41,7 @@ def write_dataset(path: Path, n: int = 6) -> Path:
                                       {"role": "assistant", "content": f"The {channel} one."}],
                          "images": [f"img/{i}.png"]})
         elif i % 3 == 1:
-            other = picture(100 + i)
+            other = image(100 + i)
             rows.append({"messages": [
                 {"role": "user", "content": [{"type": "image", "image": data_url(other)},
                                              {"type": "text", "text": "and"}, {"type": "image"},

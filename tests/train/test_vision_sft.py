@@ -19,16 +19,18 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
-Image = pytest.importorskip("PIL.Image")
+pytest.importorskip("PIL")
 
 import surogate  # noqa: E402
 from sgtest.peft_ref import peft_model, peft_tensors  # noqa: E402
 from sgtest.qa import step_losses  # noqa: E402
-from sgtest.vision_sft import data_url, make_folder, picture, write_dataset, yaml_config  # noqa: E402
+from sgtest.vision import image
+from sgtest.vision_sft import data_url, make_folder, write_dataset, yaml_config  # noqa: E402
 from surogate.config import load_config  # noqa: E402
 from surogate.dsl.nn import LoRAConfig  # noqa: E402
 from surogate.errors import FileFormatError  # noqa: E402
-from surogate.models.image_prompt import GEMMA3_PEFT_EXCLUDE, GEMMA3_PEFT_PREFIX, image_prompt  # noqa: E402
+from surogate.models.peft import LANGUAGE_MODEL_PREFIX as GEMMA3_PEFT_PREFIX  # noqa: E402
+from surogate.models.peft import VISION_MODULES as GEMMA3_PEFT_EXCLUDE  # noqa: E402
 from surogate.models.peft import from_peft_tensors  # noqa: E402
 from surogate.train.trainer import Trainer  # noqa: E402
 
@@ -64,7 +66,8 @@ def encode_row(model, record: dict, base: Path):
     sample = normalize(record, DatasetConfig(path=str(base)))
     sample = sample._replace(images=tuple(resolve_image(s, base, f) for s, f in zip(sample.images,
                                                                                    sample.image_fields)))
-    enc = ChatEncoder(model.tokenizer, None, image_prompt(model.spec, model.tokenizer)).encode(sample)
+    prompt = model.family.image_prompt(model.spec, model.tokenizer, str(model.path))
+    enc = ChatEncoder(model.tokenizer, None, prompt).encode(sample)
     return enc
 
 
@@ -86,7 +89,7 @@ def hf_assistant_labels(processor, ids: np.ndarray) -> np.ndarray:
 
 def row_with_two_images(tmp_path: Path) -> tuple[dict, list]:
     """A TRL-style row: image parts, the images in the row's list (a relative path and a data URL)."""
-    a, b = picture(1, 40, 30), picture(2, 25, 50)
+    a, b = image(1, (40, 30)), image(2, (25, 50))
     a.save(tmp_path / "cat.png")
     record = {"messages": [
         {"role": "user", "content": [{"type": "text", "text": "Compare"}, {"type": "image"},
@@ -170,7 +173,7 @@ def test_sft_on_image_rows_trains_and_its_adapter_and_merged_model_match_peft(fo
     hf_merged = pm.merge_and_unload().eval()
     mine = transformers.Gemma3ForConditionalGeneration.from_pretrained(str(merged), dtype=torch.float32).eval()
     proc = transformers.AutoProcessor.from_pretrained(str(merged))
-    msgs = [{"role": "user", "content": [{"type": "image", "image": picture(77)},
+    msgs = [{"role": "user", "content": [{"type": "image", "image": image(77)},
                                          {"type": "text", "text": "Which channel is brightest?"}]}]
     inputs = proc.apply_chat_template(msgs, tokenize=True, return_dict=True, return_tensors="pt",
                                       add_generation_prompt=True)
@@ -295,7 +298,7 @@ def _user_image(extra=None):
 @pytest.mark.parametrize("row, match", [
     (_user_image({"images": ["missing.png"]}), r"rows.jsonl line 1: images\[0\]: no such image file .*missing.png"),
     (_user_image(), r"rows.jsonl line 1: 'messages' holds 1 image part\(s\) .* field 'images' holds 0"),
-    (_user_image({"images": [data_url(picture(1)), data_url(picture(2))]}),
+    (_user_image({"images": [data_url(image(1)), data_url(image(2))]}),
      r"rows.jsonl line 1: 'messages' holds 1 image part\(s\) .* 'images' holds 2"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "image": "nope/x.png"}]},
                    {"role": "assistant", "content": "Hi."}]},
@@ -307,7 +310,7 @@ def _user_image(extra=None):
 ])
 def test_rows_that_cannot_be_trained_on_name_file_line_and_field(folder, tmp_path, row, match):
     if "a <start_of_image> in text" in json.dumps(row):
-        row = {**row, "images": [data_url(picture(3))]}
+        row = {**row, "images": [data_url(image(3))]}
     cfg, _ = _config_for_rows(folder, tmp_path, [row])
     with pytest.raises(FileFormatError, match=match):
         Trainer(cfg)
@@ -317,7 +320,7 @@ def test_an_image_row_for_a_model_without_a_vision_tower(tmp_path):
     from sgtest.tiny_models import make_model
 
     base = make_model("gemma3", tmp_path / "text")
-    cfg, _ = _config_for_rows(base, tmp_path / "run", [_user_image({"images": [data_url(picture(1))]})])
+    cfg, _ = _config_for_rows(base, tmp_path / "run", [_user_image({"images": [data_url(image(1))]})])
     with pytest.raises(FileFormatError, match=r"rows.jsonl line 1: the row has 1 image\(s\), and this model takes "
                                               r"no images \(it has no vision tower\)"):
         Trainer(cfg)

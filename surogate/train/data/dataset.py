@@ -151,7 +151,7 @@ def _take(order: np.ndarray, index: int, batch_size: int) -> list[int]:
 def build_datasets(config: SFTConfig, tokenizer: Tokenizer, *, cache_dir: str | Path | None = None,
                    image_prompt=None) -> tuple[PackedDataset, PackedDataset | None]:
     """(train, eval or None) for the config; ``cache_dir`` defaults to <output_dir>/.cache/tokenized.
-    ``image_prompt`` (surogate.models.image_prompt): the model's image placeholders; None: rows
+    ``image_prompt`` (the family's ``ImagePrompt``): the model's image placeholders; None: rows
     with images are errors."""
     cache_dir = Path(cache_dir) if cache_dir is not None else Path(config.output_dir) / ".cache" / "tokenized"
     builder = _Builder(config, tokenizer, cache_dir, image_prompt)
@@ -210,7 +210,7 @@ class _Builder:
                                "tokenizer": self._tokenizer_fp, "train_on": train_on,
                                "sequence_len": config.sequence_len, "skip_bad_rows": config.skip_bad_rows,
                                # (only for vision models: the text models' keys stay as they were)
-                               **({"image_prompt": repr(self.image_prompt)} if self.image_prompt else {})})
+                               **({"image_prompt": _prompt_key(self.image_prompt)} if self.image_prompt else {})})
         path = self.cache_dir / f"{key}.npz"
         hit = cache.load(path)
         if hit is not None:
@@ -286,12 +286,17 @@ class _Builder:
         return Documents.from_arrays(kept, kept_images if any(kept_images) else None), counts
 
 
+def _prompt_key(prompt) -> list:
+    """What the tokens of image rows depend on, for the cache key."""
+    return [prompt.placeholder, prompt.image_text(0), prompt.image_token_id, prompt.tokens_per_view]
+
+
 def _whole_images(ids: np.ndarray, mask: np.ndarray, images: tuple, prompt) -> tuple[np.ndarray, np.ndarray, tuple]:
     """A truncated document cut again before an image whose tokens it cut, and its whole images."""
     at = np.flatnonzero(ids == prompt.image_token_id)
-    whole = len(at) // prompt.tokens_per_image
-    if len(at) % prompt.tokens_per_image:
-        end = int(at[whole * prompt.tokens_per_image])
+    whole = len(at) // prompt.tokens_per_view
+    if len(at) % prompt.tokens_per_view:
+        end = int(at[whole * prompt.tokens_per_view])
         ids, mask = ids[:end], mask[:end]
     return ids, mask, tuple(images[:whole])
 

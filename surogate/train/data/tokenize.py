@@ -32,11 +32,12 @@ How the assistant characters are found:
    trained on, the reasoning is.
 A Document is the text with the tokenizer's own special tokens (Llama's BOS) plus an eos token.
 
-Images (a model with a vision tower: ``image_prompt``): the template writes one placeholder per
-image part; the rendered text must hold exactly one per image of the row (a template that drops
-image parts, or text that contains the placeholder itself, is an error). Each placeholder is then
-expanded as the model's processor does (surogate.models.image_prompt), the spans moved with it,
-and the text tokenized; the image tokens are never targets, whatever train_on says.
+Images (a model with a vision tower: ``image_prompt``, its family's ``Family.image_prompt``): the
+template writes one placeholder per image part; the rendered text must hold exactly one per image
+of the row (a template that drops image parts, or text that contains the placeholder itself, is an
+error). Each placeholder is then replaced by the image's text as the model's processor writes it
+(``ImagePrompt.image_text``: Gemma 3's full_image_sequence), the spans moved with it, and the text
+tokenized; the image tokens are never targets, whatever train_on says.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ import numpy as np
 
 from surogate.errors import InvalidArgumentError
 from surogate.io import ChatTemplate, Tokenizer
-from surogate.models.image_prompt import ImagePrompt, move_spans
+from surogate.models.family import ImagePrompt
 from surogate.train.data.formats import Conversation, Document, RowError, Sample
 
 TRAIN_ON = ("assistant", "last_turn", "all")
@@ -146,16 +147,15 @@ class ChatEncoder:
                            f"{n} image(s): {why}",
                            hint="use the model's own chat template, which renders each {\"type\": \"image\"} part"
                            if written < n else f"remove {p.placeholder!r} from the messages' text")
-        text, edits = p.expand(text)
-        return text, move_spans(spans, edits)
+        return _expand_images(text, spans, p.placeholder, p.image_text(0))
 
     def _image_targets_off(self, enc: Encoded, images: tuple) -> Encoded:
         p = self.image_prompt
         is_image = enc.input_ids == p.image_token_id
-        want = len(images) * p.tokens_per_image
+        want = len(images) * p.tokens_per_view
         if int(is_image.sum()) != want:
             raise RowError(f"the tokenized row has {int(is_image.sum())} image tokens ({p.image_token!r}) for "
-                           f"{len(images)} image(s) of {p.tokens_per_image}",
+                           f"{len(images)} image(s) of {p.tokens_per_view}",
                            hint="the tokenizer must keep the image token whole (an added special token)")
         return Encoded(enc.input_ids, enc.loss_mask & ~is_image, tuple(images))
 
@@ -236,6 +236,18 @@ class ChatEncoder:
             if k < len(ids) and int(ids[k]) in self._eot_ids:
                 mask[j:k + 1] = True
         return Encoded(ids, mask)
+
+
+def _expand_images(text: str, spans: list[tuple[int, int]], placeholder: str,
+                   replacement: str) -> tuple[str, list[tuple[int, int]]]:
+    """``text`` with every placeholder replaced, and the character spans moved to match (a span
+    boundary is never inside a placeholder: the template writes it whole)."""
+    at = [m.start() for m in re.finditer(re.escape(placeholder), text)]
+    grow = len(replacement) - len(placeholder)
+
+    def moved(x: int) -> int:
+        return x + grow * sum(1 for a in at if a < x)
+    return text.replace(placeholder, replacement), [(moved(a), moved(b)) for a, b in spans]
 
 
 def _sentinel(n: int) -> str:
