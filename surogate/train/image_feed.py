@@ -19,15 +19,18 @@ from surogate.errors import ConfigError
 IMAGE_INPUTS = ("image_rows", "image_slots", "text_mask", "kv_limit")
 
 
-def images_per_batch(datasets, batch_size: int) -> int:
-    """The most images one micro-batch of ``batch_size`` rows can hold, over the datasets (None
-    entries and datasets without images count 0)."""
+def images_per_batch(datasets, batch_size: int, prompt) -> int:
+    """The most image views (images and their pan-and-scan crops) one micro-batch of
+    ``batch_size`` rows can hold, over the datasets (None entries and datasets without images
+    count 0): each view is a run of ``prompt.tokens_per_view`` image tokens."""
     most = 0
     for data in datasets:
         docs = getattr(data, "docs", None)
         if docs is None or docs.images is None:
             continue
-        per_row = sorted((sum(len(docs.images[d]) for d in data.plan.row(r).tolist()) for r in range(data.num_rows)),
+        is_image = (docs.input_ids == prompt.image_token_id).astype(np.int64)
+        per_doc = np.add.reduceat(is_image, docs.offsets[:-1]) // prompt.tokens_per_view if len(docs) else []
+        per_row = sorted((int(sum(per_doc[d] for d in data.plan.row(r).tolist())) for r in range(data.num_rows)),
                          reverse=True)
         most = max(most, sum(per_row[:batch_size]))
     return most
@@ -42,9 +45,6 @@ class ImageFeed:
 
         self.model, self.images = model, images
         self.processor = prompt.processor  # the family's ImagePrompt: the folder's image processor
-        if getattr(self.processor, "do_pan_and_scan", False):
-            raise ConfigError(f"{model.path}/preprocessor_config.json: do_pan_and_scan is true; training reads one "
-                              "view per image", where="model", hint="set do_pan_and_scan false in that file")
         v, C = model.spec.vision, model.spec.hidden_size
         self.dtype = _np_dtype(model.dtype)
         self.arrays = dict(zip(IMAGE_INPUTS, (np.zeros((images * v.mm_tokens_per_image + 1, C), self.dtype),
@@ -58,12 +58,13 @@ class ImageFeed:
         from surogate.train.data.images import pixel_values
 
         m, v = self.model, self.model.spec.vision
-        n = len(batch.images)
-        if n > self.images:
-            raise ConfigError(f"a micro-batch holds {n} images, the training Program {self.images}", where="datasets")
         rows = np.zeros((0, m.spec.hidden_size), np.float32)
-        if n:
-            px = pixel_values(self.processor, batch.images)
+        if batch.images:
+            px = pixel_values(self.processor, batch.images)  # the views: images and their crops
+            n = len(px)
+            if n > self.images:
+                raise ConfigError(f"a micro-batch holds {n} image views, the training Program {self.images}",
+                                  where="datasets")
             padded = np.zeros((self.images, *px.shape[1:]), np.float32)
             padded[:n] = px
             rows = m.encode_images(padded)[:n * v.mm_tokens_per_image]

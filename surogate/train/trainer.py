@@ -75,6 +75,7 @@ def qlora_load_args(cfg) -> dict:
 
 class Trainer:
     graph_kw: dict = {}  # extra Model.executable arguments of the training and reference Programs (GRPO's temperature)
+    image_prompt = None  # the family's ImagePrompt, for a vision model's rows with images (_datasets)
 
     def __init__(self, cfg: SFTConfig, model: Model | None = None, stream=None):
         self.cfg = cfg
@@ -146,7 +147,7 @@ class Trainer:
     def _build(self) -> None:
         m = self.model
         # Images (a vision model's rows with images): the Program reads the rows of this many (image_feed.py).
-        self.images = images_per_batch((self.train_data, self.eval_data), self.B)
+        self.images = images_per_batch((self.train_data, self.eval_data), self.B, self.image_prompt)
         image_kw = {"images": self.images} if self.images else {}
         self.exe = m.executable("train", self.N, self.N, lora=self.lora, grads=True, recompute=self.cfg.recompute,
                                 mlp_chunk=self.mlp_chunk, **self.graph_kw, **image_kw)

@@ -60,13 +60,11 @@ def encode_row(model, record: dict, base: Path):
     """Our data path for one row: normalize, resolve the images, render + expand + tokenize + mask."""
     from surogate.config.sft import DatasetConfig
     from surogate.train.data.formats import normalize
-    from surogate.train.data.images import resolve_image
+    from surogate.train.data.images import resolve_images
     from surogate.train.data.tokenize import ChatEncoder
 
-    sample = normalize(record, DatasetConfig(path=str(base)))
-    sample = sample._replace(images=tuple(resolve_image(s, base, f) for s, f in zip(sample.images,
-                                                                                   sample.image_fields)))
     prompt = model.family.image_prompt(model.spec, model.tokenizer, str(model.path))
+    sample = resolve_images(normalize(record, DatasetConfig(path=str(base))), base, prompt)
     enc = ChatEncoder(model.tokenizer, None, prompt).encode(sample)
     return enc
 
@@ -152,6 +150,53 @@ def test_lora_gradients_of_an_image_row_equal_peft(ours, folder, processor, tmp_
         assert err < 1e-4, f"{name}: {err:.2e}"
 
 
+def test_pan_and_scan_rows_equal_the_processor_and_peft(tmp_path):
+    """preprocessor_config.json with pan-and-scan: a wide image becomes the original and its crops
+    (the processor's text and views); ids, labels, pixel values and LoRA gradients as HF's."""
+    from sgtest.vision import make_gemma3_vision_chat
+
+    pan = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 8, "pan_and_scan_max_num_crops": 3,
+           "pan_and_scan_min_ratio_to_activate": 1.2}
+    folder = make_gemma3_vision_chat(tmp_path / "pas", seed=3, preprocessor=pan)
+    model = surogate.load_model(folder)
+    wide, square = image(30, (64, 30)), image(31, (30, 30))
+    wide.save(tmp_path / "wide.png")
+    record = {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "and"},
+                                                        {"type": "image"}]},
+                           {"role": "assistant", "content": "Two pictures."}],
+              "images": ["wide.png", data_url(square)]}
+    enc = encode_row(model, record, tmp_path / "data.jsonl")
+    assert enc.views == (3, 1)  # the wide one and its two crops; the square one alone
+    proc = transformers.AutoProcessor.from_pretrained(str(folder))
+    msgs = [{"role": "user", "content": [{"type": "image", "image": wide}, {"type": "text", "text": "and"},
+                                         {"type": "image", "image": square}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "Two pictures."}]}]
+    out = proc.apply_chat_template(msgs, tokenize=True, return_dict=True, processor_kwargs={**pan, "return_tensors": "np"})
+    ids = out["input_ids"][0]
+    np.testing.assert_array_equal(enc.input_ids, ids)
+    labels = np.where(enc.loss_mask, enc.input_ids, -100)
+    np.testing.assert_array_equal(labels, hf_assistant_labels(proc, ids))
+    from surogate.train.data.images import pixel_values
+
+    prompt = model.family.image_prompt(model.spec, model.tokenizer, str(folder))
+    px = pixel_values(prompt.processor, enc.images)
+    assert px.shape[0] == 4
+    np.testing.assert_allclose(px, out["pixel_values"], atol=1e-6, rtol=0)
+    lora = LoRAConfig(4, 8.0, tuple(TARGETS))
+    pm = peft_model(hf_model(folder), TARGETS, r=4, alpha=8, seed=4, exclude_modules=GEMMA3_PEFT_EXCLUDE)
+    params = from_peft_tensors(peft_tensors(pm), lora, GEMMA3_PEFT_PREFIX)
+    loss, grads = model.loss_and_grads(enc.input_ids, labels, lora=lora, lora_params=params, images=px)
+    t = torch.tensor(ids.astype(np.int64))[None]
+    ref = pm(input_ids=t, pixel_values=torch.tensor(px), token_type_ids=torch.tensor(out["token_type_ids"]),
+             labels=torch.tensor(labels.astype(np.int64))[None])
+    ref.loss.backward()
+    assert loss == pytest.approx(ref.loss.item(), rel=1e-5)
+    want = from_peft_tensors(peft_tensors(pm, "grad"), lora, GEMMA3_PEFT_PREFIX)
+    for name, g in grads.items():
+        err = np.abs(g - want[name]).max() / (np.abs(want[name]).max() + 1e-12)
+        assert err < 1e-4, f"{name}: {err:.2e}"
+
+
 def test_sft_on_image_rows_trains_and_its_adapter_and_merged_model_match_peft(folder, tmp_path):
     """`surogate sft run.yaml` on rows of one or two images (and a text row), packed."""
     data = write_dataset(tmp_path / "data")
@@ -202,6 +247,28 @@ def test_sft_on_image_rows_trains_and_its_adapter_and_merged_model_match_peft(fo
     assert set(again) == set(first) and all(np.array_equal(again[k], first[k]) for k in first)
 
 
+def hf_token_loss(folder, docs, indices, **image_kwargs) -> tuple[float, int]:
+    """transformers' loss summed over the targets of these documents, each alone with its images
+    (transformers' own image processor; ``image_kwargs``: its call's keys), and the target count."""
+    from surogate.train.data.images import load_images
+
+    ref, proc = hf_model(folder), transformers.AutoImageProcessor.from_pretrained(str(folder))
+    total, count = 0.0, 0
+    for d in indices:
+        ids, mask = docs[d]
+        labels = torch.tensor(np.where(mask, ids, -100).astype(np.int64))[None]
+        t = torch.tensor(ids.astype(np.int64))[None]
+        kw = {}
+        if docs.doc_images(d):
+            px = proc(images=load_images(docs.doc_images(d)), return_tensors="pt", **image_kwargs)["pixel_values"]
+            kw = {"pixel_values": px, "token_type_ids": (t == ref.config.image_token_index).long()}
+        n = int((labels[0, 1:] != -100).sum())
+        with torch.no_grad():
+            total += ref(input_ids=t, labels=labels, **kw).loss.item() * n
+        count += n
+    return total, count
+
+
 def test_a_packed_micro_batch_s_loss_equals_transformers_document_by_document(folder, tmp_path):
     """Rows of several documents, each with its own images in order: the trainer's first-step
     loss (LoRA B = 0: the base model) is HF's token-summed loss of each document alone, with its
@@ -216,24 +283,34 @@ def test_a_packed_micro_batch_s_loss_equals_transformers_document_by_document(fo
     assert (b.input_ids == image_token).sum() == len(b.images) * trainer.model.spec.vision.mm_tokens_per_image
     assert not (b.targets == image_token).any()  # never a target
     loss, targets = trainer._step([b])
-    ref, proc = hf_model(folder), transformers.AutoImageProcessor.from_pretrained(str(folder))
-    from surogate.train.data.images import load_images
-
-    total, count = 0.0, 0
-    for d in docs:
-        ids, mask = ds.docs[d]
-        labels = torch.tensor(np.where(mask, ids, -100).astype(np.int64))[None]
-        t = torch.tensor(ids.astype(np.int64))[None]
-        kw = {}
-        if ds.docs.doc_images(d):
-            px = proc(images=load_images(ds.docs.doc_images(d)), return_tensors="pt")["pixel_values"]
-            kw = {"pixel_values": px, "token_type_ids": (t == ref.config.image_token_index).long()}
-        n = int((labels[0, 1:] != -100).sum())
-        with torch.no_grad():
-            total += ref(input_ids=t, labels=labels, **kw).loss.item() * n
-        count += n
+    total, count = hf_token_loss(folder, ds.docs, docs)
     assert targets == count
     assert loss == pytest.approx(total / count, rel=1e-5)
+
+
+def test_training_with_pan_and_scan_crops_equals_transformers(tmp_path):
+    """The Program reads every view (images and crops): a micro-batch's loss equals HF's."""
+    from sgtest.vision import make_gemma3_vision_chat
+
+    pan = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 8, "pan_and_scan_max_num_crops": 3,
+           "pan_and_scan_min_ratio_to_activate": 1.2}
+    folder = make_gemma3_vision_chat(tmp_path / "pas", seed=3, preprocessor=pan)
+    rows = [{"messages": [{"role": "user", "content": "What is it?"}, {"role": "assistant", "content": f"Noise {i}."}],
+             "images": [data_url(image(40 + i, (30 + 30 * i, 30)))]} for i in range(3)]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    trainer = Trainer(load_config(yaml_config(folder, data, tmp_path / "out", per_device_train_batch_size=1,
+                                              sample_packing="false"), kind="sft"))
+    from surogate.train.data.images import pixel_values
+
+    ds = trainer.train_data
+    views = {len(pixel_values(trainer.image_feed.processor, ds.docs.doc_images(d))) for d in range(len(ds.docs))}
+    assert views == {1, 3, 4} and trainer.images == 4  # 30 x 30: no crops; 60 wide: 2 crops; 90 wide: 3
+    for r in range(ds.num_rows):
+        b = ds.batch([r])
+        loss, targets = trainer._step([b])
+        total, count = hf_token_loss(folder, ds.docs, [int(d) for d in ds.plan.row(r)], **pan)
+        assert targets == count and loss == pytest.approx(total / count, rel=1e-5)
 
 
 def test_evaluation_with_images_equals_transformers(folder, tmp_path):
@@ -245,22 +322,7 @@ def test_evaluation_with_images_equals_transformers(folder, tmp_path):
                                   kind="sft"))
     docs = trainer.eval_data.docs
     assert docs.images is not None and any(docs.images)
-    ref, proc = hf_model(folder), transformers.AutoImageProcessor.from_pretrained(str(folder))
-    from surogate.train.data.images import load_images
-
-    total, count = 0.0, 0
-    for d in range(len(docs)):
-        ids, mask = docs[d]
-        t = torch.tensor(ids.astype(np.int64))[None]
-        labels = torch.tensor(np.where(mask, ids, -100).astype(np.int64))[None]
-        kw = {}
-        if docs.doc_images(d):
-            kw = {"pixel_values": proc(images=load_images(docs.doc_images(d)), return_tensors="pt")["pixel_values"],
-                  "token_type_ids": (t == ref.config.image_token_index).long()}
-        n = int((labels[0, 1:] != -100).sum())
-        with torch.no_grad():
-            total += ref(input_ids=t, labels=labels, **kw).loss.item() * n
-        count += n
+    total, count = hf_token_loss(folder, docs, range(len(docs)))
     assert trainer.evaluate() == pytest.approx(total / count, rel=1e-5)
 
 

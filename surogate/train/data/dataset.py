@@ -27,7 +27,7 @@ from surogate.errors import ConfigError
 from surogate.io import Tokenizer
 from surogate.train.data import cache
 from surogate.train.data.formats import Conversation, RowError, normalize
-from surogate.train.data.images import resolve_image
+from surogate.train.data.images import resolve_images
 from surogate.train.data.packing import Batch, Documents, collate, pack
 from surogate.train.data.sources import RowErrors, fingerprint, read_rows, resolve_files
 from surogate.train.data.tokenize import ChatEncoder
@@ -245,7 +245,7 @@ class _Builder:
                 if len(ids) > T:
                     ids, mask = ids[:T], mask[:T]
                     if images:  # an image cut short is dropped with the tokens after it
-                        ids, mask, images = _whole_images(ids, mask, images, self.image_prompt)
+                        ids, mask, images = _whole_images(ids, mask, images, enc.views, self.image_prompt)
                     counts["truncated"] += 1
                 if not mask[1:].any():  # the first token is never a target
                     counts["no_targets"] += 1
@@ -261,8 +261,7 @@ class _Builder:
             try:
                 sample = normalize(row.record, dataset)
                 if isinstance(sample, Conversation) and sample.images:
-                    sample = sample._replace(images=tuple(
-                        resolve_image(src, row.path, field) for src, field in zip(sample.images, sample.image_fields)))
+                    sample = resolve_images(sample, row.path, self.image_prompt)
             except RowError as e:
                 bad(row.where, e)
                 continue
@@ -288,15 +287,21 @@ class _Builder:
 
 def _prompt_key(prompt) -> list:
     """What the tokens of image rows depend on, for the cache key."""
-    return [prompt.placeholder, prompt.image_text(0), prompt.image_token_id, prompt.tokens_per_view]
+    pan = getattr(prompt.processor, "do_pan_and_scan", False)
+    return [prompt.placeholder, prompt.image_text(0), prompt.image_text(1), prompt.image_token_id,
+            prompt.tokens_per_view, pan and repr(prompt.processor)]
 
 
-def _whole_images(ids: np.ndarray, mask: np.ndarray, images: tuple, prompt) -> tuple[np.ndarray, np.ndarray, tuple]:
-    """A truncated document cut again before an image whose tokens it cut, and its whole images."""
+def _whole_images(ids: np.ndarray, mask: np.ndarray, images: tuple, views: tuple,
+                  prompt) -> tuple[np.ndarray, np.ndarray, tuple]:
+    """A truncated document cut again before the first view of an image whose tokens (any view's)
+    it cut, and its whole images."""
     at = np.flatnonzero(ids == prompt.image_token_id)
-    whole = len(at) // prompt.tokens_per_view
-    if len(at) % prompt.tokens_per_view:
-        end = int(at[whole * prompt.tokens_per_view])
+    ends = np.cumsum(views) * prompt.tokens_per_view  # image tokens up to the end of each image
+    whole = int(np.searchsorted(ends, len(at), side="right"))
+    done = int(ends[whole - 1]) if whole else 0
+    if len(at) > done:
+        end = int(at[done])
         ids, mask = ids[:end], mask[:end]
     return ids, mask, tuple(images[:whole])
 

@@ -40,6 +40,7 @@ class Conversation(NamedTuple):
     tools: list[dict] | None = None
     images: tuple = ()  # one source per image part, in order (str or {"bytes", "path"}); see the header
     image_fields: tuple = ()  # where each came from, for errors: "images[1]", "messages[0].content[2].image"
+    image_crops: tuple = ()  # the pan-and-scan crops of each (set when the dataset is built; () = none)
 
 
 class Document(NamedTuple):

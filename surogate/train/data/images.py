@@ -54,25 +54,36 @@ def resolve_image(source, base: Path | None, field: str) -> str:
     return str(path.resolve())
 
 
-def load_images(sources) -> list:
-    """The decoded RGB images (PIL) of resolved sources."""
+def resolve_images(sample, base: Path | None, prompt):
+    """The Conversation with its image sources resolved (`resolve_image`, ``base``: the dataset
+    file); with pan-and-scan (``prompt``: the family's ImagePrompt), each image decoded once to
+    count its crops (the text holds a view per crop: ``image_crops``)."""
+    sources = tuple(resolve_image(s, base, f) for s, f in zip(sample.images, sample.image_fields))
+    crops = ()
+    if prompt is not None and getattr(prompt.processor, "do_pan_and_scan", False):
+        crops = tuple(prompt.num_crops(img) for img in load_images(sources, sample.image_fields))
+    return sample._replace(images=sources, image_crops=crops)
+
+
+def load_images(sources, fields=None) -> list:
+    """The decoded RGB images (PIL) of resolved sources; with ``fields`` (building the dataset) a
+    bad image is a RowError naming its field."""
     from surogate.io.images import load_image
 
     out = []
-    for src in sources:
+    for i, src in enumerate(sources):
         try:
             allowed = os.path.dirname(src) if not src.startswith("data:") else None
             out.append(load_image(src, allowed_local_media_path=allowed))
         except InvalidArgumentError as e:
             shown = src if not src.startswith("data:") else src[:40] + "..."
+            if fields is not None:
+                raise RowError(f"{fields[i]}: {e.message}", hint=e.hint) from None
             raise InvalidArgumentError(f"image {shown}: {e.message}", hint=e.hint) from None
     return out
 
 
 def pixel_values(processor, sources) -> np.ndarray:
-    """[n, 3, S, S] float32 for the resolved sources (the model's image processor)."""
-    batch = processor(load_images(sources))
-    if any(batch.num_crops):
-        raise InvalidArgumentError("the image processor made pan-and-scan crops (do_pan_and_scan)",
-                                   hint="set do_pan_and_scan false in preprocessor_config.json for training")
-    return batch.pixel_values
+    """[views, 3, S, S] float32 for the resolved sources (the model's image processor): each
+    image, then its pan-and-scan crops, the order the prompt holds their tokens in."""
+    return processor(load_images(sources)).pixel_values

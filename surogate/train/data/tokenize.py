@@ -37,7 +37,9 @@ template writes one placeholder per image part; the rendered text must hold exac
 of the row (a template that drops image parts, or text that contains the placeholder itself, is an
 error). Each placeholder is then replaced by the image's text as the model's processor writes it
 (``ImagePrompt.image_text``: Gemma 3's full_image_sequence), the spans moved with it, and the text
-tokenized; the image tokens are never targets, whatever train_on says.
+tokenized; the image tokens are never targets, whatever train_on says. An image with pan-and-scan
+crops (``Conversation.image_crops``) becomes its own view's tokens and each crop's, as the
+processor writes them.
 """
 
 from __future__ import annotations
@@ -62,14 +64,16 @@ _SENTINEL_SPLIT = re.compile("\ue000surogate(\\d+)\ue001")
 
 class Encoded:
     """One tokenized sample: ``input_ids`` int32 [T] and ``loss_mask`` bool [T]; ``images``: the
-    sources of its images, in the order of their token spans."""
+    sources of its images, in the order of their token spans; ``views``: each one's views (1 + its
+    pan-and-scan crops), each a run of the image token."""
 
-    __slots__ = ("input_ids", "loss_mask", "images")
+    __slots__ = ("input_ids", "loss_mask", "images", "views")
 
-    def __init__(self, input_ids: np.ndarray, loss_mask: np.ndarray, images: tuple = ()):
+    def __init__(self, input_ids: np.ndarray, loss_mask: np.ndarray, images: tuple = (), views: tuple = ()):
         self.input_ids = input_ids
         self.loss_mask = loss_mask
         self.images = images
+        self.views = views
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -107,7 +111,7 @@ class ChatEncoder:
             try:
                 text, spans = self._render(sample, train_on)
                 if sample.images:
-                    text, spans = self._expand_images(text, spans, len(sample.images))
+                    text, spans = self._expand_images(text, spans, len(sample.images), _crops(sample))
             except RowError as e:
                 out[i] = e
                 continue
@@ -119,7 +123,7 @@ class ChatEncoder:
                 out[i] = self._masked(text, spans, enc)
                 if samples[i].images:
                     try:
-                        out[i] = self._image_targets_off(out[i], samples[i].images)
+                        out[i] = self._image_targets_off(out[i], samples[i].images, _crops(samples[i]))
                     except RowError as e:
                         out[i] = e
         if docs:
@@ -133,7 +137,8 @@ class ChatEncoder:
 
     # -- images --
 
-    def _expand_images(self, text: str, spans: list[tuple[int, int]], n: int) -> tuple[str, list[tuple[int, int]]]:
+    def _expand_images(self, text: str, spans: list[tuple[int, int]], n: int,
+                       crops: tuple) -> tuple[str, list[tuple[int, int]]]:
         p = self.image_prompt
         if p is None:
             raise RowError(f"the row has {n} image(s), and this model takes no images (it has no vision tower)",
@@ -147,17 +152,18 @@ class ChatEncoder:
                            f"{n} image(s): {why}",
                            hint="use the model's own chat template, which renders each {\"type\": \"image\"} part"
                            if written < n else f"remove {p.placeholder!r} from the messages' text")
-        return _expand_images(text, spans, p.placeholder, p.image_text(0))
+        return _expand_images(text, spans, p.placeholder, [p.image_text(c) for c in crops])
 
-    def _image_targets_off(self, enc: Encoded, images: tuple) -> Encoded:
+    def _image_targets_off(self, enc: Encoded, images: tuple, crops: tuple) -> Encoded:
         p = self.image_prompt
         is_image = enc.input_ids == p.image_token_id
-        want = len(images) * p.tokens_per_view
+        views = tuple(1 + c for c in crops)
+        want = sum(views) * p.tokens_per_view
         if int(is_image.sum()) != want:
-            raise RowError(f"the tokenized row has {int(is_image.sum())} image tokens ({p.image_token!r}) for "
-                           f"{len(images)} image(s) of {p.tokens_per_view}",
+            raise RowError(f"the tokenized row has {int(is_image.sum())} image tokens (id {p.image_token_id}) for "
+                           f"{sum(views)} view(s) of {p.tokens_per_view}",
                            hint="the tokenizer must keep the image token whole (an added special token)")
-        return Encoded(enc.input_ids, enc.loss_mask & ~is_image, tuple(images))
+        return Encoded(enc.input_ids, enc.loss_mask & ~is_image, tuple(images), views)
 
     # -- rendering --
 
@@ -238,16 +244,27 @@ class ChatEncoder:
         return Encoded(ids, mask)
 
 
+def _crops(sample: Conversation) -> tuple:
+    return sample.image_crops or (0,) * len(sample.images)
+
+
 def _expand_images(text: str, spans: list[tuple[int, int]], placeholder: str,
-                   replacement: str) -> tuple[str, list[tuple[int, int]]]:
-    """``text`` with every placeholder replaced, and the character spans moved to match (a span
-    boundary is never inside a placeholder: the template writes it whole)."""
-    at = [m.start() for m in re.finditer(re.escape(placeholder), text)]
-    grow = len(replacement) - len(placeholder)
+                   replacements: list[str]) -> tuple[str, list[tuple[int, int]]]:
+    """``text`` with its i-th placeholder replaced by ``replacements[i]``, and the character spans
+    moved to match (a span boundary is never inside a placeholder: the template writes it whole)."""
+    pieces = text.split(placeholder)
+    assert len(pieces) == len(replacements) + 1
+    edits, pos, out = [], 0, [pieces[0]]
+    for piece, new in zip(pieces, replacements):
+        pos += len(piece)
+        edits.append((pos, len(new) - len(placeholder)))
+        pos += len(placeholder)
+    for new, piece in zip(replacements, pieces[1:]):
+        out += [new, piece]
 
     def moved(x: int) -> int:
-        return x + grow * sum(1 for a in at if a < x)
-    return text.replace(placeholder, replacement), [(moved(a), moved(b)) for a, b in spans]
+        return x + sum(grow for at, grow in edits if at < x)
+    return "".join(out), [(moved(a), moved(b)) for a, b in spans]
 
 
 def _sentinel(n: int) -> str:
