@@ -171,7 +171,8 @@ def test_pan_and_scan_rows_equal_the_processor_and_peft(tmp_path):
     msgs = [{"role": "user", "content": [{"type": "image", "image": wide}, {"type": "text", "text": "and"},
                                          {"type": "image", "image": square}]},
             {"role": "assistant", "content": [{"type": "text", "text": "Two pictures."}]}]
-    out = proc.apply_chat_template(msgs, tokenize=True, return_dict=True, processor_kwargs={**pan, "return_tensors": "np"})
+    out = proc.apply_chat_template(msgs, tokenize=True, return_dict=True,
+                                   processor_kwargs={**pan, "return_tensors": "np"})
     ids = out["input_ids"][0]
     np.testing.assert_array_equal(enc.input_ids, ids)
     labels = np.where(enc.loss_mask, enc.input_ids, -100)
