@@ -35,9 +35,10 @@ PEFT_PREFIX = "base_model.model."
 # peft on a multimodal model (transformers 5's Gemma3ForConditionalGeneration): the language
 # model's modules are model.language_model.layers.*, not model.layers.*.
 LANGUAGE_MODEL_PREFIX = "model.language_model."
-# Its vision modules, which a target_modules list would also wrap (the SigLIP tower has q_proj /
-# k_proj / v_proj): peft's exclude_modules regex keeps the adapter to the language model.
-VISION_MODULES = r".*(vision_tower|multi_modal_projector).*"
+# Its vision modules, which a target_modules list would also wrap (Gemma 3's SigLIP tower has
+# q_proj / k_proj / v_proj): peft's exclude_modules regex keeps the adapter to the language model
+# (Gemma 3's vision_tower and multi_modal_projector; Qwen3-VL's visual).
+VISION_MODULES = r".*(vision_tower|multi_modal_projector|visual).*"
 
 
 def to_peft_name(name: str, module_prefix: str = "model.") -> str:
