@@ -32,6 +32,13 @@ from surogate.io import open_safetensors
 
 ALL_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 PEFT_PREFIX = "base_model.model."
+# peft on a multimodal model (transformers 5's Gemma3ForConditionalGeneration): the language
+# model's modules are model.language_model.layers.*, not model.layers.*.
+LANGUAGE_MODEL_PREFIX = "model.language_model."
+# Its vision modules, which a target_modules list would also wrap (Gemma 3's SigLIP tower has
+# q_proj / k_proj / v_proj): peft's exclude_modules regex keeps the adapter to the language model
+# (Gemma 3's vision_tower and multi_modal_projector; Qwen3-VL's visual).
+VISION_MODULES = r".*(vision_tower|multi_modal_projector|visual).*"
 
 
 def to_peft_name(name: str, module_prefix: str = "model.") -> str:
@@ -221,5 +228,8 @@ def load_peft_adapter(path: str | Path, module_prefix: str = "model.") -> tuple[
     if not weights.is_file():
         raise NotFoundError(f"{path}: no adapter_model.safetensors")
     f = open_safetensors(weights)
-    params = from_peft_tensors({k: np.array(f.get(k), dtype=np.float32) for k in f.keys()}, cfg, module_prefix)
+    tensors = {k: np.array(f.get(k), dtype=np.float32) for k in f.keys()}
+    if module_prefix == "model." and any(k.startswith(PEFT_PREFIX + LANGUAGE_MODEL_PREFIX) for k in tensors):
+        module_prefix = LANGUAGE_MODEL_PREFIX  # an adapter of a multimodal model's language model
+    params = from_peft_tensors(tensors, cfg, module_prefix)
     return cfg, params

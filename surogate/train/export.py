@@ -21,7 +21,8 @@ from surogate.train.lora import _replace_dir, load_peft_adapter, merge_into_hf
 
 # Files that travel with the weights: tokenizer, chat template, generation defaults.
 SIDECAR_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                 "chat_template.json", "generation_config.json", "tokenizer.model", "vocab.json", "merges.txt")
+                 "chat_template.json", "generation_config.json", "tokenizer.model", "vocab.json", "merges.txt",
+                 "preprocessor_config.json", "processor_config.json")
 
 
 def read_hf_tensors(folder: ModelFolder) -> dict[str, np.ndarray]:
@@ -71,6 +72,37 @@ def save_hf_folder(out: str | Path, tensors: dict[str, np.ndarray], config: dict
     return out
 
 
+def checkpoint_prefix(tensors: dict, family, params: dict) -> str:
+    """Where a checkpoint keeps the modules an adapter names (``layers.0.self_attn.q_proj``):
+    ``model.``, or the first of the family's checkpoint aliases it holds (Gemma 3 with images:
+    ``language_model.model.`` or ``model.language_model.``)."""
+    if family.checkpoint_aliases is None:
+        return "model."
+    module = next((n.rsplit(".", 1)[0] for n in params if n.endswith(".lora_A")), None)
+    if module is None:
+        return "model."
+    suffix = f"{module}.weight"
+    hit = next((a for a in family.checkpoint_aliases(f"model.{suffix}") if a in tensors), None)
+    if hit is None:
+        raise FileFormatError(f"the adapter adapts {module}, which the base model's checkpoint does not hold "
+                              "under any of its names", hint="is this adapter for another model?")
+    return hit[:-len(suffix)]
+
+
+def merge_into_checkpoint(base: str | Path, params: dict[str, np.ndarray], cfg, output: str | Path) -> Path:
+    """``base``'s checkpoint with the adapter folded in, every tensor under the checkpoint's own
+    name (a multimodal model's tower and projector as they are)."""
+    folder = ModelFolder(base)
+    tensors = read_hf_tensors(folder)
+    merged = merge_into_hf(tensors, params, cfg, module_prefix=checkpoint_prefix(tensors, family_for(folder.config),
+                                                                                params))
+    return save_hf_folder(output, merged, folder.config, source=folder, dtype=str(next(iter(tensors.values())).dtype))
+
+
+def _tied(config: dict) -> bool:
+    return bool(config.get("tie_word_embeddings", (config.get("text_config") or {}).get("tie_word_embeddings", False)))
+
+
 def merge_adapter(base: str | Path | None, adapter: str | Path, output: str | Path) -> Path:
     """Fold a PEFT LoRA adapter into its base model and write the merged HF folder."""
     adapter = Path(adapter)
@@ -92,10 +124,12 @@ def merge_adapter(base: str | Path | None, adapter: str | Path, output: str | Pa
         return save_hf_folder(output, merged, model.config, source=path, dtype="float32")
     folder = ModelFolder(path)
     tensors = read_hf_tensors(folder)
-    if "lm_head.weight" not in tensors and not folder.config.get("tie_word_embeddings", False):
+    family = family_for(folder.config)
+    prefix = checkpoint_prefix(tensors, family, params)
+    if not any(k.endswith("lm_head.weight") for k in tensors) and not _tied(folder.config):
         raise FileFormatError(f"{folder.path}: no lm_head.weight and embeddings are not tied")
-    merged = merge_into_hf(tensors, params, cfg,
-                           transposed_experts=transposed_experts(family_for(folder.config).name_table()))
+    merged = merge_into_hf(tensors, params, cfg, module_prefix=prefix,
+                           transposed_experts=transposed_experts(family.name_table()))
     dtype = str(next(iter(tensors.values())).dtype)
     if folder.config.get("quantization_config"):  # a block-FP8 base, read dequantized: merged in bf16
         dtype = "bfloat16"

@@ -39,9 +39,10 @@ def init_lora(g: Graph, seed: int) -> dict[str, np.ndarray]:
 
 
 def save_peft_adapter(path: str | Path, params: dict[str, np.ndarray], cfg: LoRAConfig, base_model: str,
-                      module_prefix: str = "model.") -> Path:
+                      module_prefix: str = "model.", exclude_modules: str | None = None) -> Path:
     """Write adapter_config.json + adapter_model.safetensors (f32), atomically: into a temp
-    folder beside `path`, then renamed over it."""
+    folder beside `path`, then renamed over it. ``exclude_modules``: peft's regex of modules
+    the target names must not wrap (a vision tower's q_proj)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
@@ -49,6 +50,8 @@ def save_peft_adapter(path: str | Path, params: dict[str, np.ndarray], cfg: LoRA
     modules = sorted({n.rsplit(".", 2)[-2] for n in adapted if not is_expert_lora(n)})
     experts = sorted({n.rsplit(".", 2)[-2] for n in adapted if is_expert_lora(n)})
     config = peft_config(cfg, modules, experts, base_model, train_router=len(adapted) < len(params))
+    if exclude_modules is not None:
+        config["exclude_modules"] = exclude_modules
     (tmp / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
     save_safetensors(tmp / "adapter_model.safetensors", to_peft_tensors(params, module_prefix),
                      metadata={"format": "pt"})

@@ -30,8 +30,10 @@ from surogate.errors import ConfigError
 from surogate.model import ROUTER_LOSSES, Model, _np_dtype, load_model, resolve_device
 from surogate.train.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
 from surogate.train.data import Batch, build_datasets
-from surogate.train.export import save_hf_folder, write_sidecars
+from surogate.train.export import merge_into_checkpoint, save_hf_folder, write_sidecars
+from surogate.train.image_feed import IMAGE_INPUTS, ImageFeed, images_per_batch
 from surogate.models.name_table import transposed_experts
+from surogate.models.peft import LANGUAGE_MODEL_PREFIX, VISION_MODULES
 from surogate.train.lora import init_lora, merge_into_hf, save_peft_adapter
 from surogate.train.metrics import MetricsFeed
 from surogate.train.optimizer import AdamW, AdamWParams
@@ -73,6 +75,7 @@ def qlora_load_args(cfg) -> dict:
 
 class Trainer:
     graph_kw: dict = {}  # extra Model.executable arguments of the training and reference Programs (GRPO's temperature)
+    image_prompt = None  # the family's ImagePrompt, for a vision model's rows with images (_datasets)
 
     def __init__(self, cfg: SFTConfig, model: Model | None = None, stream=None):
         self.cfg = cfg
@@ -121,7 +124,15 @@ class Trainer:
 
     def _datasets(self):
         """(train, eval or None): what the iterator and `_step` consume (a DPO trainer's are pairs)."""
-        return build_datasets(self.cfg, self.model.tokenizer)
+        m = self.model  # a vision model's image placeholders (None: rows with images are errors)
+        hook = m.family.image_prompt if m.spec.vision is not None else None
+        self.image_prompt = None
+        if hook is not None:
+            try:
+                self.image_prompt = hook(m.spec, m.tokenizer, str(m.path))
+            except ConfigError as e:  # (a tokenizer without the image tokens): text rows still train
+                logging.getLogger(__name__).warning("%s: rows with images are refused (%s)", self.cfg.model, e.message)
+        return build_datasets(self.cfg, m.tokenizer, image_prompt=self.image_prompt)
 
     def _tokens_per_row(self) -> int:
         """Tokens per batch row: a micro-batch is B rows, N = B * this tokens."""
@@ -135,8 +146,11 @@ class Trainer:
 
     def _build(self) -> None:
         m = self.model
+        # Images (a vision model's rows with images): the Program reads the rows of this many (image_feed.py).
+        self.images = images_per_batch((self.train_data, self.eval_data), self.B, self.image_prompt)
+        image_kw = {"images": self.images} if self.images else {}
         self.exe = m.executable("train", self.N, self.N, lora=self.lora, grads=True, recompute=self.cfg.recompute,
-                                mlp_chunk=self.mlp_chunk, **self.graph_kw)
+                                mlp_chunk=self.mlp_chunk, **self.graph_kw, **image_kw)
         if self.mlp_chunk and not self.exe.lowered.tiled_mlps:
             raise ConfigError(f"long_context: {self.cfg.model} has no dense MLP to tile (its MLPs are experts)",
                               where="long_context", hint="remove long_context; recompute: true bounds a MoE's memory")
@@ -185,17 +199,20 @@ class Trainer:
                               if seed in self.exe.lowered.by_value}
         for seed, _ in self.router_losses.values():
             self.inputs[seed] = np.zeros(1, np.float32)
+        self.image_feed = ImageFeed(m, self.image_prompt, self.images, self.N) if self.images else None
+        if self.image_feed is not None:
+            self.inputs.update(self.image_feed.arrays)
         for n, a in self.inputs.items():
             self.exe.bind(n, a)
         self.exe.use_graphs(self.cfg.cuda_graphs)  # GPU: each micro-batch and optimizer step is one graph
         self.eval_exe = None
         if self.eval_data is not None:
             self.eval_exe = m.executable("train", self.N, self.N, lora=self.lora, grads=False,
-                                         mlp_chunk=self.mlp_chunk)
+                                         mlp_chunk=self.mlp_chunk, **image_kw)
             # The same device buffers as the training program (the weights come from the model).
             for n, a in self.trainable.items() if self.lora is not None else ():
                 self.eval_exe.bind(n, a, self.exe.tensor(n))
-            for n in ("input_ids", "position_ids", "cu_seqlens", "targets"):
+            for n in ("input_ids", "position_ids", "cu_seqlens", "targets", *(IMAGE_INPUTS if self.images else ())):
                 self.eval_exe.bind(n, self.inputs[n], self.exe.tensor(n))
             self.eval_exe.use_graphs(self.cfg.cuda_graphs)
 
@@ -254,7 +271,9 @@ class Trainer:
         cu[:s] = b.cu_seqlens
         cu[s:] = self.N  # empty documents fill the fixed-size boundary list
         self.inputs["targets"][:] = b.targets
-        for n in ("input_ids", "position_ids", "cu_seqlens", "targets"):
+        if self.image_feed is not None:
+            self.image_feed.load(b, self.inputs["input_ids"])
+        for n in ("input_ids", "position_ids", "cu_seqlens", "targets", *(IMAGE_INPUTS if self.images else ())):
             self.exe.push(n)
 
     def _dropout_seed(self, step: int, micro: int) -> None:
@@ -419,10 +438,15 @@ class Trainer:
         self._sync_to_host()
         source = m.path  # an HF folder or a GGUF file: either carries the tokenizer
         if self.lora is not None:
-            adapter = save_peft_adapter(self.out / "adapter", self._trainable_state(), self.lora, base_model=c.model)
+            vision = m.spec.vision is not None  # peft's names for the multimodal model's language model
+            adapter = save_peft_adapter(self.out / "adapter", self._trainable_state(), self.lora, base_model=c.model,
+                                        **({"module_prefix": LANGUAGE_MODEL_PREFIX, "exclude_modules": VISION_MODULES}
+                                           if vision else {}))
             write_sidecars(source, adapter)  # a tokenizer beside the adapter, as peft users expect
             merged = None
-            if c.merge_adapter and c.qlora_bnb:  # NF4: the dequantized base + the adapter, in bf16
+            if c.merge_adapter and vision:  # into the checkpoint's own tensors, tower and projector as they are
+                merged = merge_into_checkpoint(m.path, self._trainable_state(), self.lora, self.out / "merged")
+            elif c.merge_adapter and c.qlora_bnb:  # NF4: the dequantized base + the adapter, in bf16
                 from surogate.model import nf4_dequantized
 
                 hf = m.to_hf(nf4_dequantized(m))

@@ -7,8 +7,9 @@ the tokenizer (tokenizer.json as loaded, special tokens, eos ids, chat templates
 chosen one), train_on, sequence_len (documents are stored truncated) and skip_bad_rows. Packing
 is not in it: rows are packed when the dataset is loaded, which takes a moment.
 
-Files hold ``input_ids`` int32, ``loss_mask`` bool, ``offsets`` int64 (see ``Documents``) and
-``stats``, a JSON string. They are written to a temporary name and renamed, so an interrupted
+Files hold ``input_ids`` int32, ``loss_mask`` bool, ``offsets`` int64 (see ``Documents``),
+``stats``, a JSON string, and for documents with images ``images``, a JSON string of each
+document's image sources. They are written to a temporary name and renamed, so an interrupted
 run leaves no half-written cache.
 """
 
@@ -45,7 +46,8 @@ def load(path: Path) -> tuple[Documents, dict] | None:
     """The cached documents and stats, or None when there is no usable cache file."""
     try:
         with np.load(path, allow_pickle=False) as f:
-            docs = Documents(f["input_ids"], f["loss_mask"], f["offsets"])
+            images = [tuple(i) for i in json.loads(str(f["images"]))] if "images" in f.files else None
+            docs = Documents(f["input_ids"], f["loss_mask"], f["offsets"], images)
             stats = json.loads(str(f["stats"]))
     except (OSError, KeyError, ValueError, AssertionError):  # missing, partial or from another version
         return None
@@ -57,8 +59,9 @@ def save(path: Path, docs: Documents, stats: dict) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
+            extra = {} if docs.images is None else {"images": np.array(json.dumps(docs.images))}
             np.savez(f, input_ids=docs.input_ids, loss_mask=docs.loss_mask, offsets=docs.offsets,
-                     stats=np.array(json.dumps(stats)))
+                     stats=np.array(json.dumps(stats)), **extra)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -26,7 +26,8 @@ from surogate.config.sft import DatasetConfig, SFTConfig
 from surogate.errors import ConfigError
 from surogate.io import Tokenizer
 from surogate.train.data import cache
-from surogate.train.data.formats import RowError, normalize
+from surogate.train.data.formats import Conversation, RowError, normalize
+from surogate.train.data.images import resolve_images
 from surogate.train.data.packing import Batch, Documents, collate, pack
 from surogate.train.data.sources import RowErrors, fingerprint, read_rows, resolve_files
 from surogate.train.data.tokenize import ChatEncoder
@@ -147,11 +148,13 @@ def _take(order: np.ndarray, index: int, batch_size: int) -> list[int]:
 
 # -- building --
 
-def build_datasets(config: SFTConfig, tokenizer: Tokenizer, *,
-                   cache_dir: str | Path | None = None) -> tuple[PackedDataset, PackedDataset | None]:
-    """(train, eval or None) for the config; ``cache_dir`` defaults to <output_dir>/.cache/tokenized."""
+def build_datasets(config: SFTConfig, tokenizer: Tokenizer, *, cache_dir: str | Path | None = None,
+                   image_prompt=None) -> tuple[PackedDataset, PackedDataset | None]:
+    """(train, eval or None) for the config; ``cache_dir`` defaults to <output_dir>/.cache/tokenized.
+    ``image_prompt`` (the family's ``ImagePrompt``): the model's image placeholders; None: rows
+    with images are errors."""
     cache_dir = Path(cache_dir) if cache_dir is not None else Path(config.output_dir) / ".cache" / "tokenized"
-    builder = _Builder(config, tokenizer, cache_dir)
+    builder = _Builder(config, tokenizer, cache_dir, image_prompt)
     train_stats = DataStats()
     train_docs = Documents.concat([builder.load(d, f"datasets[{i}]", train_stats)
                                    for i, d in enumerate(config.datasets)])
@@ -190,9 +193,10 @@ def _final(stats: DataStats, docs: Documents) -> DataStats:
 
 
 class _Builder:
-    def __init__(self, config: SFTConfig, tokenizer: Tokenizer, cache_dir: Path):
+    def __init__(self, config: SFTConfig, tokenizer: Tokenizer, cache_dir: Path, image_prompt=None):
         self.config = config
-        self.encoder = ChatEncoder(tokenizer, config.chat_template)
+        self.image_prompt = image_prompt
+        self.encoder = ChatEncoder(tokenizer, config.chat_template, image_prompt)
         self.cache_dir = cache_dir
         self._tokenizer_fp: str | None = None
 
@@ -204,7 +208,9 @@ class _Builder:
             self._tokenizer_fp = cache.tokenizer_fingerprint(self.encoder.tokenizer, config.chat_template)
         key = cache.cache_key({"dataset": msgspec.to_builtins(dataset), "files": fingerprint(files),
                                "tokenizer": self._tokenizer_fp, "train_on": train_on,
-                               "sequence_len": config.sequence_len, "skip_bad_rows": config.skip_bad_rows})
+                               "sequence_len": config.sequence_len, "skip_bad_rows": config.skip_bad_rows,
+                               # (only for vision models: the text models' keys stay as they were)
+                               **({"image_prompt": _prompt_key(self.image_prompt)} if self.image_prompt else {})})
         path = self.cache_dir / f"{key}.npz"
         hit = cache.load(path)
         if hit is not None:
@@ -221,6 +227,7 @@ class _Builder:
         T = self.config.sequence_len
         errors = RowErrors(self.config.skip_bad_rows)
         kept: list[tuple[np.ndarray, np.ndarray]] = []
+        kept_images: list[tuple] = []
         counts = {"rows": 0, "bad_rows": 0, "truncated": 0, "no_targets": 0}
         pending: list[tuple[object, str]] = []
 
@@ -234,14 +241,17 @@ class _Builder:
                     bad(where, enc)
                     continue
                 counts["rows"] += 1
-                ids, mask = enc.input_ids, enc.loss_mask
+                ids, mask, images = enc.input_ids, enc.loss_mask, enc.images
                 if len(ids) > T:
                     ids, mask = ids[:T], mask[:T]
+                    if images:  # an image cut short is dropped with the tokens after it
+                        ids, mask, images = _whole_images(ids, mask, images, enc.views, self.image_prompt)
                     counts["truncated"] += 1
                 if not mask[1:].any():  # the first token is never a target
                     counts["no_targets"] += 1
                     continue
                 kept.append((ids, mask))
+                kept_images.append(images)
             pending.clear()
 
         read = 0
@@ -250,6 +260,8 @@ class _Builder:
                 break
             try:
                 sample = normalize(row.record, dataset)
+                if isinstance(sample, Conversation) and sample.images:
+                    sample = resolve_images(sample, row.path, self.image_prompt)
             except RowError as e:
                 bad(row.where, e)
                 continue
@@ -270,5 +282,26 @@ class _Builder:
                         name, dataset.path, counts["no_targets"], train_on)
         if not kept and counts["rows"] + errors.count == 0:
             raise ConfigError(f"{name}: no rows in {dataset.path}", where=name, hint="check the path, split and subset")
-        return Documents.from_arrays(kept), counts
+        return Documents.from_arrays(kept, kept_images if any(kept_images) else None), counts
+
+
+def _prompt_key(prompt) -> list:
+    """What the tokens of image rows depend on, for the cache key."""
+    pan = getattr(prompt.processor, "do_pan_and_scan", False)
+    return [prompt.placeholder, prompt.image_text(0), prompt.image_text(1), prompt.image_token_id,
+            prompt.tokens_per_view, pan and repr(prompt.processor)]
+
+
+def _whole_images(ids: np.ndarray, mask: np.ndarray, images: tuple, views: tuple,
+                  prompt) -> tuple[np.ndarray, np.ndarray, tuple]:
+    """A truncated document cut again before the first view of an image whose tokens (any view's)
+    it cut, and its whole images."""
+    at = np.flatnonzero(ids == prompt.image_token_id)
+    ends = np.cumsum(views) * prompt.tokens_per_view  # image tokens up to the end of each image
+    whole = int(np.searchsorted(ends, len(at), side="right"))
+    done = int(ends[whole - 1]) if whole else 0
+    if len(at) > done:
+        end = int(at[done])
+        ids, mask = ids[:end], mask[:end]
+    return ids, mask, tuple(images[:whole])
 

@@ -10,6 +10,13 @@ plus tools) or a ``Document`` (raw text).
 - text: a ``Document``. In sft too: a text row is trained on as raw text (every token, no chat
   template), the way TRL and axolotl treat plain-text rows, so chat and text data can be mixed.
 - auto decides per row: a messages field, else instruction + output, else text.
+- images (TRL's / HF's vision chat rows): ``{"type": "image"}`` content parts, each taking the
+  next entry of the row's ``images`` list (a path, a data: URL, or HF datasets' {"bytes", "path"}
+  record), or naming its own (``"image"``, ``"url"`` or ``"path"``; OpenAI's ``{"type":
+  "image_url", "image_url": {"url": ...}}``). A row with ``images`` and no image parts gets them at
+  the start of its first user message, as TRL's ``prepare_multimodal_messages`` places them. The
+  content of a message with images stays a list of text and image parts (the template renders
+  them); ``Conversation.images`` holds the sources in the order of their parts.
 
 A row that does not fit raises ``RowError``; the caller adds the file, the line and the key path.
 """
@@ -31,6 +38,9 @@ _MESSAGES_FIELDS = ("messages", "conversations", "conversation")
 class Conversation(NamedTuple):
     messages: list[dict]
     tools: list[dict] | None = None
+    images: tuple = ()  # one source per image part, in order (str or {"bytes", "path"}); see the header
+    image_fields: tuple = ()  # where each came from, for errors: "images[1]", "messages[0].content[2].image"
+    image_crops: tuple = ()  # the pan-and-scan crops of each (set when the dataset is built; () = none)
 
 
 class Document(NamedTuple):
@@ -85,7 +95,9 @@ def _messages(record: dict, dataset: DatasetConfig) -> Conversation:
     raw = _json_value(record[field], field)
     if not isinstance(raw, list) or not raw:
         raise RowError(f"field {field!r} must be a non-empty list of messages, got {_kind(raw)}")
-    messages = [_message(m, f"{field}[{i}]") for i, m in enumerate(raw)]
+    inline: list = []  # each image part's own source, or None: the next of the row's images
+    messages = [_message(m, f"{field}[{i}]", inline) for i, m in enumerate(raw)]
+    images, fields = _images(record, messages, inline, field)
     system = _system(record, dataset)
     if system is not None and messages[0]["role"] != "system":
         messages.insert(0, {"role": "system", "content": system})
@@ -95,10 +107,44 @@ def _messages(record: dict, dataset: DatasetConfig) -> Conversation:
         if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
             raise RowError(f"field {dataset.tools_field!r} must be a list of tool schemas (objects), "
                            f"got {_kind(tools)}")
-    return Conversation(messages, tools)
+    return Conversation(messages, tools, images, fields)
 
 
-def _message(m: Any, where: str) -> dict:
+IMAGES_FIELD = "images"  # TRL's column of a row's images
+
+
+def _images(record: dict, messages: list[dict], inline: list, field: str) -> tuple[tuple, tuple]:
+    """The row's image sources in the order of its image parts (module header), and their fields."""
+    row = record.get(IMAGES_FIELD)
+    if row is None:
+        row = []
+    elif not isinstance(row, (list, tuple)):
+        row = [row]
+    row = list(row)
+    if row and not inline:  # TRL: the images go first in the first user message
+        user = next((m for m in messages if m["role"] == "user"), None)
+        if user is None:
+            raise RowError(f"field {IMAGES_FIELD!r} holds {len(row)} image(s) but {field!r} has no user message "
+                           "to put them in")
+        text = user["content"]
+        user["content"] = [{"type": "image"} for _ in row] + ([{"type": "text", "text": text}] if text else [])
+        return tuple(row), tuple(f"{IMAGES_FIELD}[{k}]" for k in range(len(row)))
+    wanted = sum(1 for s, _ in inline if s is None)
+    if wanted != len(row):
+        raise RowError(f"{field!r} holds {wanted} image part(s) without an image of their own, and field "
+                       f"{IMAGES_FIELD!r} holds {len(row)} image(s)",
+                       hint=f"give one {IMAGES_FIELD} entry per {{\"type\": \"image\"}} part, in order")
+    sources, fields, k = [], [], 0
+    for s, where in inline:
+        if s is None:
+            s, where, k = row[k], f"{IMAGES_FIELD}[{k}]", k + 1
+        sources.append(s)
+        fields.append(where)
+    return tuple(sources), tuple(fields)
+
+
+def _message(m: Any, where: str, inline: list | None = None) -> dict:
+    """``inline``: where image parts' sources go (None: image parts are an error, text only)."""
     if not isinstance(m, dict):
         raise RowError(f"{where}: a message must be an object, got {_kind(m)}")
     if "role" not in m and "from" in m:  # ShareGPT
@@ -111,7 +157,7 @@ def _message(m: Any, where: str) -> dict:
     if role not in ROLES:
         raise RowError(f"{where}: role must be one of {', '.join(ROLES)}, got {role!r}")
     out = dict(m)
-    out["content"] = _content(m.get("content"), where)
+    out["content"] = _content(m.get("content"), where, inline)
     if "tool_calls" in m and m["tool_calls"] is not None:
         if role != "assistant":
             raise RowError(f"{where}: only assistant messages have tool_calls, this one is {role!r}")
@@ -119,23 +165,47 @@ def _message(m: Any, where: str) -> dict:
     return out
 
 
-def _content(content: Any, where: str) -> str:
+def _content(content: Any, where: str, inline: list | None) -> str | list[dict]:
     if content is None:
         return ""  # assistant turns with only tool calls; templates read content either way
     if isinstance(content, str):
         return content
-    if isinstance(content, list):  # OpenAI content parts: only text can be trained on here
-        texts = []
-        for part in content:
-            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
-                texts.append(part["text"])
+    if isinstance(content, list):  # OpenAI / HF content parts: text, and images (module header)
+        parts: list[dict] = []
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else _kind(part)
+            if kind == "text" and isinstance(part.get("text"), str):
+                parts.append({"type": "text", "text": part["text"]})
+            elif kind in ("image", "image_url") and inline is not None:
+                inline.append(_image_source(part, f"{where}.content[{j}]"))
+                parts.append({"type": "image"})
             else:
-                kind = part.get("type") if isinstance(part, dict) else _kind(part)
-                raise RowError(f"{where}: content part of type {kind!r} is not supported (text only)")
-        return "".join(texts)
+                raise RowError(f"{where}: content part of type {kind!r} is not supported "
+                               f"({'text and image' if inline is not None else 'text'} only)")
+        if not any(p["type"] == "image" for p in parts):
+            return "".join(p["text"] for p in parts)
+        return parts
     if isinstance(content, dict):  # tool results given as objects
         return json.dumps(content, ensure_ascii=False)
     raise RowError(f"{where}: content must be a string or a list of text parts, got {_kind(content)}")
+
+
+def _image_source(part: dict, where: str):
+    """(an image part's own source, or None when it takes the next of the row's images; its field)."""
+    if part.get("type") == "image_url":
+        url = part.get("image_url")
+        url = url.get("url") if isinstance(url, dict) else url
+        if not isinstance(url, str) or not url:
+            raise RowError(f"{where}: an image_url part needs image_url.url (a path or a data: URL)")
+        return url, f"{where}.image_url.url"
+    for key in ("image", "url", "path"):
+        value = part.get(key)
+        if value is not None:
+            if not isinstance(value, (str, dict)):
+                raise RowError(f"{where}.{key}: an image must be a path, a data: URL or a {{bytes, path}} record, "
+                               f"got {_kind(value)}")
+            return value, f"{where}.{key}"
+    return None, None
 
 
 def _tool_calls(calls: Any, where: str) -> list[dict]:

@@ -15,7 +15,9 @@ What the trainer gets for one micro-batch (``Batch``), all int32 and flat over t
   crosses a row boundary, so the same arrays also read as [B, T];
 - ``targets[N]``: the next token to predict, ``targets[t] = labels[t + 1]`` inside a segment and
   IGNORE (-100) at each segment's last token, on padding and wherever the loss mask is off;
-- ``num_target_tokens``: how many targets are not IGNORE (the loss is their mean).
+- ``num_target_tokens``: how many targets are not IGNORE (the loss is their mean);
+- ``images``: the sources of the images whose tokens the batch holds, in token order (row by
+  row, each row's documents in order, each document's images in order).
 """
 
 from __future__ import annotations
@@ -31,22 +33,28 @@ IGNORE = -100
 
 class Documents:
     """Tokenized documents stored flat: ``input_ids`` int32 [M], ``loss_mask`` bool [M] and
-    ``offsets`` int64 [D+1] (document d is ``offsets[d]:offsets[d+1]``)."""
+    ``offsets`` int64 [D+1] (document d is ``offsets[d]:offsets[d+1]``); ``images``: None when no
+    document has images, else per document the tuple of its images' sources, in order."""
 
-    def __init__(self, input_ids: np.ndarray, loss_mask: np.ndarray, offsets: np.ndarray):
+    def __init__(self, input_ids: np.ndarray, loss_mask: np.ndarray, offsets: np.ndarray,
+                 images: list[tuple] | None = None):
         assert len(input_ids) == len(loss_mask) == offsets[-1] and offsets[0] == 0
+        assert images is None or len(images) == len(offsets) - 1
         self.input_ids = input_ids
         self.loss_mask = loss_mask
         self.offsets = offsets
+        self.images = images if images is not None and any(images) else None
 
     @classmethod
-    def from_arrays(cls, docs: Sequence[tuple[np.ndarray, np.ndarray]]) -> Documents:
+    def from_arrays(cls, docs: Sequence[tuple[np.ndarray, np.ndarray]],
+                    images: Sequence[tuple] | None = None) -> Documents:
         offsets = np.zeros(len(docs) + 1, np.int64)
         offsets[1:] = np.cumsum([len(ids) for ids, _ in docs])
         if not docs:
             return cls(np.zeros(0, np.int32), np.zeros(0, bool), offsets)
         return cls(np.concatenate([ids for ids, _ in docs]).astype(np.int32, copy=False),
-                   np.concatenate([mask for _, mask in docs]).astype(bool, copy=False), offsets)
+                   np.concatenate([mask for _, mask in docs]).astype(bool, copy=False), offsets,
+                   None if images is None else [tuple(i) for i in images])
 
     @classmethod
     def concat(cls, parts: Sequence[Documents]) -> Documents:
@@ -54,10 +62,18 @@ class Documents:
             return cls.from_arrays([])
         shifts = np.cumsum([0] + [p.offsets[-1] for p in parts[:-1]])
         offsets = np.concatenate([[0]] + [p.offsets[1:] + s for p, s in zip(parts, shifts)]).astype(np.int64)
-        return cls(np.concatenate([p.input_ids for p in parts]), np.concatenate([p.loss_mask for p in parts]), offsets)
+        images = None
+        if any(p.images is not None for p in parts):
+            images = [im for p in parts for im in (p.images if p.images is not None else [()] * len(p))]
+        return cls(np.concatenate([p.input_ids for p in parts]), np.concatenate([p.loss_mask for p in parts]), offsets,
+                   images)
 
     def select(self, indices: Sequence[int] | np.ndarray) -> Documents:
-        return Documents.from_arrays([self[int(i)] for i in indices])
+        return Documents.from_arrays([self[int(i)] for i in indices],
+                                     None if self.images is None else [self.images[int(i)] for i in indices])
+
+    def doc_images(self, d: int) -> tuple:
+        return self.images[d] if self.images is not None else ()
 
     def __getitem__(self, d: int) -> tuple[np.ndarray, np.ndarray]:
         s, e = self.offsets[d], self.offsets[d + 1]
@@ -146,6 +162,7 @@ class Batch:
     max_seqlen: int  # the longest segment, for varlen attention kernels
     rows: int  # B
     sequence_len: int  # T
+    images: tuple = ()  # the images' sources, in token order (module header)
 
     @property
     def num_tokens(self) -> int:
@@ -158,11 +175,13 @@ def collate(docs: Documents, plan: PackPlan, rows: Sequence[int], sequence_len: 
     ids_parts: list[np.ndarray] = []
     label_parts: list[np.ndarray] = []
     seqlens: list[int] = []
+    images: list = []
     for r in rows:
         used = 0
         if r >= 0:
             for d in plan.row(int(r)).tolist():
                 ids, mask = docs[d]
+                images += docs.doc_images(d)
                 ids_parts.append(ids)
                 label_parts.append(np.where(mask, ids, IGNORE).astype(np.int32))
                 seqlens.append(len(ids))
@@ -183,4 +202,4 @@ def collate(docs: Documents, plan: PackPlan, rows: Sequence[int], sequence_len: 
     targets[cu_seqlens[1:] - 1] = IGNORE  # a segment's last token predicts nothing: no crossing documents
     return Batch(input_ids=input_ids, position_ids=position_ids, cu_seqlens=cu_seqlens.astype(np.int32),
                  targets=targets, num_target_tokens=int((targets != IGNORE).sum()),
-                 max_seqlen=int(lens.max()), rows=len(rows), sequence_len=T)
+                 max_seqlen=int(lens.max()), rows=len(rows), sequence_len=T, images=tuple(images))

@@ -33,6 +33,7 @@ _REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 class Row(NamedTuple):
     record: dict
     where: str  # "<file> line 7", "<file> record 3", "<file> row 12" (all 1-based)
+    path: Path | None = None  # the file (relative image paths in the row are relative to its folder)
 
 
 class RowErrors:
@@ -73,7 +74,8 @@ def read_rows(files: list[Path], errors: RowErrors) -> Iterator[Row]:
     for path in files:
         reader = {".jsonl": _read_jsonl, ".json": _read_json, ".csv": _read_csv,
                   ".parquet": _read_parquet}[path.suffix.lower()]
-        yield from reader(path, errors)
+        for row in reader(path, errors):
+            yield row._replace(path=path)
 
 
 def fingerprint(files: list[Path]) -> list[tuple[str, int, int]]:

@@ -31,6 +31,15 @@ How the assistant characters are found:
    writes for the placeholder too is chrome: Qwen3's ``<think>\n`` before the reasoning is not
    trained on, the reasoning is.
 A Document is the text with the tokenizer's own special tokens (Llama's BOS) plus an eos token.
+
+Images (a model with a vision tower: ``image_prompt``, its family's ``Family.image_prompt``): the
+template writes one placeholder per image part; the rendered text must hold exactly one per image
+of the row (a template that drops image parts, or text that contains the placeholder itself, is an
+error). Each placeholder is then replaced by the image's text as the model's processor writes it
+(``ImagePrompt.image_text``: Gemma 3's full_image_sequence), the spans moved with it, and the text
+tokenized; the image tokens are never targets, whatever train_on says. An image with pan-and-scan
+crops (``Conversation.image_crops``) becomes its own view's tokens and each crop's, as the
+processor writes them.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ import numpy as np
 
 from surogate.errors import InvalidArgumentError
 from surogate.io import ChatTemplate, Tokenizer
+from surogate.models.family import ImagePrompt
 from surogate.train.data.formats import Conversation, Document, RowError, Sample
 
 TRAIN_ON = ("assistant", "last_turn", "all")
@@ -53,13 +63,17 @@ _SENTINEL_SPLIT = re.compile("\ue000surogate(\\d+)\ue001")
 
 
 class Encoded:
-    """One tokenized sample: ``input_ids`` int32 [T] and ``loss_mask`` bool [T]."""
+    """One tokenized sample: ``input_ids`` int32 [T] and ``loss_mask`` bool [T]; ``images``: the
+    sources of its images, in the order of their token spans; ``views``: each one's views (1 + its
+    pan-and-scan crops), each a run of the image token."""
 
-    __slots__ = ("input_ids", "loss_mask")
+    __slots__ = ("input_ids", "loss_mask", "images", "views")
 
-    def __init__(self, input_ids: np.ndarray, loss_mask: np.ndarray):
+    def __init__(self, input_ids: np.ndarray, loss_mask: np.ndarray, images: tuple = (), views: tuple = ()):
         self.input_ids = input_ids
         self.loss_mask = loss_mask
+        self.images = images
+        self.views = views
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -69,9 +83,11 @@ class ChatEncoder:
     """Encodes samples for one tokenizer and chat template (``chat_template``: a template name of
     the model or a whole template; None takes the model's default)."""
 
-    def __init__(self, tokenizer: Tokenizer, chat_template: str | None = None):
+    def __init__(self, tokenizer: Tokenizer, chat_template: str | None = None,
+                 image_prompt: ImagePrompt | None = None):
         self.tokenizer = tokenizer
         self.chat_template = chat_template
+        self.image_prompt = image_prompt  # None: the model takes no images
         self._variables = dict(tokenizer.special_tokens_map)
         self._eot_ids = frozenset(tokenizer.eos_token_ids)
         self._eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else \
@@ -94,6 +110,8 @@ class ChatEncoder:
                 continue
             try:
                 text, spans = self._render(sample, train_on)
+                if sample.images:
+                    text, spans = self._expand_images(text, spans, len(sample.images), _crops(sample))
             except RowError as e:
                 out[i] = e
                 continue
@@ -103,6 +121,11 @@ class ChatEncoder:
             encodings = backend.encode_batch([text for _, text, _ in chats], add_special_tokens=False)
             for (i, text, spans), enc in zip(chats, encodings):
                 out[i] = self._masked(text, spans, enc)
+                if samples[i].images:
+                    try:
+                        out[i] = self._image_targets_off(out[i], samples[i].images, _crops(samples[i]))
+                    except RowError as e:
+                        out[i] = e
         if docs:
             encodings = backend.encode_batch([text for _, text in docs], add_special_tokens=True)
             for (i, _), enc in zip(docs, encodings):
@@ -111,6 +134,36 @@ class ChatEncoder:
                     ids = [*ids, self._eos_id]
                 out[i] = Encoded(np.asarray(ids, np.int32), np.ones(len(ids), bool))
         return out
+
+    # -- images --
+
+    def _expand_images(self, text: str, spans: list[tuple[int, int]], n: int,
+                       crops: tuple) -> tuple[str, list[tuple[int, int]]]:
+        p = self.image_prompt
+        if p is None:
+            raise RowError(f"the row has {n} image(s), and this model takes no images (it has no vision tower)",
+                           hint="train a model with a vision tower (Gemma3ForConditionalGeneration), or remove "
+                                "the row's images")
+        written = text.count(p.placeholder)
+        if written != n:
+            why = ("the chat template drops image parts" if written < n else
+                   f"the text itself contains the image placeholder {p.placeholder!r}")
+            raise RowError(f"the rendered conversation holds {written} image placeholder(s) ({p.placeholder!r}) for "
+                           f"{n} image(s): {why}",
+                           hint="use the model's own chat template, which renders each {\"type\": \"image\"} part"
+                           if written < n else f"remove {p.placeholder!r} from the messages' text")
+        return _expand_images(text, spans, p.placeholder, [p.image_text(c) for c in crops])
+
+    def _image_targets_off(self, enc: Encoded, images: tuple, crops: tuple) -> Encoded:
+        p = self.image_prompt
+        is_image = enc.input_ids == p.image_token_id
+        views = tuple(1 + c for c in crops)
+        want = sum(views) * p.tokens_per_view
+        if int(is_image.sum()) != want:
+            raise RowError(f"the tokenized row has {int(is_image.sum())} image tokens (id {p.image_token_id}) for "
+                           f"{sum(views)} view(s) of {p.tokens_per_view}",
+                           hint="the tokenizer must keep the image token whole (an added special token)")
+        return Encoded(enc.input_ids, enc.loss_mask & ~is_image, tuple(images), views)
 
     # -- rendering --
 
@@ -189,6 +242,29 @@ class ChatEncoder:
             if k < len(ids) and int(ids[k]) in self._eot_ids:
                 mask[j:k + 1] = True
         return Encoded(ids, mask)
+
+
+def _crops(sample: Conversation) -> tuple:
+    return sample.image_crops or (0,) * len(sample.images)
+
+
+def _expand_images(text: str, spans: list[tuple[int, int]], placeholder: str,
+                   replacements: list[str]) -> tuple[str, list[tuple[int, int]]]:
+    """``text`` with its i-th placeholder replaced by ``replacements[i]``, and the character spans
+    moved to match (a span boundary is never inside a placeholder: the template writes it whole)."""
+    pieces = text.split(placeholder)
+    assert len(pieces) == len(replacements) + 1
+    edits, pos, out = [], 0, [pieces[0]]
+    for piece, new in zip(pieces, replacements):
+        pos += len(piece)
+        edits.append((pos, len(new) - len(placeholder)))
+        pos += len(placeholder)
+    for new, piece in zip(replacements, pieces[1:]):
+        out += [new, piece]
+
+    def moved(x: int) -> int:
+        return x + sum(grow for at, grow in edits if at < x)
+    return "".join(out), [(moved(a), moved(b)) for a, b in spans]
 
 
 def _sentinel(n: int) -> str:

@@ -1,0 +1,72 @@
+"""Training on images: a tiny Gemma 3 with images (sgtest.vision's folder, which transformers'
+Gemma3Processor loads offline), pictures, a dataset of image chat rows in TRL's forms, and the
+run's YAML as a user writes it."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+
+from sgtest.vision import image, make_gemma3_vision_chat
+
+
+def make_folder(path: Path, seed: int = 3, text: dict | None = None) -> Path:
+    """sgtest.vision's served folder (the tokenizer with Gemma 3's image tokens, the hub's chat
+    template and processor_config.json), ``text``: text_config overrides."""
+    return make_gemma3_vision_chat(path, seed=seed, **({"text": text} if text else {}))
+
+
+def data_url(img) -> str:
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def write_dataset(path: Path, n: int = 6) -> Path:
+    """Rows of one or two images (files beside the data, data URLs, inline image parts) and a
+    text-only row: the answer names the picture's brightest channel."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "img").mkdir(exist_ok=True)
+    rows = []
+    for i in range(n):
+        img = image(10 + i, (30 + 4 * i, 40))
+        img.save(path / "img" / f"{i}.png")
+        channel = ["red", "green", "blue"][int(np.asarray(img).reshape(-1, 3).mean(0).argmax())]
+        if i % 3 == 0:
+            rows.append({"messages": [{"role": "user", "content": "Which channel is brightest?"},
+                                      {"role": "assistant", "content": f"The {channel} one."}],
+                         "images": [f"img/{i}.png"]})
+        elif i % 3 == 1:
+            other = image(100 + i)
+            rows.append({"messages": [
+                {"role": "user", "content": [{"type": "image", "image": data_url(other)},
+                                             {"type": "text", "text": "and"}, {"type": "image"},
+                                             {"type": "text", "text": "Which channel in the second?"}]},
+                {"role": "assistant", "content": f"The {channel} one."}], "images": [str(path / "img" / f"{i}.png")]})
+        else:
+            rows.append({"messages": [{"role": "user", "content": "Say hello."},
+                                      {"role": "assistant", "content": "Hello."}]})
+    data = path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return data
+
+
+def yaml_config(folder, data, out, **kw) -> Path:
+    """The run's YAML, as a user writes it (``kw``: keys changed or added, as YAML text)."""
+    keys = {"sequence_len": 128, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1,
+            "max_steps": 8, "learning_rate": 0.01, "lr_scheduler_type": "constant", "warmup_ratio": 0.0,
+            "recipe": "fp32", "lora_rank": 8, "lora_alpha": 16, "save_steps": 3, "eval_steps": 0,
+            "merge_adapter": "true", "seed": 5, **kw}
+    text = f"""model: {folder}
+output_dir: {out}
+datasets:
+  - path: {data}
+    type: messages
+""" + "".join(f"{k}: {v}\n" for k, v in keys.items())
+    path = Path(out).parent / f"{Path(out).name}.yaml"
+    path.write_text(text)
+    return path
