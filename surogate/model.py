@@ -402,8 +402,7 @@ def load_model(path_or_id: str | Path, device: str = "cpu", dtype: str = "float3
                 raise UnsupportedError(f"{mmproj}: the {family.name} family does not read llama.cpp's mmproj files",
                                        hint="serve it from the Hugging Face folder for images")
             vision_gguf = GGUFFile(resolve_model_path(mmproj))
-            text_tokenizer = Tokenizer.from_gguf(gguf) if "tokenizer.ggml.model" in gguf else None
-            config = family.gguf.mmproj.config(config, vision_gguf, text_tokenizer)
+            config = family.gguf.mmproj.config(config, vision_gguf, _gguf_tokenizer(gguf))
     else:
         config = folder.config
         family = family_for(config, source=str(Path(folder.path) / "config.json"))
@@ -437,7 +436,7 @@ def load_model(path_or_id: str | Path, device: str = "cpu", dtype: str = "float3
             params.update(load_gguf_params(vision_gguf, family, config, sorted(vision_names), dtype,
                                            table=family.gguf.mmproj.tensors()))
         params.update({n: raw for n, (_, raw) in quant.items()})
-        tokenizer = Tokenizer.from_gguf(gguf) if "tokenizer.ggml.model" in gguf else None
+        tokenizer = _gguf_tokenizer(gguf)
         source = path
     else:
         weights = folder.open_weights()  # block-FP8 checkpoints dequantized as they are read
@@ -467,6 +466,12 @@ def load_model(path_or_id: str | Path, device: str = "cpu", dtype: str = "float3
                   path=str(path if gguf else folder.path), quant={n: t for n, (t, _) in quant.items()})
     model.mmproj = str(vision_gguf.path) if vision_gguf else None
     return model
+
+
+def _gguf_tokenizer(gguf):
+    from surogate.io import Tokenizer
+
+    return Tokenizer.from_gguf(gguf) if "tokenizer.ggml.model" in gguf else None
 
 
 def projections(arch, dtype: str) -> list:

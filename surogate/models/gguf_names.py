@@ -373,9 +373,13 @@ def quantize_to_gguf(model: str | os.PathLike, output: str | os.PathLike, qtype:
         return write_gguf(output, arch, metadata, plan, qtype, progress=progress)
     # llama.cpp's --mmproj file beside it (written first: the text file's appearance means both are there)
     vision_meta = {"general.name": name, **mmproj.metadata(config, folder)}
-    write_gguf(mmproj_path(output), "clip", vision_meta, vision_plan, MMPROJ_TYPE, progress=progress,
-               file_kind="mmproj")
-    return write_gguf(output, arch, metadata, plan, qtype, progress=progress)
+    vision = write_gguf(mmproj_path(output), "clip", vision_meta, vision_plan, MMPROJ_TYPE, progress=progress,
+                        file_kind="mmproj")
+    try:
+        return write_gguf(output, arch, metadata, plan, qtype, progress=progress)
+    except BaseException:
+        vision.unlink(missing_ok=True)  # no mmproj without its text GGUF
+        raise
 
 
 MMPROJ_TYPE = "F16"  # an mmproj is written as convert_hf_to_gguf.py --mmproj --outtype f16 writes it

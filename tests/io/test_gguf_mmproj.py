@@ -162,6 +162,14 @@ def test_mmproj_encodes_images_as_the_folder(folder, files):
     np.testing.assert_allclose(ours.encode_images(pixels), hf.encode_images(pixels), rtol=1e-5, atol=1e-6)
 
 
+def test_a_quantized_text_gguf_keeps_its_blocks_and_the_tower_from_the_mmproj(folder, tmp_path):
+    text = quantize_to_gguf(folder, tmp_path / "q8.gguf", "Q8_0")
+    hf, ours = load_model(str(folder)), load_model(str(text), mmproj=str(mmproj_path(text)), quantized=True)
+    assert ours.quant and not [n for n in ours.quant if n.startswith(("vision", "multi_modal"))]
+    pixels = np.random.default_rng(1).uniform(-1, 1, (1, 3, 56, 56)).astype(np.float32)
+    np.testing.assert_allclose(ours.encode_images(pixels), hf.encode_images(pixels), rtol=1e-5, atol=1e-6)
+
+
 def test_gguf_and_mmproj_serve_images_as_the_folder(folder, files):
     text, vision = files
     greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=0)
