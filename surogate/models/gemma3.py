@@ -29,7 +29,7 @@ import dataclasses
 
 from surogate.dsl import nn
 from surogate.dsl.nn_vision import PROJECTOR_PREFIX, VISION_PREFIX, Gemma3VisionLM, VisionSpec
-from surogate.errors import ConfigError, UnsupportedError
+from surogate.errors import ConfigError, FileFormatError, NotFoundError, UnsupportedError
 from surogate.io import gguf_config
 from surogate.models import decoder
 from surogate.models.family import ChatDefaults, Family, GGUFArchitecture, ImagePrompt, MmprojArchitecture, TinyModel
@@ -336,7 +336,6 @@ def text_config(config: dict) -> dict:
 def mmproj_metadata(config: dict, folder) -> dict:
     """The clip.* keys convert_hf_to_gguf.py writes for a Gemma3ForConditionalGeneration
     (MmprojModel.set_gguf_parameters + Gemma3VisionModel's), from its config and image processor files."""
-    from surogate.errors import NotFoundError
     from surogate.io.hf_folder import read_json
 
     spec = spec_from_config(config)
@@ -374,8 +373,6 @@ def mmproj_metadata(config: dict, folder) -> dict:
 def config_from_mmproj(text: dict, gf, tokenizer) -> dict:
     """A Gemma3ForConditionalGeneration config: the text GGUF's config as text_config, the tower and
     projector from the mmproj's clip.* keys, the image token ids from the text GGUF's tokenizer."""
-    from surogate.errors import FileFormatError
-
     def key(name: str, default=None):
         value = gf.get(name, default)
         if value is None:
@@ -422,6 +419,9 @@ def config_from_mmproj(text: dict, gf, tokenizer) -> dict:
 def mmproj_processor_config(gf) -> dict:
     """Gemma3ImageProcessor's keys from an mmproj: its image size and normalisation (the rest
     are the processor's defaults: resize bilinear, rescale 1/255, no pan-and-scan)."""
+    if gf.get("general.architecture") != "clip":
+        raise FileFormatError(f"{gf.path}: general.architecture is {gf.get('general.architecture')!r}, not 'clip'",
+                              hint="the images' processor is read from llama.cpp's mmproj file")
     size = int(gf.get("clip.vision.image_size"))
     return {"size": {"height": size, "width": size}, "image_mean": list(gf.get("clip.vision.image_mean")),
             "image_std": list(gf.get("clip.vision.image_std"))}

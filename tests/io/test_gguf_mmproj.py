@@ -153,6 +153,33 @@ def test_quantize_writes_the_mmproj_llama_cpp_writes(folder, files):
         assert tokens.index(tok) == cfg[key]
 
 
+@pytest.mark.parametrize("layout", ["hub", "transformers4"])
+def test_every_checkpoint_layout_writes_the_same_files(folder, files, tmp_path, layout):
+    # The hub's files (language_model.model.*, vision_tower.vision_model.*) and transformers 4.5x's
+    # save_pretrained (model.language_model.*, model.vision_tower.vision_model.*, model.multi_modal_projector.*).
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    def rename(name: str) -> str:
+        name = _hub_name(name)
+        if layout == "transformers4":
+            for old, new in (("language_model.model.", "model.language_model."),
+                             ("vision_tower.", "model.vision_tower."),
+                             ("multi_modal_projector.", "model.multi_modal_projector.")):
+                if name.startswith(old):
+                    return new + name[len(old):]
+        return name
+
+    other = tmp_path / folder.name
+    shutil.copytree(folder, other)
+    (path,) = other.glob("*.safetensors")
+    save_file({rename(k): v for k, v in load_file(path).items()}, path, metadata={"format": "pt"})
+    out = quantize_to_gguf(other, tmp_path / "tiny.gguf", "F32")
+    assert out.read_bytes() == files[0].read_bytes()
+    assert mmproj_path(out).read_bytes() == files[1].read_bytes()
+
+
 def test_mmproj_encodes_images_as_the_folder(folder, files):
     text, vision = files
     hf, ours = load_model(str(folder)), load_model(str(text), mmproj=str(vision))
