@@ -69,6 +69,7 @@ class Model:
         self.config = config or {}
         self.tokenizer = tokenizer
         self.path = path
+        self.mmproj: str | None = None  # llama.cpp's mmproj file the vision tower came from (load_model(mmproj=))
         # Projection weights kept as GGML blocks (parameter -> ggml type): params holds their raw
         # uint8 rows and the Programs multiply them with gguf_matmul (inference only).
         self.quant = dict(quant or {})
@@ -392,7 +393,7 @@ def resolve_device(device: str) -> str:
 
 def load_model(path_or_id: str | Path, device: str = "cpu", dtype: str = "float32", *,
                download: bool = False, quantized: bool = False, quantize: str | None = None,
-               nf4=None) -> Model:
+               nf4=None, mmproj: str | Path | None = None) -> Model:
     """Load a Hugging Face model folder (or a hub id found in the local cache), or a GGUF file:
     its tensors dequantized to ``dtype`` at load, or with ``quantized`` its quantized projection
     weights kept as GGML blocks and multiplied as they are (llama.cpp's way: a fraction of the
@@ -400,7 +401,9 @@ def load_model(path_or_id: str | Path, device: str = "cpu", dtype: str = "float3
     projection weights of any checkpoint into such blocks at load instead. Blocks are frozen:
     a LoRA trains over them (QLoRA), the gradient reaching the input through the dequantized
     weight. ``quantize="NF4"``: bitsandbytes' NF4 instead (QLoRA's base), with ``nf4`` an
-    `NF4Spec` (block size, double quantization; default 64 and on)."""
+    `NF4Spec` (block size, double quantization; default 64 and on). ``mmproj``: with a GGUF file,
+    llama.cpp's mmproj file of its vision tower (convert_hf_to_gguf.py --mmproj, `surogate
+    quantize`'s mmproj-*.gguf): the model takes images as the HF checkpoint does."""
     from surogate.io import ModelFolder, Tokenizer, resolve_model_path
     from surogate.io.nf4 import NF4Spec
     from surogate.io.gguf import GGUFFile, is_gguf
@@ -411,9 +414,20 @@ def load_model(path_or_id: str | Path, device: str = "cpu", dtype: str = "float3
     path = resolve_model_path(path_or_id, download=download)
     gguf = GGUFFile(path) if is_gguf(path) else None
     folder = None if gguf else ModelFolder(path)
+    vision_gguf = None
+    if mmproj is not None and not gguf:
+        raise InvalidArgumentError(f"{path}: --mmproj (mmproj=) goes with a GGUF model; an HF folder holds its own "
+                                   "vision tower",
+                                   hint="serve the folder without --mmproj, or its GGUF with it")
     if gguf:
         family = family_for_gguf(gguf)
         config = family.gguf.config_from_gguf(gguf)
+        if mmproj is not None:
+            if family.gguf.mmproj is None:
+                raise UnsupportedError(f"{mmproj}: the {family.name} family does not read llama.cpp's mmproj files",
+                                       hint="serve it from the Hugging Face folder for images")
+            vision_gguf = GGUFFile(resolve_model_path(mmproj))
+            config = family.gguf.mmproj.config(config, vision_gguf, _gguf_tokenizer(gguf))
     else:
         config = folder.config
         family = family_for(config, source=str(Path(folder.path) / "config.json"))
@@ -434,11 +448,20 @@ def load_model(path_or_id: str | Path, device: str = "cpu", dtype: str = "float3
     if gguf:
         from surogate.models.gguf_names import load_gguf_params
 
+        text_config = family.gguf.mmproj.text_config(config) if vision_gguf else config
+        vision_names = set()
+        if vision_gguf:  # the tower's and projector's parameters from the mmproj
+            vision_names = {p.name for p in family.architecture(spec).build(mode="vision", dtype=dtype).params()}
         if quantized:
-            quant = _gguf_blocks(gguf, family, config, projections(family.architecture(spec), dtype))
-        params = load_gguf_params(gguf, family, config, [n for n in names if n not in quant], dtype)
+            text_projections = [p for p in projections(family.architecture(spec), dtype) if p.name not in vision_names]
+            quant = _gguf_blocks(gguf, family, text_config, text_projections)
+        params = load_gguf_params(gguf, family, text_config,
+                                  [n for n in names if n not in quant and n not in vision_names], dtype)
+        if vision_gguf:
+            params.update(load_gguf_params(vision_gguf, family, config, sorted(vision_names), dtype,
+                                           table=family.gguf.mmproj.tensors()))
         params.update({n: raw for n, (_, raw) in quant.items()})
-        tokenizer = Tokenizer.from_gguf(gguf) if "tokenizer.ggml.model" in gguf else None
+        tokenizer = _gguf_tokenizer(gguf)
         source = path
     else:
         weights = folder.open_weights()  # block-FP8 checkpoints dequantized as they are read
@@ -464,8 +487,16 @@ def load_model(path_or_id: str | Path, device: str = "cpu", dtype: str = "float3
             raise FileFormatError(
                 f"{source}: tensor for {p.name} has shape {params[p.name].shape}, but the model's config implies "
                 f"{p.shape}", hint="the weights and the config do not belong together")
-    return Model(spec, family, params, dtype=dtype, device=device, config=config, tokenizer=tokenizer,
-                 path=str(path if gguf else folder.path), quant={n: t for n, (t, _) in quant.items()})
+    model = Model(spec, family, params, dtype=dtype, device=device, config=config, tokenizer=tokenizer,
+                  path=str(path if gguf else folder.path), quant={n: t for n, (t, _) in quant.items()})
+    model.mmproj = str(vision_gguf.path) if vision_gguf else None
+    return model
+
+
+def _gguf_tokenizer(gguf):
+    from surogate.io import Tokenizer
+
+    return Tokenizer.from_gguf(gguf) if "tokenizer.ggml.model" in gguf else None
 
 
 def projections(arch, dtype: str) -> list:

@@ -21,12 +21,13 @@ def quantize(
     output: Annotated[Path, typer.Option("--output", "-o", help="The .gguf file to write.", show_default=False)],
     type_: Annotated[str, typer.Option("--type", help="GGUF type: " + ", ".join(TYPES) + ".")] = "Q8_0",
 ) -> None:
-    """Quantize a model to a GGUF file (for llama.cpp, Ollama, ...)."""
+    """Quantize a model to a GGUF file (for llama.cpp, Ollama, ...); a Gemma 3 with images also gets its
+    vision tower as llama.cpp's mmproj-<output name> (F16) beside it."""
     if type_.upper() not in TYPES:
         raise typer.BadParameter(f"{type_!r} is not one of {', '.join(TYPES)}", param_hint="'--type'")
     from surogate.models.gguf_names import quantize_to_gguf
 
-    start = time.perf_counter()
+    start, start_wall = time.perf_counter(), time.time()
 
     def progress(index: int, count: int, name: str, ggml_type: str, shape: tuple) -> None:
         width = len(str(count))
@@ -35,3 +36,8 @@ def quantize(
     out = quantize_to_gguf(model, output, type_.upper(), progress=progress)
     size = out.stat().st_size
     typer.echo(f"wrote {out} ({type_.upper()}, {size / 2**20:.1f} MiB) in {time.perf_counter() - start:.1f} s")
+    from surogate.models.gguf_names import mmproj_path
+
+    vision = mmproj_path(out)
+    if vision.is_file() and vision.stat().st_mtime >= start_wall:
+        typer.echo(f"wrote {vision} (its vision tower, F16, {vision.stat().st_size / 2**20:.1f} MiB)")

@@ -76,6 +76,10 @@ def serve(
     allow_remote_media: Annotated[bool, typer.Option(
         "--allow-remote-media", help="Image inputs: fetch http(s) image URLs (at most 32 MiB, 10 s each). "
                                      "Default: off, no network fetch.")] = False,
+    mmproj: Annotated[str | None, typer.Option(
+        help="A GGUF model's vision tower: llama.cpp's mmproj file (convert_hf_to_gguf.py --mmproj, or the "
+             "mmproj-*.gguf `surogate quantize` writes beside a vision model's GGUF); for the first model.",
+        show_default=False)] = None,
     limit_mm_per_prompt: Annotated[str | None, typer.Option(
         help='Image inputs a prompt may hold, as JSON (vLLM\'s flag): \'{"image": 4}\'. Default: 8.',
         show_default=False)] = None,
@@ -112,7 +116,8 @@ def serve(
                    max_num_seqs=max_num_seqs, max_model_len=max_model_len, max_loras=max_loras,
                    speculative_method=speculative_method, num_speculative_tokens=num_speculative_tokens,
                    prompt_lookup_min=prompt_lookup_min, prompt_lookup_max=prompt_lookup_max,
-                   speculative_disable_by_batch_size=speculative_disable_by_batch_size)
+                   speculative_disable_by_batch_size=speculative_disable_by_batch_size,
+                   mmproj=mmproj if i == 0 else None)
         served.append(ServedModel(m.name, m.llm(), adapters=tuple(m.adapters), embedder=m.embedder(pooling),
                                   generates=m.generates))
         what = (f"KV cache {m.kv_cache_tokens:,} tokens" if m.generates else

@@ -119,9 +119,10 @@ class PlannedTensor:
 
 
 def write_gguf(path: str | Path, arch: str, metadata: Mapping[str, object], plan: list[PlannedTensor],
-               qtype: str, progress: Progress | None = None) -> Path:
+               qtype: str, progress: Progress | None = None, file_kind: str = "model") -> Path:
     """Write the file atomically: metadata, tensor infos, then each tensor quantized in turn
-    (``qtype`` names the recipe for general.file_type; each tensor's type is in the plan)."""
+    (``qtype`` names the recipe for general.file_type; each tensor's type is in the plan;
+    ``file_kind``: general.type, "model" or "mmproj")."""
     from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType
 
     path = Path(path)
@@ -131,7 +132,7 @@ def write_gguf(path: str | Path, arch: str, metadata: Mapping[str, object], plan
     tmp = Path(tmp_name)
     writer = GGUFWriter(tmp, arch)
     try:
-        writer.add_type("model")
+        writer.add_type(file_kind)
         writer.add_file_type(int(LlamaFileType[_RECIPES[check_quant_type(qtype)][0]]))
         writer.add_quantization_version(2)
         for key, value in metadata.items():

@@ -37,6 +37,19 @@ class GGUFArchitecture:
     # generate_extra_tensors: Gemma 4's rope_freqs.weight), written F32 before the others.
     extra_tensors: Callable[[dict], dict[str, np.ndarray]] | None = None
     unsupported: str = ""                            # why this tree neither reads nor writes it yet (the GGUF tests skip it)
+    mmproj: MmprojArchitecture | None = None         # the vision tower as llama.cpp's separate mmproj file
+
+
+@dataclass(frozen=True)
+class MmprojArchitecture:
+    """The vision tower and projector as llama.cpp writes them beside the text GGUF
+    (convert_hf_to_gguf.py --mmproj: general.architecture "clip", clip.* keys, v.* / mm.* tensors)."""
+
+    tensors: Callable[[], GGUFNameTable]             # HF tensor names <-> mmproj GGUF names
+    checkpoint_name: Callable[[str], str]            # a checkpoint's tensor name -> the tables' name (or itself)
+    text_config: Callable[[dict], dict]              # the HF config -> its language model's, as a text config
+    metadata: Callable[[dict, object], dict]         # (HF config, ModelFolder) -> clip.* keys (quantize)
+    config: Callable[[dict, GGUFFile, object], dict]  # (text config from the GGUF, mmproj file, tokenizer) -> config
 
 
 @dataclass(frozen=True)

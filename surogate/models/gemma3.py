@@ -29,10 +29,10 @@ import dataclasses
 
 from surogate.dsl import nn
 from surogate.dsl.nn_vision import PROJECTOR_PREFIX, VISION_PREFIX, Gemma3VisionLM, VisionSpec
-from surogate.errors import ConfigError, UnsupportedError
+from surogate.errors import ConfigError, FileFormatError, NotFoundError, UnsupportedError
 from surogate.io import gguf_config
 from surogate.models import decoder
-from surogate.models.family import ChatDefaults, Family, GGUFArchitecture, ImagePrompt, TinyModel
+from surogate.models.family import ChatDefaults, Family, GGUFArchitecture, ImagePrompt, MmprojArchitecture, TinyModel
 from surogate.models.gguf_names import GGUFName, GGUFNameTable
 from surogate.models.name_table import Direct, NameTable, Transposed
 
@@ -280,6 +280,153 @@ def gguf_metadata(config: dict, rope: dict) -> dict:
     return meta
 
 
+# ---- llama.cpp's mmproj file (convert_hf_to_gguf.py --mmproj: Gemma3VisionModel; tools/mtmd/clip.cpp reads it)
+# The SigLIP tower and the projector in their own GGUF: general.architecture "clip", general.type
+# "mmproj", clip.projector_type "gemma3", the tower's sizes under clip.vision.*, image_mean / std from
+# preprocessor_config.json; tensors v.* and mm.*, the patch conv as HF has it ([C, 3, P, P]: ggml's
+# conv layout), the projection weight untransposed ([vision, text]: clip.cpp transposes it), and
+# only mm.soft_emb_norm shifted by Gemma's 1 (the SigLIP layer norms are plain). Written as
+# llama.cpp's --outtype f16: 1-D tensors, the patch conv and the position embedding F32 (its
+# tensor_force_quant: ".embeddings." in the HF name), every other matrix F16.
+
+MMPROJ_SCALE = 4  # clip.cpp's clip.vision.projector.scale_factor for gemma3 when the file leaves it out
+_MMPROJ_LAYER = {"layer_norm1": "ln1", "layer_norm2": "ln2", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+                 "self_attn.v_proj": "attn_v", "self_attn.out_proj": "attn_out", "mlp.fc1": "ffn_up",
+                 "mlp.fc2": "ffn_down"}
+IMAGE_TOKENS = ("<start_of_image>", "<end_of_image>", "<image_soft_token>")  # boi, eoi, the image token
+
+
+def mmproj_tensor_table() -> GGUFNameTable:
+    H = f"{VISION_PREFIX}.vision_model."
+    e = {f"{H}embeddings.patch_embedding.weight": GGUFName("v.patch_embd.weight", f32=True),
+         f"{H}embeddings.patch_embedding.bias": GGUFName("v.patch_embd.bias"),
+         f"{H}embeddings.position_embedding.weight": GGUFName("v.position_embd.weight", f32=True),
+         f"{H}post_layernorm.weight": GGUFName("v.post_ln.weight"),
+         f"{H}post_layernorm.bias": GGUFName("v.post_ln.bias"),
+         f"{PROJECTOR_PREFIX}.mm_input_projection_weight": GGUFName("mm.input_projection.weight"),
+         f"{PROJECTOR_PREFIX}.mm_soft_emb_norm.weight": GGUFName("mm.soft_emb_norm.weight", shift=NORM_OFFSET)}
+    for hf, gg in _MMPROJ_LAYER.items():
+        for p in ("weight", "bias"):
+            e[f"{H}encoder.layers.{{i}}.{hf}.{p}"] = GGUFName(f"v.blk.{{i}}.{gg}.{p}")
+    return GGUFNameTable(e)
+
+
+def checkpoint_name(name: str) -> str:
+    """The tables' name of a checkpoint tensor (checkpoint_aliases the other way round)."""
+    tower = f"{VISION_PREFIX}.vision_model."
+    for prefix, canonical in (("model.language_model.", "model."), ("language_model.model.", "model."),
+                              ("language_model.lm_head.", "lm_head."), (f"model.{tower}", tower),
+                              (tower, tower), (f"model.{VISION_PREFIX}.", tower), (f"{VISION_PREFIX}.", tower),
+                              (f"model.{PROJECTOR_PREFIX}.", f"{PROJECTOR_PREFIX}.")):
+        if name.startswith(prefix):
+            return canonical + name[len(prefix):]
+    return name
+
+
+def text_config(config: dict) -> dict:
+    """A Gemma3ForConditionalGeneration config's language model as a Gemma3ForCausalLM config
+    (Gemma3TextConfig's defaults under its text_config; the outer keys spec_from_config lets win)."""
+    text = {**TEXT_DEFAULTS, **(config.get("text_config") or {})}
+    for key in ("tie_word_embeddings", "bos_token_id", "eos_token_id"):
+        if config.get(key) is not None:
+            text[key] = config[key]
+    return {**text, "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text"}
+
+
+def mmproj_metadata(config: dict, folder) -> dict:
+    """The clip.* keys convert_hf_to_gguf.py writes for a Gemma3ForConditionalGeneration
+    (MmprojModel.set_gguf_parameters + Gemma3VisionModel's), from its config and image processor files."""
+    from surogate.io.hf_folder import read_json
+
+    spec = spec_from_config(config)
+    v = spec.vision
+    pre = {}
+    for name in ("preprocessor_config.json", "processor_config.json"):  # the converter merges both, in this order
+        path = folder.path / name
+        if path.is_file():
+            cfg = read_json(path)
+            pre.update({**cfg, **(cfg.get("image_processor") or {})})
+    if "image_mean" not in pre or "image_std" not in pre:
+        raise NotFoundError(f"{folder.path}: no image_mean / image_std in preprocessor_config.json",
+                            hint="llama.cpp's mmproj carries the image processor's normalisation; add the model's "
+                                 "preprocessor_config.json")
+    vc = {**VISION_DEFAULTS, **config.get("vision_config", {})}
+    meta = {"clip.has_vision_encoder": True, "clip.vision.projection_dim": spec.hidden_size,
+            "clip.vision.image_size": v.image_size, "clip.vision.patch_size": v.patch_size,
+            "clip.vision.embedding_length": v.hidden_size, "clip.vision.feed_forward_length": v.intermediate_size,
+            "clip.vision.block_count": v.num_layers, "clip.vision.attention.head_count": v.num_heads,
+            "clip.vision.image_mean": [float(x) for x in pre["image_mean"]],
+            "clip.vision.image_std": [float(x) for x in pre["image_std"]],
+            "clip.projector_type": "gemma3",
+            "clip.vision.attention.layer_norm_epsilon": float(vc["layer_norm_eps"]), "clip.use_gelu": True}
+    side = int(int(pre.get("image_seq_length", 256)) ** 0.5)  # the converter reads the processor's, not config.json's
+    scale = (v.image_size // v.patch_size) // side if side else 0
+    if scale <= 0 or ((v.image_size // v.patch_size) // scale) ** 2 != v.mm_tokens_per_image:
+        raise ConfigError(f"{folder.path}: the image processor's image_seq_length {pre.get('image_seq_length', 256)} "
+                          f"does not give config.json's mm_tokens_per_image {v.mm_tokens_per_image}",
+                          hint="llama.cpp derives the projector's pooling from image_seq_length; make them agree")
+    if scale != MMPROJ_SCALE:
+        meta["clip.vision.projector.scale_factor"] = scale
+    return meta
+
+
+def config_from_mmproj(text: dict, gf, tokenizer) -> dict:
+    """A Gemma3ForConditionalGeneration config: the text GGUF's config as text_config, the tower and
+    projector from the mmproj's clip.* keys, the image token ids from the text GGUF's tokenizer."""
+    def key(name: str, default=None):
+        value = gf.get(name, default)
+        if value is None:
+            raise FileFormatError(f"{gf.path}: no {name}", hint="the mmproj file is damaged or not llama.cpp's")
+        return value
+
+    if key("general.architecture") != "clip":
+        raise UnsupportedError(f"{gf.path}: general.architecture is {gf.get('general.architecture')!r}, not 'clip'",
+                               hint="--mmproj takes llama.cpp's mmproj file (convert_hf_to_gguf.py --mmproj)")
+    projector = gf.get("clip.projector_type", gf.get("clip.vision.projector_type"))
+    if projector != "gemma3":
+        raise UnsupportedError(f"{gf.path}: clip.projector_type is {projector!r}; a Gemma 3 model takes 'gemma3'",
+                               hint="use the mmproj file made from the same Gemma 3 checkpoint")
+    if int(key("clip.vision.projection_dim")) != int(text["hidden_size"]):
+        raise ConfigError(f"{gf.path}: clip.vision.projection_dim {key('clip.vision.projection_dim')} differs from the "
+                          f"text model's hidden size {text['hidden_size']}",
+                          hint="the mmproj and the text GGUF must come from the same checkpoint")
+    size, patch = int(key("clip.vision.image_size")), int(key("clip.vision.patch_size"))
+    scale = int(gf.get("clip.vision.projector.scale_factor", MMPROJ_SCALE))
+    if scale <= 0 or (size // patch) % scale:
+        raise ConfigError(f"{gf.path}: clip.vision.projector.scale_factor {scale} does not divide the "
+                          f"{size // patch} patches per side", hint="the mmproj file is damaged")
+    ids = []
+    for token in IMAGE_TOKENS:
+        index = tokenizer.token_to_id(token) if tokenizer is not None else None
+        if index is None:
+            raise ConfigError(f"the text GGUF's tokenizer has no {token} token, which the mmproj's images need",
+                              hint="use the GGUF of a Gemma 3 checkpoint with images (its vocabulary has "
+                                   "<start_of_image>, <end_of_image> and <image_soft_token>)")
+        ids.append(int(index))
+    vision = {"hidden_size": int(key("clip.vision.embedding_length")),
+              "intermediate_size": int(key("clip.vision.feed_forward_length")),
+              "num_hidden_layers": int(key("clip.vision.block_count")),
+              "num_attention_heads": int(key("clip.vision.attention.head_count")),
+              "image_size": size, "patch_size": patch, "vision_use_head": False,
+              "layer_norm_eps": float(key("clip.vision.attention.layer_norm_epsilon", 1e-6)),
+              "hidden_act": "gelu_pytorch_tanh", "model_type": "siglip_vision_model"}
+    return {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "text_config": text,
+            "vision_config": vision, "mm_tokens_per_image": (size // patch // scale) ** 2,
+            "boi_token_index": ids[0], "eoi_token_index": ids[1], "image_token_index": ids[2],
+            "max_position_embeddings": text.get("max_position_embeddings")}
+
+
+def mmproj_processor_config(gf) -> dict:
+    """Gemma3ImageProcessor's keys from an mmproj: its image size and normalisation (the rest
+    are the processor's defaults: resize bilinear, rescale 1/255, no pan-and-scan)."""
+    if gf.get("general.architecture") != "clip":
+        raise FileFormatError(f"{gf.path}: general.architecture is {gf.get('general.architecture')!r}, not 'clip'",
+                              hint="the images' processor is read from llama.cpp's mmproj file")
+    size = int(gf.get("clip.vision.image_size"))
+    return {"size": {"height": size, "width": size}, "image_mean": list(gf.get("clip.vision.image_mean")),
+            "image_std": list(gf.get("clip.vision.image_std"))}
+
+
 def _shape(**kw) -> dict:
     """A bench shape: Gemma 3's fixed choices around the real config's numbers."""
     layers, window = kw.pop("num_layers"), kw.pop("window")
@@ -318,8 +465,12 @@ def image_prompt(spec: nn.ModelSpec, tokenizer, folder: str | None) -> ImageProm
         names[what] = token
     seq = f"\n\n{names['boi']}{names['image'] * v.mm_tokens_per_image}{names['eoi']}\n\n"
     has = folder is not None and os.path.isfile(os.path.join(folder, IMAGE_CONFIG))
-    processor = Gemma3ImageProcessor.from_folder(folder) if has else Gemma3ImageProcessor.from_config(
-        {"size": {"height": v.image_size, "width": v.image_size}, "image_seq_length": v.mm_tokens_per_image})
+    defaults = {"size": {"height": v.image_size, "width": v.image_size}, "image_seq_length": v.mm_tokens_per_image}
+    if folder is not None and os.path.isfile(folder):  # llama.cpp's mmproj: its size and mean / std
+        from surogate.io.gguf import GGUFFile
+
+        defaults.update(mmproj_processor_config(GGUFFile(folder)))
+    processor = Gemma3ImageProcessor.from_folder(folder) if has else Gemma3ImageProcessor.from_config(defaults)
     processor_config = os.path.join(folder, "processor_config.json") if folder is not None else ""
     if os.path.isfile(processor_config):  # Gemma3Processor's image_seq_length: the tokens it writes per image
         length = read_json(processor_config).get("image_seq_length", v.mm_tokens_per_image)
@@ -371,6 +522,8 @@ FAMILY = Family(
         tensors=gguf_tensor_table,
         config_from_gguf=config_from_gguf,
         metadata=gguf_metadata,
+        mmproj=MmprojArchitecture(tensors=mmproj_tensor_table, checkpoint_name=checkpoint_name, text_config=text_config,
+                                  metadata=mmproj_metadata, config=config_from_mmproj),
     ),
     # Gemma's template (<start_of_turn>user ... <end_of_turn>) shows no tool-call or reasoning
     # format of its own: nothing to assume.

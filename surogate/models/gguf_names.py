@@ -214,10 +214,11 @@ def gguf_blocks_for(weights: GGUFWeights, hf_table: NameTable, names: list[str])
 
 
 def load_gguf_params(gf: GGUFFile, family: Family, config: dict, names: list[str],
-                     dtype: str = "float32") -> dict[str, np.ndarray]:
+                     dtype: str = "float32", table: GGUFNameTable | None = None) -> dict[str, np.ndarray]:
     """Our parameters ``names`` from a GGUF file, dequantized to ``dtype`` (every tensor's type
-    is checked first, so an unsupported one fails before any work)."""
-    weights = GGUFWeights(gf, family.gguf.tensors(), config)
+    is checked first, so an unsupported one fails before any work); ``table``: the file's names
+    (default the family's text table; an mmproj file has its own)."""
+    weights = GGUFWeights(gf, table or family.gguf.tensors(), config)
     hf_table = family.name_table()
     hf_names = []
     for name in names:
@@ -343,23 +344,74 @@ def quantize_to_gguf(model: str | os.PathLike, output: str | os.PathLike, qtype:
     config = folder.config
     family = family_for(config, source=str(folder.path / "config.json"))
     spec = family.spec_from_config(config)  # a config we cannot run fails before any work
-    if spec.vision is not None:
+    mmproj = family.gguf.mmproj if spec.vision is not None else None
+    if spec.vision is not None and mmproj is None:
         raise UnsupportedError(f"{folder.path}: {config.get('architectures', ['this model'])[0]} has a vision tower, "
-                               "which a GGUF file does not hold (llama.cpp writes it as a separate mmproj file)",
+                               f"which the {family.name} GGUF writer cannot write as llama.cpp's mmproj file",
                                hint="run it from the Hugging Face folder (load_model's quantize= keeps its "
                                     "projections as blocks)")
     weights = folder.open_weights()
     readers = {name: (lambda n=name: weights.get(n)) for name in weights.keys()}  # noqa: SIM118 (not a dict)
-    plan = plan_gguf_tensors(family, config, readers, qtype, source=str(folder.path))
+    vision_plan, text_config = [], config
+    if mmproj is not None:  # the text GGUF gets the language model's tensors, the mmproj the rest
+        readers = {mmproj.checkpoint_name(n): r for n, r in readers.items()}
+        vision = mmproj.tensors()
+        vision_plan = plan_mmproj_tensors(vision, {n: r for n, r in readers.items() if vision.to_gguf(n)},
+                                          source=str(folder.path))
+        readers = {n: r for n, r in readers.items() if not vision.to_gguf(n)}
+        text_config = mmproj.text_config(config)
+    plan = plan_gguf_tensors(family, text_config, readers, qtype, source=str(folder.path))
     if not (folder.path / "tokenizer.json").is_file():
         raise NotFoundError(f"no tokenizer.json in {folder.path}",
                             hint="llama.cpp needs the vocabulary inside the GGUF; add the model's tokenizer files")
     tokenizer = Tokenizer.from_folder(folder)
     arch = family.gguf.name
     name = str(config.get("_name_or_path") or "").rstrip("/").split("/")[-1] or folder.path.resolve().name
-    metadata = {"general.name": name, **family.gguf.metadata(config, spec.rope),
+    metadata = {"general.name": name, **family.gguf.metadata(text_config, family.spec_from_config(text_config).rope),
                 **gguf_tokenizer_metadata(folder.tokenizer_file, tokenizer, spec.vocab_size)}
-    return write_gguf(output, arch, metadata, plan, qtype, progress=progress)
+    if mmproj is None:
+        return write_gguf(output, arch, metadata, plan, qtype, progress=progress)
+    # llama.cpp's --mmproj file beside it (written first: the text file's appearance means both are there)
+    vision_meta = {"general.name": name, **mmproj.metadata(config, folder)}
+    vision = write_gguf(mmproj_path(output), "clip", vision_meta, vision_plan, MMPROJ_TYPE, progress=progress,
+                        file_kind="mmproj")
+    try:
+        return write_gguf(output, arch, metadata, plan, qtype, progress=progress)
+    except BaseException:
+        vision.unlink(missing_ok=True)  # no mmproj without its text GGUF
+        raise
+
+
+MMPROJ_TYPE = "F16"  # an mmproj is written as convert_hf_to_gguf.py --mmproj --outtype f16 writes it
+
+
+def mmproj_path(output: str | os.PathLike) -> Path:
+    """Where ``surogate quantize`` writes a vision model's mmproj: ``mmproj-<name>.gguf`` beside the GGUF."""
+    output = Path(output)
+    return output.with_name(f"mmproj-{output.name}")
+
+
+def plan_mmproj_tensors(table: GGUFNameTable, tensors: Mapping[str, Callable[[], np.ndarray]],
+                        source: str = "checkpoint") -> list[PlannedTensor]:
+    """An mmproj's tensors as llama.cpp's converter writes them at --outtype f16: 1-D and
+    ``GGUFName.f32`` tensors F32, every other one F16, shifted norms with the 1 added."""
+    plan = []
+    for hf_name in sorted(tensors, key=lambda n: _mmproj_order(table.to_gguf(n).gguf)):
+        g, read = table.to_gguf(hf_name), tensors[hf_name]
+        if g.shift:
+            read = (lambda r=read, shift=g.shift: np.asarray(r(), np.float32) + np.float32(shift))
+        shape = tuple(np.shape(read()))
+        plan.append(PlannedTensor(g.gguf, "F32" if g.f32 or len(shape) < 2 else "F16", shape, read))
+    if not plan:
+        raise FileFormatError(f"{source}: no vision tower tensors found", hint="the checkpoint is incomplete")
+    return plan
+
+
+def _mmproj_order(name: str) -> tuple:
+    # The tower's embeddings, its layers in order, then its final norm and the projector.
+    if name.startswith("v.blk."):
+        return (1, int(name.split(".")[2]), name)
+    return (0 if name.startswith(("v.patch_embd", "v.position_embd")) else 2, 0, name)
 
 
 def _gguf_order(name: str) -> tuple:

@@ -58,7 +58,7 @@ class Launched:
                         "(Family.image_prompt): served for text only", m.spec.family)
             return None
         try:
-            prompt = m.family.image_prompt(m.spec, m.tokenizer, m.path)
+            prompt = m.family.image_prompt(m.spec, m.tokenizer, m.mmproj or m.path)
         except ConfigError as e:  # e.g. a tokenizer without the image tokens: the model still serves text
             log.warning("%s: served for text only, without images: %s (%s)", self.name, e.message, e.hint)
             return None
@@ -121,13 +121,15 @@ def launch(source: str, *, name: str | None = None, dtype: str = "float32", devi
            max_num_seqs: int = 128, max_num_batched_tokens: int = 2048, max_model_len: int | None = None,
            seed: int | None = None, max_loras: int | None = None, speculative_method: str | None = None,
            num_speculative_tokens: int | None = None, prompt_lookup_min: int | None = None,
-           prompt_lookup_max: int | None = None, speculative_disable_by_batch_size: int | None = None) -> Launched:
+           prompt_lookup_max: int | None = None, speculative_disable_by_batch_size: int | None = None,
+           mmproj: str | None = None) -> Launched:
     """``kv_cache_tokens`` None: 16,384 on the CPU; on a GPU, what is left of
     ``gpu_memory_utilization`` of its memory once a profile run measured the weights, a step of
     the largest bucket and what other processes hold (``kv_share`` of it, when several models
     share the GPU). ``max_loras``: how many LoRA adapters may be loaded at once (``loras`` and
     those loaded at run time, EngineClient.load_adapter); None: no limit. ``speculative_method``
-    ("ngram") with ``num_speculative_tokens``: speculative decoding (EngineConfig's fields)."""
+    ("ngram") with ``num_speculative_tokens``: speculative decoding (EngineConfig's fields).
+    ``mmproj``: a GGUF model's vision tower, llama.cpp's mmproj file (--mmproj)."""
     if speculative_method is not None and speculative_method not in SPECULATIVE_METHODS:
         raise InvalidArgumentError(f"--speculative-method {speculative_method!r} is not one of "
                                    f"{', '.join(SPECULATIVE_METHODS)}", hint="use ngram (prompt lookup)")
@@ -152,7 +154,7 @@ def launch(source: str, *, name: str | None = None, dtype: str = "float32", devi
     from surogate.io.hf_folder import resolve_model_path
 
     quantized = quantized and is_gguf(resolve_model_path(source))  # an HF folder has no blocks to keep
-    model = load_model(source, device=device, dtype=dtype, quantized=quantized)
+    model = load_model(source, device=device, dtype=dtype, quantized=quantized, mmproj=mmproj)
     if model.tokenizer is None:
         raise InvalidArgumentError(f"{source} has no tokenizer", hint="serve a folder with tokenizer.json")
     if not model.spec.causal:  # an encoder (EmbeddingGemma): embeddings, no engine, no KV cache
