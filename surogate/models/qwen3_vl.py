@@ -465,6 +465,7 @@ class Qwen3VLSpec:
     vision_start_token_id: int
     rope_theta: float
     mrope_section: tuple[int, int, int]
+    vision_end_token_id: int = MM_DEFAULTS["vision_end_token_id"]
 
     @property
     def image_token_index(self) -> int:  # the name surogate/model.py reads (Gemma 3's)
@@ -508,7 +509,8 @@ def spec_from_config(cfg: dict):
             raise ConfigError(f"config.json: {msg}", hint="check config.json")
     mm = {k: int(cfg.get(k, d)) for k, d in MM_DEFAULTS.items()}
     vision = Qwen3VLSpec(tower=tower, image_token_id=mm["image_token_id"], video_token_id=mm["video_token_id"],
-                         vision_start_token_id=mm["vision_start_token_id"], rope_theta=theta,
+                         vision_start_token_id=mm["vision_start_token_id"],
+                         vision_end_token_id=mm["vision_end_token_id"], rope_theta=theta,
                          mrope_section=tuple(section))
     return dataclasses.replace(spec, vision=vision)
 
@@ -654,6 +656,93 @@ def visual_inputs(model, ids: np.ndarray, cu: np.ndarray, images, videos) -> tup
     return M, feed
 
 
+# ---- serving: the prompt's images --------------------------------------------------------------
+def serve_spans(token_ids, grids, rows, keys, spec) -> list:
+    """The EmbedSpans of a prompt's images for the paged engine (dsl/nn_qwen3_vl.py's serving rows):
+    image i's run of pad tokens takes rows [merged | DeepStack j ... | cos | sin], the tokens' MRoPE
+    angles from `rope_index` over the whole prompt (the image's place in it: the prefix cache keys a
+    block by its chain of tokens and spans, so equal keys see equal positions), and shifts the
+    positions after it by max(h, w) / merge - its tokens (HF's rope_deltas, summed over images).
+    ``rows``: each image's [n, C (1 + deepstack)] (`encode_visual`'s merged rows and DeepStack rows side
+    by side); ``grids``: each image's grid_thw."""
+    from surogate.serve.multimodal import image_runs
+    from surogate.serve.types import EmbedSpan
+
+    vs = spec.vision
+    ids = np.asarray(token_ids, np.int64)
+    runs = image_runs(ids, vs.image_token_id)
+    g = np.asarray(grids, np.int64).reshape(-1, 3)
+    m = vs.tower.spatial_merge_size
+    want = [int(t * h * w) // (m * m) for t, h, w in g.tolist()]
+    if [n for _, n in runs] != want:
+        raise InvalidArgumentError(f"the prompt's image tokens (id {vs.image_token_id}) come in runs of "
+                                   f"{[n for _, n in runs]}; its {len(g)} image(s) need runs of {want}",
+                                   hint="render the messages with the model's chat template (LLM.render), which "
+                                        "expands each image; do not write the image token in the text")
+    pos3 = rope_index(ids, np.array([0, len(ids)]), g if len(g) else None, None, vs)
+    cos, sin = mrope_tables(pos3, spec.head_dim, vs)
+    out = []
+    for (start, n), (t, h, w), r, key in zip(runs, g.tolist(), rows, keys):
+        payload = np.concatenate([np.asarray(r, np.float32), cos[start:start + n], sin[start:start + n]], axis=1)
+        out.append(EmbedSpan(start, np.ascontiguousarray(payload), key, False,
+                             position_shift=max(h, w) // m - n))
+    return out
+
+
+def image_prompt(spec, tokenizer, folder: str | None):
+    """Qwen3VLProcessor's text rule: the template writes <|vision_start|><|image_pad|><|vision_end|>
+    per image and the processor repeats <|image_pad|> grid_t grid_h grid_w / merge^2 times (the grid
+    of the image as QwenVLImageProcessor resizes it: preprocessor_config.json's, or without one the
+    tower's patch and merge sizes); the tokens attend causally; each image's rows carry its
+    DeepStack rows and MRoPE angles (`serve_spans`)."""
+    import os
+
+    from surogate.io.image_processing import IMAGE_CONFIG, QwenVLImageProcessor, to_rgb
+    from surogate.models.family import ImagePrompt
+
+    vs = spec.vision
+    names = {}
+    for what, index in (("vision_start", vs.vision_start_token_id), ("image", vs.image_token_id),
+                        ("vision_end", vs.vision_end_token_id)):
+        token = tokenizer.id_to_token(index)
+        if token is None:
+            raise ConfigError(f"config.json: the {what} token (id {index}) is not in the tokenizer's vocabulary",
+                              hint="serve the model's own tokenizer.json (Qwen3-VL's has <|vision_start|>, "
+                                   "<|image_pad|> and <|vision_end|>)")
+        names[what] = token
+    t = vs.tower
+    if folder is not None and os.path.isfile(os.path.join(folder, IMAGE_CONFIG)):
+        processor = QwenVLImageProcessor.from_folder(folder)
+    else:
+        processor = QwenVLImageProcessor.from_config({"patch_size": t.patch_size, "merge_size": t.spatial_merge_size,
+                                                      "temporal_patch_size": t.temporal_patch_size})
+    if (processor.patch_size, processor.merge_size, processor.temporal_patch_size) != \
+            (t.patch_size, t.spatial_merge_size, t.temporal_patch_size):
+        raise ConfigError(f"{IMAGE_CONFIG}: patch_size {processor.patch_size}, merge_size {processor.merge_size}, "
+                          f"temporal_patch_size {processor.temporal_patch_size} differ from config.json's "
+                          f"vision_config ({t.patch_size}, {t.spatial_merge_size}, {t.temporal_patch_size})",
+                          hint="the tower cuts the processor's patches; fix one of the files")
+
+    def grid(image) -> tuple[int, int, int]:
+        return processor.grid_thw(*to_rgb(image).shape[:2])
+
+    def image_text(n: int) -> str:  # an image of n merged tokens
+        return f"{names['vision_start']}{names['image'] * n}{names['vision_end']}"
+
+    def encode(encode_images, batch) -> np.ndarray:
+        merged, deep = encode_images(batch.pixel_values, batch.image_grid_thw)
+        return np.concatenate([merged, *deep], axis=1)
+
+    def spans(token_ids, images, keys, rows) -> list:
+        return serve_spans(token_ids, [grid(im) for im in images], rows, keys, spec)
+
+    return ImagePrompt(placeholder=f"{names['vision_start']}{names['image']}{names['vision_end']}",
+                       image_text=image_text, processor=processor, image_token_id=vs.image_token_id,
+                       tokens_per_view=0, bidirectional=False,
+                       text_of=lambda image: image_text(processor.num_image_tokens(*to_rgb(image).shape[:2])),
+                       encode=encode, spans=spans)
+
+
 def architecture(spec):
     from surogate.dsl.nn_qwen3_vl import Qwen3VLLM
 
@@ -693,6 +782,7 @@ def _family() -> Family:
         architecture=architecture,
         name_table=hf_name_table,
         checkpoint_aliases=family_aliases,
+        image_prompt=image_prompt,
         gguf=GGUFArchitecture(name="qwen3vl", tensors=_no_gguf, config_from_gguf=_no_gguf, metadata=_no_gguf),
         # Qwen's ChatML templates: Hermes tool calls; the Thinking checkpoints write <think>.
         chat=ChatDefaults(reasoning_parser="qwen3", tool_parser="hermes", model_types=("qwen3_vl",)),

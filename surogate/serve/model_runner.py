@@ -70,7 +70,7 @@ class ProgramRunner:
         # adapter slot -> (its LoRA config, our-named params in the model dtype, their device twins)
         self.adapters: dict[int, tuple[LoRAConfig, dict[str, np.ndarray], dict[str, object]]] = {}
         self.native = _native.serve.ProgramRunner(model.device, s.vocab_size, block_size, num_blocks,
-                                                  self.pad_blocks, self._compile, s.hidden_size)
+                                                  self.pad_blocks, self._compile, model.arch.embed_width)
 
     @property
     def has_recurrent_state(self) -> bool:
@@ -228,9 +228,8 @@ class ProgramRunner:
             raise InvalidArgumentError(f"no adapter in slot {slot}", hint="register it with add_adapter first")
         m = self.model
         lora = self.adapters[slot][0] if slot >= 0 else None
-        g = fuse_serving(m.arch.build(mode="serve", dtype=m.dtype, quant=m.quant, lora=lora,
-                                      kv=KVCache(self.total_blocks, self.block_size, self.fuse_qkv,
-                                                 num_state_slots=self.max_num_seqs, embeds=E > 0)))
+        kv = KVCache(self.total_blocks, self.block_size, self.fuse_qkv, num_state_slots=self.max_num_seqs, embeds=E > 0)
+        g = fuse_serving(m.arch.build(mode="serve", dtype=m.dtype, quant=m.quant, lora=lora, kv=kv))
         dims = {"N": T, "S": S, "S1": S + 1, "B": B, "R": R} | ({"E": E} if E else {})
         exe = Executable(g, dims, m.device,
                          keep=[g.outputs["logits"], g.outputs["argmax"]])
@@ -243,6 +242,9 @@ class ProgramRunner:
                 exe.bind(name, m.params[name], m.device_param(name))
         for name, arr in self.caches.items():
             exe.bind(name, arr)
+        if E:  # constant tables of the steps with request rows (Qwen3-VL's MRoPE cos / sin by position)
+            for name, arr in m.arch.serve_tables(kv).items():
+                exe.bind(name, arr)
         if slot >= 0:
             _, host, dev = self.adapters[slot]
             for name, arr in host.items():
