@@ -102,6 +102,9 @@ def test_chunked_prefill_and_prefix_cache_give_the_same(folder, reference):
     m = launch(str(folder), kv_cache_tokens=1024, max_num_batched_tokens=16, block_size=8)
     try:
         llm = m.llm()
+        chat, images = template_messages(messages)
+        spans = llm.embed(llm.render(chat, images=images)).embeds
+        assert any(s.start // 16 != (s.start + len(s.rows) - 1) // 16 for s in spans)  # a span split by a chunk
         first, _ = ours(llm, messages)
         again, out = ours(llm, messages)
         assert first == again == want
@@ -115,3 +118,15 @@ def test_text_only_chat_equals_transformers(llm, reference):
     want, want_prompt = reference(messages, N)
     out = llm.chat(messages, GREEDY).result(timeout=120)[0]
     assert out.new_token_ids == want and out.num_prompt_tokens == len(want_prompt)
+
+
+def test_a_batch_of_image_and_text_requests_each_equals_transformers(llm, reference):
+    # Submitted together: prefill and decode steps mix sequences of other shifts (and none).
+    cases = [user("Describe the picture", PICS[1]), [{"role": "user", "content": "Just text here"}],
+             user("One", PICS[0], "two", PICS[1], "three")]
+    wants = [reference(m, N)[0] for m in cases]
+    futures = []
+    for messages in cases:
+        chat, images = template_messages(messages)
+        futures.append(llm.chat(chat, GREEDY, images=images))
+    assert [f.result(timeout=120)[0].new_token_ids for f in futures] == wants
