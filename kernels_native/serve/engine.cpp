@@ -58,7 +58,9 @@ Status check_embeds(std::vector<EmbedSpan>* spans, const std::vector<int>& width
              "a span's start + len(rows) must lie inside the prompt (its placeholder tokens)");
     e.digest = e.key.empty() ? hash_bytes(e.rows.data(), e.rows.size() * sizeof(float), 0x726f7773ULL)
                              : hash_bytes(e.key.data(), e.key.size(), 0x6b6579ULL);
-    if (e.position_shift != 0) e.digest = splitmix64(e.digest ^ static_cast<uint64_t>(static_cast<uint32_t>(e.position_shift)));
+    if (e.position_shift != 0) {  // the same rows shifting later positions otherwise: other K / V after the span
+      e.digest = splitmix64(e.digest ^ static_cast<uint64_t>(static_cast<uint32_t>(e.position_shift)));
+    }
   }
   std::vector<size_t> order(spans->size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
