@@ -78,10 +78,9 @@ class Qwen3VLLM(CausalLM):
         from surogate.models.qwen3_vl import mrope_tables
 
         P = kv.num_blocks * kv.block_size
-        if getattr(self, "_tables", (None,))[0] != P:
-            pos = np.broadcast_to(np.arange(P, dtype=np.int64), (3, P))
-            self._tables = (P, *mrope_tables(pos, self.spec.head_dim, self.spec.vision))
-        return {SERVE_COS: self._tables[1], SERVE_SIN: self._tables[2]}
+        cos, sin = mrope_tables(np.broadcast_to(np.arange(P, dtype=np.int64), (3, P)), self.spec.head_dim,
+                                self.spec.vision)
+        return {SERVE_COS: cos, SERVE_SIN: sin}
 
     def embed_request_rows(self, g: Graph, x: Value, pos: Value, kv) -> Value:
         C, half = self.spec.hidden_size, self.spec.head_dim // 2

@@ -63,6 +63,7 @@ class ProgramRunner:
         self.fuse_qkv = model.device != "cpu" if fuse_qkv is None else fuse_qkv
         self.max_num_seqs = max_num_seqs
         self.caches: dict[str, object] = {}
+        self.tables: dict[str, object] = {}  # constant inputs of the steps with request rows
         self.fused: dict[str, tuple[np.ndarray | None, object]] = {}  # name -> (host array, device twin)
         self.released = False
         self._allocate()
@@ -95,6 +96,10 @@ class ProgramRunner:
                 self.caches[f"layers.{i}.{kv}_cache"] = zeros(shape)
         if self.fuse_qkv:
             self._fuse_qkv()
+        # Constant inputs of the steps with request rows (Qwen3-VL: MRoPE's cos / sin by position),
+        # one copy for all their Programs.
+        tables = m.arch.serve_tables(KVCache(self.total_blocks, self.block_size))
+        self.tables = {n: a if m.device == "cpu" else _native.tensor(a).to(m.device) for n, a in tables.items()}
 
     def close(self) -> None:
         """Drop what this runner made: its Programs with their scratch and graphs, the KV cache,
@@ -103,6 +108,7 @@ class ProgramRunner:
         self._programs.clear()
         self.caches.clear()
         self.fused.clear()
+        self.tables = {}
 
     def release(self) -> None:
         """Give the memory back (a sleeping model): what ``close`` drops, and the adapters' and
@@ -242,8 +248,8 @@ class ProgramRunner:
                 exe.bind(name, m.params[name], m.device_param(name))
         for name, arr in self.caches.items():
             exe.bind(name, arr)
-        if E:  # constant tables of the steps with request rows (Qwen3-VL's MRoPE cos / sin by position)
-            for name, arr in m.arch.serve_tables(kv).items():
+        if E:
+            for name, arr in self.tables.items():
                 exe.bind(name, arr)
         if slot >= 0:
             _, host, dev = self.adapters[slot]
