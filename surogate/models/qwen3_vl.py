@@ -657,35 +657,51 @@ def visual_inputs(model, ids: np.ndarray, cu: np.ndarray, images, videos) -> tup
 
 
 # ---- serving: the prompt's images --------------------------------------------------------------
-def serve_spans(token_ids, grids, rows, keys, spec) -> list:
-    """The EmbedSpans of a prompt's images for the paged engine (dsl/nn_qwen3_vl.py's serving rows):
-    image i's run of pad tokens takes rows [merged | DeepStack j ... | cos | sin], the tokens' MRoPE
-    angles from `rope_index` over the whole prompt (the image's place in it: the prefix cache keys a
-    block by its chain of tokens and spans, so equal keys see equal positions), and shifts the
-    positions after it by max(h, w) / merge - its tokens (HF's rope_deltas, summed over images).
-    ``rows``: each image's [n, C (1 + deepstack)] (`encode_visual`'s merged rows and DeepStack rows side
-    by side); ``grids``: each image's grid_thw."""
+def serve_spans(token_ids, spec, images=((), (), ()), videos=((), (), ())) -> list:
+    """The EmbedSpans of a prompt's images and video frames for the paged engine (dsl/nn_qwen3_vl.py's
+    serving rows): ``images`` / ``videos`` = (grids_thw, rows, keys), one entry each, rows [t h w /
+    merge^2, C (1 + deepstack)] (`encode_visual`'s merged rows and DeepStack rows side by side). Each
+    run of pad tokens (an image; a video frame: its timestamp is text between frames) takes its rows
+    [merged | DeepStack j ... | cos | sin], the tokens' MRoPE angles from `rope_index` over the
+    whole prompt (the run's place in it: the prefix cache keys a block by its chain of tokens and
+    spans, so equal keys see equal positions), and shifts the positions after it by max(h, w) /
+    merge - its tokens (HF's rope_deltas, summed over runs). A video frame's key is the video's
+    hashed with the frame index."""
+    import hashlib
+
     from surogate.serve.multimodal import image_runs
     from surogate.serve.types import EmbedSpan
 
     vs = spec.vision
-    ids = np.asarray(token_ids, np.int64)
-    runs = image_runs(ids, vs.image_token_id)
-    g = np.asarray(grids, np.int64).reshape(-1, 3)
     m = vs.tower.spatial_merge_size
-    want = [int(t * h * w) // (m * m) for t, h, w in g.tolist()]
-    if [n for _, n in runs] != want:
-        raise InvalidArgumentError(f"the prompt's image tokens (id {vs.image_token_id}) come in runs of "
-                                   f"{[n for _, n in runs]}; its {len(g)} image(s) need runs of {want}",
-                                   hint="render the messages with the model's chat template (LLM.render), which "
-                                        "expands each image; do not write the image token in the text")
-    pos3 = rope_index(ids, np.array([0, len(ids)]), g if len(g) else None, None, vs)
+    ids = np.asarray(token_ids, np.int64)
+    grids = {}
+    views = []  # (token id, [(grid row of one run, rows, key)]) for images, then video frames
+    for token, (g, rows, keys), what in ((vs.image_token_id, images, "image"), (vs.video_token_id, videos, "video")):
+        g = np.asarray(g, np.int64).reshape(-1, 3)
+        grids[what] = g if len(g) else None
+        runs = []
+        for (t, h, w), r, key in zip(g.tolist(), rows, keys):
+            n = h * w // (m * m)
+            if len(r) != t * n:
+                raise InvalidArgumentError(f"a {what}'s rows {np.shape(r)} do not fit its grid {(t, h, w)}",
+                                           hint="pass encode_visual's rows for the grid")
+            runs += [((1, h, w), r[f * n:(f + 1) * n],
+                      key if t == 1 else hashlib.sha256(key + f.to_bytes(4, "little")).digest()) for f in range(t)]
+        got = image_runs(ids, token)
+        want = [h * w // (m * m) for (_, h, w), _, _ in runs]
+        if [n for _, n in got] != want:
+            raise InvalidArgumentError(f"the prompt's {what} tokens (id {token}) come in runs of {[n for _, n in got]}; "
+                                       f"its {what}s need runs of {want}",
+                                       hint="render the messages with the model's chat template (LLM.render), which "
+                                            f"expands each {what}; do not write the {what} token in the text")
+        views += [(start, n, run) for (start, n), run in zip(got, runs)]
+    pos3 = rope_index(ids, np.array([0, len(ids)]), grids["image"], grids["video"], vs)
     cos, sin = mrope_tables(pos3, spec.head_dim, vs)
     out = []
-    for (start, n), (t, h, w), r, key in zip(runs, g.tolist(), rows, keys):
+    for start, n, ((_, h, w), r, key) in sorted(views, key=lambda v: v[0]):
         payload = np.concatenate([np.asarray(r, np.float32), cos[start:start + n], sin[start:start + n]], axis=1)
-        out.append(EmbedSpan(start, np.ascontiguousarray(payload), key, False,
-                             position_shift=max(h, w) // m - n))
+        out.append(EmbedSpan(start, np.ascontiguousarray(payload), key, False, position_shift=max(h, w) // m - n))
     return out
 
 
@@ -694,7 +710,8 @@ def image_prompt(spec, tokenizer, folder: str | None):
     per image and the processor repeats <|image_pad|> grid_t grid_h grid_w / merge^2 times (the grid
     of the image as QwenVLImageProcessor resizes it: preprocessor_config.json's, or without one the
     tower's patch and merge sizes); the tokens attend causally; each image's rows carry its
-    DeepStack rows and MRoPE angles (`serve_spans`)."""
+    DeepStack rows and MRoPE angles (`serve_spans`, which takes video frames too: the chat
+    path has no video parts yet)."""
     import os
 
     from surogate.io.image_processing import IMAGE_CONFIG, QwenVLImageProcessor, to_rgb
@@ -734,7 +751,7 @@ def image_prompt(spec, tokenizer, folder: str | None):
         return np.concatenate([merged, *deep], axis=1)
 
     def spans(token_ids, images, keys, rows) -> list:
-        return serve_spans(token_ids, [grid(im) for im in images], rows, keys, spec)
+        return serve_spans(token_ids, spec, images=([grid(im) for im in images], rows, keys))
 
     return ImagePrompt(placeholder=f"{names['vision_start']}{names['image']}{names['vision_end']}",
                        image_text=image_text, processor=processor, image_token_id=vs.image_token_id,
