@@ -1,5 +1,6 @@
 """Qwen3-VL images served on the GPU (launch(device="cuda"), f32): LLM.chat with one and two images
-of different grids, chunked prefill, and a text-only chat give transformers' greedy answer, as
+of different grids, chunked prefill, a text-only chat, and video frames / images of token-id
+prompts as spans (serve_spans) give transformers' greedy answer, as
 test_qwen3_vl_serving.py checks on the CPU (the serving rows through row-strided embed_rows, the
 MRoPE angles by rope_table, kv_cache_write, position_shift in the engine's positions). Skipped
 without a CUDA build and a GPU."""
@@ -46,3 +47,10 @@ def test_qwen3_vl_chat_with_images_on_cuda_equals_transformers(tmp_path, budget)
             assert out.new_token_ids == want
     finally:
         m.client.close()
+
+
+def test_qwen3_vl_video_frames_and_images_as_spans_on_cuda_equal_transformers(tmp_path):
+    from sgtest.vision import qwen3_vl_token_prompts
+
+    for what, _, got, want in qwen3_vl_token_prompts(tmp_path, "cuda", 8, N):
+        assert got == want, what

@@ -138,39 +138,8 @@ def test_a_batch_of_image_and_text_requests_each_equals_transformers(llm, refere
 def test_video_and_image_token_prompts_with_spans_equal_transformers_generate(tmp_path, chunk):
     # serve_spans on token ids (tiny_models.qwen3_vl_prompts): two images of grids 4 x 6 and 6 x 4;
     # a 3-frame video, one span per frame (its timestamp tokens between); the engine fed directly.
-    import surogate
-    from sgtest.embeds import greedy
-    from sgtest.tiny_models import make_qwen3_vl, qwen3_vl_prompts
-    from surogate.models.qwen3_vl import encode_visual, serve_spans
-    from surogate.serve.engine_client import EngineClient
-    from surogate.serve.model_runner import ProgramRunner
-    from surogate.serve.types import EngineConfig
+    from sgtest.vision import qwen3_vl_token_prompts
 
-    path = make_qwen3_vl(tmp_path / "q3vl", seed=2)
-    ref = transformers.Qwen3VLForConditionalGeneration.from_pretrained(str(path)).eval()
-    ours = surogate.load_model(str(path))
-    vs = ours.spec.vision
-    (img_ids, (img_px, img_grid)), (vid_ids, (vid_px, vid_grid)) = qwen3_vl_prompts()
-    kw = {} if chunk is None else {"max_num_batched_tokens": chunk, "block_size": 4}
-    config = EngineConfig(num_blocks=64, **kw)
-    with EngineClient(ProgramRunner(ours, num_blocks=64, block_size=config.block_size), config) as client:
-        for ids, px, grid, what in ((img_ids, img_px, img_grid, "image"), (vid_ids, vid_px, vid_grid, "video")):
-            merged, deep = encode_visual(ours, px, grid)
-            rows, at = [], 0
-            for t, h, w in grid.tolist():
-                n = t * h * w // vs.tower.merge_unit
-                rows.append(np.concatenate([merged[at:at + n], *[d[at:at + n] for d in deep]], axis=1))
-                at += n
-            keys = [bytes([i]) * 32 for i in range(len(rows))]
-            spans = serve_spans(ids, ours.spec, **{f"{what}s": (grid, rows, keys)})
-            assert len(spans) == (2 if what == "image" else 3)  # a video: one span per frame
-            got, _ = greedy(client, ids, N, spans)
-            token = vs.image_token_id if what == "image" else vs.video_token_id
-            t = torch.tensor([ids])
-            hf = {"pixel_values" if what == "image" else "pixel_values_videos": torch.tensor(px),
-                  f"{what}_grid_thw": torch.tensor(grid),
-                  "mm_token_type_ids": (t == token).long() * (1 if what == "image" else 2)}
-            with torch.no_grad():
-                want = ref.generate(input_ids=t, attention_mask=torch.ones_like(t), do_sample=False, max_new_tokens=N,
-                                    min_new_tokens=N, eos_token_id=None, pad_token_id=0, **hf)[0, len(ids):].tolist()
-            assert got == want, what
+    for what, n_spans, got, want in qwen3_vl_token_prompts(tmp_path, "cpu", chunk, N):
+        assert n_spans == (2 if what == "image" else 3)  # a video: one span per frame
+        assert got == want, what

@@ -221,3 +221,47 @@ def qwen3_vl_reference(path: str | Path):
         return got[0, ids.shape[1]:].tolist(), ids[0].tolist()
 
     return ref, generate
+
+
+def qwen3_vl_token_prompts(tmp_path, device: str, chunk: int | None, n: int) -> list:
+    """tiny_models.qwen3_vl_prompts' image prompt and video prompt served on ``device`` through the
+    engine with surogate.models.qwen3_vl.serve_spans (``chunk``: a token budget, blocks of 4), and
+    transformers' greedy answers on the same ids and pixels: [(what, spans, ours, HF's)]."""
+    import torch
+    import transformers
+
+    import surogate
+    from sgtest.embeds import greedy
+    from surogate.models.qwen3_vl import encode_visual, serve_spans
+    from surogate.serve.engine_client import EngineClient
+    from surogate.serve.model_runner import ProgramRunner
+    from surogate.serve.types import EngineConfig
+
+    path = tiny_models.make_qwen3_vl(Path(tmp_path) / "q3vl-tokens", seed=2)
+    ref = transformers.Qwen3VLForConditionalGeneration.from_pretrained(str(path)).eval()
+    ours = surogate.load_model(str(path), device=device)
+    vs = ours.spec.vision
+    kw = {} if chunk is None else {"max_num_batched_tokens": chunk, "block_size": 4}
+    config = EngineConfig(num_blocks=64, **kw)
+    out = []
+    with EngineClient(ProgramRunner(ours, num_blocks=64, block_size=config.block_size), config) as client:
+        for (ids, (px, grid)), what in zip(tiny_models.qwen3_vl_prompts(), ("image", "video")):
+            merged, deep = encode_visual(ours, px, grid)
+            rows, at = [], 0
+            for t, h, w in grid.tolist():
+                k = t * h * w // vs.tower.merge_unit
+                rows.append(np.concatenate([merged[at:at + k], *[d[at:at + k] for d in deep]], axis=1))
+                at += k
+            keys = [bytes([i]) * 32 for i in range(len(rows))]
+            spans = serve_spans(ids, ours.spec, **{f"{what}s": (grid, rows, keys)})
+            got, _ = greedy(client, ids, n, spans)
+            token = vs.image_token_id if what == "image" else vs.video_token_id
+            t = torch.tensor([ids])
+            hf = {"pixel_values" if what == "image" else "pixel_values_videos": torch.tensor(px),
+                  f"{what}_grid_thw": torch.tensor(grid),
+                  "mm_token_type_ids": (t == token).long() * (1 if what == "image" else 2)}
+            with torch.no_grad():
+                want = ref.generate(input_ids=t, attention_mask=torch.ones_like(t), do_sample=False, max_new_tokens=n,
+                                    min_new_tokens=n, eos_token_id=None, pad_token_id=0, **hf)[0, len(ids):].tolist()
+            out.append((what, len(spans), got, want))
+    return out
