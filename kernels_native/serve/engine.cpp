@@ -72,6 +72,15 @@ Status check_embeds(std::vector<EmbedSpan>* spans, const std::vector<int>& width
                      order[k - 1], "] (positions ", a.start, "..", a.end() - 1, ")"),
              "each prompt position takes at most one row");
   }
+  int64_t shift = 0;  // rope positions after each span: p + the shifts so far, never negative
+  for (size_t k = 0; k < order.size(); ++k) {
+    const EmbedSpan& e = (*spans)[order[k]];
+    shift += e.position_shift;
+    SG_CHECK(e.end() + shift >= 0, StatusCode::kInvalidArgument,
+             str_cat("embeds[", order[k], "].position_shift ", e.position_shift, " puts the rope position after it at ",
+                     e.end() + shift),
+             "position shifts may move later tokens back by at most their position");
+  }
   std::vector<EmbedSpan> sorted;
   sorted.reserve(spans->size());
   for (size_t i : order) sorted.push_back(std::move((*spans)[i]));

@@ -287,3 +287,8 @@ def test_position_shift_moves_the_rope_positions_of_later_tokens():
     assert positions == [0, 1, 2, 3, 4, 3, 4, 5, 11, 12, 13, 14]
     assert toy.steps[0] == ([0, 1, 2, 3, 4, 3], [0, 1, 2, 3, 4, 5], [2, 3, 4])  # chunk of 6: sequence positions
     assert toy.steps[1][1] == [6, 7, 8, 9] and toy.steps[2][1] == []  # rows in the step: kv_limit; decode: none
+    with EngineClient(Toy(), EngineConfig(num_blocks=8, block_size=4)) as client:  # never a negative position
+        with pytest.raises(InvalidArgumentError, match=r"embeds\[0\]\.position_shift -6 puts the rope position "
+                                                       r"after it at -1"):
+            client.submit(list(range(1, 11)), SamplingParams(max_tokens=1),
+                          embeds=[EmbedSpan(2, rows, b"a", False, position_shift=-6)])
