@@ -15,7 +15,7 @@ Without visual rows the graph is the qwen3 family's (1-D rope: HF's text positio
 the three axes, so the interleaved tables equal the plain rope), serving included.
 
 Serving (a paged step with request rows, ``KVCache(embeds=True)``): each row of an image's
-EmbedSpan (models/qwen3_vl.py `serve_rows`) is [merged row | DeepStack row j for each j | cos |
+EmbedSpan (models/qwen3_vl.py `serve_spans`) is [merged row | DeepStack row j for each j | cos |
 sin] (``embed_width`` = C (1 + deepstack) + head_dim): the merged rows replace the embeddings, the
 DeepStack rows are added after the first decoder layers at the same token rows, and the tokens'
 cos / sin are the plain rope's at their (shifted) positions (``SERVE_COS`` / ``SERVE_SIN`` [P,
