@@ -11,6 +11,7 @@ tokens, a Qwen3-VL-style template, preprocessor_config.json at the tower's 8-pix
   hits the prefix cache and gives the same; a text-only chat equals HF too;
 - video frames (token-id prompts, `serve_spans(videos=...)`, one span per frame) and images fed to
   the engine directly equal HF generate, with and without chunks;
+- in bf16 the served prompt's logprobs equal Model.forward(ids, images=)'s (the same math);
 - the spans: causal, keyed by the image, rows [merged | DeepStack | cos | sin], the shift
   max(h, w) / merge - tokens.
 """
@@ -143,3 +144,24 @@ def test_video_and_image_token_prompts_with_spans_equal_transformers_generate(tm
     for what, n_spans, got, want in qwen3_vl_token_prompts(tmp_path, "cpu", chunk, N):
         assert n_spans == (2 if what == "image" else 3)  # a video: one span per frame
         assert got == want, what
+
+
+def test_bf16_served_prompt_equals_the_models_own_forward(folder):
+    # In bf16 the served prefill (serving rows, rope_table by the rows' angles) computes what
+    # Model.forward(ids, images=) does (whose f32 logits equal transformers': tests/models/test_qwen3_vl.py).
+    m = launch(str(folder), kv_cache_tokens=1024, dtype="bfloat16")
+    try:
+        llm = m.llm()
+        chat, images = template_messages(user("Compare", PICS[0], "with", PICS[1], "now"))
+        prompt = llm.render(chat, images=images)
+        out = llm.chat(chat, SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0),
+                       images=images).result(timeout=120)[0]
+        px, grid = m.images.prompt.processor(images)
+        logits = torch.tensor(np.asarray(m.model.forward(np.array(prompt.token_ids, np.int32), images=(px, grid)),
+                                         np.float32))
+        ids = prompt.token_ids
+        want = torch.log_softmax(logits, -1)[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].numpy()
+        got = np.array([p.logprob for p in out.prompt_logprobs[1:]])
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    finally:
+        m.client.close()
