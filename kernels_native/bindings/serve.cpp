@@ -241,7 +241,8 @@ py::dict stats_dict(const EngineStats& s) {
 }
 
 // Request::embeds from a sequence of surogate.serve.types.EmbedSpan (read by attribute: start,
-// rows float [n, width], key bytes, bidirectional); the engine checks them against the prompt.
+// rows float [n, width], key bytes, bidirectional, optional position_shift); the engine checks them
+// against the prompt.
 void embeds_from(py::handle spans, Request* r) {
   if (spans.is_none()) return;
   if (!py::isinstance<py::sequence>(spans)) bad_field("argument", "embeds", "must be a sequence of EmbedSpan", "");
@@ -266,6 +267,9 @@ void embeds_from(py::handle spans, Request* r) {
       e.key = key.cast<std::string>();
     }
     e.bidirectional = as_bool(field(sp, o, "bidirectional"), o, "bidirectional");
+    if (py::hasattr(sp, "position_shift")) {
+      e.position_shift = static_cast<int>(as_int(sp.attr("position_shift"), o, "position_shift", INT32_MIN, INT32_MAX));
+    }
     r->embed_widths.push_back(static_cast<int>(a.shape(1)));
     r->embeds.push_back(std::move(e));
   }

@@ -149,7 +149,7 @@ Status embed_rows(const OpArgs& a) {
   const float* src = rows.ptr<float>();
   parallel_for(0, E, std::max<int64_t>(1, 4096 / std::max<int64_t>(C, 1)), [&](int64_t lo, int64_t hi) {
     for (int64_t e = lo; e < hi; ++e) {
-      if (idx[e] >= 0) (void)convert(src + e * C, DType::kF32, dst + idx[e] * row_bytes, y.dtype, C);
+      if (idx[e] >= 0) (void)convert(src + e * r.row_stride, DType::kF32, dst + idx[e] * row_bytes, y.dtype, C);
     }
   });
   return Status::OK();

@@ -230,16 +230,18 @@ Status embedding_bwd(const OpArgs& a) {
 
 // ---- embed_rows -------------------------------------------------------------------------
 
-// One warp per given row: y[index[e]] = rows[e] (f32, rounded to T); index -1 or past N skips.
+// One warp per given row: y[index[e]] = rows[e] (f32, rounded to T; rows row_stride apart); index -1
+// or past N skips.
 // y = x was copied before (cudaMemcpyAsync), so the two launches are one stream's order.
 template <typename T>
-__global__ void embed_rows_kernel(const int32_t* index, const float* rows, T* y, int64_t E, int64_t N, int64_t C) {
+__global__ void embed_rows_kernel(const int32_t* index, const float* rows, T* y, int64_t E, int64_t N, int64_t C,
+                                  int64_t row_stride) {
   const int64_t e = blockIdx.x * int64_t(kRowWarps) + threadIdx.x / 32;
   if (e >= E) return;
   const int lane = threadIdx.x % 32;
   const int32_t i = index[e];
   if (i < 0 || i >= N) return;
-  const float* src = rows + e * C;
+  const float* src = rows + e * row_stride;
   T* dst = y + int64_t(i) * C;
   for (int64_t j = lane; j < C; j += 32) dst[j] = st<T>(src[j]);
 }
@@ -258,7 +260,7 @@ Status embed_rows(const OpArgs& a) {
   const unsigned blocks = static_cast<unsigned>((r.E + kRowWarps - 1) / kRowWarps);
   SG_CUDA_DISPATCH_FLOAT(op, x.dtype, T, {
     embed_rows_kernel<T><<<blocks, 32 * kRowWarps, 0, current_stream()>>>(index.ptr<int32_t>(), rows.ptr<float>(),
-                                                                          y.ptr<T>(), r.E, r.N, r.C);
+                                                                          y.ptr<T>(), r.E, r.N, r.C, r.row_stride);
   });
   SG_CUDA_CHECK_LAUNCH();
   return Status::OK();

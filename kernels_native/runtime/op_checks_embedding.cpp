@@ -73,8 +73,15 @@ Status check_embed_rows(const OpArgs& a, EmbedRowsArgs* r) {
   SG_RETURN_IF_ERROR(check_contiguous(op, "index", index));
   SG_RETURN_IF_ERROR(check_dtype(op, "index", index, {DType::kI32}));
   r->E = index.shape[0];
-  SG_RETURN_IF_ERROR(check_rows(op, "rows", rows, r->E, r->C));
+  // rows may be row-strided (a column slice of a wider matrix: Qwen3-VL's serving rows carry the
+  // merged row, the DeepStack rows and the MRoPE angles side by side).
+  SG_RETURN_IF_ERROR(check_ndim(op, "rows", rows, 2));
   SG_RETURN_IF_ERROR(check_dtype(op, "rows", rows, {DType::kF32}));
+  SG_CHECK_SHAPE(rows.shape[0] == r->E && rows.shape[1] == r->C,
+                 str_cat(op, ": rows is ", rows.shape_str(), ", expected [", r->E, ", ", r->C, "]"));
+  const bool row_strided = rows.strides[1] == 1 && rows.strides[0] >= rows.shape[1];
+  if (!row_strided && rows.numel() > 0) SG_RETURN_IF_ERROR(check_contiguous(op, "rows", rows));
+  r->row_stride = rows.numel() > 0 && row_strided ? rows.strides[0] : r->C;
   return Status::OK();
 }
 

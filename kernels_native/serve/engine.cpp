@@ -58,6 +58,9 @@ Status check_embeds(std::vector<EmbedSpan>* spans, const std::vector<int>& width
              "a span's start + len(rows) must lie inside the prompt (its placeholder tokens)");
     e.digest = e.key.empty() ? hash_bytes(e.rows.data(), e.rows.size() * sizeof(float), 0x726f7773ULL)
                              : hash_bytes(e.key.data(), e.key.size(), 0x6b6579ULL);
+    if (e.position_shift != 0) {  // the same rows shifting later positions otherwise: other K / V after the span
+      e.digest = splitmix64(e.digest ^ static_cast<uint64_t>(static_cast<uint32_t>(e.position_shift)));
+    }
   }
   std::vector<size_t> order(spans->size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -68,6 +71,15 @@ Status check_embeds(std::vector<EmbedSpan>* spans, const std::vector<int>& width
              str_cat("embeds[", order[k], "] (positions ", b.start, "..", b.end() - 1, ") overlaps embeds[",
                      order[k - 1], "] (positions ", a.start, "..", a.end() - 1, ")"),
              "each prompt position takes at most one row");
+  }
+  int64_t shift = 0;  // rope positions after each span: p + the shifts so far, never negative
+  for (size_t k = 0; k < order.size(); ++k) {
+    const EmbedSpan& e = (*spans)[order[k]];
+    shift += e.position_shift;
+    SG_CHECK(e.end() + shift >= 0, StatusCode::kInvalidArgument,
+             str_cat("embeds[", order[k], "].position_shift ", e.position_shift, " puts the rope position after it at ",
+                     e.end() + shift),
+             "position shifts may move later tokens back by at most their position");
   }
   std::vector<EmbedSpan> sorted;
   sorted.reserve(spans->size());

@@ -9,7 +9,8 @@
 // [cu_q[s], cu_q[s+1])).
 //
 //   token_ids     [T]     input token of each row
-//   positions     [T]     its position in its sequence (0-based), for rope
+//   positions     [T]     its rope position: its position in its sequence (0-based), moved by the
+//                         position_shift of the request's EmbedSpans before it (Sequence::rope_position)
 //   slot_mapping  [T]     where its K/V go: block * block_size + offset in the block
 //   cu_q          [S+1]   query start of each sequence (cu_seqlens_q); cu_q[S] = T
 //   context_lens  [S]     tokens of the sequence in the cache after this step (cached prefix +
@@ -34,6 +35,8 @@
 //   kv_limit      [T]     per token, the last position of its sequence its query may see: its own
 //                         position (causal), the span's last position for a token of a
 //                         bidirectional span (whose tokens are all in this step); empty: causal
+//                         (the scheduler fills it in every step with embedding rows: a token's
+//                         position in its sequence, which a shifted rope position is not)
 //
 // Writes to the cache happen before attention reads it (as in a layer: store K/V, then attend),
 // so a sequence's query rows see this step's own tokens. Blocks shared between sequences (prefix

@@ -111,6 +111,7 @@ void Scheduler::build_input(StepPlan& plan) const {
   StepInput& in = plan.input;
   in.block_size = bs;
   bool bidirectional = false;  // a bidirectional span's tokens run in this step: kv_limit is needed
+  std::vector<int32_t> seq_pos;  // each token's position in its sequence (positions: its rope position)
   in.num_seqs = static_cast<int32_t>(plan.seqs.size());
   in.cu_q.push_back(0);
   for (const ScheduledSeq& ss : plan.seqs) {
@@ -127,7 +128,8 @@ void Scheduler::build_input(StepPlan& plan) const {
     const int row0 = static_cast<int>(in.token_ids.size());
     for (int p = ss.start; p < end; ++p) {
       in.token_ids.push_back(p < n ? seq.token_ids[p] : seq.draft_ids[p - n]);
-      in.positions.push_back(p);
+      in.positions.push_back(seq.rope_position(p));
+      seq_pos.push_back(p);
       in.slot_mapping.push_back(seq.block_table[p / bs] * bs + p % bs);
     }
     for (const EmbedSpan& e : seq.embeds) {  // the rows of the positions this chunk computes
@@ -175,8 +177,10 @@ void Scheduler::build_input(StepPlan& plan) const {
     }
   }
   in.num_tokens = static_cast<int32_t>(in.token_ids.size());
-  if (bidirectional) {  // causal (the own position) except inside bidirectional spans: the span's end
-    in.kv_limit = in.positions;
+  // With embedding rows the runner takes a kv_limit: causal (the own position in the sequence, not
+  // the rope position a span's position_shift moved) except inside bidirectional spans: the span's end.
+  if (bidirectional || !in.embed_index.empty()) {
+    in.kv_limit = std::move(seq_pos);
     for (size_t s = 0; s < plan.seqs.size(); ++s) {
       const ScheduledSeq& ss = plan.seqs[s];
       for (const EmbedSpan& e : ss.seq->embeds) {

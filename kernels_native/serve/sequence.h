@@ -18,6 +18,8 @@
 // (of the request's key, or of the rows) goes into the prefix-cache hash of every block a span
 // overlaps. A bidirectional span's tokens also see its later tokens, so a prefill chunk never
 // ends inside one (scheduler.h) and a prefix-cache hit never ends inside one (block_manager.h).
+// A span's `position_shift` moves the rope position (StepInput::positions) of every later token:
+// `rope_position(p)` = p + the shifts of the spans ending at or before p.
 //
 // Speculative decoding: `draft_ids`, tokens a proposer guessed to follow token_ids (never part
 // of token_ids; the next step verifies them, see engine.h). A sequence speculates only when its
@@ -56,6 +58,10 @@ struct EmbedSpan {
   std::string key;            // the caller's key bytes (empty: the rows' bytes identify the span)
   uint64_t digest = 0;        // hash of key (or rows), computed at submit
   bool bidirectional = false;
+  // The rope positions of every later token (the prompt's after the span, and all generated ones)
+  // move by this (Qwen3-VL's MRoPE: an image's tokens advance the position by max(h, w) / merge,
+  // not by their number; transformers' rope_deltas).
+  int position_shift = 0;  // (mixed into digest at submit)
   int end() const { return start + len; }
 };
 
@@ -132,6 +138,14 @@ class Sequence {
   std::vector<EmbedSpan> embeds;  // sorted by start, disjoint, inside the prompt
 
   // The bidirectional span that position `pos` would cut (start < pos < end), or null.
+  int rope_position(int pos) const {
+    int shift = 0;
+    for (const EmbedSpan& e : embeds) {
+      if (e.end() > pos) break;
+      shift += e.position_shift;
+    }
+    return pos + shift;
+  }
   const EmbedSpan* bidirectional_span_across(int pos) const {
     for (const EmbedSpan& e : embeds) {
       if (e.start >= pos) break;

@@ -315,19 +315,18 @@ class Attention:
         sinks = g.param("self_attn.sinks", (Hq,), dtype, trainable=lora is None) if s.attention_sinks else None
         if kv is not None:  # serving: rope, the cache write and attention over the cache
             k_cache, v_cache = kv.layer(g, s, dtype)
-            q = ops.qkv_rope_cache(q, k, v, pos, kv.slots, k_cache, v_cache, rope, q_norm=qn, k_norm=kn,
-                                   eps=s.rms_norm_eps, weight_offset=s.norm_offset, name="q_rope")
+            if MROPE_COS in g.values:  # per-token cos / sin (Qwen3-VL's steps with image rows)
+                q, k = _table_rope(g, q, k, qn, kn, s)
+                ops.kv_cache_write(k, v, kv.slots, k_cache, v_cache)
+            else:
+                q = ops.qkv_rope_cache(q, k, v, pos, kv.slots, k_cache, v_cache, rope, q_norm=qn, k_norm=kn,
+                                       eps=s.rms_norm_eps, weight_offset=s.norm_offset, name="q_rope")
             o = ops.paged_attention(q, k_cache, v_cache, kv.block_tables, kv.cu_q, kv.context_lens,
                                     scale=s.attn_scale, window=s.window(self.layer), softcap=s.attn_softcap,
                                     sinks=sinks, kv_limit=kv.kv_limit, name="attn")
         else:
             if MROPE_COS in g.values:  # per-token cos / sin tables (Qwen3-VL with images)
-                if s.qk_norm:
-                    q = _head_norm(q, qn, s, "q_norm")
-                    k = _head_norm(k, kn, s, "k_norm")
-                cos, sin = g.values[MROPE_COS], g.values[MROPE_SIN]
-                q = ops.rope_table(q, cos, sin, name="q_rope", round_products=True)  # HF's text rope rounding
-                k = ops.rope_table(k, cos, sin, name="k_rope", round_products=True)
+                q, k = _table_rope(g, q, k, qn, kn, s)
             elif s.qk_norm:
                 q = ops.qk_norm_rope(q, qn, pos, s.rms_norm_eps, rope, name="q_rope", weight_offset=s.norm_offset)
                 k = ops.qk_norm_rope(k, kn, pos, s.rms_norm_eps, rope, name="k_rope", weight_offset=s.norm_offset)
@@ -341,6 +340,16 @@ class Attention:
                               name="attn", **limit)
         o = ops.view(o, (n, Hq * D))
         return self.o(g, o, dtype, lora)
+
+
+def _table_rope(g: Graph, q: Value, k: Value, qn: Value | None, kn: Value | None, s: ModelSpec) -> tuple[Value, Value]:
+    """q and k (each head RMS-normed first with qk-norm) rotated by the graph's MROPE_COS / MROPE_SIN."""
+    if s.qk_norm:
+        q = _head_norm(q, qn, s, "q_norm")
+        k = _head_norm(k, kn, s, "k_norm")
+    cos, sin = g.values[MROPE_COS], g.values[MROPE_SIN]
+    return (ops.rope_table(q, cos, sin, name="q_rope", round_products=True),  # HF's text rope rounding
+            ops.rope_table(k, cos, sin, name="k_rope", round_products=True))
 
 
 def _head_norm(x: Value, w: Value, s: ModelSpec, name: str) -> Value:
@@ -574,8 +583,7 @@ class CausalLM:
         emb = g.param("embed_tokens.weight", (s.vocab_size, s.hidden_size), dtype, trainable=lora is None)
         x = self.embed(g, ids, emb, dtype, lora)
         if kv is not None and kv.embeds:  # the request's rows replace the embeddings they cover
-            index = g.input("embed_index", (Dim("E"),), "int32")
-            x = ops.embed_rows(x, index, g.input("embed_rows", (Dim("E"), s.hidden_size), "float32"))
+            x = self.embed_request_rows(g, x, pos, kv)
         residual = None
         for i, block in enumerate(self.blocks):
             with g.scope(f"layers.{i}"):
@@ -619,6 +627,21 @@ class CausalLM:
     def after_block(self, g: Graph, layer: int, x: Value) -> Value:
         """The block's output delta as the next block reads it (Qwen3-VL adds DeepStack rows)."""
         return x
+
+    @property
+    def embed_width(self) -> int:
+        """The width of a serving step's ``embed_rows`` (the engine's EmbedSpan rows): the hidden size."""
+        return self.spec.hidden_size
+
+    def serve_tables(self, kv: KVCache) -> dict:
+        """Constant inputs of the serving graphs beside the weights (name -> array), bound once per Program."""
+        return {}
+
+    def embed_request_rows(self, g: Graph, x: Value, pos: Value, kv: KVCache) -> Value:
+        """A serving step's request rows (``embed_rows`` [E, embed_width] at token rows ``embed_index``)
+        in place of the embeddings they cover."""
+        index = g.input("embed_index", (Dim("E"),), "int32")
+        return ops.embed_rows(x, index, g.input("embed_rows", (Dim("E"), self.embed_width), "float32"))
 
     def embed(self, g: Graph, ids: Value, table: Value, dtype: str, lora: LoRAConfig | None) -> Value:
         """The rows the first block reads: the token embeddings (Gemma: scaled)."""

@@ -13,6 +13,15 @@ visual rows (``build(images=M)``, M merged visual tokens of all images and video
 
 Without visual rows the graph is the qwen3 family's (1-D rope: HF's text positions are the same on
 the three axes, so the interleaved tables equal the plain rope), serving included.
+
+Serving (a paged step with request rows, ``KVCache(embeds=True)``): each row of an image's
+EmbedSpan (models/qwen3_vl.py `serve_spans`) is [merged row | DeepStack row j for each j | cos |
+sin] (``embed_width`` = C (1 + deepstack) + head_dim): the merged rows replace the embeddings, the
+DeepStack rows are added after the first decoder layers at the same token rows, and the tokens'
+cos / sin are the plain rope's at their (shifted) positions (``SERVE_COS`` / ``SERVE_SIN`` [P,
+head_dim / 2], one row per position, `serve_tables`) with the span tokens' own interleaved MRoPE
+angles in place. The steps without request rows (decode, text prompts) are Qwen3's graph at the
+engine's rope positions, which each span's ``position_shift`` moves (HF's rope_deltas).
 ``build(mode="vision", images=(patches, frames))`` is the tower's graph (models/qwen3_vl.py
 Qwen3VLVisionTower). The tower is frozen: the language model's graphs read its rows as inputs.
 """
@@ -20,14 +29,14 @@ Qwen3VLVisionTower). The tower is frozen: the language model's graphs read its r
 from __future__ import annotations
 
 from surogate.dsl import ops
-from surogate.dsl.graph import Graph, Value
+from surogate.dsl.graph import Dim, Graph, Value
 from surogate.dsl.nn import MROPE_COS, MROPE_SIN, CausalLM, LoRAConfig, ModelSpec
-from surogate.errors import UnsupportedError
 
 VISUAL_INDEX = "visual_index"  # int32 [M]: the token row each merged visual row replaces
 VISUAL_ROWS = "visual_rows"  # float32 [M, C]: the merged rows (images, then videos)
 VISUAL_SLOTS = "visual_slots"  # int32 [N]: each token's visual row (M: none, the zero row)
 DEEPSTACK = "deepstack_rows"  # deepstack_rows.{j} [M + 1, C] in the model's dtype
+SERVE_COS, SERVE_SIN = "mrope_cos_by_position", "mrope_sin_by_position"  # serving: [P, head_dim / 2] f32
 
 
 class Qwen3VLLM(CausalLM):
@@ -49,17 +58,45 @@ class Qwen3VLLM(CausalLM):
             return self.tower.build(patches, frames, kw.get("dtype", "float32"))
         if images and mode == "serve":
             raise ValueError("visual rows in a serving graph come through the engine's embeddings, not this build")
-        kv = kw.get("kv")
-        if mode == "serve" and kv is not None and kv.embeds:
-            # The rows alone would run with 1-D positions: the prompt's logits would be wrong.
-            raise UnsupportedError("Qwen3-VL: serving with image rows needs the MRoPE positions (3-D per token) and "
-                                   "the DeepStack rows in the paged step, which it does not take yet",
-                                   hint="serve Qwen3-VL for text only; Model.forward(ids, images=...) runs images")
         self._rows = int(images)
+        self._serve_deep = []
         try:
             return super().build(mode=mode, **kw)
         finally:
             self._rows = 0
+            self._serve_deep = []
+
+    @property
+    def embed_width(self) -> int:
+        return self.spec.hidden_size * (1 + self.deepstack_layers) + self.spec.head_dim
+
+    def serve_tables(self, kv) -> dict:
+        """The plain rope's cos / sin of every position a step may hold (the KV cache's), f32 as
+        models/qwen3_vl.py `mrope_tables` makes them for text tokens (all three axes equal)."""
+        import numpy as np
+
+        from surogate.models.qwen3_vl import mrope_tables
+
+        P = kv.num_blocks * kv.block_size
+        cos, sin = mrope_tables(np.broadcast_to(np.arange(P, dtype=np.int64), (3, P)), self.spec.head_dim,
+                                self.spec.vision)
+        return {SERVE_COS: cos, SERVE_SIN: sin}
+
+    def embed_request_rows(self, g: Graph, x: Value, pos: Value, kv) -> Value:
+        C, half = self.spec.hidden_size, self.spec.head_dim // 2
+        k = self.deepstack_layers
+        E = Dim("E")
+        index = g.input("embed_index", (E,), "int32")
+        rows = g.input("embed_rows", (E, self.embed_width), "float32")
+        x = ops.embed_rows(x, index, ops.columns(rows, 0, (E, C), name="visual_rows"), name="embed_visual")
+        self._serve_deep = [(index, ops.columns(rows, C * (1 + j), (E, C), name=f"deepstack_rows.{j}"))
+                            for j in range(k)]
+        P = kv.num_blocks * kv.block_size
+        for name, table, offset in ((MROPE_COS, SERVE_COS, 0), (MROPE_SIN, SERVE_SIN, half)):
+            by_pos = ops.embedding(pos, g.input(table, (P, half), "float32"), name=f"{name}.by_position")
+            span = ops.columns(rows, C * (1 + k) + offset, (E, half), name=f"{name}.rows")
+            ops.embed_rows(by_pos, index, span, name=name)  # MROPE_COS / MROPE_SIN: Attention reads them
+        return x
 
     def embed(self, g: Graph, ids: Value, table: Value, dtype: str, lora: LoRAConfig | None) -> Value:
         x = super().embed(g, ids, table, dtype, lora)
@@ -76,6 +113,11 @@ class Qwen3VLLM(CausalLM):
         return ops.embed_rows(x, index, g.input(VISUAL_ROWS, (M, C), "float32"), name="embed_visual")
 
     def after_block(self, g: Graph, layer: int, x: Value) -> Value:
+        if self._serve_deep and layer < len(self._serve_deep):  # serving: the span tokens' rows, others 0
+            index, rows = self._serve_deep[layer]
+            zeros = ops.fill(g, x.shape, x.dtype, 0.0, name=f"deepstack.{layer}.zeros")
+            return ops.add(x, ops.embed_rows(zeros, index, rows, name=f"deepstack.{layer}"),
+                           name=f"deepstack_added.{layer}")
         if not self._rows or layer >= self.deepstack_layers:
             return x
         rows = ops.embedding(g.values[VISUAL_SLOTS], g.values[f"{DEEPSTACK}.{layer}"], name=f"deepstack.{layer}")

@@ -80,6 +80,14 @@ class ImagePrompt:
     tokens_per_view: int
     bidirectional: bool
     num_crops: Callable[[object], int] = lambda image: 0  # the crops the processor cuts from an image
+    # A family whose image text, rows or spans depend on each image's size (Qwen3-VL: its grid):
+    # ``text_of(image)`` replaces image_text(num_crops(image)); ``encode(encode_images, batch)`` gives
+    # one image's rows from the processor's output (default: encode_images(batch.pixel_values));
+    # ``spans(token_ids, images, keys, rows)`` the prompt's EmbedSpans (default: one per run of
+    # tokens_per_view image tokens, a view's rows each).
+    text_of: Callable[[object], str] | None = None
+    encode: Callable[[Callable, object], np.ndarray] | None = None
+    spans: Callable[..., list] | None = None
 
 
 @dataclass(frozen=True)

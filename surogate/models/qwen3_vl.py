@@ -465,6 +465,7 @@ class Qwen3VLSpec:
     vision_start_token_id: int
     rope_theta: float
     mrope_section: tuple[int, int, int]
+    vision_end_token_id: int = MM_DEFAULTS["vision_end_token_id"]
 
     @property
     def image_token_index(self) -> int:  # the name surogate/model.py reads (Gemma 3's)
@@ -508,7 +509,8 @@ def spec_from_config(cfg: dict):
             raise ConfigError(f"config.json: {msg}", hint="check config.json")
     mm = {k: int(cfg.get(k, d)) for k, d in MM_DEFAULTS.items()}
     vision = Qwen3VLSpec(tower=tower, image_token_id=mm["image_token_id"], video_token_id=mm["video_token_id"],
-                         vision_start_token_id=mm["vision_start_token_id"], rope_theta=theta,
+                         vision_start_token_id=mm["vision_start_token_id"],
+                         vision_end_token_id=mm["vision_end_token_id"], rope_theta=theta,
                          mrope_section=tuple(section))
     return dataclasses.replace(spec, vision=vision)
 
@@ -654,6 +656,110 @@ def visual_inputs(model, ids: np.ndarray, cu: np.ndarray, images, videos) -> tup
     return M, feed
 
 
+# ---- serving: the prompt's images --------------------------------------------------------------
+def serve_spans(token_ids, spec, images=((), (), ()), videos=((), (), ())) -> list:
+    """The EmbedSpans of a prompt's images and video frames for the paged engine (dsl/nn_qwen3_vl.py's
+    serving rows): ``images`` / ``videos`` = (grids_thw, rows, keys), one entry each, rows [t h w /
+    merge^2, C (1 + deepstack)] (`encode_visual`'s merged rows and DeepStack rows side by side). Each
+    run of pad tokens (an image; a video frame: its timestamp is text between frames) takes its rows
+    [merged | DeepStack j ... | cos | sin], the tokens' MRoPE angles from `rope_index` over the
+    whole prompt (the run's place in it: the prefix cache keys a block by its chain of tokens and
+    spans, so equal keys see equal positions), and shifts the positions after it by max(h, w) /
+    merge - its tokens (HF's rope_deltas, summed over runs). A video frame's key is the video's
+    hashed with the frame index."""
+    import hashlib
+
+    from surogate.serve.multimodal import image_runs
+    from surogate.serve.types import EmbedSpan
+
+    vs = spec.vision
+    m = vs.tower.spatial_merge_size
+    ids = np.asarray(token_ids, np.int64)
+    grids = {}
+    views = []  # (token id, [(grid row of one run, rows, key)]) for images, then video frames
+    for token, (g, rows, keys), what in ((vs.image_token_id, images, "image"), (vs.video_token_id, videos, "video")):
+        g = np.asarray(g, np.int64).reshape(-1, 3)
+        grids[what] = g if len(g) else None
+        runs = []
+        for (t, h, w), r, key in zip(g.tolist(), rows, keys):
+            n = h * w // (m * m)
+            if len(r) != t * n:
+                raise InvalidArgumentError(f"a {what}'s rows {np.shape(r)} do not fit its grid {(t, h, w)}",
+                                           hint="pass encode_visual's rows for the grid")
+            runs += [((1, h, w), r[f * n:(f + 1) * n],
+                      key if t == 1 else hashlib.sha256(key + f.to_bytes(4, "little")).digest()) for f in range(t)]
+        got = image_runs(ids, token)
+        want = [h * w // (m * m) for (_, h, w), _, _ in runs]
+        if [n for _, n in got] != want:
+            raise InvalidArgumentError(f"the prompt's {what} tokens (id {token}) come in runs of {[n for _, n in got]}; "
+                                       f"its {what}s need runs of {want}",
+                                       hint="render the messages with the model's chat template (LLM.render), which "
+                                            f"expands each {what}; do not write the {what} token in the text")
+        views += [(start, n, run) for (start, n), run in zip(got, runs)]
+    pos3 = rope_index(ids, np.array([0, len(ids)]), grids["image"], grids["video"], vs)
+    cos, sin = mrope_tables(pos3, spec.head_dim, vs)
+    out = []
+    for start, n, ((_, h, w), r, key) in sorted(views, key=lambda v: v[0]):
+        payload = np.concatenate([np.asarray(r, np.float32), cos[start:start + n], sin[start:start + n]], axis=1)
+        out.append(EmbedSpan(start, np.ascontiguousarray(payload), key, False, position_shift=max(h, w) // m - n))
+    return out
+
+
+def image_prompt(spec, tokenizer, folder: str | None):
+    """Qwen3VLProcessor's text rule: the template writes <|vision_start|><|image_pad|><|vision_end|>
+    per image and the processor repeats <|image_pad|> grid_t grid_h grid_w / merge^2 times (the grid
+    of the image as QwenVLImageProcessor resizes it: preprocessor_config.json's, or without one the
+    tower's patch and merge sizes); the tokens attend causally; each image's rows carry its
+    DeepStack rows and MRoPE angles (`serve_spans`, which takes video frames too: the chat
+    path has no video parts yet)."""
+    import os
+
+    from surogate.io.image_processing import IMAGE_CONFIG, QwenVLImageProcessor, to_rgb
+    from surogate.models.family import ImagePrompt
+
+    vs = spec.vision
+    names = {}
+    for what, index in (("vision_start", vs.vision_start_token_id), ("image", vs.image_token_id),
+                        ("vision_end", vs.vision_end_token_id)):
+        token = tokenizer.id_to_token(index)
+        if token is None:
+            raise ConfigError(f"config.json: the {what} token (id {index}) is not in the tokenizer's vocabulary",
+                              hint="serve the model's own tokenizer.json (Qwen3-VL's has <|vision_start|>, "
+                                   "<|image_pad|> and <|vision_end|>)")
+        names[what] = token
+    t = vs.tower
+    if folder is not None and os.path.isfile(os.path.join(folder, IMAGE_CONFIG)):
+        processor = QwenVLImageProcessor.from_folder(folder)
+    else:
+        processor = QwenVLImageProcessor.from_config({"patch_size": t.patch_size, "merge_size": t.spatial_merge_size,
+                                                      "temporal_patch_size": t.temporal_patch_size})
+    if (processor.patch_size, processor.merge_size, processor.temporal_patch_size) != \
+            (t.patch_size, t.spatial_merge_size, t.temporal_patch_size):
+        raise ConfigError(f"{IMAGE_CONFIG}: patch_size {processor.patch_size}, merge_size {processor.merge_size}, "
+                          f"temporal_patch_size {processor.temporal_patch_size} differ from config.json's "
+                          f"vision_config ({t.patch_size}, {t.spatial_merge_size}, {t.temporal_patch_size})",
+                          hint="the tower cuts the processor's patches; fix one of the files")
+
+    def grid(image) -> tuple[int, int, int]:
+        return processor.grid_thw(*to_rgb(image).shape[:2])
+
+    def image_text(n: int) -> str:  # an image of n merged tokens
+        return f"{names['vision_start']}{names['image'] * n}{names['vision_end']}"
+
+    def encode(encode_images, batch) -> np.ndarray:
+        merged, deep = encode_images(batch.pixel_values, batch.image_grid_thw)
+        return np.concatenate([merged, *deep], axis=1)
+
+    def spans(token_ids, images, keys, rows) -> list:
+        return serve_spans(token_ids, spec, images=([grid(im) for im in images], rows, keys))
+
+    return ImagePrompt(placeholder=f"{names['vision_start']}{names['image']}{names['vision_end']}",
+                       image_text=image_text, processor=processor, image_token_id=vs.image_token_id,
+                       tokens_per_view=0, bidirectional=False,
+                       text_of=lambda image: image_text(processor.num_image_tokens(*to_rgb(image).shape[:2])),
+                       encode=encode, spans=spans)
+
+
 def architecture(spec):
     from surogate.dsl.nn_qwen3_vl import Qwen3VLLM
 
@@ -693,6 +799,7 @@ def _family() -> Family:
         architecture=architecture,
         name_table=hf_name_table,
         checkpoint_aliases=family_aliases,
+        image_prompt=image_prompt,
         gguf=GGUFArchitecture(name="qwen3vl", tensors=_no_gguf, config_from_gguf=_no_gguf, metadata=_no_gguf),
         # Qwen's ChatML templates: Hermes tool calls; the Thinking checkpoints write <think>.
         chat=ChatDefaults(reasoning_parser="qwen3", tool_parser="hermes", model_types=("qwen3_vl",)),

@@ -63,6 +63,7 @@ class ProgramRunner:
         self.fuse_qkv = model.device != "cpu" if fuse_qkv is None else fuse_qkv
         self.max_num_seqs = max_num_seqs
         self.caches: dict[str, object] = {}
+        self.tables: dict[str, object] = {}  # constant inputs of the steps with request rows
         self.fused: dict[str, tuple[np.ndarray | None, object]] = {}  # name -> (host array, device twin)
         self.released = False
         self._allocate()
@@ -70,7 +71,7 @@ class ProgramRunner:
         # adapter slot -> (its LoRA config, our-named params in the model dtype, their device twins)
         self.adapters: dict[int, tuple[LoRAConfig, dict[str, np.ndarray], dict[str, object]]] = {}
         self.native = _native.serve.ProgramRunner(model.device, s.vocab_size, block_size, num_blocks,
-                                                  self.pad_blocks, self._compile, s.hidden_size)
+                                                  self.pad_blocks, self._compile, model.arch.embed_width)
 
     @property
     def has_recurrent_state(self) -> bool:
@@ -95,6 +96,10 @@ class ProgramRunner:
                 self.caches[f"layers.{i}.{kv}_cache"] = zeros(shape)
         if self.fuse_qkv:
             self._fuse_qkv()
+        # Constant inputs of the steps with request rows (Qwen3-VL: MRoPE's cos / sin by position),
+        # one copy for all their Programs.
+        tables = m.arch.serve_tables(KVCache(self.total_blocks, self.block_size))
+        self.tables = {n: a if m.device == "cpu" else _native.tensor(a).to(m.device) for n, a in tables.items()}
 
     def close(self) -> None:
         """Drop what this runner made: its Programs with their scratch and graphs, the KV cache,
@@ -103,6 +108,7 @@ class ProgramRunner:
         self._programs.clear()
         self.caches.clear()
         self.fused.clear()
+        self.tables = {}
 
     def release(self) -> None:
         """Give the memory back (a sleeping model): what ``close`` drops, and the adapters' and
@@ -228,9 +234,8 @@ class ProgramRunner:
             raise InvalidArgumentError(f"no adapter in slot {slot}", hint="register it with add_adapter first")
         m = self.model
         lora = self.adapters[slot][0] if slot >= 0 else None
-        g = fuse_serving(m.arch.build(mode="serve", dtype=m.dtype, quant=m.quant, lora=lora,
-                                      kv=KVCache(self.total_blocks, self.block_size, self.fuse_qkv,
-                                                 num_state_slots=self.max_num_seqs, embeds=E > 0)))
+        kv = KVCache(self.total_blocks, self.block_size, self.fuse_qkv, num_state_slots=self.max_num_seqs, embeds=E > 0)
+        g = fuse_serving(m.arch.build(mode="serve", dtype=m.dtype, quant=m.quant, lora=lora, kv=kv))
         dims = {"N": T, "S": S, "S1": S + 1, "B": B, "R": R} | ({"E": E} if E else {})
         exe = Executable(g, dims, m.device,
                          keep=[g.outputs["logits"], g.outputs["argmax"]])
@@ -243,6 +248,9 @@ class ProgramRunner:
                 exe.bind(name, m.params[name], m.device_param(name))
         for name, arr in self.caches.items():
             exe.bind(name, arr)
+        if E:
+            for name, arr in self.tables.items():
+                exe.bind(name, arr)
         if slot >= 0:
             _, host, dev = self.adapters[slot]
             for name, arr in host.items():

@@ -91,8 +91,9 @@ class ImageEncoder:
             raise InvalidArgumentError(f"the prompt holds {len(pieces) - 1} image placeholders for {len(images)} "
                                        "image(s)", hint=f"write {self.prompt.placeholder!r} once per image")
         out = [pieces[0]]
+        text_of = self.prompt.text_of or (lambda image: self.prompt.image_text(self.prompt.num_crops(image)))
         for image, piece in zip(images, pieces[1:]):
-            out += [self.prompt.image_text(self.prompt.num_crops(image)), piece]
+            out += [text_of(image), piece]
         return "".join(out)
 
     def spans(self, token_ids: Sequence[int], images: Sequence) -> list:
@@ -100,9 +101,11 @@ class ImageEncoder:
         from surogate.io.images import image_hash
         from surogate.serve.types import EmbedSpan
 
-        runs = image_runs(token_ids, self.prompt.image_token_id)
         keys = [image_hash(img) for img in images]
         rows = self.rows(images, keys)
+        if self.prompt.spans is not None:  # the family places them (Qwen3-VL: MRoPE positions in the rows)
+            return self.prompt.spans(token_ids, images, keys, rows)
+        runs = image_runs(token_ids, self.prompt.image_token_id)
         per = self.prompt.tokens_per_view
         views = [(key if v == 0 else hashlib.sha256(key + v.to_bytes(4, "little")).digest(), r[v * per:(v + 1) * per])
                  for key, r in zip(keys, rows) for v in range(len(r) // per)]
@@ -132,7 +135,9 @@ class ImageEncoder:
                     out[key] = cached
                     continue
                 batch = self.prompt.processor([image])
-                rows = np.asarray(self._encode(batch.pixel_values), dtype=np.float32)
+                rows = self.prompt.encode(self._encode, batch) if self.prompt.encode is not None else \
+                    self._encode(batch.pixel_values)
+                rows = np.asarray(rows, dtype=np.float32)
                 self.encodes += 1
                 out[key] = rows
                 self._cache[key] = rows

@@ -33,12 +33,16 @@ class EmbedSpan(msgspec.Struct):
     are). ``key`` names their content for the prefix cache (the same key = the same rows, e.g.
     ``surogate.io.images.image_hash``); empty: the rows' bytes are hashed instead.
     ``bidirectional``: the span's tokens also see its later tokens (Gemma 3's image tokens,
-    transformers' token_type_ids mask); the engine then computes the span in one step."""
+    transformers' token_type_ids mask); the engine then computes the span in one step.
+    ``position_shift``: the rope position of every later token (the rest of the prompt, every
+    generated token) moves by this (Qwen3-VL: an image advances MRoPE's position by max(h, w) /
+    merge, not by its token count; transformers' rope_deltas); it is part of the prefix-cache key."""
 
     start: int
     rows: np.ndarray
     key: bytes = b""
     bidirectional: bool = False
+    position_shift: int = 0
 
 
 class StructuredOutputsParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):

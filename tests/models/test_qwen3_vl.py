@@ -200,13 +200,13 @@ def test_loss_and_lora_grads_with_an_image_equal_peft(checkpoint):
 
 def test_errors(checkpoint):
     from surogate.dsl.nn import KVCache
-    from surogate.errors import UnsupportedError
 
     path, _ = checkpoint
     ours = surogate.load_model(path)
     ours.arch.build(mode="serve", kv=KVCache(num_blocks=4, block_size=16))  # text-only serving: Qwen3's graph
-    with pytest.raises(UnsupportedError, match="MRoPE positions"):
-        ours.arch.build(mode="serve", kv=KVCache(num_blocks=4, block_size=16, embeds=True))
+    # with request rows: the image rows' serving graph (tests/serve/test_qwen3_vl_serving.py runs it)
+    g = ours.arch.build(mode="serve", kv=KVCache(num_blocks=4, block_size=16, embeds=True))
+    assert g.values["embed_rows"].shape[1] == ours.arch.embed_width == 64 * 3 + 16  # merged, 2 DeepStack, cos + sin
     ids, images = two_images()
     with pytest.raises(InvalidArgumentError, match="no pixels were given"):
         ours.forward(ids)

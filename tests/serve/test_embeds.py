@@ -261,3 +261,34 @@ def test_rows_follow_their_sequence_into_an_adapters_sub_step(llama):
             rids = [client.submit(ids, params, "zero" if k % 2 else None, embeds=spans)
                     for k, (ids, spans) in enumerate(reqs)]
         assert [[t for o in client.wait(r, timeout=120) for t in o.new_token_ids] for r in rids] == expected
+
+
+def test_position_shift_moves_the_rope_positions_of_later_tokens():
+    # Qwen3-VL's MRoPE: a span's position_shift moves every later token's rope position (the
+    # prompt's rest and the answer: HF's rope_deltas); kv_limit keeps the sequence positions.
+    class Toy:
+        vocab_size, hidden_size = 16, 4
+
+        def __init__(self):
+            self.steps = []
+
+        def run(self, step):
+            self.steps.append((step.positions.tolist(), step.kv_limit.tolist(), step.embed_index.tolist()))
+            return np.zeros((len(step.logits_rows), 16), np.float32)
+
+    toy = Toy()
+    rows = np.zeros((3, 4), np.float32)
+    spans = [EmbedSpan(2, rows, b"a", False, position_shift=-2), EmbedSpan(6, rows[:2], b"b", False, position_shift=5)]
+    with EngineClient(toy, EngineConfig(num_blocks=8, block_size=4, max_num_batched_tokens=6)) as client:
+        client.wait(client.submit(list(range(1, 11)), SamplingParams(max_tokens=3, ignore_eos=True), embeds=spans),
+                    timeout=30)
+    positions = [p for pos, _, _ in toy.steps for p in pos]
+    # prompt 0..9: 0 1 | span 2 3 4 | 5 (shift -2 from here) | span 6 7 | 8 9 (shift +3), then two answer tokens
+    assert positions == [0, 1, 2, 3, 4, 3, 4, 5, 11, 12, 13, 14]
+    assert toy.steps[0] == ([0, 1, 2, 3, 4, 3], [0, 1, 2, 3, 4, 5], [2, 3, 4])  # chunk of 6: sequence positions
+    assert toy.steps[1][1] == [6, 7, 8, 9] and toy.steps[2][1] == []  # rows in the step: kv_limit; decode: none
+    with EngineClient(Toy(), EngineConfig(num_blocks=8, block_size=4)) as client:  # never a negative position
+        with pytest.raises(InvalidArgumentError, match=r"embeds\[0\]\.position_shift -6 puts the rope position "
+                                                       r"after it at -1"):
+            client.submit(list(range(1, 11)), SamplingParams(max_tokens=1),
+                          embeds=[EmbedSpan(2, rows, b"a", False, position_shift=-6)])

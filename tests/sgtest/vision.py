@@ -1,8 +1,11 @@
-"""A tiny Gemma 3 vision model to serve: tiny_models.make_gemma3_vision's checkpoint with a
+"""Tiny vision models to serve. Gemma 3: tiny_models.make_gemma3_vision's checkpoint with a
 tokenizer that knows Gemma 3's image tokens (<start_of_image>, <end_of_image>,
 <image_soft_token> at the config's boi / eoi / image ids), a Gemma-3-style chat template (one
 <start_of_image> per image part) and processor_config.json, so that transformers' AutoProcessor
-(Gemma3Processor) loads from the folder offline and gives the reference inputs."""
+(Gemma3Processor) loads from the folder offline and gives the reference inputs. Qwen3-VL:
+tiny_models.make_qwen3_vl's checkpoint over a ChatML tokenizer with Qwen's vision tokens, a
+Qwen3-VL-style template (<|vision_start|><|image_pad|><|vision_end|> per image part) and a
+preprocessor_config.json of the tower's patch sizes (`make_qwen3_vl_chat`, `qwen3_vl_reference`)."""
 
 from __future__ import annotations
 
@@ -121,3 +124,144 @@ def template_messages(messages: list[dict]) -> list[dict]:
             content = parts
         out.append({**m, "content": content})
     return out, images
+
+
+# Modeled on Qwen/Qwen3-VL-2B-Instruct's chat template (no tools, no video): ChatML turns, one
+# <|vision_start|><|image_pad|><|vision_end|> per image part.
+QWEN3_VL_TEMPLATE = """{%- for message in messages -%}
+{{- '<|im_start|>' + message['role'] + '\n' -}}
+{%- if message['content'] is string -%}
+{{- message['content'] -}}
+{%- else -%}
+{%- for item in message['content'] -%}
+{%- if item['type'] == 'image' or 'image' in item -%}
+{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}
+{%- elif item['type'] == 'text' -%}
+{{- item['text'] -}}
+{%- endif -%}
+{%- endfor -%}
+{%- endif -%}
+{{- '<|im_end|>\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+{{- '<|im_start|>assistant\n' -}}
+{%- endif -%}
+"""
+
+QWEN3_VL_TOKENS = {"vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>",
+                   "image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>"}
+# Qwen3-VL's preprocessor_config.json keys (size as pixel bounds) at the tiny tower's 8-pixel
+# patches: images of 16 x 16 .. 64 x 64 pixels after smart_resize (grids 2..8 patches a side).
+QWEN3_VL_PREPROCESSOR = {"size": {"shortest_edge": 16 * 16, "longest_edge": 64 * 64}, "patch_size": 8,
+                         "temporal_patch_size": 2, "merge_size": 2, "image_mean": [0.5, 0.5, 0.5],
+                         "image_std": [0.5, 0.5, 0.5], "processor_class": "Qwen3VLProcessor",
+                         "image_processor_type": "Qwen2VLImageProcessor"}
+
+
+def make_qwen3_vl_chat(path: str | Path, *, seed: int = 0, tie: bool = False) -> Path:
+    """The served tiny Qwen3-VL: tokenizer (ChatML + the four vision tokens, their ids the config's),
+    chat template, preprocessor_config.json; the text vocabulary the tokenizer's."""
+    from tokenizers import AddedToken
+
+    path = Path(path)
+    tiny_models.make_tokenizer(path, "chatml")
+    tok = tiny_models.build_tokenizer("chatml")
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN3_VL_TOKENS.values()])
+    ids = {k: tok.token_to_id(t) for k, t in QWEN3_VL_TOKENS.items()}
+    tiny_models.make_qwen3_vl(path, seed=seed, tie=tie,
+                              config={**ids, "text_config": {"vocab_size": tok.get_vocab_size()}})
+    tok.save(str(path / "tokenizer.json"))
+    tc = json.loads((path / "tokenizer_config.json").read_text())
+    for t, i in zip(QWEN3_VL_TOKENS.values(), ids.values()):
+        tc["added_tokens_decoder"][str(i)] = {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
+                                              "single_word": False, "special": True}
+    tc.pop("chat_template", None)
+    (path / "tokenizer_config.json").write_text(json.dumps(tc, indent=1))
+    (path / "chat_template.jinja").write_text(QWEN3_VL_TEMPLATE)
+    (path / "preprocessor_config.json").write_text(json.dumps(QWEN3_VL_PREPROCESSOR, indent=1))
+    return path
+
+
+def qwen3_vl_reference(path: str | Path):
+    """(transformers' Qwen3VLForConditionalGeneration, a generate function) for the folder: the
+    function takes HF-style messages (image parts {"type": "image", "image": PIL}) and n, and
+    returns (greedy answer of n tokens, prompt ids). The inputs are Qwen3VLProcessor's text rule
+    (its replace_image_token: <|image_pad|> x grid_t grid_h grid_w / merge^2) over the template's
+    text, its mm_token_type_ids, and Qwen2VLImageProcessorPil's pixels (Qwen3VLProcessor itself
+    needs Qwen3VLVideoProcessor, which needs torchvision, not installed)."""
+    import torch
+    import transformers
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    ref = transformers.Qwen3VLForConditionalGeneration.from_pretrained(str(path)).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
+    images_proc = Qwen2VLImageProcessorPil.from_dict(json.loads((Path(path) / "preprocessor_config.json").read_text()))
+    template = (Path(path) / "chat_template.jinja").read_text()
+
+    def generate(messages: list[dict], n: int) -> tuple[list[int], list[int]]:
+        text = tokenizer.apply_chat_template(messages, chat_template=template, add_generation_prompt=True,
+                                             tokenize=False)
+        images = [p["image"] for m in messages if isinstance(m["content"], list) for p in m["content"]
+                  if p["type"] == "image"]
+        kw = {}
+        if images:
+            out = images_proc(images, return_tensors="pt")
+            merge = images_proc.merge_size ** 2
+            pieces = text.split("<|image_pad|>")
+            assert len(pieces) == len(images) + 1
+            text = pieces[0] + "".join("<|image_pad|>" * int(g.prod() // merge) + p
+                                       for g, p in zip(out["image_grid_thw"], pieces[1:]))
+            kw = {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
+        ids = tokenizer(text, return_tensors="pt")["input_ids"]
+        if images:  # the processor's mm_token_type_ids (image tokens 1): what get_rope_index reads
+            kw["mm_token_type_ids"] = (ids == ref.config.image_token_id).long()
+        with torch.no_grad():
+            got = ref.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
+                               min_new_tokens=n, eos_token_id=None, pad_token_id=0, **kw)
+        return got[0, ids.shape[1]:].tolist(), ids[0].tolist()
+
+    return ref, generate
+
+
+def qwen3_vl_token_prompts(tmp_path, device: str, chunk: int | None, n: int) -> list:
+    """tiny_models.qwen3_vl_prompts' image prompt and video prompt served on ``device`` through the
+    engine with surogate.models.qwen3_vl.serve_spans (``chunk``: a token budget, blocks of 4), and
+    transformers' greedy answers on the same ids and pixels: [(what, spans, ours, HF's)]."""
+    import torch
+    import transformers
+
+    import surogate
+    from sgtest.embeds import greedy
+    from surogate.models.qwen3_vl import encode_visual, serve_spans
+    from surogate.serve.engine_client import EngineClient
+    from surogate.serve.model_runner import ProgramRunner
+    from surogate.serve.types import EngineConfig
+
+    path = tiny_models.make_qwen3_vl(Path(tmp_path) / "q3vl-tokens", seed=2)
+    ref = transformers.Qwen3VLForConditionalGeneration.from_pretrained(str(path)).eval()
+    ours = surogate.load_model(str(path), device=device)
+    vs = ours.spec.vision
+    kw = {} if chunk is None else {"max_num_batched_tokens": chunk, "block_size": 4}
+    config = EngineConfig(num_blocks=64, **kw)
+    out = []
+    with EngineClient(ProgramRunner(ours, num_blocks=64, block_size=config.block_size), config) as client:
+        for (ids, (px, grid)), what in zip(tiny_models.qwen3_vl_prompts(), ("image", "video")):
+            merged, deep = encode_visual(ours, px, grid)
+            rows, at = [], 0
+            for t, h, w in grid.tolist():
+                k = t * h * w // vs.tower.merge_unit
+                rows.append(np.concatenate([merged[at:at + k], *[d[at:at + k] for d in deep]], axis=1))
+                at += k
+            keys = [bytes([i]) * 32 for i in range(len(rows))]
+            spans = serve_spans(ids, ours.spec, **{f"{what}s": (grid, rows, keys)})
+            got, _ = greedy(client, ids, n, spans)
+            token = vs.image_token_id if what == "image" else vs.video_token_id
+            t = torch.tensor([ids])
+            hf = {"pixel_values" if what == "image" else "pixel_values_videos": torch.tensor(px),
+                  f"{what}_grid_thw": torch.tensor(grid),
+                  "mm_token_type_ids": (t == token).long() * (1 if what == "image" else 2)}
+            with torch.no_grad():
+                want = ref.generate(input_ids=t, attention_mask=torch.ones_like(t), do_sample=False, max_new_tokens=n,
+                                    min_new_tokens=n, eos_token_id=None, pad_token_id=0, **hf)[0, len(ids):].tolist()
+            out.append((what, len(spans), got, want))
+    return out
