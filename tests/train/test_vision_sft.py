@@ -3,7 +3,9 @@ transformers' Gemma3Processor and peft on a tiny random checkpoint (sgtest make_
 with a tokenizer that has Gemma 3's image tokens and the hub's chat template): the token ids,
 labels and pixel values of an image row, the LoRA gradients of one row (f32, 1e-4), a short run
 from YAML whose adapter loads in peft and whose merged model gives HF + peft's merged logits,
-packed rows with images, and the errors for rows that cannot be trained on."""
+packed rows with images, and the errors for rows that cannot be trained on; with train_projector
+the projector's gradients beside the LoRA's (peft's modules_to_save) and a run's adapter and merged
+model as HF + peft's."""
 
 from __future__ import annotations
 
@@ -394,3 +396,114 @@ def test_lora_target_modules_naming_the_projector_are_refused(folder, tmp_path):
 
     with pytest.raises(ConfigError, match=r"lora_target_modules\[0\]: .mm_input_projection. is not an allowed value"):
         _config_for_rows(folder, tmp_path, [_user_image()], lora_target_modules="[mm_input_projection]")
+
+
+# ---- train_projector: the projector trained whole beside the LoRA (peft's modules_to_save) --------
+PROJECTOR = ["multi_modal_projector"]
+
+
+def with_trainable_projector(model):
+    """``model`` with train_projector set, as the trainer sets it."""
+    import dataclasses
+
+    model.spec = dataclasses.replace(model.spec, vision=dataclasses.replace(model.spec.vision, train_projector=True))
+    model.arch = model.family.architecture(model.spec)
+    model._cache.clear()
+    return model
+
+
+def split_projector(tensors: dict) -> tuple[dict, dict]:
+    """peft's tensors: (the LoRA ones, the projector's under model-relative HF names)."""
+    whole = {n[len("base_model.model."):]: a for n, a in tensors.items() if "multi_modal_projector" in n}
+    return {n: a for n, a in tensors.items() if "multi_modal_projector" not in n}, whole
+
+
+def test_projector_and_lora_gradients_of_an_image_row_equal_peft(folder, tmp_path):
+    model = with_trainable_projector(surogate.load_model(folder))
+    record, _ = row_with_two_images(tmp_path)
+    enc = encode_row(model, record, tmp_path / "data.jsonl")
+    from surogate.io.image_processing import Gemma3ImageProcessor
+    from surogate.train.data.images import pixel_values
+
+    px = pixel_values(Gemma3ImageProcessor.from_folder(model.path), enc.images)
+    labels = np.where(enc.loss_mask, enc.input_ids, -100)
+    lora = LoRAConfig(4, 8.0, tuple(TARGETS))
+    pm = peft_model(hf_model(folder), TARGETS, r=4, alpha=8, seed=2, exclude_modules=GEMMA3_PEFT_EXCLUDE,
+                    modules_to_save=PROJECTOR)
+    adapters, _ = split_projector(peft_tensors(pm))
+    params = from_peft_tensors(adapters, lora, GEMMA3_PEFT_PREFIX)
+    loss, grads = model.loss_and_grads(enc.input_ids, labels, lora=lora, lora_params=params, images=px)
+    t = torch.tensor(enc.input_ids.astype(np.int64))[None]
+    types = (t == model.spec.vision.image_token_index).long()
+    out = pm(input_ids=t, pixel_values=torch.tensor(px), token_type_ids=types,
+             labels=torch.tensor(labels.astype(np.int64))[None])
+    out.loss.backward()
+    assert loss == pytest.approx(out.loss.item(), rel=1e-5)
+    ref_lora, ref_whole = split_projector(peft_tensors(pm, "grad"))
+    ref = from_peft_tensors(ref_lora, lora, GEMMA3_PEFT_PREFIX)
+    ours_whole = {"model." + n: a for n, a in model.to_hf(
+        {n: grads.pop(n) for n in list(grads) if n.startswith("multi_modal_projector.")}).items()}
+    assert set(ours_whole) == set(ref_whole) == {"model.multi_modal_projector.mm_input_projection_weight",
+                                                 "model.multi_modal_projector.mm_soft_emb_norm.weight"}
+    assert set(grads) == set(ref)
+    for name, g in [*grads.items(), *ours_whole.items()]:
+        r = ref.get(name, ref_whole.get(name))
+        assert np.abs(r).max() > 0, name
+        err = np.abs(g - r).max() / (np.abs(r).max() + 1e-12)
+        assert err < 1e-4, f"{name}: {err:.2e}"
+
+
+def test_sft_with_train_projector_saves_an_adapter_peft_loads_and_merged_logits_equal_peft(folder, tmp_path):
+    data = write_dataset(tmp_path / "data")
+    config = yaml_config(folder, data, tmp_path / "out", max_steps=4, train_projector="true")
+    proc = subprocess.run([sys.executable, "-P", "-m", "surogate.cli.main", "sft", str(config)], capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    adapter, merged = tmp_path / "out" / "adapter", tmp_path / "out" / "merged"
+    adapter_cfg = json.loads((adapter / "adapter_config.json").read_text())
+    assert adapter_cfg["modules_to_save"] == PROJECTOR
+    pm = peft.PeftModel.from_pretrained(hf_model(folder), str(adapter))
+    _, saved = split_projector(peft_tensors(pm))
+    base = hf_model(folder)
+    w = base.model.multi_modal_projector.mm_input_projection_weight.detach().numpy()
+    assert np.abs(saved["model.multi_modal_projector.mm_input_projection_weight"] - w).max() > 1e-3  # it trained
+
+    hf_merged = pm.merge_and_unload().eval()
+    mine = transformers.Gemma3ForConditionalGeneration.from_pretrained(str(merged), dtype=torch.float32).eval()
+    proc = transformers.AutoProcessor.from_pretrained(str(merged))
+    msgs = [{"role": "user", "content": [{"type": "image", "image": image(77)},
+                                         {"type": "text", "text": "Which channel is brightest?"}]}]
+    inputs = proc.apply_chat_template(msgs, tokenize=True, return_dict=True, return_tensors="pt",
+                                      add_generation_prompt=True)
+    with torch.no_grad():
+        want = hf_merged(**inputs).logits[0].numpy()
+        got = mine(**inputs).logits[0].numpy()
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    ours_merged = surogate.load_model(merged)
+    np.testing.assert_allclose(ours_merged.forward(inputs["input_ids"][0].numpy(),
+                                                   images=inputs["pixel_values"].numpy()), want, atol=1e-4, rtol=0)
+
+    # `surogate merge` folds the projector in as the run did; serving the adapter is refused, by name.
+    from safetensors.numpy import load_file
+
+    from surogate.errors import UnsupportedError
+    from surogate.models.peft import load_peft_adapter
+    from surogate.train.export import merge_adapter
+
+    again = load_file(merge_adapter(str(folder), adapter, tmp_path / "merged2") / "model.safetensors")
+    first = load_file(merged / "model.safetensors")
+    assert set(again) == set(first) and all(np.array_equal(again[k], first[k]) for k in first)
+    with pytest.raises(UnsupportedError, match="multimodal projector trained whole"):
+        load_peft_adapter(adapter)
+
+
+def test_train_projector_on_a_model_without_a_projector_is_refused(tmp_path):
+    from sgtest.tiny_models import make_model
+    from surogate.errors import ConfigError
+
+    base = make_model("gemma3", tmp_path / "text")
+    cfg, _ = _config_for_rows(base, tmp_path / "run", [{"messages": [{"role": "user", "content": "hi"},
+                                                                    {"role": "assistant", "content": "yo"}]}],
+                              train_projector="true")
+    with pytest.raises(ConfigError, match="train_projector"):
+        Trainer(cfg)
