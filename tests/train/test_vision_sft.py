@@ -272,12 +272,13 @@ def hf_token_loss(folder, docs, indices, **image_kwargs) -> tuple[float, int]:
     return total, count
 
 
-def test_a_packed_micro_batch_s_loss_equals_transformers_document_by_document(folder, tmp_path):
+@pytest.mark.parametrize("projector", ["false", "true"], ids=["frozen_projector", "train_projector"])
+def test_a_packed_micro_batch_s_loss_equals_transformers_document_by_document(folder, tmp_path, projector):
     """Rows of several documents, each with its own images in order: the trainer's first-step
     loss (LoRA B = 0: the base model) is HF's token-summed loss of each document alone, with its
     images through transformers' own image processor, over the step's targets."""
     data = write_dataset(tmp_path / "data")
-    trainer = Trainer(load_config(yaml_config(folder, data, tmp_path / "out"), kind="sft"))
+    trainer = Trainer(load_config(yaml_config(folder, data, tmp_path / "out", train_projector=projector), kind="sft"))
     ds = trainer.train_data
     b = ds.batch([0, 1])
     docs = [int(d) for r in (0, 1) for d in ds.plan.row(r)]
@@ -316,12 +317,13 @@ def test_training_with_pan_and_scan_crops_equals_transformers(tmp_path):
         assert targets == count and loss == pytest.approx(total / count, rel=1e-5)
 
 
-def test_evaluation_with_images_equals_transformers(folder, tmp_path):
+@pytest.mark.parametrize("projector", ["false", "true"], ids=["frozen_projector", "train_projector"])
+def test_evaluation_with_images_equals_transformers(folder, tmp_path, projector):
     """The eval Program reads the same image inputs: before any step (LoRA B = 0) the eval loss
     is HF's over the held-out documents, each with its images."""
     data = write_dataset(tmp_path / "data")
     trainer = Trainer(load_config(yaml_config(folder, data, tmp_path / "out", validation_split_ratio=0.5,
-                                                  eval_steps=2),
+                                                  eval_steps=2, train_projector=projector),
                                   kind="sft"))
     docs = trainer.eval_data.docs
     assert docs.images is not None and any(docs.images)
@@ -329,18 +331,20 @@ def test_evaluation_with_images_equals_transformers(folder, tmp_path):
     assert trainer.evaluate() == pytest.approx(total / count, rel=1e-5)
 
 
-def test_resume_with_images_reproduces_the_curve(folder, tmp_path):
+@pytest.mark.parametrize("projector", ["false", "true"], ids=["frozen_projector", "train_projector"])
+def test_resume_with_images_reproduces_the_curve(folder, tmp_path, projector):
     from sgtest.qa import interrupt_after, step_records
 
     data = write_dataset(tmp_path / "data")
-    full = Trainer(load_config(yaml_config(folder, data, tmp_path / "a", merge_adapter="false"), kind="sft"))
+    kw = {"merge_adapter": "false", "train_projector": projector}
+    full = Trainer(load_config(yaml_config(folder, data, tmp_path / "a", **kw), kind="sft"))
     full.train()
-    interrupted = Trainer(load_config(yaml_config(folder, data, tmp_path / "b", merge_adapter="false"), kind="sft"))
+    interrupted = Trainer(load_config(yaml_config(folder, data, tmp_path / "b", **kw), kind="sft"))
     interrupt_after(interrupted, 4)
     with pytest.raises(KeyboardInterrupt):
         interrupted.train()
-    resumed = Trainer(load_config(yaml_config(folder, data, tmp_path / "b", merge_adapter="false",
-                                              resume_from_checkpoint="true"), kind="sft"))
+    resumed = Trainer(load_config(yaml_config(folder, data, tmp_path / "b", resume_from_checkpoint="true", **kw),
+                                  kind="sft"))
     assert resumed.train_data.stats.cached == 1  # the images' sources come back from the tokenized cache
     assert resumed.train_data.docs.images == interrupted.train_data.docs.images
     resumed.train()
@@ -449,6 +453,33 @@ def test_projector_and_lora_gradients_of_an_image_row_equal_peft(folder, tmp_pat
     for name, g in [*grads.items(), *ours_whole.items()]:
         r = ref.get(name, ref_whole.get(name))
         assert np.abs(r).max() > 0, name
+        err = np.abs(g - r).max() / (np.abs(r).max() + 1e-12)
+        assert err < 1e-4, f"{name}: {err:.2e}"
+
+
+def test_a_full_fine_tune_s_gradients_with_a_trainable_projector_equal_transformers(folder, tmp_path):
+    """lora: false with train_projector: every language-model weight's gradient and the
+    projector's equal transformers' (the tower gets none: it stays frozen)."""
+    model = with_trainable_projector(surogate.load_model(folder))
+    record, _ = row_with_two_images(tmp_path)
+    enc = encode_row(model, record, tmp_path / "data.jsonl")
+    from surogate.train.data.images import pixel_values
+
+    px = pixel_values(model.family.image_prompt(model.spec, model.tokenizer, str(folder)).processor, enc.images)
+    labels = np.where(enc.loss_mask, enc.input_ids, -100)
+    loss, grads = model.loss_and_grads(enc.input_ids, labels, images=px)
+    ref = hf_model(folder)
+    t = torch.tensor(enc.input_ids.astype(np.int64))[None]
+    out = ref(input_ids=t, pixel_values=torch.tensor(px), token_type_ids=(t == ref.config.image_token_index).long(),
+              labels=torch.tensor(labels.astype(np.int64))[None])
+    out.loss.backward()
+    assert loss == pytest.approx(out.loss.item(), rel=1e-5)
+    hf_grads = {n: p.grad.numpy() for n, p in ref.named_parameters() if p.grad is not None}
+    mine = model.to_hf(grads)
+    assert any("multi_modal_projector" in n for n in mine) and not any("vision_tower" in n for n in mine)
+    for name, g in mine.items():
+        key = next(k for k in model.family.checkpoint_aliases(name) if k in hf_grads)
+        r = hf_grads[key]
         err = np.abs(g - r).max() / (np.abs(r).max() + 1e-12)
         assert err < 1e-4, f"{name}: {err:.2e}"
 
