@@ -202,11 +202,12 @@ class Model:
         exe.run()
         return np.array(exe.read("logits"), dtype=np.float32)
 
-    def encode_images(self, pixel_values, grid_thw=None, *, hidden: bool = False) -> np.ndarray:
+    def encode_images(self, pixel_values, grid_thw=None, *, hidden: bool = False, pooled: bool = False) -> np.ndarray:
         """The rows that replace the image tokens' embeddings: [n * mm_tokens_per_image, hidden]
         float32 for pixel values [n, channels, S, S] (the projector's output, used as it is: no
         embedding scale). ``hidden``: the tower's last hidden state [n * patches, vision hidden]
-        instead (HF's vision_tower(...).last_hidden_state). Qwen3-VL: pixel rows with their
+        instead (HF's vision_tower(...).last_hidden_state); ``pooled``: it pooled to the image
+        tokens [n * mm_tokens_per_image, vision hidden] (a trainable projector's input). Qwen3-VL: pixel rows with their
         ``grid_thw``; returns (merged rows, DeepStack rows) (models/qwen3_vl.py encode_visual)."""
         from surogate.dsl.nn_vision import patchify
 
@@ -229,7 +230,7 @@ class Model:
         exe.bind("patch_positions", np.tile(np.arange(v.patches, dtype=np.int32), n))
         exe.bind("image_cu_seqlens", (np.arange(n + 1) * v.patches).astype(np.int32))
         exe.run()
-        out = exe.graph.outputs["vision_hidden" if hidden else "image_features"]
+        out = exe.graph.outputs["vision_hidden" if hidden else "image_pooled" if pooled else "image_features"]
         return np.array(exe.read(out.name), dtype=np.float32)
 
     def _vision(self):
@@ -261,11 +262,11 @@ class Model:
             exe = self.executable(mode, len(ids), len(cu) - 1, **kw)
             self._feed(exe, ids, pos, cu, lora_params)
             return exe
-        from surogate.dsl.nn_vision import image_inputs
+        from surogate.dsl.nn_vision import image_inputs, projector_inputs
 
-        v = self._vision()
-        rows = self.encode_images(images)
-        feed = image_inputs(ids, pos, cu, rows, v, _np_dtype(self.dtype))
+        v = self._vision()  # a trainable projector runs in the text graph: it reads the pooled rows
+        rows = self.encode_images(images, pooled=v.train_projector)
+        feed = (projector_inputs if v.train_projector else image_inputs)(ids, pos, cu, rows, v, _np_dtype(self.dtype))
         exe = self.executable(mode, len(ids), len(cu) - 1, images=len(rows) // v.mm_tokens_per_image, **kw)
         self._feed(exe, feed.pop("input_ids"), pos, cu, lora_params)
         for name, arr in feed.items():

@@ -16,8 +16,11 @@ in place of the image tokens' embeddings.
   is the projected feature (not scaled by sqrt(hidden): HF replaces the scaled embeddings), and an
   image token sees every token of its image span (HF's token_type_ids mask; `kv_limit`).
 
-The tower and the projector are frozen here (forward only: the language model's graphs read
-their rows as inputs, so no gradient reaches them; a trainable projector is for later).
+The tower is frozen (forward only). So is the projector by default: the language model's graphs
+read its rows as inputs. With ``VisionSpec.train_projector`` (the `train_projector` key) the
+projector's norm and projection move into the language model's graph instead: it reads each
+image token's pooled tower row (``image_pooled``, the frozen part) and projects it there, so
+autodiff gives the projector's gradients (peft's ``modules_to_save: [multi_modal_projector]``).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from surogate.dsl.nn import KV_LIMIT, CausalLM, LoRAConfig, ModelSpec, SandwichB
 
 VISION_PREFIX = "vision_tower"
 PROJECTOR_PREFIX = "multi_modal_projector"
+IMAGE_POOLED = "image_pooled"  # a trainable projector's input: each token's pooled tower row
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,7 @@ class VisionSpec:
     layer_norm_eps: float = 1e-6
     boi_token_index: int | None = None
     eoi_token_index: int | None = None
+    train_projector: bool = False  # the projector in the language model's graph, trainable
 
     @property
     def grid(self) -> int:  # patches per side
@@ -86,6 +91,14 @@ def patchify(pixel_values: np.ndarray, v: VisionSpec) -> np.ndarray:
     p, gr = v.patch_size, v.grid
     x = x.reshape(n, c, gr, p, gr, p).transpose(0, 2, 4, 1, 3, 5)
     return np.ascontiguousarray(x.reshape(n * gr * gr, c * p * p))
+
+
+def project(g: Graph, pooled: Value, v: VisionSpec, dtype: str, trainable: bool) -> Value:
+    """Gemma3MultiModalProjector after its pooling: (1 + w) RMSNorm, then the projection."""
+    w = g.param("mm_soft_emb_norm.weight", (v.hidden_size,), dtype, trainable=trainable)
+    y = ops.rmsnorm(pooled, w, v.layer_norm_eps, name="soft_emb_norm", weight_offset=1.0)
+    proj = g.param("mm_input_projection_weight", (v.text_hidden_size, v.hidden_size), dtype, trainable=trainable)
+    return ops.linear(y, proj, name="image_features")
 
 
 class SiglipTower:
@@ -124,10 +137,8 @@ class SiglipTower:
         g.mark_output("vision_hidden", x)
         with g.scope(PROJECTOR_PREFIX):
             pooled = ops.mean_pool_2d(x, v.grid, v.grid, v.pool_kernel, name="pooled")
-            w_norm = param("mm_soft_emb_norm.weight", (C,))
-            y = ops.rmsnorm(pooled, w_norm, v.layer_norm_eps, name="soft_emb_norm", weight_offset=1.0)
-            proj = param("mm_input_projection_weight", (v.text_hidden_size, C))
-            feats = ops.linear(y, proj, name="image_features")
+            feats = project(g, pooled, v, dtype, trainable=False)
+        g.mark_output("image_pooled", pooled)  # what a trainable projector reads (train_projector)
         g.mark_output("image_features", feats)
         return g
 
@@ -157,8 +168,11 @@ class Gemma3VisionLM(CausalLM):
     ``image_rows`` [k * mm_tokens + 1, C] (the projected features, then a row of zeros),
     ``image_slots`` [N] (each token's row of image_rows: its feature, or the zero row for a text
     token), ``text_mask`` [N, C] (1 on text tokens, 0 on image tokens) and ``kv_limit`` [N]; the
-    first layer then reads embed(ids) * text_mask + image_rows[image_slots]. ``build(mode="vision",
-    images=k)`` is the tower's graph (SiglipTower)."""
+    first layer then reads embed(ids) * text_mask + image_rows[image_slots]. With train_projector
+    the inputs are ``image_pooled`` [N, vision hidden] (each image token's pooled tower row, zeros
+    on text tokens), text_mask and kv_limit, and the first layer reads embed(ids) * text_mask +
+    project(image_pooled) (a zero row projects to zero: RMSNorm of 0 is 0, no bias), the
+    projector's weights trainable. ``build(mode="vision", images=k)`` is the tower's graph."""
 
     def __init__(self, spec: ModelSpec):
         super().__init__(spec, block=SandwichBlock)
@@ -181,6 +195,14 @@ class Gemma3VisionLM(CausalLM):
         if not self._images:
             return x
         N, C = x.shape
+        v = self.spec.vision
+        if v.train_projector:
+            pooled = g.input(IMAGE_POOLED, (N, v.hidden_size), dtype)
+            mask = g.input("text_mask", (N, C), dtype)
+            g.input(KV_LIMIT, (N,), "int32")
+            with g.scope(PROJECTOR_PREFIX):
+                feats = project(g, pooled, v, dtype, trainable=True)
+            return ops.add(ops.act_mul(x, mask, name="embed_text"), feats, name="embed_merged")
         rows = g.input("image_rows", (self._images * self.spec.vision.mm_tokens_per_image + 1, C), dtype)
         slots = g.input("image_slots", (N,), "int32")
         mask = g.input("text_mask", (N, C), dtype)
@@ -227,3 +249,18 @@ def image_inputs(ids: np.ndarray, pos: np.ndarray, cu: np.ndarray, rows: np.ndar
         "text_mask": np.ascontiguousarray(np.broadcast_to((~is_img)[:, None], (len(ids), C)).astype(np_dtype)),
         KV_LIMIT: kv_limit,
     }
+
+
+def projector_inputs(ids: np.ndarray, pos: np.ndarray, cu: np.ndarray, pooled: np.ndarray, v: VisionSpec,
+                     np_dtype) -> dict[str, np.ndarray]:
+    """`image_inputs` for a graph with a trainable projector (train_projector): ``pooled``
+    [images * mm_tokens_per_image, vision hidden] (the tower's pooled rows) give input_ids,
+    image_pooled [N, vision hidden] (each image token's row, zeros on text tokens), text_mask and
+    kv_limit."""
+    feed = image_inputs(ids, pos, cu, pooled, v, np_dtype)
+    table, slots = feed.pop("image_rows"), feed.pop("image_slots")
+    feed[IMAGE_POOLED] = np.ascontiguousarray(table[slots])
+    text = slots == len(table) - 1
+    feed["text_mask"] = np.ascontiguousarray(np.broadcast_to(text[:, None], (len(ids), v.text_hidden_size))
+                                             .astype(np_dtype))
+    return feed

@@ -202,7 +202,15 @@ def peft_config(cfg: LoRAConfig, modules: list[str], experts: list[str], base_mo
     }
 
 
-def load_peft_adapter(path: str | Path, module_prefix: str = "model.") -> tuple[LoRAConfig, dict[str, np.ndarray]]:
+# A multimodal projector trained whole beside the adapter (train_projector: peft's modules_to_save).
+PROJECTOR_PEFT_PREFIX = PEFT_PREFIX + "model.multi_modal_projector."
+
+
+def load_peft_adapter(path: str | Path, module_prefix: str = "model.",
+                      whole: bool = False) -> tuple[LoRAConfig, dict[str, np.ndarray]]:
+    """(its LoRAConfig, its tensors by our names). ``whole``: a projector saved whole beside the
+    adapter comes too, under the hub's names (``multi_modal_projector.mm_input_projection_weight``,
+    HF's layout); without it such an adapter is refused (serving does not apply one yet)."""
     path = Path(path)
     cfg_file = path / "adapter_config.json"
     if not cfg_file.is_file():
@@ -231,5 +239,14 @@ def load_peft_adapter(path: str | Path, module_prefix: str = "model.") -> tuple[
     tensors = {k: np.array(f.get(k), dtype=np.float32) for k in f.keys()}
     if module_prefix == "model." and any(k.startswith(PEFT_PREFIX + LANGUAGE_MODEL_PREFIX) for k in tensors):
         module_prefix = LANGUAGE_MODEL_PREFIX  # an adapter of a multimodal model's language model
+    projector = {k[len(PEFT_PREFIX + "model."):]: tensors.pop(k) for k in list(tensors)
+                 if k.startswith(PROJECTOR_PEFT_PREFIX)}
+    if projector and not whole:
+        from surogate.errors import UnsupportedError
+
+        raise UnsupportedError(f"{path}: the adapter holds a multimodal projector trained whole (train_projector), "
+                               "which only merging applies so far", hint="merge it (`surogate merge`, or the run's "
+                               "merged/ folder with merge_adapter: true) and use the merged model")
     params = from_peft_tensors(tensors, cfg, module_prefix)
+    params.update(projector)
     return cfg, params

@@ -89,14 +89,27 @@ def checkpoint_prefix(tensors: dict, family, params: dict) -> str:
     return hit[:-len(suffix)]
 
 
-def merge_into_checkpoint(base: str | Path, params: dict[str, np.ndarray], cfg, output: str | Path) -> Path:
+def merge_into_checkpoint(base: str | Path, params: dict[str, np.ndarray], cfg, output: str | Path,
+                          whole: dict[str, np.ndarray] | None = None) -> Path:
     """``base``'s checkpoint with the adapter folded in, every tensor under the checkpoint's own
-    name (a multimodal model's tower and projector as they are)."""
+    name (a multimodal model's tower and projector as they are, or ``whole``: hub-named tensors
+    trained beside the adapter, the projector with train_projector, replacing the checkpoint's)."""
     folder = ModelFolder(base)
     tensors = read_hf_tensors(folder)
-    merged = merge_into_hf(tensors, params, cfg, module_prefix=checkpoint_prefix(tensors, family_for(folder.config),
-                                                                                params))
+    family = family_for(folder.config)
+    merged = merge_into_hf(tensors, params, cfg, module_prefix=checkpoint_prefix(tensors, family, params))
+    _replace_whole(merged, whole, family, folder)
     return save_hf_folder(output, merged, folder.config, source=folder, dtype=str(next(iter(tensors.values())).dtype))
+
+
+def _replace_whole(merged: dict[str, np.ndarray], whole: dict[str, np.ndarray] | None, family, folder) -> None:
+    """Hub-named tensors trained whole (a projector with train_projector) over the checkpoint's own."""
+    for name, a in (whole or {}).items():
+        key = next((k for k in family.checkpoint_aliases(name) if k in merged), None)
+        if key is None:
+            raise FileFormatError(f"{folder.path} holds no {name} under any of its names",
+                                  hint="is this adapter for another model?")
+        merged[key] = np.asarray(a).astype(merged[key].dtype)
 
 
 def _tied(config: dict) -> bool:
@@ -106,7 +119,8 @@ def _tied(config: dict) -> bool:
 def merge_adapter(base: str | Path | None, adapter: str | Path, output: str | Path) -> Path:
     """Fold a PEFT LoRA adapter into its base model and write the merged HF folder."""
     adapter = Path(adapter)
-    cfg, params = load_peft_adapter(adapter)
+    cfg, params = load_peft_adapter(adapter, whole=True)
+    whole = {n: params.pop(n) for n in list(params) if n.startswith("multi_modal_projector.")}
     if base is None:
         meta = json.loads((adapter / "adapter_config.json").read_text())
         base = meta.get("base_model_name_or_path")
@@ -118,6 +132,9 @@ def merge_adapter(base: str | Path | None, adapter: str | Path, output: str | Pa
     if is_gguf(path):  # a GGUF base: dequantized to f32, written out as an HF folder
         from surogate.model import load_model
 
+        if whole:
+            raise FileFormatError(f"{adapter} trains the multimodal projector, which the GGUF base {path} does not "
+                                  "hold", hint="merge it into the Hugging Face folder of the model: --base FOLDER")
         model = load_model(path)
         merged = merge_into_hf(model.to_hf(model.params), params, cfg,
                                transposed_experts=transposed_experts(model.family.name_table()))
@@ -130,6 +147,7 @@ def merge_adapter(base: str | Path | None, adapter: str | Path, output: str | Pa
         raise FileFormatError(f"{folder.path}: no lm_head.weight and embeddings are not tied")
     merged = merge_into_hf(tensors, params, cfg, module_prefix=prefix,
                            transposed_experts=transposed_experts(family.name_table()))
+    _replace_whole(merged, whole, family, folder)
     dtype = str(next(iter(tensors.values())).dtype)
     if folder.config.get("quantization_config"):  # a block-FP8 base, read dequantized: merged in bf16
         dtype = "bfloat16"

@@ -7,7 +7,10 @@ images.py), runs the frozen tower and projector over K images (the batch's, then
 one vision Program serves every step; `Model.encode_images`), and fills the Program's inputs:
 ``image_rows`` [K * tokens + 1, C] (the rows, then zeros), ``image_slots`` [N] (each token's row;
 the zero row for a text token), ``text_mask`` [N, C] and ``kv_limit`` [N] (an image token sees
-its whole span). No gradient reaches the tower or the projector.
+its whole span). No gradient reaches the tower or the projector. With a trainable projector
+(train_projector) the tower's rows pooled to the image tokens are the input instead:
+``image_pooled`` [N, vision hidden] (each image token's row, zeros on text tokens), text_mask and
+kv_limit; the training graph projects them (dsl/nn_vision.py projector_inputs).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import numpy as np
 from surogate.errors import ConfigError
 
 IMAGE_INPUTS = ("image_rows", "image_slots", "text_mask", "kv_limit")
+PROJECTOR_INPUTS = ("image_pooled", "text_mask", "kv_limit")  # train_projector's
 
 
 def images_per_batch(datasets, batch_size: int, prompt) -> int:
@@ -47,18 +51,24 @@ class ImageFeed:
         self.processor = prompt.processor  # the family's ImagePrompt: the folder's image processor
         v, C = model.spec.vision, model.spec.hidden_size
         self.dtype = _np_dtype(model.dtype)
-        self.arrays = dict(zip(IMAGE_INPUTS, (np.zeros((images * v.mm_tokens_per_image + 1, C), self.dtype),
-                                              np.zeros(n_tokens, np.int32), np.ones((n_tokens, C), self.dtype),
-                                              np.zeros(n_tokens, np.int32))))
+        self.projector = getattr(v, "train_projector", False)
+        if self.projector:
+            self.arrays = dict(zip(PROJECTOR_INPUTS, (np.zeros((n_tokens, v.hidden_size), self.dtype),
+                                                      np.ones((n_tokens, C), self.dtype),
+                                                      np.zeros(n_tokens, np.int32))))
+        else:
+            self.arrays = dict(zip(IMAGE_INPUTS, (np.zeros((images * v.mm_tokens_per_image + 1, C), self.dtype),
+                                                  np.zeros(n_tokens, np.int32), np.ones((n_tokens, C), self.dtype),
+                                                  np.zeros(n_tokens, np.int32))))
 
     def load(self, batch, input_ids: np.ndarray) -> None:
         """Fill ``arrays`` for the micro-batch, and ``input_ids`` with its ids (image tokens read
         as 0: their rows are replaced)."""
-        from surogate.dsl.nn_vision import image_inputs
+        from surogate.dsl.nn_vision import image_inputs, projector_inputs
         from surogate.train.data.images import pixel_values
 
         m, v = self.model, self.model.spec.vision
-        rows = np.zeros((0, m.spec.hidden_size), np.float32)
+        rows = np.zeros((0, v.hidden_size if self.projector else m.spec.hidden_size), np.float32)
         if batch.images:
             px = pixel_values(self.processor, batch.images)  # the views: images and their crops
             n = len(px)
@@ -67,11 +77,13 @@ class ImageFeed:
                                   where="datasets")
             padded = np.zeros((self.images, *px.shape[1:]), np.float32)
             padded[:n] = px
-            rows = m.encode_images(padded)[:n * v.mm_tokens_per_image]
-        feed = image_inputs(batch.input_ids, batch.position_ids, batch.cu_seqlens, rows, v, self.dtype)
+            rows = m.encode_images(padded, pooled=self.projector)[:n * v.mm_tokens_per_image]
+        inputs = projector_inputs if self.projector else image_inputs
+        feed = inputs(batch.input_ids, batch.position_ids, batch.cu_seqlens, rows, v, self.dtype)
         input_ids[:] = feed.pop("input_ids")
-        table, used = self.arrays["image_rows"], feed.pop("image_rows")
-        table[:len(used)] = used
-        table[len(used):] = 0
+        if not self.projector:
+            table, used = self.arrays["image_rows"], feed.pop("image_rows")
+            table[:len(used)] = used
+            table[len(used):] = 0
         for name, arr in feed.items():
             self.arrays[name][:] = arr

@@ -39,10 +39,13 @@ def init_lora(g: Graph, seed: int) -> dict[str, np.ndarray]:
 
 
 def save_peft_adapter(path: str | Path, params: dict[str, np.ndarray], cfg: LoRAConfig, base_model: str,
-                      module_prefix: str = "model.", exclude_modules: str | None = None) -> Path:
+                      module_prefix: str = "model.", exclude_modules: str | None = None,
+                      modules_to_save: list[str] | None = None, whole: dict[str, np.ndarray] | None = None) -> Path:
     """Write adapter_config.json + adapter_model.safetensors (f32), atomically: into a temp
     folder beside `path`, then renamed over it. ``exclude_modules``: peft's regex of modules
-    the target names must not wrap (a vision tower's q_proj)."""
+    the target names must not wrap (a vision tower's q_proj). ``modules_to_save`` / ``whole``:
+    modules trained whole beside the adapter (Gemma 3's multi_modal_projector) and their tensors
+    under the model's HF names (``model.multi_modal_projector.mm_input_projection_weight``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
@@ -52,9 +55,12 @@ def save_peft_adapter(path: str | Path, params: dict[str, np.ndarray], cfg: LoRA
     config = peft_config(cfg, modules, experts, base_model, train_router=len(adapted) < len(params))
     if exclude_modules is not None:
         config["exclude_modules"] = exclude_modules
+    if modules_to_save:
+        config["modules_to_save"] = [*(config["modules_to_save"] or []), *modules_to_save]
     (tmp / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_safetensors(tmp / "adapter_model.safetensors", to_peft_tensors(params, module_prefix),
-                     metadata={"format": "pt"})
+    tensors = to_peft_tensors(params, module_prefix)
+    tensors.update({PEFT_PREFIX + n: np.asarray(a, np.float32) for n, a in (whole or {}).items()})
+    save_safetensors(tmp / "adapter_model.safetensors", tensors, metadata={"format": "pt"})
     _replace_dir(tmp, path)
     return path
 

@@ -31,8 +31,9 @@ from surogate.model import ROUTER_LOSSES, Model, _np_dtype, load_model, resolve_
 from surogate.train.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
 from surogate.train.data import Batch, build_datasets
 from surogate.train.export import merge_into_checkpoint, save_hf_folder, write_sidecars
-from surogate.train.image_feed import IMAGE_INPUTS, ImageFeed, images_per_batch
+from surogate.train.image_feed import ImageFeed, images_per_batch
 from surogate.models.name_table import transposed_experts
+from surogate.dsl.nn_vision import PROJECTOR_PREFIX
 from surogate.models.peft import LANGUAGE_MODEL_PREFIX, VISION_MODULES
 from surogate.train.lora import init_lora, merge_into_hf, save_peft_adapter
 from surogate.train.metrics import MetricsFeed
@@ -83,6 +84,7 @@ class Trainer:
         self.model = model or load_model(cfg.model, device=resolve_device(cfg.device), dtype=cfg.dtype,
                                          **qlora_load_args(cfg))
         self._moe_options()
+        self._vision_options()
         if self.model.tokenizer is None:
             raise ConfigError(f"{cfg.model} has no tokenizer.json", where="model",
                               hint="training needs the model's tokenizer")
@@ -119,6 +121,19 @@ class Trainer:
             raise ConfigError(f"{c.model} has no mixture-of-experts layers", where=key, hint=f"remove {key}")
         m.spec = dataclasses.replace(m.spec, moe=dataclasses.replace(
             m.spec.moe, train_router=c.train_router, router_z_loss_coef=float(c.router_z_loss_coef)))
+        m.arch = m.family.architecture(m.spec)
+        m._cache.clear()  # programs built from the old spec
+
+    def _vision_options(self) -> None:
+        """train_projector into the model's vision spec (the graph reads it)."""
+        c, m = self.cfg, self.model
+        if not c.train_projector:
+            return
+        v = m.spec.vision
+        if v is None or not hasattr(v, "train_projector"):
+            raise ConfigError(f"{c.model} has no Gemma 3 multimodal projector to train", where="train_projector",
+                              hint="remove train_projector (it is for Gemma3ForConditionalGeneration)")
+        m.spec = dataclasses.replace(m.spec, vision=dataclasses.replace(v, train_projector=True))
         m.arch = m.family.architecture(m.spec)
         m._cache.clear()  # programs built from the old spec
 
@@ -212,7 +227,7 @@ class Trainer:
             # The same device buffers as the training program (the weights come from the model).
             for n, a in self.trainable.items() if self.lora is not None else ():
                 self.eval_exe.bind(n, a, self.exe.tensor(n))
-            for n in ("input_ids", "position_ids", "cu_seqlens", "targets", *(IMAGE_INPUTS if self.images else ())):
+            for n in ("input_ids", "position_ids", "cu_seqlens", "targets", *self._image_inputs()):
                 self.eval_exe.bind(n, self.inputs[n], self.exe.tensor(n))
             self.eval_exe.use_graphs(self.cfg.cuda_graphs)
 
@@ -260,6 +275,8 @@ class Trainer:
             key.append(["qlora_bnb", c.qlora_bnb_block_size, c.qlora_bnb_double_quant])
         if c.train_router is not None or c.router_z_loss_coef:  # likewise
             key.append(["moe", c.train_router, c.router_z_loss_coef])
+        if c.train_projector:
+            key.append("train_projector")
         return hashlib.sha256(json.dumps(key, default=str).encode()).hexdigest()[:16]
 
     # ---- one step ---------------------------------------------------------------------------
@@ -273,8 +290,12 @@ class Trainer:
         self.inputs["targets"][:] = b.targets
         if self.image_feed is not None:
             self.image_feed.load(b, self.inputs["input_ids"])
-        for n in ("input_ids", "position_ids", "cu_seqlens", "targets", *(IMAGE_INPUTS if self.images else ())):
+        for n in ("input_ids", "position_ids", "cu_seqlens", "targets", *self._image_inputs()):
             self.exe.push(n)
+
+    def _image_inputs(self):
+        """The names of the image inputs the Programs read (image_feed.py), none without images."""
+        return self.image_feed.arrays if self.image_feed is not None else ()
 
     def _dropout_seed(self, step: int, micro: int) -> None:
         """The LoRA dropout seed of one micro-batch: a function of (cfg.seed, step, micro) only,
@@ -439,13 +460,18 @@ class Trainer:
         source = m.path  # an HF folder or a GGUF file: either carries the tokenizer
         if self.lora is not None:
             vision = m.spec.vision is not None  # peft's names for the multimodal model's language model
-            adapter = save_peft_adapter(self.out / "adapter", self._trainable_state(), self.lora, base_model=c.model,
+            state = self._trainable_state()
+            # train_projector: the projector saved whole (peft's modules_to_save), under the hub's names
+            whole = m.to_hf({n: state.pop(n) for n in list(state) if n.startswith(PROJECTOR_PREFIX + ".")})
+            adapter = save_peft_adapter(self.out / "adapter", state, self.lora, base_model=c.model,
                                         **({"module_prefix": LANGUAGE_MODEL_PREFIX, "exclude_modules": VISION_MODULES}
-                                           if vision else {}))
+                                           if vision else {}),
+                                        **({"modules_to_save": [PROJECTOR_PREFIX],
+                                            "whole": {"model." + n: a for n, a in whole.items()}} if whole else {}))
             write_sidecars(source, adapter)  # a tokenizer beside the adapter, as peft users expect
             merged = None
-            if c.merge_adapter and vision:  # into the checkpoint's own tensors, tower and projector as they are
-                merged = merge_into_checkpoint(m.path, self._trainable_state(), self.lora, self.out / "merged")
+            if c.merge_adapter and vision:  # into the checkpoint's own tensors, tower (and projector) as they are
+                merged = merge_into_checkpoint(m.path, state, self.lora, self.out / "merged", whole=whole)
             elif c.merge_adapter and c.qlora_bnb:  # NF4: the dequantized base + the adapter, in bf16
                 from surogate.model import nf4_dequantized
 

@@ -48,3 +48,20 @@ def test_image_rows_train_on_the_gpu_as_on_the_cpu(tmp_path):
     a = load_file(tmp_path / "gpu2" / "adapter" / "adapter_model.safetensors")
     c = load_file(tmp_path / "cpu2" / "adapter" / "adapter_model.safetensors")
     assert set(a) == set(c) and max(rel_err(a[k], c[k]) for k in a) < 1e-2
+
+
+def test_a_trainable_projector_s_step_on_the_gpu_equals_the_cpu(tmp_path):
+    """train_projector: the first micro-batch's loss and every gradient (the projector's too)."""
+    folder = make_folder(tmp_path / "m", seed=5, text={"head_dim": 64})
+    data = write_dataset(tmp_path / "data")
+    kw = dict(learning_rate=0.002, merge_adapter="false", save_steps=0, train_projector="true")
+    cpu = Trainer(load_config(yaml_config(folder, data, tmp_path / "cpu", device="cpu", **kw), kind="sft"))
+    gpu = Trainer(load_config(yaml_config(folder, data, tmp_path / "gpu", device="cuda", **kw), kind="sft"))
+    assert {n for n in cpu.grads if "multi_modal_projector" in n} == {
+        "grad.multi_modal_projector.mm_input_projection_weight", "grad.multi_modal_projector.mm_soft_emb_norm.weight"}
+    b = cpu.train_data.batch([0, 1])
+    (lc, _), (lg, _) = cpu._step([b]), gpu._step([b])
+    assert abs(lg - lc) < 1e-4 * abs(lc)
+    for n in cpu.grads:
+        gpu.exe.pull(n)
+        assert rel_err(gpu.grads[n], cpu.grads[n]) < 1e-3, n

@@ -3,7 +3,9 @@ transformers' Gemma3Processor and peft on a tiny random checkpoint (sgtest make_
 with a tokenizer that has Gemma 3's image tokens and the hub's chat template): the token ids,
 labels and pixel values of an image row, the LoRA gradients of one row (f32, 1e-4), a short run
 from YAML whose adapter loads in peft and whose merged model gives HF + peft's merged logits,
-packed rows with images, and the errors for rows that cannot be trained on."""
+packed rows with images, and the errors for rows that cannot be trained on; with train_projector
+the projector's gradients beside the LoRA's (peft's modules_to_save) and a run's adapter and merged
+model as HF + peft's."""
 
 from __future__ import annotations
 
@@ -270,12 +272,13 @@ def hf_token_loss(folder, docs, indices, **image_kwargs) -> tuple[float, int]:
     return total, count
 
 
-def test_a_packed_micro_batch_s_loss_equals_transformers_document_by_document(folder, tmp_path):
+@pytest.mark.parametrize("projector", ["false", "true"], ids=["frozen_projector", "train_projector"])
+def test_a_packed_micro_batch_s_loss_equals_transformers_document_by_document(folder, tmp_path, projector):
     """Rows of several documents, each with its own images in order: the trainer's first-step
     loss (LoRA B = 0: the base model) is HF's token-summed loss of each document alone, with its
     images through transformers' own image processor, over the step's targets."""
     data = write_dataset(tmp_path / "data")
-    trainer = Trainer(load_config(yaml_config(folder, data, tmp_path / "out"), kind="sft"))
+    trainer = Trainer(load_config(yaml_config(folder, data, tmp_path / "out", train_projector=projector), kind="sft"))
     ds = trainer.train_data
     b = ds.batch([0, 1])
     docs = [int(d) for r in (0, 1) for d in ds.plan.row(r)]
@@ -314,12 +317,13 @@ def test_training_with_pan_and_scan_crops_equals_transformers(tmp_path):
         assert targets == count and loss == pytest.approx(total / count, rel=1e-5)
 
 
-def test_evaluation_with_images_equals_transformers(folder, tmp_path):
+@pytest.mark.parametrize("projector", ["false", "true"], ids=["frozen_projector", "train_projector"])
+def test_evaluation_with_images_equals_transformers(folder, tmp_path, projector):
     """The eval Program reads the same image inputs: before any step (LoRA B = 0) the eval loss
     is HF's over the held-out documents, each with its images."""
     data = write_dataset(tmp_path / "data")
     trainer = Trainer(load_config(yaml_config(folder, data, tmp_path / "out", validation_split_ratio=0.5,
-                                                  eval_steps=2),
+                                                  eval_steps=2, train_projector=projector),
                                   kind="sft"))
     docs = trainer.eval_data.docs
     assert docs.images is not None and any(docs.images)
@@ -327,18 +331,20 @@ def test_evaluation_with_images_equals_transformers(folder, tmp_path):
     assert trainer.evaluate() == pytest.approx(total / count, rel=1e-5)
 
 
-def test_resume_with_images_reproduces_the_curve(folder, tmp_path):
+@pytest.mark.parametrize("projector", ["false", "true"], ids=["frozen_projector", "train_projector"])
+def test_resume_with_images_reproduces_the_curve(folder, tmp_path, projector):
     from sgtest.qa import interrupt_after, step_records
 
     data = write_dataset(tmp_path / "data")
-    full = Trainer(load_config(yaml_config(folder, data, tmp_path / "a", merge_adapter="false"), kind="sft"))
+    kw = {"merge_adapter": "false", "train_projector": projector}
+    full = Trainer(load_config(yaml_config(folder, data, tmp_path / "a", **kw), kind="sft"))
     full.train()
-    interrupted = Trainer(load_config(yaml_config(folder, data, tmp_path / "b", merge_adapter="false"), kind="sft"))
+    interrupted = Trainer(load_config(yaml_config(folder, data, tmp_path / "b", **kw), kind="sft"))
     interrupt_after(interrupted, 4)
     with pytest.raises(KeyboardInterrupt):
         interrupted.train()
-    resumed = Trainer(load_config(yaml_config(folder, data, tmp_path / "b", merge_adapter="false",
-                                              resume_from_checkpoint="true"), kind="sft"))
+    resumed = Trainer(load_config(yaml_config(folder, data, tmp_path / "b", resume_from_checkpoint="true", **kw),
+                                  kind="sft"))
     assert resumed.train_data.stats.cached == 1  # the images' sources come back from the tokenized cache
     assert resumed.train_data.docs.images == interrupted.train_data.docs.images
     resumed.train()
@@ -394,3 +400,141 @@ def test_lora_target_modules_naming_the_projector_are_refused(folder, tmp_path):
 
     with pytest.raises(ConfigError, match=r"lora_target_modules\[0\]: .mm_input_projection. is not an allowed value"):
         _config_for_rows(folder, tmp_path, [_user_image()], lora_target_modules="[mm_input_projection]")
+
+
+# ---- train_projector: the projector trained whole beside the LoRA (peft's modules_to_save) --------
+PROJECTOR = ["multi_modal_projector"]
+
+
+def with_trainable_projector(model):
+    """``model`` with train_projector set, as the trainer sets it."""
+    import dataclasses
+
+    model.spec = dataclasses.replace(model.spec, vision=dataclasses.replace(model.spec.vision, train_projector=True))
+    model.arch = model.family.architecture(model.spec)
+    model._cache.clear()
+    return model
+
+
+def split_projector(tensors: dict) -> tuple[dict, dict]:
+    """peft's tensors: (the LoRA ones, the projector's under model-relative HF names)."""
+    whole = {n[len("base_model.model."):]: a for n, a in tensors.items() if "multi_modal_projector" in n}
+    return {n: a for n, a in tensors.items() if "multi_modal_projector" not in n}, whole
+
+
+def test_projector_and_lora_gradients_of_an_image_row_equal_peft(folder, tmp_path):
+    model = with_trainable_projector(surogate.load_model(folder))
+    record, _ = row_with_two_images(tmp_path)
+    enc = encode_row(model, record, tmp_path / "data.jsonl")
+    from surogate.io.image_processing import Gemma3ImageProcessor
+    from surogate.train.data.images import pixel_values
+
+    px = pixel_values(Gemma3ImageProcessor.from_folder(model.path), enc.images)
+    labels = np.where(enc.loss_mask, enc.input_ids, -100)
+    lora = LoRAConfig(4, 8.0, tuple(TARGETS))
+    pm = peft_model(hf_model(folder), TARGETS, r=4, alpha=8, seed=2, exclude_modules=GEMMA3_PEFT_EXCLUDE,
+                    modules_to_save=PROJECTOR)
+    adapters, _ = split_projector(peft_tensors(pm))
+    params = from_peft_tensors(adapters, lora, GEMMA3_PEFT_PREFIX)
+    loss, grads = model.loss_and_grads(enc.input_ids, labels, lora=lora, lora_params=params, images=px)
+    t = torch.tensor(enc.input_ids.astype(np.int64))[None]
+    types = (t == model.spec.vision.image_token_index).long()
+    out = pm(input_ids=t, pixel_values=torch.tensor(px), token_type_ids=types,
+             labels=torch.tensor(labels.astype(np.int64))[None])
+    out.loss.backward()
+    assert loss == pytest.approx(out.loss.item(), rel=1e-5)
+    ref_lora, ref_whole = split_projector(peft_tensors(pm, "grad"))
+    ref = from_peft_tensors(ref_lora, lora, GEMMA3_PEFT_PREFIX)
+    ours_whole = {"model." + n: a for n, a in model.to_hf(
+        {n: grads.pop(n) for n in list(grads) if n.startswith("multi_modal_projector.")}).items()}
+    assert set(ours_whole) == set(ref_whole) == {"model.multi_modal_projector.mm_input_projection_weight",
+                                                 "model.multi_modal_projector.mm_soft_emb_norm.weight"}
+    assert set(grads) == set(ref)
+    for name, g in [*grads.items(), *ours_whole.items()]:
+        r = ref.get(name, ref_whole.get(name))
+        assert np.abs(r).max() > 0, name
+        err = np.abs(g - r).max() / (np.abs(r).max() + 1e-12)
+        assert err < 1e-4, f"{name}: {err:.2e}"
+
+
+def test_a_full_fine_tune_s_gradients_with_a_trainable_projector_equal_transformers(folder, tmp_path):
+    """lora: false with train_projector: every language-model weight's gradient and the
+    projector's equal transformers' (the tower gets none: it stays frozen)."""
+    model = with_trainable_projector(surogate.load_model(folder))
+    record, _ = row_with_two_images(tmp_path)
+    enc = encode_row(model, record, tmp_path / "data.jsonl")
+    from surogate.train.data.images import pixel_values
+
+    px = pixel_values(model.family.image_prompt(model.spec, model.tokenizer, str(folder)).processor, enc.images)
+    labels = np.where(enc.loss_mask, enc.input_ids, -100)
+    loss, grads = model.loss_and_grads(enc.input_ids, labels, images=px)
+    ref = hf_model(folder)
+    t = torch.tensor(enc.input_ids.astype(np.int64))[None]
+    out = ref(input_ids=t, pixel_values=torch.tensor(px), token_type_ids=(t == ref.config.image_token_index).long(),
+              labels=torch.tensor(labels.astype(np.int64))[None])
+    out.loss.backward()
+    assert loss == pytest.approx(out.loss.item(), rel=1e-5)
+    hf_grads = {n: p.grad.numpy() for n, p in ref.named_parameters() if p.grad is not None}
+    mine = model.to_hf(grads)
+    assert any("multi_modal_projector" in n for n in mine) and not any("vision_tower" in n for n in mine)
+    for name, g in mine.items():
+        key = next(k for k in model.family.checkpoint_aliases(name) if k in hf_grads)
+        r = hf_grads[key]
+        err = np.abs(g - r).max() / (np.abs(r).max() + 1e-12)
+        assert err < 1e-4, f"{name}: {err:.2e}"
+
+
+def test_sft_with_train_projector_saves_an_adapter_peft_loads_and_merged_logits_equal_peft(folder, tmp_path):
+    data = write_dataset(tmp_path / "data")
+    config = yaml_config(folder, data, tmp_path / "out", max_steps=4, train_projector="true")
+    proc = subprocess.run([sys.executable, "-P", "-m", "surogate.cli.main", "sft", str(config)], capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    adapter, merged = tmp_path / "out" / "adapter", tmp_path / "out" / "merged"
+    adapter_cfg = json.loads((adapter / "adapter_config.json").read_text())
+    assert adapter_cfg["modules_to_save"] == PROJECTOR
+    pm = peft.PeftModel.from_pretrained(hf_model(folder), str(adapter))
+    _, saved = split_projector(peft_tensors(pm))
+    base = hf_model(folder)
+    w = base.model.multi_modal_projector.mm_input_projection_weight.detach().numpy()
+    assert np.abs(saved["model.multi_modal_projector.mm_input_projection_weight"] - w).max() > 1e-3  # it trained
+
+    hf_merged = pm.merge_and_unload().eval()
+    mine = transformers.Gemma3ForConditionalGeneration.from_pretrained(str(merged), dtype=torch.float32).eval()
+    proc = transformers.AutoProcessor.from_pretrained(str(merged))
+    msgs = [{"role": "user", "content": [{"type": "image", "image": image(77)},
+                                         {"type": "text", "text": "Which channel is brightest?"}]}]
+    inputs = proc.apply_chat_template(msgs, tokenize=True, return_dict=True, return_tensors="pt",
+                                      add_generation_prompt=True)
+    with torch.no_grad():
+        want = hf_merged(**inputs).logits[0].numpy()
+        got = mine(**inputs).logits[0].numpy()
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    ours_merged = surogate.load_model(merged)
+    np.testing.assert_allclose(ours_merged.forward(inputs["input_ids"][0].numpy(),
+                                                   images=inputs["pixel_values"].numpy()), want, atol=1e-4, rtol=0)
+
+    # `surogate merge` folds the projector in as the run did; serving the adapter is refused, by name.
+    from safetensors.numpy import load_file
+
+    from surogate.errors import UnsupportedError
+    from surogate.models.peft import load_peft_adapter
+    from surogate.train.export import merge_adapter
+
+    again = load_file(merge_adapter(str(folder), adapter, tmp_path / "merged2") / "model.safetensors")
+    first = load_file(merged / "model.safetensors")
+    assert set(again) == set(first) and all(np.array_equal(again[k], first[k]) for k in first)
+    with pytest.raises(UnsupportedError, match="multimodal projector trained whole"):
+        load_peft_adapter(adapter)
+
+
+def test_train_projector_on_a_model_without_a_projector_is_refused(tmp_path):
+    from sgtest.tiny_models import make_model
+    from surogate.errors import ConfigError
+
+    base = make_model("gemma3", tmp_path / "text")
+    cfg, _ = _config_for_rows(base, tmp_path / "run", [{"messages": [{"role": "user", "content": "hi"},
+                                                                    {"role": "assistant", "content": "yo"}]}],
+                              train_projector="true")
+    with pytest.raises(ConfigError, match="train_projector"):
+        Trainer(cfg)
