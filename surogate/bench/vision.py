@@ -117,23 +117,29 @@ def images(n: int, size: tuple[int, int], seed: int) -> list:
 
 class _IdNames:
     """The tokenizer a random-weight model does not have, as far as its family's image_prompt asks
-    (the image tokens' names): each id named by itself. The bench writes prompts as ids."""
+    (the image tokens' names): each id named by itself, so that the image text reads back as ids."""
 
     def id_to_token(self, i: int) -> str:
         return f"<id{i}>"
 
 
-def _gemma3_prompts(spec, n: int, prompt_len: int, n_images: int, seed: int) -> list[list[int]]:
-    """``n`` prompts as Gemma3Processor writes them, in ids: bos, ``prompt_len`` random text tokens
-    (below the image tokens' ids), then each image's boi, mm_tokens_per_image image tokens, eoi."""
-    v = spec.vision
+def image_ids(image_prompt, image) -> list[int]:
+    """The ids the family's processor writes for ``image`` (its ``text_of`` / ``image_text``, in
+    _IdNames' names; the plain text between them, Gemma's "\\n\\n", left out)."""
+    import re
+
+    text = image_prompt.text_of(image) if getattr(image_prompt, "text_of", None) is not None else \
+        image_prompt.image_text(image_prompt.num_crops(image))
+    return [int(i) for i in re.findall(r"<id(\d+)>", text)]
+
+
+def write_prompts(image_prompt, pictures: list[list], prompt_len: int, seed: int) -> list[list[int]]:
+    """One prompt per request: ``prompt_len`` random text tokens (below every image token's id),
+    then each of its images' ids."""
     rng = np.random.default_rng(seed)
-    low = min(i for i in (v.boi_token_index, v.eoi_token_index, v.image_token_index) if i is not None)
-    image = [v.boi_token_index, *[v.image_token_index] * v.mm_tokens_per_image, v.eoi_token_index]
-    return [[2, *rng.integers(3, low, prompt_len).tolist(), *image * n_images] for _ in range(n)]
-
-
-PROMPTS = {"gemma3": _gemma3_prompts}  # the families whose image prompts the bench writes
+    per_request = [[i for img in imgs for i in image_ids(image_prompt, img)] for imgs in pictures]
+    low = min(min(ids) for ids in per_request)
+    return [[*rng.integers(3, low, prompt_len).tolist(), *ids] for ids in per_request]
 
 
 def random_vision_model(config: dict, dtype: str, device: str, seed: int = 0):
@@ -149,7 +155,7 @@ def random_vision_model(config: dict, dtype: str, device: str, seed: int = 0):
     return random_model(spec, dtype, seed=seed, device=device)
 
 
-def bench_ours(model, prompts: list[list[int]], pictures: list[list], output_len: int,
+def bench_ours(model, image_prompt, prompts: list[list[int]], pictures: list[list], output_len: int,
                warmup: list[tuple[list[list[int]], list[list]]], block_size: int = 16) -> VisionResult:
     """``warmup``: two loads like the timed one (prompts, images), untimed."""
     from surogate.bench.serve import timed_generation
@@ -164,7 +170,6 @@ def bench_ours(model, prompts: list[list[int]], pictures: list[list], output_len
     cfg = EngineConfig(num_blocks=num_blocks, block_size=block_size, max_num_seqs=n,
                        max_num_batched_tokens=max(2048, length), enable_prefix_caching=False, seed=0)
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True, detokenize=False)
-    image_prompt = model.family.image_prompt(model.spec, _IdNames(), None)
     timing = {"pre": 0.0, "enc": 0.0, "images": 0}
 
     def preprocess(imgs):
@@ -173,11 +178,11 @@ def bench_ours(model, prompts: list[list[int]], pictures: list[list], output_len
         timing["pre"] += time.perf_counter() - t
         return out
 
-    def encode(pixel_values):
+    def encode(*args):  # one image per call (ImageEncoder's), its crops with it
         t = time.perf_counter()
-        rows = model.encode_images(pixel_values)  # read back to the host: the device's work is done
+        rows = model.encode_images(*args)  # read back to the host: the device's work is done
         timing["enc"] += time.perf_counter() - t
-        timing["images"] += len(pixel_values)
+        timing["images"] += 1
         return rows
 
     encoder = ImageEncoder(dataclasses.replace(image_prompt, processor=preprocess), encode)
@@ -199,19 +204,30 @@ def bench_ours(model, prompts: list[list[int]], pictures: list[list], output_len
                         1e3 * timing["enc"] / k, "images encoded one at a time as requests arrive")
 
 
-def hf_processor(model):
-    """transformers' image processor of the family, at the model's image size (the hub's values)."""
+# transformers' image processor class of each family, and the input that marks the image tokens.
+HF_IMAGES = {"gemma3": ("Gemma3ImageProcessor", "token_type_ids"), "qwen3_vl": ("Qwen2VLImageProcessor", "mm_token_type_ids")}
+
+
+def hf_processor(family: str, ours):
+    """transformers' image processor of the family, set as ours is (``ours``: the family's
+    processor, surogate.io.image_processing), so that both sides see the same pixels."""
     import transformers
 
-    v = model.spec.vision
-    if model.spec.family == "gemma3":
-        cls = getattr(transformers, "Gemma3ImageProcessorPil", None) or transformers.Gemma3ImageProcessor
-        return cls(size={"height": v.image_size, "width": v.image_size}, image_mean=[0.5] * 3, image_std=[0.5] * 3,
-                   do_pan_and_scan=False)
-    raise UnsupportedError(f"{model.spec.family}: no HF image processor in the vision bench")
+    if family not in HF_IMAGES:
+        raise UnsupportedError(f"{family}: the vision bench has no transformers image processor for this family",
+                               hint=f"add it to surogate/bench/vision.py HF_IMAGES (known: {', '.join(HF_IMAGES)})")
+    name = HF_IMAGES[family][0]
+    cls = getattr(transformers, name + "Pil", None) or getattr(transformers, name)  # the PIL path, as ours
+    spec = ours.spec
+    common = dict(do_rescale=spec.do_rescale, rescale_factor=spec.rescale_factor, do_normalize=spec.do_normalize,
+                  image_mean=list(spec.image_mean), image_std=list(spec.image_std), resample=int(spec.resample))
+    if family == "gemma3":
+        return cls(size={"height": ours.height, "width": ours.width}, do_pan_and_scan=ours.do_pan_and_scan, **common)
+    return cls(min_pixels=ours.min_pixels, max_pixels=ours.max_pixels, patch_size=ours.patch_size,
+               temporal_patch_size=ours.temporal_patch_size, merge_size=ours.merge_size, **common)
 
 
-def bench_hf(model, config: dict, prompts: list[list[int]], pictures: list[list], output_len: int,
+def bench_hf(model, config: dict, image_prompt, prompts: list[list[int]], pictures: list[list], output_len: int,
              warmup: list[tuple[list[list[int]], list[list]]], device: str) -> VisionResult:
     import torch
     import transformers
@@ -226,8 +242,17 @@ def bench_hf(model, config: dict, prompts: list[list[int]], pictures: list[list]
         from surogate import _native
 
         _native.empty_cache(device)
-    processor = hf_processor(model)
-    image_id = model.spec.vision.image_token_index
+    processor = hf_processor(model.spec.family, image_prompt.processor)
+    image_id, marks = image_prompt.image_token_id, HF_IMAGES[model.spec.family][1]
+
+    def pixels(flat) -> dict:  # the processor's tensors (pixel_values; Qwen: image_grid_thw), on the device
+        out = processor(images=flat, return_tensors="pt")
+        return {k: v.to(device=device, dtype=dtype if k == "pixel_values" else v.dtype) for k, v in out.items()}
+
+    def inputs(batch, imgs):
+        ids = torch.tensor(batch, device=device)
+        return dict(input_ids=ids, attention_mask=torch.ones_like(ids), **{marks: (ids == image_id).long()},
+                    **pixels([x for row in imgs for x in row]))
 
     def sync():
         if device != "cpu":
@@ -253,14 +278,13 @@ def bench_hf(model, config: dict, prompts: list[list[int]], pictures: list[list]
     whole = generate(prompts, pictures, output_len)
     flat = [x for row in pictures for x in row]
     t0 = time.perf_counter()
-    pv = processor(flat, return_tensors="pt")["pixel_values"]
+    px = pixels(flat)
     pre = time.perf_counter() - t0
-    pv = pv.to(device=device, dtype=dtype)
     with torch.no_grad():
-        m.model.get_image_features(pixel_values=pv)  # warm
+        m.model.get_image_features(**px)  # warm
         sync()
         t0 = time.perf_counter()
-        m.model.get_image_features(pixel_values=pv)
+        m.model.get_image_features(**px)
         sync()
     enc = time.perf_counter() - t0
     n = len(prompts)
@@ -284,20 +308,18 @@ def run(shape: str, *, n_images: int, n: int, prompt_len: int, output_len: int, 
             "family has no Family.image_prompt)",
             hint="Qwen3-VL serving with images is being built (branch h8/qwen3vl-serve); until it lands, bench "
                  "images with --model gemma-3-4b (or tiny)")
-    if family.name not in PROMPTS:
-        raise UnsupportedError(f"{shape}: the vision bench writes no image prompts for the {family.name} family yet",
-                               hint="add its prompt writer to surogate/bench/vision.py PROMPTS (and its HF "
-                                    "processor to hf_processor)")
     device = resolve_device(device)
     model = random_vision_model(config, dtype, device)
-    write = PROMPTS[family.name]
-    prompts = write(model.spec, n, prompt_len, n_images, seed=0)
+    image_prompt = family.image_prompt(model.spec, _IdNames(), None)  # the processor of the hub's files
     pictures = [images(n_images, image_size, seed=100 + i) for i in range(n)]
-    warmup = [(write(model.spec, n, prompt_len, n_images, seed=1 + w),
-               [images(n_images, image_size, seed=10_000 * (w + 1) + i) for i in range(n)]) for w in range(2)]
-    results = [bench_ours(model, prompts, pictures, output_len, warmup)]
+    prompts = write_prompts(image_prompt, pictures, prompt_len, seed=0)
+    warmup = []
+    for w in (1, 2):
+        pics = [images(n_images, image_size, seed=10_000 * w + i) for i in range(n)]
+        warmup.append((write_prompts(image_prompt, pics, prompt_len, seed=w), pics))
+    results = [bench_ours(model, image_prompt, prompts, pictures, output_len, warmup)]
     if vs == "hf":
-        results.append(bench_hf(model, config, prompts, pictures, output_len, warmup, device))
+        results.append(bench_hf(model, config, image_prompt, prompts, pictures, output_len, warmup, device))
     elif vs is not None:
         raise InvalidArgumentError(f"--vs {vs!r}: the vision bench's peer is hf")
     print(f"\n{shape} (random weights), {dtype}, {n} requests x ({prompt_len} text tokens + {n_images} images "

@@ -93,7 +93,8 @@ def serve(
         try:
             width, height = (int(x) for x in image_size.lower().split("x"))
         except ValueError:
-            raise InvalidArgumentError(f"--image-size {image_size!r} is not WIDTHxHEIGHT", hint="e.g. 640x480") from None
+            raise InvalidArgumentError(f"--image-size {image_size!r} is not WIDTHxHEIGHT",
+                                       hint="e.g. 640x480") from None
         run_vision(model, n_images=images, n=requests, prompt_len=prompt_len, output_len=output_len, dtype=dtype,
                    vs=vs, device=device, image_size=(width, height))
         return

@@ -23,8 +23,8 @@ def test_bench_serve_images_prints_both_rows_and_the_speedup(capsys):
                   image_size=(64, 48))
     out = capsys.readouterr().out
     lines = out.splitlines()
-    # bos + 8 text tokens + 2 x (boi + 4 image tokens + eoi)
-    assert "2 requests x (8 text tokens + 2 images 64x48 = 21 prompt tokens, 3 output tokens), cpu" in out
+    # 8 text tokens + 2 x (boi + 4 image tokens + eoi)
+    assert "2 requests x (8 text tokens + 2 images 64x48 = 20 prompt tokens, 3 output tokens), cpu" in out
     header = next(line for line in lines if "out tok/s" in line)
     for column in ("out tok/s", "TTFT p50/p99 (s)", "preprocess ms/img", "encode ms/img"):
         assert column in header
@@ -36,6 +36,19 @@ def test_bench_serve_images_prints_both_rows_and_the_speedup(capsys):
     for r in results:
         assert r.output_tokens_per_s > 0 and 0 < r.ttft_p50 <= r.ttft_p99
         assert r.preprocess_ms_per_image > 0 and r.encode_ms_per_image > 0  # the images went through both
+
+
+def test_prompts_hold_each_image_as_the_processor_writes_it():
+    from surogate.bench.vision import _IdNames, images, random_vision_model, write_prompts
+
+    model = random_vision_model(config_for("tiny"), "float32", "cpu")
+    v = model.spec.vision
+    prompt = model.family.image_prompt(model.spec, _IdNames(), None)
+    pictures = [images(3, (64, 48), seed=i) for i in range(2)]
+    a, b = write_prompts(prompt, pictures, 5, seed=0)
+    image = [v.boi_token_index, *[v.image_token_index] * v.mm_tokens_per_image, v.eoi_token_index]
+    assert a[5:] == b[5:] == image * 3 and a[:5] != b[:5]
+    assert all(3 <= t < v.boi_token_index for t in a[:5] + b[:5])
 
 
 @pytest.mark.parametrize("name", list(VISION_CONFIGS))
