@@ -3,8 +3,10 @@
 C requests, each of ``prompt_len`` random text tokens and N images (fixed seeded random RGB
 pictures, 640x480 by default, every request its own, so neither side's caches can skip one),
 ask for ``output_len`` tokens (ignore_eos, greedy). The model is the architecture of a real
-checkpoint's config.json (VISION_CONFIGS: the text model, the vision tower and the projector)
-with random weights.
+checkpoint's config.json (VISION_CONFIGS: the text model, the vision tower and the projector;
+TINY_CONFIGS for the CPU tests) with random weights. The prompts are ids: random text tokens,
+then each image's tokens as the family's own ImagePrompt writes them (its image text, the
+placeholders expanded, read back as ids); a family is benched once it has Family.image_prompt.
 
 Ours: the native engine through surogate.serve.LLM (token ids in and out, no detokenization, as
 `bench serve`), each request's images turned into rows as a served request's are: the family's
@@ -86,12 +88,23 @@ def tiny_config() -> dict:
             "text_config": text, "boi_token_index": 509, "eoi_token_index": 510, "image_token_index": 511}
 
 
+def tiny_qwen3_vl_config() -> dict:
+    """The qwen3_vl family's tiny Qwen3VLForConditionalGeneration (its TINY: 2 text layers of 64,
+    a 3-layer tower of 8-pixel patches merged 2 x 2, vocabulary 96 with the image tokens at 90..93)."""
+    from surogate.models.qwen3_vl import TINY
+
+    return {"architectures": ["Qwen3VLForConditionalGeneration"], "model_type": "qwen3_vl", **TINY}
+
+
+TINY_CONFIGS = {"tiny": tiny_config, "tiny-qwen3-vl": tiny_qwen3_vl_config}
+
+
 def config_for(shape: str) -> dict:
-    if shape == "tiny":
-        return tiny_config()
+    if shape in TINY_CONFIGS:
+        return TINY_CONFIGS[shape]()
     if shape not in VISION_CONFIGS:
         raise InvalidArgumentError(f"--images: no vision shape {shape!r}",
-                                   hint=f"known: tiny, {', '.join(VISION_CONFIGS)}")
+                                   hint=f"known: {', '.join([*TINY_CONFIGS, *VISION_CONFIGS])}")
     return VISION_CONFIGS[shape]
 
 
@@ -205,7 +218,8 @@ def bench_ours(model, image_prompt, prompts: list[list[int]], pictures: list[lis
 
 
 # transformers' image processor class of each family, and the input that marks the image tokens.
-HF_IMAGES = {"gemma3": ("Gemma3ImageProcessor", "token_type_ids"), "qwen3_vl": ("Qwen2VLImageProcessor", "mm_token_type_ids")}
+HF_IMAGES = {"gemma3": ("Gemma3ImageProcessor", "token_type_ids"),
+             "qwen3_vl": ("Qwen2VLImageProcessor", "mm_token_type_ids")}
 
 
 def hf_processor(family: str, ours):
@@ -246,8 +260,9 @@ def bench_hf(model, config: dict, image_prompt, prompts: list[list[int]], pictur
     image_id, marks = image_prompt.image_token_id, HF_IMAGES[model.spec.family][1]
 
     def pixels(flat) -> dict:  # the processor's tensors (pixel_values; Qwen: image_grid_thw), on the device
-        out = processor(images=flat, return_tensors="pt")
-        return {k: v.to(device=device, dtype=dtype if k == "pixel_values" else v.dtype) for k, v in out.items()}
+        out = processor(images=flat, return_tensors="pt")  # (Gemma's num_crops too: not a model input)
+        return {k: out[k].to(device=device, dtype=dtype if k == "pixel_values" else out[k].dtype)
+                for k in ("pixel_values", "image_grid_thw") if k in out}
 
     def inputs(batch, imgs):
         ids = torch.tensor(batch, device=device)
@@ -257,12 +272,6 @@ def bench_hf(model, config: dict, image_prompt, prompts: list[list[int]], pictur
     def sync():
         if device != "cpu":
             torch.cuda.synchronize()
-
-    def inputs(batch, imgs):
-        pv = processor([x for row in imgs for x in row], return_tensors="pt")["pixel_values"]
-        ids = torch.tensor(batch, device=device)
-        return dict(input_ids=ids, attention_mask=torch.ones_like(ids), token_type_ids=(ids == image_id).long(),
-                    pixel_values=pv.to(device=device, dtype=dtype))
 
     def generate(batch, imgs, new: int) -> float:
         sync()

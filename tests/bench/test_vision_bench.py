@@ -76,10 +76,18 @@ def test_gemma3_4b_config_is_the_text_bench_shape_with_its_tower():
     assert (v.image_size, v.patch_size, v.num_layers, v.hidden_size, v.mm_tokens_per_image) == (896, 14, 27, 1152, 256)
 
 
-def test_qwen3_vl_and_bad_arguments_are_refused_by_name():
+def test_qwen3_vl_runs_once_its_family_serves_images_and_is_refused_before(capsys):
     if family_for(config_for("qwen3-vl-2b")).image_prompt is None:
         with pytest.raises(UnsupportedError, match="qwen3-vl-2b: .* not served with images"):
             run("qwen3-vl-2b", n_images=4, n=1, prompt_len=8, output_len=1, dtype="float32", vs=None, device="cpu")
+        return
+    results = run("tiny-qwen3-vl", n_images=2, n=2, prompt_len=8, output_len=3, dtype="float32", vs="hf",
+                  device="cpu", image_size=(64, 48))
+    assert "speed-up (ours vs peer)" in capsys.readouterr().out
+    assert all(r.output_tokens_per_s > 0 and r.encode_ms_per_image > 0 for r in results)
+
+
+def test_bad_arguments_are_refused_by_name():
     with pytest.raises(InvalidArgumentError, match="no vision shape 'qwen3-0.6b'"):
         run("qwen3-0.6b", n_images=1, n=1, prompt_len=8, output_len=1, dtype="float32", vs=None, device="cpu")
     with pytest.raises(InvalidArgumentError, match="--images 0"):
