@@ -51,6 +51,27 @@ def test_prompts_hold_each_image_as_the_processor_writes_it():
     assert all(3 <= t < v.boi_token_index for t in a[:5] + b[:5])
 
 
+@pytest.mark.parametrize("shape", ["tiny", "tiny-qwen3-vl"])
+def test_both_sides_see_the_same_pixels(shape):
+    """The peer's transformers processor is set as ours is: the same pixel values (and grids)."""
+    import numpy as np
+
+    from surogate.bench.vision import _IdNames, hf_processor, images
+
+    config = config_for(shape)
+    family = family_for(config)
+    if family.image_prompt is None:
+        pytest.skip(f"{family.name} does not serve images on this branch")
+    spec = family.spec_from_config(config)
+    ours = family.image_prompt(spec, _IdNames(), None).processor
+    pics = images(2, (640, 480), seed=5)
+    theirs = hf_processor(family.name, ours)(images=pics, return_tensors="pt")
+    batch = ours(pics)
+    np.testing.assert_array_equal(batch.pixel_values, theirs["pixel_values"].numpy())
+    if "image_grid_thw" in theirs:
+        np.testing.assert_array_equal(batch.image_grid_thw, theirs["image_grid_thw"].numpy())
+
+
 @pytest.mark.parametrize("name", list(VISION_CONFIGS))
 def test_vision_configs_have_the_parameters_transformers_gives_them(name):
     config = config_for(name)
