@@ -327,8 +327,8 @@ def run(shape: str, *, n_images: int, n: int, prompt_len: int, output_len: int, 
         raise UnsupportedError(
             f"{shape}: {config['architectures'][0]} is not served with images on this branch (the {family.name} "
             "family has no Family.image_prompt)",
-            hint="Qwen3-VL serving with images is being built (branch h8/qwen3vl-serve); until it lands, bench "
-                 "images with --model gemma-3-4b (or tiny)")
+            hint="Qwen3-VL's serving with images came with branch h8/qwen3vl-serve: bench it on a tree that has "
+                 "it, or bench images with --model gemma-3-4b (or tiny)")
     device = resolve_device(device)
     model = random_vision_model(config, dtype, device)
     image_prompt = family.image_prompt(model.spec, _IdNames(), None)  # the processor of the hub's files
