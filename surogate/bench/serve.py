@@ -20,7 +20,7 @@ import numpy as np
 
 from surogate.bench.train import random_model
 from surogate.errors import InvalidArgumentError
-from surogate.serve import LLM, EngineClient, EngineConfig, Generation, SamplingParams
+from surogate.serve import LLM, EngineClient, EngineConfig, SamplingParams
 from surogate.serve.model_runner import ProgramRunner
 
 

@@ -204,6 +204,7 @@ def bench_ours(model, image_prompt, prompts: list[list[int]], pictures: list[lis
     encoder = ImageEncoder(dataclasses.replace(image_prompt, processor=preprocess), encode)
     with EngineClient(runner, cfg) as client:
         llm = LLM(client, None, images=encoder)
+
         def embedded(prompt: list[int], imgs: list):  # in a worker thread, as the gateway encodes
             return asyncio.to_thread(llm.embed, Prompt(prompt, None, imgs))
 
