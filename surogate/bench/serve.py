@@ -20,7 +20,7 @@ import numpy as np
 
 from surogate.bench.train import random_model
 from surogate.errors import InvalidArgumentError
-from surogate.serve import LLM, EngineClient, EngineConfig, Generation, SamplingParams
+from surogate.serve import LLM, EngineClient, EngineConfig, SamplingParams
 from surogate.serve.model_runner import ProgramRunner
 
 
@@ -40,6 +40,54 @@ class ServeResult:
 def _prompts(vocab: int, n: int, length: int, seed: int = 0) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     return [rng.integers(3, vocab, length).tolist() for _ in range(n)]
+
+
+@dataclass
+class Timed:
+    """One timed load: every request's time to first token and inter-token latencies (s), the
+    (time, tokens) of every output, the output tokens, the run's start and length."""
+    t0: float
+    elapsed: float
+    tokens: int
+    ttft: list[float]
+    itl: list[float]
+    arrivals: list[tuple[float, int]]
+
+
+def timed_generation(llm: LLM, prompts: list, params: SamplingParams) -> Timed:
+    """All ``prompts`` submitted at once, each read by its own consumer as a client would
+    (timestamps as the outputs arrive). A prompt may be an awaitable that gives it (a request
+    whose images are encoded first, in a worker thread, as the gateway does): its time to first
+    token counts from the run's start."""
+    ttft: list[float] = []
+    itl: list[float] = []
+    arrivals: list[tuple[float, int]] = []
+    total = 0
+
+    async def consume(prompt, t0: float) -> None:
+        nonlocal total
+        if asyncio.iscoroutine(prompt):
+            prompt = await prompt
+        last = None
+        async for out in llm.submit(prompt, params):
+            now = time.perf_counter()
+            k = len(out.new_token_ids)
+            if k == 0:
+                continue
+            if last is None:
+                ttft.append(now - t0)
+            else:
+                itl.append((now - last) / k)
+            last = now
+            total += k
+            arrivals.append((now, k))
+
+    async def all_requests(t0: float) -> None:
+        await asyncio.gather(*(consume(p, t0) for p in prompts))
+
+    t0 = time.perf_counter()
+    asyncio.run(all_requests(t0))
+    return Timed(t0, time.perf_counter() - t0, total, ttft, itl, arrivals)
 
 
 def warmup_prompts(vocab: int, n: int, length: int, seed: int = 0) -> list[list[list[int]]]:
@@ -67,34 +115,9 @@ def bench_ours(model, n: int, prompt_len: int, output_len: int, block_size: int 
         # as a server does once for its shapes.
         for prompts in warmup_prompts(model.spec.vocab_size, n, prompt_len):
             llm.generate(prompts, params)
-        ttft, itl = [], []
-        arrivals: list[tuple[float, int]] = []  # (time, tokens) of every output
-        total = 0
-
-        async def consume(gen: Generation, t0: float) -> None:
-            nonlocal total
-            last = None
-            async for out in gen:  # timestamps as the outputs arrive
-                now = time.perf_counter()
-                k = len(out.new_token_ids)
-                if k == 0:
-                    continue
-                if last is None:
-                    ttft.append(now - t0)
-                else:
-                    itl.append((now - last) / k)
-                last = now
-                total += k
-                arrivals.append((now, k))
-
-        async def all_requests() -> None:
-            t0 = time.perf_counter()
-            gens = [llm.submit(p, params) for p in _prompts(model.spec.vocab_size, n, prompt_len)]
-            await asyncio.gather(*(consume(gen, t0) for gen in gens))
-
-        t0 = time.perf_counter()
-        asyncio.run(all_requests())
-        elapsed = time.perf_counter() - t0
+        timed = timed_generation(llm, _prompts(model.spec.vocab_size, n, prompt_len), params)
+        t0, elapsed, total, ttft, itl, arrivals = (timed.t0, timed.elapsed, timed.tokens, timed.ttft, timed.itl,
+                                                   timed.arrivals)
         # Decode only (llama-batched-bench's S_TG): the tokens after every request's first, over
         # the time from the last first token to the end.
         all_started = t0 + max(ttft)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from surogate.bench.shapes import hf_config, hf_model_class, spec_for
-from surogate.dsl.nn import LoRAConfig
+from surogate.dsl.nn import LoRAConfig, ModelSpec
 from surogate.model import Model, _np_dtype
 from surogate.models import family_named
 from surogate.train.lora import ALL_TARGETS, init_lora
@@ -61,14 +61,18 @@ def peak_tflops(device: str) -> float | None:
     return next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
 
 
-def random_model(shape: str, dtype: str, seed: int = 0, device: str = "cpu") -> Model:
-    spec = spec_for(shape)
+def random_model(shape: str | ModelSpec, dtype: str, seed: int = 0, device: str = "cpu") -> Model:
+    """A named shape's (or a spec's) model with random weights."""
+    spec = shape if isinstance(shape, ModelSpec) else spec_for(shape)
     family = family_named(spec.family)
     probe = Model(spec, family, {}, dtype=dtype)
     g = probe.arch.build(mode="logits", dtype=dtype)
+    graph_params = list(g.params())
+    if spec.vision is not None:  # the vision tower and projector (their own graph)
+        graph_params += list(probe.arch.build(mode="vision", dtype=dtype).params())
     rng = np.random.default_rng(seed)
     params = {}
-    for p in g.params():
+    for p in graph_params:
         if p.name.endswith("norm.weight"):
             arr = np.ones(p.shape, np.float32)
         else:

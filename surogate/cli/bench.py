@@ -74,10 +74,30 @@ def serve(
                                                           show_default=False)] = None,
     prompt_lookup_max: Annotated[int | None, typer.Option(help="--speculative-method ngram: longest suffix.",
                                                           show_default=False)] = None,
-) -> None:
+    images: Annotated[int, typer.Option(help="Images per request: generation with images on a vision checkpoint's "
+                                             "architecture (--model gemma-3-4b, qwen3-vl-2b or tiny; random weights), "
+                                             "with --vs hf against transformers' generate on the same images; "
+                                             "prints TTFT and the image-encode time per image too.")] = 0,
+    image_size: Annotated[str, typer.Option(help="--images: each random picture's WIDTHxHEIGHT (the model's "
+                                                 "image processor resizes it).")] = "640x480") -> None:
     """Offline generation throughput and latency: ours, and with --vs hf HF generate; with --http as
     streaming HTTP clients see it, beside the engine's own figure; with --speculative-method plain vs
     speculative decoding."""
+    if images:
+        from surogate.bench.vision import run as run_vision
+        from surogate.errors import InvalidArgumentError
+
+        if http or url is not None or speculative_method is not None or profile:
+            raise InvalidArgumentError("--images runs the engine offline against HF generate",
+                                       hint="leave out --http / --url / --speculative-method / --profile with --images")
+        try:
+            width, height = (int(x) for x in image_size.lower().split("x"))
+        except ValueError:
+            raise InvalidArgumentError(f"--image-size {image_size!r} is not WIDTHxHEIGHT",
+                                       hint="e.g. 640x480") from None
+        run_vision(model, n_images=images, n=requests, prompt_len=prompt_len, output_len=output_len, dtype=dtype,
+                   vs=vs, device=device, image_size=(width, height))
+        return
     if speculative_method is not None:
         from surogate.bench.serve import run_speculative
 
