@@ -155,13 +155,36 @@ def write_dataset(path: Path, n: int = 6) -> Path:
     return data
 
 
+def hf_token_loss(folder, docs, indices) -> tuple[float, int]:
+    """transformers' loss summed over the targets of these documents, each alone with its images
+    (Qwen2VLImageProcessorPil's pixels, HF's own rope index from mm_token_type_ids), and the count."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from surogate.train.data.images import load_images
+
+    ref = hf_model(folder)
+    proc = Qwen2VLImageProcessorPil.from_dict(json.loads((Path(folder) / "preprocessor_config.json").read_text()))
+    total, count = 0.0, 0
+    for d in indices:
+        ids, mask = docs[d]
+        t = torch.tensor(ids.astype(np.int64))[None]
+        labels = torch.tensor(np.where(mask, ids, -100).astype(np.int64))[None]
+        kw = {}
+        if docs.doc_images(d):
+            out = proc(load_images(docs.doc_images(d)), return_tensors="pt")
+            kw = {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"],
+                  "mm_token_type_ids": (t == ref.config.image_token_id).long()}
+        n = int((labels[0, 1:] != -100).sum())
+        with torch.no_grad():
+            total += ref(input_ids=t, labels=labels, **kw).loss.item() * n
+        count += n
+    return total, count
+
+
 def test_a_packed_micro_batch_s_loss_equals_transformers_document_by_document(folder, tmp_path):
     """Packed rows of several documents with their images: the trainer's first-step loss (LoRA
     B = 0: the base model) is HF's token-summed loss of each document alone, with its images
     (Qwen2VLImageProcessorPil's pixels, HF's own rope index), over the step's targets."""
-    from surogate.train.data.images import load_images
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
     data = write_dataset(tmp_path / "data")
     trainer = Trainer(load_config(yaml_config(folder, data, tmp_path / "out", sequence_len=256), kind="sft"))
     ds = trainer.train_data
@@ -172,23 +195,7 @@ def test_a_packed_micro_batch_s_loss_equals_transformers_document_by_document(fo
     assert trainer.images >= int((b.input_ids == image_token).sum()) > 0
     assert not (b.targets == image_token).any()
     loss, targets = trainer._step([b])
-
-    ref = hf_model(folder)
-    proc = Qwen2VLImageProcessorPil.from_dict(json.loads((Path(folder) / "preprocessor_config.json").read_text()))
-    total, count = 0.0, 0
-    for d in docs:
-        ids, mask = ds.docs[d]
-        t = torch.tensor(ids.astype(np.int64))[None]
-        labels = torch.tensor(np.where(mask, ids, -100).astype(np.int64))[None]
-        kw = {}
-        if ds.docs.doc_images(d):
-            out = proc(load_images(ds.docs.doc_images(d)), return_tensors="pt")
-            kw = {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"],
-                  "mm_token_type_ids": (t == image_token).long()}
-        n = int((labels[0, 1:] != -100).sum())
-        with torch.no_grad():
-            total += ref(input_ids=t, labels=labels, **kw).loss.item() * n
-        count += n
+    total, count = hf_token_loss(folder, ds.docs, docs)
     assert targets == count
     assert loss == pytest.approx(total / count, rel=1e-5)
 
@@ -264,3 +271,46 @@ def test_image_rows_for_a_vision_family_without_a_training_feed_say_so(folder, t
     with pytest.raises(FileFormatError, match=r"rows.jsonl line 1: the row has 1 image\(s\), and this model's family "
                                               r"\(qwen3_vl\) has a vision tower but no training feed for images yet"):
         Trainer(load_config(yaml_config(folder, data, tmp_path / "out"), kind="sft"))
+
+
+def test_evaluation_with_images_equals_transformers(folder, tmp_path):
+    """The eval Program reads the same visual inputs: before any step (LoRA B = 0) the eval loss
+    is HF's over the held-out documents, each with its images."""
+    data = write_dataset(tmp_path / "data")
+    trainer = Trainer(load_config(yaml_config(folder, data, tmp_path / "out", sequence_len=256,
+                                              validation_split_ratio=0.5, eval_steps=2), kind="sft"))
+    docs = trainer.eval_data.docs
+    assert docs.images is not None and any(docs.images)
+    total, count = hf_token_loss(folder, docs, range(len(docs)))
+    assert trainer._eval_metrics()["eval_loss"] == pytest.approx(total / count, rel=1e-5)
+
+
+def test_a_truncated_row_keeps_its_whole_images_and_trains_as_transformers(folder, tmp_path):
+    """sequence_len cutting into a row's second image: the document ends before that image's
+    run (its first image whole), and the micro-batch's loss is HF's on the cut document."""
+    a, b = image(3, (32, 32)), image(4, (48, 32))
+    row = {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "then"},
+                                                     {"type": "image"}]},
+                        {"role": "assistant", "content": "Two."}],
+           "images": [data_url(a), data_url(b)]}
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps(row) + "\n" + json.dumps({"messages": [
+        {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there."}]}) + "\n")
+    model = surogate.load_model(folder)
+    enc, _ = encode_row(model, row, data)
+    image_id = model.spec.vision.image_token_id
+    at = np.flatnonzero(enc.input_ids == image_id)
+    first_end, cut = int(at[enc.views[0] - 1]), int(at[enc.views[0]]) + 2  # inside the second image's run
+    assert enc.input_ids[cut - 1] == image_id and cut < len(enc.input_ids)
+    trainer = Trainer(load_config(yaml_config(folder, data, tmp_path / "out", sequence_len=cut, train_on="all",
+                                              per_device_train_batch_size=1, sample_packing="false"), kind="sft"),
+                      model=model)
+    ds = trainer.train_data
+    d = next(i for i in range(len(ds.docs)) if ds.docs.doc_images(i))
+    ids, _ = ds.docs[d]
+    assert len(ds.docs.doc_images(d)) == 1 and int((ids == image_id).sum()) == enc.views[0]
+    assert len(ids) < cut and image_id not in ids[first_end + 1:]
+    r = next(r for r in range(ds.num_rows) if d in ds.plan.row(r).tolist())
+    loss, targets = trainer._step([ds.batch([r])])
+    total, count = hf_token_loss(folder, ds.docs, [int(x) for x in ds.plan.row(r)])
+    assert targets == count and loss == pytest.approx(total / count, rel=1e-5)
