@@ -88,6 +88,9 @@ class ImagePrompt:
     text_of: Callable[[object], str] | None = None
     encode: Callable[[Callable, object], np.ndarray] | None = None
     spans: Callable[..., list] | None = None
+    # Training (train/data): such a family's count of image tokens for an image; its text is then
+    # image_text(count), and the micro-batch's rows are the tokens' (train/qwen3_vl_feed.py).
+    image_tokens: Callable[[object], int] | None = None
 
 
 @dataclass(frozen=True)

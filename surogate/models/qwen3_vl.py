@@ -757,7 +757,8 @@ def image_prompt(spec, tokenizer, folder: str | None):
                        image_text=image_text, processor=processor, image_token_id=vs.image_token_id,
                        tokens_per_view=0, bidirectional=False,
                        text_of=lambda image: image_text(processor.num_image_tokens(*to_rgb(image).shape[:2])),
-                       encode=encode, spans=spans)
+                       encode=encode, spans=spans,
+                       image_tokens=lambda image: processor.num_image_tokens(*to_rgb(image).shape[:2]))
 
 
 def architecture(spec):
@@ -781,7 +782,11 @@ def hf_name_table() -> NameTable:
 
 
 def family_aliases(hf: str) -> tuple[str, ...]:
-    """The tower's tensors may be visual.* (transformers 4.5x); the rest as the table names them."""
+    """The tower's tensors may be visual.* (transformers 4.5x); the rest as the table names them,
+    and a text model's name (model.layers.*: what an adapter's modules are relative to, train/
+    export.py checkpoint_prefix) under model.language_model.*."""
+    if hf.startswith("model.") and not hf.startswith(("model.visual.", "model.language_model.")):
+        return hf, _language_model(hf)
     return checkpoint_aliases(hf)
 
 

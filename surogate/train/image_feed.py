@@ -26,14 +26,16 @@ PROJECTOR_INPUTS = ("image_pooled", "text_mask", "kv_limit")  # train_projector'
 def images_per_batch(datasets, batch_size: int, prompt) -> int:
     """The most image views (images and their pan-and-scan crops) one micro-batch of
     ``batch_size`` rows can hold, over the datasets (None entries and datasets without images
-    count 0): each view is a run of ``prompt.tokens_per_view`` image tokens."""
+    count 0): each view is a run of ``prompt.tokens_per_view`` image tokens; for a family with
+    size-dependent image tokens (``prompt.image_tokens``) the most image tokens instead."""
     most = 0
     for data in datasets:
         docs = getattr(data, "docs", None)
         if docs is None or docs.images is None:
             continue
         is_image = (docs.input_ids == prompt.image_token_id).astype(np.int64)
-        per_doc = np.add.reduceat(is_image, docs.offsets[:-1]) // prompt.tokens_per_view if len(docs) else []
+        per = 1 if prompt.image_tokens is not None else prompt.tokens_per_view  # Qwen3-VL: its merged rows
+        per_doc = np.add.reduceat(is_image, docs.offsets[:-1]) // per if len(docs) else []
         per_row = sorted((int(sum(per_doc[d] for d in data.plan.row(r).tolist())) for r in range(data.num_rows)),
                          reverse=True)
         most = max(most, sum(per_row[:batch_size]))
@@ -87,3 +89,18 @@ class ImageFeed:
             table[len(used):] = 0
         for name, arr in feed.items():
             self.arrays[name][:] = arr
+
+
+def has_feed(spec) -> bool:
+    """Whether the trainer can feed this vision spec's images (Gemma 3's, Qwen3-VL's)."""
+    return hasattr(spec.vision, "tower") or hasattr(spec.vision, "mm_tokens_per_image")
+
+
+def make_feed(model, prompt, images: int, n_tokens: int):
+    """The family's training feed: Qwen3-VL's (train/qwen3_vl_feed.py, ``images``: merged rows)
+    or Gemma 3's `ImageFeed`."""
+    if hasattr(model.spec.vision, "tower"):
+        from surogate.train.qwen3_vl_feed import Qwen3VLFeed
+
+        return Qwen3VLFeed(model, prompt, images, n_tokens)
+    return ImageFeed(model, prompt, images, n_tokens)

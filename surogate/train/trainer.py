@@ -31,7 +31,7 @@ from surogate.model import ROUTER_LOSSES, Model, _np_dtype, load_model, resolve_
 from surogate.train.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
 from surogate.train.data import Batch, build_datasets
 from surogate.train.export import merge_into_checkpoint, save_hf_folder, write_sidecars
-from surogate.train.image_feed import ImageFeed, images_per_batch
+from surogate.train.image_feed import has_feed, images_per_batch, make_feed
 from surogate.models.name_table import transposed_experts
 from surogate.dsl.nn_vision import PROJECTOR_PREFIX
 from surogate.models.peft import LANGUAGE_MODEL_PREFIX, VISION_MODULES
@@ -140,14 +140,18 @@ class Trainer:
     def _datasets(self):
         """(train, eval or None): what the iterator and `_step` consume (a DPO trainer's are pairs)."""
         m = self.model  # a vision model's image placeholders (None: rows with images are errors)
-        hook = m.family.image_prompt if m.spec.vision is not None else None
-        self.image_prompt = None
+        hook = m.family.image_prompt if m.spec.vision is not None and has_feed(m.spec) else None
+        self.image_prompt, refused = None, None
+        if m.spec.vision is not None and hook is None:  # text rows still train
+            refused = (f"this model's family ({m.family.name}) has a vision tower but no training feed for images yet",
+                       "remove the rows' images, or train a Gemma 3 or Qwen3-VL model on them")
         if hook is not None:
             try:
                 self.image_prompt = hook(m.spec, m.tokenizer, str(m.path))
             except ConfigError as e:  # (a tokenizer without the image tokens): text rows still train
                 logging.getLogger(__name__).warning("%s: rows with images are refused (%s)", self.cfg.model, e.message)
-        return build_datasets(self.cfg, m.tokenizer, image_prompt=self.image_prompt)
+                refused = (f"this model cannot take them: {e.message}", e.hint or "check the model's tokenizer")
+        return build_datasets(self.cfg, m.tokenizer, image_prompt=self.image_prompt, images_refused=refused)
 
     def _tokens_per_row(self) -> int:
         """Tokens per batch row: a micro-batch is B rows, N = B * this tokens."""
@@ -214,11 +218,12 @@ class Trainer:
                               if seed in self.exe.lowered.by_value}
         for seed, _ in self.router_losses.values():
             self.inputs[seed] = np.zeros(1, np.float32)
-        self.image_feed = ImageFeed(m, self.image_prompt, self.images, self.N) if self.images else None
+        self.image_feed = make_feed(m, self.image_prompt, self.images, self.N) if self.images else None
         if self.image_feed is not None:
             self.inputs.update(self.image_feed.arrays)
         for n, a in self.inputs.items():
-            self.exe.bind(n, a)
+            if n in self.exe.lowered.by_value:  # (Qwen3-VL with images: MRoPE tables, no position_ids)
+                self.exe.bind(n, a)
         self.exe.use_graphs(self.cfg.cuda_graphs)  # GPU: each micro-batch and optimizer step is one graph
         self.eval_exe = None
         if self.eval_data is not None:
@@ -228,7 +233,8 @@ class Trainer:
             for n, a in self.trainable.items() if self.lora is not None else ():
                 self.eval_exe.bind(n, a, self.exe.tensor(n))
             for n in ("input_ids", "position_ids", "cu_seqlens", "targets", *self._image_inputs()):
-                self.eval_exe.bind(n, self.inputs[n], self.exe.tensor(n))
+                if n in self.exe.lowered.by_value:
+                    self.eval_exe.bind(n, self.inputs[n], self.exe.tensor(n))
             self.eval_exe.use_graphs(self.cfg.cuda_graphs)
 
     def _optimizer_class(self):
@@ -291,7 +297,8 @@ class Trainer:
         if self.image_feed is not None:
             self.image_feed.load(b, self.inputs["input_ids"])
         for n in ("input_ids", "position_ids", "cu_seqlens", "targets", *self._image_inputs()):
-            self.exe.push(n)
+            if n in self.exe.lowered.by_value:
+                self.exe.push(n)
 
     def _image_inputs(self):
         """The names of the image inputs the Programs read (image_feed.py), none without images."""

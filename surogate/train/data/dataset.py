@@ -149,12 +149,13 @@ def _take(order: np.ndarray, index: int, batch_size: int) -> list[int]:
 # -- building --
 
 def build_datasets(config: SFTConfig, tokenizer: Tokenizer, *, cache_dir: str | Path | None = None,
-                   image_prompt=None) -> tuple[PackedDataset, PackedDataset | None]:
+                   image_prompt=None, images_refused: tuple[str, str] | None = None
+                   ) -> tuple[PackedDataset, PackedDataset | None]:
     """(train, eval or None) for the config; ``cache_dir`` defaults to <output_dir>/.cache/tokenized.
     ``image_prompt`` (the family's ``ImagePrompt``): the model's image placeholders; None: rows
-    with images are errors."""
+    with images are errors, saying ``images_refused`` = (why, hint) when given."""
     cache_dir = Path(cache_dir) if cache_dir is not None else Path(config.output_dir) / ".cache" / "tokenized"
-    builder = _Builder(config, tokenizer, cache_dir, image_prompt)
+    builder = _Builder(config, tokenizer, cache_dir, image_prompt, images_refused)
     train_stats = DataStats()
     train_docs = Documents.concat([builder.load(d, f"datasets[{i}]", train_stats)
                                    for i, d in enumerate(config.datasets)])
@@ -193,10 +194,11 @@ def _final(stats: DataStats, docs: Documents) -> DataStats:
 
 
 class _Builder:
-    def __init__(self, config: SFTConfig, tokenizer: Tokenizer, cache_dir: Path, image_prompt=None):
+    def __init__(self, config: SFTConfig, tokenizer: Tokenizer, cache_dir: Path, image_prompt=None,
+                 images_refused=None):
         self.config = config
         self.image_prompt = image_prompt
-        self.encoder = ChatEncoder(tokenizer, config.chat_template, image_prompt)
+        self.encoder = ChatEncoder(tokenizer, config.chat_template, image_prompt, images_refused)
         self.cache_dir = cache_dir
         self._tokenizer_fp: str | None = None
 
@@ -289,7 +291,7 @@ def _prompt_key(prompt) -> list:
     """What the tokens of image rows depend on, for the cache key."""
     pan = getattr(prompt.processor, "do_pan_and_scan", False)
     return [prompt.placeholder, prompt.image_text(0), prompt.image_text(1), prompt.image_token_id,
-            prompt.tokens_per_view, pan and repr(prompt.processor)]
+            prompt.tokens_per_view, (pan or prompt.image_tokens is not None) and repr(prompt.processor)]
 
 
 def _whole_images(ids: np.ndarray, mask: np.ndarray, images: tuple, views: tuple,
@@ -297,7 +299,8 @@ def _whole_images(ids: np.ndarray, mask: np.ndarray, images: tuple, views: tuple
     """A truncated document cut again before the first view of an image whose tokens (any view's)
     it cut, and its whole images."""
     at = np.flatnonzero(ids == prompt.image_token_id)
-    ends = np.cumsum(views) * prompt.tokens_per_view  # image tokens up to the end of each image
+    per = 1 if prompt.image_tokens is not None else prompt.tokens_per_view  # (views: token counts)
+    ends = np.cumsum(views) * per  # image tokens up to the end of each image
     whole = int(np.searchsorted(ends, len(at), side="right"))
     done = int(ends[whole - 1]) if whole else 0
     if len(at) > done:

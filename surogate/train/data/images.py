@@ -57,10 +57,14 @@ def resolve_image(source, base: Path | None, field: str) -> str:
 def resolve_images(sample, base: Path | None, prompt):
     """The Conversation with its image sources resolved (`resolve_image`, ``base``: the dataset
     file); with pan-and-scan (``prompt``: the family's ImagePrompt), each image decoded once to
-    count its crops (the text holds a view per crop: ``image_crops``)."""
+    count its crops (the text holds a view per crop: ``image_crops``); for a family whose image
+    tokens depend on the size (``prompt.image_tokens``: Qwen3-VL), ``image_crops`` holds each
+    image's token count instead."""
     sources = tuple(resolve_image(s, base, f) for s, f in zip(sample.images, sample.image_fields))
     crops = ()
-    if prompt is not None and getattr(prompt.processor, "do_pan_and_scan", False):
+    if prompt is not None and prompt.image_tokens is not None:
+        crops = tuple(prompt.image_tokens(img) for img in load_images(sources, sample.image_fields))
+    elif prompt is not None and getattr(prompt.processor, "do_pan_and_scan", False):
         crops = tuple(prompt.num_crops(img) for img in load_images(sources, sample.image_fields))
     return sample._replace(images=sources, image_crops=crops)
 

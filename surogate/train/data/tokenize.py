@@ -84,10 +84,12 @@ class ChatEncoder:
     the model or a whole template; None takes the model's default)."""
 
     def __init__(self, tokenizer: Tokenizer, chat_template: str | None = None,
-                 image_prompt: ImagePrompt | None = None):
+                 image_prompt: ImagePrompt | None = None, images_refused: tuple[str, str] | None = None):
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.image_prompt = image_prompt  # None: the model takes no images
+        # Without image_prompt: (why, hint) an image row is refused; None: the model has no vision tower.
+        self.images_refused = images_refused
         self._variables = dict(tokenizer.special_tokens_map)
         self._eot_ids = frozenset(tokenizer.eos_token_ids)
         self._eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else \
@@ -141,9 +143,11 @@ class ChatEncoder:
                        crops: tuple) -> tuple[str, list[tuple[int, int]]]:
         p = self.image_prompt
         if p is None:
-            raise RowError(f"the row has {n} image(s), and this model takes no images (it has no vision tower)",
-                           hint="train a model with a vision tower (Gemma3ForConditionalGeneration), or remove "
-                                "the row's images")
+            why, hint = self.images_refused or (
+                "this model takes no images (it has no vision tower)",
+                "train a model with a vision tower (Gemma3ForConditionalGeneration, Qwen3VLForConditionalGeneration), "
+                "or remove the row's images")
+            raise RowError(f"the row has {n} image(s), and {why}", hint=hint)
         written = text.count(p.placeholder)
         if written != n:
             why = ("the chat template drops image parts" if written < n else
@@ -157,11 +161,13 @@ class ChatEncoder:
     def _image_targets_off(self, enc: Encoded, images: tuple, crops: tuple) -> Encoded:
         p = self.image_prompt
         is_image = enc.input_ids == p.image_token_id
-        views = tuple(1 + c for c in crops)
-        want = sum(views) * p.tokens_per_view
+        # A family with size-dependent image tokens: ``crops`` are each image's token count (one view each).
+        views = tuple(crops) if p.image_tokens is not None else tuple(1 + c for c in crops)
+        per = 1 if p.image_tokens is not None else p.tokens_per_view
+        want = sum(views) * per
         if int(is_image.sum()) != want:
             raise RowError(f"the tokenized row has {int(is_image.sum())} image tokens (id {p.image_token_id}) for "
-                           f"{sum(views)} view(s) of {p.tokens_per_view}",
+                           f"{sum(views)} view(s) of {per}",
                            hint="the tokenizer must keep the image token whole (an added special token)")
         return Encoded(enc.input_ids, enc.loss_mask & ~is_image, tuple(images), views)
 
