@@ -100,6 +100,6 @@ async def embedded(job) -> ApiError | None:
         return None
     try:
         job.prompt = await asyncio.to_thread(job.model.llm.embed, job.prompt)
-    except SurogateError as e:
-        return errors.from_exception(e)
+    except SurogateError as e:  # put to sleep since admitted: the engine refuses to encode (weights_held)
+        return errors.model_asleep(job.model.name) if job.model.asleep else errors.from_exception(e)
     return None

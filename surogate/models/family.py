@@ -81,8 +81,9 @@ class ImagePrompt:
     bidirectional: bool
     num_crops: Callable[[object], int] = lambda image: 0  # the crops the processor cuts from an image
     # A family whose image text, rows or spans depend on each image's size (Qwen3-VL: its grid):
-    # ``text_of(image)`` replaces image_text(num_crops(image)); ``encode(encode_images, batch)`` gives
-    # one image's rows from the processor's output (default: encode_images(batch.pixel_values));
+    # ``text_of(image)`` replaces image_text(num_crops(image)); ``encode(encode_images, batches)``
+    # gives each image's rows from the processor's outputs (one per image), in one encode_images
+    # call (default: serve.multimodal's, over the views' pixel values stacked);
     # ``spans(token_ids, images, keys, rows)`` the prompt's EmbedSpans (default: one per run of
     # tokens_per_view image tokens, a view's rows each).
     text_of: Callable[[object], str] | None = None

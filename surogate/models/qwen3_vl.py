@@ -746,9 +746,12 @@ def image_prompt(spec, tokenizer, folder: str | None):
     def image_text(n: int) -> str:  # an image of n merged tokens
         return f"{names['vision_start']}{names['image'] * n}{names['vision_end']}"
 
-    def encode(encode_images, batch) -> np.ndarray:
-        merged, deep = encode_images(batch.pixel_values, batch.image_grid_thw)
-        return np.concatenate([merged, *deep], axis=1)
+    def encode(encode_images, batches) -> list[np.ndarray]:  # the images' patch rows and grids in one call
+        grids = np.concatenate([b.image_grid_thw for b in batches])
+        merged, deep = encode_images(np.concatenate([b.pixel_values for b in batches]), grids)
+        rows = np.concatenate([merged, *deep], axis=1)
+        bounds = np.cumsum([0, *(grids.prod(axis=1) // t.merge_unit)])
+        return [rows[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
     def spans(token_ids, images, keys, rows) -> list:
         return serve_spans(token_ids, spec, images=([grid(im) for im in images], rows, keys))

@@ -149,6 +149,9 @@ class EngineClient:
         self._request_slot: dict[int, int] = {}  # request id -> its adapter slot (adapter requests only)
         self._retiring: set[int] = set()  # unloaded slots whose requests still run
         self._loading = threading.Lock()
+        self._weights = threading.Condition()  # weights_held's users and release's wait for them
+        self._weight_users = 0
+        self._released = False
         native = getattr(runner, "native", runner)
         if not isinstance(native, _native.serve.ModelRunner):
             if not (hasattr(runner, "run") and hasattr(runner, "vocab_size")):
@@ -272,8 +275,26 @@ class EngineClient:
         return EngineStats(**self._engine.stats())
 
     def idle(self) -> bool:
+        """No request runs or waits, and no image is being encoded (``weights_held``)."""
         s = self._engine.stats()
-        return s["num_running"] == 0 and s["num_waiting"] == 0
+        return s["num_running"] == 0 and s["num_waiting"] == 0 and self._weight_users == 0
+
+    @contextlib.contextmanager
+    def weights_held(self) -> Iterator[None]:
+        """The model's weights stay on the device inside the block (work outside the engine's steps
+        on them: an image encode, surogate.serve.LLM.embed): ``release`` waits for every such block
+        to end. Inside a released (sleeping) engine it raises UnsupportedError."""
+        with self._weights:
+            if self._released:
+                raise UnsupportedError("the model is asleep (its memory is released): it encodes no images",
+                                       hint="wake it (POST /wake_up, EngineClient.restore) first")
+            self._weight_users += 1
+        try:
+            yield
+        finally:
+            with self._weights:
+                self._weight_users -= 1
+                self._weights.notify_all()
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
@@ -294,7 +315,11 @@ class EngineClient:
 
     def release(self) -> None:
         """Sleep, once no request runs (``idle``): forget the prefix cache and let the runner
-        give its memory back (KV cache, Programs, device weights) until ``restore``."""
+        give its memory back (KV cache, Programs, device weights) until ``restore``. Waits for
+        the image encodes in flight (``weights_held``) first; later ones are refused until then."""
+        with self._weights:
+            self._released = True
+            self._weights.wait_for(lambda: self._weight_users == 0)
         self.reset_prefix_cache()
         if hasattr(self.runner, "release"):
             self.runner.release()
@@ -302,6 +327,8 @@ class EngineClient:
     def restore(self) -> None:
         if hasattr(self.runner, "restore"):
             self.runner.restore()
+        with self._weights:
+            self._released = False
 
     def close(self) -> None:
         """Stop the engine; requests in flight finish with "abort"."""

@@ -24,6 +24,7 @@ for a prompt not embedded yet.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -130,7 +131,11 @@ class LLM:
             return prompt
         if prompt.embeds:
             return prompt
-        return msgspec.structs.replace(prompt, embeds=self.images.spans(prompt.token_ids, prompt.images))
+        # the weights stay while the tower runs: a sleep (EngineClient.release) waits for it
+        held = getattr(self.client, "weights_held", None)  # None: no engine yet, or a test's stand-in
+        with held() if held is not None else contextlib.nullcontext():
+            spans = self.images.spans(prompt.token_ids, prompt.images)
+        return msgspec.structs.replace(prompt, embeds=spans)
 
     # -- run --
 

@@ -14,7 +14,8 @@ rendered text's placeholders expanded as the HF processor expands them (``expand
 prompt's image tokens given their rows (``spans``: one ``EmbedSpan`` per run of image tokens, keyed
 by the image's ``image_hash``). Each distinct image is encoded once (the model's
 ``encode_images``, under a lock: one Executable is never run by two threads at once) and its rows
-kept in a small LRU, so a repeated image is not encoded again.
+kept in a small LRU, so a repeated image is not encoded again; a request's images not in the LRU
+are encoded together, in one tower call (``encode_batch``).
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ def check_rendered_images(text: str, num_parts: int, num_images: int, image_plac
 
 
 ENCODER_CACHE_IMAGES = 64  # the images whose rows an ImageEncoder keeps (Gemma 3 4B: 256 x 2560 f32 = 2.6 MB each)
+ENCODE_BATCH = 16  # views per tower call at most (Gemma 3 4B: 16 x 4096 patches; Programs of 1, 2, 4, 8 and 16 views)
 
 
 class ImageEncoder:
@@ -119,31 +121,57 @@ class ImageEncoder:
                 for (start, _), (key, r) in zip(runs, views)]
 
     def rows(self, images: Sequence, keys: Sequence[bytes] | None = None) -> list[np.ndarray]:
-        """Each image's rows (its views': the image's, then its crops'), [views * tokens_per_view, hidden]."""
+        """Each image's rows (its views': the image's, then its crops'), [views * tokens_per_view, hidden].
+        The images not in the cache are encoded together, in one tower call (``encode_batch``)."""
         from surogate.io.images import image_hash
 
         keys = list(keys) if keys is not None else [image_hash(img) for img in images]
         out: dict[bytes, np.ndarray] = {}
         with self._lock:
+            missing: dict[bytes, object] = {}
             for key, image in zip(keys, images):
-                if key in out:
+                if key in out or key in missing:
                     continue
                 cached = self._cache.get(key)
                 if cached is not None:
                     self._cache.move_to_end(key)
                     self.hits += 1
                     out[key] = cached
-                    continue
-                batch = self.prompt.processor([image])
-                rows = self.prompt.encode(self._encode, batch) if self.prompt.encode is not None else \
-                    self._encode(batch.pixel_values)
-                rows = np.asarray(rows, dtype=np.float32)
-                self.encodes += 1
-                out[key] = rows
-                self._cache[key] = rows
+                else:
+                    missing[key] = image
+            if missing:
+                for key, rows in zip(missing, self.encode_batch(list(missing.values()))):
+                    self.encodes += 1
+                    out[key] = rows
+                    self._cache[key] = rows
                 while len(self._cache) > self._cache_images:
                     self._cache.popitem(last=False)
         return [out[k] for k in keys]
+
+    def encode_batch(self, images: Sequence) -> list[np.ndarray]:
+        """The rows of each of ``images``, from one tower call over all of them (the family's
+        ``ImagePrompt.encode``; by default: the views' pixel values stacked, in calls of at most
+        ENCODE_BATCH views, each zero-padded to a power of two views so that the compiled Programs
+        are those of 1, 2, 4, .. ENCODE_BATCH views). Each image is processed on its own (a
+        processor may refuse to stack images of different sizes)."""
+        batches = [self.prompt.processor([image]) for image in images]
+        if self.prompt.encode is not None:
+            return [np.asarray(r, dtype=np.float32) for r in self.prompt.encode(self._encode, batches)]
+        views = [len(b.pixel_values) for b in batches]
+        px = np.concatenate([b.pixel_values for b in batches])
+        parts = []
+        for s in range(0, len(px), ENCODE_BATCH):
+            chunk = px[s:s + ENCODE_BATCH]
+            k = len(chunk)
+            size = 1 << (k - 1).bit_length()
+            if size > k:  # zero images: each image attends within itself, so they change no real one's rows
+                chunk = np.concatenate([chunk, np.zeros((size - k, *chunk.shape[1:]), chunk.dtype)])
+            rows = np.asarray(self._encode(chunk), dtype=np.float32)
+            parts.append(rows[:k * (len(rows) // size)])
+        rows = np.concatenate(parts)
+        per = len(rows) // len(px)
+        bounds = np.cumsum([0, *views]) * per
+        return [rows[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def image_runs(token_ids: Sequence[int], image_token_id: int) -> list[tuple[int, int]]:

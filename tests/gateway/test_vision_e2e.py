@@ -9,7 +9,8 @@ Gemma3ForConditionalGeneration.generate on Gemma3Processor's inputs (greedy):
 - Anthropic messages with a base64 image block: the text and usage.input_tokens equal HF's, and
   count_tokens counts the same expanded prompt; /tokenize too;
 - a text-only request to the vision model still answers as HF does;
-- in process: the images are encoded off the event loop, one encode at a time.
+- in process: the images are encoded off the event loop, one encode at a time; a POST /sleep
+  while an image encodes waits for the tower before the engine gives its memory back.
 """
 
 from __future__ import annotations
@@ -190,3 +191,58 @@ def test_encoding_runs_off_the_event_loop_one_at_a_time(folder, ref, processor):
     assert max(overlap) == 1 and enc.encodes == 2
     for pic, reply in zip(pics, replies):
         assert reply["choices"][0]["message"]["content"] == reference(ref, processor, ["What is this?", pic])[0]
+
+
+def test_sleep_while_an_image_encodes_waits_for_it(folder, ref, processor):
+    """In process: POST /sleep while a request's image encodes (slowed to 0.6 s): the engine gives
+    its memory back only after the tower is done (the request counts as running), the request
+    still answers as HF does, and the sleep's reply comes after it has released."""
+    import asyncio
+    import time
+
+    httpx = pytest.importorskip("httpx")
+    from surogate.gateway.app import GatewayApp
+    from surogate.gateway.models import GatewayConfig, ServedModel
+    from surogate.serve.launch import launch
+
+    m = launch(str(folder), kv_cache_tokens=2048)
+    enc, runner = m.images, m.runner
+    real, events = enc._encode, []
+
+    def slow(pixels):
+        events.append("encode")
+        time.sleep(0.6)
+        rows = real(pixels)
+        events.append("encoded" if not runner.released else "encoded after the release")
+        return rows
+
+    release = runner.release
+
+    def released():
+        events.append("release")
+        release()
+
+    enc._encode, runner.release = slow, released
+    app = GatewayApp([ServedModel(MODEL, m.llm())], GatewayConfig())
+    pic = image(52)
+    body = {"model": MODEL, "max_tokens": N, "temperature": 0, "ignore_eos": True, "messages": [{
+        "role": "user", "content": [{"type": "text", "text": "What is this?"}, image_part(pic)]}]}
+
+    async def check():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw", timeout=60) as c:
+            answer = asyncio.create_task(c.post("/v1/chat/completions", json=body))
+            while not events:
+                await asyncio.sleep(0.01)
+            slept = await c.post("/sleep", params={"model": MODEL})
+            woke = await c.post("/wake_up", params={"model": MODEL})
+            return await answer, slept, woke
+
+    try:
+        reply, slept, woke = asyncio.run(check())
+    finally:
+        m.client.close()
+    assert events == ["encode", "encoded", "release"]
+    assert slept.status_code == 200 and slept.json() == {"model": MODEL, "status": "sleeping"}
+    assert woke.status_code == 200 and woke.json()["status"] == "loaded"
+    assert reply.status_code == 200
+    assert reply.json()["choices"][0]["message"]["content"] == reference(ref, processor, ["What is this?", pic])[0]
