@@ -24,7 +24,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from sgtest.vision import image, make_qwen3_vl_chat, qwen3_vl_reference, template_messages  # noqa: E402
+from sgtest.vision import (image, make_qwen3_vl_chat, qwen3_vl_reference, served_chat,  # noqa: E402
+                           template_messages, user)
 from surogate.serve import SamplingParams  # noqa: E402
 from surogate.serve.launch import launch  # noqa: E402
 
@@ -54,15 +55,8 @@ def llm(served):
     return served.llm()
 
 
-def user(*parts) -> list[dict]:
-    content = [{"type": "text", "text": p} if isinstance(p, str) else {"type": "image", "image": p} for p in parts]
-    return [{"role": "user", "content": content}]
-
-
 def ours(llm, messages):
-    chat, images = template_messages(messages)
-    out = llm.chat(chat, GREEDY, images=images).result(timeout=120)[0]
-    return out.new_token_ids, out
+    return served_chat(llm, messages, GREEDY)
 
 
 # 40 x 30 -> 32 x 32 pixels: a 4 x 4 patch grid (4 tokens); 24 x 64 -> 32 x 64: 8 x 4 (8 tokens).

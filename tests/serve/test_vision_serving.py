@@ -25,7 +25,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from sgtest.vision import hf_generate, image, make_gemma3_vision_chat, template_messages  # noqa: E402
+from sgtest.vision import (hf_generate, image, make_gemma3_vision_chat, served_chat,  # noqa: E402
+                           template_messages, user)
 from surogate.errors import ConfigError, InvalidArgumentError  # noqa: E402
 from surogate.serve import SamplingParams  # noqa: E402
 from surogate.serve.launch import launch  # noqa: E402
@@ -61,15 +62,8 @@ def llm(served):
     return served.llm()
 
 
-def user(*parts) -> list[dict]:
-    content = [{"type": "text", "text": p} if isinstance(p, str) else {"type": "image", "image": p} for p in parts]
-    return [{"role": "user", "content": content}]
-
-
 def ours(llm, messages):
-    chat, images = template_messages(messages)
-    out = llm.chat(chat, GREEDY, images=images).result(timeout=120)[0]
-    return out.new_token_ids, out
+    return served_chat(llm, messages, GREEDY)
 
 
 @pytest.mark.parametrize("n_images", [1, 2])

@@ -158,6 +158,19 @@ QWEN3_VL_PREPROCESSOR = {"size": {"shortest_edge": 16 * 16, "longest_edge": 64 *
                          "image_processor_type": "Qwen2VLImageProcessor"}
 
 
+def user(*parts) -> list[dict]:
+    """One user message in HF's form: str parts as text, the others (PIL images) as image parts."""
+    content = [{"type": "text", "text": p} if isinstance(p, str) else {"type": "image", "image": p} for p in parts]
+    return [{"role": "user", "content": content}]
+
+
+def served_chat(llm, messages: list[dict], params):
+    """``llm.chat`` of HF-style messages (template_messages): the answer's new token ids and output."""
+    chat, images = template_messages(messages)
+    out = llm.chat(chat, params, images=images).result(timeout=120)[0]
+    return out.new_token_ids, out
+
+
 def make_qwen3_vl_chat(path: str | Path, *, seed: int = 0, tie: bool = False) -> Path:
     """The served tiny Qwen3-VL: tokenizer (ChatML + the four vision tokens, their ids the config's),
     chat template, preprocessor_config.json; the text vocabulary the tokenizer's."""
