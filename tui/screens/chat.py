@@ -70,6 +70,7 @@ class ChatScreen(WorkerErrors, Screen):
         self.streaming = False
         self.preparing = False
         self.attachments: list[Attachment] = []  # for the next message
+        self.conversation = 0  # ctrl+n counts up: images read for an older conversation are not sent
 
     def compose(self) -> ComposeResult:
         yield NavBar("chat")
@@ -176,8 +177,9 @@ class ChatScreen(WorkerErrors, Screen):
         transcript = self.query_one("#transcript", VerticalScroll)
         turns = [m for m in transcript.query(ChatMessage) if not m.failed and (m.content or m.tool_calls or m.images)]
         system = self.query_one("#system", Input).value.strip()
-        send = {"url": self.query_one("#chat-url", Input).value.strip(), "model": str(select.value), "text": text,
-                "params": params, "history": ([{"role": "system", "content": system}] if system else []) +
+        send = {"conversation": self.conversation, "url": self.query_one("#chat-url", Input).value.strip(),
+                "model": str(select.value), "text": text, "params": params,
+                "history": ([{"role": "system", "content": system}] if system else []) +
                 [m.as_message() for m in turns],
                 "history_image_bytes": sum(len(part["image_url"]["url"]) * 3 // 4 for m in turns
                                            for _, part in m.images)}
@@ -191,12 +193,9 @@ class ChatScreen(WorkerErrors, Screen):
         prompt = self.query_one("#prompt", Input)
         if prompt.value.strip() == send["text"]:
             prompt.value = ""
-        text = send["text"]
-        content = [part for _, part in images] + ([{"type": "text", "text": text}] if text else []) \
-            if images else text
-        messages = send["history"] + [{"role": "user", "content": content}]
+        question = ChatMessage("user", send["text"], images=images)
+        messages = send["history"] + [question.as_message()]
         transcript = self.query_one("#transcript", VerticalScroll)
-        question = ChatMessage("user", text, images=images)
         transcript.mount(question)
         answer = ChatMessage("assistant")
         answer.question = question
@@ -222,6 +221,8 @@ class ChatScreen(WorkerErrors, Screen):
 
     def on_chat_screen_prepared(self, message: Prepared) -> None:
         self.preparing = False
+        if message.send["conversation"] != self.conversation:
+            return
         if message.error is not None:
             notify_error(self.app, message.error, "Image")
             return
@@ -362,6 +363,7 @@ class ChatScreen(WorkerErrors, Screen):
     def action_new_chat(self) -> None:
         if self.streaming:
             self.cancel.set()
+        self.conversation += 1
         self.query_one("#transcript", VerticalScroll).remove_children()
         self.attachments.clear()
         self._show_attachments()
