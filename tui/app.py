@@ -98,6 +98,7 @@ class SurogateApp(App):
             ("Serve: stop gateway", "Stop the gateway this TUI started", "serve", "stop"),
             ("Chat: new conversation", "Clear the transcript", "chat", "new_chat"),
             ("Chat: refresh models", "Ask the gateway which models it serves", "chat", "refresh_models"),
+            ("Chat: attach image", "Attach a local image file to the next message", "chat", "attach_image"),
         ):
             yield SystemCommand(title, help_text, partial(self._in_mode, mode, action))
         yield SystemCommand("Help", "Every key of every screen", self.action_help)

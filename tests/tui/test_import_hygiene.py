@@ -1,6 +1,6 @@
 """The core and the CLI import without the UI: `import surogate`, `import surogate.cli.main` and
 `surogate tui --help` load no textual; the TUI's plain-data modules (catalog, feed, settings,
-processes, runs) load none either, so they work on a headless box."""
+processes, runs, attachments) load none either, so they work on a headless box."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ def top_level_modules(code: str) -> set[str]:
     "import surogate.cli.main",
     "from surogate.cli.main import main\ntry:\n    main(['tui', '--help'])\nexcept SystemExit:\n    pass",
     "from surogate.cli.tui import dev_layout\ndev_layout()\n"
-    "import surogate.tui.catalog, surogate.tui.feed, surogate.tui.settings, surogate.tui.processes, surogate.tui.runs",
+    "import surogate.tui.catalog, surogate.tui.feed, surogate.tui.settings, surogate.tui.processes, surogate.tui.runs\n"
+    "import surogate.tui.attachments",
 ], ids=["surogate", "cli", "tui-help", "tui-data-modules"])
 def test_textual_stays_unloaded(code):
     loaded = top_level_modules(code)

@@ -136,6 +136,30 @@ def test_chat(snap_compare, make_app, world, h, size):
 
 
 @pytest.mark.parametrize("size", SIZES)
+def test_chat_with_images(snap_compare, make_app, world, h, size):
+    """A turn that carried two images, and one attached to the next message (the list above the prompt)."""
+    from surogate.tui.attachments import Attachment
+    from surogate.tui.widgets.chat_message import ChatMessage
+
+    async def run_before(pilot):
+        await h.settle(pilot)
+        screen = pilot.app.screen
+        screen.query_one("#chat-url").value = "http://127.0.0.1:8000"
+        transcript = screen.query_one("#transcript")
+        part = {"type": "image_url", "image_url": {"url": "data:image/png;base64,"}}
+        await transcript.mount(ChatMessage("user", "Which one is the cat?", images=[
+            ("cat.png (3.6 KiB, 40x30)", part), ("dog.jpg (1.2 KiB, 24x64)", part)]))
+        answer = ChatMessage("assistant")
+        await transcript.mount(answer)
+        answer.add_content("The first one.")
+        answer.finish("finish: stop · g3v · 0.3 s · 540 prompt + 4 completion tokens · 13.3 tok/s")
+        screen.post_message(screen.Attached(Attachment(world / "cat.png", 3686, "PNG", 40, 30)))
+        await h.settle(pilot)
+
+    assert snap_compare(make_app("chat"), terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", SIZES)
 def test_help(snap_compare, make_app, world, h, size):
     async def run_before(pilot):
         await h.settle(pilot)

@@ -1,6 +1,13 @@
 """Chat: a playground against any OpenAI-compatible gateway (the one the Serve screen started, by
 default). Answers stream in over SSE; reasoning is folded, tool calls are listed, and the
-sampling controls (temperature, top_p, max_tokens) apply to the next message."""
+sampling controls (temperature, top_p, max_tokens) apply to the next message.
+
+Images: ``/image PATH`` in the prompt (or ctrl+o, which asks for the path) attaches a local file to
+the next message, checked at once (surogate.tui.attachments: Pillow's header read); the list above
+the prompt shows each one's name, size and pixels, ``/detach N`` (or ``/detach all``) removes them.
+On send the files are read again, in a worker, and go as ``image_url`` parts with data URLs; a
+file that fails says why and nothing is sent. A turn whose answer failed (a text-only model's 400
+naming the image part, say) stays on screen but is not sent again with the history."""
 
 from __future__ import annotations
 
@@ -13,8 +20,9 @@ from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import Footer, Input, Label, Select
+from textual.widgets import Footer, Input, Label, Select, Static
 
+from surogate.tui.attachments import Attachment, check_image, check_request_size, image_part
 from surogate.tui.gateway_client import ChatDelta, list_models, stream_chat
 from surogate.tui.notify import WorkerErrors, describe, notify_error
 from surogate.tui.widgets.chat_message import ChatMessage
@@ -26,6 +34,7 @@ class ChatScreen(WorkerErrors, Screen):
         Binding("escape", "stop", "Stop/leave field"),
         Binding("ctrl+n", "new_chat", "New chat"),
         Binding("ctrl+r", "refresh_models", "Models"),
+        Binding("ctrl+o", "attach_image", "Image"),
     ]
 
     class Models(Message):
@@ -43,10 +52,25 @@ class ChatScreen(WorkerErrors, Screen):
             super().__init__()
             self.widget, self.footer, self.error = widget, footer, error
 
+    class Attached(Message):
+        def __init__(self, attachment: Attachment):
+            super().__init__()
+            self.attachment = attachment
+
+    class Prepared(Message):
+        """The next message's images, read and encoded (``error``: why not; nothing is sent)."""
+
+        def __init__(self, send: dict, images: list[tuple[str, dict]], error: Exception | None = None):
+            super().__init__()
+            self.send, self.images, self.error = send, images, error
+
     def __init__(self):
         super().__init__()
         self.cancel = threading.Event()
         self.streaming = False
+        self.preparing = False
+        self.attachments: list[Attachment] = []  # for the next message
+        self.conversation = 0  # ctrl+n counts up: images read for an older conversation are not sent
 
     def compose(self) -> ComposeResult:
         yield NavBar("chat")
@@ -66,10 +90,12 @@ class ChatScreen(WorkerErrors, Screen):
             yield Label("system", classes="form-label tiny")
             yield Input("", placeholder="system prompt (optional)", id="system", compact=True)
         yield VerticalScroll(id="transcript")
+        yield Static("", id="attachments", markup=False)
         yield Input(placeholder="Message (enter sends, esc stops the answer)", id="prompt")
         yield Footer()
 
     def on_mount(self) -> None:
+        self.query_one("#attachments").display = False
         self.query_one("#prompt").focus()
         self.action_refresh_models()
 
@@ -116,9 +142,23 @@ class ChatScreen(WorkerErrors, Screen):
     @on(Input.Submitted, "#prompt")
     def _send(self, event: Input.Submitted) -> None:
         text = event.value.strip()
-        if not text:
+        command, _, arg = text.partition(" ")
+        if command == "/image":
+            event.input.value = ""
+            path = arg.strip()
+            if len(path) >= 2 and path[0] == path[-1] and path[0] in "'\"":  # a pasted, quoted path
+                path = path[1:-1]
+            if path:
+                self.attach(path)
+            else:
+                self.action_attach_image()
             return
-        if self.streaming:
+        if command == "/detach":
+            self._remove_attachment(arg.strip(), event.input)
+            return
+        if not text and not self.attachments:
+            return
+        if self.streaming or self.preparing:
             self.notify("Still answering: esc stops it", severity="warning")
             return
         try:
@@ -134,20 +174,112 @@ class ChatScreen(WorkerErrors, Screen):
                         severity="warning", markup=False)
             self.action_refresh_models()
             return
-        model = str(select.value)
-        event.input.value = ""
         transcript = self.query_one("#transcript", VerticalScroll)
-        history = [m.as_message() for m in transcript.query(ChatMessage) if m.content or m.tool_calls]
+        turns = [m for m in transcript.query(ChatMessage) if not m.failed and (m.content or m.tool_calls or m.images)]
         system = self.query_one("#system", Input).value.strip()
-        messages = ([{"role": "system", "content": system}] if system else []) + history + \
-            [{"role": "user", "content": text}]
-        transcript.mount(ChatMessage("user", text))
+        send = {"conversation": self.conversation, "url": self.query_one("#chat-url", Input).value.strip(),
+                "model": str(select.value), "text": text, "params": params,
+                "history": ([{"role": "system", "content": system}] if system else []) +
+                [m.as_message() for m in turns],
+                "history_image_bytes": sum(len(part["image_url"]["url"]) * 3 // 4 for m in turns
+                                           for _, part in m.images)}
+        if self.attachments:  # read in a worker; _start when they are in
+            self.preparing = True
+            self.prepare(send, list(self.attachments))
+        else:
+            self._start(send, [])
+
+    def _start(self, send: dict, images: list[tuple[str, dict]]) -> None:
+        prompt = self.query_one("#prompt", Input)
+        if prompt.value.strip() == send["text"]:
+            prompt.value = ""
+        question = ChatMessage("user", send["text"], images=images)
+        messages = send["history"] + [question.as_message()]
+        transcript = self.query_one("#transcript", VerticalScroll)
+        transcript.mount(question)
         answer = ChatMessage("assistant")
+        answer.question = question
         transcript.mount(answer)
         transcript.scroll_end(animate=False)
         self.streaming = True
         self.cancel.clear()
-        self.stream(self.query_one("#chat-url", Input).value.strip(), model, messages, params, answer)
+        self.stream(send["url"], send["model"], messages, send["params"], answer)
+
+    @work(thread=True, exit_on_error=False, group="chat")
+    def prepare(self, send: dict, attachments: list[Attachment]) -> None:
+        images, total = [], send["history_image_bytes"]
+        try:
+            for att in attachments:
+                part, now = image_part(att)
+                images.append((now.label(), part))
+                total += now.size
+            check_request_size(total)
+        except Exception as e:
+            self.post_message(self.Prepared(send, [], e))
+            return
+        self.post_message(self.Prepared(send, images))
+
+    def on_chat_screen_prepared(self, message: Prepared) -> None:
+        self.preparing = False
+        if message.send["conversation"] != self.conversation:
+            return
+        if message.error is not None:
+            notify_error(self.app, message.error, "Image")
+            return
+        self.attachments.clear()
+        self._show_attachments()
+        self._start(message.send, message.images)
+
+    # -- images --
+
+    def action_attach_image(self) -> None:
+        from surogate.tui.screens.ask import AskScreen
+
+        def picked(path: str | None) -> None:
+            if path:
+                self.attach(path)
+            self.query_one("#prompt").focus()
+
+        self.app.push_screen(AskScreen("Attach an image to the next message",
+                                       "a PNG, JPEG, WebP or GIF file; relative to the folder the TUI started in, "
+                                       "~ works. enter attaches, esc cancels", placeholder="path/to/image.png"),
+                             picked)
+
+    @work(thread=True, exit_on_error=False, group="attach")
+    def attach(self, path: str) -> None:
+        try:
+            self.post_message(self.Attached(check_image(path)))
+        except Exception as e:
+            notify_error(self.app, e, "Image")
+
+    def on_chat_screen_attached(self, message: Attached) -> None:
+        att = message.attachment
+        if any(a.path == att.path for a in self.attachments):
+            self.notify(f"{att.name} is attached already", title="Image", severity="warning", markup=False)
+            return
+        self.attachments.append(att)
+        self._show_attachments()
+
+    def _remove_attachment(self, arg: str, box: Input) -> None:
+        if not self.attachments:
+            self.notify("No images attached (/image PATH attaches one)", title="Image", severity="warning")
+            return
+        if arg in ("", "all"):
+            self.attachments.clear()
+        elif arg.isdigit() and 1 <= int(arg) <= len(self.attachments):
+            del self.attachments[int(arg) - 1]
+        else:
+            self.notify(f"/detach {arg}: expected a number from 1 to {len(self.attachments)}, or all",
+                        title="Image", severity="error", markup=False)
+            return
+        box.value = ""
+        self._show_attachments()
+
+    def _show_attachments(self) -> None:
+        bar = self.query_one("#attachments", Static)
+        bar.display = bool(self.attachments)
+        items = "  ".join(f"[{i}] {a.label()}" for i, a in enumerate(self.attachments, 1))
+        bar.update(f"images: {items}  · /detach N removes")
 
     def _sampling(self) -> dict:
         def read(widget_id: str, cast, name: str, lo: float, hi: float):
@@ -209,6 +341,9 @@ class ChatScreen(WorkerErrors, Screen):
     def on_chat_screen_done(self, message: Done) -> None:
         self.streaming = False
         if message.error is not None:
+            message.widget.failed = True  # shown, but neither it nor its question goes with the next request
+            if message.widget.question is not None:
+                message.widget.question.failed = True
             message.widget.finish("error: " + describe(message.error)[0])
             notify_error(self.app, message.error, "Chat")
         else:
@@ -228,5 +363,8 @@ class ChatScreen(WorkerErrors, Screen):
     def action_new_chat(self) -> None:
         if self.streaming:
             self.cancel.set()
+        self.conversation += 1
         self.query_one("#transcript", VerticalScroll).remove_children()
+        self.attachments.clear()
+        self._show_attachments()
         self.query_one("#prompt").focus()

@@ -48,6 +48,7 @@ SECTIONS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         ("esc", "stop the answer being streamed"),
         ("ctrl+n", "new conversation"),
         ("ctrl+r", "refresh the model list"),
+        ("ctrl+o  /image PATH", "attach an image to the next message (/detach N removes it)"),
     )),
 )
 

@@ -1,6 +1,7 @@
 """One turn of the chat transcript. An assistant turn grows as its stream arrives: reasoning in a
 folded section (opened with enter on its title), the answer text, tool calls as name(arguments),
-and a dim footer with the finish reason and token counts."""
+and a dim footer with the finish reason and token counts. A user turn lists the images it carries
+(name, size, pixels) above its text, and sends them again with the history."""
 
 from __future__ import annotations
 
@@ -11,10 +12,14 @@ from textual.widgets import Collapsible, Static
 
 
 class ChatMessage(Vertical):
-    def __init__(self, role: str, content: str = ""):
+    def __init__(self, role: str, content: str = "", images: list[tuple[str, dict]] | None = None):
+        """``images``: a user turn's attached images, (label, its ``image_url`` part) each."""
         super().__init__(classes=f"message {role}")
         self.role = role
         self.content = content
+        self.images = list(images or [])
+        self.failed = False  # its answer failed: not sent again with the history
+        self.question: ChatMessage | None = None  # an answer's user turn
         self.reasoning = ""
         self.tool_calls: dict[int, list[str]] = {}  # index -> [name, arguments]
         self.footer = ""
@@ -25,6 +30,8 @@ class ChatMessage(Vertical):
             with Collapsible(title="Reasoning", collapsed=True, classes="reasoning"):
                 yield Static("", classes="reasoning-text", markup=False)
             yield Static("", classes="tool-calls", markup=False)
+        if self.images:
+            yield Static("\n".join(f"image: {label}" for label, _ in self.images), classes="images", markup=False)
         yield Static(self.content, classes="content", markup=False)
         yield Static("", classes="footer", markup=False)
 
@@ -71,6 +78,9 @@ class ChatMessage(Vertical):
     def as_message(self) -> dict:
         """This turn as an OpenAI chat message, for the next request's history."""
         msg: dict = {"role": self.role, "content": self.content}
+        if self.images:  # the images first, then the text (as the vision models' examples put them)
+            msg["content"] = [part for _, part in self.images] + \
+                ([{"type": "text", "text": self.content}] if self.content else [])
         if self.tool_calls:
             msg["tool_calls"] = [{"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}}
                                  for i, (n, a) in self.tool_calls.items()]
