@@ -14,12 +14,8 @@ if not (_native.build_info()["cuda"] and _native.cuda_devices()):
     pytest.skip("no CUDA build or no GPU", allow_module_level=True)
 
 import surogate  # noqa: E402
+from sgtest.ops import rel_err  # noqa: E402
 from sgtest.tiny_models import make_gemma3_vision  # noqa: E402
-
-
-def rel_err(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-12))
 
 
 def test_images_on_the_gpu_match_the_cpu(tmp_path):

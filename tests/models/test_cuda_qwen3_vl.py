@@ -18,12 +18,8 @@ pytest.importorskip("transformers.models.qwen3_vl")
 
 import surogate  # noqa: E402
 from surogate.dsl.nn import LoRAConfig  # noqa: E402
+from sgtest.ops import rel_err  # noqa: E402
 from sgtest.tiny_models import make_qwen3_vl, qwen3_vl_prompts  # noqa: E402
-
-
-def rel_err(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-12))
 
 
 @pytest.fixture(scope="module")

@@ -15,16 +15,12 @@ if not (_native.build_info()["cuda"] and _native.cuda_devices()):
     pytest.skip("no CUDA build or no GPU", allow_module_level=True)
 
 from surogate.models.qwen3_vl import Qwen3VLVision, Qwen3VLVisionTower, vision_spec_from_config  # noqa: E402
+from sgtest.ops import rel_err  # noqa: E402
 
 # The tiny tower of test_qwen3_vl_vision.py, with head dim 64 (the CUDA attention's common size).
 VISION = {"depth": 3, "hidden_size": 128, "intermediate_size": 96, "num_heads": 2, "patch_size": 8,
           "temporal_patch_size": 2, "spatial_merge_size": 2, "out_hidden_size": 48, "num_position_embeddings": 16,
           "deepstack_visual_indexes": [0, 2]}
-
-
-def rel_err(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-12))
 
 
 @pytest.mark.parametrize("dtype, tol", [("float32", 1e-4), ("bfloat16", 2e-2)])

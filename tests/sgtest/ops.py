@@ -55,6 +55,12 @@ def run_on(device: str, name: str, inputs: Sequence, outputs: Sequence, **attrs)
     return [None if o is None else o.to("cpu").numpy() for o in outs]
 
 
+def rel_err(a, b) -> float:
+    """max |a - b| over max |b| (in f64): how far a device's result is from the reference's."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-12))
+
+
 def f32(x: np.ndarray) -> np.ndarray:
     return np.asarray(x, dtype=np.float32)
 

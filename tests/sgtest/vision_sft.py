@@ -55,6 +55,34 @@ def write_dataset(path: Path, n: int = 6) -> Path:
     return data
 
 
+def write_qwen3_vl_dataset(path: Path, n: int = 6) -> Path:
+    """Qwen3-VL rows: of one image (a file beside the data), of two (a data URL in an image part and a
+    file), and text-only rows; the answer names the picture's brightest channel."""
+    path.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i in range(n):
+        img = image(10 + i, (24 + 8 * i, 32))
+        img.save(path / f"{i}.png")
+        channel = ["red", "green", "blue"][int(np.asarray(img).reshape(-1, 3).mean(0).argmax())]
+        if i % 3 == 0:
+            rows.append({"messages": [{"role": "user", "content": [{"type": "image"},
+                                                                   {"type": "text", "text": "Brightest channel?"}]},
+                                      {"role": "assistant", "content": f"The {channel} one."}],
+                         "images": [f"{i}.png"]})
+        elif i % 3 == 1:
+            rows.append({"messages": [
+                {"role": "user", "content": [{"type": "image", "image": data_url(image(100 + i, (40, 24)))},
+                                             {"type": "text", "text": "and"}, {"type": "image"},
+                                             {"type": "text", "text": "Which channel in the second?"}]},
+                {"role": "assistant", "content": f"The {channel} one."}], "images": [f"{i}.png"]})
+        else:
+            rows.append({"messages": [{"role": "user", "content": "Say hello."},
+                                      {"role": "assistant", "content": "Hello."}]})
+    data = path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return data
+
+
 def yaml_config(folder, data, out, **kw) -> Path:
     """The run's YAML, as a user writes it (``kw``: keys changed or added, as YAML text)."""
     keys = {"sequence_len": 128, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1,
@@ -70,3 +98,34 @@ datasets:
     path = Path(out).parent / f"{Path(out).name}.yaml"
     path.write_text(text)
     return path
+
+
+def check_sft_on_cuda(folder, data, tmp_path, **kw) -> None:
+    """The GPU trainer against the CPU one on image rows: the first two rows' micro-batch (loss and
+    every gradient), then a whole run's loss curve and adapter (``kw``: yaml_config's keys)."""
+    from safetensors.numpy import load_file
+
+    from sgtest.ops import rel_err
+    from sgtest.qa import step_losses
+    from surogate.config import load_config
+    from surogate.train.trainer import Trainer
+
+    def trainer(name, device):
+        return Trainer(load_config(yaml_config(folder, data, tmp_path / name, device=device, **kw), kind="sft"))
+
+    cpu, gpu = trainer("cpu", "cpu"), trainer("gpu", "cuda")
+    assert gpu.exe.device.startswith("cuda") and gpu.images == cpu.images > 0
+    b = cpu.train_data.batch([0, 1])
+    assert len(b.images) > 1
+    (lc, _), (lg, _) = cpu._step([b]), gpu._step([b])
+    assert abs(lg - lc) < 1e-4 * abs(lc)
+    for n in cpu.grads:
+        gpu.exe.pull(n)
+        assert rel_err(gpu.grads[n], cpu.grads[n]) < 1e-3, n
+    cpu, gpu = trainer("cpu2", "cpu"), trainer("gpu2", "cuda")
+    cpu.train()
+    gpu.train()
+    assert np.allclose(step_losses(tmp_path / "gpu2"), step_losses(tmp_path / "cpu2"), rtol=1e-4)
+    a = load_file(tmp_path / "gpu2" / "adapter" / "adapter_model.safetensors")
+    c = load_file(tmp_path / "cpu2" / "adapter" / "adapter_model.safetensors")
+    assert set(a) == set(c) and max(rel_err(a[k], c[k]) for k in a) < 1e-2

@@ -15,6 +15,7 @@ if not (_native.build_info()["cuda"] and _native.cuda_devices()):
     pytest.skip("no CUDA build or no GPU", allow_module_level=True)
 
 import surogate  # noqa: E402
+from sgtest.ops import rel_err  # noqa: E402
 from sgtest.qa import sft_config, step_losses, write_qa  # noqa: E402
 from sgtest.tiny_models import make_model  # noqa: E402
 from surogate.dsl.nn import LORA_RNG, LoRAConfig  # noqa: E402
@@ -22,11 +23,6 @@ from surogate.train.lora import init_lora  # noqa: E402
 from surogate.train.trainer import Trainer  # noqa: E402
 
 CHUNK = 48
-
-
-def rel_err(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-12))
 
 
 def run(model, ids, lora, params, chunk, recompute=False):

@@ -16,6 +16,7 @@ if not (_native.build_info()["cuda"] and _native.cuda_devices()):
     pytest.skip("no CUDA build or no GPU", allow_module_level=True)
 
 import surogate  # noqa: E402
+from sgtest.ops import rel_err  # noqa: E402
 from sgtest.qa import sft_config, step_losses, write_qa  # noqa: E402
 from sgtest.tiny_models import make_model  # noqa: E402
 from surogate.dsl.nn import LoRAConfig  # noqa: E402
@@ -37,11 +38,6 @@ def base(request, tmp_path_factory):
 def docs(vocab: int) -> list[np.ndarray]:
     rng = np.random.default_rng(0)
     return [rng.integers(0, vocab, n) for n in (37, 5, 90)]
-
-
-def rel_err(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-12))
 
 
 def test_logits_loss_and_full_grads_match_the_cpu_in_f32(base):

@@ -27,7 +27,7 @@ import surogate  # noqa: E402
 from sgtest.peft_ref import peft_model, peft_tensors  # noqa: E402
 from sgtest.qa import step_losses  # noqa: E402
 from sgtest.vision import image, make_qwen3_vl_chat  # noqa: E402
-from sgtest.vision_sft import data_url, yaml_config  # noqa: E402
+from sgtest.vision_sft import data_url, write_qwen3_vl_dataset, yaml_config  # noqa: E402
 from surogate.config import load_config  # noqa: E402
 from surogate.dsl.nn import LoRAConfig  # noqa: E402
 from surogate.models.peft import LANGUAGE_MODEL_PREFIX, VISION_MODULES, from_peft_tensors  # noqa: E402
@@ -127,32 +127,6 @@ def test_lora_gradients_of_an_image_row_equal_peft(ours, folder, tmp_path):
         assert err < 1e-4, f"{name}: {err:.2e}"
 
 
-def write_dataset(path: Path, n: int = 6) -> Path:
-    """Rows of one image (a file beside the data), of two (a data URL in an image part and a
-    file), and text-only rows; the answer names the picture's brightest channel."""
-    path.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for i in range(n):
-        img = image(10 + i, (24 + 8 * i, 32))
-        img.save(path / f"{i}.png")
-        channel = ["red", "green", "blue"][int(np.asarray(img).reshape(-1, 3).mean(0).argmax())]
-        if i % 3 == 0:
-            rows.append({"messages": [{"role": "user", "content": [{"type": "image"},
-                                                                   {"type": "text", "text": "Brightest channel?"}]},
-                                      {"role": "assistant", "content": f"The {channel} one."}],
-                         "images": [f"{i}.png"]})
-        elif i % 3 == 1:
-            rows.append({"messages": [
-                {"role": "user", "content": [{"type": "image", "image": data_url(image(100 + i, (40, 24)))},
-                                             {"type": "text", "text": "and"}, {"type": "image"},
-                                             {"type": "text", "text": "Which channel in the second?"}]},
-                {"role": "assistant", "content": f"The {channel} one."}], "images": [f"{i}.png"]})
-        else:
-            rows.append({"messages": [{"role": "user", "content": "Say hello."},
-                                      {"role": "assistant", "content": "Hello."}]})
-    data = path / "train.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return data
 
 
 def hf_token_loss(folder, docs, indices) -> tuple[float, int]:
@@ -185,7 +159,7 @@ def test_a_packed_micro_batch_s_loss_equals_transformers_document_by_document(fo
     """Packed rows of several documents with their images: the trainer's first-step loss (LoRA
     B = 0: the base model) is HF's token-summed loss of each document alone, with its images
     (Qwen2VLImageProcessorPil's pixels, HF's own rope index), over the step's targets."""
-    data = write_dataset(tmp_path / "data")
+    data = write_qwen3_vl_dataset(tmp_path / "data")
     trainer = Trainer(load_config(yaml_config(folder, data, tmp_path / "out", sequence_len=256), kind="sft"))
     ds = trainer.train_data
     b = ds.batch([0, 1])
@@ -203,7 +177,7 @@ def test_a_packed_micro_batch_s_loss_equals_transformers_document_by_document(fo
 def test_sft_on_image_rows_trains_and_its_adapter_and_merged_model_match_peft(folder, tmp_path):
     """`surogate sft run.yaml` on image rows, packed: the loss falls; peft loads the adapter (under
     model.language_model.*); the merged folder's logits with an image are HF + peft's merged."""
-    data = write_dataset(tmp_path / "data")
+    data = write_qwen3_vl_dataset(tmp_path / "data")
     config = yaml_config(folder, data, tmp_path / "out", sequence_len=256)
     proc = subprocess.run([sys.executable, "-P", "-m", "surogate.cli.main", "sft", str(config)], capture_output=True,
                           text=True, timeout=300, env=dict(os.environ))
@@ -276,7 +250,7 @@ def test_image_rows_for_a_vision_family_without_a_training_feed_say_so(folder, t
 def test_evaluation_with_images_equals_transformers(folder, tmp_path):
     """The eval Program reads the same visual inputs: before any step (LoRA B = 0) the eval loss
     is HF's over the held-out documents, each with its images."""
-    data = write_dataset(tmp_path / "data")
+    data = write_qwen3_vl_dataset(tmp_path / "data")
     trainer = Trainer(load_config(yaml_config(folder, data, tmp_path / "out", sequence_len=256,
                                               validation_split_ratio=0.5, eval_steps=2), kind="sft"))
     docs = trainer.eval_data.docs
