@@ -101,6 +101,25 @@ def row_with_two_images(tmp_path: Path) -> tuple[dict, list]:
     return record, [a, b]
 
 
+def check_merged_equals_peft_merged(pm, merged):
+    """The merged folder (ours), read by transformers and by us, and HF + peft merged: the same
+    logits for a prompt with an image. Returns the processor's inputs and HF + peft's logits."""
+    hf_merged = pm.merge_and_unload().eval()
+    mine = transformers.Gemma3ForConditionalGeneration.from_pretrained(str(merged), dtype=torch.float32).eval()
+    proc = transformers.AutoProcessor.from_pretrained(str(merged))
+    msgs = [{"role": "user", "content": [{"type": "image", "image": image(77)},
+                                         {"type": "text", "text": "Which channel is brightest?"}]}]
+    inputs = proc.apply_chat_template(msgs, tokenize=True, return_dict=True, return_tensors="pt",
+                                      add_generation_prompt=True)
+    with torch.no_grad():
+        want = hf_merged(**inputs).logits[0].numpy()
+        got = mine(**inputs).logits[0].numpy()
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    ours = surogate.load_model(merged).forward(inputs["input_ids"][0].numpy(), images=inputs["pixel_values"].numpy())
+    np.testing.assert_allclose(ours, want, atol=1e-4, rtol=0)
+    return inputs, want
+
+
 def test_an_image_row_gives_the_processor_s_ids_labels_and_pixels(ours, processor, tmp_path):
     record, pics = row_with_two_images(tmp_path)
     enc = encode_row(ours, record, tmp_path / "data.jsonl")
@@ -217,22 +236,7 @@ def test_sft_on_image_rows_trains_and_its_adapter_and_merged_model_match_peft(fo
     loaded = from_peft_tensors(peft_tensors(pm), LoRAConfig(8, 16.0, tuple(TARGETS)), GEMMA3_PEFT_PREFIX)
     assert len(loaded) == 2 * len(TARGETS) * 3 and all(np.abs(a).max() > 0 for a in loaded.values())
 
-    # The merged folder (ours) and HF + peft merged: the same logits for a prompt with an image.
-    hf_merged = pm.merge_and_unload().eval()
-    mine = transformers.Gemma3ForConditionalGeneration.from_pretrained(str(merged), dtype=torch.float32).eval()
-    proc = transformers.AutoProcessor.from_pretrained(str(merged))
-    msgs = [{"role": "user", "content": [{"type": "image", "image": image(77)},
-                                         {"type": "text", "text": "Which channel is brightest?"}]}]
-    inputs = proc.apply_chat_template(msgs, tokenize=True, return_dict=True, return_tensors="pt",
-                                      add_generation_prompt=True)
-    with torch.no_grad():
-        want = hf_merged(**inputs).logits[0].numpy()
-        got = mine(**inputs).logits[0].numpy()
-    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
-    ours_merged = surogate.load_model(merged)
-    ids = inputs["input_ids"][0].numpy()
-    np.testing.assert_allclose(ours_merged.forward(ids, images=inputs["pixel_values"].numpy()), want,
-                               atol=1e-4, rtol=0)
+    inputs, want = check_merged_equals_peft_merged(pm, merged)
     base = hf_model(folder)
     with torch.no_grad():
         assert np.abs(base(**inputs).logits[0].numpy() - want).max() > 1e-3  # the adapter changed it
@@ -499,20 +503,7 @@ def test_sft_with_train_projector_saves_an_adapter_peft_loads_and_merged_logits_
     w = base.model.multi_modal_projector.mm_input_projection_weight.detach().numpy()
     assert np.abs(saved["model.multi_modal_projector.mm_input_projection_weight"] - w).max() > 1e-3  # it trained
 
-    hf_merged = pm.merge_and_unload().eval()
-    mine = transformers.Gemma3ForConditionalGeneration.from_pretrained(str(merged), dtype=torch.float32).eval()
-    proc = transformers.AutoProcessor.from_pretrained(str(merged))
-    msgs = [{"role": "user", "content": [{"type": "image", "image": image(77)},
-                                         {"type": "text", "text": "Which channel is brightest?"}]}]
-    inputs = proc.apply_chat_template(msgs, tokenize=True, return_dict=True, return_tensors="pt",
-                                      add_generation_prompt=True)
-    with torch.no_grad():
-        want = hf_merged(**inputs).logits[0].numpy()
-        got = mine(**inputs).logits[0].numpy()
-    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
-    ours_merged = surogate.load_model(merged)
-    np.testing.assert_allclose(ours_merged.forward(inputs["input_ids"][0].numpy(),
-                                                   images=inputs["pixel_values"].numpy()), want, atol=1e-4, rtol=0)
+    check_merged_equals_peft_merged(pm, merged)
 
     # `surogate merge` folds the projector in as the run did; serving the adapter is refused, by name.
     from safetensors.numpy import load_file
