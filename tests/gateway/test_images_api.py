@@ -27,7 +27,7 @@ import pytest
 from PIL import Image
 
 from sgtest import tiny_models
-from sgtest.vision import GEMMA3_TEMPLATE
+from sgtest.vision import GEMMA3_TEMPLATE, b64, data_url
 from surogate.gateway.anthropic import protocol as a
 from surogate.gateway.anthropic.convert import anthropic_messages, messages_job
 from surogate.gateway.errors import ApiError
@@ -88,16 +88,6 @@ def qwen_tokenizer() -> Tokenizer:
 
 def image(seed: int, w: int = 12, h: int = 8) -> Image.Image:
     return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8))
-
-
-def data_url(img: Image.Image, fmt: str = "PNG") -> str:
-    return f"data:image/{fmt.lower()};base64,{b64(img, fmt)}"
-
-
-def b64(img: Image.Image, fmt: str = "PNG") -> str:
-    buf = io.BytesIO()
-    img.save(buf, fmt)
-    return base64.b64encode(buf.getvalue()).decode()
 
 
 def same_pixels(got, want) -> bool:

@@ -7,8 +7,6 @@ its prompt's full blocks as cached."""
 
 from __future__ import annotations
 
-import base64
-import io
 
 import pytest
 
@@ -16,7 +14,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 openai = pytest.importorskip("openai")
 
-from sgtest.vision import image, make_qwen3_vl_chat, qwen3_vl_reference  # noqa: E402
+from sgtest.vision import image, image_url_part, make_qwen3_vl_chat, qwen3_vl_reference  # noqa: E402
 
 N = 6
 MODEL = "q3vl"
@@ -36,13 +34,6 @@ def server(folder):
         yield base
 
 
-def image_part(img) -> dict:
-    buf = io.BytesIO()
-    img.save(buf, format="PNG")  # lossless: the server decodes the reference's pixels
-    url = f"data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}"
-    return {"type": "image_url", "image_url": {"url": url}}
-
-
 def test_openai_chat_with_two_images_equals_transformers(server, folder):
     _, generate = qwen3_vl_reference(folder)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
@@ -51,7 +42,7 @@ def test_openai_chat_with_two_images_equals_transformers(server, folder):
                                                          *[{"type": "image", "image": p} for p in pics]]}], N)
     want = tokenizer.decode(ids, skip_special_tokens=True)
     client = openai.OpenAI(base_url=f"{server}/v1", api_key="none", max_retries=0)
-    content = [{"type": "text", "text": "What is in these pictures?"}] + [image_part(p) for p in pics]
+    content = [{"type": "text", "text": "What is in these pictures?"}] + [image_url_part(p) for p in pics]
     kw = dict(model=MODEL, max_tokens=N, temperature=0, extra_body={"ignore_eos": True},
               messages=[{"role": "user", "content": content}])
     r = client.chat.completions.create(**kw)

@@ -15,8 +15,6 @@ Gemma3ForConditionalGeneration.generate on Gemma3Processor's inputs (greedy):
 
 from __future__ import annotations
 
-import base64
-import io
 import json
 import urllib.request
 
@@ -27,7 +25,7 @@ transformers = pytest.importorskip("transformers")
 openai = pytest.importorskip("openai")
 anthropic = pytest.importorskip("anthropic")
 
-from sgtest.vision import hf_generate, image, make_gemma3_vision_chat  # noqa: E402
+from sgtest.vision import b64, hf_generate, image, image_url_part, make_gemma3_vision_chat  # noqa: E402
 
 N = 6
 MODEL = "g3v"
@@ -57,16 +55,6 @@ def server(folder):
         yield base
 
 
-def b64(img) -> str:
-    buf = io.BytesIO()
-    img.save(buf, format="PNG")  # lossless: the server decodes the reference's pixels
-    return base64.b64encode(buf.getvalue()).decode()
-
-
-def image_part(img) -> dict:
-    return {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{b64(img)}"}}
-
-
 def reference(ref, processor, parts, n=N, ignore_eos=True) -> tuple[str, int]:
     """HF's greedy text and prompt length for one user turn of text and PIL images."""
     content = [{"type": "text", "text": p} if isinstance(p, str) else {"type": "image", "image": p} for p in parts]
@@ -79,7 +67,7 @@ def test_openai_chat_with_images_equals_transformers(server, ref, processor):
     for pics in ([image(40)], [image(41, (20, 50)), image(42, (70, 30))]):
         parts = ["What is in these pictures?", *pics]
         want, prompt_len = reference(ref, processor, parts)
-        content = [{"type": "text", "text": parts[0]}] + [image_part(p) for p in pics]
+        content = [{"type": "text", "text": parts[0]}] + [image_url_part(p) for p in pics]
         kw = dict(model=MODEL, max_tokens=N, temperature=0, extra_body={"ignore_eos": True},
                   messages=[{"role": "user", "content": content}])
         r = client.chat.completions.create(**kw)
@@ -100,7 +88,7 @@ def test_openai_responses_with_an_input_image_equal_transformers(server, ref, pr
     r = client.responses.create(model=MODEL, max_output_tokens=N, temperature=0, extra_body={"ignore_eos": True},
                                 input=[{"role": "user", "content": [
                                     {"type": "input_text", "text": "What is this?"},
-                                    {"type": "input_image", "image_url": image_part(pic)["image_url"]["url"],
+                                    {"type": "input_image", "image_url": image_url_part(pic)["image_url"]["url"],
                                      "detail": "auto"}]}])
     assert r.output_text == want and r.usage.input_tokens == prompt_len
 
@@ -122,7 +110,7 @@ def test_tokenize_counts_the_expanded_prompt(server, ref, processor):
     pic = image(44)
     _, prompt_len = reference(ref, processor, ["Hi", pic], n=1)
     body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": [
-        {"type": "text", "text": "Hi"}, image_part(pic)]}]})
+        {"type": "text", "text": "Hi"}, image_url_part(pic)]}]})
     req = urllib.request.Request(f"{server}/tokenize", body.encode(), {"content-type": "application/json"})
     with urllib.request.urlopen(req) as r:
         out = json.loads(r.read())
@@ -172,7 +160,7 @@ def test_encoding_runs_off_the_event_loop_one_at_a_time(folder, ref, processor):
 
     def body(pic):
         return {"model": MODEL, "max_tokens": N, "temperature": 0, "ignore_eos": True, "messages": [{
-            "role": "user", "content": [{"type": "text", "text": "What is this?"}, image_part(pic)]}]}
+            "role": "user", "content": [{"type": "text", "text": "What is this?"}, image_url_part(pic)]}]}
 
     async def check():
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw", timeout=60) as c:
@@ -226,7 +214,7 @@ def test_sleep_while_an_image_encodes_waits_for_it(folder, ref, processor):
     app = GatewayApp([ServedModel(MODEL, m.llm())], GatewayConfig())
     pic = image(52)
     body = {"model": MODEL, "max_tokens": N, "temperature": 0, "ignore_eos": True, "messages": [{
-        "role": "user", "content": [{"type": "text", "text": "What is this?"}, image_part(pic)]}]}
+        "role": "user", "content": [{"type": "text", "text": "What is this?"}, image_url_part(pic)]}]}
 
     async def check():
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw", timeout=60) as c:

@@ -9,6 +9,8 @@ preprocessor_config.json of the tower's patch sizes (`make_qwen3_vl_chat`, `qwen
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 from pathlib import Path
 
@@ -90,6 +92,22 @@ def image(seed: int, size: tuple[int, int] = (40, 30)):
 
     w, h = size
     return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8))
+
+
+def b64(img, fmt: str = "PNG") -> str:
+    """A PIL image's file bytes in ``fmt`` (PNG: lossless, the server decodes the test's pixels), base64."""
+    buf = io.BytesIO()
+    img.save(buf, fmt)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def data_url(img, fmt: str = "PNG") -> str:
+    return f"data:image/{fmt.lower()};base64,{b64(img, fmt)}"
+
+
+def image_url_part(img) -> dict:
+    """An OpenAI chat ``image_url`` part carrying the image as a data URL."""
+    return {"type": "image_url", "image_url": {"url": data_url(img)}}
 
 
 def hf_generate(ref, processor, messages: list[dict], n: int, *, ignore_eos: bool = True

@@ -4,26 +4,18 @@ run's YAML as a user writes it."""
 
 from __future__ import annotations
 
-import base64
-import io
 import json
 from pathlib import Path
 
 import numpy as np
 
-from sgtest.vision import image, make_gemma3_vision_chat
+from sgtest.vision import data_url, image, make_gemma3_vision_chat
 
 
 def make_folder(path: Path, seed: int = 3, text: dict | None = None) -> Path:
     """sgtest.vision's served folder (the tokenizer with Gemma 3's image tokens, the hub's chat
     template and processor_config.json), ``text``: text_config overrides."""
     return make_gemma3_vision_chat(path, seed=seed, **({"text": text} if text else {}))
-
-
-def data_url(img) -> str:
-    buf = io.BytesIO()
-    img.save(buf, "PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
 def write_dataset(path: Path, n: int = 6) -> Path:
