@@ -209,66 +209,33 @@ class Model:
         instead (HF's vision_tower(...).last_hidden_state); ``pooled``: it pooled to the image
         tokens [n * mm_tokens_per_image, vision hidden] (a trainable projector's input). Qwen3-VL: pixel rows with their
         ``grid_thw``; returns (merged rows, DeepStack rows) (models/qwen3_vl.py encode_visual)."""
-        from surogate.dsl.nn_vision import patchify
+        return self._vision_hooks().encode(self, pixel_values, grid_thw, hidden, pooled)
 
-        v = self._vision()
-        if grid_thw is not None or hasattr(v, "tower"):
-            from surogate.models.qwen3_vl import encode_visual
+    @property
+    def np_dtype(self) -> np.dtype:
+        """The numpy dtype of the model's weights and activations (``dtype``'s)."""
+        return _np_dtype(self.dtype)
 
-            if grid_thw is None:
-                raise InvalidArgumentError(f"{self.spec.family}: encode_images needs the images' grid_thw",
-                                           hint="pass the image processor's image_grid_thw")
-            return encode_visual(self, np.asarray(pixel_values, np.float32), np.asarray(grid_thw), hidden=hidden)
-        px = np.asarray(pixel_values, dtype=np.float32)
-        want = (v.num_channels, v.image_size, v.image_size)
-        if px.ndim != 4 or px.shape[1:] != want:
-            raise InvalidArgumentError(f"pixel_values has shape {px.shape}; this model takes [n, {want[0]}, "
-                                       f"{want[1]}, {want[2]}]", hint="resize images with the model's image processor")
-        n = px.shape[0]
-        exe = self.executable("vision", n * v.patches, n, images=n)
-        exe.bind("pixel_patches", np.ascontiguousarray(patchify(px, v).astype(_np_dtype(self.dtype))))
-        exe.bind("patch_positions", np.tile(np.arange(v.patches, dtype=np.int32), n))
-        exe.bind("image_cu_seqlens", (np.arange(n + 1) * v.patches).astype(np.int32))
-        exe.run()
-        out = exe.graph.outputs["vision_hidden" if hidden else "image_pooled" if pooled else "image_features"]
-        return np.array(exe.read(out.name), dtype=np.float32)
-
-    def _vision(self):
-        if self.spec.vision is None:
+    def _vision_hooks(self):
+        if self.spec.vision is None or self.family.vision is None:
             raise UnsupportedError(f"{self.spec.family}: this model takes no images",
                                    hint="load a checkpoint with a vision tower (Gemma3ForConditionalGeneration)")
-        return self.spec.vision
+        return self.family.vision
 
     def _image_feed(self, ids, pos, cu, images, mode: str, lora_params: dict | None = None, videos=None,
                     **kw) -> Executable:
         """The executable of ``mode`` (``kw``: `executable`'s setup) fed with the packed tokens, and
         with the images' rows when there are images."""
-        if self.spec.vision is not None and hasattr(self.spec.vision, "tower"):  # Qwen3-VL (models/qwen3_vl.py)
-            from surogate.models.qwen3_vl import visual_inputs
-
-            rows, feed = visual_inputs(self, ids, cu, images, videos)  # no rows: a text prompt, Qwen3's graph
-            if rows:
-                exe = self.executable(mode, len(ids), len(cu) - 1, images=rows, **kw)
-                self._feed(exe, ids, None, cu, lora_params)
-                for name, arr in feed.items():
-                    exe.bind(name, arr)
-                return exe
-        elif videos is not None:
-            raise UnsupportedError(f"{self.spec.family}: this model takes no videos", hint="pass images only")
-        if images is None:
-            if self.spec.vision is not None and (ids == self.spec.vision.image_token_index).any():
-                raise InvalidArgumentError(f"the prompt has image tokens (id {self.spec.vision.image_token_index}) "
-                                           "but no images were given", hint="pass the images' pixel values: images=")
+        got = None
+        if images is not None or videos is not None or self.spec.vision is not None:
+            got = self._vision_hooks().inputs(self, ids, pos, cu, images, videos)
+        if got is None:
             exe = self.executable(mode, len(ids), len(cu) - 1, **kw)
             self._feed(exe, ids, pos, cu, lora_params)
             return exe
-        from surogate.dsl.nn_vision import image_inputs, projector_inputs
-
-        v = self._vision()  # a trainable projector runs in the text graph: it reads the pooled rows
-        rows = self.encode_images(images, pooled=v.train_projector)
-        feed = (projector_inputs if v.train_projector else image_inputs)(ids, pos, cu, rows, v, _np_dtype(self.dtype))
-        exe = self.executable(mode, len(ids), len(cu) - 1, images=len(rows) // v.mm_tokens_per_image, **kw)
-        self._feed(exe, feed.pop("input_ids"), pos, cu, lora_params)
+        key, feed_ids, feed_pos, feed = got
+        exe = self.executable(mode, len(ids), len(cu) - 1, images=key, **kw)
+        self._feed(exe, feed_ids, feed_pos, cu, lora_params)
         for name, arr in feed.items():
             exe.bind(name, arr)
         return exe

@@ -113,6 +113,21 @@ class TinyModel:
 
 
 @dataclass(frozen=True)
+class VisionHooks:
+    """A vision family's part of `Model.encode_images` and of its image feed (`Model.forward`,
+    `loss` and `loss_and_grads` with ``images=`` / ``videos=``).
+
+    ``encode(model, pixel_values, grid_thw, hidden, pooled)``: the tower's rows.
+    ``inputs(model, ids, pos, cu, images, videos)``: None for a prompt run as plain text (no
+    images, no videos), else ``(images, ids, pos, feed)``: the ``images`` key of
+    `Model.executable`, the token ids and positions to feed (pos None: the graph reads rope
+    tables instead), and the graph's other inputs by name."""
+
+    encode: Callable[..., object]
+    inputs: Callable[..., tuple | None]
+
+
+@dataclass(frozen=True)
 class Family:
     name: str                                     # ours: ModelSpec.family, bench shapes, test ids
     hf_architectures: tuple[str, ...]             # config.json "architectures"; the first is the transformers class
@@ -133,6 +148,9 @@ class Family:
     checkpoint_aliases: Callable[[str], tuple[str, ...]] | None = None
     # (spec, tokenizer, model folder or None) -> ImagePrompt, for a spec with images (ModelSpec.vision).
     image_prompt: Callable[[ModelSpec, object, str | None], ImagePrompt] | None = None
+    # How a Model of this family runs its vision tower and feeds its rows (surogate/model.py calls
+    # these for a spec with ModelSpec.vision).
+    vision: VisionHooks | None = None
 
     @property
     def hf_architecture(self) -> str:

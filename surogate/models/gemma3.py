@@ -27,12 +27,16 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from surogate.dsl import nn
-from surogate.dsl.nn_vision import PROJECTOR_PREFIX, VISION_PREFIX, Gemma3VisionLM, VisionSpec
-from surogate.errors import ConfigError, FileFormatError, NotFoundError, UnsupportedError
+from surogate.dsl.nn_vision import (PROJECTOR_PREFIX, VISION_PREFIX, Gemma3VisionLM, VisionSpec, image_inputs,
+                                    patchify, projector_inputs)
+from surogate.errors import ConfigError, FileFormatError, InvalidArgumentError, NotFoundError, UnsupportedError
 from surogate.io import gguf_config
 from surogate.models import decoder
-from surogate.models.family import ChatDefaults, Family, GGUFArchitecture, ImagePrompt, MmprojArchitecture, TinyModel
+from surogate.models.family import (ChatDefaults, Family, GGUFArchitecture, ImagePrompt, MmprojArchitecture, TinyModel,
+                                    VisionHooks)
 from surogate.models.gguf_names import GGUFName, GGUFNameTable
 from surogate.models.name_table import Direct, NameTable, Transposed
 
@@ -504,6 +508,47 @@ TINY_VISION = {
 }
 
 
+# ---- running the tower through a Model (Family.vision) -----------------------------------------
+def encode_visual(model, pixel_values, grid_thw, hidden: bool, pooled: bool):
+    """`Model.encode_images` for Gemma 3: the SigLIP tower and projector over pixel values
+    [n, channels, S, S]: the projected rows [n * mm_tokens_per_image, text hidden] (``pooled``: the
+    pooled tower rows before the projector; ``hidden``: the tower's last hidden state)."""
+    v = model.spec.vision
+    if grid_thw is not None:
+        raise InvalidArgumentError(f"{model.spec.family}: its images have a fixed size and no grid_thw",
+                                   hint="pass the image processor's pixel_values only")
+    px = np.asarray(pixel_values, dtype=np.float32)
+    want = (v.num_channels, v.image_size, v.image_size)
+    if px.ndim != 4 or px.shape[1:] != want:
+        raise InvalidArgumentError(f"pixel_values has shape {px.shape}; this model takes [n, {want[0]}, "
+                                   f"{want[1]}, {want[2]}]", hint="resize images with the model's image processor")
+    n = px.shape[0]
+    exe = model.executable("vision", n * v.patches, n, images=n)
+    exe.bind("pixel_patches", np.ascontiguousarray(patchify(px, v).astype(model.np_dtype)))
+    exe.bind("patch_positions", np.tile(np.arange(v.patches, dtype=np.int32), n))
+    exe.bind("image_cu_seqlens", (np.arange(n + 1) * v.patches).astype(np.int32))
+    exe.run()
+    out = exe.graph.outputs["vision_hidden" if hidden else "image_pooled" if pooled else "image_features"]
+    return np.array(exe.read(out.name), dtype=np.float32)
+
+
+def visual_inputs(model, ids, pos, cu, images, videos):
+    """The image feed of a Gemma 3 prompt (VisionHooks.inputs): the images' rows at the image tokens
+    and each image span attending both ways; a trainable projector runs in the text graph, so it
+    reads the pooled rows instead. No images: None (a text prompt), refused if it has image tokens."""
+    v = model.spec.vision
+    if videos is not None:
+        raise UnsupportedError(f"{model.spec.family}: this model takes no videos", hint="pass images only")
+    if images is None:
+        if (ids == v.image_token_index).any():
+            raise InvalidArgumentError(f"the prompt has image tokens (id {v.image_token_index}) "
+                                       "but no images were given", hint="pass the images' pixel values: images=")
+        return None
+    rows = model.encode_images(images, pooled=v.train_projector)
+    feed = (projector_inputs if v.train_projector else image_inputs)(ids, pos, cu, rows, v, model.np_dtype)
+    return len(rows) // v.mm_tokens_per_image, feed.pop("input_ids"), pos, feed
+
+
 FAMILY = Family(
     name="gemma3",
     # Gemma3TextModel: the encoder checkpoints (EmbeddingGemma: use_bidirectional_attention, no head,
@@ -517,6 +562,7 @@ FAMILY = Family(
     name_table=hf_name_table,
     checkpoint_aliases=checkpoint_aliases,
     image_prompt=image_prompt,
+    vision=VisionHooks(encode=encode_visual, inputs=visual_inputs),
     gguf=GGUFArchitecture(
         name="gemma3",
         tensors=gguf_tensor_table,

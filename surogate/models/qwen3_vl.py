@@ -47,7 +47,7 @@ from surogate.dsl import ops
 from surogate.dsl.graph import Graph, Value
 from surogate.errors import ConfigError, FileFormatError, InvalidArgumentError, UnsupportedError
 from surogate.models import decoder
-from surogate.models.family import ChatDefaults, Family, GGUFArchitecture, TinyModel
+from surogate.models.family import ChatDefaults, Family, GGUFArchitecture, TinyModel, VisionHooks
 from surogate.models.name_table import Direct, NameTable, Rows
 
 PREFIX = "visual"  # our parameter names: visual.blocks.{i}.attn.q.weight, ...
@@ -798,6 +798,22 @@ def _no_gguf(*_):
                            hint="load the Hugging Face folder")
 
 
+def _encode_hook(model, pixel_values, grid_thw, hidden: bool, pooled: bool):
+    """`Model.encode_images` for Qwen3-VL (VisionHooks.encode): `encode_visual` over pixel rows
+    with their grid_thw (no pooled form: its mergers are the tower's)."""
+    if grid_thw is None:
+        raise InvalidArgumentError(f"{model.spec.family}: encode_images needs the images' grid_thw",
+                                   hint="pass the image processor's image_grid_thw")
+    return encode_visual(model, np.asarray(pixel_values, np.float32), np.asarray(grid_thw), hidden=hidden)
+
+
+def _inputs_hook(model, ids, pos, cu, images, videos):
+    """VisionHooks.inputs for Qwen3-VL: `visual_inputs`' feed (MRoPE tables, no positions), or
+    None for a prompt without images or videos (Qwen3's graph)."""
+    rows, feed = visual_inputs(model, ids, cu, images, videos)
+    return (rows, ids, None, feed) if rows else None
+
+
 def _family() -> Family:
     return Family(
         name="qwen3_vl",
@@ -808,6 +824,7 @@ def _family() -> Family:
         name_table=hf_name_table,
         checkpoint_aliases=family_aliases,
         image_prompt=image_prompt,
+        vision=VisionHooks(encode=_encode_hook, inputs=_inputs_hook),
         gguf=GGUFArchitecture(name="qwen3vl", tensors=_no_gguf, config_from_gguf=_no_gguf, metadata=_no_gguf),
         # Qwen's ChatML templates: Hermes tool calls; the Thinking checkpoints write <think>.
         chat=ChatDefaults(reasoning_parser="qwen3", tool_parser="hermes", model_types=("qwen3_vl",)),
