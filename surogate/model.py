@@ -279,6 +279,10 @@ class Model:
 
     def _train_step(self, token_ids, labels, grads: bool, lora=None, lora_params=None, recompute=False,
                     mlp_chunk=0, images=None, videos=None):
+        if lora is not None and lora_params is None:
+            raise InvalidArgumentError("lora_params is required with lora: the adapter matrices to differentiate",
+                                       hint="surogate.train.lora.init_lora(model.arch.build(mode='train', "
+                                            "lora=lora), seed) gives peft's initialisation")
         ids, pos, cu = pack(token_ids)
         self._check_ids(ids)
         docs = np.split(ids, cu[1:-1])

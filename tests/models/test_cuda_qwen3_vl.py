@@ -18,6 +18,7 @@ pytest.importorskip("transformers.models.qwen3_vl")
 
 import surogate  # noqa: E402
 from surogate.dsl.nn import LoRAConfig  # noqa: E402
+from surogate.train.lora import init_lora  # noqa: E402
 from sgtest.ops import rel_err  # noqa: E402
 from sgtest.tiny_models import make_qwen3_vl, qwen3_vl_prompts  # noqa: E402
 
@@ -36,8 +37,8 @@ def test_images_and_video_on_the_gpu_match_the_cpu(folder):
                                                                       rel=1e-4)
     lora = LoRAConfig(rank=4, alpha=8.0)
     rng = np.random.default_rng(3)
-    _, g0 = cpu.loss_and_grads(img_ids, lora=lora, images=images)  # the adapter names and shapes
-    params = {n: (0.1 * rng.standard_normal(a.shape)).astype(np.float32) for n, a in g0.items()}
+    names = init_lora(cpu.arch.build(mode="train", lora=lora), 0)  # the adapter names and shapes
+    params = {n: (0.1 * rng.standard_normal(a.shape)).astype(np.float32) for n, a in names.items()}
     _, want = cpu.loss_and_grads(img_ids, lora=lora, lora_params=params, images=images)
     _, got = gpu.loss_and_grads(img_ids, lora=lora, lora_params=params, images=images)
     for name in want:
@@ -52,4 +53,7 @@ def test_bf16_on_the_gpu_matches_the_cpu(folder):
                                                                                   dtype="bfloat16")
     (ids, images), _ = qwen3_vl_prompts()
     a, b = gpu.forward(ids, images=images), cpu.forward(ids, images=images)
-    assert np.abs(a - b).max() < 0.05 * b.std()
+    # bf16 rounds at different points on the two backends (the CPU keeps f32 inside its kernels): the
+    # bf16 tolerance of the other GPU tests, and no systematic drift on average
+    assert rel_err(a, b) < 2e-2
+    assert np.abs(a - b).mean() < 0.01 * b.std()

@@ -49,9 +49,13 @@ def hf_logits(ref, ids: list[int], spans: list[EmbedSpan], bidirectional: bool =
     masks its multimodal model builds from token_type_ids (create_masks_for_vision_model: full
     layers OR(causal, same image), sliding ones AND(window, OR(causal, same image))); the spans
     marked as images when ``bidirectional`` (adjacent spans would merge into one image there)."""
+    import inspect
+
     import torch
-    from transformers.models.gemma3.modeling_gemma3 import (create_masks_for_vision_model,
-                                                            get_block_sequence_ids_for_mask)
+    from transformers.models.gemma3 import modeling_gemma3
+
+    create_masks_for_vision_model = modeling_gemma3.create_masks_for_vision_model
+    get_block_sequence_ids_for_mask = getattr(modeling_gemma3, "get_block_sequence_ids_for_mask", None)
 
     L = len(ids)
     token_type_ids = torch.zeros(1, L, dtype=torch.long)
@@ -63,10 +67,14 @@ def hf_logits(ref, ids: list[int], spans: list[EmbedSpan], bidirectional: bool =
         for s in spans:
             e[s.start:s.start + len(s.rows)] = torch.from_numpy(s.rows)
         positions = torch.arange(L)[None]
+        # the cache argument is `cache` in transformers 5.2x, `past_key_values` before
+        params = inspect.signature(create_masks_for_vision_model).parameters
+        cache_kw = "cache" if "cache" in params else "past_key_values"
+        blocks = ({"block_sequence_ids": get_block_sequence_ids_for_mask(token_type_ids)}
+                  if "block_sequence_ids" in params else {"token_type_ids": token_type_ids})
         masks = create_masks_for_vision_model(config=ref.config, inputs_embeds=e[None],
-                                              attention_mask=torch.ones(1, L, dtype=torch.long), cache=None,
-                                              position_ids=positions,
-                                              block_sequence_ids=get_block_sequence_ids_for_mask(token_type_ids))
+                                              attention_mask=torch.ones(1, L, dtype=torch.long), **{cache_kw: None},
+                                              position_ids=positions, **blocks)
         out = ref(inputs_embeds=e[None], position_ids=positions, attention_mask=masks)
     return out.logits[0].float().numpy()
 
