@@ -307,18 +307,16 @@ class Model:
                 arr = np.zeros(exe.buf(name).shape, np.float32)
                 exe.bind(name, arr)
                 out[name[len("grad."):]] = arr
-        router_losses = {o: (seed, getattr(self.spec.moe, field)) for o, (seed, field) in ROUTER_LOSSES.items()
-                         if o in exe.graph.outputs}
-        for seed, coef in router_losses.values():
-            if grads and seed in exe.lowered.by_value:
-                exe.bind(seed, np.array([coef], np.float32))
+        if grads:
+            bind_router_loss_seeds(exe, self.spec)
         exe.run()
         for name in list(out):
             out[name] = exe.pull("grad." + name)
         per_token = exe.read("loss")
         value = float(per_token[valid].sum() / max(n_valid, 1))
-        for out_name, (_, coef) in router_losses.items():  # HF: loss + router_aux_loss_coef * aux_loss
-            value += coef * float(exe.read(out_name)[0])
+        for out_name, (_, field) in ROUTER_LOSSES.items():  # HF: loss + router_aux_loss_coef * aux_loss
+            if out_name in exe.graph.outputs:
+                value += getattr(self.spec.moe, field) * float(exe.read(out_name)[0])
         return value, out
 
     def _check_ids(self, ids: np.ndarray) -> None:
@@ -339,6 +337,14 @@ class Model:
         s = self.spec
         return (f"Model({s.family}, layers={s.num_layers}, hidden={s.hidden_size}, heads={s.num_heads}/"
                 f"{s.num_kv_heads}, vocab={s.vocab_size}, dtype={self.dtype}, device={self.device})")
+
+
+def bind_router_loss_seeds(exe: Executable, spec: ModelSpec) -> None:
+    """A MoE training Program's load-balancing and z-loss seeds: their coefficients (the loss's
+    gradient with respect to each), where the Program has them."""
+    for out, (seed, field) in ROUTER_LOSSES.items():
+        if out in exe.graph.outputs and seed in exe.lowered.by_value:
+            exe.bind(seed, np.array([getattr(spec.moe, field)], np.float32))
 
 
 def resolve_device(device: str) -> str:

@@ -149,17 +149,16 @@ def bench_ours(model, n: int, prompt_len: int, output_len: int, block_size: int 
 def bench_hf(model, n: int, prompt_len: int, output_len: int, device: str) -> ServeResult:
     import torch
 
-    from surogate.bench.shapes import hf_config, hf_model_class
+    from surogate.bench.train import hf_peer
 
     spec = model.spec
-    model_cls = hf_model_class(spec)
-    cfg_cls = model_cls.config_class
     dtype = torch.bfloat16 if model.dtype == "bfloat16" else torch.float32
-    m = model_cls(cfg_cls(**hf_config(spec))).to(device=device, dtype=dtype).eval()
     if device != "cpu":
         from surogate import _native
 
+        model.release_device_memory()  # ours is done: its weights' device copies make room for the peer's
         _native.empty_cache(device)
+    m = hf_peer(model, device, dtype).eval()  # built on the device, our weights
 
     def run(batch, new: int = output_len):
         ids = torch.tensor(batch, device=device)

@@ -20,7 +20,7 @@ import numpy as np
 
 from surogate.bench.shapes import hf_config, hf_model_class, spec_for
 from surogate.dsl.nn import LoRAConfig, ModelSpec
-from surogate.model import Model, _np_dtype
+from surogate.model import Model, _np_dtype, bind_router_loss_seeds
 from surogate.models import family_named
 from surogate.train.lora import ALL_TARGETS, init_lora
 from surogate.train.optimizer import AdamW, AdamWParams
@@ -61,8 +61,14 @@ def peak_tflops(device: str) -> float | None:
     return next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
 
 
+RANDOM_POOL = 1 << 24  # distinct normal samples random weights are cut from (64 MiB of float32)
+
+
 def random_model(shape: str | ModelSpec, dtype: str, seed: int = 0, device: str = "cpu") -> Model:
-    """A named shape's (or a spec's) model with random weights."""
+    """A named shape's (or a spec's) model with random weights: N(0, 0.02) (norm weights 1), each
+    tensor cut from a pool of RANDOM_POOL normal samples at its own random offset (a 30B-parameter
+    shape takes seconds instead of minutes of normal draws, and no float32 copy of the whole model
+    is ever made: the pool is drawn in the model's dtype)."""
     spec = shape if isinstance(shape, ModelSpec) else spec_for(shape)
     family = family_named(spec.family)
     probe = Model(spec, family, {}, dtype=dtype)
@@ -71,14 +77,68 @@ def random_model(shape: str | ModelSpec, dtype: str, seed: int = 0, device: str 
     if spec.vision is not None:  # the vision tower and projector (their own graph)
         graph_params += list(probe.arch.build(mode="vision", dtype=dtype).params())
     rng = np.random.default_rng(seed)
+    np_dtype = _np_dtype(dtype)
+    pool = (rng.standard_normal(RANDOM_POOL, dtype=np.float32) * 0.02).astype(np_dtype)
     params = {}
     for p in graph_params:
+        n = math.prod(p.shape)
         if p.name.endswith("norm.weight"):
-            arr = np.ones(p.shape, np.float32)
-        else:
-            arr = rng.standard_normal(p.shape, dtype=np.float32) * 0.02
-        params[p.name] = arr.astype(_np_dtype(dtype))
+            params[p.name] = np.ones(p.shape, np_dtype)
+            continue
+        start = int(rng.integers(RANDOM_POOL))
+        reps = -(-(start + n) // RANDOM_POOL)
+        flat = pool[start:start + n] if reps == 1 else np.concatenate([pool[start:], *[pool] * (reps - 1)])[:n]
+        params[p.name] = np.ascontiguousarray(flat).reshape(p.shape)
     return Model(spec, family, params, dtype=dtype, device=device)
+
+
+def hf_peer(model: Model, device: str, dtype):
+    """The peer: the transformers model of ``model``'s architecture built on ``device`` in ``dtype``
+    (its own init runs there: no float32 host copy of a large model), holding ``model``'s weights,
+    copied in a layer at a time (their checkpoint names from Model.to_hf)."""
+    import torch
+
+    spec = model.spec
+    model_cls = hf_model_class(spec)
+    cfg = model_cls.config_class(**hf_config(spec))
+    # sdpa where the class has it (GPT-OSS's sinks: transformers runs it eager only)
+    cfg._attn_implementation = "sdpa" if getattr(model_cls, "_supports_sdpa", False) else "eager"
+    torch.manual_seed(0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            m = model_cls(cfg)
+    finally:
+        torch.set_default_dtype(default)
+    load_ours(m, model, getattr(model, "unquantized", model.params))
+    return m
+
+
+def load_ours(m, model: Model, weights: dict[str, np.ndarray]) -> None:
+    """Copy our parameter-named ``weights`` into the transformers model ``m`` (every weight but
+    lm_head and rotary buffers must find its tensor), a layer's tensors at a time."""
+    import torch
+
+    groups: dict[str, dict[str, np.ndarray]] = {}
+    for k, v in weights.items():
+        head = ".".join(k.split(".")[:2]) if k.startswith("layers.") else ""
+        groups.setdefault(head, {})[k] = v
+    state = m.state_dict()
+    seen: set[str] = set()
+    for group in groups.values():
+        for name, arr in model.to_hf(group).items():
+            if name not in state:
+                raise AssertionError(f"the peer has no tensor {name}")
+            arr = np.ascontiguousarray(arr)
+            t = torch.from_numpy(arr.view(np.uint16)).view(torch.bfloat16) if arr.dtype.name == "bfloat16" \
+                else torch.from_numpy(arr)
+            with torch.no_grad():
+                state[name].copy_(t.reshape(state[name].shape))
+            seen.add(name)
+    missing = [k for k in state if k not in seen and "lm_head" not in k and "rotary" not in k
+               and not k.endswith("inv_freq")]
+    assert not missing, missing
 
 
 def batch_data(model: Model, batch: int, seq: int) -> tuple[np.ndarray, np.ndarray]:
@@ -115,6 +175,7 @@ def bench_ours(model: Model, batch: int, seq: int, lora: LoRAConfig | None, step
     exe.bind("cu_seqlens", (np.arange(batch + 1) * seq).astype(np.int32))
     exe.bind("targets", targets.reshape(-1))
     exe.bind("dloss", np.where(valid, 1.0 / valid.sum(), 0.0).astype(np.float32))
+    bind_router_loss_seeds(exe, model.spec)  # a MoE model's load-balancing (and z-) loss
     exe.use_graphs(graphs)
     times = []
     first_loss = float("nan")
@@ -185,29 +246,27 @@ def bench_hf(model: Model, batch: int, seq: int, lora: LoRAConfig | None, steps:
              device: str, qlora: bool = False) -> Result:
     import torch
 
-    spec = model.spec
-    model_cls = hf_model_class(spec)
-    cfg_cls = model_cls.config_class
     dtype = torch.bfloat16 if model.dtype == "bfloat16" else torch.float32
-    cfg = cfg_cls(**hf_config(spec))
-    cfg._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    m = model_cls(cfg)
-    weights = getattr(model, "unquantized", model.params)
-    hf = model.to_hf({k: np.asarray(v, np.float32) for k, v in weights.items()})  # our random weights
-    missing, unexpected = m.load_state_dict({k: torch.from_numpy(v) for k, v in hf.items()}, strict=False)
-    assert not unexpected and all("lm_head" in k or "rotary" in k for k in missing), (missing, unexpected)
     if qlora:
+        m = hf_peer(model, "cpu", dtype)
         m = nf4_model(m, dtype, device)
     else:
-        m = m.to(device=device, dtype=dtype)
+        m = hf_peer(model, device, dtype)
     if device != "cpu":
         torch.cuda.reset_peak_memory_stats(device)
     if lora is not None:
         import peft
 
-        m = peft.get_peft_model(m, peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha,
-                                                   target_modules=list(lora.targets), lora_dropout=0.0))
+        from surogate.dsl.nn import EXPERT_PARAMETERS, expert_lora
+        from surogate.models.peft import peft_config
+
+        # A MoE layer's stacked experts are peft's target_parameters (gate_up_proj at rank 2r, as ours)
+        experts = [p for p in EXPERT_PARAMETERS if p in expert_lora(lora)] if model.spec.moe is not None else []
+        c = peft_config(lora, list(lora.targets), experts, "bench")
+        m = peft.get_peft_model(m, peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=c["target_modules"],
+                                                   target_parameters=c["target_parameters"],
+                                                   rank_pattern=c["rank_pattern"], alpha_pattern=c["alpha_pattern"],
+                                                   lora_dropout=0.0))
     params = [p for p in m.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-5, fused=device != "cpu")
     ids_np, labels_np = batch_data(model, batch, seq)
@@ -254,6 +313,7 @@ def run(shape: str, *, batch: int, seq: int, lora_rank: int, dtype: str, steps: 
         if device != "cpu":
             from surogate import _native
 
+            model.release_device_memory()  # our weights' device copies (a 30B shape: 61 GB) and Programs
             _native.empty_cache(device)  # give the peer the memory our cache holds
         results.append(bench_hf(model, batch, seq, lora, steps, warmup, device, qlora=bool(qlora)))
     print(table(shape, model, batch, seq, lora, dtype, device, steps, results, qlora))

@@ -263,8 +263,13 @@ def bench_hf(model, config: dict, image_prompt, prompts: list[list[int]], pictur
     cls = getattr(transformers, config["architectures"][0])
     rest = {k: v for k, v in config.items() if k not in ("architectures", "model_type")}
     hf_cfg = transformers.AutoConfig.for_model(config["model_type"], **rest)
-    with torch.device(device):
-        m = cls(hf_cfg).to(dtype=dtype).eval()
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # built in its dtype on the device: no float32 copy of a 4B model first
+    try:
+        with torch.device(device):
+            m = cls(hf_cfg).eval()
+    finally:
+        torch.set_default_dtype(default)
     if device != "cpu":
         from surogate import _native
 
