@@ -23,7 +23,9 @@ when the batch's does (TTFT: processor + generate(max_new_tokens=1)); output tok
 processor + generate(output_len).
 
 Reported per side: output tok/s, TTFT p50 / p99, and the image-encode time per image
-(preprocessing, and the tower + projector), and the ratio ours / HF.
+(preprocessing, and the tower + projector), and the ratio ours / HF. Ours' preprocessing runs in
+the request threads at once, so its figure is their wall times summed (contended cores count
+more than once); its note gives the tower calls the encoder's batches took.
 """
 
 from __future__ import annotations
