@@ -108,15 +108,16 @@ class SiglipTower:
         self.v = v
 
     def build(self, images: int, dtype: str = "float32") -> Graph:
-        """The graph of ``images`` images: inputs ``pixel_patches`` [images * patches, Cin p p]
-        (`patchify`), ``patch_positions`` [images * patches] (0 .. patches - 1 per image),
-        ``image_cu_seqlens`` [images + 1]; outputs ``vision_hidden`` (HF's last_hidden_state,
-        [images * patches, Cv]) and ``image_features`` [images * mm_tokens_per_image, text hidden]."""
+        """The graph of ``images`` images: inputs ``pixel_patches`` f32 [images * patches, Cin p p]
+        (`patchify`; rounded to ``dtype`` in the graph, not by a host astype), ``patch_positions``
+        [images * patches] (0 .. patches - 1 per image), ``image_cu_seqlens`` [images + 1];
+        outputs ``vision_hidden`` (HF's last_hidden_state, [images * patches, Cv]) and
+        ``image_features`` [images * mm_tokens_per_image, text hidden]."""
         v = self.v
         C, P = v.hidden_size, v.patches
         n = images * P
         g = Graph(f"gemma3-vision-{images}")
-        patches = g.input("pixel_patches", (n, v.patch_features), dtype)
+        patches = g.input("pixel_patches", (n, v.patch_features), "float32")
         pos = g.input("patch_positions", (n,), "int32")
         cu = g.input("image_cu_seqlens", (images + 1,), "int32")
 
@@ -127,7 +128,8 @@ class SiglipTower:
             with g.scope("embeddings"):
                 w = param("patch_embedding.weight", (C, v.num_channels, v.patch_size, v.patch_size))
                 w2 = ops.view(w, (C, v.patch_features), name="patch_embedding.weight_2d")
-                x = ops.linear(patches, w2, param("patch_embedding.bias", (C,)), name="patch_embeds")
+                x = ops.linear(ops.cast(patches, dtype, name="pixel_patches_cast"), w2,
+                               param("patch_embedding.bias", (C,)), name="patch_embeds")
                 table = param("position_embedding.weight", (P, C))
                 x = ops.add(x, ops.embedding(pos, table, name="position_embeds"), name="embeddings")
             for i in range(v.num_layers):

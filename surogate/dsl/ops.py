@@ -406,6 +406,17 @@ def softcap(x: Value, cap: float, name: str = "softcap") -> Value:
     return y
 
 
+def cast(x: Value, dtype: str, name: str = "cast") -> Value:
+    """x in ``dtype`` (any float dtypes; to bf16 / f16 rounded to nearest even): an input made in
+    f32 on the host rounded on the device (Qwen3-VL's pixel rows), not by a host-side astype."""
+    _check(dtype in ("float32", "bfloat16", "float16") and x.dtype in ("float32", "bfloat16", "float16"),
+           f"cast {name}: {x.dtype} -> {dtype}: cast takes float dtypes only")
+    if x.dtype == dtype:
+        return x
+    (y,) = _g(x).node("cast", [x], [(name, x.shape, dtype)])
+    return y
+
+
 def fill(g: Graph, shape: Shape, dtype: str, value: float, name: str) -> Value:
     """A constant tensor (a norm without a weight reads ones)."""
     (y,) = g.node("fill", [], [(name, tuple(shape), dtype)], value=float(value))

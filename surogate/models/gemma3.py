@@ -524,7 +524,7 @@ def encode_visual(model, pixel_values, grid_thw, hidden: bool, pooled: bool):
                                    f"{want[1]}, {want[2]}]", hint="resize images with the model's image processor")
     n = px.shape[0]
     exe = model.executable("vision", n * v.patches, n, images=n)
-    exe.bind("pixel_patches", np.ascontiguousarray(patchify(px, v).astype(model.np_dtype)))
+    exe.bind("pixel_patches", patchify(px, v))  # f32: the graph rounds it to the model's dtype
     exe.bind("patch_positions", np.tile(np.arange(v.patches, dtype=np.int32), n))
     exe.bind("image_cu_seqlens", (np.arange(n + 1) * v.patches).astype(np.int32))
     exe.run()

@@ -28,7 +28,12 @@ The tower, per transformers 5 (modeling_qwen3_vl.py, vision_utils.py):
   merge^2 C; LayerNorm before the view (the final merger) or after it (use_postshuffle_norm: the
   DeepStack mergers after blocks deepstack_visual_indexes), then fc1, exact GELU, fc2 -> O.
 
-The tower is frozen: its graph is forward only.
+The tower is frozen: its graph is forward only. It is compiled per (patches, segments); a call
+runs the Program of `bucket`'s shape (the merged tokens rounded up to 4 sizes per octave, the
+segments to a power of two), the padding one more attention segment of zero pixels and empty
+segments after it (`padded_tables`), its outputs dropped: batches of varying images (the served
+encoder's, serve/multimodal.py) reuse a few Programs. The pixel rows come in f32 and are rounded
+to the tower's dtype in the graph (`ops.cast`).
 
 One file past 400 lines because the family is one file (house rule): the tower's spec, host
 tables, graph, name table and runner, the text config, the MRoPE positions and the family; the
@@ -222,6 +227,71 @@ def grid_tables(grid_thw, v: VisionSpec) -> dict[str, np.ndarray]:
             "vision_cu_seqlens": cu}
 
 
+def bucket(patches: int, segments: int, v: VisionSpec) -> tuple[int, int]:
+    """The (patches, segments) of the Program a call of that many patches in that many frames runs
+    (the tower compiles one per pair): the merged tokens (patches / merge^2) exact up to 8, then
+    rounded up to 4 sizes per octave (10, 12, 14, 16, 20, 24, ...: under 25% padding), so that
+    batches of varying images reuse a few Programs; the frames plus the padding's own, rounded up
+    to a power of two (the rest empty segments)."""
+    u = patches // v.merge_unit
+    if u > 8:
+        step = 1 << ((u - 1).bit_length() - 3)
+        u = -(-u // step) * step
+    padded = u * v.merge_unit
+    s = segments + (padded > patches)
+    return padded, 1 << (s - 1).bit_length()
+
+
+def padded_tables(tables: dict[str, np.ndarray], patches: int, segments: int) -> dict[str, np.ndarray]:
+    """`grid_tables`' tables for ``patches`` rows in ``segments`` segments: the padding rows one more
+    attention segment (so that no real patch attends to them; whole merge blocks, so that no merged
+    row mixes them in), reading position row 0 with weight 0 and rotated by nothing (cos 1, sin 0);
+    the segments past it empty. The padding's outputs are dropped."""
+    n = len(tables["pos_ids"])
+    pad = patches - n
+    cu = tables["vision_cu_seqlens"]
+    if pad == 0 and len(cu) == segments + 1:
+        return tables
+    half = tables["rope_cos"].shape[1]
+    return {"pos_ids": np.concatenate([tables["pos_ids"], np.zeros((pad, 4), np.int32)]),
+            "pos_weights": np.concatenate([tables["pos_weights"], np.zeros((pad, 4), np.float32)]),
+            "rope_cos": np.concatenate([tables["rope_cos"], np.ones((pad, half), np.float32)]),
+            "rope_sin": np.concatenate([tables["rope_sin"], np.zeros((pad, half), np.float32)]),
+            "vision_cu_seqlens": np.concatenate([cu, np.full(segments + 1 - len(cu), patches, np.int32)])}
+
+
+def run_tower(executable, pixels: np.ndarray, grid_thw, v: VisionSpec, *, hidden: bool = False,
+              padded: bool = True):
+    """The tower over f32 pixel rows [N, Cin T P P] of grids ``grid_thw``: ``executable(patches,
+    segments)`` gives the compiled Program; with ``padded`` the shape is `bucket`'s (zero pixel
+    rows after the real ones, `padded_tables`). (merged rows [M, O], [DeepStack rows [M, O] per
+    index]) f32 of the real patches, with ``hidden`` also the last hidden state [N, C]."""
+    tables = grid_tables(grid_thw, v)
+    n, frames = len(tables["pos_ids"]), len(tables["vision_cu_seqlens"]) - 1
+    if pixels.shape != (n, v.patch_features):
+        raise InvalidArgumentError(f"pixel_values has shape {pixels.shape}; grid_thw gives {n} patches of "
+                                   f"{v.patch_features} values ([{n}, {v.patch_features}])",
+                                   hint="pass the image processor's pixel_values with its image_grid_thw")
+    patches, segments = bucket(n, frames, v) if padded else (n, frames)
+    tables = padded_tables(tables, patches, segments)
+    px = np.ascontiguousarray(pixels, dtype=np.float32)
+    if patches > n:
+        px = np.concatenate([px, np.zeros((patches - n, v.patch_features), np.float32)])
+    exe = executable(patches, segments)
+    exe.bind("pixel_values", px)
+    for name, arr in tables.items():
+        exe.bind(name, arr)
+    exe.run()
+    out = exe.graph.outputs
+    m = n // v.merge_unit
+    embeds = np.array(exe.read(out["image_embeds"].name), dtype=np.float32)[:m]
+    deep = [np.array(exe.read(out[f"deepstack.{j}"].name), dtype=np.float32)[:m]
+            for j in range(len(v.deepstack_visual_indexes))]
+    if hidden:
+        return embeds, deep, np.array(exe.read(out["vision_hidden"].name), dtype=np.float32)[:n]
+    return embeds, deep
+
+
 # ---- the graph ------------------------------------------------------------------------------
 class Qwen3VLVisionTower:
     """Qwen3VLVisionModel's forward as a graph over N patches in ``segments`` frames."""
@@ -230,7 +300,8 @@ class Qwen3VLVisionTower:
         self.v = v
 
     def build(self, patches: int, segments: int, dtype: str = "float32") -> Graph:
-        """Inputs ``pixel_values`` [N, Cin T P P] and `grid_tables`' five; outputs
+        """Inputs ``pixel_values`` f32 [N, Cin T P P] (rounded to ``dtype`` in the graph: a host
+        astype to bf16 of 32 images' rows costs more than the device's cast) and `grid_tables`' five; outputs
         ``vision_hidden`` (HF's last_hidden_state, [N, C]), ``image_embeds`` (its pooler_output,
         [M, O]) and ``deepstack.{j}`` [M, O] for each DeepStack index j in order."""
         v = self.v
@@ -239,7 +310,7 @@ class Qwen3VLVisionTower:
             raise InvalidArgumentError(f"{N} patches are not whole {v.spatial_merge_size} x {v.spatial_merge_size} "
                                        "merge blocks", hint="pass the image processor's pixel rows")
         g = Graph(f"qwen3-vl-vision-{N}-{segments}")
-        px = g.input("pixel_values", (N, v.patch_features), dtype)
+        px = g.input("pixel_values", (N, v.patch_features), "float32")
         pos_ids = g.input("pos_ids", (N, 4), "int32")
         pos_w = g.input("pos_weights", (N, 4), "float32")
         cos = g.input("rope_cos", (N, Dh // 2), "float32")
@@ -254,7 +325,8 @@ class Qwen3VLVisionTower:
             w = param("patch_embed.proj.weight",
                       (C, v.in_channels, v.temporal_patch_size, v.patch_size, v.patch_size))
             w2 = ops.view(w, (C, v.patch_features), name="patch_embed.proj.weight_2d")
-            x = ops.linear(px, w2, param("patch_embed.proj.bias", (C,)), name="patch_embeds")
+            x = ops.linear(ops.cast(px, dtype, name="pixel_values_cast"), w2, param("patch_embed.proj.bias", (C,)),
+                           name="patch_embeds")
             table = param("pos_embed.weight", (v.num_position_embeddings, C))
             x = ops.add(x, ops.embedding_bag(pos_ids, pos_w, table, name="pos_embeds"), name="embeddings")
             for i in range(v.depth):
@@ -353,8 +425,8 @@ def load_params(names: list[str], weights, source: str) -> dict[str, np.ndarray]
 
 # ---- running it -----------------------------------------------------------------------------
 class Qwen3VLVision:
-    """The tower with its weights in ``dtype`` (float32 or bfloat16; the host tables stay f32):
-    `encode` compiles (once per number of patches and frames) and runs the graph."""
+    """The tower with its weights in ``dtype`` (float32 or bfloat16; the host tables and the pixel
+    rows stay f32): `encode` compiles (once per `bucket` of patches and frames) and runs the graph."""
 
     def __init__(self, spec: VisionSpec, params: dict[str, np.ndarray], device: str = "cpu",
                  dtype: str = "float32"):
@@ -415,31 +487,16 @@ class Qwen3VLVision:
             self._on_device[name] = _native.tensor(self.params[name]).to(self.device)
         return self._on_device[name]
 
-    def encode(self, pixel_values, grid_thw, *, hidden: bool = False):
+    def encode(self, pixel_values, grid_thw, *, hidden: bool = False, padded: bool = True):
         """(merged embeddings [M, O], [DeepStack feature [M, O] per deepstack_visual_indexes]),
         float32 whatever the tower's dtype, for the processor's ``pixel_values`` [N, Cin T P P]
         and ``grid_thw`` [n, 3] (images and videos alike, in order); with ``hidden`` also the last
-        hidden state [N, C]."""
-        v = self.spec
+        hidden state [N, C]. ``padded``: run the Program of `bucket`'s shape (the same rows)."""
         px = np.asarray(pixel_values, dtype=np.float32)
-        tables = grid_tables(grid_thw, v)
-        n = len(tables["pos_ids"])
-        if px.ndim != 2 or px.shape != (n, v.patch_features):
-            raise InvalidArgumentError(f"pixel_values has shape {px.shape}; grid_thw gives {n} patches of "
-                                       f"{v.patch_features} values ([{n}, {v.patch_features}])",
+        if px.ndim != 2:
+            raise InvalidArgumentError(f"pixel_values has shape {px.shape}, not [N, {self.spec.patch_features}]",
                                        hint="pass the image processor's pixel_values with its image_grid_thw")
-        exe = self._executable(n, len(tables["vision_cu_seqlens"]) - 1)
-        exe.bind("pixel_values", np.ascontiguousarray(px.astype(self._np)))
-        for name, arr in tables.items():
-            exe.bind(name, arr)
-        exe.run()
-        out = exe.graph.outputs
-        embeds = np.array(exe.read(out["image_embeds"].name), dtype=np.float32)
-        deep = [np.array(exe.read(out[f"deepstack.{j}"].name), dtype=np.float32)
-                for j in range(len(v.deepstack_visual_indexes))]
-        if hidden:
-            return embeds, deep, np.array(exe.read(out["vision_hidden"].name), dtype=np.float32)
-        return embeds, deep
+        return run_tower(self._executable, px, grid_thw, self.spec, hidden=hidden, padded=padded)
 
 
 # ---- the language model: Qwen3VLForConditionalGeneration -----------------------------------
@@ -594,25 +651,15 @@ def _visual(pixels, grid, what: str, v: VisionSpec):
     return px, g
 
 
-def encode_visual(model, pixels: np.ndarray, grid: np.ndarray, hidden: bool = False):
+def encode_visual(model, pixels: np.ndarray, grid: np.ndarray, hidden: bool = False, padded: bool = True):
     """The tower over the pixel rows of grids ``grid`` through the Model's executables (its weights):
     (merged rows [M, C], [DeepStack rows [M, C] per index]) f32, with ``hidden`` also the last
-    hidden state."""
-    v = model.spec.vision.tower
-    tables = grid_tables(grid, v)
-    n, frames = len(tables["pos_ids"]), len(tables["vision_cu_seqlens"]) - 1
-    exe = model.executable("vision", n, frames, images=(n, frames))
-    exe.bind("pixel_values", np.ascontiguousarray(pixels.astype(model.params[f"{PREFIX}.pos_embed.weight"].dtype)))
-    for name, arr in tables.items():
-        exe.bind(name, arr)
-    exe.run()
-    out = exe.graph.outputs
-    embeds = np.array(exe.read(out["image_embeds"].name), dtype=np.float32)
-    deep = [np.array(exe.read(out[f"deepstack.{j}"].name), dtype=np.float32)
-            for j in range(len(v.deepstack_visual_indexes))]
-    if hidden:
-        return embeds, deep, np.array(exe.read(out["vision_hidden"].name), dtype=np.float32)
-    return embeds, deep
+    hidden state; ``padded``: in the Program of `bucket`'s shape."""
+    def executable(patches: int, segments: int):
+        return model.executable("vision", patches, segments, images=(patches, segments))
+
+    return run_tower(executable, np.asarray(pixels, np.float32), grid, model.spec.vision.tower, hidden=hidden,
+                     padded=padded)
 
 
 def visual_inputs(model, ids: np.ndarray, cu: np.ndarray, images, videos) -> tuple[int, dict[str, np.ndarray]]:

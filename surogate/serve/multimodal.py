@@ -14,8 +14,16 @@ rendered text's placeholders expanded as the HF processor expands them (``expand
 prompt's image tokens given their rows (``spans``: one ``EmbedSpan`` per run of image tokens, keyed
 by the image's ``image_hash``). Each distinct image is encoded once (the model's
 ``encode_images``, under a lock: one Executable is never run by two threads at once) and its rows
-kept in a small LRU, so a repeated image is not encoded again; a request's images not in the LRU
-are encoded together, in one tower call (``encode_batch``).
+kept in a small LRU, so a repeated image is not encoded again.
+
+Concurrent requests share tower calls (a group commit): a request's images that are neither in
+the LRU nor already in flight for another request go through the processor in the request's own
+thread and join one queue, each a job its requests wait on; whichever waiting thread finds the
+tower free leads: it takes the queue (every waiting request's images, up to ENCODE_IMAGES images
+and ENCODE_ROWS pixel rows) into one ``encode_batch`` call and hands each job its rows (or the
+call's error, to every request of that batch), then the next waiter with work still queued leads.
+So 32 requests arriving together cost a few batched tower calls, not 32 serial ones, and an image
+two requests share is encoded once. Waiting is on a condition (no polling).
 """
 
 from __future__ import annotations
@@ -66,21 +74,48 @@ def check_rendered_images(text: str, num_parts: int, num_images: int, image_plac
 
 ENCODER_CACHE_IMAGES = 64  # the images whose rows an ImageEncoder keeps (Gemma 3 4B: 256 x 2560 f32 = 2.6 MB each)
 ENCODE_BATCH = 16  # views per tower call at most (Gemma 3 4B: 16 x 4096 patches; Programs of 1, 2, 4, 8 and 16 views)
+ENCODE_IMAGES = 32  # images one leader encodes at most (from all waiting requests), in one encode_batch
+ENCODE_ROWS = 65536  # and pixel rows at most (the processor's: Qwen3-VL patches, Gemma 3 views)
+
+
+class _Job:
+    """One image waiting for its rows: made by the first request that misses it; ``batch`` holds
+    its processor output once queued; ``rows`` or ``error`` is set once, then ``done``."""
+
+    __slots__ = ("key", "batch", "size", "rows", "error", "done")
+
+    def __init__(self, key: bytes):
+        self.key = key
+        self.batch = None
+        self.size = 1  # its pixel rows (batch_rows counts them)
+        self.rows: np.ndarray | None = None
+        self.error: BaseException | None = None
+        self.done = False
 
 
 class ImageEncoder:
     """One served model's images: ``prompt`` is its family's ``surogate.models.family.ImagePrompt``,
     ``encode(pixel_values) -> rows`` its ``Model.encode_images``. ``encodes`` counts the images
-    encoded, ``hits`` those served from the cache."""
+    encoded, ``hits`` those a request got without an encode of its own (from the cache, or from
+    another request's encode in flight), ``calls`` the batches encoded (one ``encode_batch`` each).
+    ``batch_images`` / ``batch_rows``: the caps of one batch (images; the processor's pixel rows)."""
 
-    def __init__(self, prompt, encode: Callable[[np.ndarray], np.ndarray], *, cache_images: int = ENCODER_CACHE_IMAGES):
+    def __init__(self, prompt, encode: Callable[[np.ndarray], np.ndarray], *, cache_images: int = ENCODER_CACHE_IMAGES,
+                 batch_images: int = ENCODE_IMAGES, batch_rows: int = ENCODE_ROWS):
         self.prompt = prompt
         self._encode = encode
         self._cache: OrderedDict[bytes, np.ndarray] = OrderedDict()
         self._cache_images = cache_images
-        self._lock = threading.Lock()
+        self._batch_images = batch_images
+        self._batch_rows = batch_rows
+        self._lock = threading.Lock()  # the tower: one Executable is never run by two threads at once
+        self._cond = threading.Condition()  # guards the cache, the jobs, the queue and the counters
+        self._jobs: dict[bytes, _Job] = {}  # the images being prepared, queued or encoded
+        self._queue: list[_Job] = []  # processed, waiting for a leader
+        self._leading = False  # a thread is encoding a batch now
         self.encodes = 0
         self.hits = 0
+        self.calls = 0
 
     @property
     def placeholder(self) -> str:
@@ -121,32 +156,106 @@ class ImageEncoder:
                 for (start, _), (key, r) in zip(runs, views)]
 
     def rows(self, images: Sequence, keys: Sequence[bytes] | None = None) -> list[np.ndarray]:
-        """Each image's rows (its views': the image's, then its crops'), [views * tokens_per_view, hidden].
-        The images not in the cache are encoded together, in one tower call (``encode_batch``)."""
+        """Each image's rows (its views': the image's, then its crops'), [views * tokens_per_view, hidden];
+        blocking. The images neither cached nor in flight are processed in this thread and queued;
+        then whichever waiting thread finds the tower free leads: it encodes the queue (every waiting
+        request's images, up to the batch caps) in one ``encode_batch`` and hands each its rows, while
+        the others wait for theirs (a group commit: concurrent requests share tower calls). An encode
+        that raises fails every request with an image in that batch, with its error."""
         from surogate.io.images import image_hash
 
         keys = list(keys) if keys is not None else [image_hash(img) for img in images]
         out: dict[bytes, np.ndarray] = {}
-        with self._lock:
-            missing: dict[bytes, object] = {}
+        waiting: dict[bytes, _Job] = {}
+        mine: list[tuple[_Job, object]] = []  # the jobs this request made, to process and queue
+        with self._cond:
             for key, image in zip(keys, images):
-                if key in out or key in missing:
+                if key in out or key in waiting:
                     continue
                 cached = self._cache.get(key)
                 if cached is not None:
                     self._cache.move_to_end(key)
                     self.hits += 1
                     out[key] = cached
+                elif key in self._jobs:  # another request's image, being encoded: shared
+                    self.hits += 1
+                    waiting[key] = self._jobs[key]
                 else:
-                    missing[key] = image
-            if missing:
-                for key, rows in zip(missing, self.encode_batch(list(missing.values()))):
-                    self.encodes += 1
-                    out[key] = rows
-                    self._cache[key] = rows
-                while len(self._cache) > self._cache_images:
-                    self._cache.popitem(last=False)
+                    waiting[key] = self._jobs[key] = _Job(key)
+                    mine.append((waiting[key], image))
+        if mine:
+            self._prepare(mine)
+        for key, job in waiting.items():
+            out[key] = self._wait(job)
         return [out[k] for k in keys]
+
+    def _prepare(self, jobs: list[tuple[_Job, object]]) -> None:
+        """Each new image through the processor (in the request's thread, outside the locks), then queued."""
+        try:
+            for job, image in jobs:
+                job.batch = self.prompt.processor([image])
+                job.size = len(job.batch.pixel_values)
+        except BaseException as e:
+            with self._cond:
+                self._finish([job for job, _ in jobs], error=e)
+            raise
+        with self._cond:
+            self._queue += [job for job, _ in jobs]
+            self._cond.notify_all()
+
+    def _wait(self, job: _Job) -> np.ndarray:
+        """``job``'s rows: leads a batch whenever the tower is free and images are queued, else
+        sleeps until a batch ends or an image is queued."""
+        with self._cond:
+            while not job.done:
+                if self._leading or not self._queue:
+                    self._cond.wait()
+                    continue
+                batch = self._take()
+                self._leading = True
+                self._cond.release()
+                try:
+                    with self._lock:
+                        rows = self._encode_processed([j.batch for j in batch])
+                    if len(rows) != len(batch):  # a family's encode hook out of step: fail, never hang
+                        raise RuntimeError(f"the image encoder gave rows for {len(rows)} of {len(batch)} images")
+                    error = None
+                except BaseException as e:
+                    rows, error = None, e
+                finally:
+                    self._cond.acquire()
+                self._leading = False
+                self._finish(batch, rows=rows, error=error)
+            if job.error is not None:
+                raise job.error
+            return job.rows
+
+    def _take(self) -> list[_Job]:
+        """The queue's first images, up to the caps (at least one)."""
+        n, size = 0, 0
+        for job in self._queue:
+            if n and (n == self._batch_images or size + job.size > self._batch_rows):
+                break
+            n, size = n + 1, size + job.size
+        batch, self._queue = self._queue[:n], self._queue[n:]
+        return batch
+
+    def _finish(self, jobs: list[_Job], rows=None, error: BaseException | None = None) -> None:
+        """(under the condition) ``jobs`` done with their rows or the error; the waiters woken."""
+        if error is None:
+            self.calls += 1
+        for i, job in enumerate(jobs):
+            if error is None:
+                job.rows = rows[i]
+                self.encodes += 1
+                self._cache[job.key] = job.rows
+            else:
+                job.error = error
+            job.done = True
+            self._jobs.pop(job.key, None)
+        while len(self._cache) > self._cache_images:
+            self._cache.popitem(last=False)
+        self._cond.notify_all()
 
     def encode_batch(self, images: Sequence) -> list[np.ndarray]:
         """The rows of each of ``images``, from one tower call over all of them (the family's
@@ -155,6 +264,11 @@ class ImageEncoder:
         are those of 1, 2, 4, .. ENCODE_BATCH views). Each image is processed on its own (a
         processor may refuse to stack images of different sizes)."""
         batches = [self.prompt.processor([image]) for image in images]
+        with self._lock:
+            return self._encode_processed(batches)
+
+    def _encode_processed(self, batches: list) -> list[np.ndarray]:
+        """encode_batch over the processor's outputs, one per image (the tower lock held)."""
         if self.prompt.encode is not None:
             return [np.asarray(r, dtype=np.float32) for r in self.prompt.encode(self._encode, batches)]
         views = [len(b.pixel_values) for b in batches]

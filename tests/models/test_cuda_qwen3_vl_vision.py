@@ -40,3 +40,26 @@ def test_tower_on_the_gpu_matches_the_cpu(dtype, tol):
     assert rel_err(embeds, cpu[0]) < tol
     for ours, theirs in zip(deep, cpu[1]):
         assert rel_err(ours, theirs) < tol
+
+
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-5), ("bfloat16", 1e-2)])
+def test_padded_bucket_on_the_gpu_gives_the_unpadded_rows(dtype, tol):
+    """The bucketed call (60 patches -> 64, 4 frames + the padding's segment -> 8 segments, three
+    empty: zero-length documents in the CUDA attention) against the exact shape, both on the GPU;
+    the pixel rows cast to bf16 in the graph."""
+    from surogate.models.qwen3_vl import bucket
+
+    spec = vision_spec_from_config({"vision_config": VISION})
+    rng = np.random.default_rng(1)
+    params = {}
+    for p in Qwen3VLVisionTower(spec).build(spec.merge_unit, 1).params():
+        base = 1.0 if "norm" in p.name and p.name.endswith("weight") else 0.0
+        params[p.name] = (base + 0.15 * rng.standard_normal(p.shape)).astype(np.float32)
+    grid = [[1, 4, 6], [1, 2, 2], [2, 4, 4]]
+    assert bucket(60, 4, spec) == (64, 8)
+    px = rng.standard_normal((60, spec.patch_features)).astype(np.float32)
+    tower = Qwen3VLVision(spec, params, device="cuda", dtype=dtype)
+    exact = tower.encode(px, grid, hidden=True, padded=False)
+    padded = tower.encode(px, grid, hidden=True)
+    for a, b in zip([exact[0], *exact[1], exact[2]], [padded[0], *padded[1], padded[2]]):
+        assert a.shape == b.shape and rel_err(b, a) < tol

@@ -2,7 +2,9 @@
 on a tiny random Qwen3VLForConditionalGeneration saved to a folder: the merged embeddings, every
 DeepStack feature and the last hidden state, f32 to 1e-4, for two images of different grids in one
 call (pixel rows from surogate's QwenVLImageProcessor), for a video grid (t > 1, each frame its own
-attention segment) and for images and a video together; plus the load path's errors."""
+attention segment) and for images and a video together; plus the load path's errors. The shape
+buckets (`bucket`: a padding segment and empty segments) give the rows of the unpadded call, f32
+to 1e-5, and the bf16 tower's pixel rows are rounded in the graph as a host astype would round them."""
 
 import json
 
@@ -16,8 +18,8 @@ from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration  # noqa:
 
 from surogate.errors import FileFormatError, InvalidArgumentError  # noqa: E402
 from surogate.io.image_processing import QwenVLImageProcessor, QwenVLVideoProcessor  # noqa: E402
-from surogate.models.qwen3_vl import (Qwen3VLVision, grid_tables, load_params, vision_name_table,  # noqa: E402
-                                      vision_spec_from_config)
+from surogate.models.qwen3_vl import (Qwen3VLVision, bucket, grid_tables, load_params,  # noqa: E402
+                                      vision_name_table, vision_spec_from_config)
 
 # depth 3, width 32 (2 heads of 16: 4 rope frequencies per axis), 8-pixel patches, 2 frames per
 # temporal patch, 2 x 2 merge, DeepStack after blocks 0 and 2, out 48 = the text width, a 4 x 4
@@ -108,6 +110,56 @@ def test_bfloat16_tower_is_close_to_hf_float32(checkpoint):
     for ours, theirs in zip([embeds, *deep], [want_embeds, *want_deep]):
         assert ours.dtype == np.float32
         np.testing.assert_allclose(ours, theirs, rtol=0, atol=0.03 * np.abs(theirs).max())
+
+
+def test_buckets_pad_under_a_quarter_in_whole_merge_blocks():
+    v = vision_spec_from_config({"model_type": "qwen3_vl", "vision_config": VISION})
+    assert bucket(16, 1, v) == (16, 1)  # up to 8 merged tokens exact; one image: no padding segment
+    assert bucket(36, 2, v) == (40, 4)  # 9 -> 10 merged tokens; 2 frames + the padding's = 3 -> 4 segments
+    assert bucket(64, 4, v) == (64, 4)
+    seen = set()
+    for n in range(4, 40_000, 4):
+        padded, segments = bucket(n, 3, v)
+        assert padded % 4 == 0 and n <= padded and (padded - n) < 0.25 * padded
+        assert segments == 4  # 3 frames (and the padding's segment) -> 4
+        seen.add(padded)
+    assert len(seen) < 60  # a few Programs for any batch up to 10,000 merged tokens
+
+
+def test_padded_bucket_gives_the_unpadded_rows(checkpoint):
+    path, visual = checkpoint
+    tower = Qwen3VLVision.from_folder(path)
+    grid = [[1, 4, 4], [1, 2, 10]]  # 16 + 20 patches = 9 merged tokens: padded to 10, segments 2 + 1 -> 4
+    v = tower.spec
+    assert bucket(36, 2, v) == (40, 4)
+    pixels = np.random.default_rng(7).standard_normal((36, 384)).astype(np.float32)
+    exact = tower.encode(pixels, grid, hidden=True, padded=False)
+    padded = tower.encode(pixels, grid, hidden=True)
+    assert set(tower._cache) == {(36, 2), (40, 4)}  # the padded call ran the bucket's Program
+    for a, b in zip([exact[0], *exact[1], exact[2]], [padded[0], *padded[1], padded[2]]):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+    want_embeds, want_deep, want_hidden = hf(visual, pixels, grid)
+    np.testing.assert_allclose(padded[0], want_embeds, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(padded[2], want_hidden, rtol=1e-4, atol=1e-4)
+    # another batch of the same bucket (36 patches in 3 images) reuses its Program
+    other = np.random.default_rng(8).standard_normal((36, 384)).astype(np.float32)
+    tower.encode(other, [[1, 2, 2], [1, 4, 4], [1, 4, 4]])
+    assert set(tower._cache) == {(36, 2), (40, 4)}
+
+
+def test_bfloat16_pixels_are_rounded_in_the_graph_as_on_the_host(checkpoint):
+    import ml_dtypes
+
+    path, _ = checkpoint
+    tower = Qwen3VLVision.from_folder(path, dtype="bfloat16")
+    grid = [[1, 4, 6]]
+    pixels = np.random.default_rng(9).standard_normal((24, 384)).astype(np.float32)
+    rounded = pixels.astype(ml_dtypes.bfloat16).astype(np.float32)  # what the graph sees either way
+    for a, b in zip(tower.encode(pixels, grid, hidden=True)[::2], tower.encode(rounded, grid, hidden=True)[::2]):
+        np.testing.assert_array_equal(a, b)
+    exe = tower._cache[bucket(24, 1, tower.spec)]
+    assert str(exe.bound("pixel_values").dtype) == "float32"
 
 
 def test_host_tables_equal_transformers_helpers():
