@@ -23,14 +23,20 @@ VISION = {"depth": 3, "hidden_size": 128, "intermediate_size": 96, "num_heads": 
           "deepstack_visual_indexes": [0, 2]}
 
 
-@pytest.mark.parametrize("dtype, tol", [("float32", 1e-4), ("bfloat16", 2e-2)])
-def test_tower_on_the_gpu_matches_the_cpu(dtype, tol):
-    spec = vision_spec_from_config({"vision_config": VISION})
-    rng = np.random.default_rng(0)
+def tower_params(spec, rng) -> dict[str, np.ndarray]:
+    """Random tower weights (norm weights near 1), float32."""
     params = {}
     for p in Qwen3VLVisionTower(spec).build(spec.merge_unit, 1).params():
         base = 1.0 if "norm" in p.name and p.name.endswith("weight") else 0.0
         params[p.name] = (base + 0.15 * rng.standard_normal(p.shape)).astype(np.float32)
+    return params
+
+
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-4), ("bfloat16", 2e-2)])
+def test_tower_on_the_gpu_matches_the_cpu(dtype, tol):
+    spec = vision_spec_from_config({"vision_config": VISION})
+    rng = np.random.default_rng(0)
+    params = tower_params(spec, rng)
     grid = [[1, 4, 6], [1, 2, 2], [2, 4, 4]]
     px = rng.standard_normal((24 + 4 + 32, spec.patch_features)).astype(np.float32)
     cpu = Qwen3VLVision(spec, params, dtype=dtype).encode(px, grid, hidden=True)
@@ -51,10 +57,7 @@ def test_padded_bucket_on_the_gpu_gives_the_unpadded_rows(dtype, tol):
 
     spec = vision_spec_from_config({"vision_config": VISION})
     rng = np.random.default_rng(1)
-    params = {}
-    for p in Qwen3VLVisionTower(spec).build(spec.merge_unit, 1).params():
-        base = 1.0 if "norm" in p.name and p.name.endswith("weight") else 0.0
-        params[p.name] = (base + 0.15 * rng.standard_normal(p.shape)).astype(np.float32)
+    params = tower_params(spec, rng)
     grid = [[1, 4, 6], [1, 2, 2], [2, 4, 4]]
     assert bucket(60, 4, spec) == (64, 8)
     px = rng.standard_normal((60, spec.patch_features)).astype(np.float32)
