@@ -8,6 +8,11 @@
 // one pass per expert it holds. bf16 / f16 run on tensor cores (WMMA 16x16x16, f32 accumulate),
 // f32 (tests) on plain FMAs, as attention.cu's block_mma.
 //
+// Two kernels each: the fast one (grouped_*_fast_kernel: bf16 / f16, forward weights in the same
+// dtype, Kin and Nout multiples of 8, 16-byte aligned bases) keeps the accumulators in registers
+// over the whole reduction and loads 16-byte vectors; the generic one (below, accumulators in
+// shared memory, element loads) takes f32, mixed dtypes and misaligned shapes.
+//
 //   forward (trans_b): y[r] = x[r] @ W[e]^T for r in [off[e], off[e+1]); !trans_b: x[r] @ W[e]
 //   wgrad:   grid (Kin tiles, Nout tiles, E): dW[e] tile = sum over e's rows of dy^T x, in
 //            BK-row chunks, f32 in shared memory, stored once (+ dW[e] with accumulate)
@@ -175,11 +180,12 @@ constexpr int kFWarpM = 64, kFWarpN = 32;                   // 2 x 4 warps
 constexpr int kFragM = kFWarpM / 16, kFragN = kFWarpN / 16;  // 4 x 2 fragments a warp
 constexpr int kFLdK = kFK + 8;                               // [128][BK] tiles: 80-byte rows
 constexpr int kFLdN = kFN + 8;                               // [BK][128] tiles: 272-byte rows
-constexpr int kFVecs = kFM * kFK / 8 / kFThreads;            // uint4 a thread per tile: 2
-static_assert(kFM * kFK == kFK * kFN && kFVecs * kFThreads * 8 == kFM * kFK, "tile / thread layout");
+constexpr int kFVecs = kFM * kFK / 8 / kFThreads;            // uint4 a thread per tile
+constexpr int kVK = kFK / 8, kVN = kFN / 8;                  // uint4 along a BK row / a 128 row
+static_assert(kFM == kFN && kFVecs * kFThreads * 8 == kFM * kFK, "tile / thread layout");
 
-// One 16-byte vector of a [rows][BK] tile (row = c / 4, k = c % 4 * 8) or a [BK][cols] tile
-// (k = c / 16, col = c % 16 * 8); invalid vectors are zeros and read nothing.
+// One 16-byte vector (vector c of a [rows][BK] tile: row = c / kVK, k = c % kVK * 8; of a [BK][cols]
+// tile: k = c / kVN, col = c % kVN * 8); invalid vectors are zeros and read nothing.
 __device__ __forceinline__ uint4 ld16(const void* p, bool ok) {
   return ok ? __ldg(static_cast<const uint4*>(p)) : make_uint4(0u, 0u, 0u, 0u);
 }
@@ -247,13 +253,13 @@ __global__ void __launch_bounds__(kFThreads) grouped_gemm_fast_kernel(const T* x
 #pragma unroll
       for (int v = 0; v < kFVecs; ++v) {
         const int c = threadIdx.x + v * kFThreads;
-        const int64_t r = m0 + c / 4, kk = k0 + c % 4 * 8;
+        const int64_t r = m0 + c / kVK, kk = k0 + c % kVK * 8;
         ra[v] = ld16(x + r * Kin + kk, r >= lo && r < hi && kk < Kin);
         if constexpr (kTransB) {
-          const int64_t nn = n0 + c / 4;
+          const int64_t nn = n0 + c / kVK;
           rb[v] = ld16(We + nn * Kin + kk, nn < Nout && kk < Kin);
         } else {
-          const int64_t kb = k0 + c / 16, nn = n0 + c % 16 * 8;
+          const int64_t kb = k0 + c / kVN, nn = n0 + c % kVN * 8;
           rb[v] = ld16(We + kb * Nout + nn, kb < Kin && nn < Nout);
         }
       }
@@ -264,9 +270,9 @@ __global__ void __launch_bounds__(kFThreads) grouped_gemm_fast_kernel(const T* x
 #pragma unroll
       for (int v = 0; v < kFVecs; ++v) {
         const int c = threadIdx.x + v * kFThreads;
-        *reinterpret_cast<uint4*>(&As[(c / 4) * kFLdK + c % 4 * 8]) = ra[v];
-        if constexpr (kTransB) *reinterpret_cast<uint4*>(&Bs[(c / 4) * kFLdK + c % 4 * 8]) = rb[v];
-        else *reinterpret_cast<uint4*>(&Bs[(c / 16) * kFLdN + c % 16 * 8]) = rb[v];
+        *reinterpret_cast<uint4*>(&As[(c / kVK) * kFLdK + c % kVK * 8]) = ra[v];
+        if constexpr (kTransB) *reinterpret_cast<uint4*>(&Bs[(c / kVK) * kFLdK + c % kVK * 8]) = rb[v];
+        else *reinterpret_cast<uint4*>(&Bs[(c / kVN) * kFLdN + c % kVN * 8]) = rb[v];
       }
       __syncthreads();
       if (k0 + kFK < Kin) load(k0 + kFK);  // in flight during the MMAs below
@@ -302,7 +308,7 @@ __global__ void __launch_bounds__(kFThreads) grouped_gemm_fast_kernel(const T* x
 // dW[e][n0 + m][k0 + n] = sum over e's rows r of dy[r][n0 + m] x[r][k0 + n], the same tiling with
 // the reduction over rows: A = dy^T staged [r][m] (col_major A), B = x staged [r][n] (row_major).
 template <typename T, typename TW>
-__global__ void __launch_bounds__(kFThreads) grouped_wgrad_fast_kernel(const T* dy, const T* x, const int32_t* off,
+__global__ void __launch_bounds__(kFThreads, 2) grouped_wgrad_fast_kernel(const T* dy, const T* x, const int32_t* off,
                                                                        TW* dW, int64_t M, int64_t Kin, int64_t Nout,
                                                                        bool accumulate) {
   namespace wmma = nvcuda::wmma;
@@ -324,7 +330,7 @@ __global__ void __launch_bounds__(kFThreads) grouped_wgrad_fast_kernel(const T* 
 #pragma unroll
     for (int v = 0; v < kFVecs; ++v) {
       const int c = threadIdx.x + v * kFThreads;
-      const int64_t r = r0 + c / 16, col = c % 16 * 8;
+      const int64_t r = r0 + c / kVN, col = c % kVN * 8;
       ra[v] = ld16(dy + r * Nout + n0 + col, r < hi && n0 + col < Nout);
       rb[v] = ld16(x + r * Kin + k0 + col, r < hi && k0 + col < Kin);
     }
@@ -335,8 +341,8 @@ __global__ void __launch_bounds__(kFThreads) grouped_wgrad_fast_kernel(const T* 
 #pragma unroll
     for (int v = 0; v < kFVecs; ++v) {
       const int c = threadIdx.x + v * kFThreads;
-      *reinterpret_cast<uint4*>(&As[(c / 16) * kFLdN + c % 16 * 8]) = ra[v];
-      *reinterpret_cast<uint4*>(&Bs[(c / 16) * kFLdN + c % 16 * 8]) = rb[v];
+      *reinterpret_cast<uint4*>(&As[(c / kVN) * kFLdN + c % kVN * 8]) = ra[v];
+      *reinterpret_cast<uint4*>(&Bs[(c / kVN) * kFLdN + c % kVN * 8]) = rb[v];
     }
     __syncthreads();
     if (r0 + kFK < hi) load(r0 + kFK);
