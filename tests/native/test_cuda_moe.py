@@ -190,3 +190,22 @@ def test_z_loss_matches_cpu(layers, n, e, dtype):
         (d0,), (d1,) = both("moe_z_loss_bwd", [np.array([0.5], np.float32), lg], [((n, e), dtype)],
                             num_layers=layers)
         close(d1, d0, dtype)
+
+
+@pytest.mark.parametrize("dtype,kin", [("bfloat16", 64), ("float16", 64), ("bfloat16", 36), ("float32", 64)])
+def test_grouped_matmul_bad_offsets_stay_in_bounds(dtype, kin):
+    """Offsets the device cannot validate (negative, past M, decreasing) give wrong numbers, never an
+    out-of-bounds access: the calls succeed and a correct call afterwards still matches the CPU."""
+    m, e, nout = 150, 4, 40
+    x = rand((m, kin), dtype, 0)
+    w = rand((e, nout, kin), dtype, 1, scale=1 / np.sqrt(kin))
+    dy = rand((m, nout), dtype, 2)
+    for bad in ([-7, 40, 20, 10**6, 3], [0, 200, 100, 160, 150], [5, 5, -1, 149, 2**31 - 1]):
+        off = np.array(bad, np.int32)
+        (y,) = run_on("cuda", "moe_grouped_matmul", [x, w, off], [((m, nout), dtype)])
+        assert np.isfinite(y.astype(np.float32)).all()
+        (dw,) = run_on("cuda", "moe_grouped_matmul_wgrad", [dy, x, off], [((e, nout, kin), "float32")])
+        assert np.isfinite(dw).all()
+    off = grouped_offsets([30, 0, 100, 20])
+    (y0,), (y1,) = both("moe_grouped_matmul", [x, w, off], [((m, nout), dtype)])
+    close(y1.astype(np.float32), y0.astype(np.float32), dtype)
