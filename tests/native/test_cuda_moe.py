@@ -97,12 +97,26 @@ def test_permute_and_unpermute_match_cpu(n, e, k, c, dtype):
     close(dw1.astype(np.float32), dw0.astype(np.float32), dtype)
 
 
+# The CUDA grouped GEMM has a tensor-core fast path (128x128 tiles, register accumulators, 16-byte
+# loads) for bf16 / f16 with the weights in the same dtype and Kin, Nout multiples of 8, and the
+# generic kernel otherwise (f32, mixed dtypes, (36, 72) and (64, 100) here). Counts: one expert;
+# empty experts; a 128-row tile straddling many experts; M = 423 / 397, not a multiple of 128.
+# Shapes: partial 32-wide K steps (40, 200), partial 128-wide N tiles (24, 96, 136), both K layouts
+# (trans_b = 0 swaps Kin and Nout).
+GEMM_COUNTS = [[5], [3, 0, 70, 1], [0, 0, 2, 0], [200, 1, 17, 0, 9, 64, 2, 130], [1] * 20 + [0] * 5 + [300] + [7] * 11]
+GEMM_SHAPES = [(64, 96), (40, 24), (200, 136), (2048, 768), (36, 72), (64, 100)]
+
+
+def grouped_offsets(counts):
+    return np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+
+
 @pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("counts", [[5], [3, 0, 70, 1], [0, 0, 2, 0], [200, 1, 17, 0, 9, 64, 2, 130]])
-@pytest.mark.parametrize("kin,nout", [(64, 96), (40, 24), (2048, 768)])
+@pytest.mark.parametrize("counts", GEMM_COUNTS)
+@pytest.mark.parametrize("kin,nout", GEMM_SHAPES)
 def test_grouped_matmul_and_wgrad_match_cpu(counts, kin, nout, dtype):
     m, e = sum(counts), len(counts)
-    off = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    off = grouped_offsets(counts)
     x = rand((m, kin), dtype, 0)
     w = rand((e, nout, kin), dtype, 1, scale=1 / np.sqrt(kin))
     (y0,), (y1,) = both("moe_grouped_matmul", [x, w, off], [((m, nout), dtype)])
@@ -115,6 +129,39 @@ def test_grouped_matmul_and_wgrad_match_cpu(counts, kin, nout, dtype):
     close(dw1, dw0, dtype)
     (dw0,), (dw1,) = both("moe_grouped_matmul_wgrad", [dy, x, off], [base.copy()])
     close(dw1, dw0, dtype)
+    # dW in the activations' dtype (the fast path's 16-byte stores, and their accumulate)
+    base = rand((e, nout, kin), dtype, 4)
+    (dw0,), (dw1,) = both("moe_grouped_matmul_wgrad", [dy, x, off], [base.copy()], accumulate=1)
+    close(dw1.astype(np.float32), dw0.astype(np.float32), dtype)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("trans_b", [1, 0])
+def test_grouped_matmul_routed_many_experts(trans_b, dtype):
+    """A real routing (128 experts, top-8, uneven counts, some experts empty) at a small width."""
+    n, e, k, kin, nout = 75, 128, 8, 256, 384
+    _, _, off = routed(n, e, k, seed=7)
+    m = n * k
+    x = rand((m, kin), dtype, 0)
+    w = rand((e, nout, kin) if trans_b else (e, kin, nout), dtype, 1, scale=1 / np.sqrt(kin))
+    (y0,), (y1,) = both("moe_grouped_matmul", [x, w, off], [((m, nout), dtype)], trans_b=trans_b)
+    close(y1.astype(np.float32), y0.astype(np.float32), dtype)
+    dy = rand((m, nout), dtype, 2)
+    (dw0,), (dw1,) = both("moe_grouped_matmul_wgrad", [dy, x, off], [((e, nout, kin), "float32")])
+    close(dw1, dw0, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_grouped_matmul_mixed_weight_dtype_matches_cpu(dtype):
+    """x in one float type, W in another: the generic kernel (the fast path needs W in x's dtype)."""
+    counts = [3, 0, 140, 9]
+    m, e, kin, nout = sum(counts), len(counts), 64, 48
+    off = grouped_offsets(counts)
+    wdt = "float16" if dtype == "bfloat16" else "bfloat16"
+    x = rand((m, kin), dtype, 0)
+    w = rand((e, nout, kin), wdt, 1, scale=1 / np.sqrt(kin))
+    (y0,), (y1,) = both("moe_grouped_matmul", [x, w, off], [((m, nout), dtype)])
+    close(y1.astype(np.float32), y0.astype(np.float32), wdt if dtype == "float32" else dtype)
 
 
 @pytest.mark.parametrize("layers,n,e,k", [(1, 11, 4, 1), (3, 257, 128, 8)])
@@ -143,3 +190,22 @@ def test_z_loss_matches_cpu(layers, n, e, dtype):
         (d0,), (d1,) = both("moe_z_loss_bwd", [np.array([0.5], np.float32), lg], [((n, e), dtype)],
                             num_layers=layers)
         close(d1, d0, dtype)
+
+
+@pytest.mark.parametrize("dtype,kin", [("bfloat16", 64), ("float16", 64), ("bfloat16", 36), ("float32", 64)])
+def test_grouped_matmul_bad_offsets_stay_in_bounds(dtype, kin):
+    """Offsets the device cannot validate (negative, past M, decreasing) give wrong numbers, never an
+    out-of-bounds access: the calls succeed and a correct call afterwards still matches the CPU."""
+    m, e, nout = 150, 4, 40
+    x = rand((m, kin), dtype, 0)
+    w = rand((e, nout, kin), dtype, 1, scale=1 / np.sqrt(kin))
+    dy = rand((m, nout), dtype, 2)
+    for bad in ([-7, 40, 20, 10**6, 3], [0, 200, 100, 160, 150], [5, 5, -1, 149, 2**31 - 1]):
+        off = np.array(bad, np.int32)
+        (y,) = run_on("cuda", "moe_grouped_matmul", [x, w, off], [((m, nout), dtype)])
+        assert np.isfinite(y.astype(np.float32)).all()
+        (dw,) = run_on("cuda", "moe_grouped_matmul_wgrad", [dy, x, off], [((e, nout, kin), "float32")])
+        assert np.isfinite(dw).all()
+    off = grouped_offsets([30, 0, 100, 20])
+    (y0,), (y1,) = both("moe_grouped_matmul", [x, w, off], [((m, nout), dtype)])
+    close(y1.astype(np.float32), y0.astype(np.float32), dtype)
