@@ -40,13 +40,18 @@ PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # dense bf16, the v
 
 def step_flops(model: Model, batch: int, seq: int, lora: LoRAConfig | None) -> float:
     """Matmul FLOPs of one training step: 2 per weight per token forward, 2 more for the input
-    gradient, 2 more for the weight gradient of a full fine-tune; attention's score and value
-    products (causal: half); LoRA adapters are negligible and not counted."""
+    gradient, 2 more for the weight gradient of a full fine-tune (a MoE layer's weights: the
+    top_k experts a token runs and the router); attention's score and value products (causal:
+    half); LoRA adapters are negligible and not counted."""
     s = model.spec
     n = batch * seq
-    per_layer = s.hidden_size * (s.num_heads + 2 * s.num_kv_heads) * s.head_dim \
-        + s.num_heads * s.head_dim * s.hidden_size + 3 * s.hidden_size * s.intermediate_size
-    weights = s.num_layers * per_layer + s.vocab_size * s.hidden_size
+    attn = s.hidden_size * (s.num_heads + 2 * s.num_kv_heads) * s.head_dim + s.num_heads * s.head_dim * s.hidden_size
+    dense = 3 * s.hidden_size * s.intermediate_size
+    moe = s.moe
+    sparse = set(moe.layers) if moe is not None else set()
+    # A MoE layer: the top_k experts a token runs (and the router), not all of them.
+    routed = 3 * s.hidden_size * moe.intermediate_size * moe.top_k + s.hidden_size * moe.num_experts if moe else 0
+    weights = sum(attn + (routed if i in sparse else dense) for i in range(s.num_layers)) + s.vocab_size * s.hidden_size
     passes = 4 if lora is not None else 6
     attn = 4 * s.num_layers * s.num_heads * s.head_dim * batch * seq * seq / 2  # QK^T and PV, causal
     return passes * weights * n + 3 * attn  # attention: forward once, backward twice
