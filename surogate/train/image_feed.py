@@ -91,16 +91,24 @@ class ImageFeed:
             self.arrays[name][:] = arr
 
 
-def has_feed(spec) -> bool:
-    """Whether the trainer can feed this vision spec's images (Gemma 3's, Qwen3-VL's)."""
-    return hasattr(spec.vision, "tower") or hasattr(spec.vision, "mm_tokens_per_image")
+def _qwen3_vl_feed(model, prompt, images: int, n_tokens: int):
+    from surogate.train.qwen3_vl_feed import Qwen3VLFeed
+
+    return Qwen3VLFeed(model, prompt, images, n_tokens)
+
+
+# The training feed of each vision family, by family name (models/ cannot import train/: the
+# choice lives here). A vision family not listed trains on text rows only (images_refused).
+FEEDS = {"gemma3": lambda model, prompt, images, n_tokens: ImageFeed(model, prompt, images, n_tokens),
+         "qwen3_vl": _qwen3_vl_feed}
+
+
+def has_feed(family_name: str) -> bool:
+    """Whether the trainer can feed this vision family's images (Gemma 3's, Qwen3-VL's)."""
+    return family_name in FEEDS
 
 
 def make_feed(model, prompt, images: int, n_tokens: int):
     """The family's training feed: Qwen3-VL's (train/qwen3_vl_feed.py, ``images``: merged rows)
     or Gemma 3's `ImageFeed`."""
-    if hasattr(model.spec.vision, "tower"):
-        from surogate.train.qwen3_vl_feed import Qwen3VLFeed
-
-        return Qwen3VLFeed(model, prompt, images, n_tokens)
-    return ImageFeed(model, prompt, images, n_tokens)
+    return FEEDS[model.family.name](model, prompt, images, n_tokens)

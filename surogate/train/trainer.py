@@ -140,7 +140,7 @@ class Trainer:
     def _datasets(self):
         """(train, eval or None): what the iterator and `_step` consume (a DPO trainer's are pairs)."""
         m = self.model  # a vision model's image placeholders (None: rows with images are errors)
-        hook = m.family.image_prompt if m.spec.vision is not None and has_feed(m.spec) else None
+        hook = m.family.image_prompt if m.spec.vision is not None and has_feed(m.family.name) else None
         self.image_prompt, refused = None, None
         if m.spec.vision is not None and hook is None:  # text rows still train
             refused = (f"this model's family ({m.family.name}) has a vision tower but no training feed for images yet",

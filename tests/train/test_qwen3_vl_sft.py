@@ -236,7 +236,7 @@ def test_image_rows_for_a_vision_family_without_a_training_feed_say_so(folder, t
     import surogate.train.trainer as trainer_module
     from surogate.errors import FileFormatError
 
-    monkeypatch.setattr(trainer_module, "has_feed", lambda spec: False)
+    monkeypatch.setattr(trainer_module, "has_feed", lambda family_name: False)
     data = tmp_path / "d" / "rows.jsonl"
     data.parent.mkdir()
     row = {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What?"}]},
