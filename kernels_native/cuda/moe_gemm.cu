@@ -22,7 +22,6 @@
 #include <mma.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <type_traits>
 
 #include "cuda/backend.h"
@@ -372,23 +371,11 @@ __global__ void __launch_bounds__(kFThreads, 2) grouped_wgrad_fast_kernel(const 
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// The fast kernels are opt-in (SUROGATE_MOE_FAST_GEMM=1, read once) until they have passed
-// tests/native/test_cuda_moe.py on an H200: they were written in a session with no device time
-// left. test_cuda_moe.py sets the variable, so a `.ci/h200` run checks them.
-bool fast_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("SUROGATE_MOE_FAST_GEMM");
-    return v != nullptr && v[0] == '1';
-  }();
-  return on;
-}
-
 // Launches the fast forward kernel and returns true where it applies (T = TW = bf16 / f16, Kin and
 // Nout multiples of 8, 16-byte aligned bases); false leaves the call to grouped_gemm_kernel.
 template <typename T, typename TW>
 bool launch_fast_gemm(const MoeGroupedArgs& d, const T* x, const TW* W, const int32_t* off, T* y) {
   if constexpr (std::is_same_v<T, TW> && !std::is_same_v<T, float>) {
-    if (!fast_enabled()) return false;
     if (d.Kin % 8 != 0 || d.Nout % 8 != 0 || !aligned16(x) || !aligned16(W) || !aligned16(y)) return false;
     const dim3 grid(static_cast<unsigned>((d.Nout + kFN - 1) / kFN), static_cast<unsigned>((d.M + kFM - 1) / kFM));
     const int E = static_cast<int>(d.E);
@@ -407,7 +394,6 @@ bool launch_fast_gemm(const MoeGroupedArgs& d, const T* x, const TW* W, const in
 template <typename T, typename TW>
 bool launch_fast_wgrad(const MoeGroupedArgs& d, const T* dy, const T* x, const int32_t* off, TW* dW) {
   if constexpr (!std::is_same_v<T, float>) {
-    if (!fast_enabled()) return false;
     if (d.Kin % 8 != 0 || d.Nout % 8 != 0 || !aligned16(dy) || !aligned16(x) || !aligned16(dW)) return false;
     const dim3 grid(static_cast<unsigned>((d.Kin + kFN - 1) / kFN), static_cast<unsigned>((d.Nout + kFM - 1) / kFM),
                     static_cast<unsigned>(d.E));

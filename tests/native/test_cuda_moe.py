@@ -7,7 +7,6 @@ Skipped on machines without a CUDA build and a GPU. Shape letters: N tokens, C c
 E experts, K chosen per token, M = N * K permuted rows.
 """
 
-import os
 
 import numpy as np
 import pytest
@@ -24,10 +23,6 @@ pytestmark = pytest.mark.cuda
 HAS_CUDA = bool(_native.build_info()["cuda"]) and len(_native.cuda_devices()) > 0
 if not HAS_CUDA:
     pytest.skip("no CUDA build or no GPU", allow_module_level=True)
-
-# moe_gemm.cu's tensor-core kernels are opt-in until verified on an H200; this module checks them,
-# and the variable is read at the first MoE launch (after collection): the whole run takes them.
-os.environ.setdefault("SUROGATE_MOE_FAST_GEMM", "1")
 
 FLOATS = ["float32", "bfloat16", "float16"]
 
