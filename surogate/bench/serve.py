@@ -209,9 +209,21 @@ def copy_bandwidth(device: str, nbytes: int = 1 << 30, repeats: int = 5) -> floa
     return 2 * (nbytes // 2) * repeats / (time.perf_counter() - t0)
 
 
+def active_weight_bytes(model) -> float:
+    """The weight bytes one decode token reads: every tensor, but of a MoE layer's stacked expert
+    tensors ([num_experts, ...]) only top_k experts' share (the router picks that many)."""
+    moe = model.spec.moe
+    total = 0.0
+    for a in model.params.values():
+        stacked = moe is not None and a.ndim == 3 and a.shape[0] == moe.num_experts
+        total += a.nbytes * (moe.top_k / moe.num_experts if stacked else 1.0)
+    return total
+
+
 def roofline(model, device: str) -> tuple[float, float]:
-    """(weight bytes, the single-stream decode ceiling in tokens/s: bandwidth / weight bytes)."""
-    weights = sum(a.nbytes for a in model.params.values())
+    """(weight bytes read per token, the single-stream decode ceiling in tokens/s: bandwidth over
+    those bytes; a MoE model's counts only the active experts)."""
+    weights = active_weight_bytes(model)
     return weights, copy_bandwidth(device) / weights
 
 

@@ -54,3 +54,30 @@ def test_the_peers_config_is_the_same_model(name):
     # scale), or the two sides of a benchmark compute different models.
     spec = spec_for(name)
     assert family_named(spec.family).spec_from_config(hf_config(spec)) == spec
+
+
+def test_a_moe_roofline_counts_only_the_active_experts():
+    """The single-stream ceiling of a MoE shape reads top_k of num_experts experts' weights per
+    token: the Qwen3-30B-A3B shape's active weights, counted from transformers' own modules."""
+    import dataclasses
+
+    from surogate.bench.serve import active_weight_bytes
+    from surogate.bench.train import random_model
+
+    spec = spec_for("qwen3-30b-a3b")
+    spec = dataclasses.replace(spec, num_layers=2, hidden_size=64, num_heads=2, num_kv_heads=1, head_dim=32,
+                               vocab_size=256, moe=dataclasses.replace(spec.moe, intermediate_size=16, layers=(0, 1)))
+    model = random_model(spec, "float32")
+    cls = hf_model_class(spec)
+    cfg = cls.config_class(**hf_config(spec))
+    with torch.device("meta"):
+        hf = cls(cfg)
+    total = experts = 0
+    for name, p in hf.named_parameters():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        total += p.numel()
+        experts += p.numel() if ".mlp.experts." in name else 0
+    want = 4 * (total - experts + experts * spec.moe.top_k / spec.moe.num_experts)
+    assert active_weight_bytes(model) == pytest.approx(want)
+    assert active_weight_bytes(model) < 0.2 * sum(a.nbytes for a in model.params.values())
