@@ -19,8 +19,9 @@
 // the last query's limit, the backward's query tiles start at the first query that sees the key
 // tile (a binary search over the document's nondecreasing limits); both stay intervals.
 //
-// bf16 / f16 with D = 64 or 128 and no softcap take the fast path instead (attention_flash.cu:
-// register-resident FlashAttention-2 on mma.sync); these kernels serve everything else.
+// bf16 / f16 with D a multiple of 8 up to 128 and no softcap take the fast path instead
+// (attention_flash.cu: register-resident FlashAttention-2 on mma.sync); these kernels serve
+// everything else (f32, softcap, D > 128 or not a multiple of 8).
 //
 // Documents are found on the device: cu_seqlens is device memory and reading it on the host
 // would synchronize. A one-block kernel turns it into tile offsets (document s owns tiles

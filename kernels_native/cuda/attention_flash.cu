@@ -1,6 +1,7 @@
-// FlashAttention-2 for bf16 / f16 with head dim D = 64 or 128 (no softcap): the fast path of
-// attention_fwd / attention_bwd. cpu/attention.cpp is the spec (scale, visible keys, lse, the
-// backward's math); cuda/attention.cu holds the general kernels, the checks and the dispatch.
+// FlashAttention-2 for bf16 / f16 with head dim D a multiple of 8 up to 128 (no softcap): the
+// fast path of attention_fwd / attention_bwd. cpu/attention.cpp is the spec (scale, visible keys,
+// lse, the backward's math); cuda/attention.cu holds the general kernels, the checks and the
+// dispatch.
 //
 // Everything hot lives in registers: tensor cores through mma.sync m16n8k16 (f32 accumulate),
 // operands read from shared memory with ldmatrix, K / V (forward) and Q / dO (backward) tiles
@@ -18,6 +19,13 @@
 //             dP^T = V dO^T, dS^T = P^T (dP^T - Delta), dV += P^T dO, dK += dS^T Q (all with key
 //             rows as the M dimension, so the accumulators stay put), then dS^T goes to shared
 //             memory and dQ += dS K is added atomically into the f32 scratch.
+//
+// Widths: the tiles are compiled for kD in {64, 80, 96, 112, 128}, D on the next one up. A D below
+// its width (kPad: 72 for Gemma 3's SigLIP, 8..56, 88, ...) reads its D columns of q / k / v / dO
+// into the kD-wide shared tiles and zero-fills the rest: zero columns add nothing to Q K^T, V dO^T
+// or dS K and give zero output columns, which are not stored. D % 8 == 0 keeps every row 16-byte
+// aligned and makes each 8-column fragment tile either all real or all padding. kPad = false
+// (D == kD) is the code it was before, with no runtime D.
 //
 // mma.sync.m16n8k16 fragments (g = lane / 4, t = lane % 4), 16-bit operands packed two per
 // 32-bit register, the lower index in the lower half:
@@ -190,22 +198,33 @@ struct FlashParams {
   int G, S;
   FlashMask mask;
   float scale;
+  int D;  // the real head dim, read by kPad kernels only (last: the other fields keep their offsets)
 };
 
 // ---- tile loads ------------------------------------------------------------------------------
 
 // Rows [0, kRows) x kD of a row-major global tile (row stride `stride` elements) into shared
-// memory with leading dim kD + 8; rows >= nvalid become zeros (never read from global).
-template <typename T, int kRows, int kD, int kThreads>
-__device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t stride, int nvalid) {
+// memory with leading dim kD + 8; rows >= nvalid and (kPad) columns >= D become zeros (never read
+// from global). kRolled keeps the rounds a loop: fewer live registers where the caller has none
+// to spare (the padded backward at kD 112 and 128 spills with them unrolled).
+template <typename T, int kRows, int kD, int kThreads, bool kPad = false, bool kRolled = false>
+__device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t stride, int nvalid, int D = kD) {
   constexpr int kChunks = kD / 8;  // 16-byte chunks per row
-  static_assert(kRows * kChunks % kThreads == 0, "whole rounds of 16-byte copies");
-#pragma unroll
-  for (int i = 0; i < kRows * kChunks / kThreads; ++i) {
+  constexpr int kTotal = kRows * kChunks;
+  constexpr int kRounds = (kTotal + kThreads - 1) / kThreads;  // the last one partial for some widths
+  auto copy = [&](int i) {
     const int e = i * kThreads + static_cast<int>(threadIdx.x);
+    if (kTotal % kThreads != 0 && e >= kTotal) return;
     const int r = e / kChunks, c = (e % kChunks) * 8;
-    const bool ok = r < nvalid;
+    const bool ok = r < nvalid && (!kPad || c < D);
     cp_async16(smem_u32(dst + r * (kD + 8) + c), ok ? src + r * stride + c : src, ok);
+  };
+  if constexpr (kRolled) {
+#pragma unroll 1
+    for (int i = 0; i < kRounds; ++i) copy(i);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kRounds; ++i) copy(i);
   }
 }
 
@@ -213,15 +232,15 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t stride, 
 
 template <int kD>
 struct FwdShape {
-  static constexpr int kWarps = kD == 64 ? 8 : 4;
+  static constexpr int kWarps = kD <= 96 ? 8 : 4;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int BM = 16 * kWarps;  // query rows: 128 (D = 64) or 64 (D = 128)
+  static constexpr int BM = 16 * kWarps;  // query rows: 128 (kD 64, 80, 96) or 64 (kD 112, 128)
   static constexpr int BN = 64;           // keys per tile
   static constexpr int LD = kD + 8;
   static constexpr int kBytes = (BM + 4 * BN) * LD * 2;  // Q, K x2, V x2
 };
 
-template <typename T, int kD, bool kLimit>
+template <typename T, int kD, bool kPad, bool kLimit>
 __global__ void __launch_bounds__(FwdShape<kD>::kThreads) flash_fwd_kernel(FlashParams p) {
   using F = FwdShape<kD>;
   constexpr int BM = F::BM, BN = F::BN, LD = F::LD, kThreads = F::kThreads;
@@ -241,10 +260,11 @@ __global__ void __launch_bounds__(FwdShape<kD>::kThreads) flash_fwd_kernel(Flash
   T* Ks = Qs + BM * LD;      // two buffers of BN * LD
   T* Vs = Ks + 2 * BN * LD;  // two buffers of BN * LD
 
-  const int64_t q_stride = p.Hq * kD, kv_stride = p.Hkv * kD;
-  const T* q_tile = static_cast<const T*>(p.q) + ((base + q0) * p.Hq + h) * kD;
-  const T* k_head = static_cast<const T*>(p.k) + (base * p.Hkv + hk) * kD;  // key j at j * kv_stride
-  const T* v_head = static_cast<const T*>(p.v) + (base * p.Hkv + hk) * kD;
+  const int D = kPad ? p.D : kD;  // global row width; columns [D, kD) are zeros in shared memory
+  const int64_t q_stride = p.Hq * D, kv_stride = p.Hkv * D;
+  const T* q_tile = static_cast<const T*>(p.q) + ((base + q0) * p.Hq + h) * D;
+  const T* k_head = static_cast<const T*>(p.k) + (base * p.Hkv + hk) * D;  // key j at j * kv_stride
+  const T* v_head = static_cast<const T*>(p.v) + (base * p.Hkv + hk) * D;
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   // This thread's two rows (g and g + 8 of its warp) and their visible keys.
@@ -263,10 +283,10 @@ __global__ void __launch_bounds__(FwdShape<kD>::kThreads) flash_fwd_kernel(Flash
   auto load_kv = [&](int kb, int buf) {
     const int64_t k0 = int64_t(kb) * BN;
     const int nk = static_cast<int>(min64(BN, L - k0));
-    load_tile<T, BN, kD, kThreads>(Ks + buf * BN * LD, k_head + k0 * kv_stride, kv_stride, nk);
-    load_tile<T, BN, kD, kThreads>(Vs + buf * BN * LD, v_head + k0 * kv_stride, kv_stride, nk);
+    load_tile<T, BN, kD, kThreads, kPad>(Ks + buf * BN * LD, k_head + k0 * kv_stride, kv_stride, nk, D);
+    load_tile<T, BN, kD, kThreads, kPad>(Vs + buf * BN * LD, v_head + k0 * kv_stride, kv_stride, nk, D);
   };
-  load_tile<T, BM, kD, kThreads>(Qs, q_tile, q_stride, nq);
+  load_tile<T, BM, kD, kThreads, kPad>(Qs, q_tile, q_stride, nq, D);
   load_kv(kb_begin, 0);
   cp_async_commit();
   cp_async_wait<0>();
@@ -382,9 +402,10 @@ __global__ void __launch_bounds__(FwdShape<kD>::kThreads) flash_fwd_kernel(Flash
     if (row >= nq) continue;
     const int64_t at = (base + q0 + row) * p.Hq + h;
     const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
-    T* orow = out + at * kD + 2 * t;
+    T* orow = out + at * D + 2 * t;
 #pragma unroll
     for (int n = 0; n < kD / 8; ++n) {
+      if (kPad && n * 8 >= D) break;  // padding columns (all zero) are not stored
       *reinterpret_cast<uint32_t*>(orow + n * 8) = pack2<T>(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
     }
     if (t == 0) p.lse[at] = m[r] * kLn2 + logf(lsum);
@@ -395,11 +416,13 @@ __global__ void __launch_bounds__(FwdShape<kD>::kThreads) flash_fwd_kernel(Flash
 
 template <int kD>
 struct BwdShape {
+  // kD 80..112 as 128: with 8 warps the dQ columns would split into widths that are not whole
+  // 16-column ldmatrix tiles (40, 56).
   static constexpr int kWarps = kD == 64 ? 8 : 4;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int BN = 16 * kWarps;  // keys: 128 (D = 64) or 64 (D = 128)
+  static constexpr int BN = 16 * kWarps;  // keys: 128 (kD 64) or 64 (kD 80..128)
   static constexpr int BM = 64;           // queries per tile
-  static constexpr int kSub = kD == 64 ? 64 : 32;  // queries per register score tile
+  static constexpr int kSub = kD <= 80 ? 64 : 32;  // queries per register score tile
   static constexpr int LD = kD + 8;
   static constexpr int LDS = BM + 8;      // dS^T rows (keys) in shared memory
   static constexpr int kK = 0;                          // K: BN x LD
@@ -414,11 +437,11 @@ struct BwdShape {
   static constexpr int kRowGroups = BM / 16;
   static constexpr int kColGroups = kWarps / kRowGroups;
   static constexpr int kCols = kD / kColGroups;
-  static_assert(kColGroups * kRowGroups == kWarps && kCols % 32 == 0, "dQ work split");
+  static_assert(kColGroups * kRowGroups == kWarps && kCols % 16 == 0, "dQ work split");
   static_assert(kThreads >= BM, "one thread per query row loads lse and Delta");
 };
 
-template <typename T, int kD, bool kLimit>
+template <typename T, int kD, bool kPad, bool kLimit>
 __global__ void __launch_bounds__(BwdShape<kD>::kThreads) flash_bwd_kernel(FlashParams p) {
   using B = BwdShape<kD>;
   constexpr int BM = B::BM, BN = B::BN, LD = B::LD, LDS = B::LDS, kThreads = B::kThreads, kSub = B::kSub;
@@ -443,7 +466,9 @@ __global__ void __launch_bounds__(BwdShape<kD>::kThreads) flash_bwd_kernel(Flash
 
   const T* q = static_cast<const T*>(p.q);
   const T* dout = static_cast<const T*>(p.dout);
-  const int64_t q_stride = p.Hq * kD, kv_stride = p.Hkv * kD;
+  const int D = kPad ? p.D : kD;  // global row width; columns [D, kD) are zeros in shared memory
+  constexpr bool kRolled = kPad && kD >= 112;  // see load_tile
+  const int64_t q_stride = p.Hq * D, kv_stride = p.Hkv * D;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 
   // This thread's two key rows (g and g + 8 of its warp) and the queries that see them.
@@ -466,8 +491,8 @@ __global__ void __launch_bounds__(BwdShape<kD>::kThreads) flash_bwd_kernel(Flash
     const int64_t t0 = q_lo + int64_t(it % n_qt) * BM;
     const int nq = static_cast<int>(min64(BM, q_hi - t0));
     const int64_t row0 = (base + t0) * p.Hq + hk * p.G + it / n_qt;  // (token, head) of the first query
-    load_tile<T, BM, kD, kThreads>(Qs + buf * BM * LD, q + row0 * kD, q_stride, nq);
-    load_tile<T, BM, kD, kThreads>(dOs + buf * BM * LD, dout + row0 * kD, q_stride, nq);
+    load_tile<T, BM, kD, kThreads, kPad, kRolled>(Qs + buf * BM * LD, q + row0 * D, q_stride, nq, D);
+    load_tile<T, BM, kD, kThreads, kPad, kRolled>(dOs + buf * BM * LD, dout + row0 * D, q_stride, nq, D);
     const int r = threadIdx.x;
     if (r < BM) {
       const bool ok = r < nq;
@@ -475,8 +500,10 @@ __global__ void __launch_bounds__(BwdShape<kD>::kThreads) flash_bwd_kernel(Flash
       cp_async4(smem_u32(delta_s + buf * BM + r), p.delta + (ok ? row0 + r * p.Hq : 0), ok);
     }
   };
-  load_tile<T, BN, kD, kThreads>(Ks, static_cast<const T*>(p.k) + ((base + k0) * p.Hkv + hk) * kD, kv_stride, nk);
-  load_tile<T, BN, kD, kThreads>(Vs, static_cast<const T*>(p.v) + ((base + k0) * p.Hkv + hk) * kD, kv_stride, nk);
+  load_tile<T, BN, kD, kThreads, kPad>(Ks, static_cast<const T*>(p.k) + ((base + k0) * p.Hkv + hk) * D, kv_stride, nk,
+                                       D);
+  load_tile<T, BN, kD, kThreads, kPad>(Vs, static_cast<const T*>(p.v) + ((base + k0) * p.Hkv + hk) * D, kv_stride, nk,
+                                       D);
   if (total > 0) load_q(0, 0);
   cp_async_commit();
 
@@ -610,7 +637,8 @@ __global__ void __launch_bounds__(BwdShape<kD>::kThreads) flash_bwd_kernel(Flash
     __syncthreads();  // (2) dS^T complete; the next writer of dSs first passes (1) of it + 1
 
     // dQ[query][d] += sum over the tile's keys of dS[query][key] K[key][d]: A = (dS^T)^T (.trans),
-    // B = K stored [key][d] (.trans). This warp: rows qr + [0, 16), columns dc + [0, kCols).
+    // B = K stored [key][d] (.trans). This warp: rows qr + [0, 16), columns dc + [0, kCols), in
+    // chunks of 32 columns and (kCols % 32 == 16: kD 80, 112) a last one of 16.
     const int qr = (warp % B::kRowGroups) * 16, dc = (warp / B::kRowGroups) * B::kCols;
     uint32_t af[BN / 16][4];
 #pragma unroll
@@ -619,6 +647,7 @@ __global__ void __launch_bounds__(BwdShape<kD>::kThreads) flash_bwd_kernel(Flash
     }
 #pragma unroll
     for (int c0 = 0; c0 < B::kCols; c0 += 32) {
+      const int nw = min(32, B::kCols - c0);  // a constant once unrolled
       float acc[4][4];
 #pragma unroll
       for (int n = 0; n < 4; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
@@ -626,6 +655,7 @@ __global__ void __launch_bounds__(BwdShape<kD>::kThreads) flash_bwd_kernel(Flash
       for (int kk = 0; kk < BN / 16; ++kk) {
 #pragma unroll
         for (int np = 0; np < 2; ++np) {
+          if (np * 16 >= nw) break;
           uint32_t bk[4];
           ldsm_x4_t(bk, smem_u32(Ks + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + dc + c0 + np * 16 +
                                  (lane >> 4) * 8));
@@ -637,9 +667,10 @@ __global__ void __launch_bounds__(BwdShape<kD>::kThreads) flash_bwd_kernel(Flash
       for (int r = 0; r < 2; ++r) {
         const int row = qr + g + 8 * r;
         if (row >= nq) continue;
-        float* dst = p.dq_acc + ((base + t0 + row) * p.Hq + h) * kD + dc + c0 + 2 * t;
+        float* dst = p.dq_acc + ((base + t0 + row) * p.Hq + h) * D + dc + c0 + 2 * t;
 #pragma unroll
         for (int n = 0; n < 4; ++n) {
+          if (n * 8 >= nw || (kPad && dc + c0 + n * 8 >= D)) break;  // past the chunk, or padding
           atomicAdd(dst + n * 8, acc[n][2 * r]);
           atomicAdd(dst + n * 8 + 1, acc[n][2 * r + 1]);
         }
@@ -654,9 +685,10 @@ __global__ void __launch_bounds__(BwdShape<kD>::kThreads) flash_bwd_kernel(Flash
   for (int r = 0; r < 2; ++r) {
     const int row = warp * 16 + g + 8 * r;
     if (row >= nk) continue;
-    const int64_t at = ((base + k0 + row) * p.Hkv + hk) * kD + 2 * t;
+    const int64_t at = ((base + k0 + row) * p.Hkv + hk) * D + 2 * t;
 #pragma unroll
     for (int n = 0; n < kD / 8; ++n) {
+      if (kPad && n * 8 >= D) break;  // padding columns (all zero) are not stored
       *reinterpret_cast<uint32_t*>(dkp + at + n * 8) = pack2<T>(p.scale * dk[n][2 * r], p.scale * dk[n][2 * r + 1]);
       *reinterpret_cast<uint32_t*>(dvp + at + n * 8) = pack2<T>(dv[n][2 * r], dv[n][2 * r + 1]);
     }
@@ -679,6 +711,7 @@ FlashParams make_params(const FlashAttnArgs& a) {
   p.S = a.S;
   p.mask = FlashMask{a.causal, a.window, a.kv_limit};
   p.scale = a.scale;
+  p.D = static_cast<int>(a.D);
   return p;
 }
 
@@ -696,45 +729,63 @@ Status allow_smem(Kernel kernel, int bytes, std::atomic<uint64_t>* done) {
 
 int tile_grid(const FlashAttnArgs& a, int rows) { return static_cast<int>((a.N + rows - 1) / rows + a.S); }
 
-template <typename T, int kD, bool kLimit>
+template <typename T, int kD, bool kPad, bool kLimit>
 Status launch_fwd(const FlashParams& p, const FlashAttnArgs& a) {
   using F = FwdShape<kD>;
   static std::atomic<uint64_t> smem_set{0};
-  SG_RETURN_IF_ERROR(allow_smem(flash_fwd_kernel<T, kD, kLimit>, F::kBytes, &smem_set));
+  SG_RETURN_IF_ERROR(allow_smem(flash_fwd_kernel<T, kD, kPad, kLimit>, F::kBytes, &smem_set));
   const dim3 grid(tile_grid(a, F::BM), static_cast<unsigned>(a.Hq));
-  flash_fwd_kernel<T, kD, kLimit><<<grid, F::kThreads, F::kBytes, current_stream()>>>(p);
+  flash_fwd_kernel<T, kD, kPad, kLimit><<<grid, F::kThreads, F::kBytes, current_stream()>>>(p);
   SG_CUDA_CHECK_LAUNCH();
   return Status::OK();
 }
 
-template <typename T, int kD, bool kLimit>
+template <typename T, int kD, bool kPad, bool kLimit>
 Status launch_bwd(const FlashParams& p, const FlashAttnArgs& a) {
   using B = BwdShape<kD>;
   static std::atomic<uint64_t> smem_set{0};
-  SG_RETURN_IF_ERROR(allow_smem(flash_bwd_kernel<T, kD, kLimit>, B::kBytes, &smem_set));
+  SG_RETURN_IF_ERROR(allow_smem(flash_bwd_kernel<T, kD, kPad, kLimit>, B::kBytes, &smem_set));
   const dim3 grid(tile_grid(a, B::BN), static_cast<unsigned>(a.Hkv));
-  flash_bwd_kernel<T, kD, kLimit><<<grid, B::kThreads, B::kBytes, current_stream()>>>(p);
+  flash_bwd_kernel<T, kD, kPad, kLimit><<<grid, B::kThreads, B::kBytes, current_stream()>>>(p);
   SG_CUDA_CHECK_LAUNCH();
   return Status::OK();
 }
 
-// Launch<T, kD>::run for the dtype and head dim (flash_supports holds).
-template <template <typename, int> class Launch>
+// The compiled width that holds head dim D (flash_supports holds): D rounded up to 16, at least 64.
+int flash_width(int64_t D) { return D <= 64 ? 64 : static_cast<int>((D + 15) / 16 * 16); }
+
+// Calls f(std::integral_constant<int, kD>) for D's width.
+template <typename F>
+auto with_width(int64_t D, F&& f) {
+  switch (flash_width(D)) {
+    case 64: return f(std::integral_constant<int, 64>{});
+    case 80: return f(std::integral_constant<int, 80>{});
+    case 96: return f(std::integral_constant<int, 96>{});
+    case 112: return f(std::integral_constant<int, 112>{});
+    default: return f(std::integral_constant<int, 128>{});
+  }
+}
+
+// Launch<T, kD, kPad>::run for the dtype and head dim (flash_supports holds).
+template <template <typename, int, bool> class Launch>
 Status dispatch(const FlashParams& p, const FlashAttnArgs& a) {
   const bool bf16 = a.dtype == DType::kBF16;
-  if (a.D == 64) return bf16 ? Launch<__nv_bfloat16, 64>::run(p, a) : Launch<__half, 64>::run(p, a);
-  return bf16 ? Launch<__nv_bfloat16, 128>::run(p, a) : Launch<__half, 128>::run(p, a);
+  return with_width(a.D, [&](auto kd) -> Status {
+    constexpr int kD = decltype(kd)::value;
+    if (a.D == kD) return bf16 ? Launch<__nv_bfloat16, kD, false>::run(p, a) : Launch<__half, kD, false>::run(p, a);
+    return bf16 ? Launch<__nv_bfloat16, kD, true>::run(p, a) : Launch<__half, kD, true>::run(p, a);
+  });
 }
-template <typename T, int kD>
+template <typename T, int kD, bool kPad>
 struct FwdLaunch {
   static Status run(const FlashParams& p, const FlashAttnArgs& a) {
-    return p.mask.kv_limit ? launch_fwd<T, kD, true>(p, a) : launch_fwd<T, kD, false>(p, a);
+    return p.mask.kv_limit ? launch_fwd<T, kD, kPad, true>(p, a) : launch_fwd<T, kD, kPad, false>(p, a);
   }
 };
-template <typename T, int kD>
+template <typename T, int kD, bool kPad>
 struct BwdLaunch {
   static Status run(const FlashParams& p, const FlashAttnArgs& a) {
-    return p.mask.kv_limit ? launch_bwd<T, kD, true>(p, a) : launch_bwd<T, kD, false>(p, a);
+    return p.mask.kv_limit ? launch_bwd<T, kD, kPad, true>(p, a) : launch_bwd<T, kD, kPad, false>(p, a);
   }
 };
 
@@ -742,7 +793,7 @@ struct BwdLaunch {
 
 bool flash_supports(DType dtype, int64_t D, float softcap, std::initializer_list<const void*> ptrs) {
   if (dtype != DType::kBF16 && dtype != DType::kF16) return false;
-  if (D != 64 && D != 128) return false;
+  if (D < 8 || D > 128 || D % 8 != 0) return false;  // whole 16-byte row chunks, the widest tile
   if (softcap != 0.0f) return false;
   for (const void* ptr : ptrs) {
     if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return false;
@@ -750,8 +801,12 @@ bool flash_supports(DType dtype, int64_t D, float softcap, std::initializer_list
   return true;
 }
 
-int flash_fwd_rows(int64_t D) { return D == 64 ? FwdShape<64>::BM : FwdShape<128>::BM; }
-int flash_bwd_keys(int64_t D) { return D == 64 ? BwdShape<64>::BN : BwdShape<128>::BN; }
+int flash_fwd_rows(int64_t D) {
+  return with_width(D, [](auto kd) { return FwdShape<decltype(kd)::value>::BM; });
+}
+int flash_bwd_keys(int64_t D) {
+  return with_width(D, [](auto kd) { return BwdShape<decltype(kd)::value>::BN; });
+}
 
 Status flash_attention_fwd(const FlashAttnArgs& a, void* out, float* lse) {
   FlashParams p = make_params(a);

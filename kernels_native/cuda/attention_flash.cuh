@@ -1,7 +1,8 @@
 // The fast path of attention_fwd / attention_bwd (cuda/attention.cu): FlashAttention-2 kernels
-// with register-resident tiles for bf16 / f16 and head dims 64 and 128, no softcap. attention.cu
-// checks flash_supports, finds the documents' tiles (tile offsets for flash_fwd_rows /
-// flash_bwd_keys rows per tile) and keeps everything else on its own kernels.
+// with register-resident tiles for bf16 / f16 and head dims that are multiples of 8 up to 128
+// (compiled at widths 64, 80, 96, 112, 128; others zero-padded to the next), no softcap.
+// attention.cu checks flash_supports, finds the documents' tiles (tile offsets for
+// flash_fwd_rows / flash_bwd_keys rows per tile) and keeps everything else on its own kernels.
 // Shape letters as in cpu/attention.cpp: N packed tokens, Hq / Hkv heads, D head dim, S documents.
 #pragma once
 
@@ -26,7 +27,8 @@ struct FlashAttnArgs {
   const void *q = nullptr, *k = nullptr, *v = nullptr;  // [N, Hq, D], [N, Hkv, D] x2
 };
 
-// bf16 / f16, D 64 or 128, softcap 0, every pointer 16-byte aligned (cp.async moves 16 bytes).
+// bf16 / f16, D in [8, 128] and a multiple of 8, softcap 0, every pointer 16-byte aligned
+// (cp.async moves 16 bytes; D % 8 == 0 keeps every row aligned).
 bool flash_supports(DType dtype, int64_t D, float softcap, std::initializer_list<const void*> ptrs);
 
 // Query rows per forward tile and keys per backward tile: `off` counts tiles of this size.
