@@ -84,7 +84,7 @@ SHAPES = [
     (CU, 2, 2, 128, True, 32, 20.0),
     (CU, 4, 2, 128, False, 0, 0.0),
     (CU, 4, 1, 64, False, 32, 20.0),
-    (CU, 4, 2, 80, True, 32, 0.0),  # D padded up to the 128-wide kernel
+    (CU, 4, 2, 80, True, 32, 0.0),  # f32: D padded up to the 128-wide kernel; bf16 / f16: flash at 80
     (CU, 2, 2, 8, False, 0, 20.0),  # tiny D, padded to 64
     ([0, 3, 70], 3, 1, 256, True, 0, 0.0),
     # Gemma 4's global layers (head dim 512): 32 x 32 forward tiles whose score product splits
@@ -94,7 +94,8 @@ SHAPES = [
     (CU, 2, 2, 512, False, 32, 0.0),  # bidirectional window
     (CU, 4, 4, 512, False, 0, 20.0),  # no mask, softcap
     (CU, 4, 2, 320, True, 0, 0.0),  # D padded up to the 512-wide kernel
-    # bf16 / f16 at D 64 / 128 without softcap run the FlashAttention-2 kernels (attention_flash.cu):
+    # bf16 / f16 at D % 8 == 0 up to 128 without softcap run the FlashAttention-2 kernels
+    # (attention_flash.cu; test_flash_head_dims below for the widths other than 64 / 128):
     (CU, 4, 2, 128, True, 32, 0.0),  # causal window
     (CU, 4, 1, 64, False, 32, 0.0),  # bidirectional window, GQA 4 / 1
     ([0, 0, 100, 100], 2, 1, 128, True, 0, 0.0),  # empty documents around one of 100 tokens
@@ -140,6 +141,73 @@ def test_long_documents_fast_path(dtype):
     compare(dtype, [0, 2048, 2600], 16, 8, 128, seed=4, causal=True)
     compare(dtype, [0, 700, 2048], 4, 2, 64, seed=5, causal=True, window=300)
     compare(dtype, [0, 1500], 4, 2, 64, seed=6, causal=False)
+
+
+# The flash kernels' widths (64, 80, 96, 112, 128) at their own D and padded (D < width: 8, 40, 72
+# for Gemma 3's SigLIP, 88, 104, 120), causal and bidirectional, with and without a window.
+FLASH_DS = [72, 80, 96, 112, 8, 40, 88, 104, 120]
+MASKS = [(True, 0), (False, 0), (True, 32), (False, 32)]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("D", FLASH_DS)
+@pytest.mark.parametrize("causal,window", MASKS)
+def test_flash_head_dims(dtype, D, causal, window):
+    compare(dtype, CU, 4, 2, D, seed=D, causal=causal, window=window)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("D", [72, 96, 112])
+def test_flash_head_dims_long_documents(dtype, D):
+    """Many forward (128 rows at widths 80 / 96, 64 at 112) and backward (64 keys) tiles: the causal
+    skipping, a window that leaves whole tiles unseen, GQA 4 / 1, an explicit scale."""
+    compare(dtype, [0, 700, 1000], 4, 1, D, seed=10 + D, causal=True)
+    compare(dtype, [0, 700, 1000], 4, 1, D, seed=11 + D, causal=True, window=100)
+    compare(dtype, [0, 300, 557, 1000], 4, 2, D, seed=12 + D, causal=False, scale=0.3)
+
+
+def torch_attention(q, k, v, dout, cu, causal, scale):
+    """out, lse, dq, dk, dv of varlen attention in f32 torch (autograd), document by document."""
+    torch = pytest.importorskip("torch")
+    qt, kt, vt = (torch.tensor(np.asarray(x, np.float32), requires_grad=True) for x in (q, k, v))
+    G = q.shape[1] // k.shape[1]
+    outs, lses = [], []
+    for a, b in zip(cu[:-1], cu[1:]):
+        qd = qt[a:b].transpose(0, 1)  # [Hq, L, D]
+        kd = kt[a:b].repeat_interleave(G, dim=1).transpose(0, 1)
+        vd = vt[a:b].repeat_interleave(G, dim=1).transpose(0, 1)
+        s = scale * qd @ kd.transpose(1, 2)
+        if causal:
+            L = b - a
+            s = s.masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), float("-inf"))
+        outs.append((torch.softmax(s, dim=-1) @ vd).transpose(0, 1))
+        lses.append(torch.logsumexp(s, dim=-1).transpose(0, 1))
+    out, lse = torch.cat(outs), torch.cat(lses)
+    out.backward(torch.tensor(np.asarray(dout, np.float32)))
+    return [x.detach().numpy() for x in (out, lse, qt.grad, kt.grad, vt.grad)]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("D,causal,Hq,Hkv", [(72, False, 4, 4), (72, True, 4, 2), (104, False, 2, 1)])
+def test_flash_padded_head_dims_match_torch(dtype, D, causal, Hq, Hkv):
+    """Gemma 3's SigLIP (D = 72, bidirectional, images as documents) and a causal GQA variant against
+    torch in f32, independently of the CPU backend."""
+    cu = [0, 256, 256 + 197, 256 + 197 + 64]
+    q, k, v, dout = make_inputs(cu, Hq, Hkv, D, dtype, seed=20 + D)
+    scale = 1.0 / np.sqrt(D)
+    out, lse, dq, dk, dv = torch_attention(q, k, v, dout, cu, causal, scale)
+    cu = np.asarray(cu, np.int32)
+    N = int(cu[-1])
+    fwd_outs = [((N, Hq, D), dtype), ((N, Hq), "float32")]
+    g_out, g_lse = run_cuda("attention_fwd", [q, k, v, cu], fwd_outs, causal=causal)
+    tol = TOL[dtype]
+    check(g_out.astype(np.float32), out, tol, "out")
+    check(g_lse, lse, LSE_TOL, "lse")
+    bwd_outs = [((N, Hq, D), dtype), ((N, Hkv, D), dtype), ((N, Hkv, D), dtype)]
+    # The kernel's own out (rounded to dtype) and lse: the backward's Delta = rowsum(dout * out).
+    got = run_cuda("attention_bwd", [dout, q, k, v, g_out, g_lse, cu], bwd_outs, causal=causal)
+    for name, g, w in zip(("dq", "dk", "dv"), got, (dq, dk, dv)):
+        check(g.astype(np.float32), w, tol, name)
 
 
 def test_errors_name_the_op_and_argument():
