@@ -10,6 +10,13 @@ form), refuses them when the model takes no images or when there are more than t
 (``--allowed-local-media-path``, ``--allow-remote-media``; surogate.io.images). Every refusal is a
 400 naming the part.
 
+Videos (OpenAI chat ``video_url`` parts, vLLM's extension) travel the same way as
+``{"type": "video", "video": ImageInput}`` parts: ``load_media`` takes them out too (the parts become
+``{"type": "video"}``), refuses them for a model that reads no videos (``--limit-mm-per-prompt``'s
+``video`` count caps them), and decodes each into the frames the model's video processor samples
+(surogate.io.videos: animated GIF / WebP / PNG, or vLLM's ``data:video/jpeg`` frame list; an MP4
+is a 400 that names the forms we take).
+
 Decoding (and fetching) runs outside the event loop: a request with images is converted in a
 worker thread (``converted``), so one large JPEG or a slow remote host stalls no other stream.
 Encoding the images (the model's vision tower, surogate.serve.LLM.embed) runs in a worker thread
@@ -26,6 +33,7 @@ import msgspec
 
 from surogate.errors import SurogateError
 from surogate.io.images import b64decode, decode_image, load_image
+from surogate.io.videos import load_video
 from surogate.serve.frontend import RequestError
 
 from . import errors
@@ -48,16 +56,53 @@ def image_part(source: ImageInput) -> dict:
     return {"type": "image", "image": source}
 
 
-def take_images(messages: Sequence[dict]) -> list[ImageInput]:
-    """The image parts' sources in the conversation's order; each part becomes ``{"type": "image"}``."""
+def video_part(source: ImageInput) -> dict:
+    return {"type": "video", "video": source}
+
+
+def take_images(messages: Sequence[dict], kind: str = "image") -> list[ImageInput]:
+    """The image (``kind`` video: video) parts' sources in the conversation's order; each part
+    becomes ``{"type": kind}``."""
     found = []
     for m in messages:
         content = m.get("content")
         if isinstance(content, list):
             for part in content:
-                if isinstance(part, dict) and part.get("type") == "image" and "image" in part:
-                    found.append(part.pop("image"))
+                if isinstance(part, dict) and part.get("type") == kind and kind in part:
+                    found.append(part.pop(kind))
     return found
+
+
+def load_media(model: ServedModel, messages: Sequence[dict], config: GatewayConfig) -> tuple[list, list]:
+    """(``load_images``, the decoded videos in order), or a RequestError naming the first part the
+    server cannot take."""
+    images = load_images(model, messages, config)
+    sources = take_images(messages, "video")
+    if not sources:
+        return images, []
+    llm = model.llm
+    if not llm.accepts_videos:
+        what = "reads images but no videos" if llm.accepts_images else "takes no images or videos"
+        raise RequestError(f"`{sources[0].param}` is a video, and the model `{model.name}` {what}.",
+                           param=sources[0].param,
+                           hint="send text (or images) only, or serve a model that reads videos (Qwen3-VL)")
+    limit = config.max_videos_per_prompt
+    if len(sources) > limit:
+        raise RequestError(f"The request holds {len(sources)} videos; this server takes at most {limit} per prompt.",
+                           param=sources[limit].param,
+                           hint='send fewer videos, or start the server with --limit-mm-per-prompt \'{"video": N}\'')
+    video = llm.images.prompt.video
+    videos = []
+    for s in sources:
+        try:
+            v = load_video(s.url or "", video.sample, video.fps,
+                           allowed_local_media_path=config.allowed_local_media_path,
+                           allow_remote=config.allow_remote_media)
+            video.text_of(v)  # the processor's checks (frames, sizes) here, naming the part
+            videos.append(v)
+        except SurogateError as e:
+            raise RequestError(f"`{s.param}`: {e.message}", param=s.param, hint=e.hint) from None
+    return images, videos
 
 
 def load_images(model: ServedModel, messages: Sequence[dict], config: GatewayConfig) -> list:
@@ -94,9 +139,9 @@ async def converted(convert: Callable[..., T], *args, images: bool) -> T:
 
 
 async def embedded(job) -> ApiError | None:
-    """The images of ``job``'s prompt encoded into its EmbedSpans, in a worker thread (an error value
-    when the encoder refuses them); nothing to do for a prompt without images."""
-    if not job.prompt.images:
+    """The images (and videos) of ``job``'s prompt encoded into its EmbedSpans, in a worker thread
+    (an error value when the encoder refuses them); nothing to do for a prompt without them."""
+    if not job.prompt.images and not job.prompt.videos:
         return None
     try:
         job.prompt = await asyncio.to_thread(job.model.llm.embed, job.prompt)

@@ -97,12 +97,15 @@ class GatewayConfig(msgspec.Struct, kw_only=True, frozen=True):
     allowed_local_media_path: str | None = None
     allow_remote_media: bool = False
     max_images_per_prompt: int = 8  # --limit-mm-per-prompt '{"image": N}'
+    max_videos_per_prompt: int = 2  # --limit-mm-per-prompt '{"video": N}'
 
     def __post_init__(self):
         if self.max_queued_requests < 1:
             raise ValueError(f"max_queued_requests must be at least 1, got {self.max_queued_requests}")
         if self.max_images_per_prompt < 0:
             raise ValueError(f"max_images_per_prompt must be at least 0, got {self.max_images_per_prompt}")
+        if self.max_videos_per_prompt < 0:
+            raise ValueError(f"max_videos_per_prompt must be at least 0, got {self.max_videos_per_prompt}")
         if self.reasoning_field not in ("reasoning_content", "reasoning", "both"):
             raise ValueError("reasoning_field must be reasoning_content, reasoning or both")
 

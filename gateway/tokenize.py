@@ -17,7 +17,7 @@ from . import errors
 from .context import RequestContext
 from .errors import ApiError
 from .http import JSONReply
-from .media import converted, load_images
+from .media import converted, load_media
 from .openai import convert
 from .openai import protocol as p
 from .serving import Gateway
@@ -66,11 +66,12 @@ async def tokenize(gw: Gateway, ctx: RequestContext, req: TokenizeRequest) -> JS
         else:
             tools = [{"type": "function", "function": convert._function(t.function)} for t in req.tools or []]
             messages = convert.chat_messages(req.messages)
-            images = await converted(load_images, model, messages, gw.config,
-                                     images=convert.chat_has_images(req.messages))
+            images, videos = await converted(load_media, model, messages, gw.config,
+                                             images=convert.chat_has_media(req.messages))
             ids = model.llm.render(messages, tools or None, chat_template_kwargs=req.chat_template_kwargs,
                                    add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
-                                   continue_final_message=req.continue_final_message, images=images).token_ids
+                                   continue_final_message=req.continue_final_message, images=images,
+                                   videos=videos).token_ids
     except RequestError as e:
         return errors.from_exception(e)
     strs = [tok.id_to_token(i) or "" for i in ids] if req.return_token_strs else UNSET

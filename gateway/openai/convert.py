@@ -8,7 +8,8 @@ instead of being ignored.
 Images (chat ``image_url`` parts in user messages; Responses ``input_image`` parts in input
 messages and function call outputs) make the message's content a list of text and image parts
 (gateway/media.py); the prompt carries the decoded images. A model that takes no images answers
-400 naming the part.
+400 naming the part. Videos (chat ``video_url`` parts, vLLM's extension) likewise, for a model that
+reads them (Qwen3-VL).
 
 Constraints become a grammar (SamplingParams.structured_outputs): ``response_format`` /
 ``text.format`` json_object and json_schema, vLLM's ``structured_outputs``, and forced tools
@@ -28,7 +29,7 @@ from surogate.serve.parsers import ForcedTools, OfferedTools
 
 from .. import errors
 from ..errors import ApiError
-from ..media import ImageInput, image_part, load_images
+from ..media import ImageInput, image_part, load_images, load_media, video_part
 from ..serving import Gateway, Job, parse_logit_bias, parse_stop
 from . import protocol as p
 
@@ -45,14 +46,15 @@ def chat_job(gw: Gateway, req: p.ChatCompletionRequest) -> Job | ApiError:
         return refused
     try:
         messages = chat_messages(req.messages)
-        images = load_images(model, messages, gw.config)
+        images, videos = load_media(model, messages, gw.config)
         offer_tools = bool(req.tools) and req.tool_choice != "none"
         tools = [{"type": "function", "function": _function(t.function)} for t in req.tools] if offer_tools else None
         continue_final = bool(req.continue_final_message)
         add_prompt = req.add_generation_prompt if req.add_generation_prompt is not None else not continue_final
         prompt = model.llm.render(messages, tools, reasoning_effort=req.reasoning_effort,
                                   chat_template_kwargs=req.chat_template_kwargs, add_generation_prompt=add_prompt,
-                                  continue_final_message=continue_final, documents=req.documents, images=images)
+                                  continue_final_message=continue_final, documents=req.documents, images=images,
+                                  videos=videos)
         max_name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         if req.top_logprobs is not None and not req.logprobs:
             return errors.invalid("`top_logprobs` needs `logprobs: true`", param="top_logprobs")
@@ -72,9 +74,10 @@ def chat_job(gw: Gateway, req: p.ChatCompletionRequest) -> Job | ApiError:
                max_tool_calls=1 if req.parallel_tool_calls is False else None)
 
 
-def chat_has_images(messages: Sequence[p.ChatMessage]) -> bool:
-    return any(isinstance(part, p.ImageURLPart) for m in messages if isinstance(getattr(m, "content", None), list)
-               for part in m.content)
+def chat_has_media(messages: Sequence[p.ChatMessage]) -> bool:
+    """Image or video parts: the request is converted in a worker thread (gateway/media.py decodes them)."""
+    return any(isinstance(part, (p.ImageURLPart, p.VideoURLPart)) for m in messages
+               if isinstance(getattr(m, "content", None), list) for part in m.content)
 
 
 def responses_has_images(req: p.ResponsesRequest) -> bool:
@@ -172,23 +175,27 @@ def text_of(content: str | list, param: str) -> str:
     for j, part in enumerate(content):
         if isinstance(part, (p.TextPart, p.RefusalPart)):
             texts.append(part.text if isinstance(part, p.TextPart) else part.refusal)
-        elif isinstance(part, p.ImageURLPart):
-            raise RequestError("`image_url` parts belong in user messages only.", param=f"{param}[{j}]")
+        elif isinstance(part, (p.ImageURLPart, p.VideoURLPart)):
+            kind = "image_url" if isinstance(part, p.ImageURLPart) else "video_url"
+            raise RequestError(f"`{kind}` parts belong in user messages only.", param=f"{param}[{j}]")
         else:
             _refuse_part(part, f"{param}[{j}]")
     return "\n".join(texts)
 
 
 def content_of(content: str | list, param: str) -> str | list[dict]:
-    """A user message's content: its text (``text_of``), or with image parts, the text and image
-    parts in order."""
-    if isinstance(content, str) or not any(isinstance(part, p.ImageURLPart) for part in content):
+    """A user message's content: its text (``text_of``), or with image or video parts, the text,
+    image and video parts in order."""
+    if isinstance(content, str) or not any(isinstance(part, (p.ImageURLPart, p.VideoURLPart)) for part in content):
         return text_of(content, param)
     parts = []
     for j, part in enumerate(content):
         if isinstance(part, p.ImageURLPart):
             url = part.image_url if isinstance(part.image_url, str) else part.image_url.url
             parts.append(image_part(ImageInput(f"{param}[{j}]", url=url)))
+        elif isinstance(part, p.VideoURLPart):
+            url = part.video_url if isinstance(part.video_url, str) else part.video_url.url
+            parts.append(video_part(ImageInput(f"{param}[{j}]", url=url)))
         elif isinstance(part, (p.TextPart, p.RefusalPart)):
             parts.append({"type": "text", "text": part.text if isinstance(part, p.TextPart) else part.refusal})
         else:
@@ -198,7 +205,8 @@ def content_of(content: str | list, param: str) -> str | list[dict]:
 
 def _refuse_part(part, where: str):
     kind = type(part).__struct_config__.tag
-    raise RequestError(f"{_PART_NAMES.get(kind, kind)} is not supported: this server takes text and images.",
+    raise RequestError(f"{_PART_NAMES.get(kind, kind)} is not supported: this server takes text, images and "
+                       "videos.",
                        param=f"{where}.type")
 
 

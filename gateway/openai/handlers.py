@@ -29,7 +29,7 @@ Reply = JSONReply | StreamReply | ApiError
 
 
 async def chat_completions(gw: Gateway, ctx: RequestContext, req: p.ChatCompletionRequest) -> Reply:
-    job = await converted(convert.chat_job, gw, req, images=convert.chat_has_images(req.messages))
+    job = await converted(convert.chat_job, gw, req, images=convert.chat_has_media(req.messages))
     if isinstance(job, ApiError):
         return job
     _note(ctx, req.model, job.prompt.token_ids, job.opts, bool(req.stream))

@@ -131,6 +131,17 @@ class ImageURLPart(Struct, tag_field="type", tag="image_url"):
     image_url: ImageURL | str  # the bare string is vLLM's shorthand
 
 
+# -- extensions (vLLM): a video part, https://docs.vllm.ai/en/latest/features/multimodal_inputs.html
+
+
+class VideoURL(Struct, kw_only=True):
+    url: str  # an animated GIF / WebP / PNG (data: URL or file), or vLLM's data:video/jpeg;base64,<frame>,...
+
+
+class VideoURLPart(Struct, tag_field="type", tag="video_url"):
+    video_url: VideoURL | str
+
+
 class InputAudioPart(Struct, tag_field="type", tag="input_audio"):
     input_audio: dict[str, Any]
 
@@ -143,7 +154,7 @@ class RefusalPart(Struct, tag_field="type", tag="refusal"):
     refusal: str
 
 
-ContentPart = TextPart | ImageURLPart | InputAudioPart | FilePart | RefusalPart
+ContentPart = TextPart | ImageURLPart | VideoURLPart | InputAudioPart | FilePart | RefusalPart
 
 
 class FunctionCall(Struct):

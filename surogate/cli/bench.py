@@ -45,7 +45,9 @@ def serve(
                                             "(random weights); with --http also an HF model folder.")] = "tiny",
     requests: Annotated[int, typer.Option(help="Concurrent requests (--http: streams).")] = 16,
     prompt_len: Annotated[int, typer.Option(help="Prompt tokens per request.")] = 64,
-    output_len: Annotated[int, typer.Option(help="Output tokens per request (ignore_eos).")] = 32,
+    output_len: Annotated[int | None, typer.Option(
+        help="Output tokens per request (ignore_eos); default 32, with --structured 256 (a cap: the grammar "
+             "ends its answers).", show_default=False)] = None,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
     vs: Annotated[str | None, typer.Option(help="Peer to run in the same process: hf.")] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto (a GPU when there is one).")] = "auto",
@@ -79,13 +81,41 @@ def serve(
                                              "with --vs hf against transformers' generate on the same images; "
                                              "prints TTFT and the image-encode time per image too.")] = 0,
     image_size: Annotated[str, typer.Option(help="--images: each random picture's WIDTHxHEIGHT (the model's "
-                                                 "image processor resizes it).")] = "640x480") -> None:
+                                                 "image processor resizes it).")] = "640x480",
+    structured: Annotated[str | None, typer.Option(
+        help="Structured outputs vs unconstrained sampling on the same load: json_schema, json_object, regex or "
+             "choice; prints out tok/s, requests/s, mean output length, the answers that validate, the grammar "
+             "engine's mask time per token and the ratio.", show_default=False)] = None,
+    constraint: Annotated[str | None, typer.Option(
+        help="--structured: the schema (JSON), regex or choices (a JSON list), as text or a file's name; "
+             "default: a built-in one (an order: nested fields, an enum, an array of objects, bounded numbers).",
+        show_default=False)] = None,
+    tokenizer: Annotated[str | None, typer.Option(
+        help="--structured: the model's tokenizer (tokenizer.json, HF folder or GGUF); default: SmolLM2's fit "
+             "to the shape's vocabulary.", show_default=False)] = None) -> None:
     """Offline generation throughput and latency: ours, and with --vs hf HF generate; with --http as
     streaming HTTP clients see it, beside the engine's own figure; with --speculative-method plain vs
-    speculative decoding."""
+    speculative decoding; with --structured constrained vs unconstrained decoding."""
+    from surogate.errors import InvalidArgumentError
+
+    if structured is None and (constraint is not None or tokenizer is not None):
+        raise InvalidArgumentError(f"{'--constraint' if constraint is not None else '--tokenizer'} goes with "
+                                   "--structured", hint="add --structured json_schema|json_object|regex|choice")
+    if structured is not None:
+        from surogate.bench.structured import run as run_structured
+
+        others = {"--http": http, "--url": url is not None, "--speculative-method": speculative_method is not None,
+                  "--images": bool(images), "--profile": profile, "--vs": vs is not None}
+        given = [k for k, on in others.items() if on]
+        if given:
+            raise InvalidArgumentError(f"--structured runs the engine offline, constrained vs unconstrained; it does "
+                                       f"not take {', '.join(given)}", hint=f"leave out {', '.join(given)}")
+        run_structured(model, n=requests, prompt_len=prompt_len, output_len=256 if output_len is None else output_len,
+                       dtype=dtype, device=device, structured=structured, constraint=constraint, tokenizer=tokenizer)
+        return
+    output_len = 32 if output_len is None else output_len
     if images:
         from surogate.bench.vision import run as run_vision
-        from surogate.errors import InvalidArgumentError
 
         if http or url is not None or speculative_method is not None or profile:
             raise InvalidArgumentError("--images runs the engine offline against HF generate",

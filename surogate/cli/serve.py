@@ -81,7 +81,8 @@ def serve(
              "mmproj-*.gguf `surogate quantize` writes beside a vision model's GGUF); for the first model.",
         show_default=False)] = None,
     limit_mm_per_prompt: Annotated[str | None, typer.Option(
-        help='Image inputs a prompt may hold, as JSON (vLLM\'s flag): \'{"image": 4}\'. Default: 8.',
+        help='Image and video inputs a prompt may hold, as JSON (vLLM\'s flag): \'{"image": 4, "video": 1}\'. '
+             'Default: 8 images, 2 videos.',
         show_default=False)] = None,
 ) -> None:
     """Serve models over OpenAI- and Anthropic-compatible HTTP APIs."""
@@ -146,12 +147,14 @@ def media_options(allowed_local_media_path: str | None, allow_remote_media: bool
                                                for v in limits.values()):
             raise InvalidArgumentError(f"--limit-mm-per-prompt {limit_mm_per_prompt!r} is not a JSON object of counts",
                                        hint='e.g. --limit-mm-per-prompt \'{"image": 4}\'')
-        other = sorted(set(limits) - {"image"})
+        other = sorted(set(limits) - {"image", "video"})
         if other:
-            raise InvalidArgumentError(f"--limit-mm-per-prompt names {', '.join(other)}: this server takes images only",
-                                       hint='e.g. --limit-mm-per-prompt \'{"image": 4}\'')
+            raise InvalidArgumentError(f"--limit-mm-per-prompt names {', '.join(other)}: this server takes images "
+                                       "and videos only", hint='e.g. --limit-mm-per-prompt \'{"image": 4}\'')
         if "image" in limits:
             out["max_images_per_prompt"] = limits["image"]
+        if "video" in limits:
+            out["max_videos_per_prompt"] = limits["video"]
     return out
 
 

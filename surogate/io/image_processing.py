@@ -504,6 +504,28 @@ class QwenVLVideoProcessor:
             num_frames = min(max(num_frames, self.min_frames), self.max_frames, total_frames)
         return np.linspace(0, total_frames - 1, num_frames).round().astype(np.int64)
 
+    def resized_size(self, num_frames: int, height: int, width: int) -> tuple[int, int]:
+        """The (height, width) ``num_frames`` sampled frames of height x width are resized to."""
+        factor = self.patch_size * self.merge_size
+        if not self.spec.do_resize:
+            if height % factor or width % factor:
+                raise InvalidArgumentError(f"video frames of {width}x{height} are not a multiple of patch_size * "
+                                           f"merge_size = {factor} and do_resize is false",
+                                           hint="set do_resize true in the config")
+            return height, width
+        max_pixels = self.max_pixels
+        if self.cap_pixels_per_frame:  # qwen-vl-utils' cap: per-frame pixels shrink as the clip gets longer
+            per_frame = max(min(self.max_video_tokens * factor * factor, self.max_pixels // num_frames),
+                            int(self.min_pixels * 1.05))
+            max_pixels = per_frame * num_frames
+        return video_smart_resize(num_frames, height, width, self.temporal_patch_size, factor, self.min_pixels,
+                                  max_pixels)
+
+    def grid_thw(self, num_frames: int, height: int, width: int) -> tuple[int, int, int]:
+        """The ``video_grid_thw`` row of ``num_frames`` sampled frames of height x width, without the pixels."""
+        h, w = self.resized_size(num_frames, height, width)
+        return -(-num_frames // self.temporal_patch_size), h // self.patch_size, w // self.patch_size
+
     def timestamps(self, frame_indices: Sequence[int], video_fps: float) -> list[float]:
         """Seconds of each temporal patch: Qwen3VLProcessor's ``_calculate_timestamps``."""
         t = self.temporal_patch_size
@@ -521,19 +543,10 @@ class QwenVLVideoProcessor:
         indices = self.sample_frame_indices(total, fps, num_frames) if sample else np.arange(total, dtype=np.int64)
         stack = stack[indices]
         n, height, width = stack.shape[:3]
-        factor, t = self.patch_size * self.merge_size, self.temporal_patch_size
-        if self.spec.do_resize:
-            max_pixels = self.max_pixels
-            if self.cap_pixels_per_frame:  # qwen-vl-utils' cap: per-frame pixels shrink as the clip gets longer
-                per_frame = max(min(self.max_video_tokens * factor * factor, self.max_pixels // n),
-                                int(self.min_pixels * 1.05))
-                max_pixels = per_frame * n
-            h, w = video_smart_resize(n, height, width, t, factor, self.min_pixels, max_pixels)
+        t = self.temporal_patch_size
+        h, w = self.resized_size(n, height, width)
+        if (h, w) != (height, width):
             stack = resize(stack, h, w, self.spec)
-        elif height % factor or width % factor:
-            raise InvalidArgumentError(f"video frames of {width}x{height} are not a multiple of patch_size * "
-                                       f"merge_size = {factor} and do_resize is false",
-                                       hint="set do_resize true in the config")
         x = rescale_normalize(stack, self.spec)
         if pad := -n % t:  # the last frame repeated to fill the last temporal patch
             x = np.concatenate([x, np.repeat(x[-1:], pad, axis=0)])

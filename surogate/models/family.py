@@ -8,7 +8,7 @@ says how to add one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -64,6 +64,22 @@ class ChatDefaults:
 
 
 @dataclass(frozen=True)
+class VideoPrompt:
+    """What a family's videos need in a served prompt (a video: surogate.io.videos.Video, its
+    sampled frames): the chat template writes ``placeholder`` once per video part; ``text_of(video)``
+    replaces it (Qwen3-VL: each temporal patch's ``<t seconds>`` and its run of video tokens);
+    ``batch(video)`` is the processor's output in the form ImagePrompt.encode takes (pixel rows and
+    a grid, encoded in the same tower calls as images); ``sample(total, fps)`` the frame indices of a
+    clip the processor keeps, and ``fps`` the rate a frame list without one is taken at."""
+
+    placeholder: str
+    text_of: Callable[[object], str]
+    batch: Callable[[object], object]
+    sample: Callable[[int, float], Sequence[int]]
+    fps: float
+
+
+@dataclass(frozen=True)
 class ImagePrompt:
     """What a family's images need in a served prompt (surogate/serve/multimodal.py runs it): the
     chat template writes ``placeholder`` once per image; ``image_text(num_crops)`` is the text that
@@ -85,10 +101,12 @@ class ImagePrompt:
     # gives each image's rows from the processor's outputs (one per image), in one encode_images
     # call (default: serve.multimodal's, over the views' pixel values stacked);
     # ``spans(token_ids, images, keys, rows)`` the prompt's EmbedSpans (default: one per run of
-    # tokens_per_view image tokens, a view's rows each).
+    # tokens_per_view image tokens, a view's rows each); with videos also ``videos=, video_keys=,
+    # video_rows=``.
     text_of: Callable[[object], str] | None = None
     encode: Callable[[Callable, object], np.ndarray] | None = None
     spans: Callable[..., list] | None = None
+    video: VideoPrompt | None = None  # None: the family's served prompts take no videos
     # Training (train/data): such a family's count of image tokens for an image; its text is then
     # image_text(count), and the micro-batch's rows are the tokens' (train/qwen3_vl_feed.py).
     image_tokens: Callable[[object], int] | None = None

@@ -757,12 +757,17 @@ def image_prompt(spec, tokenizer, folder: str | None):
     per image and the processor repeats <|image_pad|> grid_t grid_h grid_w / merge^2 times (the grid
     of the image as QwenVLImageProcessor resizes it: preprocessor_config.json's, or without one the
     tower's patch and merge sizes); the tokens attend causally; each image's rows carry its
-    DeepStack rows and MRoPE angles (`serve_spans`, which takes video frames too: the chat
-    path has no video parts yet)."""
+    DeepStack rows and MRoPE angles (`serve_spans`). Videos (``video``, when the tokenizer has
+    <|video_pad|>): the template writes <|vision_start|><|video_pad|><|vision_end|> per video part
+    and, as Qwen3VLProcessor in transformers 4.57 and vLLM expand it, that whole placeholder becomes
+    ``<t seconds><|vision_start|><|video_pad|> x h w / merge^2<|vision_end|>`` per temporal patch
+    (its frames' mean time), the clip sampled and resized by QwenVLVideoProcessor
+    (video_preprocessor_config.json, or the tower's patch sizes with transformers' defaults)."""
     import os
 
-    from surogate.io.image_processing import IMAGE_CONFIG, QwenVLImageProcessor, to_rgb
-    from surogate.models.family import ImagePrompt
+    from surogate.io.image_processing import (IMAGE_CONFIG, VIDEO_CONFIG, QwenImages, QwenVLImageProcessor,
+                                              QwenVLVideoProcessor, to_rgb)
+    from surogate.models.family import ImagePrompt, VideoPrompt
 
     vs = spec.vision
     names = {}
@@ -800,14 +805,47 @@ def image_prompt(spec, tokenizer, folder: str | None):
         bounds = np.cumsum([0, *(grids.prod(axis=1) // t.merge_unit)])
         return [rows[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
-    def spans(token_ids, images, keys, rows) -> list:
-        return serve_spans(token_ids, spec, images=([grid(im) for im in images], rows, keys))
+    video = None
+    video_pad = tokenizer.id_to_token(vs.video_token_id)
+    if video_pad is not None:
+        tower_sizes = {"patch_size": t.patch_size, "merge_size": t.spatial_merge_size,
+                       "temporal_patch_size": t.temporal_patch_size}
+        if folder is not None and os.path.isfile(os.path.join(folder, VIDEO_CONFIG)):
+            vproc = QwenVLVideoProcessor.from_folder(folder)
+        else:
+            vproc = QwenVLVideoProcessor.from_config(tower_sizes)
+        if (vproc.patch_size, vproc.merge_size, vproc.temporal_patch_size) != tuple(tower_sizes.values()):
+            raise ConfigError(f"{VIDEO_CONFIG}: patch_size {vproc.patch_size}, merge_size {vproc.merge_size}, "
+                              f"temporal_patch_size {vproc.temporal_patch_size} differ from config.json's "
+                              f"vision_config ({', '.join(map(str, tower_sizes.values()))})",
+                              hint="the tower cuts the processor's patches; fix one of the files")
+
+        def video_grid(v) -> tuple[int, int, int]:
+            width, height = v.size
+            return vproc.grid_thw(len(v.frames), height, width)
+
+        def video_text(v) -> str:
+            _, h, w = video_grid(v)
+            frame = f"{names['vision_start']}{video_pad * (h * w // t.merge_unit)}{names['vision_end']}"
+            return "".join(f"<{s:.1f} seconds>{frame}" for s in vproc.timestamps(v.frame_indices, v.fps))
+
+        def video_batch(v) -> QwenImages:
+            out = vproc(list(v.frames), fps=v.fps, sample=False)
+            return QwenImages(out.pixel_values_videos, out.video_grid_thw)
+
+        video = VideoPrompt(placeholder=f"{names['vision_start']}{video_pad}{names['vision_end']}",
+                            text_of=video_text, batch=video_batch, fps=vproc.fps,
+                            sample=lambda total, fps: vproc.sample_frame_indices(total, fps))
+
+    def spans(token_ids, images, keys, rows, videos=(), video_keys=(), video_rows=()) -> list:
+        return serve_spans(token_ids, spec, images=([grid(im) for im in images], rows, keys),
+                           videos=([video_grid(v) for v in videos], video_rows, video_keys))
 
     return ImagePrompt(placeholder=f"{names['vision_start']}{names['image']}{names['vision_end']}",
                        image_text=image_text, processor=processor, image_token_id=vs.image_token_id,
                        tokens_per_view=0, bidirectional=False,
                        text_of=lambda image: image_text(processor.num_image_tokens(*to_rgb(image).shape[:2])),
-                       encode=encode, spans=spans,
+                       encode=encode, spans=spans, video=video,
                        image_tokens=lambda image: processor.num_image_tokens(*to_rgb(image).shape[:2]))
 
 

@@ -23,7 +23,7 @@ import msgspec
 from surogate.errors import InvalidArgumentError
 from surogate.io import Tokenizer
 from surogate.serve.detokenizer import IncrementalDetokenizer
-from surogate.serve.multimodal import check_rendered_images, count_image_parts
+from surogate.serve.multimodal import check_rendered_images, check_rendered_videos, count_image_parts
 from surogate.serve.parsers import OutputParser
 from surogate.serve.stop import StopMatcher
 from surogate.serve.types import RequestOutput, SamplingParams, TokenLogprob
@@ -44,7 +44,8 @@ class Prompt(msgspec.Struct):
     token_ids: list[int]
     text: str | None = None  # the rendered text, when it came from text (the reasoning parser reads its end)
     images: list[Any] = []  # PIL images, one per image placeholder in the text, in order (serve.multimodal)
-    embeds: list[Any] = []  # the images' EmbedSpans, once encoded (LLM.embed); empty: not yet
+    embeds: list[Any] = []  # the images' (and videos') EmbedSpans, once encoded (LLM.embed); empty: not yet
+    videos: list[Any] = []  # surogate.io.videos.Video, one per video placeholder in the text, in order
 
 
 class Limits(msgspec.Struct, frozen=True):
@@ -142,12 +143,14 @@ def render_chat(tokenizer: Tokenizer, messages: Sequence[Mapping], tools: Sequen
                 kwargs: Mapping[str, Any] | None = None, add_generation_prompt: bool = True,
                 continue_final_message: bool = False, chat_template: str | None = None,
                 documents: Sequence[Mapping] | None = None, images: Sequence[Any] = (),
-                image_placeholder: str | None = None, expand_images=None) -> Prompt:
+                image_placeholder: str | None = None, expand_images=None, videos: Sequence[Any] = (),
+                video_placeholder: str | None = None, expand_videos=None) -> Prompt:
     """The conversation through the model's chat template: prompt ids and text. Tool-call
     arguments given as JSON strings (the OpenAI wire form) become objects, which is what
     templates expect (``tool_call.arguments | tojson``). ``images``: one per ``{"type": "image"}``
     part, in order; the template must write one ``image_placeholder`` for each (serve.multimodal),
-    which ``expand_images(text, images)`` turns into the model's image tokens before tokenizing."""
+    which ``expand_images(text, images)`` turns into the model's image tokens before tokenizing;
+    ``videos`` the same for ``{"type": "video"}`` parts (``video_placeholder``, ``expand_videos``)."""
     chat = [_template_message(m) for m in messages]
     try:
         text = tokenizer.apply_chat_template(
@@ -157,9 +160,12 @@ def render_chat(tokenizer: Tokenizer, messages: Sequence[Mapping], tools: Sequen
     except InvalidArgumentError as e:
         raise RequestError(e.message, param="messages", hint=e.hint) from None
     check_rendered_images(text, count_image_parts(chat), len(images), image_placeholder)
+    check_rendered_videos(text, count_image_parts(chat, "video"), len(videos), video_placeholder)
     if images and expand_images is not None:
         text = expand_images(text, images)
-    return Prompt(tokenizer.encode(text, add_special_tokens=False), text, list(images))
+    if videos and expand_videos is not None:
+        text = expand_videos(text, videos)
+    return Prompt(tokenizer.encode(text, add_special_tokens=False), text, list(images), videos=list(videos))
 
 
 def encode_prompt(tokenizer: Tokenizer, prompt: str | Sequence[int], *, add_special_tokens: bool = True,

@@ -19,7 +19,8 @@ Images (a model with an ``ImageEncoder``, serve.multimodal): ``render`` expands 
 placeholder into the model's image tokens before tokenizing (the ids, and so every count of
 prompt tokens, are the HF processor's); ``embed`` encodes the images into the prompt's
 ``EmbedSpan``s (blocking: the gateway calls it in a worker thread), which ``submit`` does itself
-for a prompt not embedded yet.
+for a prompt not embedded yet. Videos (``render(..., videos=)``, a model whose family reads them)
+the same way.
 """
 
 from __future__ import annotations
@@ -75,6 +76,15 @@ class LLM:
         return self._grammars
 
     @property
+    def video_placeholder(self) -> str | None:
+        """What the template writes per video; None: the model takes no videos."""
+        return self.images.video_placeholder if self.images is not None else None
+
+    @property
+    def accepts_videos(self) -> bool:
+        return self.video_placeholder is not None
+
+    @property
     def accepts_images(self) -> bool:
         """The model reads images (it has a vision encoder and its template writes a placeholder per image)."""
         return self.image_placeholder is not None
@@ -104,26 +114,33 @@ class LLM:
                enable_thinking: bool | None = None, reasoning_effort: str | None = None,
                chat_template_kwargs: Mapping[str, Any] | None = None, add_generation_prompt: bool = True,
                continue_final_message: bool = False, documents: Sequence[Mapping] | None = None,
-               images: Sequence[Any] = ()) -> Prompt:
+               images: Sequence[Any] = (), videos: Sequence[Any] = ()) -> Prompt:
         """Chat messages (template format) through the model's chat template, with the thinking
         controls (``frontend.template_kwargs``' precedence) over the model's template defaults.
-        ``images``: one decoded image per ``{"type": "image"}`` part, in order (serve.multimodal)."""
+        ``images``: one decoded image per ``{"type": "image"}`` part, in order (serve.multimodal);
+        ``videos``: one surogate.io.videos.Video per ``{"type": "video"}`` part."""
         kwargs = template_kwargs(self.template_defaults, chat_template_kwargs=chat_template_kwargs,
                                  enable_thinking=enable_thinking, reasoning_effort=reasoning_effort)
         return render_chat(self.tokenizer, messages, tools, kwargs=kwargs, add_generation_prompt=add_generation_prompt,
                            continue_final_message=continue_final_message, chat_template=self.chat_template,
                            documents=documents, images=images, image_placeholder=self.image_placeholder,
-                           expand_images=self.images.expand if self.images is not None else None)
+                           expand_images=self.images.expand if self.images is not None else None,
+                           videos=videos, video_placeholder=self.video_placeholder,
+                           expand_videos=self.images.expand_videos if self.accepts_videos else None)
 
     def embed(self, prompt: Prompt) -> Prompt:
         """``prompt`` with its images' EmbedSpans (encoded, or from the encoder's cache); blocking.
         A prompt without images is checked to hold no image tokens and returned as it is."""
         if self.images is None:
-            if prompt.images:
-                raise InvalidArgumentError("this prompt holds images, and this model takes none (it has no image "
-                                           "encoder)", hint="send text only, or serve a vision model")
+            if prompt.images or prompt.videos:
+                raise InvalidArgumentError(f"this prompt holds {'images' if prompt.images else 'videos'}, and this "
+                                           "model takes none (it has no image encoder)",
+                                           hint="send text only, or serve a vision model")
             return prompt
-        if not prompt.images:
+        if prompt.videos and not self.accepts_videos:
+            raise InvalidArgumentError("this prompt holds videos, and this model takes none",
+                                       hint="send images or text only, or serve a model that reads videos (Qwen3-VL)")
+        if not prompt.images and not prompt.videos:
             if self.images.prompt.image_token_id in prompt.token_ids:
                 raise RequestError(f"the prompt holds the image token (id {self.images.prompt.image_token_id}) "
                                    "but no image",
@@ -134,7 +151,7 @@ class LLM:
         # the weights stay while the tower runs: a sleep (EngineClient.release) waits for it
         held = getattr(self.client, "weights_held", None)  # None: no engine yet, or a test's stand-in
         with held() if held is not None else contextlib.nullcontext():
-            spans = self.images.spans(prompt.token_ids, prompt.images)
+            spans = self.images.spans(prompt.token_ids, prompt.images, prompt.videos)
         return msgspec.structs.replace(prompt, embeds=spans)
 
     # -- run --
@@ -165,7 +182,7 @@ class LLM:
         if spans and len(spans) != len(items):
             raise InvalidArgumentError(f"embeds for {len(spans)} prompts, but {len(items)} prompts",
                                        hint="pass one sequence of EmbedSpan per prompt")
-        if spans and any(p.images for p in items):
+        if spans and any(p.images or p.videos for p in items):
             raise InvalidArgumentError("embeds given for prompts whose images give their own",
                                        hint="pass images in the prompt, or embeds, not both")
         if not spans:  # the prompts' own images (encoded here unless LLM.embed did it before)

@@ -24,6 +24,12 @@ and ENCODE_ROWS pixel rows) into one ``encode_batch`` call and hands each job it
 call's error, to every request of that batch), then the next waiter with work still queued leads.
 So 32 requests arriving together cost a few batched tower calls, not 32 serial ones, and an image
 two requests share is encoded once. Waiting is on a condition (no polling).
+
+Videos (a family whose ImagePrompt has ``video``: Qwen3-VL) ride the same path: ``{"type":
+"video"}`` parts, one ``surogate.io.videos.Video`` (sampled frames) each beside the messages, the
+template's video placeholder checked (``check_rendered_videos``) and expanded (``expand_videos``),
+and a video is one item of ``rows`` like an image (its frames processed by ``VideoPrompt.batch``,
+keyed by ``Video.key``), its spans placed by the family's ``spans``.
 """
 
 from __future__ import annotations
@@ -37,14 +43,36 @@ import numpy as np
 
 from surogate.errors import InvalidArgumentError
 
-def count_image_parts(messages: Sequence[Mapping]) -> int:
-    """How many ``{"type": "image"}`` parts the messages' content lists hold."""
+def count_image_parts(messages: Sequence[Mapping], kind: str = "image") -> int:
+    """How many ``{"type": kind}`` parts (``image``, ``video``) the messages' content lists hold."""
     n = 0
     for m in messages:
         content = m.get("content")
         if isinstance(content, (list, tuple)):
-            n += sum(1 for part in content if isinstance(part, Mapping) and part.get("type") == "image")
+            n += sum(1 for part in content if isinstance(part, Mapping) and part.get("type") == kind)
     return n
+
+
+def check_rendered_videos(text: str, num_parts: int, num_videos: int, video_placeholder: str | None, *,
+                          param: str = "messages") -> None:
+    """``check_rendered_images`` for ``{"type": "video"}`` parts and the model's video placeholder."""
+    from surogate.serve.frontend import RequestError
+
+    if num_parts != num_videos:
+        raise InvalidArgumentError(f"the messages hold {num_parts} video parts but {num_videos} videos came with them",
+                                   hint="pass one decoded video per {\"type\": \"video\"} part, in order")
+    if num_parts == 0:
+        return
+    if video_placeholder is None:
+        raise RequestError(f"the messages hold {num_parts} video(s), and this model does not take videos",
+                           param=param, hint="send text (or images, to a vision model) only, or serve a model that "
+                                             "reads videos (Qwen3-VL)")
+    written = text.count(video_placeholder)
+    if written != num_parts:
+        what = "drops video parts" if written < num_parts else "the text itself contains the placeholder"
+        raise RequestError(f"the prompt holds {written} video placeholder(s) ({video_placeholder!r}) for {num_parts} "
+                           f"video(s): {what}", param=param,
+                           hint="use the model's own chat template, and do not write the placeholder in the text")
 
 
 def check_rendered_images(text: str, num_parts: int, num_images: int, image_placeholder: str | None, *,
@@ -133,14 +161,36 @@ class ImageEncoder:
             out += [text_of(image), piece]
         return "".join(out)
 
-    def spans(self, token_ids: Sequence[int], images: Sequence) -> list:
-        """One EmbedSpan per view (an image, then its crops) at its run of image tokens, in order."""
-        from surogate.io.images import image_hash
+    @property
+    def video_placeholder(self) -> str | None:
+        return self.prompt.video.placeholder if self.prompt.video is not None else None
+
+    def expand_videos(self, text: str, videos: Sequence) -> str:
+        """``text`` with its i-th video placeholder replaced by video i's text (VideoPrompt.text_of)."""
+        pieces = text.split(self.video_placeholder)
+        if len(pieces) != len(videos) + 1:  # check_rendered_videos has made sure of it for rendered chats
+            raise InvalidArgumentError(f"the prompt holds {len(pieces) - 1} video placeholders for {len(videos)} "
+                                       "video(s)", hint=f"write {self.video_placeholder!r} once per video")
+        out = [pieces[0]]
+        for video, piece in zip(videos, pieces[1:]):
+            out += [self.prompt.video.text_of(video), piece]
+        return "".join(out)
+
+    def spans(self, token_ids: Sequence[int], images: Sequence, videos: Sequence = ()) -> list:
+        """One EmbedSpan per view (an image, then its crops) at its run of image tokens, in order;
+        a family with videos places theirs too (Qwen3-VL: one per temporal patch). Images and
+        videos are encoded in the same tower calls, each keyed by its hash."""
         from surogate.serve.types import EmbedSpan
 
-        keys = [image_hash(img) for img in images]
-        rows = self.rows(images, keys)
+        if videos and (self.prompt.video is None or self.prompt.spans is None):
+            raise InvalidArgumentError("this model's prompts take no videos", hint="send images or text only")
+        keys = [media_key(item) for item in [*images, *videos]]
+        rows = self.rows([*images, *videos], keys)
         if self.prompt.spans is not None:  # the family places them (Qwen3-VL: MRoPE positions in the rows)
+            if videos:
+                n = len(images)
+                return self.prompt.spans(token_ids, images, keys[:n], rows[:n], videos=videos, video_keys=keys[n:],
+                                         video_rows=rows[n:])
             return self.prompt.spans(token_ids, images, keys, rows)
         runs = image_runs(token_ids, self.prompt.image_token_id)
         per = self.prompt.tokens_per_view
@@ -161,10 +211,9 @@ class ImageEncoder:
         then whichever waiting thread finds the tower free leads: it encodes the queue (every waiting
         request's images, up to the batch caps) in one ``encode_batch`` and hands each its rows, while
         the others wait for theirs (a group commit: concurrent requests share tower calls). An encode
-        that raises fails every request with an image in that batch, with its error."""
-        from surogate.io.images import image_hash
-
-        keys = list(keys) if keys is not None else [image_hash(img) for img in images]
+        that raises fails every request with an image in that batch, with its error. A video
+        (surogate.io.videos.Video) is one item like an image: its frames' rows, keyed by its hash."""
+        keys = list(keys) if keys is not None else [media_key(img) for img in images]
         out: dict[bytes, np.ndarray] = {}
         waiting: dict[bytes, _Job] = {}
         mine: list[tuple[_Job, object]] = []  # the jobs this request made, to process and queue
@@ -193,7 +242,7 @@ class ImageEncoder:
         """Each new image through the processor (in the request's thread, outside the locks), then queued."""
         try:
             for job, image in jobs:
-                job.batch = self.prompt.processor([image])
+                job.batch = self.prompt.video.batch(image) if is_video(image) else self.prompt.processor([image])
                 job.size = len(job.batch.pixel_values)
         except BaseException as e:
             with self._cond:
@@ -286,6 +335,19 @@ class ImageEncoder:
         per = len(rows) // len(px)
         bounds = np.cumsum([0, *views]) * per
         return [rows[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def is_video(item) -> bool:
+    from surogate.io.videos import Video
+
+    return isinstance(item, Video)
+
+
+def media_key(item) -> bytes:
+    """An image's ``image_hash`` or a video's ``key``: the encoder cache's key of its rows."""
+    from surogate.io.images import image_hash
+
+    return item.key if is_video(item) else image_hash(item)
 
 
 def image_runs(token_ids: Sequence[int], image_token_id: int) -> list[tuple[int, int]]:

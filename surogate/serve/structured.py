@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -127,12 +128,18 @@ class Grammars:
 class TokenMasks:
     """The engine's TokenMasker: matchers by engine request id. ``lock`` is held by the engine
     client from submitting a request to registering its matcher, so ``fill`` never meets an id
-    it does not know yet."""
+    it does not know yet. ``fill_seconds`` / ``fill_calls`` / ``fill_rows``: the grammar engine's
+    time in ``fill`` (matchers advanced, masks written), the steps it ran for and the masks it
+    wrote (one per constrained token sampled), as `surogate bench serve --structured` reads them;
+    only the engine's helper thread writes them, one step at a time."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self._matchers: dict[int, Any] = {}
         self._executor: Any = None
+        self.fill_seconds = 0.0
+        self.fill_calls = 0
+        self.fill_rows = 0
 
     def add(self, request_id: int, matcher: Any) -> None:
         self._matchers[request_id] = matcher
@@ -145,6 +152,15 @@ class TokenMasks:
         return len(self._matchers)
 
     def fill(self, request_ids: list[int], new_tokens: list[list[int]], rows: np.ndarray) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._fill(request_ids, new_tokens, rows)
+        finally:
+            self.fill_seconds += time.perf_counter() - t0
+            self.fill_calls += 1
+            self.fill_rows += len(request_ids)
+
+    def _fill(self, request_ids: list[int], new_tokens: list[list[int]], rows: np.ndarray) -> None:
         llg = _llguidance()
         from llguidance.numpy import fill_next_token_bitmask_par
 

@@ -486,22 +486,22 @@ def test_serve_media_flags_reach_the_gateway_config(monkeypatch, tmp_path, tiny_
     monkeypatch.setattr(surogate.gateway.server, "serve", lambda served, config, **kw: seen.update(config=config))
     runner = CliRunner()
     result = runner.invoke(app, ["serve", "m=x", "--allowed-local-media-path", str(tmp_path), "--allow-remote-media",
-                                 "--limit-mm-per-prompt", '{"image": 5}'])
+                                 "--limit-mm-per-prompt", '{"image": 5, "video": 1}'])
     assert result.exit_code == 0, result.output
     config = seen["config"]
-    assert (config.allowed_local_media_path, config.allow_remote_media, config.max_images_per_prompt) == (
-        str(tmp_path), True, 5)
+    assert (config.allowed_local_media_path, config.allow_remote_media, config.max_images_per_prompt,
+            config.max_videos_per_prompt) == (str(tmp_path), True, 5, 1)
     result = runner.invoke(app, ["serve", "m=x"])
     assert result.exit_code == 0, result.output
     config = seen["config"]
-    assert (config.allowed_local_media_path, config.allow_remote_media, config.max_images_per_prompt) == (
-        None, False, 8)  # no local files, no network, 8 images
+    assert (config.allowed_local_media_path, config.allow_remote_media, config.max_images_per_prompt,
+            config.max_videos_per_prompt) == (None, False, 8, 2)  # no local files, no network, 8 images, 2 videos
 
 
 @pytest.mark.parametrize("args,what", [
     (["--limit-mm-per-prompt", "four"], "not a JSON object of counts"),
     (["--limit-mm-per-prompt", '{"image": -1}'], "not a JSON object of counts"),
-    (["--limit-mm-per-prompt", '{"video": 1}'], "names video"),
+    (["--limit-mm-per-prompt", '{"audio": 1}'], "names audio"),
     (["--allowed-local-media-path", "/no/such/folder"], "is not a folder"),
 ])
 def test_bad_media_flags_are_clear_errors(args, what):

@@ -144,8 +144,9 @@ def template_messages(messages: list[dict]) -> list[dict]:
     return out, images
 
 
-# Modeled on Qwen/Qwen3-VL-2B-Instruct's chat template (no tools, no video): ChatML turns, one
-# <|vision_start|><|image_pad|><|vision_end|> per image part.
+# Modeled on Qwen/Qwen3-VL-2B-Instruct's chat template (no tools): ChatML turns, one
+# <|vision_start|><|image_pad|><|vision_end|> per image part, <|vision_start|><|video_pad|><|vision_end|>
+# per video part.
 QWEN3_VL_TEMPLATE = """{%- for message in messages -%}
 {{- '<|im_start|>' + message['role'] + '\n' -}}
 {%- if message['content'] is string -%}
@@ -154,6 +155,8 @@ QWEN3_VL_TEMPLATE = """{%- for message in messages -%}
 {%- for item in message['content'] -%}
 {%- if item['type'] == 'image' or 'image' in item -%}
 {{- '<|vision_start|><|image_pad|><|vision_end|>' -}}
+{%- elif item['type'] == 'video' or 'video' in item -%}
+{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}
 {%- elif item['type'] == 'text' -%}
 {{- item['text'] -}}
 {%- endif -%}
@@ -174,6 +177,14 @@ QWEN3_VL_PREPROCESSOR = {"size": {"shortest_edge": 16 * 16, "longest_edge": 64 *
                          "temporal_patch_size": 2, "merge_size": 2, "image_mean": [0.5, 0.5, 0.5],
                          "image_std": [0.5, 0.5, 0.5], "processor_class": "Qwen3VLProcessor",
                          "image_processor_type": "Qwen2VLImageProcessor"}
+
+
+# Qwen3-VL's video_preprocessor_config.json keys at the tiny tower's sizes: a clip's pixels (all
+# frames) within 16 x 16 x 4 .. 32 x 32 x 8, 2 frames a second, at most 8 frames.
+QWEN3_VL_VIDEO_PREPROCESSOR = {"size": {"shortest_edge": 16 * 16 * 4, "longest_edge": 32 * 32 * 8}, "patch_size": 8,
+                               "temporal_patch_size": 2, "merge_size": 2, "image_mean": [0.5, 0.5, 0.5],
+                               "image_std": [0.5, 0.5, 0.5], "fps": 2, "min_frames": 2, "max_frames": 8,
+                               "do_sample_frames": True, "video_processor_type": "Qwen3VLVideoProcessor"}
 
 
 def user(*parts) -> list[dict]:
@@ -210,6 +221,7 @@ def make_qwen3_vl_chat(path: str | Path, *, seed: int = 0, tie: bool = False) ->
     (path / "tokenizer_config.json").write_text(json.dumps(tc, indent=1))
     (path / "chat_template.jinja").write_text(QWEN3_VL_TEMPLATE)
     (path / "preprocessor_config.json").write_text(json.dumps(QWEN3_VL_PREPROCESSOR, indent=1))
+    (path / "video_preprocessor_config.json").write_text(json.dumps(QWEN3_VL_VIDEO_PREPROCESSOR, indent=1))
     return path
 
 
