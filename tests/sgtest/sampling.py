@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from surogate import _native
+
 M32 = 0xFFFFFFFF
 SAMPLE_STREAM = 0x53414D50  # core/philox.h kSampleStream
 
@@ -115,3 +117,16 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 def rank(x: np.ndarray, t: int) -> int:
     """1 + the tokens before t in the order (larger logit, or equal with a lower id)."""
     return 1 + int(np.sum((x > x[t]) | ((x == x[t]) & (np.arange(len(x)) < t))))
+
+
+def run(x: np.ndarray, p: np.ndarray, rank: bool = True, device: str = "cpu") -> list:
+    """The native op on host arrays: [token, logprob, rank or None]."""
+    R = x.shape[0]
+    outs = [np.zeros(R, np.int32), np.zeros(R, np.float32), np.zeros(R, np.int32) if rank else None]
+    if device == "cpu":
+        _native.call_op("sample", [x, p], outs, {})
+        return outs
+    ins = [_native.tensor(np.ascontiguousarray(a)).to(device) for a in (x, p)]
+    dev = [None if o is None else _native.tensor(o).to(device) for o in outs]
+    _native.call_op("sample", ins, dev, {})
+    return [None if o is None else o.to("cpu").numpy() for o in dev]
