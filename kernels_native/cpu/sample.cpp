@@ -27,6 +27,7 @@
 #include "core/philox.h"
 #include "core/sample_math.h"
 #include "cpu/common.h"
+#include "cpu/sample.h"
 #include "runtime/op_checks_sample.h"
 
 namespace surogate::cpu {
@@ -42,6 +43,11 @@ struct Scratch {
   std::vector<int32_t> order;
 };
 
+Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
+}
+
 uint32_t bits_of(float v) {
   uint32_t b;
   std::memcpy(&b, &v, sizeof(b));
@@ -54,9 +60,16 @@ struct RowOut {
   int32_t rank = 0;
 };
 
+// The lowest id of the largest value of a row without NaN / +inf.
+int64_t argmax_row(const float* x, int64_t V) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < V; ++i) best = x[i] > x[best] ? i : best;
+  return best;
+}
+
 // The kept set of step 3 as (cut key t, ties kept): key > t, or key == t among the first n_tie
 // such ids. Fills s.key, s.e, s.w.
-void kept_set(Scratch& s, int64_t V, const float* p, float best_value, uint32_t* t, int64_t* n_tie) {
+void kept_set(Scratch& s, const float* x, int64_t V, const float* p, float best_value, uint32_t* t, int64_t* n_tie) {
   const float inv_t = 1.0f / p[kSampleTemperature];
   const float m = best_value * inv_t;
   const double scale = std::ldexp(1.0, sample::weight_shift(V));
@@ -64,10 +77,10 @@ void kept_set(Scratch& s, int64_t V, const float* p, float best_value, uint32_t*
   s.e.resize(V);
   s.w.resize(V);
   for (int64_t i = 0; i < V; ++i) {
-    const float e = std::exp(s.x[i] * inv_t - m);
+    const float e = std::exp(x[i] * inv_t - m);
     s.e[i] = e;
     s.w[i] = sample::weight(e, scale);
-    s.key[i] = sample::order_key(bits_of(s.x[i]));
+    s.key[i] = sample::order_key(bits_of(x[i]));
   }
   *t = 0;  // below every key: all kept
   *n_tie = 0;
@@ -104,45 +117,45 @@ void kept_set(Scratch& s, int64_t V, const float* p, float best_value, uint32_t*
   for (int64_t i = 0; i < n; ++i) *n_tie += key[order[i]] == *t;
 }
 
-RowOut sample_row(Scratch& s, int64_t V, const float* p) {
+// Steps 2-4: the token of a row without NaN / +inf whose largest value is at `best`.
+int64_t choose(const float* x, int64_t V, const float* p, int64_t best) {
+  const float temperature = p[kSampleTemperature];
+  if (!(temperature >= kSampleGreedyBelow) || x[best] == -kInf) return best;
+  Scratch& s = scratch();
+  uint32_t t = 0;
+  int64_t n_tie = 0;
+  kept_set(s, x, V, p, x[best], &t, &n_tie);
+  const float min_p = std::min(p[kSampleMinP], 1.0f);  // the top token (e = 1) always stays
+  auto kept_weight = [&](int64_t i, int64_t* ties) -> uint64_t {
+    if (s.key[i] < t || (s.key[i] == t && (*ties)++ >= n_tie)) return 0;
+    return s.e[i] >= min_p ? s.w[i] : 0;
+  };
+  uint64_t mass = 0;
+  int64_t ties = 0;
+  for (int64_t i = 0; i < V; ++i) mass += kept_weight(i, &ties);
+  uint32_t bits[3];
+  std::memcpy(bits, p + kSampleSeedLo, sizeof(bits));
+  const uint64_t point = sample::draw_point(sample_uniform(bits[0], bits[1], bits[2]), mass);
+  uint64_t acc = 0;
+  ties = 0;
+  for (int64_t i = 0; i < V; ++i) {
+    acc += kept_weight(i, &ties);
+    if (acc > point) return i;
+  }
+  return best;  // (not reached: the point is below the mass)
+}
+
+RowOut sample_row(const float* x, int64_t V, const float* p) {
   RowOut out;
-  const float* x = s.x.data();
-  int64_t best = 0;
   for (int64_t i = 0; i < V; ++i) {
     if (std::isnan(x[i]) || x[i] == kInf) return out;
-    if (x[i] > x[best]) best = i;
   }
+  const int64_t best = argmax_row(x, V);
   const float bv = x[best];
   double sum = 0.0;
   for (int64_t i = 0; i < V; ++i) sum += std::exp(x[i] - bv);
   const double lse = static_cast<double>(bv) + std::log(sum);
-  const float temperature = p[kSampleTemperature];
-  int64_t token = best;
-  if (!(temperature < kSampleGreedyBelow) && bv > -kInf) {
-    uint32_t t = 0;
-    int64_t n_tie = 0;
-    kept_set(s, V, p, bv, &t, &n_tie);
-    const float min_p = std::min(p[kSampleMinP], 1.0f);  // the top token (e = 1) always stays
-    auto kept_weight = [&](int64_t i, int64_t* ties) -> uint64_t {
-      if (s.key[i] < t || (s.key[i] == t && (*ties)++ >= n_tie)) return 0;
-      return s.e[i] >= min_p ? s.w[i] : 0;
-    };
-    uint64_t mass = 0;
-    int64_t ties = 0;
-    for (int64_t i = 0; i < V; ++i) mass += kept_weight(i, &ties);
-    uint32_t bits[3];
-    std::memcpy(bits, p + kSampleSeedLo, sizeof(bits));
-    const uint64_t point = sample::draw_point(sample_uniform(bits[0], bits[1], bits[2]), mass);
-    uint64_t acc = 0;
-    ties = 0;
-    for (int64_t i = 0; i < V; ++i) {
-      acc += kept_weight(i, &ties);
-      if (acc > point) {
-        token = i;
-        break;
-      }
-    }
-  }
+  const int64_t token = choose(x, V, p, best);
   out.token = static_cast<int32_t>(token);
   out.logprob = static_cast<float>(static_cast<double>(x[token]) - lse);
   int64_t rank = 1;
@@ -163,12 +176,12 @@ Status sample(const OpArgs& a) {
   int32_t* rank = d.rank ? a.out(2).ptr<int32_t>() : nullptr;
   SG_DISPATCH_FLOAT("sample", logits.dtype, T, {
     parallel_for(0, d.R, 1, [&](int64_t lo, int64_t hi) {
-      thread_local Scratch s;
-      s.x.resize(d.V);
+      std::vector<float>& x = scratch().x;
+      x.resize(d.V);
       for (int64_t r = lo; r < hi; ++r) {
         const T* row = logits.ptr<T>() + r * d.row_stride;
-        for (int64_t i = 0; i < d.V; ++i) s.x[i] = load(row[i]);
-        const RowOut o = sample_row(s, d.V, params + r * kSampleParamCols);
+        for (int64_t i = 0; i < d.V; ++i) x[i] = load(row[i]);
+        const RowOut o = sample_row(x.data(), d.V, params + r * kSampleParamCols);
         token[r] = o.token;
         logprob[r] = o.logprob;
         if (rank != nullptr) rank[r] = o.rank;
@@ -179,6 +192,10 @@ Status sample(const OpArgs& a) {
 }
 
 }  // namespace
+
+int32_t sample_token(const float* x, int64_t V, const float* params) {
+  return static_cast<int32_t>(choose(x, V, params, argmax_row(x, V)));
+}
 
 void register_cpu_sample(OpRegistry& reg) { add_op(reg, "sample", sample); }
 
