@@ -754,6 +754,16 @@ void bind_serve(py::module_& parent) {
         py::arg("allowed_mask") = py::none(),
         "n draws from one row under params.seed (0 when unset) at steps len(output_ids) .. + n - 1; allowed_mask: a "
         "grammar's bitmask row (int32 [ceil(V/32)]), bit t%32 of word t/32 = token t allowed.");
+  m.def("needs_logits", [](py::handle params, py::handle prompt_ids, py::handle output_ids, bool device_samples) {
+          int P = 0;
+          std::vector<int32_t> ids = context_of(prompt_ids, output_ids, &P);
+          Sequence seq(0, std::vector<int32_t>(ids.begin(), ids.begin() + P), sampling_params_from(params), -1, 0);
+          seq.token_ids = ids;
+          return Sampler::needs_logits(seq, device_samples);
+        },
+        py::arg("params"), py::arg("prompt_ids"), py::arg("output_ids"), py::arg("device_samples") = true,
+        "Whether the next token's logits row goes to the host (Sampler::needs_logits), with a runner that "
+        "samples on its device or not.");
   m.def("logprob", [](py::array_t<float, py::array::c_style | py::array::forcecast> logits, int token, int top_n) {
           int V = 0;
           std::vector<float> row = row_from(logits, &V);

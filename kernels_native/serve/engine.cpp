@@ -417,7 +417,7 @@ void Engine::postprocess(const StepPlan& plan, const StepOutput& step, const Ste
     if (ss.num_prompt_lp_rows > 0) seq.prompt_logprobs_next = ss.prompt_lp_pos + ss.num_prompt_lp_rows;
   }
 
-  // Sampling is independent per sequence (each has its own generator): spread it over the pool.
+  // Sampling is independent per sequence (each draw a function of its seed and step): spread it over the pool.
   // A span with drafts samples row after row while each token equals its draft (see engine.h);
   // the tokens go onto token_ids for the penalties of the next row and come off again after.
   std::vector<const ScheduledSeq*> to_sample;

@@ -59,7 +59,7 @@ struct EngineConfig {
   int max_model_len = 0;             // prompt + output per request; 0 = what the cache holds
   bool enable_prefix_caching = true;
   std::vector<int32_t> eos_token_ids;  // the model's; used by requests that name none
-  bool has_seed = false;             // base of the generators of requests without a seed
+  bool has_seed = false;             // base of the seeds of requests without one
   uint64_t seed = 0;
   // Speculative decoding: "" (off) or "ngram"; drafts of up to num_speculative_tokens tokens.
   std::string speculative_method;

@@ -173,7 +173,8 @@ def test_bad_calls_say_what_is_wrong():
     with pytest.raises(DTypeError, match="logits has dtype int32"):
         _native.call_op("sample", [x.astype(np.int32), p], outs, {})
     with pytest.raises(ShapeError, match="logits must have 2 dims"):
-        _native.call_op("sample", [np.zeros(10, np.float32), p[:1]], [np.zeros(1, np.int32), np.zeros(1, np.float32), None], {})
+        _native.call_op("sample", [np.zeros(10, np.float32), p[:1]],
+                        [np.zeros(1, np.int32), np.zeros(1, np.float32), None], {})
     with pytest.raises(DTypeError, match="token has dtype float32"):
         _native.call_op("sample", [x, p], [np.zeros(2, np.float32), np.zeros(2, np.float32), None], {})
     with pytest.raises(ShapeError, match=r"logprob \[3\] must be \[R\] = \[2\]"):

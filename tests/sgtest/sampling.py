@@ -59,13 +59,18 @@ def weight_shift(V: int) -> int:
     return 62 - int(V).bit_length()
 
 
+def weights_of(e: np.ndarray, V: int) -> np.ndarray:
+    """The op's integer weights: round(e * 2^shift) (core/sample_math.h)."""
+    return np.floor(e.astype(np.float64) * 2.0 ** weight_shift(V) + 0.5).astype(np.uint64)
+
+
 def kept_mask(x: np.ndarray, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, weights: bool = True) -> np.ndarray:
     """Which tokens sampling may draw: top-k first k of the order, top-p the shortest prefix of
     them reaching top_p of their mass (the host Sampler's walk), min-p e >= min_p. weights: the
     mass as the op's integer weights (exactly the op's cut), else float64 probabilities."""
     V = len(x)
     e = scaled(x, temperature)
-    w = np.floor(e.astype(np.float64) * 2.0 ** weight_shift(V) + 0.5).astype(np.uint64) if weights else e.astype(np.float64)
+    w = weights_of(e, V) if weights else e.astype(np.float64)
     o = order(x)
     keep = np.zeros(V, bool)
     k = int(top_k) if 0 < top_k < V else V
@@ -100,8 +105,7 @@ def token(x: np.ndarray, seed: int, step: int, temperature=1.0, top_k=0, top_p=1
         return int(np.argmax(x))
     V = len(x)
     e = scaled(x, temperature)
-    w = np.floor(e.astype(np.float64) * 2.0 ** weight_shift(V) + 0.5).astype(np.uint64)
-    w = np.where(kept_mask(x, temperature, top_k, top_p, min_p), w, np.uint64(0))
+    w = np.where(kept_mask(x, temperature, top_k, top_p, min_p), weights_of(e, V), np.uint64(0))
     mass = int(w.astype(object).sum())
     point = min(int(uniform(seed, step) * float(mass)), mass - 1)
     cum = np.cumsum(w.astype(object))
