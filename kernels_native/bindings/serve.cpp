@@ -16,6 +16,7 @@
 #include <unordered_set>
 
 #include "bindings/errors.h"
+#include "runtime/op_checks_sample.h"
 #include "runtime/program.h"
 #include "serve/engine.h"
 #include "serve/program_runner.h"
@@ -314,7 +315,7 @@ class PyModelRunner : public ModelRunner {
       std::vector<int64_t> shape(a.shape(), a.shape() + a.ndim());
       logits_.assign(a.data(), a.data() + a.size());
       out->logits = Tensor::view_of(logits_.data(), DType::kF32, shape);
-      out->argmax.clear();
+      out->tokens.clear();
       return Status::OK();
     } catch (py::error_already_set& e) {
       return SG_ERROR(StatusCode::kInternal, str_cat("the Python model runner raised ", e.what()), "");
@@ -486,9 +487,14 @@ void bind_serve(py::module_& parent) {
       .def_property_readonly("kv_limit", [](const StepInput& s) {
         return int32_array(s.kv_limit, {static_cast<int64_t>(s.kv_limit.size())});
       })
+      .def_property_readonly("sample_params", [](const StepInput& s) {
+        return py::array_t<float>({static_cast<py::ssize_t>(s.sample_params.size() / kSampleParamCols),
+                                   static_cast<py::ssize_t>(kSampleParamCols)}, s.sample_params.data());
+      })
+      .def_readonly("device_logprobs", &StepInput::device_logprobs)
       .def_static("make", [](py::handle token_ids, py::handle positions, py::handle slot_mapping, py::handle cu_q,
                              py::handle context_lens, py::handle block_tables, py::handle logits_rows,
-                             py::handle adapter_ids, py::handle need_logits, int block_size) {
+                             py::handle adapter_ids, py::handle need_logits, int block_size, py::handle sample_params) {
              StepInput s;
              s.block_size = block_size;
              s.token_ids = int32_vector(token_ids, "token_ids");
@@ -520,13 +526,23 @@ void bind_serve(py::module_& parent) {
                  (!s.need_logits.empty() && s.need_logits.size() != s.logits_rows.size())) {
                bad_field("StepInput", "adapter_ids / need_logits", "do not have one entry per sequence / logits row", "");
              }
+             if (!sample_params.is_none()) {
+               auto a = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(sample_params);
+               if (!a || a.ndim() != 2 || a.shape(0) != static_cast<py::ssize_t>(s.logits_rows.size()) ||
+                   a.shape(1) != kSampleParamCols) {
+                 bad_field("StepInput", "sample_params", "must be float32 [len(logits_rows), 8]",
+                           "one sample op params row per logits row (runtime/op_checks_sample.h)");
+               }
+               s.sample_params.assign(a.data(), a.data() + a.size());
+             }
              s.request_ids.assign(s.num_seqs, 0);
              return s;
            },
            py::arg("token_ids"), py::arg("positions"), py::arg("slot_mapping"), py::arg("cu_q"),
            py::arg("context_lens"), py::arg("block_tables"), py::arg("logits_rows"), py::arg("adapter_ids") = py::none(),
-           py::arg("need_logits") = py::none(), py::arg("block_size") = 16,
-           "A step built by hand (tests, benchmarks); block_tables flattened [S * B].")
+           py::arg("need_logits") = py::none(), py::arg("block_size") = 16, py::arg("sample_params") = py::none(),
+           "A step built by hand (tests, benchmarks); block_tables flattened [S * B]; sample_params float32 [R, 8] "
+           "(none: every row's token the argmax).")
       .def("__repr__", [](const StepInput& s) {
         return str_cat("StepInput(tokens=", s.num_tokens, ", seqs=", s.num_seqs, ", logits_rows=", s.num_logits_rows(),
                        ")");
@@ -548,11 +564,12 @@ void bind_serve(py::module_& parent) {
              for (int64_t i = 0; with_logits && i < t.shape[0]; ++i) {
                std::memcpy(logits.mutable_data(i), t.ptr<float>() + i * t.strides[0], t.shape[1] * sizeof(float));
              }
-             return py::make_tuple(logits, py::array_t<int32_t>(static_cast<py::ssize_t>(out.argmax.size()),
-                                                                out.argmax.data()));
+             return py::make_tuple(logits, py::array_t<int32_t>(static_cast<py::ssize_t>(out.tokens.size()),
+                                                                out.tokens.data()));
            }, py::arg("step"), py::arg("logits") = true,
-           "One step outside an engine: (logits float32 [R, V], argmax int32 [R] or empty). Rows whose "
-           "need_logits is 0 may be left unfilled when argmax is given; logits=False returns none (timing).");
+           "One step outside an engine: (logits float32 [R, V], tokens int32 [R] or empty: each row's argmax, or its "
+           "draw under step.sample_params on a runner that samples on its device). Rows whose need_logits is 0 may "
+           "be left unfilled when tokens are given; logits=False returns none (timing).");
 
   py::class_<PyModelRunner, ModelRunner, std::shared_ptr<PyModelRunner>>(
       m, "PyModelRunner", "A ModelRunner calling fn(step: StepInput) -> float32 [R, V] logits, with the GIL held.")
@@ -719,14 +736,14 @@ void bind_serve(py::module_& parent) {
             mask.assign(words, words + a.size());
           }
           const uint32_t* allowed = mask.empty() ? nullptr : mask.data();
-          std::mt19937_64 rng(p.seed);
           std::vector<int32_t> out(std::max(n, 0));
           Sampler sampler(V);
           Status st;
           {
             py::gil_scoped_release nogil;
-            for (int32_t& t : out) {
-              st = sampler.sample(row.data(), p, ids, P, rng, &t, allowed);
+            for (size_t k = 0; k < out.size(); ++k) {  // draw k: step len(output_ids) + k
+              st = sampler.sample(row.data(), p, ids, P, p.seed, static_cast<uint32_t>(ids.size() - P + k), &out[k],
+                                  allowed);
               if (!st.ok()) break;
             }
           }
@@ -735,8 +752,18 @@ void bind_serve(py::module_& parent) {
         },
         py::arg("logits"), py::arg("params"), py::arg("prompt_ids"), py::arg("output_ids"), py::arg("n") = 1,
         py::arg("allowed_mask") = py::none(),
-        "n draws from one row with one generator seeded from params.seed (0 when unset); allowed_mask: a "
+        "n draws from one row under params.seed (0 when unset) at steps len(output_ids) .. + n - 1; allowed_mask: a "
         "grammar's bitmask row (int32 [ceil(V/32)]), bit t%32 of word t/32 = token t allowed.");
+  m.def("needs_logits", [](py::handle params, py::handle prompt_ids, py::handle output_ids, bool device_samples) {
+          int P = 0;
+          std::vector<int32_t> ids = context_of(prompt_ids, output_ids, &P);
+          Sequence seq(0, std::vector<int32_t>(ids.begin(), ids.begin() + P), sampling_params_from(params), -1, 0);
+          seq.token_ids = ids;
+          return Sampler::needs_logits(seq, device_samples);
+        },
+        py::arg("params"), py::arg("prompt_ids"), py::arg("output_ids"), py::arg("device_samples") = true,
+        "Whether the next token's logits row goes to the host (Sampler::needs_logits), with a runner that "
+        "samples on its device or not.");
   m.def("logprob", [](py::array_t<float, py::array::c_style | py::array::forcecast> logits, int token, int top_n) {
           int V = 0;
           std::vector<float> row = row_from(logits, &V);

@@ -26,6 +26,7 @@ void register_cpu_moe(OpRegistry& reg);
 void register_cpu_moe_oai(OpRegistry& reg);
 void register_cpu_rope_table(OpRegistry& reg);
 void register_cpu_embedding_bag(OpRegistry& reg);
+void register_cpu_sample(OpRegistry& reg);
 }  // namespace cpu
 
 void register_cpu_ops(OpRegistry& reg) {
@@ -51,6 +52,7 @@ void register_cpu_ops(OpRegistry& reg) {
   cpu::register_cpu_moe_oai(reg);
   cpu::register_cpu_rope_table(reg);
   cpu::register_cpu_embedding_bag(reg);
+  cpu::register_cpu_sample(reg);
 }
 
 }  // namespace surogate

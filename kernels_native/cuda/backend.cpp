@@ -179,6 +179,7 @@ void register_backend() {
   register_cuda_moe_oai(reg);
   register_cuda_rope_table(reg);
   register_cuda_embedding_bag(reg);
+  register_cuda_sample(reg);
 }
 
 }  // namespace surogate::cuda

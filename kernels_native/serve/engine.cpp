@@ -1,6 +1,7 @@
 #include "serve/engine.h"
 
 #include <chrono>
+#include <random>
 
 #include <algorithm>
 #include <cassert>
@@ -88,11 +89,12 @@ Status check_embeds(std::vector<EmbedSpan>* spans, const std::vector<int>& width
   return Status::OK();
 }
 
-SchedulerConfig scheduler_config(const EngineConfig& c) {
+SchedulerConfig scheduler_config(const EngineConfig& c, const ModelRunner& runner) {
   SchedulerConfig s;
   s.max_num_seqs = c.max_num_seqs;
   s.max_num_batched_tokens = c.max_num_batched_tokens;
   s.max_model_len = c.max_model_len;
+  s.device_sampling = runner.samples_on_device();
   return s;
 }
 
@@ -151,7 +153,7 @@ Status Engine::create(const EngineConfig& config, std::shared_ptr<ModelRunner> r
 Engine::Engine(const EngineConfig& config, std::shared_ptr<ModelRunner> runner)
     : config_(config), runner_(std::move(runner)),
       block_manager_(config.num_blocks, config.block_size, config.enable_prefix_caching),
-      scheduler_(scheduler_config(config), &block_manager_), sampler_(runner_->vocab_size()) {
+      scheduler_(scheduler_config(config, *runner_), &block_manager_), sampler_(runner_->vocab_size()) {
   counters_.spec_accepted_per_pos.assign(config.num_speculative_tokens, 0);
   seed_base_ = config.has_seed ? config.seed : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
   publish_stats();
@@ -179,11 +181,12 @@ Status Engine::submit(Request req, uint64_t* id) {
   SG_RETURN_IF_ERROR(check_embeds(&req.embeds, req.embed_widths, static_cast<int>(req.prompt_token_ids.size()),
                                   runner_->hidden_size()));
 
-  const uint64_t rng_seed =
+  // The Philox key of every draw of this request (sampler.h): its seed, or one from the engine's base.
+  const uint64_t seed =
       req.params.has_seed ? req.params.seed : splitmix64(seed_base_ ^ splitmix64(seed_counter_.fetch_add(1)));
   const uint64_t seq_id = next_id_.fetch_add(1);
   auto seq = std::make_unique<Sequence>(seq_id, std::move(req.prompt_token_ids), std::move(req.params),
-                                        req.adapter_id, rng_seed);
+                                        req.adapter_id, seed);
   seq->embeds = std::move(req.embeds);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -360,9 +363,16 @@ void Engine::drain_inbox() {
 Status Engine::run(const StepPlan& plan, StepOutput* out) {
   SG_RETURN_IF_ERROR(runner_->run(plan.input, out));
   const int64_t R = plan.input.num_logits_rows(), V = sampler_.vocab_size();
-  SG_CHECK(out->argmax.empty() || static_cast<int64_t>(out->argmax.size()) == R, StatusCode::kShapeMismatch,
-           str_cat("model runner returned ", out->argmax.size(), " argmax entries for ", R, " logits rows"),
+  SG_CHECK(out->tokens.empty() || static_cast<int64_t>(out->tokens.size()) == R, StatusCode::kShapeMismatch,
+           str_cat("model runner returned ", out->tokens.size(), " tokens for ", R, " logits rows"),
            "return one per StepInput.logits_rows entry, or none");
+  const bool device_lp = plan.input.device_logprobs && runner_->samples_on_device();
+  SG_CHECK(!device_lp || (static_cast<int64_t>(out->tokens.size()) == R &&
+                          static_cast<int64_t>(out->logprobs.size()) == R && static_cast<int64_t>(out->ranks.size()) == R),
+           StatusCode::kShapeMismatch,
+           str_cat("model runner returned ", out->tokens.size(), " tokens, ", out->logprobs.size(), " logprobs and ",
+                   out->ranks.size(), " ranks for ", R, " logits rows whose logprobs it samples"),
+           "a runner that samples on its device returns all three when StepInput.device_logprobs is set");
   const Tensor& t = out->logits;
   SG_CHECK(t.device.is_cpu() && t.dtype == DType::kF32 && t.ndim == 2 && t.shape[0] == R && t.shape[1] == V &&
                (R == 0 || (t.data != nullptr && t.strides[1] == 1 && t.strides[0] >= V)),
@@ -407,7 +417,7 @@ void Engine::postprocess(const StepPlan& plan, const StepOutput& step, const Ste
     if (ss.num_prompt_lp_rows > 0) seq.prompt_logprobs_next = ss.prompt_lp_pos + ss.num_prompt_lp_rows;
   }
 
-  // Sampling is independent per sequence (each has its own generator): spread it over the pool.
+  // Sampling is independent per sequence (each draw a function of its seed and step): spread it over the pool.
   // A span with drafts samples row after row while each token equals its draft (see engine.h);
   // the tokens go onto token_ids for the penalties of the next row and come off again after.
   std::vector<const ScheduledSeq*> to_sample;
@@ -444,8 +454,9 @@ void Engine::postprocess(const StepPlan& plan, const StepOutput& step, const Ste
       for (int j = 0; j <= ss.num_draft; ++j) {
         const int sr = ss.sample_row + j;
         int32_t t = -1;
-        if (!step.argmax.empty() && !plan.input.need_logits[sr]) {  // plain greedy: the device's argmax
-          t = step.argmax[sr];
+        const bool on_device = !step.tokens.empty() && !plan.input.need_logits[sr];
+        if (on_device) {  // the device's argmax, or its draw (the same as sample() would make)
+          t = step.tokens[sr];
           if (t < 0 || t >= sampler_.vocab_size()) {
             errors[i] = SG_ERROR(StatusCode::kInternal, "the model produced a non-finite logit (NaN or +inf)",
                                  "check the model's weights and dtype; NaN logits usually mean an overflow");
@@ -455,7 +466,17 @@ void Engine::postprocess(const StepPlan& plan, const StepOutput& step, const Ste
           errors[i] = sampler_.sample(row(sr), seq, &t, allowed[i]);
           if (!errors[i].ok()) break;
         }
-        if (seq.params.logprobs >= 0) lps[i].push_back(sampler_.logprob(row(sr), t, seq.params.logprobs));
+        if (seq.params.logprobs >= 0) {
+          if (on_device && !step.logprobs.empty()) {  // logprobs 0: the token's own, from the device
+            TokenLogprob lp;
+            lp.token_id = t;
+            lp.logprob = step.logprobs[sr];
+            lp.rank = step.ranks[sr];
+            lps[i].push_back(std::move(lp));
+          } else {
+            lps[i].push_back(sampler_.logprob(row(sr), t, seq.params.logprobs));
+          }
+        }
         tokens[i].push_back(t);
         if (j == ss.num_draft || t != seq.draft_ids[j]) break;  // the bonus token, or a rejection
         seq.token_ids.push_back(t);

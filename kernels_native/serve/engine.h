@@ -3,7 +3,7 @@
 // scheduler, block manager) and runs step() until shutdown:
 //
 //   plan = scheduler.schedule();         // which tokens run, where their KV goes
-//   runner.run(plan.input, &out);        // the model: logits rows (and their argmax)
+//   runner.run(plan.input, &out);        // the model: logits rows (and their tokens, on the device)
 //   postprocess(plan, out, masks);       // sample, append, check stop conditions
 //   collect_finished();                  // free finished sequences, push outputs to the channel
 //
@@ -14,7 +14,8 @@
 // n-gram one, ngram_proposer.h) guesses its next k tokens (`draft_ids`); the next step runs
 // them as one span of 1 + k tokens (the chunked-prefill path over the paged cache) with a
 // logits row at each position. postprocess verifies them in order: the token sampled from row j
-// exactly as plain decoding would sample it (same penalties, filters and generator) is emitted;
+// exactly as plain decoding would sample it (same penalties, filters and draw: Philox at step
+// num_output + j, on the host or the device) is emitted;
 // while it equals draft j the walk goes on to row j + 1, after all k the last row gives a bonus
 // token. For a point-mass draft (n-gram, greedy drafting) this is speculative rejection
 // sampling: draft t is accepted with probability p(t), and a rejection emits a token from p with
@@ -58,7 +59,7 @@ struct EngineConfig {
   int max_model_len = 0;             // prompt + output per request; 0 = what the cache holds
   bool enable_prefix_caching = true;
   std::vector<int32_t> eos_token_ids;  // the model's; used by requests that name none
-  bool has_seed = false;             // base of the generators of requests without a seed
+  bool has_seed = false;             // base of the seeds of requests without one
   uint64_t seed = 0;
   // Speculative decoding: "" (off) or "ngram"; drafts of up to num_speculative_tokens tokens.
   std::string speculative_method;

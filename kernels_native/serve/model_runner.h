@@ -21,8 +21,17 @@
 //   logits_rows   [R]     rows (indices into T, increasing) whose logits the engine needs: the last
 //                         token of a sequence whose prompt is complete (or decoding), and every
 //                         prompt row of a request that asked for prompt_logprobs
-//   need_logits   [R]     (uint8) 1: the engine reads this row's logits (sampling knobs, logprobs,
-//                         prompt logprobs); 0: the row's argmax is all it needs (plain greedy)
+//   need_logits   [R]     (uint8) 1: the engine reads this row's logits (grammar, logit_bias,
+//                         penalties, top_logprobs, prompt logprobs; any sampled row on a runner
+//                         that does not sample on its device); 0: the runner's token is all it
+//                         needs (Sampler::needs_logits): the argmax, or the device's draw
+//   sample_params [R, 8]  (float32) for a runner that samples on its device (samples_on_device):
+//                         each row's `sample` op parameters (runtime/op_checks_sample.h:
+//                         temperature, top_k, top_p, min_p, the sequence's seed, step = the tokens
+//                         it generated before this row's), temperature 0 (the argmax) for every
+//                         row whose token the engine does not take from the device; empty: all 0
+//   device_logprobs       some row with need_logits 0 wants its token's logprob: the runner brings
+//                         StepOutput::logprobs and ranks back too
 //   adapter_ids   [S]     LoRA adapter slot per sequence, -1 = the base model
 //   state_slots   [S]     the sequence's recurrent-state slot in [0, max_num_seqs) (a conv or SSM
 //                         state the runner keeps per sequence beside the KV blocks), -1 = none;
@@ -66,6 +75,8 @@ struct StepInput {
   std::vector<int32_t> block_tables;
   std::vector<int32_t> logits_rows;
   std::vector<uint8_t> need_logits;
+  std::vector<float> sample_params;
+  bool device_logprobs = false;
   std::vector<int32_t> adapter_ids;
   std::vector<int32_t> state_slots;
   std::vector<int64_t> request_ids;
@@ -87,13 +98,18 @@ struct StepInput {
 
 // What a step gives back. `logits` is a host float32 [R, V] tensor with contiguous rows (its row
 // stride may exceed V), possibly the runner's own memory, read by the engine before the next
-// run(). A runner that computes each row's argmax on its device (so that a greedy step moves R
-// ints instead of R x V floats) returns it in `argmax` ([R]: the lowest id among the largest
-// logits, -1 for a row holding a NaN or +inf) and may then leave the rows whose need_logits is 0
-// unfilled. An empty `argmax`: every row of `logits` is filled.
+// run(). A runner that picks each row's token on its device (so that a step moves R ints instead
+// of R x V floats) returns it in `tokens` ([R]: the argmax (the lowest id among the largest
+// logits) or, on a runner that samples on its device, the draw under the row's sample_params;
+// -1 for a row holding a NaN or +inf) and may then leave the rows whose need_logits is 0
+// unfilled. An empty `tokens`: every row of `logits` is filled. `logprobs` / `ranks` ([R], when
+// StepInput::device_logprobs): the raw log_softmax of each row at its token and the token's rank
+// (1 = most likely), as Sampler::logprob computes them.
 struct StepOutput {
   Tensor logits;
-  std::vector<int32_t> argmax;
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  std::vector<int32_t> ranks;
 };
 
 class ModelRunner {
@@ -105,6 +121,9 @@ class ModelRunner {
   // The width of the embedding rows this runner takes (StepInput::embed_rows; the model's hidden
   // size), 0: it takes none (requests with embeds are refused at submit).
   virtual int hidden_size() const { return 0; }
+  // Whether run() samples each row under StepInput::sample_params on its device (the `sample`
+  // op: the same draw as Sampler::sample) and returns tokens, and logprobs / ranks when asked.
+  virtual bool samples_on_device() const { return false; }
 };
 
 }  // namespace surogate::serve

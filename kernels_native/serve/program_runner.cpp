@@ -6,17 +6,18 @@
 #include "core/allocator.h"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
+#include "runtime/op_checks_sample.h"
 
 namespace surogate::serve {
 
 namespace {
 
-// The step inputs, in the order of Bucket::off.
-constexpr int kNumInputs = 10;
+// The step inputs, in the order of Bucket::off (all int32 but sample_params, float32 [R, 8]).
+constexpr int kNumInputs = 11;
 constexpr const char* kInputs[kNumInputs] = {"input_ids",    "position_ids", "slot_mapping", "block_tables",
                                              "cu_q",         "context_lens", "logits_rows",  "state_slots",
-                                             "embed_index",  "kv_limit"};
-enum { kIds, kPos, kSlots, kTables, kCuQ, kCtx, kRows, kStates, kEmbedIndex, kKvLimit };
+                                             "embed_index",  "kv_limit",     "sample_params"};
+enum { kIds, kPos, kSlots, kTables, kCuQ, kCtx, kRows, kStates, kEmbedIndex, kKvLimit, kSampleParams };
 constexpr int kOptional = kStates;  // inputs from here on: bound when the Program has them
 
 int pow2(int n) {
@@ -73,9 +74,10 @@ Status ProgramRunner::bucket(const BucketKey& key, Bucket** out) {
            "the step compiler returned no Program for this runner's device", "");
   const int64_t E = key.E, TE = key.E > 0 ? key.T : 0;  // no embed inputs without embedding rows
   const int64_t sizes[kNumInputs] = {key.T, key.T, key.T, int64_t{key.S} * key.B, key.S + 1, key.S, key.R, key.S,
-                                     E,     TE};
+                                     E,     TE,    int64_t{key.R} * kSampleParamCols};
   const std::vector<int64_t> shapes[kNumInputs] = {{key.T}, {key.T}, {key.T}, {key.S, key.B}, {key.S + 1},
-                                                   {key.S}, {key.R}, {key.S}, {E},              {TE}};
+                                                   {key.S}, {key.R}, {key.S}, {E},              {TE},
+                                                   {key.R, kSampleParamCols}};
   int64_t total = 0;
   for (int i = 0; i < kNumInputs; ++i) {
     b->off[i] = total;
@@ -88,7 +90,8 @@ Status ProgramRunner::bucket(const BucketKey& key, Bucket** out) {
     const int id = b->program->find_buffer(kInputs[i]);
     if (id < 0 && i >= kOptional) continue;
     SG_CHECK(id >= 0, StatusCode::kInternal, str_cat("the step Program has no input '", kInputs[i], "'"), "");
-    SG_RETURN_IF_ERROR(b->program->bind(id, Tensor::view_of(base + b->off[i], DType::kI32, shapes[i], config_.device,
+    const DType dt = i == kSampleParams ? DType::kF32 : DType::kI32;
+    SG_RETURN_IF_ERROR(b->program->bind(id, Tensor::view_of(base + b->off[i], dt, shapes[i], config_.device,
                                                             b->inputs)));
   }
   if (E > 0) {
@@ -103,9 +106,12 @@ Status ProgramRunner::bucket(const BucketKey& key, Bucket** out) {
                                                             b->rows)));
   }
   b->logits_id = b->program->find_buffer("logits");
-  b->argmax_id = b->program->find_buffer("argmax");
-  SG_CHECK(b->logits_id >= 0 && b->argmax_id >= 0, StatusCode::kInternal,
-           "the step Program has no 'logits' or 'argmax' output", "build it with CausalLM.build(mode='serve')");
+  b->token_id = b->program->find_buffer("sampled");
+  b->logprob_id = b->program->find_buffer("sampled.logprob");
+  b->rank_id = b->program->find_buffer("sampled.rank");
+  SG_CHECK(b->logits_id >= 0 && b->token_id >= 0 && b->logprob_id >= 0 && b->rank_id >= 0, StatusCode::kInternal,
+           "the step Program has no 'logits' or 'sampled' (token, logprob, rank) outputs",
+           "build it with CausalLM.build(mode='serve', kv=KVCache(..., sample=True))");
   *out = b.get();
   buckets_.emplace(key, std::move(b));
   return Status::OK();
@@ -114,7 +120,13 @@ Status ProgramRunner::bucket(const BucketKey& key, Bucket** out) {
 Status ProgramRunner::run(const StepInput& in, StepOutput* out) {
   std::lock_guard<std::mutex> lock(mu_);
   const int R = in.num_logits_rows();
-  out->argmax.assign(R, -1);
+  SG_CHECK(in.sample_params.empty() || in.sample_params.size() == static_cast<size_t>(R) * kSampleParamCols,
+           StatusCode::kInvalidArgument,
+           str_cat("a step's sample_params hold ", in.sample_params.size(), " values for ", R, " logits rows"),
+           "give 8 per logits row, or none (every row the argmax)");
+  out->tokens.assign(R, -1);
+  out->logprobs.assign(in.device_logprobs ? R : 0, 0.0f);
+  out->ranks.assign(in.device_logprobs ? R : 0, 0);
   out->logits = Tensor();
   std::vector<int32_t> adapters(in.adapter_ids.begin(), in.adapter_ids.end());
   std::sort(adapters.begin(), adapters.end());
@@ -133,6 +145,7 @@ Status ProgramRunner::run(const StepInput& in, StepOutput* out) {
       StepInput sub;
       sub.block_size = in.block_size;
       sub.max_blocks_per_seq = in.max_blocks_per_seq;
+      sub.device_logprobs = in.device_logprobs;
       sub.cu_q.push_back(0);
       std::vector<int32_t> dst;
       for (int s = 0; s < in.num_seqs; ++s) {
@@ -163,6 +176,10 @@ Status ProgramRunner::run(const StepInput& in, StepOutput* out) {
           if (row_seq[r] != s) continue;
           sub.logits_rows.push_back(base + in.logits_rows[r] - lo);
           if (!in.need_logits.empty()) sub.need_logits.push_back(in.need_logits[r]);
+          if (!in.sample_params.empty()) {
+            const auto p = in.sample_params.begin() + static_cast<ptrdiff_t>(r) * kSampleParamCols;
+            sub.sample_params.insert(sub.sample_params.end(), p, p + kSampleParamCols);
+          }
           dst.push_back(r);
         }
       }
@@ -230,6 +247,11 @@ Status ProgramRunner::run_one(const StepInput& in, int adapter, StepOutput* out,
   }
   std::copy_n(in.logits_rows.data(), R, rows);
   std::fill(rows + R, rows + key.R, 0);
+  {  // each row's sample op parameters (float bits); none given, or a padding row: temperature 0
+    int32_t* sp = h + b->off[kSampleParams];
+    std::fill_n(sp, int64_t{key.R} * kSampleParamCols, 0);
+    if (!in.sample_params.empty()) std::memcpy(sp, in.sample_params.data(), in.sample_params.size() * sizeof(float));
+  }
   const Device host{};
   if (key.E > 0) {  // the embedding rows and their token rows (padding: -1), kv_limit (padding: causal)
     const int E = in.num_embed_rows();
@@ -254,13 +276,22 @@ Status ProgramRunner::run_one(const StepInput& in, int adapter, StepOutput* out,
 
   SG_RETURN_IF_ERROR(b->program->run());
 
-  Tensor logits, argmax;
+  Tensor logits, tokens;
   SG_RETURN_IF_ERROR(b->program->buffer(b->logits_id, &logits));
-  SG_RETURN_IF_ERROR(b->program->buffer(b->argmax_id, &argmax));
-  std::vector<int32_t> am(R);
-  SG_RETURN_IF_ERROR(copy_raw(am.data(), host, argmax.data, argmax.device, DType::kI32, R));
+  SG_RETURN_IF_ERROR(b->program->buffer(b->token_id, &tokens));
+  std::vector<int32_t> tk(R);
+  SG_RETURN_IF_ERROR(copy_raw(tk.data(), host, tokens.data, tokens.device, DType::kI32, R));
   auto dst = [&](int r) { return dst_rows.empty() ? r : dst_rows[r]; };
-  for (int r = 0; r < R; ++r) out->argmax[dst(r)] = am[r];
+  for (int r = 0; r < R; ++r) out->tokens[dst(r)] = tk[r];
+  if (in.device_logprobs) {  // the rows' raw logprobs and ranks beside their tokens
+    Tensor lp, rank;
+    SG_RETURN_IF_ERROR(b->program->buffer(b->logprob_id, &lp));
+    SG_RETURN_IF_ERROR(b->program->buffer(b->rank_id, &rank));
+    std::vector<float> lps(R);
+    SG_RETURN_IF_ERROR(copy_raw(lps.data(), host, lp.data, lp.device, DType::kF32, R));
+    SG_RETURN_IF_ERROR(copy_raw(tk.data(), host, rank.data, rank.device, DType::kI32, R));
+    for (int r = 0; r < R; ++r) out->logprobs[dst(r)] = lps[r], out->ranks[dst(r)] = tk[r];
+  }
 
   // Logits rows: the program's own buffer when it is host float32 and nothing is remapped,
   // else the rows the engine reads, converted into logits_.
@@ -273,7 +304,7 @@ Status ProgramRunner::run_one(const StepInput& in, int adapter, StepOutput* out,
     if (in.need_logits.empty() || in.need_logits[r]) want.push_back(r);
   }
   if (want.empty()) return Status::OK();
-  float* out_rows = logits_rows(dst_rows.empty() ? R : static_cast<int64_t>(out->argmax.size()));
+  float* out_rows = logits_rows(dst_rows.empty() ? R : static_cast<int64_t>(out->tokens.size()));
   const size_t es = dtype_size(logits.dtype);
   const auto* src = static_cast<const char*>(logits.data);
   const char* host_rows = src;  // where the wanted rows are readable on the host

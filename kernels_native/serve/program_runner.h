@@ -14,12 +14,15 @@
 //
 // A bucket's step inputs (input_ids, position_ids, slot_mapping, block_tables, cu_q,
 // context_lens, logits_rows, and state_slots where the model keeps per-sequence state, embed_index
-// and kv_limit where the step has embedding rows: all int32; padding sequences have slot -1) live
-// in one buffer on the Program's device, bound here, filled on the host and copied up in one
-// transfer; the embedding rows (float32 [E, hidden]) in a second one. The Program computes `logits` [R, V] and
-// `argmax` [R] (int32); the argmax comes back every step, logits rows only where the engine
-// needs them (StepInput::need_logits), converted to float32 on the host. On the CPU the
-// buffers are host memory and float32 logits are returned without a copy.
+// and kv_limit where the step has embedding rows: all int32; padding sequences have slot -1; then
+// sample_params, float32 [R, 8], the padding rows' temperature 0) live in one buffer on the
+// Program's device, bound here, filled on the host and copied up in one transfer; the embedding
+// rows (float32 [E, hidden]) in a second one. The Program computes `logits` [R, V] and ends in
+// the `sample` op (KVCache(sample=True)): `sampled` [R] (int32: the argmax at temperature 0, else
+// the row's draw), `sampled.logprob` and `sampled.rank`. The tokens come back every step, the
+// logprobs and ranks when a row takes its logprob from the device (StepInput::device_logprobs),
+// logits rows only where the engine needs them (StepInput::need_logits), converted to float32 on
+// the host. On the CPU the buffers are host memory and float32 logits are returned without a copy.
 //
 // A step whose sequences use several adapters (or the base model, -1) runs as one sub-step per
 // adapter, each through its adapter's Program; each sequence's KV writes and reads are its own,
@@ -69,6 +72,7 @@ class ProgramRunner : public ModelRunner {
   Status run(const StepInput& in, StepOutput* out) override;
   int vocab_size() const override { return config_.vocab_size; }
   int hidden_size() const override { return config_.hidden_size; }
+  bool samples_on_device() const override { return true; }
 
   // Drop the Programs of one adapter (-2: all), e.g. before the caller re-registers it.
   void forget(int adapter);
@@ -84,11 +88,11 @@ class ProgramRunner : public ModelRunner {
     std::shared_ptr<void> owner;
     BucketKey key;
     std::shared_ptr<void> inputs;   // the packed int32 inputs on the program's device
-    std::vector<int32_t> host;      // their host image
-    int64_t off[10] = {};           // element offset of each input in both
+    std::vector<int32_t> host;      // their host image (sample_params: float bits)
+    int64_t off[11] = {};           // element offset of each input in both
     std::shared_ptr<void> rows;     // the embedding rows [E, hidden] f32 on the device (E > 0)
     std::vector<float> host_rows;   // their host image
-    int logits_id = -1, argmax_id = -1;  // the program's outputs
+    int logits_id = -1, token_id = -1, logprob_id = -1, rank_id = -1;  // the program's outputs
   };
 
   Status bucket(const BucketKey& key, Bucket** out);

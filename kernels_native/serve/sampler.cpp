@@ -5,6 +5,9 @@
 #include <limits>
 #include <numeric>
 
+#include "cpu/sample.h"
+#include "runtime/op_checks_sample.h"
+
 namespace surogate::serve {
 
 namespace {
@@ -26,9 +29,6 @@ Scratch& scratch(int vocab_size) {
   }
   return s;
 }
-
-// A double in [0, 1) from the top 53 bits of one draw.
-double uniform01(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
 
 // "a before b" in the order: larger value first, then lower id.
 struct ByValueDesc {
@@ -68,17 +68,21 @@ void Sampler::apply_penalties(float* logits, const SamplingParams& p, const std:
   }
 }
 
-bool Sampler::needs_logits(const Sequence& seq) {
+bool Sampler::needs_logits(const Sequence& seq, bool device_samples) {
   const SamplingParams& p = seq.params;
   if (!seq.forced.empty()) return p.logprobs >= 0;
   const bool masking = seq.num_output_tokens() < p.min_tokens &&
                        (!p.stop_token_ids.empty() || (!p.ignore_eos && !p.eos_token_ids.empty()));
-  return !p.greedy() || p.logprobs >= 0 || masking || !p.logit_bias.empty() || p.constrained || p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f ||
-         p.frequency_penalty != 0.0f;
+  if (masking || !p.logit_bias.empty() || p.constrained || p.repetition_penalty != 1.0f ||
+      p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+    return true;
+  }
+  if (device_samples) return p.logprobs > 0;
+  return !p.greedy() || p.logprobs >= 0;
 }
 
 Status Sampler::sample(const float* logits, const SamplingParams& p, const std::vector<int32_t>& token_ids,
-                       int num_prompt, std::mt19937_64& rng, int32_t* token, const uint32_t* allowed) const {
+                       int num_prompt, uint64_t seed, uint32_t step, int32_t* token, const uint32_t* allowed) const {
   const int V = vocab_size_;
   Scratch& s = scratch(V);
   float* x = s.row.data();
@@ -111,82 +115,10 @@ Status Sampler::sample(const float* logits, const SamplingParams& p, const std::
     return Status::OK();
   }
 
-  // Unnormalized probabilities relative to the most likely token (e[best] = 1).
-  const float inv_t = 1.0f / p.temperature;
-  const float m = x[best] * inv_t;
-  double total = 0.0;
-  for (int i = 0; i < V; ++i) {
-    x[i] = x[i] == kNegInf ? 0.0f : std::exp(x[i] * inv_t - m);
-    total += x[i];
-  }
-
-  // Candidates: all ids in id order, or the kept ones most likely first.
-  std::vector<int32_t>& cand = s.order;
-  const bool use_top_k = p.top_k > 0 && p.top_k < V;
-  const bool use_top_p = p.top_p < 1.0f;
-  if (use_top_k || use_top_p) {
-    cand.resize(V);
-    std::iota(cand.begin(), cand.end(), 0);
-    ByValueDesc by{x};
-    int keep = use_top_k ? p.top_k : V;
-    if (use_top_p) {
-      // Sort a head that is likely to hold top_p of the mass; sort everything when it does not.
-      int head = std::min(keep, std::max(256, p.top_k));
-      std::partial_sort(cand.begin(), cand.begin() + head, cand.end(), by);
-      double kept_mass = 0.0;
-      if (use_top_k) {
-        for (int i = 0; i < keep; ++i) kept_mass += x[cand[i]];
-      } else {
-        kept_mass = total;
-      }
-      const double target = static_cast<double>(p.top_p) * kept_mass;
-      double acc = 0.0;
-      int n = 0;
-      while (n < keep && acc < target) {
-        if (n == head) {  // the head was not enough: sort the rest of the kept range
-          std::sort(cand.begin() + head, cand.begin() + keep, by);
-          head = keep;
-        }
-        acc += x[cand[n++]];
-      }
-      keep = std::max(n, 1);
-    } else {
-      std::partial_sort(cand.begin(), cand.begin() + keep, cand.end(), by);
-    }
-    cand.resize(keep);
-  } else {
-    cand.clear();
-  }
-
-  // min-p keeps e >= min_p * e_max, and e_max = 1 (the most likely token survives every filter).
-  const float min_e = p.min_p;
-  auto weight = [&](int32_t i) { return x[i] >= min_e ? static_cast<double>(x[i]) : 0.0; };
-  double mass = 0.0;
-  if (cand.empty()) {
-    for (int i = 0; i < V; ++i) mass += weight(i);
-  } else {
-    for (int32_t i : cand) mass += weight(i);
-  }
-  const double u = uniform01(rng) * mass;
-  double acc = 0.0;
-  int32_t chosen = best;
-  auto pick = [&](int32_t i) {
-    const double w = weight(i);
-    if (w == 0.0) return false;
-    chosen = i;
-    acc += w;
-    return acc > u;
-  };
-  if (cand.empty()) {
-    for (int i = 0; i < V; ++i) {
-      if (pick(i)) break;
-    }
-  } else {
-    for (int32_t i : cand) {
-      if (pick(i)) break;
-    }
-  }
-  *token = chosen;
+  // The sample op's draw on the masked, penalized row (masked tokens are -inf: weight 0).
+  float row[kSampleParamCols];
+  pack_sample_params(row, p.temperature, p.top_k, p.top_p, p.min_p, seed, step);
+  *token = cpu::sample_token(x, V, row);
   return Status::OK();
 }
 

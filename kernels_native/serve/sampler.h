@@ -8,10 +8,22 @@
 //   2. repetition_penalty over the prompt + output tokens (HF / vLLM: a positive logit is divided
 //      by r, a negative one multiplied), then frequency_penalty * count and presence_penalty *
 //      [count > 0] subtracted for the output tokens (OpenAI)
-//   3. temperature 0: argmax (ties -> the lowest id). Otherwise logits / temperature, then top-k,
-//      top-p, min-p (relative to the most likely token), then one uniform draw from the request's
-//      std::mt19937_64 (53-bit doubles made by hand, so that a seed gives the same tokens with
-//      any standard library).
+//   3. temperature 0: argmax (ties -> the lowest id). Otherwise the `sample` op's draw on the row
+//      (cpu/sample.h; kernels_native/README-dev.md's op table): logits / temperature, top-k, top-p
+//      (in the order logit desc, id asc: a cut through tied logits keeps the lower ids), min-p
+//      (relative to the most likely token), then one uniform u = Philox4x32-10(key = the
+//      sequence's 64-bit seed, counter = step, the number of tokens it has generated) and the
+//      inverse CDF over the kept tokens in id order, on integer weights (core/sample_math.h).
+//
+// Draws on the device: a runner that samples on its device (ModelRunner::samples_on_device, the
+// ProgramRunner: the serve Program ends in the sample op) gets each logits row's parameters in
+// StepInput::sample_params and returns the token, its raw logprob and rank. A row whose request
+// needs nothing beyond that (no grammar, logit_bias, penalty or min_tokens mask in force, no
+// top_logprobs) then never reaches the host (needs_logits is false): its logits stay on the GPU.
+// Both paths make the same draw (the same u, the same rule), so a request's tokens do not depend
+// on which path a row took, on the batch, on preemption or on speculation (a verification row j
+// draws at step num_output + j, as plain decoding would), only on its seed and the logits. A
+// seeded request's tokens are not those of the std::mt19937_64 stream this sampler used before.
 //
 // Logprobs are the model's raw distribution: log_softmax of the row as the runner produced it,
 // before penalties, temperature and filters. This is vLLM's default (logprobs_mode
@@ -20,7 +32,6 @@
 #pragma once
 
 #include <cstdint>
-#include <random>
 #include <vector>
 
 #include "core/status.h"
@@ -36,25 +47,33 @@ class Sampler {
 
   int vocab_size() const { return vocab_size_; }
 
-  // token_ids: prompt then output (num_prompt of them are the prompt). allowed: a bitmask row
-  // of mask_words(V) words (token_mask.h), or null for no grammar. Fails on NaN / +inf logits,
-  // or when every token is masked.
+  // token_ids: prompt then output (num_prompt of them are the prompt). seed, step: the draw's
+  // Philox key and counter. allowed: a bitmask row of mask_words(V) words (token_mask.h), or null
+  // for no grammar. Fails on NaN / +inf logits, or when every token is masked.
   Status sample(const float* logits, const SamplingParams& params, const std::vector<int32_t>& token_ids,
-                int num_prompt, std::mt19937_64& rng, int32_t* token, const uint32_t* allowed = nullptr) const;
-  Status sample(const float* logits, Sequence& seq, int32_t* token, const uint32_t* allowed = nullptr) const {
-    return sample(logits, seq.params, seq.token_ids, seq.num_prompt_tokens, seq.rng, token, allowed);
+                int num_prompt, uint64_t seed, uint32_t step, int32_t* token, const uint32_t* allowed = nullptr) const;
+  // The next token of seq: step = the tokens it has generated (during a verification walk, the
+  // kept drafts pushed onto token_ids count).
+  Status sample(const float* logits, const Sequence& seq, int32_t* token, const uint32_t* allowed = nullptr) const {
+    return sample(logits, seq.params, seq.token_ids, seq.num_prompt_tokens, seq.seed,
+                  static_cast<uint32_t>(seq.num_output_tokens()), token, allowed);
   }
 
   // log_softmax(logits)[token], its rank (1 = most likely; ties rank the lower id first) and
   // the top_n most likely (id, logprob), most likely first.
   TokenLogprob logprob(const float* logits, int32_t token, int top_n) const;
 
-  // Whether sampling seq's next token reads its logits row; false when the row's argmax is the
-  // whole answer (greedy, no penalty, bias, grammar or min_tokens mask in force, no logprobs
-  // asked), or when the next token is forced and no logprobs are asked. A runner that computes
-  // the argmax on its device (the CUDA path) copies only the rows for which this is true, so
-  // logit_bias and grammar masks reach the device's rows through this.
-  static bool needs_logits(const Sequence& seq);
+  // Whether sampling seq's next token reads its logits row on the host. False when the runner's
+  // token is the whole answer: nothing that only the host applies (grammar, logit_bias,
+  // penalties, a min_tokens mask in force) and either greedy without logprobs (the device's
+  // argmax), or, with device_samples (the runner samples each row under StepInput::sample_params
+  // and returns its logprob and rank), any temperature with logprobs at most 0 (the chosen
+  // token's own logprob; top_logprobs > 0 needs the row). Also false when the next token is
+  // forced and no logprobs are asked. Speculative verification rows follow the same rule: the
+  // walk samples each row as plain decoding would (a point-mass draft needs no p(draft); a
+  // sampled drafter's min(1, p / q) rule would need the rows). A runner copies only the rows for
+  // which this is true, so grammar masks and logit_bias reach the device's rows through this.
+  static bool needs_logits(const Sequence& seq, bool device_samples = false);
 
   // Steps 1 (min_tokens, logit_bias) and 2 (penalties) in place (exposed for tests).
   void apply_penalties(float* logits, const SamplingParams& params, const std::vector<int32_t>& token_ids,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cassert>
 
+#include "runtime/op_checks_sample.h"
 #include "serve/sampler.h"
 
 namespace surogate::serve {
@@ -169,14 +170,24 @@ void Scheduler::build_input(StepPlan& plan) const {
     }
     if (end == n + ss.num_draft) {  // the last token's row, then one per draft token
       ss.sample_row = in.num_logits_rows();
-      const uint8_t need = Sampler::needs_logits(seq) ? 1 : 0;
+      const bool need = Sampler::needs_logits(seq, config_.device_sampling);
+      // The device draws the row's token when the engine takes it from there: row j of a span
+      // draws at step num_output + j, as plain decoding would (Sampler::sample).
+      const bool draw = config_.device_sampling && !need && seq.forced.empty() && !seq.params.greedy();
+      if (config_.device_sampling && !need && seq.params.logprobs >= 0) in.device_logprobs = true;
       for (int j = 0; j <= ss.num_draft; ++j) {
         in.logits_rows.push_back(row0 + ss.len - 1 - ss.num_draft + j);
-        in.need_logits.push_back(need);
+        in.need_logits.push_back(need ? 1 : 0);
+        if (!draw) continue;
+        const SamplingParams& p = seq.params;
+        in.sample_params.resize(in.logits_rows.size() * kSampleParamCols, 0.0f);
+        pack_sample_params(in.sample_params.data() + (in.logits_rows.size() - 1) * kSampleParamCols, p.temperature,
+                           p.top_k, p.top_p, p.min_p, seq.seed, static_cast<uint32_t>(seq.num_output_tokens() + j));
       }
     }
   }
   in.num_tokens = static_cast<int32_t>(in.token_ids.size());
+  if (config_.device_sampling) in.sample_params.resize(in.logits_rows.size() * kSampleParamCols, 0.0f);
   // With embedding rows the runner takes a kv_limit: causal (the own position in the sequence, not
   // the rope position a span's position_shift moved) except inside bidirectional spans: the span's end.
   if (bidirectional || !in.embed_index.empty()) {

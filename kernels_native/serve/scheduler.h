@@ -41,6 +41,9 @@ struct SchedulerConfig {
   int max_num_seqs = 128;
   int max_num_batched_tokens = 8192;
   int max_model_len = 0;  // tokens per sequence (prompt + output); the engine resolves it
+  // The runner samples on its device (ModelRunner::samples_on_device): plain sampled rows need no
+  // logits on the host, and every step carries StepInput::sample_params.
+  bool device_sampling = false;
 };
 
 // One sequence's share of a step: positions [start, start + len) are computed.

@@ -1,6 +1,7 @@
 // Sequence: one request inside the engine. Its tokens (prompt, then output), where their KV
-// lives (block table), how far the KV is computed, its sampling parameters and random
-// generator, and the logprobs waiting to be sent.
+// lives (block table), how far the KV is computed, its sampling parameters and seed, and the
+// logprobs waiting to be sent. The draw of output token i is Philox(seed, step i)
+// (core/philox.h): a pure function of the seed and the position, on the host or the device.
 //
 // Token accounting (the scheduler's whole state per sequence):
 //   num_tokens()          prompt + output tokens; the last one has no KV yet (it is the next input)
@@ -29,7 +30,6 @@
 
 #include <cstdint>
 #include <deque>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -77,9 +77,9 @@ struct TokenLogprob {
 
 class Sequence {
  public:
-  Sequence(uint64_t id, std::vector<int32_t> prompt, SamplingParams params, int32_t adapter_id, uint64_t rng_seed)
+  Sequence(uint64_t id, std::vector<int32_t> prompt, SamplingParams params, int32_t adapter_id, uint64_t seed)
       : id(id), token_ids(std::move(prompt)), num_prompt_tokens(static_cast<int>(token_ids.size())),
-        params(std::move(params)), rng(rng_seed), adapter_id(adapter_id) {
+        params(std::move(params)), seed(seed), adapter_id(adapter_id) {
     const SamplingParams& p = this->params;
     in_reasoning = p.reasoning_started && p.reasoning_end_token_id >= 0;
     answer_start = in_reasoning ? -1 : num_prompt_tokens;
@@ -116,7 +116,7 @@ class Sequence {
   int32_t state_slot = -1;
 
   SamplingParams params;
-  std::mt19937_64 rng;
+  const uint64_t seed;  // the request's seed, or one the engine drew at submit
   const int32_t adapter_id;  // LoRA adapter slot, -1 = base model
 
   // Prompt logprobs computed so far (position 0 has none and is not stored); sent once, with

@@ -209,6 +209,12 @@ RULES["paged_attention"] = _serving_only
 RULES["short_conv_cache"] = _serving_only
 
 
+@rule("sample")
+def _sample(c: RuleContext, n: Node, gy: list) -> list:
+    raise UnsupportedError(f"sample draws token ids (integers) and has no derivative (node {n})",
+                           hint="train on the logits (lm_head_ce, or logprobs of the sampled tokens), not on sample")
+
+
 @rule("embed_rows")
 def _embed_rows(c: RuleContext, n: Node, gy: list) -> list:
     # y = x with rows replaced: dx = dy with those rows zero (the rows are inputs, no gradient).

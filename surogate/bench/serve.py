@@ -101,14 +101,16 @@ def warmup_prompts(vocab: int, n: int, length: int, seed: int = 0) -> list[list[
 
 
 def bench_ours(model, n: int, prompt_len: int, output_len: int, block_size: int = 16,
-               max_num_seqs: int | None = None) -> ServeResult:
-    """``max_num_seqs`` None: all ``n`` run at once (else the rest wait, as behind a server)."""
+               max_num_seqs: int | None = None, temperature: float = 0.0) -> ServeResult:
+    """``max_num_seqs`` None: all ``n`` run at once (else the rest wait, as behind a server).
+    ``temperature`` > 0: sampled requests (seeded; drawn on the device, as greedy ones are picked)."""
     tokens = n * (prompt_len + output_len) + block_size * n
     num_blocks = -(-tokens // block_size)
     runner = ProgramRunner(model, num_blocks=num_blocks, block_size=block_size)
     cfg = EngineConfig(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs or max(n, 1),
                        max_num_batched_tokens=max(2048, prompt_len), enable_prefix_caching=False, seed=0)
-    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True, detokenize=False)
+    params = SamplingParams(temperature=temperature, max_tokens=output_len, ignore_eos=True, detokenize=False,
+                            seed=0 if temperature > 0 else None)
     with EngineClient(runner, cfg) as client:
         llm = LLM(client, None)  # no tokenizer: token ids only
         # Warm-up: compiles (and on a GPU captures) the Programs of the shapes this run will use,
@@ -146,7 +148,7 @@ def bench_ours(model, n: int, prompt_len: int, output_len: int, block_size: int 
                        note, decode_rate)
 
 
-def bench_hf(model, n: int, prompt_len: int, output_len: int, device: str) -> ServeResult:
+def bench_hf(model, n: int, prompt_len: int, output_len: int, device: str, temperature: float = 0.0) -> ServeResult:
     import torch
 
     from surogate.bench.train import hf_peer
@@ -163,8 +165,9 @@ def bench_hf(model, n: int, prompt_len: int, output_len: int, device: str) -> Se
     def run(batch, new: int = output_len):
         ids = torch.tensor(batch, device=device)
         with torch.no_grad():
-            m.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new,
-                       min_new_tokens=new, pad_token_id=0, cache_implementation="static")
+            sampling = dict(do_sample=True, temperature=temperature, top_k=0) if temperature else dict(do_sample=False)
+            m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new, pad_token_id=0,
+                       cache_implementation="static", **sampling)
         if device != "cpu":
             torch.cuda.synchronize()
 
@@ -229,7 +232,7 @@ def roofline(model, device: str) -> tuple[float, float]:
 
 def step_profile(model, batches: tuple[int, ...], context: int, block_size: int = 16, iters: int = 50) -> str:
     """Where a decode step's time goes: for each batch size, the step Program's device time (the
-    Program alone, replayed back to back), the runner's whole step (inputs up, run, argmax back),
+    Program alone, replayed back to back), the runner's whole step (inputs up, run, tokens back),
     and with PyTorch installed the kernels of one step as its profiler (CUPTI) sees them."""
     from surogate import _native
 
@@ -280,17 +283,18 @@ def step_profile(model, batches: tuple[int, ...], context: int, block_size: int 
 
 
 def run(shape: str, *, n: int, prompt_len: int, output_len: int, dtype: str, vs: str | None,
-        device: str, profile: bool = False) -> list[ServeResult]:
+        device: str, profile: bool = False, temperature: float = 0.0) -> list[ServeResult]:
     from surogate.model import resolve_device
 
     device = resolve_device(device)
     model = random_model(shape, dtype, device=device)
     if profile:
         print(step_profile(model, tuple(sorted({1, 8, 32, n})), prompt_len + output_len // 2))
-    results = [bench_ours(model, n, prompt_len, output_len)]
+    results = [bench_ours(model, n, prompt_len, output_len, temperature=temperature)]
     if vs == "hf":
-        results.append(bench_hf(model, n, prompt_len, output_len, device))
-    print(f"\n{shape}, {dtype}, {n} requests x ({prompt_len} prompt + {output_len} output tokens), {device}")
+        results.append(bench_hf(model, n, prompt_len, output_len, device, temperature))
+    how = f"sampled at temperature {temperature:g}" if temperature > 0 else "greedy"
+    print(f"\n{shape}, {dtype}, {n} requests x ({prompt_len} prompt + {output_len} output tokens), {how}, {device}")
     print(f"{'':28} {'out tok/s':>10} {'1-stream tok/s':>15} {'TTFT p50/p99 (s)':>18} {'ITL p50/p99 (ms)':>18}")
     base = results[-1]
     for r in results:

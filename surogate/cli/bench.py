@@ -52,6 +52,8 @@ def serve(
     vs: Annotated[str | None, typer.Option(help="Peer to run in the same process: hf.")] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto (a GPU when there is one).")] = "auto",
     profile: Annotated[bool, typer.Option(help="Also print where a decode step's time goes.")] = False,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature of every request (0: greedy; > 0: "
+                                                    "sampled, ours on the device, HF generate's do_sample).")] = 0.0,
     http: Annotated[bool, typer.Option(help="Through HTTP: a real `surogate serve` (or --url), streaming "
                                             "/v1/completions clients, `vllm bench serve`'s table beside the "
                                             "engine's offline figure.")] = False,
@@ -145,7 +147,7 @@ def serve(
     from surogate.bench.serve import run
 
     run(model, n=requests, prompt_len=prompt_len, output_len=output_len, dtype=dtype, vs=vs, device=device,
-        profile=profile)
+        profile=profile, temperature=temperature)
 
 
 @app.command()

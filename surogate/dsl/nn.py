@@ -197,6 +197,10 @@ class KVCache:
     fuse_qkv: bool = False
     embeds: bool = False
     kv_limit: Value | None = None
+    # The step ends in the sample op (kernels_native/serve/program_runner.h): a `sample_params`
+    # input [R, 8] and the outputs `sampled` (token), `sampled.logprob`, `sampled.rank` in place
+    # of `argmax` (the token at temperature 0).
+    sample: bool = False
     # Per-sequence recurrent state beside the KV blocks (LFM2's conv layers): num_state_slots rows
     # per layer, indexed by the step input state_slots [S] (the engine's slot of each sequence).
     num_state_slots: int = 0
@@ -620,7 +624,13 @@ class CausalLM:
             else:
                 logits = ops.linear(y, head, name="logits")
             g.mark_output("logits", logits)
-            if mode == "serve":
+            if mode == "serve" and kv.sample:
+                params = g.input("sample_params", (Dim("R"), 8), "float32")
+                token, logprob, rank = ops.sample(logits, params)
+                g.mark_output("sampled", token)
+                g.mark_output("sampled.logprob", logprob)
+                g.mark_output("sampled.rank", rank)
+            elif mode == "serve":
                 g.mark_output("argmax", ops.argmax(logits))
         return g
 

@@ -457,6 +457,21 @@ def argmax(x: Value, name: str = "argmax") -> Value:
     return y
 
 
+def sample(logits: Value, params: Value, name: str = "sampled", rank: bool = True) -> tuple[Value, Value, Value | None]:
+    """(token int32 [R], logprob f32 [R], rank int32 [R] or None): one token per logits row, on
+    the device. params f32 [R, 8] per row: temperature, top_k, top_p, min_p, seed_lo, seed_hi,
+    step (uint32 bit patterns), reserved. Below temperature 1e-5 the token is argmax's; otherwise
+    top-k, top-p, min-p as the engine's Sampler and one Philox draw keyed by the seed at that step.
+    logprob is the raw log_softmax of the row at the token, rank 1 the most likely. Serving only."""
+    R, _ = logits.shape
+    _check(params.shape == (R, 8) and params.dtype == "float32",
+           f"sample {name}: params {params.dtype}{list(params.shape)} must be float32 [{R}, 8]")
+    outs = [(name, (R,), "int32"), (name + ".logprob", (R,), "float32"),
+            (name + ".rank", (R,), "int32") if rank else None]
+    tok, lp, rk = _g(logits).node("sample", [logits, params], outs)
+    return tok, lp, rk
+
+
 # ---- mixture of experts ---------------------------------------------------------------------
 # The fused_moe op set (kernels_native/runtime/op_checks_moe.h): route, permute the rows into
 # expert-contiguous order, one grouped GEMM per projection over all experts, un-permute with the

@@ -3,7 +3,9 @@
 The stepping itself is native (``_native.serve.ProgramRunner``, kernels_native/serve/
 program_runner.h): each step is padded up to a bucket (tokens, sequences, block-table width,
 logits rows, adapter), that bucket's Program runs it, and only the rows of logits that sampling
-reads come back (a plain greedy row needs only its argmax, computed on the device). No Python
+reads come back: each Program ends in the sample op (``KVCache(sample=True)``), so a greedy row
+needs only its argmax and a plain sampled row only its draw and logprob, made on the device under
+the step's ``sample_params``. No Python
 runs in a step except the first time a bucket is met: then the native runner calls
 ``ProgramRunner._compile`` (this module) with the GIL, which builds the Program.
 
@@ -234,11 +236,12 @@ class ProgramRunner:
             raise InvalidArgumentError(f"no adapter in slot {slot}", hint="register it with add_adapter first")
         m = self.model
         lora = self.adapters[slot][0] if slot >= 0 else None
-        kv = KVCache(self.total_blocks, self.block_size, self.fuse_qkv, num_state_slots=self.max_num_seqs, embeds=E > 0)
+        kv = KVCache(self.total_blocks, self.block_size, self.fuse_qkv, num_state_slots=self.max_num_seqs, embeds=E > 0,
+                     sample=True)
         g = fuse_serving(m.arch.build(mode="serve", dtype=m.dtype, quant=m.quant, lora=lora, kv=kv))
         dims = {"N": T, "S": S, "S1": S + 1, "B": B, "R": R} | ({"E": E} if E else {})
         exe = Executable(g, dims, m.device,
-                         keep=[g.outputs["logits"], g.outputs["argmax"]])
+                         keep=[g.outputs[k] for k in ("logits", "sampled", "sampled.logprob", "sampled.rank")])
         for name in exe.external_names("param"):
             if name in self.fused:
                 host, dev = self.fused[name]
@@ -306,8 +309,9 @@ class ProgramRunner:
 
     def run(self, step, logits: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """One step (a ``_native.serve.StepInput``) outside an engine: (logits float32 [R, V],
-        argmax int32 [R]); rows whose ``need_logits`` is 0 may be left unfilled. ``logits=False``:
-        no logits come back (timing the step as the engine sees it)."""
+        tokens int32 [R]: each row's argmax, or its draw under ``step.sample_params``); rows whose
+        ``need_logits`` is 0 may be left unfilled. ``logits=False``: no logits come back (timing
+        the step as the engine sees it)."""
         return self.native.run(step, logits)
 
 

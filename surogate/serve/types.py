@@ -185,7 +185,7 @@ class EngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_model_len: int | None = None  # prompt + output per request; None = the cache's capacity
     enable_prefix_caching: bool = True
     eos_token_ids: list[int] = msgspec.field(default_factory=list)  # the model's end tokens
-    seed: int | None = None  # base of the generators of unseeded requests; None = random
+    seed: int | None = None  # base of the seeds of unseeded requests; None = random
     # Speculative decoding (kernels_native/serve/engine.h): None (off) or "ngram" (prompt
     # lookup), drafting up to num_speculative_tokens tokens per step; the ngram method matches
     # suffixes of prompt_lookup_min..prompt_lookup_max tokens (vLLM's names and defaults: 5 and

@@ -92,6 +92,30 @@ def test_base_and_adapter_requests_in_one_batch_match_transformers_and_peft(setu
         assert client.stats().prefix_cache_hits > hits
 
 
+def test_seeded_sampled_requests_of_the_base_and_an_adapter_draw_in_one_batch_as_alone(setup):
+    """A step of both runs as one sub-step per adapter, each row with its own sample_params: the
+    draws on the device do not depend on the split."""
+    model, adapter, prompts, _ = setup
+    runner = ProgramRunner(model, num_blocks=64, block_size=16)
+    runner.add_adapter(0, *load_peft_adapter(adapter))
+
+    def sampled(client, jobs):
+        ids = [client.submit(p, SamplingParams(seed=7 + k, temperature=0.9, top_p=0.95, max_tokens=N_NEW,
+                                               ignore_eos=True, logprobs=0), a) for k, (p, a) in jobs]
+        outs = [client.wait(i, timeout=120) for i in ids]
+        return [([t for o in out for t in o.new_token_ids], [lp.logprob for o in out for lp in o.logprobs])
+                for out in outs]
+
+    jobs = list(enumerate([(p, None) for p in prompts] + [(p, 0) for p in prompts]))
+    with EngineClient(runner, EngineConfig(num_blocks=64, block_size=16)) as client:
+        together = sampled(client, jobs)
+        alone = [sampled(client, [job])[0] for job in jobs]
+    assert [t for t, _ in together] == [t for t, _ in alone]
+    for (_, a), (_, b) in zip(together, alone):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    assert [t for t, _ in together[:4]] != [t for t, _ in together[4:]]  # the adapter matters
+
+
 def test_an_adapter_for_another_model_is_refused(setup):
     model, adapter, _, _ = setup
     cfg, params = load_peft_adapter(adapter)

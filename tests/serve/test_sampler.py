@@ -1,5 +1,6 @@
 """The native sampler on given logits rows: penalties against the HF / OpenAI formulas, the
-filters, the temperature distribution, seeds and logprobs."""
+filters, the temperature distribution, seeds and logprobs; its draws are the `sample` op's
+(Philox(seed, step), numpy's reference of the op), and which rows go to the host."""
 
 from __future__ import annotations
 
@@ -107,6 +108,34 @@ def test_same_seed_same_draws():
     b = serve.sample(logits, SamplingParams(seed=11), [0], [], n=50)
     c = serve.sample(logits, SamplingParams(seed=12), [0], [], n=50)
     assert a.tolist() == b.tolist() != c.tolist()
+
+
+def test_host_draws_are_the_sample_ops_at_each_step():
+    """serve.sample's k-th draw is step k under the request's seed: the numpy reference of the
+    `sample` op predicts every one, so a row sampled on the host and one sampled by the op on the
+    device draw the same token."""
+    from sgtest import sampling as ref
+
+    logits = np.random.default_rng(6).normal(size=300).astype(np.float32) * 2
+    for kw in (dict(temperature=0.7), dict(temperature=1.2, top_k=30, top_p=0.85), dict(min_p=0.1)):
+        draws = serve.sample(logits, SamplingParams(seed=2**40 + 9, **kw), [0], [], n=40)
+        assert draws.tolist() == [ref.token(logits, 2**40 + 9, k, **kw) for k in range(40)]
+        later = serve.sample(logits, SamplingParams(seed=2**40 + 9, **kw), [0], [1, 2, 3], n=5)  # 3 generated
+        assert later.tolist() == draws[3:8].tolist()
+
+
+def test_which_rows_need_their_logits_on_the_host():
+    def host(device=True, out=(), **kw):
+        return serve.needs_logits(SamplingParams(**kw), [5, 6], list(out), device)
+
+    # a runner that samples on its device: plain rows stay there, with their own logprob and rank
+    assert not host() and not host(temperature=0.0) and not host(logprobs=0) and not host(top_k=5, top_p=0.5, min_p=0.1)
+    assert host(logprobs=1) and host(logit_bias={3: 1.0}) and host(repetition_penalty=1.1)
+    assert host(presence_penalty=0.5) and host(frequency_penalty=0.5)
+    assert host(min_tokens=2, eos_token_ids=[0]) and not host(min_tokens=2, eos_token_ids=[0], out=[7, 8])
+    # without: every sampled row and every logprob, as before
+    assert host(device=False) and host(device=False, temperature=0.0, logprobs=0)
+    assert not host(device=False, temperature=0.0)
 
 
 def test_masked_tokens_are_never_drawn():
