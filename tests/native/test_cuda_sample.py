@@ -25,17 +25,7 @@ if not HAS_CUDA:
 
 scipy_stats = pytest.importorskip("scipy.stats")
 
-FILTERS = [
-    dict(temperature=1.0),
-    dict(temperature=0.7, top_k=20),
-    dict(temperature=1.3, top_p=0.9),
-    dict(temperature=0.8, top_k=50, top_p=0.8),
-    dict(temperature=1.0, min_p=0.05),
-    dict(temperature=0.6, top_k=40, top_p=0.95, min_p=0.02),
-    dict(temperature=0.9, top_k=5000, top_p=0.99),
-    dict(temperature=2.0, top_k=1),
-    dict(temperature=1.0, top_p=1e-6),
-]
+FILTERS = ref.FILTERS
 
 
 def rows(R, V, seed, scale=3.0, dtype="float32"):

@@ -71,16 +71,7 @@ def random_rows(R, V, seed, scale=3.0, dtype="float32"):
     return as_dtype(np.random.default_rng(seed).standard_normal((R, V)).astype(np.float32) * scale, dtype)
 
 
-FILTERS = [
-    dict(temperature=1.0),
-    dict(temperature=0.7, top_k=20),
-    dict(temperature=1.3, top_p=0.9),
-    dict(temperature=0.8, top_k=50, top_p=0.8),
-    dict(temperature=1.0, min_p=0.05),
-    dict(temperature=0.6, top_k=40, top_p=0.95, min_p=0.02),
-    dict(temperature=2.0, top_k=1),
-    dict(temperature=1.0, top_p=1e-6),  # only the top token
-]
+FILTERS = ref.FILTERS
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

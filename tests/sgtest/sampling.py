@@ -13,6 +13,20 @@ M32 = 0xFFFFFFFF
 SAMPLE_STREAM = 0x53414D50  # core/philox.h kSampleStream
 
 
+# Filter settings the op tests run over (CPU and CUDA alike).
+FILTERS = [
+    dict(temperature=1.0),
+    dict(temperature=0.7, top_k=20),
+    dict(temperature=1.3, top_p=0.9),
+    dict(temperature=0.8, top_k=50, top_p=0.8),
+    dict(temperature=1.0, min_p=0.05),
+    dict(temperature=0.6, top_k=40, top_p=0.95, min_p=0.02),
+    dict(temperature=0.9, top_k=5000, top_p=0.99),
+    dict(temperature=2.0, top_k=1),
+    dict(temperature=1.0, top_p=1e-6),  # only the top token
+]
+
+
 def philox4x32_10(ctr: list[int], key: list[int]) -> list[int]:
     c = list(ctr)
     k0, k1 = key
