@@ -68,7 +68,9 @@ def routed(n, e, k, seed=0):
 
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("norm", [0, 1])
-@pytest.mark.parametrize("n,e,k", [(1, 4, 1), (37, 8, 2), (300, 128, 8)])
+# One warp a token for e <= 256 and k <= 32, one thread otherwise: (3, 300, 8) and (5, 64, 40).
+@pytest.mark.parametrize("n,e,k", [(1, 4, 1), (37, 8, 2), (300, 128, 8), (1, 128, 8), (64, 32, 4), (2, 256, 32),
+                                   (3, 300, 8), (5, 64, 40)])
 def test_router_matches_cpu(n, e, k, norm, dtype):
     logits = rand((n, e), dtype, seed=e)
     outs = [((n, k), dtype), ((n, k), "int32"), ((n, e), "float32")]
@@ -82,7 +84,9 @@ def test_router_matches_cpu(n, e, k, norm, dtype):
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("n,e,k,c", [(1, 4, 1, 8), (33, 8, 2, 72), (700, 128, 8, 256)])
+# (20, 300, 3): a prefix over uneven runs per lane; c = 2050: several 256-channel blocks a token.
+@pytest.mark.parametrize("n,e,k,c", [(1, 4, 1, 8), (33, 8, 2, 72), (700, 128, 8, 256), (1, 128, 8, 2050),
+                                     (20, 300, 3, 40)])
 def test_permute_and_unpermute_match_cpu(n, e, k, c, dtype):
     idx, _, _ = routed(n, e, k, seed=n)
     x = rand((n, c), dtype, 3)
