@@ -2,11 +2,12 @@
 // backward, the permutation and the weighted un-permutation, the load-balancing loss — the twins
 // of cpu/moe.cpp, which states the math and the roundings (the same here: f32 math, one rounding).
 //
-//   router:     one thread per token row (E and K are small: 8..256 experts, 1..8 chosen).
-//   permute:    one block sorts: per-expert counts in shared memory, their prefix sum, then each
-//               expert's (n, k) pairs placed in token order (stable, as the CPU's counting sort),
+//   router:     one warp per token row (E <= 256, K <= 32: lanes over experts), else one thread.
+//   permute:    one block sorts: per-expert counts in shared memory, their prefix sum (a warp scan),
+//               then each expert's (n, k) pairs placed in token order (stable, as the CPU's counting sort),
 //               idx staged through shared memory in chunks; a second kernel copies the rows.
-//   unpermute:  one block per token, threads over channels.
+//   unpermute:  forward: a thread per (token, channel), blocks of 256 channels; backward: one block
+//               per token, threads over channels.
 //   aux loss:   per layer, one block per expert sums probs[:, e] and counts idx == e into an
 //               [L, E] scratch; one block then adds the layers in order (deterministic).
 //   z-loss:     per layer, one block sums logsumexp(row)^2 over its rows into an [L] scratch (a
@@ -70,6 +71,68 @@ __global__ void router_fwd_kernel(const T* logits, T* weights, int32_t* idx, flo
   }
 }
 
+// The same, one warp per token for E <= 32 kRouterJ and K <= 32 (every model we serve): lanes over
+// the experts, the softmax's max and sum as warp reductions, each of the K passes a warp argmax
+// (ties to the lower expert, as above). One thread a token spent ~E K serial steps at decode, where
+// N is 1..64 and a step's few threads are the whole router.
+constexpr int kRouterJ = 8;  // experts per lane
+
+template <typename T>
+__global__ void router_fwd_warp_kernel(const T* logits, T* weights, int32_t* idx, float* probs, int64_t N, int E, int K,
+                                       bool norm) {
+  const int64_t n = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (n >= N) return;  // warp-uniform
+  const T* l = logits + n * E;
+  float* p = probs + n * E;
+  float v[kRouterJ];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < kRouterJ; ++j) {
+    const int e = lane + 32 * j;
+    v[j] = e < E ? ld(l[e]) : -INFINITY;
+    mx = fmaxf(mx, v[j]);
+  }
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  float sum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kRouterJ; ++j) {
+    v[j] = lane + 32 * j < E ? expf(v[j] - mx) : 0.0f;
+    sum += v[j];
+  }
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  const float inv = 1.0f / sum;
+#pragma unroll
+  for (int j = 0; j < kRouterJ; ++j) {
+    const int e = lane + 32 * j;
+    v[j] *= inv;
+    if (e < E) p[e] = v[j];
+  }
+  float s = 0.0f, mine = 0.0f;  // lane k keeps choice k's probability
+  for (int k = 0; k < K; ++k) {
+    float bv = -1.0f;  // taken experts hold -1, below every probability
+    int bi = E;
+#pragma unroll
+    for (int j = 0; j < kRouterJ; ++j) {
+      const int e = lane + 32 * j;
+      if (e < E && v[j] > bv) bv = v[j], bi = e;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+    }
+    if (lane == 0) idx[n * K + k] = bi;
+    if (lane == k) mine = bv;
+    s += bv;
+#pragma unroll
+    for (int j = 0; j < kRouterJ; ++j) {
+      if (lane + 32 * j == bi) v[j] = -1.0f;
+    }
+  }
+  if (lane < K) weights[n * K + lane] = st<T>(norm ? mine / s : mine);
+}
+
 template <typename T, typename D>
 __global__ void router_bwd_kernel(const T* dw, const float* probs, const int32_t* idx, const float* dprobs, D* dlogits,
                                   int64_t N, int E, int K, bool norm) {
@@ -101,7 +164,14 @@ Status moe_router_fwd(const OpArgs& a) {
   SG_RETURN_IF_ERROR(check_moe_router_fwd(a, &d));
   SG_CHECK_ARG(d.K <= kMaxTopK, str_cat(op, ": top_k ", d.K, " is above the CUDA kernel's ", kMaxTopK));
   if (d.N == 0) return Status::OK();
+  const bool warp = d.E <= 32 * kRouterJ && d.K <= 32;
   SG_CUDA_DISPATCH_FLOAT(op, a.in(0).dtype, T, {
+    if (warp) {
+      router_fwd_warp_kernel<T><<<blocks_for(d.N * 32, kThreads), kThreads, 0, current_stream()>>>(
+          a.in(0).ptr<T>(), a.out(0).ptr<T>(), a.out(1).ptr<int32_t>(), a.out(2).ptr<float>(), d.N,
+          static_cast<int>(d.E), static_cast<int>(d.K), d.norm_topk_prob);
+      break;
+    }
     router_fwd_kernel<T><<<blocks_for(d.N, kThreads), kThreads, 0, current_stream()>>>(
         a.in(0).ptr<T>(), a.out(0).ptr<T>(), a.out(1).ptr<int32_t>(), a.out(2).ptr<float>(), d.N,
         static_cast<int>(d.E), static_cast<int>(d.K), d.norm_topk_prob);
@@ -144,8 +214,17 @@ __global__ void __launch_bounds__(kSortThreads) permute_sort_kernel(const int32_
   __syncthreads();
   for (int64_t j = threadIdx.x; j < M; j += blockDim.x) atomicAdd(&next[clamp_index(idx[j], E) + 1], 1);
   __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int e = 0; e < E; ++e) next[e + 1] += next[e];
+  if (threadIdx.x < 32) {  // next[1..E] to its inclusive prefix: lane l a contiguous run, then a warp scan
+    const int lane = threadIdx.x, per = (E + 31) / 32, b = 1 + lane * per, end = min(E + 1, b + per);
+    int run = 0;
+    for (int e = b; e < end; ++e) run += next[e];
+    int incl = run;
+    for (int o = 1; o < 32; o <<= 1) {
+      const int up = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += up;
+    }
+    int acc = incl - run;
+    for (int e = b; e < end; ++e) next[e] = acc += next[e];
   }
   __syncthreads();
   for (int e = threadIdx.x; e <= E; e += blockDim.x) offsets[e] = next[e];
@@ -195,30 +274,34 @@ Status moe_permute(const OpArgs& a) {
   return Status::OK();
 }
 
+// Block b: token b / chunks, columns [b % chunks * blockDim, +blockDim): a decode step's one token
+// spreads over C / 256 blocks instead of one block walking C.
 template <typename T, typename W>
-__global__ void unpermute_fwd_kernel(const T* yp, const int32_t* rows, const W* w, T* y, int64_t M, int K, int64_t C) {
-  const int64_t n = blockIdx.x;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    float acc = 0.0f;
-    for (int k = 0; k < K; ++k) {
-      const int64_t r = clamp_index(rows[n * K + k], M);
-      acc += (w ? ld(w[n * K + k]) : 1.0f) * ld(yp[r * C + c]);
-    }
-    y[n * C + c] = st<T>(acc);
+__global__ void unpermute_fwd_kernel(const T* yp, const int32_t* rows, const W* w, T* y, int64_t M, int K, int64_t C,
+                                     int64_t chunks) {
+  const int64_t n = blockIdx.x / chunks, c = blockIdx.x % chunks * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float acc = 0.0f;
+  for (int k = 0; k < K; ++k) {
+    const int64_t r = clamp_index(rows[n * K + k], M);
+    acc += (w ? ld(w[n * K + k]) : 1.0f) * ld(yp[r * C + c]);
   }
+  y[n * C + c] = st<T>(acc);
 }
 
 Status moe_unpermute_fwd(const OpArgs& a) {
   const char* op = "moe_unpermute_fwd";
   MoePermuteArgs d;
   SG_RETURN_IF_ERROR(check_moe_unpermute_fwd(a, &d));
-  if (d.N == 0) return Status::OK();
+  if (d.N == 0 || d.C == 0) return Status::OK();
+  const int64_t chunks = (d.C + kThreads - 1) / kThreads;
+  SG_CHECK_ARG(d.N * chunks < (int64_t{1} << 31), str_cat(op, ": ", d.N, " x ", d.C, " is more than one launch covers"));
   const Tensor& yp = a.in(0);
   SG_CUDA_DISPATCH_FLOAT(op, yp.dtype, T, {
     SG_CUDA_DISPATCH_FLOAT(op, d.weights ? a.in(2).dtype : yp.dtype, W, {
-      unpermute_fwd_kernel<T, W><<<static_cast<unsigned>(d.N), kThreads, 0, current_stream()>>>(
+      unpermute_fwd_kernel<T, W><<<static_cast<unsigned>(d.N * chunks), kThreads, 0, current_stream()>>>(
           yp.ptr<T>(), a.in(1).ptr<int32_t>(), d.weights ? a.in(2).ptr<W>() : nullptr, a.out(0).ptr<T>(), d.M,
-          static_cast<int>(d.K), d.C);
+          static_cast<int>(d.K), d.C, chunks);
     });
   });
   SG_CUDA_CHECK_LAUNCH();

@@ -22,6 +22,7 @@
 #include <mma.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 
 #include "cuda/backend.h"
@@ -369,14 +370,217 @@ __global__ void __launch_bounds__(kFThreads, 2) grouped_wgrad_fast_kernel(const 
                          k0 + wn * kFWarpN + j * 16, Kin, accumulate);
 }
 
+// ---- The small-rows path (decode): T = bf16 / f16, weights in T, Kin and Nout multiples of 8,
+// 16-byte aligned bases, few rows per expert (small_rows() decides from M and E on the host). At
+// decode the tiled kernels above launch Nout / 128 CTAs over M = tokens * top_k rows and each CTA
+// streams every expert its tile holds, one after another: a handful of CTAs on 132 SMs. Here the
+// grid is (Nout chunks, E): CTA (c, e) reads e's row range from the device offsets, exits at once
+// when e has no rows (most CTAs at decode), and otherwise streams W[e]'s chunk c with 16-byte
+// L1-bypassing loads along W's contiguous dim, multiplying it with up to kSRows of e's rows held in
+// registers (f32 FMAs; more rows take further passes over the chunk, which L2 then serves). Each
+// weight byte feeds R FMAs, so the pass is templated on R = 1, 2, 4, 8 (the rows it holds, rounded
+// up; the missing rows repeat the last one and are not stored) and a single stream pays for one.
+//   trans_b (W[e] = [Nout][Kin], y = x W^T): a warp takes kSU rows of W (output columns), its lanes
+//     across Kin (32 vectors = 512 contiguous bytes a row per step, two steps in flight); each
+//     lane's kSU x R partial dot products are summed over the warp with shuffles. A CTA is
+//     kSWarps x kSU = 32 columns, so gate_up's Nout 1536 is 48 CTAs an expert.
+//   !trans_b (W[e] = [Kin][Nout], y = x W): a thread takes one 16-byte vector of 8 columns and a
+//     block of 8 rows of W (8 loads in flight), 8 threads cover the CTA's kSBN = 64 columns and the
+//     32 groups of 8 lanes stride over Kin; the groups' 8 x R sums meet through shuffles (within a
+//     warp) and shared memory (across warps, summed in warp order).
+constexpr int kSThreads = 256, kSWarps = kSThreads / 32;
+constexpr int kSRows = 8;                          // rows of x a pass holds
+constexpr int kSU = 4;                             // trans_b: W rows a warp streams together
+constexpr int kSSteps = 2;                         // trans_b: 16-byte vectors in flight per W row
+constexpr int kSBNT = kSWarps * kSU;               // trans_b: output columns per CTA
+constexpr int kSBN = 64, kSVN = kSBN / 8;          // !trans_b: output columns per CTA, vectors across them
+constexpr int kSGroups = kSThreads / kSVN;         // !trans_b: k groups (8 rows of W each step)
+constexpr int kSRowsN = 4;                         // !trans_b: rows a pass holds (8 x R accumulators)
+static_assert(kSU * kSRows <= 32 && 8 % kSU == 0 && kSVN * 4 == 32, "lane layouts");
+
+// 16 bytes of W, read once: no L1 allocation, a 256-byte L2 prefetch along the row (gemv.cu's).
+__device__ __forceinline__ uint4 ld_stream(const void* p) {
+  uint4 r;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p));
+  return r;
+}
+
+// Element j of a 16-byte vector of T (8 values) as f32.
+template <typename T>
+__device__ __forceinline__ float elem16(const uint4& u, int j) {
+  const uint32_t w = j < 2 ? u.x : j < 4 ? u.y : j < 6 ? u.z : u.w;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __uint_as_float(j % 2 ? w & 0xffff0000u : w << 16);
+  else return __half2float(__ushort_as_half(static_cast<unsigned short>(j % 2 ? w >> 16 : w & 0xffffu)));
+}
+
+// trans_b: y[r0 + i][nw + u] for i < rows, u < kSU (this warp's W rows nw.., all inside Nout).
+template <typename T, int R>
+__device__ __forceinline__ void rows_pass_tb(const T* x, const T* We, T* y, int64_t r0, int rows, int64_t Kin,
+                                             int64_t Nout, int64_t nw) {
+  const int lane = threadIdx.x % 32;
+  const int64_t kv = Kin / 8;
+  const uint4* wr = reinterpret_cast<const uint4*>(We + nw * Kin);  // nw + kSU <= Nout: both multiples of 4
+  const uint4* xr = reinterpret_cast<const uint4*>(x + r0 * Kin);
+  float acc[kSU][R];
+#pragma unroll
+  for (int u = 0; u < kSU; ++u)
+#pragma unroll
+    for (int i = 0; i < R; ++i) acc[u][i] = 0.0f;
+  constexpr int kSteps = R < kSRows ? kSSteps : 1;  // at 8 rows the x vectors take the registers
+  for (int64_t v0 = lane; v0 < kv; v0 += 32 * kSteps) {
+    uint4 w[kSteps][kSU];
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+      const int64_t v = v0 + 32 * s;
+#pragma unroll
+      for (int u = 0; u < kSU; ++u) w[s][u] = v < kv ? ld_stream(wr + u * kv + v) : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+      const int64_t v = min(v0 + 32 * s, kv - 1);  // past Kin W is zeros; x re-reads a valid vector
+      uint4 xv[R];
+#pragma unroll
+      for (int i = 0; i < R; ++i) xv[i] = __ldg(xr + min(i, rows - 1) * kv + v);
+      // Element j of every W vector once, then of every x vector: 4 unpacked W values live, not 32.
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        float wf[kSU];
+#pragma unroll
+        for (int u = 0; u < kSU; ++u) wf[u] = elem16<T>(w[s][u], j);
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+          const float xf = elem16<T>(xv[i], j);
+#pragma unroll
+          for (int u = 0; u < kSU; ++u) acc[u][i] = fmaf(wf[u], xf, acc[u][i]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kSU; ++u)
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      float s = acc[u][i];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      if (lane == u * R + i && i < rows) y[(r0 + i) * Nout + nw + u] = st<T>(s);
+    }
+}
+
+// !trans_b: y[r0 + i][n0, n0 + kSBN) for i < rows; red is [kSWarps][kSRowsN][kSBN] f32.
+template <typename T, int R>
+__device__ __forceinline__ void rows_pass_n(const T* x, const T* We, T* y, int64_t r0, int rows, int64_t Kin,
+                                            int64_t Nout, int64_t n0, float* red) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int nv = lane % kSVN, g = warp * (32 / kSVN) + lane / kSVN;
+  const int64_t col = n0 + nv * 8;
+  const bool col_ok = col < Nout;
+  const int64_t kb = Kin / 8;  // blocks of 8 rows of W
+  const uint4* xr = reinterpret_cast<const uint4*>(x + r0 * Kin);
+  float acc[R][8];
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int c = 0; c < 8; ++c) acc[i][c] = 0.0f;
+  for (int64_t b = g; b < kb; b += kSGroups) {
+    uint4 w[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      w[j] = col_ok ? ld_stream(We + (b * 8 + j) * Nout + col) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const uint4 xv = __ldg(xr + min(i, rows - 1) * kb + b);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float xf = elem16<T>(xv, j);
+#pragma unroll
+        for (int c = 0; c < 8; ++c) acc[i][c] = fmaf(elem16<T>(w[j], c), xf, acc[i][c]);
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+      float s = acc[i][c];
+#pragma unroll
+      for (int o = kSVN; o < 32; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      if (lane < kSVN) red[(warp * kSRowsN + i) * kSBN + nv * 8 + c] = s;
+    }
+  __syncthreads();
+  for (int t = threadIdx.x; t < R * kSBN; t += kSThreads) {
+    const int i = t / kSBN, n = t % kSBN;
+    float s = 0.0f;
+#pragma unroll
+    for (int q = 0; q < kSWarps; ++q) s += red[(q * kSRowsN + i) * kSBN + n];
+    if (i < rows && n0 + n < Nout) y[(r0 + i) * Nout + n0 + n] = st<T>(s);
+  }
+  __syncthreads();  // red is free for the next pass
+}
+
+template <typename T, bool kTransB>
+__global__ void __launch_bounds__(kSThreads, 2) grouped_gemm_rows_kernel(const T* x, const T* W, const int32_t* off, T* y,
+                                                                      int64_t M, int64_t Kin, int64_t Nout) {
+  __shared__ float red[kTransB ? 1 : kSWarps * kSRowsN * kSBN];
+  constexpr int kPass = kTransB ? kSRows : kSRowsN;
+  const int e = blockIdx.y;
+  const int64_t lo = clamped_offset(off, e, M);
+  const int64_t hi = max(lo, clamped_offset(off, e + 1, M));
+  if (lo >= hi) return;  // CTA-uniform: no barrier below is skipped by part of the block
+  const T* We = W + int64_t{e} * Nout * Kin;
+  for (int64_t r0 = lo; r0 < hi; r0 += kPass) {
+    const int rows = static_cast<int>(min(int64_t{kPass}, hi - r0));
+    if constexpr (kTransB) {
+      const int64_t nw = int64_t{blockIdx.x} * kSBNT + threadIdx.x / 32 * kSU;
+      if (nw >= Nout) return;  // no barriers on this path
+      if (rows == 1) rows_pass_tb<T, 1>(x, We, y, r0, rows, Kin, Nout, nw);
+      else if (rows == 2) rows_pass_tb<T, 2>(x, We, y, r0, rows, Kin, Nout, nw);
+      else if (rows <= 4) rows_pass_tb<T, 4>(x, We, y, r0, rows, Kin, Nout, nw);
+      else rows_pass_tb<T, 8>(x, We, y, r0, rows, Kin, Nout, nw);
+    } else {
+      const int64_t n0 = int64_t{blockIdx.x} * kSBN;
+      if (rows == 1) rows_pass_n<T, 1>(x, We, y, r0, rows, Kin, Nout, n0, red);
+      else if (rows == 2) rows_pass_n<T, 2>(x, We, y, r0, rows, Kin, Nout, n0, red);
+      else rows_pass_n<T, 4>(x, We, y, r0, rows, Kin, Nout, n0, red);
+    }
+  }
+}
+
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// Launches the fast forward kernel and returns true where it applies (T = TW = bf16 / f16, Kin and
-// Nout multiples of 8, 16-byte aligned bases); false leaves the call to grouped_gemm_kernel.
+// The small-rows kernel where the mean rows per expert are at most kSRows (M <= kSRows E: decode,
+// tokens * top_k rows over E experts, up to ~E / top_k * 8 tokens a step), decided from M and E
+// alone (the counts are device memory). One expert may still hold many rows (passes of kSRows over
+// its chunk, from L2); the tiled kernel is the one for training's hundreds of rows an expert.
+// SUROGATE_MOE_ROWS=0 turns the path off, =1 takes it for every shape it supports (benches, debug).
+bool small_rows(int64_t M, int64_t E) {
+  static const int mode = [] {
+    const char* v = std::getenv("SUROGATE_MOE_ROWS");
+    return v && *v ? (*v == '0' ? 0 : 1) : -1;
+  }();
+  if (mode == 0 || E >= 65536) return false;
+  return mode == 1 || M <= kSRows * E;
+}
+
+// Launches a fast forward kernel and returns true where one applies (T = TW = bf16 / f16, Kin and
+// Nout multiples of 8, 16-byte aligned bases): the small-rows one or the tiled one; false leaves the
+// call to grouped_gemm_kernel.
 template <typename T, typename TW>
 bool launch_fast_gemm(const MoeGroupedArgs& d, const T* x, const TW* W, const int32_t* off, T* y) {
   if constexpr (std::is_same_v<T, TW> && !std::is_same_v<T, float>) {
     if (d.Kin % 8 != 0 || d.Nout % 8 != 0 || !aligned16(x) || !aligned16(W) || !aligned16(y)) return false;
+    if (small_rows(d.M, d.E)) {
+      const int64_t bn = d.trans_b ? kSBNT : kSBN;
+      const dim3 g(static_cast<unsigned>((d.Nout + bn - 1) / bn), static_cast<unsigned>(d.E));
+      if (d.trans_b) {
+        grouped_gemm_rows_kernel<T, true><<<g, kSThreads, 0, current_stream()>>>(x, W, off, y, d.M, d.Kin, d.Nout);
+      } else {
+        grouped_gemm_rows_kernel<T, false><<<g, kSThreads, 0, current_stream()>>>(x, W, off, y, d.M, d.Kin, d.Nout);
+      }
+      return true;
+    }
     const dim3 grid(static_cast<unsigned>((d.Nout + kFN - 1) / kFN), static_cast<unsigned>((d.M + kFM - 1) / kFM));
     const int E = static_cast<int>(d.E);
     if (d.trans_b) {

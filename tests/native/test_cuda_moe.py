@@ -1,7 +1,8 @@
 """CUDA mixture-of-experts ops (cuda/moe.cu, cuda/moe_gemm.cu) against the CPU backend
 (tests/native/test_moe.py holds the CPU against torch): router and its backward, permutation and
 un-permutation, the grouped GEMM over experts (tiles inside one expert, tiles straddling several,
-experts with no rows) and its weight gradient, the load-balancing loss.
+experts with no rows; the small-rows path of decode, a few rows an expert) and its weight gradient,
+the load-balancing loss.
 
 Skipped on machines without a CUDA build and a GPU. Shape letters: N tokens, C channels,
 E experts, K chosen per token, M = N * K permuted rows.
@@ -67,7 +68,9 @@ def routed(n, e, k, seed=0):
 
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("norm", [0, 1])
-@pytest.mark.parametrize("n,e,k", [(1, 4, 1), (37, 8, 2), (300, 128, 8)])
+# One warp a token for e <= 256 and k <= 32, one thread otherwise: (3, 300, 8) and (5, 64, 40).
+@pytest.mark.parametrize("n,e,k", [(1, 4, 1), (37, 8, 2), (300, 128, 8), (1, 128, 8), (64, 32, 4), (2, 256, 32),
+                                   (3, 300, 8), (5, 64, 40)])
 def test_router_matches_cpu(n, e, k, norm, dtype):
     logits = rand((n, e), dtype, seed=e)
     outs = [((n, k), dtype), ((n, k), "int32"), ((n, e), "float32")]
@@ -81,7 +84,9 @@ def test_router_matches_cpu(n, e, k, norm, dtype):
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("n,e,k,c", [(1, 4, 1, 8), (33, 8, 2, 72), (700, 128, 8, 256)])
+# (20, 300, 3): a prefix over uneven runs per lane; c = 2050: several 256-channel blocks a token.
+@pytest.mark.parametrize("n,e,k,c", [(1, 4, 1, 8), (33, 8, 2, 72), (700, 128, 8, 256), (1, 128, 8, 2050),
+                                     (20, 300, 3, 40)])
 def test_permute_and_unpermute_match_cpu(n, e, k, c, dtype):
     idx, _, _ = routed(n, e, k, seed=n)
     x = rand((n, c), dtype, 3)
@@ -150,6 +155,82 @@ def test_grouped_matmul_routed_many_experts(trans_b, dtype):
     dy = rand((m, nout), dtype, 2)
     (dw0,), (dw1,) = both("moe_grouped_matmul_wgrad", [dy, x, off], [((e, nout, kin), "float32")])
     close(dw1, dw0, dtype)
+
+
+# The small-rows path (decode): bf16 / f16, Kin and Nout multiples of 8, and M <= 8 E (at most 8 rows
+# an expert on average), grid (Nout chunks, E). Its passes hold 1, 2, 4 or 8 rows (4 at most with
+# trans_b = 0) and repeat for more, so the counts below hit every pass size, partial passes (3, 5..7
+# rows) and an expert of 300 rows beside ones of 1 and 0. Shapes: Nout not a multiple of the 32
+# (trans_b) / 64 column chunk, Kin below one warp's 256 values and past two steps of it; (36, 72)
+# and (64, 100) are misaligned and take the generic kernel at the same counts.
+ROWS_COUNTS = [[1] * 8, [1, 0, 2, 0, 3, 4, 0, 5, 6, 7, 8, 9, 0, 16, 17],
+               [1] * 20 + [0] * 10 + [300] + [1] * 33, [0] * 6 + [2]]
+ROWS_SHAPES = [(64, 96), (40, 24), (256, 40), (1032, 72), (2048, 136), (36, 72), (64, 100)]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("trans_b", [1, 0])
+@pytest.mark.parametrize("counts", ROWS_COUNTS)
+@pytest.mark.parametrize("kin,nout", ROWS_SHAPES)
+def test_grouped_matmul_few_rows_per_expert(counts, kin, nout, trans_b, dtype):
+    m, e = sum(counts), len(counts)
+    assert m <= 8 * e  # the small-rows path's bound
+    off = grouped_offsets(counts)
+    x = rand((m, kin), dtype, 0)
+    w = rand((e, nout, kin) if trans_b else (e, kin, nout), dtype, 1, scale=1 / np.sqrt(kin))
+    (y0,), (y1,) = both("moe_grouped_matmul", [x, w, off], [((m, nout), dtype)], trans_b=trans_b)
+    close(y1.astype(np.float32), y0.astype(np.float32), dtype)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("trans_b", [1, 0])
+@pytest.mark.parametrize("n,e,k", [(1, 128, 8), (64, 128, 8), (1, 32, 4), (40, 32, 4)])
+def test_grouped_matmul_decode_routing(n, e, k, trans_b, dtype):
+    """Decode steps' routings (n tokens, top-k of e experts; most experts empty at n = 1) at a small
+    width, against numpy in f64 on the rounded operands."""
+    _, _, off = routed(n, e, k, seed=n + e)
+    m, kin, nout = n * k, 512, 200
+    x = rand((m, kin), dtype, 0)
+    w = rand((e, nout, kin) if trans_b else (e, kin, nout), dtype, 1, scale=1 / np.sqrt(kin))
+    (y,) = run_on("cuda", "moe_grouped_matmul", [x, w, off], [((m, nout), dtype)], trans_b=trans_b)
+    xf, wf = x.astype(np.float64), w.astype(np.float64)
+    want = np.zeros((m, nout))
+    for j in range(e):
+        lo, hi = off[j], off[j + 1]
+        want[lo:hi] = xf[lo:hi] @ (wf[j].T if trans_b else wf[j])
+    close(y.astype(np.float32), want, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("n", [1, 16])
+@pytest.mark.parametrize("kin,nout", [(2048, 1536), (768, 2048)])
+def test_grouped_matmul_qwen3_moe_decode_shapes(kin, nout, n, dtype):
+    """Qwen3-30B-A3B's expert projections at decode (gate_up 2048 -> 1536, down 768 -> 2048, top-8),
+    over 16 experts rather than 128 to keep the host weights small: n = 1 gives 8 experts of one
+    row, n = 16 about 8 rows each."""
+    e, k = 16, 8
+    _, _, off = routed(n, e, k, seed=n)
+    m = n * k
+    x = rand((m, kin), dtype, 0)
+    w = rand((e, nout, kin), dtype, 1, scale=1 / np.sqrt(kin))
+    (y0,), (y1,) = both("moe_grouped_matmul", [x, w, off], [((m, nout), dtype)])
+    close(y1.astype(np.float32), y0.astype(np.float32), dtype)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("trans_b", [1, 0])
+def test_grouped_matmul_few_rows_bad_offsets_stay_in_bounds(trans_b, dtype):
+    """The small-rows path (m = 20 <= 8 e) with offsets the device cannot validate."""
+    m, e, kin, nout = 20, 4, 64, 40
+    x = rand((m, kin), dtype, 0)
+    w = rand((e, nout, kin) if trans_b else (e, kin, nout), dtype, 1, scale=1 / np.sqrt(kin))
+    for bad in ([-7, 4, 2, 10**6, 3], [0, 30, 10, 16, 20], [5, 5, -1, 19, 2**31 - 1]):
+        (y,) = run_on("cuda", "moe_grouped_matmul", [x, w, np.array(bad, np.int32)], [((m, nout), dtype)],
+                      trans_b=trans_b)
+        assert np.isfinite(y.astype(np.float32)).all()
+    off = grouped_offsets([3, 0, 9, 8])
+    (y0,), (y1,) = both("moe_grouped_matmul", [x, w, off], [((m, nout), dtype)], trans_b=trans_b)
+    close(y1.astype(np.float32), y0.astype(np.float32), dtype)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
