@@ -42,6 +42,13 @@ def step_losses(out) -> list[float]:
     return [r["loss"] for r in step_records(out)]
 
 
+def fell(losses: list[float], by: float, epoch_steps: int = 2) -> bool:
+    """Whether the mean loss of the run's last epoch lies ``by`` below its first epoch's (QA's 8
+    rows are 2 steps of 2 x 2 rows: each step's loss is over other rows, so single steps are noisy)."""
+    first, last = losses[:epoch_steps], losses[-epoch_steps:]
+    return sum(last) / len(last) < sum(first) / len(first) - by
+
+
 def interrupt_after(trainer, steps: int) -> None:
     """Make the run raise KeyboardInterrupt when it reaches optimizer step ``steps + 1``."""
     apply = trainer.opt.apply

@@ -15,7 +15,7 @@ F = pytest.importorskip("bitsandbytes.functional")
 
 import surogate  # noqa: E402
 from sgtest.peft_ref import check_lora_grads, peft_model  # noqa: E402
-from sgtest.qa import sft_config, step_losses, write_qa  # noqa: E402
+from sgtest.qa import fell, sft_config, step_losses, write_qa  # noqa: E402
 from sgtest.tiny_models import make_model  # noqa: E402
 from surogate.dsl.nn import LoRAConfig  # noqa: E402
 from surogate.errors import ConfigError  # noqa: E402
@@ -98,11 +98,12 @@ def data(tmp_path_factory):
 
 def test_sft_with_qlora_bnb_learns_saves_a_peft_adapter_and_merges_in_bf16(tmp_path, data):
     base = make_model("llama", tmp_path / "base", seed=5)
-    t = Trainer(sft_config(base, data, tmp_path / "out", qlora_bnb=True, merge_adapter=True, sequence_len=128))
+    t = Trainer(sft_config(base, data, tmp_path / "out", qlora_bnb=True, merge_adapter=True, sequence_len=128,
+                           max_steps=12))
     assert t.model.quant and all(isinstance(s, NF4Spec) for s in t.model.quant.values())
     result = t.train()
     losses = step_losses(tmp_path / "out")
-    assert losses[-1] < losses[0] - 0.3, losses
+    assert fell(losses, 0.2), losses
     # The adapter is a PEFT adapter; over the NF4-dequantized base it gives what the merged
     # folder (dequantized base + LoRA, stored in bf16) gives.
     deq = nf4_dequantized(t.model)
