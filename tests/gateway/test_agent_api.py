@@ -104,11 +104,17 @@ def test_json_schema_answers_validate_over_prompts_and_seeds(client, seed):
 
 @needs_llguidance
 def test_json_object_with_n_and_streaming(client):
-    r = client.chat.completions.create(model=MODEL, messages=ASK, n=3, temperature=1.0, seed=5, max_tokens=60,
+    r = client.chat.completions.create(model=MODEL, messages=ASK, n=3, temperature=0.7, seed=5, max_tokens=100,
                                        response_format={"type": "json_object"})
     assert len(r.choices) == 3
+    # json_object bounds no string's length: a sampled answer may run to max_tokens, cut inside the
+    # object (as vLLM's); every answer the grammar ended is one JSON object.
     for c in r.choices:
-        assert isinstance(json.loads(c.message.content), dict), c.message.content
+        if c.finish_reason == "length":
+            assert c.message.content.lstrip().startswith("{"), c.message.content
+        else:
+            assert c.finish_reason == "stop" and isinstance(json.loads(c.message.content), dict), c
+    assert any(c.finish_reason == "stop" for c in r.choices), r.choices
     text = "".join(chunk.choices[0].delta.content or "" for chunk in client.chat.completions.create(
         model=MODEL, messages=ASK, temperature=0, max_tokens=60, stream=True,
         response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}) if chunk.choices)
