@@ -33,6 +33,15 @@ cudaStream_t current_stream();
 // Launch errors surface at the next call; check right after each launch.
 #define SG_CUDA_CHECK_LAUNCH() SG_CUDA_CHECK(cudaGetLastError())
 
+// 16 bytes of a weight read once (decode GEMVs): no L1 allocation, a 256-byte L2 prefetch along the row.
+__device__ __forceinline__ uint4 ld_stream(const void* p) {
+  uint4 r;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p));
+  return r;
+}
+
 __device__ __forceinline__ float ld(float v) { return v; }
 __device__ __forceinline__ float ld(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float ld(__half v) { return __half2float(v); }

@@ -113,15 +113,6 @@ struct FusedParams : GemvParams {
 template <GemvX kX>
 using ParamsFor = std::conditional_t<kX == GemvX::kPlain, GemvParams, FusedParams>;
 
-// 16 bytes of W, read once: no L1 allocation, and a 256-byte L2 prefetch along the row.
-__device__ __forceinline__ uint4 ld_stream(const void* p) {
-  uint4 r;
-  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-      : "l"(p));
-  return r;
-}
-
 // c += A B for one 16 x 8 x 16 tile (layouts in the header).
 template <typename T>
 __device__ __forceinline__ void mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,

@@ -398,15 +398,6 @@ constexpr int kSGroups = kSThreads / kSVN;         // !trans_b: k groups (8 rows
 constexpr int kSRowsN = 4;                         // !trans_b: rows a pass holds (8 x R accumulators)
 static_assert(kSU * kSRows <= 32 && 8 % kSU == 0 && kSVN * 4 == 32, "lane layouts");
 
-// 16 bytes of W, read once: no L1 allocation, a 256-byte L2 prefetch along the row (gemv.cu's).
-__device__ __forceinline__ uint4 ld_stream(const void* p) {
-  uint4 r;
-  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-      : "l"(p));
-  return r;
-}
-
 // Element j of a 16-byte vector of T (8 values) as f32.
 template <typename T>
 __device__ __forceinline__ float elem16(const uint4& u, int j) {
