@@ -73,6 +73,14 @@ def take_images(messages: Sequence[dict], kind: str = "image") -> list[ImageInpu
     return found
 
 
+def check_count(sources: list[ImageInput], limit: int, kind: str) -> None:
+    """A RequestError naming the first part past ``limit`` parts of ``kind`` (image / video)."""
+    if len(sources) > limit:
+        raise RequestError(f"The request holds {len(sources)} {kind}s; this server takes at most {limit} per prompt.",
+                           param=sources[limit].param,
+                           hint=f'send fewer {kind}s, or start the server with --limit-mm-per-prompt \'{{"{kind}": N}}\'')
+
+
 def load_media(model: ServedModel, messages: Sequence[dict], config: GatewayConfig) -> tuple[list, list]:
     """(``load_images``, the decoded videos in order), or a RequestError naming the first part the
     server cannot take."""
@@ -86,11 +94,7 @@ def load_media(model: ServedModel, messages: Sequence[dict], config: GatewayConf
         raise RequestError(f"`{sources[0].param}` is a video, and the model `{model.name}` {what}.",
                            param=sources[0].param,
                            hint="send text (or images) only, or serve a model that reads videos (Qwen3-VL)")
-    limit = config.max_videos_per_prompt
-    if len(sources) > limit:
-        raise RequestError(f"The request holds {len(sources)} videos; this server takes at most {limit} per prompt.",
-                           param=sources[limit].param,
-                           hint='send fewer videos, or start the server with --limit-mm-per-prompt \'{"video": N}\'')
+    check_count(sources, config.max_videos_per_prompt, "video")
     video = llm.images.prompt.video
     videos = []
     for s in sources:
@@ -115,11 +119,7 @@ def load_images(model: ServedModel, messages: Sequence[dict], config: GatewayCon
         raise RequestError(f"`{sources[0].param}` is an image, and the model `{model.name}` does not take images "
                            "(it has no vision encoder).", param=sources[0].param,
                            hint="send text only, or serve a vision model")
-    limit = config.max_images_per_prompt
-    if len(sources) > limit:
-        raise RequestError(f"The request holds {len(sources)} images; this server takes at most {limit} per prompt.",
-                           param=sources[limit].param,
-                           hint='send fewer images, or start the server with --limit-mm-per-prompt \'{"image": N}\'')
+    check_count(sources, config.max_images_per_prompt, "image")
     return [decode(s, config) for s in sources]
 
 

@@ -288,9 +288,13 @@ Status ProgramRunner::run_one(const StepInput& in, int adapter, StepOutput* out,
     SG_RETURN_IF_ERROR(b->program->buffer(b->logprob_id, &lp));
     SG_RETURN_IF_ERROR(b->program->buffer(b->rank_id, &rank));
     std::vector<float> lps(R);
+    std::vector<int32_t> rks(R);
     SG_RETURN_IF_ERROR(copy_raw(lps.data(), host, lp.data, lp.device, DType::kF32, R));
-    SG_RETURN_IF_ERROR(copy_raw(tk.data(), host, rank.data, rank.device, DType::kI32, R));
-    for (int r = 0; r < R; ++r) out->logprobs[dst(r)] = lps[r], out->ranks[dst(r)] = tk[r];
+    SG_RETURN_IF_ERROR(copy_raw(rks.data(), host, rank.data, rank.device, DType::kI32, R));
+    for (int r = 0; r < R; ++r) {
+      out->logprobs[dst(r)] = lps[r];
+      out->ranks[dst(r)] = rks[r];
+    }
   }
 
   // Logits rows: the program's own buffer when it is host float32 and nothing is remapped,
