@@ -151,15 +151,8 @@ class ImageEncoder:
 
     def expand(self, text: str, images: Sequence) -> str:
         """``text`` with its i-th placeholder replaced by image i's text (its crops' too)."""
-        pieces = text.split(self.prompt.placeholder)
-        if len(pieces) != len(images) + 1:  # check_rendered_images has made sure of it for rendered chats
-            raise InvalidArgumentError(f"the prompt holds {len(pieces) - 1} image placeholders for {len(images)} "
-                                       "image(s)", hint=f"write {self.prompt.placeholder!r} once per image")
-        out = [pieces[0]]
         text_of = self.prompt.text_of or (lambda image: self.prompt.image_text(self.prompt.num_crops(image)))
-        for image, piece in zip(images, pieces[1:]):
-            out += [text_of(image), piece]
-        return "".join(out)
+        return replace_placeholders(text, self.prompt.placeholder, images, text_of, "image")
 
     @property
     def video_placeholder(self) -> str | None:
@@ -167,14 +160,7 @@ class ImageEncoder:
 
     def expand_videos(self, text: str, videos: Sequence) -> str:
         """``text`` with its i-th video placeholder replaced by video i's text (VideoPrompt.text_of)."""
-        pieces = text.split(self.video_placeholder)
-        if len(pieces) != len(videos) + 1:  # check_rendered_videos has made sure of it for rendered chats
-            raise InvalidArgumentError(f"the prompt holds {len(pieces) - 1} video placeholders for {len(videos)} "
-                                       "video(s)", hint=f"write {self.video_placeholder!r} once per video")
-        out = [pieces[0]]
-        for video, piece in zip(videos, pieces[1:]):
-            out += [self.prompt.video.text_of(video), piece]
-        return "".join(out)
+        return replace_placeholders(text, self.video_placeholder, videos, self.prompt.video.text_of, "video")
 
     def spans(self, token_ids: Sequence[int], images: Sequence, videos: Sequence = ()) -> list:
         """One EmbedSpan per view (an image, then its crops) at its run of image tokens, in order;
@@ -335,6 +321,19 @@ class ImageEncoder:
         per = len(rows) // len(px)
         bounds = np.cumsum([0, *views]) * per
         return [rows[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def replace_placeholders(text: str, placeholder: str, items: Sequence, text_of, kind: str) -> str:
+    """``text`` with its i-th ``placeholder`` replaced by ``text_of(items[i])`` (``kind``: image /
+    video, for the error; check_rendered_images / _videos have made sure of the count for rendered chats)."""
+    pieces = text.split(placeholder)
+    if len(pieces) != len(items) + 1:
+        raise InvalidArgumentError(f"the prompt holds {len(pieces) - 1} {kind} placeholders for {len(items)} "
+                                   f"{kind}(s)", hint=f"write {placeholder!r} once per {kind}")
+    out = [pieces[0]]
+    for item, piece in zip(items, pieces[1:]):
+        out += [text_of(item), piece]
+    return "".join(out)
 
 
 def is_video(item) -> bool:
