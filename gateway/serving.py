@@ -18,6 +18,7 @@ from surogate.serve.parsers import ForcedTools, OfferedTools
 from . import errors
 from .context import RequestContext
 from .errors import ApiError
+from .media import embedded
 from .models import GatewayConfig, ModelTable, ServedModel
 from .sse import PING, Ids
 
@@ -92,6 +93,21 @@ def parse_logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int
 # -- driving a run ----------------------------------------------------------------------------------
 
 StepFn = Callable[[RequestOutput], bytes | None]
+
+
+async def admit(gw: Gateway, ctx: RequestContext, jobs: Sequence[Job]) -> Generation | ApiError:
+    """``ready``, the prompts' images encoded (``media.embedded``), then ``start``. From the
+    admission to the submit the engine counts the request as running (``LLM.weights_held``):
+    a ``POST /sleep`` that comes while an image encodes waits for the request, which runs to its
+    end, instead of releasing the engine between the encode and the submit."""
+    first = jobs[0]
+    if (err := ready(first, gw.config)) is not None:
+        return err
+    with first.model.llm.weights_held():
+        for job in jobs:
+            if (err := await embedded(job)) is not None:
+                return err
+        return start(ctx, jobs)
 
 
 def start(ctx: RequestContext, jobs: Sequence[Job]) -> Generation:

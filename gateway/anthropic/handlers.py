@@ -5,8 +5,8 @@ from __future__ import annotations
 from ..context import RequestContext
 from ..errors import ApiError
 from ..http import JSONReply, StreamReply
-from ..media import converted, embedded
-from ..serving import Gateway, collected, ready, start, streamed, totals
+from ..media import converted
+from ..serving import Gateway, admit, collected, streamed, totals
 from ..sse import event
 from . import convert
 from . import protocol as a
@@ -22,9 +22,8 @@ async def messages(gw: Gateway, ctx: RequestContext, req: a.MessagesRequest) -> 
         return job
     ctx.model, ctx.prompt_tokens, ctx.max_tokens, ctx.stream = (req.model, len(job.prompt.token_ids),
                                                                  job.opts.max_tokens, bool(req.stream))
-    if (err := ready(job, gw.config) or await embedded(job)) is not None:
-        return err
-    gen = start(ctx, [job])
+    if isinstance(gen := await admit(gw, ctx, [job]), ApiError):
+        return gen
     processors = gen.processors
     out = MessageStream(id=gw.ids.new("msg_"), model=req.model, input_tokens=ctx.prompt_tokens, ids=gw.ids)
     proc = processors[0]

@@ -19,8 +19,8 @@ from .. import errors
 from ..context import RequestContext
 from ..errors import ApiError
 from ..http import JSONReply, StreamReply
-from ..media import converted, embedded
-from ..serving import Gateway, collected, ready, start, streamed, totals
+from ..media import converted
+from ..serving import Gateway, admit, collected, streamed, totals
 from . import convert
 from . import protocol as p
 from .stream import ChatStream, CompletionStream, ResponsesStream, usage
@@ -33,9 +33,8 @@ async def chat_completions(gw: Gateway, ctx: RequestContext, req: p.ChatCompleti
     if isinstance(job, ApiError):
         return job
     _note(ctx, req.model, job.prompt.token_ids, job.opts, bool(req.stream))
-    if (err := ready(job, gw.config) or await embedded(job)) is not None:
-        return err
-    gen = start(ctx, [job])
+    if isinstance(gen := await admit(gw, ctx, [job]), ApiError):
+        return gen
     processors = gen.processors
     out = ChatStream(id=gw.ids.new("chatcmpl-"), created=int(gw.clock()), model=req.model, n=job.opts.n,
                      include_usage=bool(req.stream_options and req.stream_options.include_usage),
@@ -58,10 +57,9 @@ async def completions(gw: Gateway, ctx: RequestContext, req: p.CompletionRequest
         return jobs
     first = jobs[0]
     _note(ctx, req.model, [t for j in jobs for t in j.prompt.token_ids], first.opts, bool(req.stream))
-    if (err := ready(first, gw.config)) is not None:
-        return err
+    if isinstance(gen := await admit(gw, ctx, jobs), ApiError):
+        return gen
     n = first.opts.n
-    gen = start(ctx, jobs)
     processors = gen.processors
     want_logprobs = first.opts.logprobs is not None
     out = CompletionStream(id=gw.ids.new("cmpl-"), created=int(gw.clock()), model=req.model,
@@ -96,9 +94,8 @@ async def responses(gw: Gateway, ctx: RequestContext, req: p.ResponsesRequest) -
     if isinstance(job, ApiError):
         return job
     _note(ctx, req.model, job.prompt.token_ids, job.opts, bool(req.stream))
-    if (err := ready(job, gw.config) or await embedded(job)) is not None:
-        return err
-    gen = start(ctx, [job])
+    if isinstance(gen := await admit(gw, ctx, [job]), ApiError):
+        return gen
     processors = gen.processors
     base = p.Response(id=gw.ids.new("resp_"), created_at=int(gw.clock()), instructions=req.instructions,
                       metadata=req.metadata or {}, model=req.model, status="in_progress",

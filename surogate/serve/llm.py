@@ -148,11 +148,16 @@ class LLM:
             return prompt
         if prompt.embeds:
             return prompt
-        # the weights stay while the tower runs: a sleep (EngineClient.release) waits for it
-        held = getattr(self.client, "weights_held", None)  # None: no engine yet, or a test's stand-in
-        with held() if held is not None else contextlib.nullcontext():
+        with self.weights_held():  # the weights stay while the tower runs: a sleep waits for it
             spans = self.images.spans(prompt.token_ids, prompt.images, prompt.videos)
         return msgspec.structs.replace(prompt, embeds=spans)
+
+    def weights_held(self) -> contextlib.AbstractContextManager:
+        """The engine's ``EngineClient.weights_held``: inside it a sleep (``release``) waits and
+        ``idle`` is False (an image encode; the gateway's admission from the encode to the submit).
+        A no-op without an engine (or with a test's stand-in for one)."""
+        held = getattr(self.client, "weights_held", None)
+        return held() if held is not None else contextlib.nullcontext()
 
     # -- run --
 

@@ -11,6 +11,7 @@ engine handling is under test (what is submitted, abort on disconnect) with ``Id
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 
@@ -56,6 +57,9 @@ class IdleEngine(EngineClient):
 
     def forget(self, request_id) -> None:
         pass
+
+    def weights_held(self):  # what the gateway's admission holds: this engine has no weights
+        return contextlib.nullcontext()
 
     def stats(self) -> EngineStats:
         return EngineStats(num_running=len(self.submitted) - len(self.aborted), num_waiting=3, num_blocks=64,

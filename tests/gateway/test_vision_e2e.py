@@ -182,9 +182,10 @@ def test_encoding_runs_off_the_event_loop_one_at_a_time(folder, ref, processor):
 
 
 def test_sleep_while_an_image_encodes_waits_for_it(folder, ref, processor):
-    """In process: POST /sleep while a request's image encodes (slowed to 0.6 s): the engine gives
-    its memory back only after the tower is done (the request counts as running), the request
-    still answers as HF does, and the sleep's reply comes after it has released."""
+    """In process: POST /sleep while a request's image encodes (slowed to 0.6 s, then 0.2 s more
+    before the submit): the engine gives its memory back only after the request has run (from its
+    admission on it counts as running), the request still answers as HF does, and the sleep's
+    reply comes after it has released."""
     import asyncio
     import time
 
@@ -211,7 +212,16 @@ def test_sleep_while_an_image_encodes_waits_for_it(folder, ref, processor):
         release()
 
     enc._encode, runner.release = slow, released
-    app = GatewayApp([ServedModel(MODEL, m.llm())], GatewayConfig())
+    llm = m.llm()
+    embed = llm.embed
+
+    def late(prompt):  # a gap after the tower, before the submit: the request still counts as running
+        out = embed(prompt)
+        time.sleep(0.2)
+        return out
+
+    llm.embed = late
+    app = GatewayApp([ServedModel(MODEL, llm)], GatewayConfig())
     pic = image(52)
     body = {"model": MODEL, "max_tokens": N, "temperature": 0, "ignore_eos": True, "messages": [{
         "role": "user", "content": [{"type": "text", "text": "What is this?"}, image_url_part(pic)]}]}
@@ -222,14 +232,16 @@ def test_sleep_while_an_image_encodes_waits_for_it(folder, ref, processor):
             while not events:
                 await asyncio.sleep(0.01)
             slept = await c.post("/sleep", params={"model": MODEL})
+            answered_first = answer.done()
             woke = await c.post("/wake_up", params={"model": MODEL})
-            return await answer, slept, woke
+            return await answer, slept, woke, answered_first
 
     try:
-        reply, slept, woke = asyncio.run(check())
+        reply, slept, woke, answered_first = asyncio.run(check())
     finally:
         m.client.close()
     assert events == ["encode", "encoded", "release"]
+    assert answered_first, "the sleep released the engine before the admitted request had run"
     assert slept.status_code == 200 and slept.json() == {"model": MODEL, "status": "sleeping"}
     assert woke.status_code == 200 and woke.json()["status"] == "loaded"
     assert reply.status_code == 200

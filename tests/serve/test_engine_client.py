@@ -151,3 +151,24 @@ def test_held_engine_takes_a_batch_of_submits_in_its_first_step():
     assert runner.seqs[0] == 12, runner.seqs
     assert [[t for o in out for t in o.new_token_ids] for out in outs] == [[(k + j) % V for j in (1, 2, 3)]
                                                                            for k in range(12)]
+
+
+def test_idle_counts_a_request_from_its_submit_to_its_last_output():
+    """``idle`` (what the gateway's sleep waits for) is False from the submit on, before the
+    engine's first step publishes stats that hold the request (here: the engine is held, so it has
+    taken none), and inside a ``weights_held`` block; True once the request's last output is out."""
+    with EngineClient(CountingRunner(), config()) as client:
+        assert client.idle()
+        with client.weights_held():
+            assert not client.idle()
+        with client.held():
+            rid = client.submit([3], SamplingParams(temperature=0, max_tokens=2))
+            assert client.stats().num_waiting == 0 and not client.idle()
+        client.wait(rid, timeout=10)
+        assert client.idle()
+        aborted = client.submit([3], SamplingParams(temperature=0, max_tokens=1000))
+        client.abort(aborted)
+        deadline = time.monotonic() + 10
+        while not client.idle() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert client.idle()  # an aborted request's "abort" output ends it too, read or not
