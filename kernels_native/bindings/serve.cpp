@@ -170,7 +170,7 @@ EngineConfig engine_config_from(py::handle obj) {
   py::object method = optional_field(obj, "speculative_method");
   if (!method.is_none()) {
     if (!py::isinstance<py::str>(method)) {
-      bad_field(o, "speculative_method", str_cat("must be a string, not ", type_name(method)), "use 'ngram'");
+      bad_field(o, "speculative_method", str_cat("must be a string, not ", type_name(method)), "use 'ngram' or 'draft'");
     }
     c.speculative_method = method.cast<std::string>();
   }
@@ -632,12 +632,13 @@ void bind_serve(py::module_& parent) {
       .def_property_readonly_static("MAX_PAD", [](py::object) { return ProgramRunner::kMaxPad; });
 
   py::class_<Engine, std::unique_ptr<Engine, EngineDeleter>>(m, "Engine")
-      .def(py::init([](std::shared_ptr<ModelRunner> runner, py::handle config) {
+      .def(py::init([](std::shared_ptr<ModelRunner> runner, py::handle config, std::shared_ptr<ModelRunner> draft) {
              std::unique_ptr<Engine> e;
-             check(Engine::create(engine_config_from(config), std::move(runner), &e));
+             check(Engine::create(engine_config_from(config), std::move(runner), &e, std::move(draft)));
              return e.release();
            }),
-           py::arg("runner"), py::arg("config"))
+           py::arg("runner"), py::arg("config"), py::arg("draft") = nullptr,
+           "draft: the draft model's runner (speculative_method 'draft'), its KV cache of the engine's blocks.")
       .def("submit", [](Engine& e, py::handle prompt_ids, py::handle params, int adapter_id, py::handle embeds) {
              Request r;
              r.prompt_token_ids = as_token_ids(prompt_ids, "argument", "prompt_ids");

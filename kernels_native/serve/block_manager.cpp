@@ -112,10 +112,19 @@ void BlockManager::allocate(Sequence& seq) {
   seq.num_registered_blocks = static_cast<int>(hits.size());
   seq.num_cached_tokens = static_cast<int>(hits.size()) * block_size_;
   seq.num_computed_tokens = seq.num_cached_tokens;
+  size_t drafted = 0;
+  while (drafted < hits.size() && blocks_[hits[drafted]].drafted) ++drafted;
+  seq.draft_computed = static_cast<int>(drafted) * block_size_;
   if (enable_prefix_caching_) {
     queries_ += seq.num_tokens();
     hits_ += seq.num_cached_tokens;
   }
+}
+
+void BlockManager::mark_drafted(const Sequence& seq) {
+  const int full = std::min({seq.draft_computed, seq.num_tokens(), static_cast<int>(seq.block_table.size()) * block_size_}) /
+                   block_size_;
+  for (int i = 0; i < full; ++i) blocks_[seq.block_table[i]].drafted = true;
 }
 
 bool BlockManager::can_append(const Sequence& seq, int lookahead) const {
@@ -204,6 +213,7 @@ int BlockManager::take_free_block() {
   }
   assert(blocks_[id].ref_count == 0);
   blocks_[id].ref_count = 1;
+  blocks_[id].drafted = false;
   ++num_used_;
   return id;
 }

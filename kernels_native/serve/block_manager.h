@@ -58,6 +58,11 @@ class BlockManager {
   void trim(Sequence& seq);
   void cache_computed_blocks(Sequence& seq);
   void deallocate(Sequence& seq);
+  // A draft model's KV (draft_proposer.h) lives at the same block ids in its own memory: the
+  // leading blocks of seq that it holds for seq's own tokens (draft_computed) are marked, so a
+  // later prefix-cache hit on them starts its draft_computed there (allocate) instead of at 0.
+  void mark_drafted(const Sequence& seq);
+  int num_free_blocks() const { return num_free(); }
 
   BlockManagerStats stats() const;
   // Forget every cached prefix (the KV memory was released or rewritten): registered free blocks
@@ -73,6 +78,7 @@ class BlockManager {
     uint64_t parent_hash = 0;
     std::vector<int32_t> tokens;  // of a registered block: compared on lookup
     uint64_t embed_digest = 0;    // of the embedding spans its tokens overlap (0: none), compared too
+    bool drafted = false;         // the draft model's KV of its tokens is there too (mark_drafted)
     std::list<int>::iterator lru_pos;
   };
 

@@ -100,7 +100,8 @@ SchedulerConfig scheduler_config(const EngineConfig& c, const ModelRunner& runne
 
 }  // namespace
 
-Status Engine::create(const EngineConfig& config, std::shared_ptr<ModelRunner> runner, std::unique_ptr<Engine>* out) {
+Status Engine::create(const EngineConfig& config, std::shared_ptr<ModelRunner> runner, std::unique_ptr<Engine>* out,
+                      std::shared_ptr<ModelRunner> draft) {
   EngineConfig c = config;
   if (!runner) return SG_ERROR(StatusCode::kInvalidArgument, "the engine needs a model runner", "");
   const int V = runner->vocab_size();
@@ -126,9 +127,18 @@ Status Engine::create(const EngineConfig& config, std::shared_ptr<ModelRunner> r
                           str_cat("token ids are in [0, ", V, ")"));
     }
   }
-  if (!c.speculative_method.empty() && c.speculative_method != "ngram") {
+  if (!c.speculative_method.empty() && c.speculative_method != "ngram" && c.speculative_method != "draft") {
     return config_error("speculative_method", str_cat("is '", c.speculative_method, "'"),
-                        "use 'ngram' (prompt lookup), or leave it empty for no speculation");
+                        "use 'ngram' (prompt lookup) or 'draft' (a draft model), or leave it empty for no speculation");
+  }
+  if ((c.speculative_method == "draft") != (draft != nullptr)) {
+    return draft ? config_error("speculative_method", str_cat("is '", c.speculative_method, "' with a draft model runner"),
+                                "use speculative_method 'draft' with a draft model, or pass none")
+                 : config_error("speculative_method", "is 'draft' without a draft model runner",
+                                "pass the draft model's runner (surogate serve --speculative-model PATH)");
+  }
+  if (draft && draft->vocab_size() <= 0) {
+    return SG_ERROR(StatusCode::kInvalidArgument, str_cat("the draft model runner reports vocab_size ", draft->vocab_size()), "");
   }
   if (c.num_speculative_tokens < 0 || c.num_speculative_tokens > kMaxSpeculativeTokens) {
     return config_error("num_speculative_tokens", str_cat("is ", c.num_speculative_tokens),
@@ -146,12 +156,14 @@ Status Engine::create(const EngineConfig& config, std::shared_ptr<ModelRunner> r
     return config_error("prompt_lookup_min", str_cat("is ", c.ngram.min_n, " with prompt_lookup_max ", c.ngram.max_n),
                         "use 1 <= prompt_lookup_min <= prompt_lookup_max");
   }
-  out->reset(new Engine(c, std::move(runner)));
+  out->reset(new Engine(c, std::move(runner), std::move(draft)));
   return Status::OK();
 }
 
-Engine::Engine(const EngineConfig& config, std::shared_ptr<ModelRunner> runner)
+Engine::Engine(const EngineConfig& config, std::shared_ptr<ModelRunner> runner, std::shared_ptr<ModelRunner> draft)
     : config_(config), runner_(std::move(runner)),
+      drafter_(draft ? std::make_unique<DraftProposer>(std::move(draft), config.block_size, config.max_num_batched_tokens)
+                     : nullptr),
       block_manager_(config.num_blocks, config.block_size, config.enable_prefix_caching),
       scheduler_(scheduler_config(config, *runner_), &block_manager_), sampler_(runner_->vocab_size()) {
   counters_.spec_accepted_per_pos.assign(config.num_speculative_tokens, 0);
@@ -487,6 +499,7 @@ void Engine::postprocess(const StepPlan& plan, const StepOutput& step, const Ste
     }
   });
 
+  std::vector<Sequence*> to_draft;  // speculative_method "draft": proposed for together, after the loop
   for (size_t i = 0; i < to_sample.size(); ++i) {
     const ScheduledSeq& ss = *to_sample[i];
     Sequence& seq = *ss.seq;
@@ -496,6 +509,7 @@ void Engine::postprocess(const StepPlan& plan, const StepOutput& step, const Ste
       continue;
     }
     if (seq.num_output_tokens() == 0) counters_.prompt_tokens += seq.num_prompt_tokens;
+    const int committed = seq.num_tokens();  // the draft's KV past this holds drafts: kept only where accepted
     if (ss.num_draft > 0) {
       int accepted = 0;
       while (accepted < static_cast<int>(tokens[i].size()) && accepted < ss.num_draft &&
@@ -506,6 +520,9 @@ void Engine::postprocess(const StepPlan& plan, const StepOutput& step, const Ste
       ++counters_.spec_num_drafts;
       counters_.spec_num_draft_tokens += ss.num_draft;
       counters_.spec_num_accepted_tokens += accepted;
+      seq.draft_computed = std::min(seq.draft_computed, committed + accepted);
+    } else {
+      seq.draft_computed = std::min(seq.draft_computed, committed);
     }
     RequestOutput& out = output_for(seq);
     const size_t m = tokens[i].size();
@@ -522,8 +539,15 @@ void Engine::postprocess(const StepPlan& plan, const StepOutput& step, const Ste
       check_stop(seq, t);
       if (seq.is_finished()) break;  // only the last can stop: the walk ended there
     }
-    if (!seq.is_finished() && config_.num_speculative_tokens > 0) propose(seq);
+    if (!seq.is_finished() && config_.num_speculative_tokens > 0) {
+      if (drafter_) {
+        to_draft.push_back(&seq);
+      } else {
+        propose(seq);
+      }
+    }
   }
+  if (!to_draft.empty()) propose_drafts(to_draft);
 }
 
 FinishReason Engine::stop_reason(const Sequence& seq, int32_t token) const {
@@ -538,18 +562,42 @@ FinishReason Engine::stop_reason(const Sequence& seq, int32_t token) const {
   return FinishReason::kNone;
 }
 
-void Engine::propose(Sequence& seq) {
-  seq.draft_ids.clear();
-  if (!seq.can_speculate()) return;
+int Engine::draft_budget(const Sequence& seq) const {
+  if (!seq.can_speculate()) return 0;
   if (config_.speculative_disable_by_batch_size > 0 &&
       scheduler_.num_running() > config_.speculative_disable_by_batch_size) {
-    return;
+    return 0;
   }
   // No draft past what the request may still emit: the verified span's bonus token is one more.
   int k = std::min(config_.num_speculative_tokens, config_.max_model_len - seq.num_tokens());
   if (seq.params.max_tokens > 0) k = std::min(k, seq.params.max_tokens - seq.num_output_tokens() - 1);
-  if (k <= 0) return;
-  ngram_propose(seq.token_ids, config_.ngram, k, &seq.draft_ids);
+  return std::max(k, 0);
+}
+
+void Engine::propose(Sequence& seq) {
+  seq.draft_ids.clear();
+  const int k = draft_budget(seq);
+  if (k > 0) ngram_propose(seq.token_ids, config_.ngram, k, &seq.draft_ids);
+}
+
+void Engine::propose_drafts(const std::vector<Sequence*>& seqs) {
+  std::vector<int> want(seqs.size());
+  for (size_t i = 0; i < seqs.size(); ++i) want[i] = draft_budget(*seqs[i]);
+  const auto t0 = std::chrono::steady_clock::now();
+  const Status st = drafter_->propose(seqs, want, &block_manager_, scheduler_.num_running());
+  counters_.model_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const int V = sampler_.vocab_size();
+  for (Sequence* seq : seqs) {
+    if (!st.ok()) {  // no drafts this time: the target decodes plainly, and the draft starts over
+      seq->draft_ids.clear();
+      seq->draft_computed = 0;
+      continue;
+    }
+    auto past = std::find_if(seq->draft_ids.begin(), seq->draft_ids.end(), [V](int32_t t) { return t >= V; });
+    seq->draft_ids.erase(past, seq->draft_ids.end());  // a draft vocabulary's padding ids the target lacks
+    block_manager_.mark_drafted(*seq);
+  }
+  if (!st.ok()) counters_.last_error = str_cat("draft model failed: ", st.to_string());
 }
 
 void Engine::track_reasoning(Sequence& seq, int32_t token, bool forced) {

@@ -25,6 +25,10 @@
 // is emitted). Then the KV of the rejected positions is rolled back (num_computed_tokens), the
 // blocks taken only for them are freed, and the prefix cache registers only accepted blocks.
 //
+// Proposers: "ngram" (ngram_proposer.h: prompt lookup, per sequence) and "draft" (a draft
+// model, draft_proposer.h: a second ModelRunner run greedily over the batch of sequences that
+// just sampled, once per step after the samples; its KV cache shares the engine's block ids).
+//
 // Outputs go to an OutputChannel that consumers poll. The engine never touches Python: a
 // runner that calls Python (PyModelRunner) takes the GIL only inside its run(), a Python
 // TokenMasker only inside its fill().
@@ -42,6 +46,7 @@
 #include <vector>
 
 #include "serve/block_manager.h"
+#include "serve/draft_proposer.h"
 #include "serve/model_runner.h"
 #include "serve/ngram_proposer.h"
 #include "serve/output_channel.h"
@@ -61,7 +66,8 @@ struct EngineConfig {
   std::vector<int32_t> eos_token_ids;  // the model's; used by requests that name none
   bool has_seed = false;             // base of the seeds of requests without one
   uint64_t seed = 0;
-  // Speculative decoding: "" (off) or "ngram"; drafts of up to num_speculative_tokens tokens.
+  // Speculative decoding: "" (off), "ngram" or "draft" (needs the draft runner at create());
+  // drafts of up to num_speculative_tokens tokens.
   std::string speculative_method;
   int num_speculative_tokens = 0;
   NgramConfig ngram;                 // prompt_lookup_min / max of the ngram method
@@ -104,8 +110,10 @@ struct EngineStats {
 class Engine {
  public:
   // Validates the config against the runner (vocab size) and builds the engine, not started.
+  // `draft`: the draft model's runner of speculative_method "draft" (its KV cache of the same
+  // num_blocks x block_size; vocabularies may differ in padding: see draft_proposer.h).
   static Status create(const EngineConfig& config, std::shared_ptr<ModelRunner> runner,
-                       std::unique_ptr<Engine>* out);
+                       std::unique_ptr<Engine>* out, std::shared_ptr<ModelRunner> draft = nullptr);
   ~Engine();
 
   // Queue a request; its id is written to *id. Bad input (empty prompt, token ids outside the
@@ -142,7 +150,7 @@ class Engine {
   int vocab_size() const { return sampler_.vocab_size(); }
 
  private:
-  Engine(const EngineConfig& config, std::shared_ptr<ModelRunner> runner);
+  Engine(const EngineConfig& config, std::shared_ptr<ModelRunner> runner, std::shared_ptr<ModelRunner> draft);
 
   struct Command {
     std::unique_ptr<Sequence> seq;  // a submission, or
@@ -170,8 +178,11 @@ class Engine {
   void check_stop(Sequence& seq, int32_t token);
   // The reason appending `token` (already in seq.token_ids) finishes seq, kNone if it does not.
   FinishReason stop_reason(const Sequence& seq, int32_t token) const;
-  // Draft tokens for a sequence that just sampled (speculative decoding).
+  // Draft tokens for a sequence that just sampled (speculative decoding): how many it may take,
+  // and the n-gram proposer's; the draft model's run over all of them at once (propose_drafts).
+  int draft_budget(const Sequence& seq) const;
   void propose(Sequence& seq);
+  void propose_drafts(const std::vector<Sequence*>& seqs);
   void finish(Sequence& seq, FinishReason reason, std::string message);
   void collect_finished();
   void abort_all();
@@ -181,6 +192,7 @@ class Engine {
   EngineConfig config_;
   std::shared_ptr<ModelRunner> runner_;
   std::shared_ptr<TokenMasker> masker_;
+  std::unique_ptr<DraftProposer> drafter_;  // speculative_method "draft"
   BlockManager block_manager_;
   Scheduler scheduler_;
   Sampler sampler_;

@@ -242,6 +242,7 @@ void Scheduler::preempt(Sequence* seq) {
   seq->num_computed_tokens = 0;
   seq->num_cached_tokens = 0;
   seq->draft_ids.clear();
+  seq->draft_computed = 0;
   ++seq->num_preemptions;
   ++num_preemptions_;
   waiting_.push_front(seq);

@@ -25,7 +25,9 @@
 // Speculative decoding: `draft_ids`, tokens a proposer guessed to follow token_ids (never part
 // of token_ids; the next step verifies them, see engine.h). A sequence speculates only when its
 // tokens are sampled token by token from the model: no grammar (the matcher would have to roll
-// back), no reasoning budget (forced tokens), nothing forced.
+// back), no reasoning budget (forced tokens), nothing forced. With a draft model
+// (draft_proposer.h) `draft_computed` counts the leading positions whose KV the draft model has
+// in its own cache (same block ids, its own memory), for tokens that are this sequence's.
 #pragma once
 
 #include <cstdint>
@@ -134,6 +136,7 @@ class Sequence {
   int mask_fed = 0;            // token_ids before this index were given to the TokenMasker
 
   std::vector<int32_t> draft_ids;  // proposed next tokens, verified by the next step
+  int draft_computed = 0;          // the draft model's KV is valid for positions [0, draft_computed)
 
   std::vector<EmbedSpan> embeds;  // sorted by start, disjoint, inside the prompt
 

@@ -345,13 +345,16 @@ class SpecResult:
     tokens: list[list[int]] | None = None
 
 
-def bench_speculative_one(model, prompts: list[list[int]], output_len: int, spec: dict | None) -> SpecResult:
+def bench_speculative_one(model, prompts: list[list[int]], output_len: int, spec: dict | None,
+                          draft=None) -> SpecResult:
+    """``draft``: the draft Model of spec's method "draft"."""
     num_blocks = -(-len(prompts) * (max(map(len, prompts)) + output_len + 64) // 16)
     runner = ProgramRunner(model, num_blocks=num_blocks, block_size=16)
+    draft_runner = None if draft is None else ProgramRunner(draft, num_blocks=num_blocks, block_size=16)
     cfg = EngineConfig(num_blocks=num_blocks, block_size=16, max_num_seqs=len(prompts), enable_prefix_caching=False,
                        seed=0, **(spec or {}))
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True, detokenize=False)
-    with EngineClient(runner, cfg) as client:
+    with EngineClient(runner, cfg, draft=draft_runner) as client:
         llm = LLM(client, None)
         # Warm-up: the buckets both passes meet are compiled (verification spans of 2..1+k tokens
         # meet several per batch size), as a server compiles its shapes once.
@@ -387,9 +390,10 @@ def bench_speculative_one(model, prompts: list[list[int]], output_len: int, spec
 
 
 def run_speculative(source: str | None, *, method: str, k: int, lookup_min: int | None, lookup_max: int | None,
-                    output_len: int, dtype: str, device: str) -> list[SpecResult]:
+                    output_len: int, dtype: str, device: str, draft_source: str | None = None) -> list[SpecResult]:
     """Plain decoding vs speculative on REPETITIVE_PROMPTS with a real model (default: SmolLM2),
-    greedy: single stream and all at once, the acceptance rate and the ratio."""
+    greedy: single stream and all at once, the acceptance rate and the ratio. ``draft_source``:
+    the draft model of method "draft" (launch.load_draft's checks)."""
     from surogate.io.default_model import INSTALL_HINT, default_model_path
     from surogate.model import load_model, resolve_device
 
@@ -406,10 +410,19 @@ def run_speculative(source: str | None, *, method: str, k: int, lookup_min: int 
                if tok.chat_template else tok.encode(t) for t in REPETITIVE_PROMPTS]
     spec = {"speculative_method": method, "num_speculative_tokens": k, "prompt_lookup_min": lookup_min,
             "prompt_lookup_max": lookup_max}
+    if (method == "draft") != (draft_source is not None):
+        raise InvalidArgumentError("--speculative-method draft and --speculative-model go together",
+                                   hint="e.g. --speculative-method draft --speculative-model qwen3-0.6b-folder")
+    draft = None
+    if draft_source is not None:
+        from surogate.serve.launch import load_draft
+
+        draft = load_draft(str(draft_source), model, dtype=model.dtype)
     plain, fast = bench_speculative_one(model, prompts, output_len, None), bench_speculative_one(
-        model, prompts, output_len, spec)
-    print(f"\n{source}, {model.dtype}, {device}: {len(prompts)} repetitive prompts (copying, lists, code edits) "
-          f"x {output_len} greedy tokens")
+        model, prompts, output_len, spec, draft)
+    drafter = f", drafted by {draft_source}" if draft_source is not None else ""
+    print(f"\n{source}{drafter}, {model.dtype}, {device}: {len(prompts)} repetitive prompts (copying, lists, "
+          f"code edits) x {output_len} greedy tokens")
     print(f"{'':20} {'1-stream tok/s':>15} {'batched tok/s':>14} {'acceptance':>11} {'accepted/draft':>15}")
     for r in (plain, fast):
         acc = f"{r.acceptance:.3f}" if r.acceptance is not None else "-"

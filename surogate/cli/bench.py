@@ -74,6 +74,8 @@ def serve(
              "a real model: --model a model folder / GGUF (default: SmolLM2), --output-len tokens each; prints the "
              "acceptance rate, accepted tokens per draft and the ratio.", show_default=False)] = None,
     num_speculative_tokens: Annotated[int, typer.Option(help="--speculative-method: draft tokens per step.")] = 4,
+    speculative_model: Annotated[str | None, typer.Option(
+        help="--speculative-method draft: the draft model (same tokenizer as --model).", show_default=False)] = None,
     prompt_lookup_min: Annotated[int | None, typer.Option(help="--speculative-method ngram: shortest suffix.",
                                                           show_default=False)] = None,
     prompt_lookup_max: Annotated[int | None, typer.Option(help="--speculative-method ngram: longest suffix.",
@@ -135,7 +137,7 @@ def serve(
 
         run_speculative(None if model == "tiny" else model, method=speculative_method, k=num_speculative_tokens,
                         lookup_min=prompt_lookup_min, lookup_max=prompt_lookup_max, output_len=output_len,
-                        dtype=dtype, device=device)
+                        dtype=dtype, device=device, draft_source=speculative_model)
         return
     if http or url is not None:
         from surogate.bench.http import run as run_http

@@ -60,7 +60,12 @@ def serve(
                                                      min=1)] = 1024,
     speculative_method: Annotated[str | None, typer.Option(
         help="Speculative decoding: ngram (prompt lookup: drafts what followed an earlier occurrence of the "
-             "last n-gram in the prompt + output). Needs --num-speculative-tokens.", show_default=False)] = None,
+             "last n-gram in the prompt + output) or draft (a smaller model of the same tokenizer, "
+             "--speculative-model). Needs --num-speculative-tokens.", show_default=False)] = None,
+    speculative_model: Annotated[str | None, typer.Option(
+        help="draft: the draft model (a folder, GGUF or hub id; same tokenizer as the served model, loaded "
+             "on its device in its dtype; its KV cache has as many blocks as the served model's).",
+        show_default=False)] = None,
     num_speculative_tokens: Annotated[int | None, typer.Option(
         help="Draft tokens verified per sequence and step (1-32).", show_default=False)] = None,
     prompt_lookup_min: Annotated[int | None, typer.Option(
@@ -118,7 +123,7 @@ def serve(
                    speculative_method=speculative_method, num_speculative_tokens=num_speculative_tokens,
                    prompt_lookup_min=prompt_lookup_min, prompt_lookup_max=prompt_lookup_max,
                    speculative_disable_by_batch_size=speculative_disable_by_batch_size,
-                   mmproj=mmproj if i == 0 else None)
+                   mmproj=mmproj if i == 0 else None, speculative_model=speculative_model)
         served.append(ServedModel(m.name, m.llm(), adapters=tuple(m.adapters), embedder=m.embedder(pooling),
                                   generates=m.generates))
         what = (f"KV cache {m.kv_cache_tokens:,} tokens" if m.generates else

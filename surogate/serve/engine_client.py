@@ -126,22 +126,37 @@ class OutputStream:
             return self._take()
 
 
+def _native_runner(runner: Any, what: str) -> Any:
+    """``runner`` as the engine takes it: its native ModelRunner, or a Python one wrapped."""
+    native = getattr(runner, "native", runner)
+    if isinstance(native, _native.serve.ModelRunner):
+        return native
+    if not (hasattr(runner, "run") and hasattr(runner, "vocab_size")):
+        raise InvalidArgumentError(f"{what} {type(runner).__name__} is not a model runner",
+                                   hint="pass a _native.serve.ModelRunner or an object with vocab_size and run(step)")
+    return _native.serve.PyModelRunner(runner.run, int(runner.vocab_size), int(getattr(runner, "hidden_size", 0) or 0))
+
+
 class EngineClient:
     """Drives a native engine over ``runner``: a ``_native.serve.ModelRunner``, an object that
     holds one as ``.native`` (surogate.serve.model_runner.ProgramRunner), or any object with
     ``vocab_size`` and ``run(step: StepInput) -> float32 array [len(step.logits_rows), V]``.
     ``adapters``: the LoRA adapters the runner holds, served name -> slot. ``max_loras``: how
     many adapters may be loaded at once (None: no limit); loading one more evicts the least
-    recently used."""
+    recently used. ``draft``: the draft model's runner (any kind ``runner`` may be) for
+    ``speculative_method="draft"``, its KV cache of ``config.num_blocks`` blocks of
+    ``config.block_size`` (it is addressed with the engine's block ids); it sleeps and wakes with
+    ``runner``."""
 
     def __init__(self, runner: Any, config: EngineConfig, adapters: Mapping[str, int] | None = None,
-                 max_loras: int | None = None) -> None:
+                 max_loras: int | None = None, draft: Any = None) -> None:
         if max_loras is not None and max_loras < 1:
             raise InvalidArgumentError(f"--max-loras {max_loras} must be at least 1")
         if max_loras is not None and len(adapters or {}) > max_loras:
             raise InvalidArgumentError(f"{len(adapters)} LoRA adapters given, more than --max-loras {max_loras}",
                                        hint="raise --max-loras or serve fewer adapters")
         self.runner = runner  # what release / restore act on (a ProgramRunner has both)
+        self.draft = draft  # the draft model's runner (speculative_method "draft"), released with runner
         self.adapters = dict(adapters or {})  # served name -> slot, least recently used first
         self.max_loras = max_loras
         self._next_slot = max(self.adapters.values(), default=-1) + 1
@@ -152,15 +167,18 @@ class EngineClient:
         self._weights = threading.Condition()  # weights_held's users and release's wait for them
         self._weight_users = 0
         self._released = False
-        native = getattr(runner, "native", runner)
-        if not isinstance(native, _native.serve.ModelRunner):
-            if not (hasattr(runner, "run") and hasattr(runner, "vocab_size")):
-                raise InvalidArgumentError(
-                    f"runner {type(runner).__name__} is not a model runner",
-                    hint="pass a _native.serve.ModelRunner or an object with vocab_size and run(step)",
-                )
-            native = _native.serve.PyModelRunner(runner.run, int(runner.vocab_size),
-                                                 int(getattr(runner, "hidden_size", 0) or 0))
+        native = _native_runner(runner, "runner")
+        draft_native = None
+        if (config.speculative_method == "draft") != (draft is not None):
+            raise InvalidArgumentError("speculative_method 'draft' and a draft model runner go together",
+                                       hint="pass draft= with speculative_method='draft' (surogate serve "
+                                            "--speculative-method draft --speculative-model PATH)")
+        if draft is not None:
+            if getattr(draft, "has_recurrent_state", False):
+                raise InvalidArgumentError("the draft model keeps a per-sequence recurrent state (conv layers): "
+                                           "its rejected drafts would stay in that state",
+                                           hint="draft with an attention-only model of the same tokenizer")
+            draft_native = _native_runner(draft, "draft")
         if getattr(runner, "has_recurrent_state", False) and config.enable_prefix_caching:
             # A cached prefix restores KV blocks, not the conv state of the tokens before it
             # (no snapshots at block boundaries yet): such a sequence must compute its prompt.
@@ -172,10 +190,11 @@ class EngineClient:
                 f"speculative decoding ({config.speculative_method}) on a model with a per-sequence recurrent state "
                 "(conv layers): rejected draft tokens would stay in that state",
                 hint="serve this model without --speculative-method")
-        self._engine = _native.serve.Engine(native, config)
+        self._engine = _native.serve.Engine(native, config, draft_native)
         self.masks = TokenMasks()  # the grammars of constrained requests (structured outputs)
         self._engine.set_token_masker(self.masks.fill)
         self._streams: dict[int, tuple[OutputStream, int]] = {}  # request id -> (its stream, its index there)
+        self._unfinished: set[int] = set()  # submitted, no finished output yet (idle: the engine's stats lag a step)
         self._lock = threading.Lock()
         self._closed = False
         self._engine.start()
@@ -219,6 +238,7 @@ class EngineClient:
                 if matcher is not None:
                     self.masks.add(request_id, matcher)
             self._streams[request_id] = (stream if stream is not None else OutputStream(), index)
+            self._unfinished.add(request_id)
             if slot is not None and slot >= 0:
                 self._request_slot[request_id] = slot
                 self._slot_users[slot] += 1
@@ -275,15 +295,19 @@ class EngineClient:
         return EngineStats(**self._engine.stats())
 
     def idle(self) -> bool:
-        """No request runs or waits, and no image is being encoded (``weights_held``)."""
-        s = self._engine.stats()
-        return s["num_running"] == 0 and s["num_waiting"] == 0 and self._weight_users == 0
+        """Every request submitted has finished (its last output is out; the engine's stats would
+        miss one submitted since its last step), and no ``weights_held`` block is open (an image
+        encoding, a request being admitted)."""
+        with self._lock:
+            return not self._unfinished and self._weight_users == 0
 
     @contextlib.contextmanager
     def weights_held(self) -> Iterator[None]:
         """The model's weights stay on the device inside the block (work outside the engine's steps
-        on them: an image encode, surogate.serve.LLM.embed): ``release`` waits for every such block
-        to end. Inside a released (sleeping) engine it raises UnsupportedError."""
+        on them: an image encode, surogate.serve.LLM.embed; or a request's admission, from its
+        encode until it is submitted, as the gateway does it): ``release`` waits for every such
+        block to end, and ``idle`` is False inside one. Inside a released (sleeping) engine it
+        raises UnsupportedError."""
         with self._weights:
             if self._released:
                 raise UnsupportedError("the model is asleep (its memory is released): it encodes no images",
@@ -321,12 +345,14 @@ class EngineClient:
             self._released = True
             self._weights.wait_for(lambda: self._weight_users == 0)
         self.reset_prefix_cache()
-        if hasattr(self.runner, "release"):
-            self.runner.release()
+        for runner in (self.runner, self.draft):
+            if hasattr(runner, "release"):
+                runner.release()
 
     def restore(self) -> None:
-        if hasattr(self.runner, "restore"):
-            self.runner.restore()
+        for runner in (self.runner, self.draft):
+            if hasattr(runner, "restore"):
+                runner.restore()
         with self._weights:
             self._released = False
 
@@ -437,6 +463,9 @@ class EngineClient:
         drop = []
         with self._lock:
             streams = [self._streams.get(t[0]) for t in raw]
+            for t in raw:
+                if t[4] is not None:
+                    self._unfinished.discard(t[0])
             if self._request_slot:
                 for t in raw:
                     if t[4] is not None and (slot := self._request_slot.pop(t[0], None)) is not None:

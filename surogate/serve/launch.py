@@ -69,7 +69,7 @@ class Launched:
         return Embedder.for_model(self.model, pooling)
 
 
-SPECULATIVE_METHODS = ("ngram",)  # the engine's proposers (kernels_native/serve/engine.h)
+SPECULATIVE_METHODS = ("ngram", "draft")  # the engine's proposers (kernels_native/serve/engine.h)
 CPU_KV_TOKENS = 16384  # the CPU's default KV cache, in tokens
 MIN_KV_BLOCKS = 16  # a GPU KV cache smaller than this is an error, not a server
 MAX_KV_TOKENS = 2**31  # a step's slots (block x block_size + offset) are int32
@@ -122,17 +122,24 @@ def launch(source: str, *, name: str | None = None, dtype: str = "float32", devi
            seed: int | None = None, max_loras: int | None = None, speculative_method: str | None = None,
            num_speculative_tokens: int | None = None, prompt_lookup_min: int | None = None,
            prompt_lookup_max: int | None = None, speculative_disable_by_batch_size: int | None = None,
-           mmproj: str | None = None) -> Launched:
+           mmproj: str | None = None, speculative_model: str | None = None) -> Launched:
     """``kv_cache_tokens`` None: 16,384 on the CPU; on a GPU, what is left of
     ``gpu_memory_utilization`` of its memory once a profile run measured the weights, a step of
     the largest bucket and what other processes hold (``kv_share`` of it, when several models
     share the GPU). ``max_loras``: how many LoRA adapters may be loaded at once (``loras`` and
     those loaded at run time, EngineClient.load_adapter); None: no limit. ``speculative_method``
-    ("ngram") with ``num_speculative_tokens``: speculative decoding (EngineConfig's fields).
-    ``mmproj``: a GGUF model's vision tower, llama.cpp's mmproj file (--mmproj)."""
+    ("ngram", or "draft" with ``speculative_model``: a smaller model of the same tokenizer, on the
+    same device in the same dtype, with a KV cache of as many blocks as the target's) with
+    ``num_speculative_tokens``: speculative decoding (EngineConfig's fields). ``mmproj``: a GGUF
+    model's vision tower, llama.cpp's mmproj file (--mmproj)."""
     if speculative_method is not None and speculative_method not in SPECULATIVE_METHODS:
         raise InvalidArgumentError(f"--speculative-method {speculative_method!r} is not one of "
-                                   f"{', '.join(SPECULATIVE_METHODS)}", hint="use ngram (prompt lookup)")
+                                   f"{', '.join(SPECULATIVE_METHODS)}",
+                                   hint="use ngram (prompt lookup) or draft (with --speculative-model)")
+    if (speculative_method == "draft") != (speculative_model is not None):
+        raise InvalidArgumentError("--speculative-method draft and --speculative-model go together",
+                                   hint="e.g. --speculative-method draft --speculative-model Qwen/Qwen3-0.6B "
+                                        "--num-speculative-tokens 4")
     if (speculative_method is None) != (num_speculative_tokens is None):
         raise InvalidArgumentError("--speculative-method and --num-speculative-tokens go together",
                                    hint="e.g. --speculative-method ngram --num-speculative-tokens 4")
@@ -163,8 +170,14 @@ def launch(source: str, *, name: str | None = None, dtype: str = "float32", devi
         limit = int(model.config.get("max_position_embeddings") or 2048)
         return Launched(name or _default_name(source), model, None,
                         min(limit, max_model_len) if max_model_len is not None else limit, 0, None)
+    draft = None
+    if speculative_model is not None:  # loaded first: a GPU's profile run then counts its weights
+        draft = load_draft(speculative_model, model, dtype=dtype)
     if kv_cache_tokens is None:
-        kv_cache_tokens = _auto_kv_tokens(model, gpu_memory_utilization, kv_share, block_size, max_num_seqs,
+        # a draft model's KV cache has the target's blocks: the two share the budget by bytes per block
+        share = kv_share if draft is None else kv_share * kv_block_bytes(model) / (
+            kv_block_bytes(model) + kv_block_bytes(draft))
+        kv_cache_tokens = _auto_kv_tokens(model, gpu_memory_utilization, share, block_size, max_num_seqs,
                                           max_num_batched_tokens, num_speculative_tokens or 0)
     num_blocks = kv_cache_tokens // block_size
     limit = int(model.config.get("max_position_embeddings") or num_blocks * block_size)
@@ -172,6 +185,8 @@ def launch(source: str, *, name: str | None = None, dtype: str = "float32", devi
     if max_model_len is not None:
         limit = min(limit, max_model_len)
     runner = ProgramRunner(model, num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs)
+    draft_runner = None if draft is None else ProgramRunner(draft, num_blocks=num_blocks, block_size=block_size,
+                                                            max_num_seqs=max_num_seqs)
     adapters = {}
     for slot, (adapter_name, adapter_path) in enumerate((loras or {}).items()):  # PEFT folders
         from surogate.models.peft import load_peft_adapter
@@ -185,9 +200,38 @@ def launch(source: str, *, name: str | None = None, dtype: str = "float32", devi
         eos_token_ids=list(model.tokenizer.eos_token_ids), seed=seed, speculative_method=speculative_method,
         num_speculative_tokens=num_speculative_tokens, prompt_lookup_min=prompt_lookup_min,
         prompt_lookup_max=prompt_lookup_max, speculative_disable_by_batch_size=speculative_disable_by_batch_size),
-        adapters=adapters, max_loras=max_loras)
+        adapters=adapters, max_loras=max_loras, draft=draft_runner)
     served_name = name or _default_name(source)
     return Launched(served_name, model, client, limit, num_blocks * block_size, runner, adapters)
+
+
+def load_draft(source: str, target: Model, *, dtype: str) -> Model:
+    """The draft model of speculative decoding, loaded beside ``target`` (its device and dtype):
+    an attention-only causal model whose tokenizer maps every token as the target's does."""
+    draft = load_model(source, device=target.device, dtype=dtype)
+    if not draft.spec.causal or "conv" in draft.spec.layer_kinds:
+        raise InvalidArgumentError(f"--speculative-model {source}: a draft model must be a causal model of "
+                                   "attention layers only (its rejected drafts must roll back with the KV cache)",
+                                   hint="draft with a small model of the target's family, e.g. Qwen3-0.6B for Qwen3-8B")
+    if draft.tokenizer is None or target.tokenizer is None:
+        raise InvalidArgumentError(f"--speculative-model {source} has no tokenizer to compare with the target's",
+                                   hint="use a folder or GGUF with its tokenizer")
+    mine, theirs = draft.tokenizer.backend.get_vocab(), target.tokenizer.backend.get_vocab()
+    if mine != theirs:
+        differ = sorted(set(mine.items()) ^ set(theirs.items()), key=lambda kv: kv[1])[:3]
+        raise InvalidArgumentError(
+            f"--speculative-model {source}: its tokenizer differs from the target's ({len(mine)} vs {len(theirs)} "
+            f"tokens; e.g. {', '.join(f'{t!r} -> {i}' for t, i in differ)})",
+            hint="a draft model must share the target's tokenizer (the same family and tokenizer release)")
+    return draft
+
+
+def kv_block_bytes(model: Model) -> int:
+    """The KV cache's bytes per token slot of a block, over all its layers' K and V arrays."""
+    from surogate.model import _np_dtype
+
+    s = model.spec
+    return sum(2 * s.kv_heads_of(i) * s.head_dim_of(i) for i in s.cache_layers()) * _np_dtype(model.dtype).itemsize
 
 
 def _auto_kv_tokens(model: Model, fraction: float, share: float, block_size: int, max_num_seqs: int,

@@ -186,8 +186,9 @@ class EngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     enable_prefix_caching: bool = True
     eos_token_ids: list[int] = msgspec.field(default_factory=list)  # the model's end tokens
     seed: int | None = None  # base of the seeds of unseeded requests; None = random
-    # Speculative decoding (kernels_native/serve/engine.h): None (off) or "ngram" (prompt
-    # lookup), drafting up to num_speculative_tokens tokens per step; the ngram method matches
+    # Speculative decoding (kernels_native/serve/engine.h): None (off), "ngram" (prompt lookup)
+    # or "draft" (a draft model: EngineClient's draft runner), drafting up to
+    # num_speculative_tokens tokens per step; the ngram method matches
     # suffixes of prompt_lookup_min..prompt_lookup_max tokens (vLLM's names and defaults: 5 and
     # 5 when neither is set, the other one's value when one is).
     speculative_method: str | None = None

@@ -105,3 +105,59 @@ def test_smollm2_greedy_speculation_equals_plain_and_accepts_drafts():
                 **ngram) as small:
         assert generate(small, ps, n) == want
         assert small.stats().num_preemptions > 0
+
+
+# ---- a draft model (speculative_method "draft") ---------------------------------------------
+
+def draft_engine(target, draft, num_blocks: int = 64, block_size: int = 16, k: int = 4, **kw):
+    from surogate.serve.engine_client import EngineClient
+    from surogate.serve.model_runner import ProgramRunner
+    from surogate.serve.types import EngineConfig
+
+    config = EngineConfig(num_blocks=num_blocks, block_size=block_size, speculative_method="draft",
+                          num_speculative_tokens=k, **kw)
+    return EngineClient(ProgramRunner(target, num_blocks, block_size), config,
+                        draft=ProgramRunner(draft, num_blocks, block_size))
+
+
+@pytest.mark.parametrize("target_family, draft_family", [
+    ("llama", "llama"), ("qwen3", "qwen2"), ("qwen3_moe", "qwen3"), ("gemma3", "gemma3"), ("gpt_oss", "qwen3"),
+])
+def test_a_tiny_draft_model_changes_no_greedy_output(target_family, draft_family, tmp_path):
+    """A one-layer random draft of the target's tokenizer (a dense Qwen3 drafting for a MoE, as
+    Qwen3-0.6B does for Qwen3-30B-A3B; vocabularies padded differently are taken): greedy output
+    equals plain decoding, many prompts at once, in a roomy cache and under preemption in a small
+    one with a budget that splits the draft's catch-up."""
+    target = surogate.load_model(make_model(target_family, tmp_path / "t", seed=21, initializer_range=0.2))
+    draft = surogate.load_model(make_model(draft_family, tmp_path / "d", seed=5, initializer_range=0.2,
+                                           num_hidden_layers=1))
+    ps = prompts(min(target.spec.vocab_size, draft.spec.vocab_size), 8, seed=6)
+    longer = [(p * 24)[:24] for p in ps]  # 24 + 12 tokens: 9 blocks of 4, where the small cache holds 14
+    with engine(target) as plain:
+        want, want_longer = generate(plain, ps, 12), generate(plain, longer, 12)
+    with draft_engine(target, draft) as spec:
+        assert generate(spec, ps, 12) == want
+        s = spec.stats()
+        assert s.spec_num_draft_tokens > 0 and s.last_error is None
+    with draft_engine(target, draft, num_blocks=14, block_size=4, max_num_batched_tokens=9,
+                      enable_prefix_caching=False) as small:
+        assert generate(small, longer, 12) == want_longer
+        assert small.stats().num_preemptions > 0
+
+
+def test_a_model_drafting_for_itself_is_accepted_nearly_always(tmp_path):
+    """The target as its own draft (its own runner and KV cache): the draft's argmax is the
+    target's but where batch shapes reorder a sum and a near-tie flips, so nearly every draft is
+    accepted; a draft KV that is stale or misplaced anywhere would show here as rejections."""
+    model = surogate.load_model(make_model("qwen3", tmp_path / "m", seed=3, initializer_range=0.2))
+    ps = prompts(model.spec.vocab_size, 8, seed=8)
+    with engine(model) as plain:
+        want = generate(plain, ps, 20)
+    with draft_engine(model, model) as spec:
+        assert generate(spec, ps, 20) == want
+        again = generate(spec, [p + w[:10] for p, w in zip(ps, want)], 10)  # prefix-cache hits, drafted blocks
+        s = spec.stats()
+    assert again == [w[10:] for w in want]
+    assert s.prefix_cache_hits > 0
+    assert s.spec_num_accepted_tokens >= 0.95 * s.spec_num_draft_tokens > 0, (s.spec_num_accepted_tokens,
+                                                                               s.spec_num_draft_tokens)
