@@ -437,7 +437,7 @@ def load_model(path_or_id: str | Path, device: str = "cpu", dtype: str = "float3
                                   [n for n in names if n not in quant and n not in vision_names], dtype)
         if vision_gguf:
             params.update(load_gguf_params(vision_gguf, family, config, sorted(vision_names), dtype,
-                                           table=family.gguf.mmproj.tensors()))
+                                           table=family.gguf.mmproj.tensors(config)))
         params.update({n: raw for n, (_, raw) in quant.items()})
         tokenizer = _gguf_tokenizer(gguf)
         source = path

@@ -15,14 +15,14 @@ Without visual rows the graph is the qwen3 family's (1-D rope: HF's text positio
 the three axes, so the interleaved tables equal the plain rope), serving included.
 
 Serving (a paged step with request rows, ``KVCache(embeds=True)``): each row of an image's
-EmbedSpan (models/qwen3_vl.py `serve_spans`) is [merged row | DeepStack row j for each j | cos |
+EmbedSpan (models/qwen3_vl_prompt.py `serve_spans`) is [merged row | DeepStack row j for each j | cos |
 sin] (``embed_width`` = C (1 + deepstack) + head_dim): the merged rows replace the embeddings, the
 DeepStack rows are added after the first decoder layers at the same token rows, and the tokens'
 cos / sin are the plain rope's at their (shifted) positions (``SERVE_COS`` / ``SERVE_SIN`` [P,
 head_dim / 2], one row per position, `serve_tables`) with the span tokens' own interleaved MRoPE
 angles in place. The steps without request rows (decode, text prompts) are Qwen3's graph at the
 engine's rope positions, which each span's ``position_shift`` moves (HF's rope_deltas).
-``build(mode="vision", images=(patches, frames))`` is the tower's graph (models/qwen3_vl.py
+``build(mode="vision", images=(patches, frames))`` is the tower's graph (models/qwen3_vl_vision.py
 Qwen3VLVisionTower). The tower is frozen: the language model's graphs read its rows as inputs.
 """
 

@@ -45,7 +45,7 @@ class MmprojArchitecture:
     """The vision tower and projector as llama.cpp writes them beside the text GGUF
     (convert_hf_to_gguf.py --mmproj: general.architecture "clip", clip.* keys, v.* / mm.* tensors)."""
 
-    tensors: Callable[[], GGUFNameTable]             # HF tensor names <-> mmproj GGUF names
+    tensors: Callable[[dict], GGUFNameTable]         # (HF config) -> HF tensor names <-> mmproj GGUF names
     checkpoint_name: Callable[[str], str]            # a checkpoint's tensor name -> the tables' name (or itself)
     text_config: Callable[[dict], dict]              # the HF config -> its language model's, as a text config
     metadata: Callable[[dict, object], dict]         # (HF config, ModelFolder) -> clip.* keys (quantize)

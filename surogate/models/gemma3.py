@@ -300,7 +300,7 @@ _MMPROJ_LAYER = {"layer_norm1": "ln1", "layer_norm2": "ln2", "self_attn.q_proj":
 IMAGE_TOKENS = ("<start_of_image>", "<end_of_image>", "<image_soft_token>")  # boi, eoi, the image token
 
 
-def mmproj_tensor_table() -> GGUFNameTable:
+def mmproj_tensor_table(config: dict | None = None) -> GGUFNameTable:  # the same names for every config
     H = f"{VISION_PREFIX}.vision_model."
     e = {f"{H}embeddings.patch_embedding.weight": GGUFName("v.patch_embd.weight", f32=True),
          f"{H}embeddings.patch_embedding.bias": GGUFName("v.patch_embd.bias"),

@@ -52,6 +52,10 @@ class GGUFName:
     # and ffn_up_exps, each [E, F, C]).
     parts: tuple[str, ...] = ()
     axis: int = 0
+    # The parts are the HF tensor's slices along `axis` (that axis dropped in each) rather than
+    # pieces concatenated along it (Qwen3-VL's patch Conv3d [C, 3, 2, P, P] is llama.cpp's two
+    # Conv2d v.patch_embd.weight and v.patch_embd.weight.1, [C, 3, P, P] each).
+    stacked: bool = False
     # GPT-OSS: the HF tensor is [E, in, out] where llama.cpp's is [E, out, in] (its last two axes
     # swapped), its parts interleaved along `axis` (part j is rows j, j + n, j + 2n, ...: HF's
     # gate / up columns 2k / 2k + 1) rather than equal halves, and written MXFP4 when the
@@ -138,7 +142,9 @@ class GGUFWeights:
                     raise FileFormatError(f"{self.file.path}: no tensor {part} for {hf_name}",
                                           hint="the file lacks a tensor this architecture needs")
             parts = [self.file.tensors[p].dequantize(dtype) for p in name.names()]
-            if name.interleaved:
+            if name.stacked:
+                joined = np.stack(parts, axis=name.axis)
+            elif name.interleaved:
                 joined = np.stack(parts, axis=name.axis + 1)
                 shape = list(parts[0].shape)
                 shape[name.axis] *= len(parts)
@@ -253,9 +259,11 @@ def plan_gguf_tensors(family: Family, config: dict, tensors: Mapping[str, Callab
             read = (lambda r=read, axis=g.squeeze: np.squeeze(np.asarray(r()), axis))
         if g.transposed:
             read = (lambda r=read: np.swapaxes(np.asarray(r()), -1, -2))
-        if g.parts:  # equal (or interleaved) parts along g.axis, one GGUF tensor each
+        if g.parts:  # equal (or interleaved, or stacked) parts along g.axis, one GGUF tensor each
             for j, part in enumerate(g.names()):
-                if g.interleaved:
+                if g.stacked:
+                    pick = (lambda r=read, j=j, ax=g.axis: np.take(np.asarray(r()), j, axis=ax))
+                elif g.interleaved:
                     pick = (lambda r=read, j=j, n=len(g.names()), ax=g.axis:
                             np.take(np.asarray(r()), np.arange(j, np.shape(r())[ax], n), axis=ax))
                 else:
@@ -355,7 +363,7 @@ def quantize_to_gguf(model: str | os.PathLike, output: str | os.PathLike, qtype:
     vision_plan, text_config = [], config
     if mmproj is not None:  # the text GGUF gets the language model's tensors, the mmproj the rest
         readers = {mmproj.checkpoint_name(n): r for n, r in readers.items()}
-        vision = mmproj.tensors()
+        vision = mmproj.tensors(config)
         vision_plan = plan_mmproj_tensors(vision, {n: r for n, r in readers.items() if vision.to_gguf(n)},
                                           source=str(folder.path))
         readers = {n: r for n, r in readers.items() if not vision.to_gguf(n)}
@@ -394,14 +402,24 @@ def mmproj_path(output: str | os.PathLike) -> Path:
 def plan_mmproj_tensors(table: GGUFNameTable, tensors: Mapping[str, Callable[[], np.ndarray]],
                         source: str = "checkpoint") -> list[PlannedTensor]:
     """An mmproj's tensors as llama.cpp's converter writes them at --outtype f16: 1-D and
-    ``GGUFName.f32`` tensors F32, every other one F16, shifted norms with the 1 added."""
-    plan = []
-    for hf_name in sorted(tensors, key=lambda n: _mmproj_order(table.to_gguf(n).gguf)):
-        g, read = table.to_gguf(hf_name), tensors[hf_name]
+    ``GGUFName.f32`` tensors F32, every other one F16, shifted norms with the 1 added, an HF
+    tensor of stacked parts (``GGUFName.stacked``) as its slices."""
+    named = {}
+    for hf_name, read in tensors.items():
+        g = table.to_gguf(hf_name)
         if g.shift:
             read = (lambda r=read, shift=g.shift: np.asarray(r(), np.float32) + np.float32(shift))
+        if g.parts and not g.stacked:
+            raise UnsupportedError(f"{source}: {hf_name} is split into {', '.join(g.names())} along an axis, which "
+                                   "the mmproj writer does not do", hint="please report it")
+        for j, name in enumerate(g.names()):
+            named[name] = (read if not g.parts else
+                           (lambda r=read, j=j, ax=g.axis: np.take(np.asarray(r()), j, axis=ax)), g.f32)
+    plan = []
+    for name in sorted(named, key=_mmproj_order):
+        read, f32 = named[name]
         shape = tuple(np.shape(read()))
-        plan.append(PlannedTensor(g.gguf, "F32" if g.f32 or len(shape) < 2 else "F16", shape, read))
+        plan.append(PlannedTensor(name, "F32" if f32 or len(shape) < 2 else "F16", shape, read))
     if not plan:
         raise FileFormatError(f"{source}: no vision tower tensors found", hint="the checkpoint is incomplete")
     return plan

@@ -37,7 +37,7 @@ _BY_NAME = {f.name: f for f in REGISTRY + MULTIMODAL}
 _BY_MODEL_TYPE = {t: f for f in REGISTRY + MULTIMODAL for t in f.model_types}
 # llama.cpp files several HF families under one architecture (Mistral and SmolLM are "llama"):
 # a GGUF file loads as the first registered family of its architecture.
-_BY_GGUF = {f.gguf.name: f for f in reversed(REGISTRY)}
+_BY_GGUF = {f.gguf.name: f for f in reversed(REGISTRY + MULTIMODAL)}
 
 
 def family_for(config: dict, source: str = "config.json") -> Family:

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.cuda
 if not (_native.build_info()["cuda"] and _native.cuda_devices()):
     pytest.skip("no CUDA build or no GPU", allow_module_level=True)
 
-from surogate.models.qwen3_vl import Qwen3VLVision, Qwen3VLVisionTower, vision_spec_from_config  # noqa: E402
+from surogate.models.qwen3_vl_vision import Qwen3VLVision, Qwen3VLVisionTower, vision_spec_from_config  # noqa: E402
 from sgtest.ops import rel_err  # noqa: E402
 
 # The tiny tower of test_qwen3_vl_vision.py, with head dim 64 (the CUDA attention's common size).
@@ -53,7 +53,7 @@ def test_padded_bucket_on_the_gpu_gives_the_unpadded_rows(dtype, tol):
     """The bucketed call (60 patches -> 64, 4 frames + the padding's segment -> 8 segments, three
     empty: zero-length documents in the CUDA attention) against the exact shape, both on the GPU;
     the pixel rows cast to bf16 in the graph."""
-    from surogate.models.qwen3_vl import bucket
+    from surogate.models.qwen3_vl_vision import bucket
 
     spec = vision_spec_from_config({"vision_config": VISION})
     rng = np.random.default_rng(1)

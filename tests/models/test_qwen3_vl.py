@@ -122,7 +122,7 @@ def test_two_images_of_different_grids_equal_hf(checkpoint):
     want = hf_logits(model, ids, images)
     np.testing.assert_allclose(ours.forward(ids, images=images), want, atol=1e-4, rtol=0)
     # Model.encode_images is the tower's encode (one set of weights, the Model's).
-    from surogate.models.qwen3_vl import Qwen3VLVision
+    from surogate.models.qwen3_vl_vision import Qwen3VLVision
 
     rows, deep = ours.encode_images(*images)
     want_rows, want_deep = Qwen3VLVision.from_folder(path).encode(*images)

@@ -18,8 +18,8 @@ from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration  # noqa:
 
 from surogate.errors import FileFormatError, InvalidArgumentError  # noqa: E402
 from surogate.io.image_processing import QwenVLImageProcessor, QwenVLVideoProcessor  # noqa: E402
-from surogate.models.qwen3_vl import (Qwen3VLVision, bucket, grid_tables, load_params,  # noqa: E402
-                                      vision_name_table, vision_spec_from_config)
+from surogate.models.qwen3_vl_vision import (Qwen3VLVision, bucket, grid_tables, load_params,  # noqa: E402
+                                           vision_name_table, vision_spec_from_config)
 
 # depth 3, width 32 (2 heads of 16: 4 rope frequencies per axis), 8-pixel patches, 2 frames per
 # temporal patch, 2 x 2 merge, DeepStack after blocks 0 and 2, out 48 = the text width, a 4 x 4

@@ -268,14 +268,15 @@ def qwen3_vl_reference(path: str | Path):
 
 def qwen3_vl_token_prompts(tmp_path, device: str, chunk: int | None, n: int) -> list:
     """tiny_models.qwen3_vl_prompts' image prompt and video prompt served on ``device`` through the
-    engine with surogate.models.qwen3_vl.serve_spans (``chunk``: a token budget, blocks of 4), and
+    engine with surogate.models.qwen3_vl_prompt.serve_spans (``chunk``: a token budget, blocks of 4), and
     transformers' greedy answers on the same ids and pixels: [(what, spans, ours, HF's)]."""
     import torch
     import transformers
 
     import surogate
     from sgtest.embeds import greedy
-    from surogate.models.qwen3_vl import encode_visual, serve_spans
+    from surogate.models.qwen3_vl import encode_visual
+    from surogate.models.qwen3_vl_prompt import serve_spans
     from surogate.serve.engine_client import EngineClient
     from surogate.serve.model_runner import ProgramRunner
     from surogate.serve.types import EngineConfig
