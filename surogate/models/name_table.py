@@ -66,6 +66,11 @@ class Experts:
     # The stacked tensor is [E, in, out] in the checkpoint (GPT-OSS's GptOssExperts) and ours
     # [E, out, in]: its last two axes are swapped at load and at export.
     transposed: bool = False
+    # (the layer's stacked gate_up_proj name, its down_proj name): the orientation is then each
+    # checkpoint's, read off the two tensors' shapes at load (`experts_transposed`: Qwen3-VL-MoE's
+    # hub files hold [E, in, out], transformers 5's save_pretrained writes [E, out, in], and
+    # transformers reads both); ``transposed`` is what export writes.
+    layer: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -100,7 +105,7 @@ class NameTable:
                     return Rows(r.hf.format(i=i), r.index, r.parts)
                 if isinstance(r, Experts):
                     return Experts(r.hf.format(i=i), tuple(h.replace("{i}", str(i)) for h in r.parts), r.axis,
-                                   r.transposed)
+                                   r.transposed, tuple(h.format(i=i) for h in r.layer))
                 return Fuse(tuple(h.format(i=i) for h in r.hf), r.axis)
         return None
 
@@ -110,6 +115,8 @@ class NameTable:
         `has(hf_name)` says whether the checkpoint holds a tensor (None: every name asked for)."""
         out = {}
         recipes = {name: self.recipe(name) for name in names}
+        stash: dict[str, np.ndarray] = {}  # a layer's other expert tensor, read for its shape (Experts.layer)
+        shapes: dict[str, tuple] = {}
         n_slices: dict[str, int] = {}  # a sliced tensor -> how many of our parameters share it
         for r in recipes.values():
             if isinstance(r, Slice):
@@ -136,6 +143,15 @@ class NameTable:
                     raise FileFormatError(f"{source}: {r.hf} {full.shape} does not split into {r.parts} equal row "
                                           "blocks", hint="the weights and the config do not belong together")
                 out[name] = np.ascontiguousarray(np.split(full, r.parts, axis=0)[r.index])
+            elif isinstance(r, Experts) and r.layer and (has is None or has(r.hf)):
+                mine = stash.pop(r.hf) if r.hf in stash else read(r.hf)
+                shapes[r.hf] = mine.shape
+                for other in r.layer:
+                    if other not in shapes:
+                        stash[other] = read(other)
+                        shapes[other] = stash[other].shape
+                flip = experts_transposed(*(shapes[h] for h in r.layer), f"{source}: {r.hf}")
+                out[name] = np.ascontiguousarray(np.swapaxes(mine, 1, 2)) if flip else mine
             elif isinstance(r, Experts):
                 out[name] = _stack_experts(r, read, has, source)
             else:
@@ -173,6 +189,22 @@ class NameTable:
             if sorted(got) == list(range(parts)):
                 out[hf] = np.concatenate([got[k] for k in range(parts)], axis=0)
         return out
+
+
+def experts_transposed(gate_up: tuple, down: tuple, where: str = "the checkpoint") -> bool:
+    """Whether a layer's stacked experts are [E, in, out] (gate_up_proj [E, C, 2F], down_proj
+    [E, F, C]) rather than [E, out, in] ([E, 2F, C], [E, C, F]), from their shapes: the hidden size
+    C is gate_up's input and down's output, on axes 2 and 1 in the one layout, 1 and 2 in the other
+    (both at once would need F = 2F), whatever C and F are."""
+    if len(gate_up) != 3 or len(down) != 3:
+        raise FileFormatError(f"{where}: stacked experts of shapes {tuple(gate_up)} and {tuple(down)} are not [E, ., .]",
+                              hint="the weights and the config do not belong together")
+    if gate_up[2] == down[1]:
+        return False
+    if gate_up[1] == down[2]:
+        return True
+    raise FileFormatError(f"{where}: stacked experts gate_up_proj {tuple(gate_up)} and down_proj {tuple(down)} share "
+                          "no hidden size", hint="the weights and the config do not belong together")
 
 
 def transposed_experts(table: NameTable) -> bool:

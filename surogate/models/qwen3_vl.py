@@ -77,17 +77,31 @@ def spec_from_config(cfg: dict):
     Qwen3VLTextConfig's defaults; tie_word_embeddings the outer config's) and ModelSpec.vision. A
     Qwen3VLTextConfig (model_type qwen3_vl_text, its keys at the top) is the language model alone:
     no ModelSpec.vision."""
-    text_only = cfg.get("model_type") == "qwen3_vl_text"
-    text = {**TEXT_DEFAULTS, **(cfg if text_only else cfg.get("text_config") or {})}
-    if text.get("model_type", "qwen3_vl_text") != "qwen3_vl_text":
-        raise UnsupportedError(f"config.json: text_config.model_type {text['model_type']!r} is not qwen3_vl_text",
-                               hint="this is Qwen3-VL's dense language model (Qwen3-VL-MoE's is not supported)")
+    return language_spec(cfg, "qwen3_vl", "qwen3_vl_text", TEXT_DEFAULTS)
+
+
+def text_config_of(cfg: dict, text_type: str, defaults: dict) -> dict:
+    """The language model's config keys (text_config, or the config itself for ``text_type``) over
+    the text config class's ``defaults``."""
+    text_only = cfg.get("model_type") == text_type
+    return {**defaults, **(cfg if text_only else cfg.get("text_config") or {})}
+
+
+def language_spec(cfg: dict, family: str, text_type: str, defaults: dict):
+    """`spec_from_config` for a family of Qwen3-VL's layout (qwen3_vl; qwen3_vl_moe, which adds its
+    experts to this spec): ``text_type`` the text config's model_type, ``defaults`` its class's."""
+    text_only = cfg.get("model_type") == text_type
+    text = text_config_of(cfg, text_type, defaults)
+    if text.get("model_type", text_type) != text_type:
+        raise UnsupportedError(f"config.json: text_config.model_type {text['model_type']!r} is not {text_type}",
+                               hint=f"this is the {family} family's language model (Qwen3-VL-MoE's text_config is "
+                                    "qwen3_vl_moe_text, in Qwen3VLMoeForConditionalGeneration)")
     theta, section = _text_rope(text)
     # transformers 5 ties by the outer key alone (Qwen3VLConfig's default False; text_config's is not read).
     tie = cfg.get("tie_word_embeddings", False)
     base = {**text, "tie_word_embeddings": bool(tie), "rope_parameters": {"rope_type": "default", "rope_theta": theta},
             "rope_scaling": None}
-    spec = decoder.spec_from_config(base, "qwen3_vl", qk_norm=True)
+    spec = decoder.spec_from_config(base, family, qk_norm=True)
     if len(section) != 3 or sum(section) != spec.head_dim // 2:
         raise ConfigError(f"config.json: text_config mrope_section {list(section)} must be three counts summing to "
                           f"head_dim / 2 ({spec.head_dim // 2})", hint="check config.json")

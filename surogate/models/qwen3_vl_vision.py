@@ -50,6 +50,8 @@ from surogate.models.name_table import Direct, NameTable, Rows
 
 PREFIX = "visual"  # our parameter names: visual.blocks.{i}.attn.q.weight, ...
 LN_EPS = 1e-6  # every LayerNorm of the tower (fixed in transformers' code)
+# Qwen3VLVisionConfig's model_type, and Qwen3-VL-MoE's (Qwen3VLMoeVisionConfig subclasses it unchanged).
+VISION_TYPES = ("qwen3_vl_vision", "qwen3_vl_moe_vision")
 ACTS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh", "gelu": "gelu"}
 
 # Qwen3VLVisionConfig's defaults (Qwen/Qwen3-VL-*'s vision_config lists most of them).
@@ -109,17 +111,17 @@ def _int(value, key: str) -> int:
 
 def vision_spec_from_config(cfg: dict) -> VisionSpec:
     """The tower of a Qwen3VLConfig (its vision_config) or of a Qwen3VLVisionConfig itself."""
-    if cfg.get("model_type") == "qwen3_vl_vision":
+    if cfg.get("model_type") in VISION_TYPES:
         vc = cfg
-    elif "vision_config" in cfg or cfg.get("model_type") == "qwen3_vl":
+    elif "vision_config" in cfg or cfg.get("model_type") in ("qwen3_vl", "qwen3_vl_moe"):
         vc = cfg.get("vision_config") or {}  # absent: Qwen3VLVisionConfig's defaults, as transformers
     else:
         raise ConfigError("config.json: no vision_config (and model_type is not qwen3_vl)",
                           hint="a Qwen3VLForConditionalGeneration checkpoint's config.json has one")
-    if vc.get("model_type", "qwen3_vl_vision") != "qwen3_vl_vision":
+    if vc.get("model_type", "qwen3_vl_vision") not in VISION_TYPES:
         raise UnsupportedError(f"config.json: vision_config.model_type {vc['model_type']!r} is not qwen3_vl_vision",
-                               hint="this is Qwen3-VL's dense tower (Qwen3-VL-MoE's has the same layout but is not "
-                                    "checked here)")
+                               hint="this is Qwen3-VL's tower (Qwen3VLVisionConfig, or Qwen3-VL-MoE's "
+                                    "Qwen3VLMoeVisionConfig, the same class)")
     c = {**VISION_DEFAULTS, **vc}
     c["depth"] = vc.get("depth", vc.get("num_hidden_layers", c["depth"]))
     c["num_heads"] = vc.get("num_heads", vc.get("num_attention_heads", c["num_heads"]))

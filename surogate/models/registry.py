@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from surogate.errors import UnsupportedError
-from surogate.models import gemma3, gemma4, gpt_oss, lfm2, llama, mistral, qwen2, qwen3, qwen3_moe, qwen3_vl
+from surogate.models import gemma3, gemma4, gpt_oss, lfm2, llama, mistral, qwen2, qwen3, qwen3_moe, qwen3_vl, qwen3_vl_moe
 from surogate.models.family import ChatDefaults, Family
 
 if TYPE_CHECKING:
@@ -27,9 +27,11 @@ REGISTRY: tuple[Family, ...] = (
 
 # Families that load, run and train (their own tests) but are not in REGISTRY's per-family sweeps
 # (tiny text checkpoints from TinyModel.config, GGUF, serving): Qwen3-VL, whose tiny checkpoint is
-# a nested Qwen3VLConfig and whose images need MRoPE positions the serving step does not make yet.
+# a nested Qwen3VLConfig and whose images need MRoPE positions the serving step does not make yet,
+# and Qwen3-VL-MoE, its MoE variant.
 MULTIMODAL: tuple[Family, ...] = (
     qwen3_vl.FAMILY,
+    qwen3_vl_moe.FAMILY,
 )
 
 FAMILIES: dict[str, Family] = {arch: f for f in REGISTRY + MULTIMODAL for arch in f.hf_architectures}

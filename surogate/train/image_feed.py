@@ -100,11 +100,11 @@ def _qwen3_vl_feed(model, prompt, images: int, n_tokens: int):
 # The training feed of each vision family, by family name (models/ cannot import train/: the
 # choice lives here). A vision family not listed trains on text rows only (images_refused).
 FEEDS = {"gemma3": lambda model, prompt, images, n_tokens: ImageFeed(model, prompt, images, n_tokens),
-         "qwen3_vl": _qwen3_vl_feed}
+         "qwen3_vl": _qwen3_vl_feed, "qwen3_vl_moe": _qwen3_vl_feed}
 
 
 def has_feed(family_name: str) -> bool:
-    """Whether the trainer can feed this vision family's images (Gemma 3's, Qwen3-VL's)."""
+    """Whether the trainer can feed this vision family's images (Gemma 3's, Qwen3-VL's and its MoE's)."""
     return family_name in FEEDS
 
 

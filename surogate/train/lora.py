@@ -15,6 +15,7 @@ from surogate.dsl.graph import Graph
 from surogate.dsl.nn import LoRAConfig, expert_lora
 from surogate.errors import FileFormatError
 from surogate.io import save_safetensors
+from surogate.models.name_table import experts_transposed
 from surogate.models.peft import (ALL_TARGETS, EXPERTS, PEFT_PREFIX, ROUTER, from_peft_name, is_expert_lora,
                                   load_peft_adapter, peft_config, to_peft_name, to_peft_tensors)
 
@@ -87,7 +88,7 @@ def merge_into_hf(hf: dict[str, np.ndarray], params: dict[str, np.ndarray], cfg:
         if is_expert_lora(module + ".lora_A"):
             _, _, scale = expert_lora(cfg)[module.rsplit(".", 1)[1]]
             delta = scale * (B @ A)
-            _merge_experts(out, module_prefix + module, np.swapaxes(delta, 1, 2) if transposed_experts else delta)
+            _merge_experts(out, module_prefix + module, delta, transposed_experts)
             continue
         key = f"{module_prefix}{module}.weight"
         if key not in out:
@@ -99,12 +100,17 @@ def merge_into_hf(hf: dict[str, np.ndarray], params: dict[str, np.ndarray], cfg:
     return out
 
 
-def _merge_experts(out: dict[str, np.ndarray], key: str, delta: np.ndarray) -> None:
+def _merge_experts(out: dict[str, np.ndarray], key: str, delta: np.ndarray, transposed: bool = False) -> None:
     """delta [E, out, in] into model.layers.i.mlp.experts.gate_up_proj (or down_proj), stacked as
-    transformers 5 holds it or one tensor per expert as the hub's checkpoints do."""
+    transformers 5 holds it ([E, in, out] with ``transposed``, or as the layer's two stacked tensors'
+    shapes say: name_table.experts_transposed) or one tensor per expert as the hub's checkpoints do."""
     if key in out:
         w = out[key]
-        out[key] = (w.astype(np.float32) + delta).astype(w.dtype)
+        experts = key.rsplit(".", 1)[0]
+        pair = [out.get(f"{experts}.{p}") for p in ("gate_up_proj", "down_proj")]
+        if all(p is not None for p in pair):
+            transposed = experts_transposed(pair[0].shape, pair[1].shape, key)
+        out[key] = (w.astype(np.float32) + (np.swapaxes(delta, 1, 2) if transposed else delta)).astype(w.dtype)
         return
     experts, param = key.rsplit(".", 1)
     halves = ("gate_proj", "up_proj") if param == "gate_up_proj" else ("down_proj",)

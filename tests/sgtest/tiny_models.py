@@ -492,24 +492,31 @@ def make_gemma3_vision(path: str | Path, *, seed: int = 0, text: dict | None = N
 QWEN3_VL_IMAGE, QWEN3_VL_VIDEO, QWEN3_VL_START, QWEN3_VL_END = 90, 91, 92, 93  # the qwen3_vl TINY's ids
 
 
-def make_qwen3_vl(path: str | Path, *, tie: bool = False, seed: int = 0, config: dict | None = None) -> Path:
+def make_qwen3_vl(path: str | Path, *, tie: bool = False, seed: int = 0, config: dict | None = None,
+                  moe: bool = False) -> Path:
     """A tiny Qwen3VLForConditionalGeneration (surogate/models/qwen3_vl.py TINY: text 2 layers,
     hidden 64, heads 4 / 2 of 16, mrope_section [2, 3, 3]; a 3-block tower of width 32, 8-pixel
     patches, DeepStack after blocks 0 and 2), weights only (tests feed token ids). Every weight is
     random (HF's init leaves biases 0 and norms 1): norms 1 + N(0, 0.2²), the rest N(0, 0.15²).
-    ``config``: keys over TINY's (text_config's merged into TINY's)."""
+    ``config``: keys over TINY's (text_config's merged into TINY's). ``moe``: a
+    Qwen3VLMoeForConditionalGeneration of qwen3_vl_moe.py's TINY instead (3 text layers, the middle
+    one dense, 6 experts, top 2), saved by transformers (its stacked experts [E, out, in])."""
     import torch
     import transformers
     from transformers.utils import logging
 
-    from surogate.models.qwen3_vl import TINY
+    if moe:
+        from surogate.models.qwen3_vl_moe import TINY
+    else:
+        from surogate.models.qwen3_vl import TINY
 
     logging.disable_progress_bar()
     torch.manual_seed(seed)
     cfg = {**TINY, **(config or {})}
     cfg["text_config"] = {**TINY["text_config"], **((config or {}).get("text_config") or {})}
-    model = transformers.Qwen3VLForConditionalGeneration(
-        transformers.Qwen3VLConfig(**cfg, tie_word_embeddings=tie)).eval()
+    classes = ((transformers.Qwen3VLMoeForConditionalGeneration, transformers.Qwen3VLMoeConfig) if moe else
+               (transformers.Qwen3VLForConditionalGeneration, transformers.Qwen3VLConfig))
+    model = classes[0](classes[1](**cfg, tie_word_embeddings=tie)).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name and name.endswith("weight"):
