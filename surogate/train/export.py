@@ -16,6 +16,7 @@ import numpy as np
 from surogate.errors import FileFormatError, NotFoundError
 from surogate.io import ModelFolder, resolve_model_path, save_safetensors
 from surogate.models.name_table import transposed_experts
+from surogate.models.peft import is_expert_lora
 from surogate.models.registry import family_for
 from surogate.train.lora import _replace_dir, load_peft_adapter, merge_into_hf
 
@@ -81,7 +82,8 @@ def checkpoint_prefix(tensors: dict, family, params: dict) -> str:
     module = next((n.rsplit(".", 1)[0] for n in params if n.endswith(".lora_A")), None)
     if module is None:
         return "model."
-    suffix = f"{module}.weight"
+    # a module's weight, or a MoE layer's stacked experts (layers.0.mlp.experts.down_proj) themselves
+    suffix = module if is_expert_lora(module + ".lora_A") else f"{module}.weight"
     hit = next((a for a in family.checkpoint_aliases(f"model.{suffix}") if a in tensors), None)
     if hit is None:
         raise FileFormatError(f"the adapter adapts {module}, which the base model's checkpoint does not hold "

@@ -200,9 +200,10 @@ def served_chat(llm, messages: list[dict], params):
     return out.new_token_ids, out
 
 
-def make_qwen3_vl_chat(path: str | Path, *, seed: int = 0, tie: bool = False) -> Path:
+def make_qwen3_vl_chat(path: str | Path, *, seed: int = 0, tie: bool = False, moe: bool = False) -> Path:
     """The served tiny Qwen3-VL: tokenizer (ChatML + the four vision tokens, their ids the config's),
-    chat template, preprocessor_config.json; the text vocabulary the tokenizer's."""
+    chat template, preprocessor_config.json; the text vocabulary the tokenizer's. ``moe``: Qwen3-VL-MoE's
+    (tiny_models.make_qwen3_vl(moe=True))."""
     from tokenizers import AddedToken
 
     path = Path(path)
@@ -210,7 +211,7 @@ def make_qwen3_vl_chat(path: str | Path, *, seed: int = 0, tie: bool = False) ->
     tok = tiny_models.build_tokenizer("chatml")
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN3_VL_TOKENS.values()])
     ids = {k: tok.token_to_id(t) for k, t in QWEN3_VL_TOKENS.items()}
-    tiny_models.make_qwen3_vl(path, seed=seed, tie=tie,
+    tiny_models.make_qwen3_vl(path, seed=seed, tie=tie, moe=moe,
                               config={**ids, "text_config": {"vocab_size": tok.get_vocab_size()}})
     tok.save(str(path / "tokenizer.json"))
     tc = json.loads((path / "tokenizer_config.json").read_text())
@@ -226,7 +227,7 @@ def make_qwen3_vl_chat(path: str | Path, *, seed: int = 0, tie: bool = False) ->
 
 
 def qwen3_vl_reference(path: str | Path):
-    """(transformers' Qwen3VLForConditionalGeneration, a generate function) for the folder: the
+    """(transformers' Qwen3VLForConditionalGeneration, or its MoE's, a generate function) for the folder: the
     function takes HF-style messages (image parts {"type": "image", "image": PIL}) and n, and
     returns (greedy answer of n tokens, prompt ids). The inputs are Qwen3VLProcessor's text rule
     (its replace_image_token: <|image_pad|> x grid_t grid_h grid_w / merge^2) over the template's
@@ -236,7 +237,8 @@ def qwen3_vl_reference(path: str | Path):
     import transformers
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    ref = transformers.Qwen3VLForConditionalGeneration.from_pretrained(str(path)).eval()
+    arch = json.loads((Path(path) / "config.json").read_text())["architectures"][0]  # Qwen3-VL or its MoE
+    ref = getattr(transformers, arch).from_pretrained(str(path)).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
     images_proc = Qwen2VLImageProcessorPil.from_dict(json.loads((Path(path) / "preprocessor_config.json").read_text()))
     template = (Path(path) / "chat_template.jinja").read_text()
