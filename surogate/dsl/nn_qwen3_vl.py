@@ -11,6 +11,17 @@ visual rows (``build(images=M)``, M merged visual tokens of all images and video
   feature added to the hidden state at the visual positions (an embedding of
   ``deepstack_rows.{j}`` [M + 1, C], its last row zeros, by each token's ``visual_slots``).
 
+With ``train_projector`` (Qwen3VLSpec's, the `train_projector` key) the mergers move into this
+graph, trainable (peft's modules_to_save: visual.merger and each visual.deepstack_merger_list.j):
+it reads each visual token's merge block of tower rows instead of merged rows (``visual_patches``
+[N merge^2, Cv], the tower's last hidden state, and ``deepstack_patches.{j}``, its hidden state
+after DeepStack block j; zeros on text tokens) with ``visual_mask`` [N, C] (1 on visual tokens),
+and runs each merger per token: the visual tokens' embeddings zeroed (embed_rows of zeros) plus
+merger(visual_patches) * visual_mask, and after layer j DeepStack merger j's rows times the mask
+(a text token's zeros would come out of the LayerNorm's bias, hence the mask). A merger treats
+each merged row alone, so per token is HF's arithmetic, and no gather needs a gradient; the cost
+is the mergers over every token rather than the M visual ones.
+
 Without visual rows the graph is the qwen3 family's (1-D rope: HF's text positions are the same on
 the three axes, so the interleaved tables equal the plain rope), serving included.
 
@@ -37,6 +48,9 @@ VISUAL_ROWS = "visual_rows"  # float32 [M, C]: the merged rows (images, then vid
 VISUAL_SLOTS = "visual_slots"  # int32 [N]: each token's visual row (M: none, the zero row)
 DEEPSTACK = "deepstack_rows"  # deepstack_rows.{j} [M + 1, C] in the model's dtype
 SERVE_COS, SERVE_SIN = "mrope_cos_by_position", "mrope_sin_by_position"  # serving: [P, head_dim / 2] f32
+# train_projector's inputs: each token's merge block of tower rows [N merge^2, Cv] (the last
+# hidden state; deepstack_patches.{j} the one after DeepStack block j), and the visual tokens' mask [N, C].
+VISUAL_PATCHES, DEEPSTACK_PATCHES, VISUAL_MASK = "visual_patches", "deepstack_patches", "visual_mask"
 
 
 class Qwen3VLLM(CausalLM):
@@ -106,6 +120,16 @@ class Qwen3VLLM(CausalLM):
         M, half = self._rows, self.spec.head_dim // 2
         g.input(MROPE_COS, (N, half), "float32")
         g.input(MROPE_SIN, (N, half), "float32")
+        if self.spec.vision.train_projector:
+            t = self.spec.vision.tower
+            g.input(VISUAL_MASK, (N, C), dtype)
+            for j in range(self.deepstack_layers):
+                g.input(f"{DEEPSTACK_PATCHES}.{j}", (N * t.merge_unit, t.hidden_size), dtype)
+            index = g.input(VISUAL_INDEX, (M,), "int32")
+            zeros = ops.fill(g, (M, C), "float32", 0.0, name="visual_zero_rows")
+            text = ops.embed_rows(x, index, zeros, name="embed_text")
+            patches = g.input(VISUAL_PATCHES, (N * t.merge_unit, t.hidden_size), dtype)
+            return ops.add(text, self._project(g, patches, "merger", postshuffle=False), name="embed_visual")
         g.input(VISUAL_SLOTS, (N,), "int32")
         for j in range(self.deepstack_layers):
             g.input(f"{DEEPSTACK}.{j}", (M + 1, C), dtype)
@@ -120,5 +144,21 @@ class Qwen3VLLM(CausalLM):
                            name=f"deepstack_added.{layer}")
         if not self._rows or layer >= self.deepstack_layers:
             return x
+        if self.spec.vision.train_projector:
+            rows = self._project(g, g.values[f"{DEEPSTACK_PATCHES}.{layer}"], f"deepstack_merger_list.{layer}",
+                                 postshuffle=True)
+            return ops.add(x, rows, name=f"deepstack_added.{layer}")
         rows = ops.embedding(g.values[VISUAL_SLOTS], g.values[f"{DEEPSTACK}.{layer}"], name=f"deepstack.{layer}")
         return ops.add(x, rows, name=f"deepstack_added.{layer}")
+
+    def _project(self, g: Graph, patches: Value, module: str, postshuffle: bool) -> Value:
+        """A trainable merger (the tower's ``visual.{module}`` parameters) over each token's patch
+        rows, times the visual tokens' mask: [N, C]."""
+        mask = g.values[VISUAL_MASK]
+
+        def param(name: str, shape) -> Value:
+            return g.param(name, shape, mask.dtype, trainable=True)
+
+        with g.scope(self.tower.prefix), g.scope(module):
+            rows = self.tower.merger(patches, param, postshuffle, rows=mask.shape[0])
+            return ops.act_mul(rows, mask, name="masked")

@@ -55,10 +55,20 @@ class Qwen3VLSpec:
     rope_theta: float
     mrope_section: tuple[int, int, int]
     vision_end_token_id: int = MM_DEFAULTS["vision_end_token_id"]
+    # The mergers (visual.merger, the DeepStack ones) in the language model's graph, trainable
+    # (the `train_projector` key; dsl/nn_qwen3_vl.py); the rest of the tower stays frozen.
+    train_projector: bool = False
 
     @property
     def image_token_index(self) -> int:  # the name surogate/model.py reads (Gemma 3's)
         return self.image_token_id
+
+    @property
+    def projector_modules(self) -> tuple[str, ...]:
+        """The projector's modules under the model's HF names less ``model.`` (our parameters'
+        prefixes; peft's modules_to_save names them so)."""
+        return ("visual.merger", *(f"visual.deepstack_merger_list.{j}"
+                                   for j in range(len(self.tower.deepstack_visual_indexes))))
 
 
 def _text_rope(text: dict) -> tuple[float, tuple[int, ...]]:
@@ -199,22 +209,45 @@ def _visual(pixels, grid, what: str, v: VisionSpec):
     return px, g
 
 
-def encode_visual(model, pixels: np.ndarray, grid: np.ndarray, hidden: bool = False, padded: bool = True):
+def encode_visual(model, pixels: np.ndarray, grid: np.ndarray, hidden: bool = False, padded: bool = True,
+                  pre_merger: bool = False):
     """The tower over the pixel rows of grids ``grid`` through the Model's executables (its weights):
     (merged rows [M, C], [DeepStack rows [M, C] per index]) f32, with ``hidden`` also the last
-    hidden state; ``padded``: in the Program of `bucket`'s shape."""
+    hidden state; ``padded``: in the Program of `bucket`'s shape; ``pre_merger``: the rows the
+    mergers read instead (run_tower's)."""
     def executable(patches: int, segments: int):
         return model.executable("vision", patches, segments, images=(patches, segments))
 
     return run_tower(executable, np.asarray(pixels, np.float32), grid, model.spec.vision.tower, hidden=hidden,
-                     padded=padded)
+                     padded=padded, pre_merger=pre_merger)
+
+
+def projector_inputs(n_tokens: int, index: np.ndarray, hidden: np.ndarray, deep: list[np.ndarray], v: VisionSpec,
+                     C: int, dt) -> dict[str, np.ndarray]:
+    """A trainable projector's inputs (dsl/nn_qwen3_vl.py): the tower rows the mergers read
+    (``hidden`` [merge^2 M, Cv] and each DeepStack block's, merge blocks consecutive) put at the
+    visual tokens ``index`` [M] (each token its block of merge^2 rows, zeros elsewhere), and the
+    visual tokens' mask [N, C], in the model's dtype ``dt``."""
+    from surogate.dsl.nn_qwen3_vl import DEEPSTACK_PATCHES, VISUAL_MASK, VISUAL_PATCHES
+
+    def per_token(rows: np.ndarray) -> np.ndarray:
+        out = np.zeros((n_tokens, v.merged_width), dt)
+        out[index] = rows.reshape(len(index), v.merged_width)
+        return out.reshape(n_tokens * v.merge_unit, v.hidden_size)
+
+    mask = np.zeros((n_tokens, C), dt)
+    mask[index] = 1
+    feed = {VISUAL_PATCHES: per_token(hidden), VISUAL_MASK: mask}
+    feed.update({f"{DEEPSTACK_PATCHES}.{j}": per_token(d) for j, d in enumerate(deep)})
+    return feed
 
 
 def visual_inputs(model, ids: np.ndarray, cu: np.ndarray, images, videos) -> tuple[int, dict[str, np.ndarray]]:
     """(M, the inputs of a Qwen3VLLM graph with M visual rows) for packed ids and ``images`` /
     ``videos`` = (pixel rows, grid_thw) or None: the tower run once over both (each frame attends
     within itself, so that equals HF's two calls), the merged rows at the image then the video pad
-    tokens, the DeepStack rows, the MRoPE tables. Neither: (0, {}), a text prompt (Qwen3's graph)."""
+    tokens, the DeepStack rows, the MRoPE tables (with train_projector the mergers' inputs per token
+    instead, `projector_inputs`). Neither: (0, {}), a text prompt (Qwen3's graph)."""
     from surogate.dsl.nn import MROPE_COS, MROPE_SIN
     from surogate.dsl.nn_qwen3_vl import DEEPSTACK, VISUAL_INDEX, VISUAL_ROWS, VISUAL_SLOTS
 
@@ -238,12 +271,17 @@ def visual_inputs(model, ids: np.ndarray, cu: np.ndarray, images, videos) -> tup
                                        "merged rows", hint=f"put (t h w / merge^2) {what} tokens per {what}")
     pos3 = rope_index(ids, cu, igrid if len(igrid) else None, vgrid if len(vgrid) else None, vs)
     cos, sin = mrope_tables(pos3, model.spec.head_dim, vs)
-    rows, deep = encode_visual(model, np.concatenate([ipx, vpx]), np.concatenate([igrid, vgrid]))
     index = np.concatenate([img_pos, vid_pos]).astype(np.int32)
+    dt = model.params["embed_tokens.weight"].dtype
+    if vs.train_projector:  # the mergers are the language model's graph's: their inputs per token
+        hidden, deep = encode_visual(model, np.concatenate([ipx, vpx]), np.concatenate([igrid, vgrid]),
+                                     pre_merger=True)
+        return len(index), {MROPE_COS: cos, MROPE_SIN: sin, VISUAL_INDEX: index,
+                            **projector_inputs(len(ids), index, hidden, deep, v, model.spec.hidden_size, dt)}
+    rows, deep = encode_visual(model, np.concatenate([ipx, vpx]), np.concatenate([igrid, vgrid]))
     M, C = rows.shape
     slots = np.full(len(ids), M, np.int32)
     slots[index] = np.arange(M, dtype=np.int32)
-    dt = model.params["embed_tokens.weight"].dtype
     feed = {MROPE_COS: cos, MROPE_SIN: sin, VISUAL_INDEX: index, VISUAL_ROWS: np.ascontiguousarray(rows),
             VISUAL_SLOTS: slots}
     for j, d in enumerate(deep):

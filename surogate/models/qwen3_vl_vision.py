@@ -256,11 +256,13 @@ def padded_tables(tables: dict[str, np.ndarray], patches: int, segments: int) ->
 
 
 def run_tower(executable, pixels: np.ndarray, grid_thw, v: VisionSpec, *, hidden: bool = False,
-              padded: bool = True):
+              padded: bool = True, pre_merger: bool = False):
     """The tower over f32 pixel rows [N, Cin T P P] of grids ``grid_thw``: ``executable(patches,
     segments)`` gives the compiled Program; with ``padded`` the shape is `bucket`'s (zero pixel
     rows after the real ones, `padded_tables`). (merged rows [M, O], [DeepStack rows [M, O] per
-    index]) f32 of the real patches, with ``hidden`` also the last hidden state [N, C]."""
+    index]) f32 of the real patches, with ``hidden`` also the last hidden state [N, C];
+    ``pre_merger``: what the mergers read instead, (last hidden state [N, C], [the hidden state
+    after each DeepStack block [N, C]]) (a trainable projector's inputs)."""
     tables = grid_tables(grid_thw, v)
     n, frames = len(tables["pos_ids"]), len(tables["vision_cu_seqlens"]) - 1
     if pixels.shape != (n, v.patch_features):
@@ -278,6 +280,10 @@ def run_tower(executable, pixels: np.ndarray, grid_thw, v: VisionSpec, *, hidden
         exe.bind(name, arr)
     exe.run()
     out = exe.graph.outputs
+    if pre_merger:
+        return (np.array(exe.read(out["vision_hidden"].name), dtype=np.float32)[:n],
+                [np.array(exe.read(out[f"deepstack_hidden.{j}"].name), dtype=np.float32)[:n]
+                 for j in range(len(v.deepstack_visual_indexes))])
     m = n // v.merge_unit
     embeds = np.array(exe.read(out["image_embeds"].name), dtype=np.float32)[:m]
     deep = [np.array(exe.read(out[f"deepstack.{j}"].name), dtype=np.float32)[:m]
@@ -291,6 +297,8 @@ def run_tower(executable, pixels: np.ndarray, grid_thw, v: VisionSpec, *, hidden
 class Qwen3VLVisionTower:
     """Qwen3VLVisionModel's forward as a graph over N patches in ``segments`` frames."""
 
+    prefix = PREFIX  # its parameters' scope
+
     def __init__(self, v: VisionSpec):
         self.v = v
 
@@ -298,7 +306,8 @@ class Qwen3VLVisionTower:
         """Inputs ``pixel_values`` f32 [N, Cin T P P] (rounded to ``dtype`` in the graph: a host
         astype to bf16 of 32 images' rows costs more than the device's cast) and `grid_tables`' five; outputs
         ``vision_hidden`` (HF's last_hidden_state, [N, C]), ``image_embeds`` (its pooler_output,
-        [M, O]) and ``deepstack.{j}`` [M, O] for each DeepStack index j in order."""
+        [M, O]) and ``deepstack.{j}`` [M, O] for each DeepStack index j in order, with
+        ``deepstack_hidden.{j}`` [N, C] the hidden state that merger reads (train_projector's input)."""
         v = self.v
         C, N, Dh = v.hidden_size, patches, v.head_dim
         if N % v.merge_unit:
@@ -329,11 +338,12 @@ class Qwen3VLVisionTower:
                     x = self._block(x, cos, sin, cu, param)
                 if i in v.deepstack_visual_indexes:
                     j = v.deepstack_visual_indexes.index(i)
+                    g.mark_output(f"deepstack_hidden.{j}", x)  # what a trainable DeepStack merger reads
                     with g.scope(f"deepstack_merger_list.{j}"):
-                        deepstack.append(self._merger(x, param, postshuffle=True))
+                        deepstack.append(self.merger(x, param, postshuffle=True))
             g.mark_output("vision_hidden", x)
             with g.scope("merger"):
-                g.mark_output("image_embeds", self._merger(x, param, postshuffle=False))
+                g.mark_output("image_embeds", self.merger(x, param, postshuffle=False))
         for j, d in enumerate(deepstack):
             g.mark_output(f"deepstack.{j}", d)
         return g
@@ -360,10 +370,13 @@ class Qwen3VLVisionTower:
         h = ops.gelu_tanh(h, name="mlp.act") if ACTS[v.hidden_act] == "gelu_tanh" else ops.gelu(h, name="mlp.act")
         return ops.add(x, self._linear(h, param, "mlp.linear_fc2", F, C), name="mlp_residual")
 
-    def _merger(self, x: Value, param, postshuffle: bool) -> Value:
+    def merger(self, x: Value, param, postshuffle: bool, rows=None) -> Value:
+        """Qwen3VLVisionPatchMerger over patch rows x [merge^2 M, C] (merge blocks consecutive) ->
+        [M, O] (``rows``: M, given when it is symbolic); the language model's graph runs it too when
+        the projector trains (dsl/nn_qwen3_vl.py)."""
         v = self.v
         W = v.merged_width
-        M = x.shape[0] // v.merge_unit
+        M = x.shape[0] // v.merge_unit if rows is None else rows
         if postshuffle:
             y = self._norm(ops.view(x, (M, W), name="shuffled"), param, "norm", W)
         else:
