@@ -58,6 +58,11 @@ class VisionSpec:
     train_projector: bool = False  # the projector in the language model's graph, trainable
 
     @property
+    def projector_modules(self) -> tuple[str, ...]:
+        """The projector's module (our parameters' prefix, peft's modules_to_save name)."""
+        return (PROJECTOR_PREFIX,)
+
+    @property
     def grid(self) -> int:  # patches per side
         return self.image_size // self.patch_size
 

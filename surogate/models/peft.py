@@ -202,15 +202,19 @@ def peft_config(cfg: LoRAConfig, modules: list[str], experts: list[str], base_mo
     }
 
 
-# A multimodal projector trained whole beside the adapter (train_projector: peft's modules_to_save).
-PROJECTOR_PEFT_PREFIX = PEFT_PREFIX + "model.multi_modal_projector."
+# A multimodal projector trained whole beside the adapter (train_projector: peft's modules_to_save),
+# by its modules under the model's HF names less ``model.`` (ModelSpec.vision.projector_modules):
+# Gemma 3's multi_modal_projector, Qwen3-VL's mergers (the final one and the DeepStack ones).
+PROJECTOR_MODULES = ("multi_modal_projector.", "visual.merger.", "visual.deepstack_merger_list.")
+PROJECTOR_PEFT_PREFIXES = tuple(PEFT_PREFIX + "model." + m for m in PROJECTOR_MODULES)
 
 
 def load_peft_adapter(path: str | Path, module_prefix: str = "model.",
                       whole: bool = False) -> tuple[LoRAConfig, dict[str, np.ndarray]]:
     """(its LoRAConfig, its tensors by our names). ``whole``: a projector saved whole beside the
-    adapter comes too, under the hub's names (``multi_modal_projector.mm_input_projection_weight``,
-    HF's layout); without it such an adapter is refused (serving does not apply one yet)."""
+    adapter comes too, under its HF names less ``model.`` (``multi_modal_projector.mm_input_projection_weight``,
+    ``visual.merger.linear_fc1.weight``; HF's layout); without it such an adapter is refused
+    (serving does not apply one yet)."""
     path = Path(path)
     cfg_file = path / "adapter_config.json"
     if not cfg_file.is_file():
@@ -240,7 +244,7 @@ def load_peft_adapter(path: str | Path, module_prefix: str = "model.",
     if module_prefix == "model." and any(k.startswith(PEFT_PREFIX + LANGUAGE_MODEL_PREFIX) for k in tensors):
         module_prefix = LANGUAGE_MODEL_PREFIX  # an adapter of a multimodal model's language model
     projector = {k[len(PEFT_PREFIX + "model."):]: tensors.pop(k) for k in list(tensors)
-                 if k.startswith(PROJECTOR_PEFT_PREFIX)}
+                 if k.startswith(PROJECTOR_PEFT_PREFIXES)}
     if projector and not whole:
         from surogate.errors import UnsupportedError
 

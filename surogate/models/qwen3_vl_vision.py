@@ -410,9 +410,12 @@ def vision_name_table() -> NameTable:
 
 def checkpoint_aliases(hf: str) -> tuple[str, ...]:
     """Where a checkpoint keeps a tensor of the table: model.visual.* (transformers 5, the hub's
-    Qwen3-VL files), visual.* (transformers 4.5x's layout)."""
+    Qwen3-VL files), visual.* (transformers 4.5x's layout); a name given as visual.* (an adapter's
+    projector, peft.load_peft_adapter) is either too."""
     if hf.startswith("model.visual."):
         return hf, hf[len("model."):]
+    if hf.startswith("visual."):
+        return hf, f"model.{hf}"
     return (hf,)
 
 

@@ -16,7 +16,7 @@ import numpy as np
 from surogate.errors import FileFormatError, NotFoundError
 from surogate.io import ModelFolder, resolve_model_path, save_safetensors
 from surogate.models.name_table import transposed_experts
-from surogate.models.peft import is_expert_lora
+from surogate.models.peft import PROJECTOR_MODULES, is_expert_lora
 from surogate.models.registry import family_for
 from surogate.train.lora import _replace_dir, load_peft_adapter, merge_into_hf
 
@@ -122,7 +122,7 @@ def merge_adapter(base: str | Path | None, adapter: str | Path, output: str | Pa
     """Fold a PEFT LoRA adapter into its base model and write the merged HF folder."""
     adapter = Path(adapter)
     cfg, params = load_peft_adapter(adapter, whole=True)
-    whole = {n: params.pop(n) for n in list(params) if n.startswith("multi_modal_projector.")}
+    whole = {n: params.pop(n) for n in list(params) if n.startswith(PROJECTOR_MODULES)}
     if base is None:
         meta = json.loads((adapter / "adapter_config.json").read_text())
         base = meta.get("base_model_name_or_path")

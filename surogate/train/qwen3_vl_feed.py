@@ -9,7 +9,10 @@ across the packed documents), runs QwenVLImageProcessor and the frozen tower onc
 grids), and fills the Program's inputs padded to M: ``visual_index`` -1 past the batch's rows
 (embed_rows skips them), ``visual_rows`` and ``deepstack_rows.{j}`` zeros there, ``visual_slots``
 M (the zero row) on text tokens. A micro-batch without images gets the text positions' tables (all
-three axes equal). No gradient reaches the tower.
+three axes equal). No gradient reaches the tower. With train_projector (the mergers trainable in
+the Program) the tower's pre-merger rows per token come instead (``visual_patches``,
+``deepstack_patches.{j}``, ``visual_mask``: models/qwen3_vl.py projector_inputs), zeros and a zero
+mask without images.
 """
 
 from __future__ import annotations
@@ -25,17 +28,27 @@ class Qwen3VLFeed:
 
     def __init__(self, model, prompt, rows: int, n_tokens: int):
         from surogate.dsl.nn import MROPE_COS, MROPE_SIN
-        from surogate.dsl.nn_qwen3_vl import DEEPSTACK, VISUAL_INDEX, VISUAL_ROWS, VISUAL_SLOTS
+        from surogate.dsl.nn_qwen3_vl import (DEEPSTACK, DEEPSTACK_PATCHES, VISUAL_INDEX, VISUAL_MASK, VISUAL_PATCHES,
+                                              VISUAL_ROWS, VISUAL_SLOTS)
 
         self.model, self.rows, self.processor = model, rows, prompt.processor
         C, half = model.spec.hidden_size, model.spec.head_dim // 2
         dt = model.params["embed_tokens.weight"].dtype
-        self.deepstack = [f"{DEEPSTACK}.{j}" for j in range(len(model.spec.vision.tower.deepstack_visual_indexes))]
+        v = model.spec.vision
+        k = len(v.tower.deepstack_visual_indexes)
+        self.projector = v.train_projector
+        self.deepstack = [f"{DEEPSTACK}.{j}" for j in range(k)]
         self.arrays = {MROPE_COS: np.zeros((n_tokens, half), np.float32),
-                       MROPE_SIN: np.zeros((n_tokens, half), np.float32),
-                       VISUAL_INDEX: np.full(rows, -1, np.int32), VISUAL_ROWS: np.zeros((rows, C), np.float32),
-                       VISUAL_SLOTS: np.full(n_tokens, rows, np.int32),
-                       **{name: np.zeros((rows + 1, C), dt) for name in self.deepstack}}
+                       MROPE_SIN: np.zeros((n_tokens, half), np.float32), VISUAL_INDEX: np.full(rows, -1, np.int32)}
+        if self.projector:
+            patches = (n_tokens * v.tower.merge_unit, v.tower.hidden_size)
+            self.per_token = [VISUAL_PATCHES, *(f"{DEEPSTACK_PATCHES}.{j}" for j in range(k)), VISUAL_MASK]
+            self.arrays.update({name: np.zeros(patches, dt) for name in self.per_token[:-1]})
+            self.arrays[VISUAL_MASK] = np.zeros((n_tokens, C), dt)
+        else:
+            self.arrays.update({VISUAL_ROWS: np.zeros((rows, C), np.float32),
+                                VISUAL_SLOTS: np.full(n_tokens, rows, np.int32),
+                                **{name: np.zeros((rows + 1, C), dt) for name in self.deepstack}})
         self._names = (MROPE_COS, MROPE_SIN, VISUAL_INDEX, VISUAL_ROWS, VISUAL_SLOTS)
 
     def load(self, batch, input_ids: np.ndarray) -> None:
@@ -62,6 +75,12 @@ class Qwen3VLFeed:
                                          m.spec.vision)))
         a[cos_name][:], a[sin_name][:] = feed[cos_name], feed[sin_name]
         a[index_name][:] = -1
+        if self.projector:  # the mergers' inputs per token (zeros and a zero mask without images)
+            if M:
+                a[index_name][:M] = feed[index_name]
+            for name in self.per_token:
+                a[name][:] = feed[name] if M else 0
+            return
         a[rows_name][:] = 0
         a[slots_name][:] = self.rows
         for name in self.deepstack:

@@ -33,7 +33,6 @@ from surogate.train.data import Batch, build_datasets
 from surogate.train.export import merge_into_checkpoint, save_hf_folder, write_sidecars
 from surogate.train.image_feed import has_feed, images_per_batch, make_feed
 from surogate.models.name_table import transposed_experts
-from surogate.dsl.nn_vision import PROJECTOR_PREFIX
 from surogate.models.peft import LANGUAGE_MODEL_PREFIX, VISION_MODULES
 from surogate.train.lora import init_lora, merge_into_hf, save_peft_adapter
 from surogate.train.metrics import MetricsFeed
@@ -131,8 +130,8 @@ class Trainer:
             return
         v = m.spec.vision
         if v is None or not hasattr(v, "train_projector"):
-            raise ConfigError(f"{c.model} has no Gemma 3 multimodal projector to train", where="train_projector",
-                              hint="remove train_projector (it is for Gemma3ForConditionalGeneration)")
+            raise ConfigError(f"{c.model} has no multimodal projector to train", where="train_projector",
+                              hint="remove train_projector (it is for Gemma 3 and Qwen3-VL models with images)")
         m.spec = dataclasses.replace(m.spec, vision=dataclasses.replace(v, train_projector=True))
         m.arch = m.family.architecture(m.spec)
         m._cache.clear()  # programs built from the old spec
@@ -469,12 +468,15 @@ class Trainer:
             vision = m.spec.vision is not None  # peft's names for the multimodal model's language model
             state = self._trainable_state()
             # train_projector: the projector saved whole (peft's modules_to_save), under the hub's names
-            whole = m.to_hf({n: state.pop(n) for n in list(state) if n.startswith(PROJECTOR_PREFIX + ".")})
+            # (peft's module paths are model.*: Gemma 3's multi_modal_projector.* gets the prefix)
+            modules = m.spec.vision.projector_modules if vision and c.train_projector else ()
+            whole = m.to_hf({n: state.pop(n) for n in list(state) if n.startswith(tuple(p + "." for p in modules))})
             adapter = save_peft_adapter(self.out / "adapter", state, self.lora, base_model=c.model,
                                         **({"module_prefix": LANGUAGE_MODEL_PREFIX, "exclude_modules": VISION_MODULES}
                                            if vision else {}),
-                                        **({"modules_to_save": [PROJECTOR_PREFIX],
-                                            "whole": {"model." + n: a for n, a in whole.items()}} if whole else {}))
+                                        **({"modules_to_save": list(modules),
+                                            "whole": {n if n.startswith("model.") else "model." + n: a
+                                                      for n, a in whole.items()}} if whole else {}))
             write_sidecars(source, adapter)  # a tokenizer beside the adapter, as peft users expect
             merged = None
             if c.merge_adapter and vision:  # into the checkpoint's own tensors, tower (and projector) as they are

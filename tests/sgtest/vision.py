@@ -200,10 +200,11 @@ def served_chat(llm, messages: list[dict], params):
     return out.new_token_ids, out
 
 
-def make_qwen3_vl_chat(path: str | Path, *, seed: int = 0, tie: bool = False, moe: bool = False) -> Path:
+def make_qwen3_vl_chat(path: str | Path, *, seed: int = 0, tie: bool = False, moe: bool = False,
+                       text: dict | None = None) -> Path:
     """The served tiny Qwen3-VL: tokenizer (ChatML + the four vision tokens, their ids the config's),
     chat template, preprocessor_config.json; the text vocabulary the tokenizer's. ``moe``: Qwen3-VL-MoE's
-    (tiny_models.make_qwen3_vl(moe=True))."""
+    (tiny_models.make_qwen3_vl(moe=True)); ``text``: text_config keys over the tiny config's."""
     from tokenizers import AddedToken
 
     path = Path(path)
@@ -212,7 +213,7 @@ def make_qwen3_vl_chat(path: str | Path, *, seed: int = 0, tie: bool = False, mo
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN3_VL_TOKENS.values()])
     ids = {k: tok.token_to_id(t) for k, t in QWEN3_VL_TOKENS.items()}
     tiny_models.make_qwen3_vl(path, seed=seed, tie=tie, moe=moe,
-                              config={**ids, "text_config": {"vocab_size": tok.get_vocab_size()}})
+                              config={**ids, "text_config": {**(text or {}), "vocab_size": tok.get_vocab_size()}})
     tok.save(str(path / "tokenizer.json"))
     tc = json.loads((path / "tokenizer_config.json").read_text())
     for t, i in zip(QWEN3_VL_TOKENS.values(), ids.values()):

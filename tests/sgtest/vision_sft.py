@@ -121,3 +121,21 @@ def check_sft_on_cuda(folder, data, tmp_path, **kw) -> None:
     a = load_file(tmp_path / "gpu2" / "adapter" / "adapter_model.safetensors")
     c = load_file(tmp_path / "cpu2" / "adapter" / "adapter_model.safetensors")
     assert set(a) == set(c) and max(rel_err(a[k], c[k]) for k in a) < 1e-2
+
+
+def qwen3_vl_image_inputs(folder, pic) -> dict:
+    """HF's inputs (torch tensors) for a Qwen3-VL chat folder's one user turn of ``pic`` and a question,
+    with the generation prompt (Qwen3VLProcessor's text rule over the folder's template)."""
+    import transformers
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    tok = transformers.AutoTokenizer.from_pretrained(str(folder))
+    proc = Qwen2VLImageProcessorPil.from_dict(json.loads((Path(folder) / "preprocessor_config.json").read_text()))
+    msgs = [{"role": "user", "content": [{"type": "image", "image": pic}, {"type": "text", "text": "Brightest?"}]}]
+    text = tok.apply_chat_template(msgs, chat_template=(Path(folder) / "chat_template.jinja").read_text(),
+                                   tokenize=False, add_generation_prompt=True)
+    out = proc([pic], return_tensors="pt")
+    text = text.replace("<|image_pad|>", "<|image_pad|>" * int(out["image_grid_thw"][0].prod() // 4))
+    ids = tok(text, return_tensors="pt")["input_ids"]
+    return {"input_ids": ids, "pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"],
+            "mm_token_type_ids": (ids == tok.convert_tokens_to_ids("<|image_pad|>")).long()}

@@ -25,7 +25,7 @@ pytest.importorskip("transformers.models.qwen3_vl_moe")
 import surogate  # noqa: E402
 from sgtest.qa import step_losses  # noqa: E402
 from sgtest.vision import image, make_qwen3_vl_chat  # noqa: E402
-from sgtest.vision_sft import write_qwen3_vl_dataset, yaml_config  # noqa: E402
+from sgtest.vision_sft import qwen3_vl_image_inputs, write_qwen3_vl_dataset, yaml_config  # noqa: E402
 from surogate.config import load_config  # noqa: E402
 from surogate.train.trainer import Trainer  # noqa: E402
 
@@ -37,22 +37,6 @@ def folder(tmp_path_factory):
 
 def hf_model(folder):
     return transformers.Qwen3VLMoeForConditionalGeneration.from_pretrained(str(folder), dtype=torch.float32).eval()
-
-
-def image_inputs(folder, pic) -> dict:
-    """HF's inputs for one user turn of ``pic`` and a question (Qwen3VLProcessor's text rule)."""
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-    tok = transformers.AutoTokenizer.from_pretrained(str(folder))
-    proc = Qwen2VLImageProcessorPil.from_dict(json.loads((Path(folder) / "preprocessor_config.json").read_text()))
-    msgs = [{"role": "user", "content": [{"type": "image", "image": pic}, {"type": "text", "text": "Brightest?"}]}]
-    text = tok.apply_chat_template(msgs, chat_template=(Path(folder) / "chat_template.jinja").read_text(),
-                                   tokenize=False, add_generation_prompt=True)
-    out = proc([pic], return_tensors="pt")
-    text = text.replace("<|image_pad|>", "<|image_pad|>" * int(out["image_grid_thw"][0].prod() // 4))
-    ids = tok(text, return_tensors="pt")["input_ids"]
-    return {"input_ids": ids, "pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"],
-            "mm_token_type_ids": (ids == tok.convert_tokens_to_ids("<|image_pad|>")).long()}
 
 
 def test_a_packed_micro_batch_s_loss_equals_transformers_document_by_document(folder, tmp_path):
@@ -114,7 +98,7 @@ def test_sft_on_image_rows_trains_and_peft_loads_its_expert_adapter(folder, tmp_
 
     pm = peft.PeftModel.from_pretrained(hf_model(folder), str(adapter)).eval()
     assert any(".mlp.experts." in n for n, _ in pm.named_parameters() if "lora_" in n)
-    inputs = image_inputs(folder, image(77, (32, 48)))
+    inputs = qwen3_vl_image_inputs(folder, image(77, (32, 48)))
     with torch.no_grad():
         want = pm(**inputs).logits[0].numpy()
         base = hf_model(folder)(**inputs).logits[0].numpy()
