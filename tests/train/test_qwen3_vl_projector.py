@@ -153,3 +153,30 @@ def test_sft_with_train_projector_saves_modules_to_save_peft_loads_and_merges(tm
     again = load_file(merge_adapter(str(folder), adapter, tmp_path / "merged2") / "model.safetensors")
     first = load_file(merged / "model.safetensors")
     assert set(again) == set(first) and all(np.array_equal(again[k], first[k]) for k in first)
+
+
+def test_packed_loss_and_eval_with_the_projector_equal_the_frozen_ones(tmp_path):
+    """Before any step the mergers are the tower's: a packed micro-batch's loss (several documents,
+    their images) and the eval loss (fewer image tokens than the Program holds: padded visual rows)
+    with train_projector equal those without it; the trainable state adds exactly the mergers'."""
+    from sgtest.vision import make_qwen3_vl_chat
+    from sgtest.vision_sft import write_qwen3_vl_dataset, yaml_config
+    from surogate.config import load_config
+    from surogate.train.trainer import Trainer
+
+    folder = make_qwen3_vl_chat(tmp_path / "base", seed=4, text=THREE_LAYERS["text_config"])
+    data = write_qwen3_vl_dataset(tmp_path / "data", n=9)
+    runs = {}
+    for projector in ("false", "true"):
+        t = Trainer(load_config(yaml_config(folder, data, tmp_path / f"out-{projector}", sequence_len=256,
+                                            validation_split_ratio=0.3, eval_steps=2, train_projector=projector),
+                                kind="sft"))
+        b = t.train_data.batch([0, 1])
+        assert len(b.images) > 1 and t.images >= int((b.input_ids == t.model.spec.vision.image_token_id).sum())
+        e = t.eval_data.batch(list(range(t.eval_data.num_rows)))
+        assert 0 < int((e.input_ids == t.model.spec.vision.image_token_id).sum()) < t.images
+        runs[projector] = (t._step([b])[0], t._eval_metrics()["eval_loss"], set(t._trainable_state()))
+    (loss, eval_loss, state), (loss_p, eval_p, state_p) = runs["false"], runs["true"]
+    assert loss_p == pytest.approx(loss, rel=1e-5) and eval_p == pytest.approx(eval_loss, rel=1e-5)
+    assert {n.split(".")[1] for n in state_p - state} == {"merger", "deepstack_merger_list"}
+    assert len(state_p - state) == 3 * 6 and state <= state_p
