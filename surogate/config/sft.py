@@ -126,9 +126,11 @@ class SFTConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen
     train_router: bool | None = None
     router_z_loss_coef: float = 0.0  # ST-MoE's z-loss (mean logsumexp(router logits)^2) times this; 0: off
 
-    # -- vision (Gemma 3 with images) --
-    # The multimodal projector (its norm and projection) trains beside the LoRA, saved in the
-    # adapter as peft's modules_to_save: [multi_modal_projector]; the vision tower stays frozen.
+    # -- vision (Gemma 3, Qwen3-VL and Qwen3-VL-MoE with images) --
+    # The multimodal projector trains beside the LoRA (or with the full fine-tune), saved in the
+    # adapter as peft's modules_to_save: Gemma 3's [multi_modal_projector] (its norm and
+    # projection), Qwen3-VL's [visual.merger, visual.deepstack_merger_list.0, ...] (the final and
+    # the DeepStack mergers); the rest of the vision tower stays frozen.
     train_projector: bool = False
 
     # -- precision and memory --
