@@ -191,6 +191,13 @@ def test_lora_grads_on_attention_and_experts_with_an_image_equal_peft(path, ours
         assert err < 1e-4, f"{name}: {err:.2e}"
 
 
-def test_gguf_is_refused_by_name(ours):
-    with pytest.raises(UnsupportedError, match="qwen3vlmoe"):
-        ours.family.gguf.tensors()
+def test_gguf_is_refused_by_name(path, ours, tmp_path):
+    """llama.cpp's qwen3vlmoe is neither read nor written: each way says so before any work."""
+    from surogate.models.gguf_names import quantize_to_gguf
+
+    for refused in (ours.family.gguf.tensors, lambda: ours.family.gguf.config_from_gguf(None)):
+        with pytest.raises(UnsupportedError, match="qwen3vlmoe"):
+            refused()
+    with pytest.raises(UnsupportedError, match="vision tower"):
+        quantize_to_gguf(path, tmp_path / "x.gguf")
+    assert not (tmp_path / "x.gguf").exists()
