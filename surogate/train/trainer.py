@@ -87,15 +87,15 @@ class Trainer:
     def __init__(self, cfg: SFTConfig, model: Model | None = None, stream=None):
         self.cfg = cfg
         self.out = Path(cfg.output_dir)
-        self.model = model or load_model(cfg.model, device=resolve_device(cfg.device), dtype=cfg.dtype,
-                                         **qlora_load_args(cfg))
+        device = model.device if model is not None else resolve_device(cfg.device)
+        self.world, self.rank, self.dp = resolve_ranks(cfg, device), 0, None  # data parallel ranks (gpus)
+        self.model = model or load_model(cfg.model, device=device, dtype=cfg.dtype, **qlora_load_args(cfg))
         self._moe_options()
         self._vision_options()
         if self.model.tokenizer is None:
             raise ConfigError(f"{cfg.model} has no tokenizer.json", where="model",
                               hint="training needs the model's tokenizer")
         self.train_data, self.eval_data = self._datasets()
-        self.world, self.rank, self.dp = resolve_ranks(cfg, self.model.device), 0, None  # data parallel ranks
         self.B = cfg.per_device_train_batch_size  # rows per micro-batch of one rank
         self.N = self.B * self._tokens_per_row()
         per_epoch = math.ceil(self.train_data.num_batches(self.B * self.world) / cfg.gradient_accumulation_steps)
