@@ -89,6 +89,22 @@ void bind_dist(py::module_& m) {
           return dist::make_thread_group(world);
         }, py::arg("world"),
         "One Communicator per rank of a group whose ranks are threads of this process (host memory).");
+  m.def("nccl_group", [](const std::vector<int>& devices) {
+          std::vector<std::shared_ptr<Communicator>> out;
+#ifdef SG_WITH_NCCL
+          Status st;
+          {
+            py::gil_scoped_release release;
+            st = dist::make_nccl_group(devices, &out);
+          }
+          check(st);
+#else
+          throw_status(SG_ERROR(StatusCode::kUnsupported, "this surogate was built without NCCL",
+                                "build with the CUDA backend and -DSUROGATE_NCCL=ON (NCCL's nccl.h and libnccl)"));
+#endif
+          return out;
+        }, py::arg("devices"),
+        "One Communicator per GPU in `devices` over NCCL (device tensors). Untested on GPUs so far.");
 }
 
 }  // namespace surogate::bindings

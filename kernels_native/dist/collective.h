@@ -61,4 +61,8 @@ class Communicator {
 // buffer; gathers and broadcasts are memcpy.
 std::vector<std::shared_ptr<Communicator>> make_thread_group(int world);
 
+// The NCCL backend (dist/nccl_group.cpp, built with SG_WITH_NCCL; untested on GPUs so far): one
+// rank per GPU in `devices`, tensors in each rank's device memory.
+Status make_nccl_group(const std::vector<int>& devices, std::vector<std::shared_ptr<Communicator>>* out);
+
 }  // namespace surogate::dist

@@ -180,3 +180,11 @@ def test_rank_threads_raise_the_first_error_not_the_aborts_it_caused():
 
     with pytest.raises(ValueError, match="rank 1 is bad"):
         on_ranks(3, fn)
+
+
+def test_the_nccl_group_says_why_it_is_not_there():
+    if _native.build_info()["cuda"] and _native.cuda_devices():
+        pytest.skip("a GPU machine: the NCCL backend's own tests belong there")
+    with pytest.raises(SurogateError) as e:  # not built (SUROGATE_NCCL=OFF), or built but no GPU
+        _native.nccl_group([0])
+    assert e.value.hint
