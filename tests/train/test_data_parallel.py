@@ -2,9 +2,10 @@
 against one-rank runs on tiny random Qwen3 and Llama models (f32).
 
 What must hold, and how exactly:
-- 2 ranks x b rows = 1 rank x b rows x 2 accumulation steps, bit for bit under LoRA: the same
-  micro-batches, gradients summed in the same order (rank 0's + rank 1's is micro-batch 0's +
-  micro-batch 1's: each gradient GEMM writes its full sum, then one f32 add), the same steps.
+- 2 ranks x b rows = 1 rank x b rows x 2 accumulation steps, bit for bit under LoRA (a MoE
+  model's router losses and expert loads included): the same micro-batches, gradients summed
+  in the same order (rank 0's + rank 1's is micro-batch 0's + micro-batch 1's: each gradient
+  GEMM writes its full sum, then one f32 add), the same steps.
 - 2 ranks x b = 1 rank x 2b within f32 reduction order (rtol 1e-5 on the losses, atol 1e-4 on
   the weights after 3 steps at lr 2e-2; measured: 1e-6 and 1e-5): the one-rank run sums each
   weight gradient over 2b rows in one GEMM (and the embedding's scatter-add in one pass), the
@@ -19,6 +20,8 @@ What must hold, and how exactly:
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -26,8 +29,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from sgtest.qa import sft_config, step_losses, write_qa  # noqa: E402
-from sgtest.tiny_models import make_llama, make_qwen3  # noqa: E402
+from sgtest.qa import sft_config, step_losses, step_records, write_qa  # noqa: E402
+from sgtest.tiny_models import make_llama, make_model, make_qwen3  # noqa: E402
 from surogate import _native  # noqa: E402
 from surogate.config import load_config  # noqa: E402
 from surogate.errors import ConfigError  # noqa: E402
@@ -42,7 +45,8 @@ LOSS_RTOL, WEIGHT_ATOL = 1e-5, 1e-4  # the module header says why
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     return {"qwen3": make_qwen3(tmp_path_factory.mktemp("qwen3"), seed=11, initializer_range=0.2),
-            "llama": make_llama(tmp_path_factory.mktemp("llama"), seed=3)}
+            "llama": make_llama(tmp_path_factory.mktemp("llama"), seed=3),
+            "qwen3_moe": make_model("qwen3_moe", tmp_path_factory.mktemp("moe"), seed=3)}
 
 
 @pytest.fixture(scope="module")
@@ -73,13 +77,20 @@ def assert_ranks_identical(tr: Trainer) -> None:
             np.testing.assert_array_equal(rep.trainable[n], a, err_msg=f"rank {rep.rank}: {n}")
 
 
-def test_two_ranks_are_one_rank_accumulating_their_micro_batches_bit_for_bit(models, data, tmp_path):
-    one, t1 = run(models["qwen3"], data, tmp_path / "one", per_device_train_batch_size=2,
-                  gradient_accumulation_steps=2)
-    two, t2 = run(models["qwen3"], data, tmp_path / "two", per_device_train_batch_size=2,
-                  gradient_accumulation_steps=1, gpus=2)
+MOE = dict(train_router=True, router_z_loss_coef=0.01, lora_rank=4, lora_alpha=8)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe"])
+def test_two_ranks_are_one_rank_accumulating_their_micro_batches_bit_for_bit(models, data, tmp_path, family):
+    kw = MOE if family == "qwen3_moe" else {}
+    _, t1 = run(models[family], data, tmp_path / "one", per_device_train_batch_size=2, gradient_accumulation_steps=2,
+                **kw)
+    _, t2 = run(models[family], data, tmp_path / "two", per_device_train_batch_size=2, gradient_accumulation_steps=1,
+                gpus=2, **kw)
     assert t2.world == 2 and len(t2.dp.ranks) == 2 and t2.dp.ranks[1].exe is not t2.exe
-    assert one == two
+    one, two = step_records(tmp_path / "one"), step_records(tmp_path / "two")
+    for key in ("loss", "grad_norm", "target_tokens", "moe_tokens_per_expert", "moe_aux_loss", "moe_z_loss"):
+        assert [r.get(key) for r in one] == [r.get(key) for r in two], key  # (MoE: both ranks' tallies)
     assert max_diff(weights(t1), weights(t2)) == 0.0
     assert_ranks_identical(t2)
 
@@ -188,3 +199,16 @@ def test_gpus_errors_name_the_key(monkeypatch, models, data, tmp_path):
     with pytest.raises(ConfigError, match="surogate dpo runs on one device") as e:
         load_config({**base, "datasets": [{"path": "d.jsonl", "type": "preference"}], "gpus": 2}, kind="dpo")
     assert e.value.message.startswith("gpus: ")
+
+
+def test_the_example_yaml_runs_two_ranks_through_surogate_sft(models, data, tmp_path):
+    from surogate.train.run import run as sft
+
+    text = (Path(__file__).parents[2] / "configs" / "sft-lora-tiny-2ranks.yaml").read_text()
+    text = text.replace("path/to/tiny-model-folder", str(models["qwen3"])).replace("path/to/chat.jsonl", str(data))
+    text = text.replace("output/tiny-lora-2ranks", str(tmp_path / "out")).replace("max_steps: 20", "max_steps: 2")
+    (tmp_path / "run.yaml").write_text(text.replace("sequence_len: 256", "sequence_len: 64"))
+    result = sft(tmp_path / "run.yaml", "sft")
+    assert result.steps == 2 and (result.output / "adapter_model.safetensors").is_file()
+    start = [r for r in map(json.loads, open(tmp_path / "out" / "metrics.jsonl")) if r["type"] == "start"]
+    assert start[0]["ranks"] == 2 and start[0]["zero_level"] == 1
