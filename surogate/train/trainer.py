@@ -312,9 +312,9 @@ class Trainer:
     def fingerprint(self) -> str:
         c = self.cfg
         # The global rows per micro-batch (B x gpus): a run resumes on another rank count with the same global batch.
-        key = [c.model, c.sequence_len, c.per_device_train_batch_size * self.world, c.gradient_accumulation_steps, c.seed,
-               c.lora, c.lora_rank, c.lora_alpha, sorted(c.lora_targets), c.recipe,
-               [d.path for d in c.datasets], self.train_data.num_rows]
+        rows = c.per_device_train_batch_size * self.world
+        key = [c.model, c.sequence_len, rows, c.gradient_accumulation_steps, c.seed, c.lora, c.lora_rank,
+               c.lora_alpha, sorted(c.lora_targets), c.recipe, [d.path for d in c.datasets], self.train_data.num_rows]
         if c.optimizer != "adamw":  # (appended so that adamw runs keep their fingerprints)
             key.append(c.optimizer)
         if c.lora and c.lora_dropout > 0:  # appended only when set: older fingerprints stay valid
