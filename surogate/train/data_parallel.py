@@ -153,10 +153,7 @@ class DataParallel:
     def _same_start(self, r: int) -> None:
         """Every rank from rank 0's weights (they are built equal; this makes it so by construction)."""
         t = self.ranks[r]
-        names = sorted(t.trainable)
-        self.comms[r].broadcast([t.trainable[n] for n in names], root=0)
-        for n in names:
-            t.exe.push(n)
+        self.comms[r].broadcast([t.exe.tensor(n) for n in sorted(t.trainable)], root=0)
 
     # ---- one step ---------------------------------------------------------------------------
     def step(self, batches, step: int) -> tuple[float, int]:
@@ -175,9 +172,9 @@ class DataParallel:
         return sum(s for s, _ in sums) / max(total, 1) + sum(a for _, a in sums), total
 
     def _reduce_gradients(self, r: int) -> None:
-        comm, grads = self.comms[r], self.ranks[r].grads
-        for b in self.grad_buckets:
-            bufs = [grads["grad." + n] for n in b]
+        comm, exe = self.comms[r], self.ranks[r].exe
+        for b in self.grad_buckets:  # what the Program reads (on the CPU: the host arrays themselves)
+            bufs = [exe.tensor("grad." + n) for n in b]
             if self.zero == 2:
                 comm.reduce_to_owners(bufs, [self.owners[n] for n in b], "sum")
             else:
@@ -190,15 +187,15 @@ class DataParallel:
         def rank(r):
             t, comm = self.ranks[r], self.comms[r]
             if self.zero == 2:  # the global norm from each rank's norm over its own reduced gradients
-                parts = np.zeros(self.world, np.float32)
-                comm.all_gather(np.array([t.opt.partial_norm()], np.float32), parts)
-                t.opt.set_norm(float(np.sqrt(np.sum(parts.astype(np.float64) ** 2))))
+                part = t.exe.place(np.array([t.opt.partial_norm()], np.float32))
+                parts = t.exe.place(np.zeros(self.world, np.float32))
+                comm.all_gather(part, parts)
+                host = parts if t.exe.device == "cpu" else parts.to("cpu").numpy()
+                t.opt.set_norm(float(np.sqrt(np.sum(np.asarray(host, np.float64) ** 2))))
             norm = t.opt.apply(lr)
-            if self.owners is not None:
+            if self.owners is not None:  # into what the Program reads; host copies are pulled for checkpoints
                 for b in self.weight_buckets:
-                    comm.gather_from_owners([t.trainable[n] for n in b], [self.owners[n] for n in b])
-                for n in self.owners:
-                    t.exe.push(n)
+                    comm.gather_from_owners([t.exe.tensor(n) for n in b], [self.owners[n] for n in b])
             return norm
 
         norms = self.threads.run(rank)
