@@ -349,8 +349,8 @@ class Trainer:
         return self.image_feed.arrays if self.image_feed is not None else ()
 
     def _dropout_seed(self, step: int, micro: int) -> None:
-        """The LoRA dropout seed of one micro-batch: a function of (cfg.seed, step, micro) only,
-        so a resumed run draws the masks the uninterrupted one drew."""
+        """The LoRA dropout seed of one micro-batch: a function of (cfg.seed, step, micro, rank)
+        only, so a resumed run draws the masks the uninterrupted one drew."""
         if LORA_RNG in self.inputs:
             micro = micro * self.world + self.rank  # (data parallel: each rank's micro-batches their own masks)
             key = hashlib.sha256(f"lora_dropout:{self.cfg.seed}:{step}:{micro}".encode()).digest()[:8]
