@@ -209,6 +209,8 @@ def quantize_to_fp8(model: str | Path, output: str | Path, *, block: tuple[int, 
     """An HF model folder (or a cached hub id) written as a block-FP8 folder (the module header)."""
     from surogate.io.gguf import is_gguf
 
+    if len(block) != 2 or not all(isinstance(b, int) and b > 0 for b in block):
+        raise InvalidArgumentError(f"FP8 block {block!r} is not two positive integers", hint="the releases use 128, 128")
     path = resolve_model_path(model, download=download)
     if path.is_file() or is_gguf(path):
         raise UnsupportedError(f"{path} is a file; --type FP8 reads a Hugging Face model folder",
@@ -233,7 +235,8 @@ def quantize_to_fp8(model: str | Path, output: str | Path, *, block: tuple[int, 
                                hint=f"FP8 export covers {known}; GGUF types (--type Q8_0, ...) cover more")
     output = Path(output)
     if output.resolve() == folder.path.resolve():
-        raise InvalidArgumentError(f"--output {output} is the source folder", hint="write the FP8 model to a new folder")
+        raise InvalidArgumentError(f"--output {output} is the source folder",
+                                   hint="write the FP8 model to a new folder")
     if output.exists() and not output.is_dir():
         raise InvalidArgumentError(f"--output {output} is a file; --type FP8 writes a folder",
                                    hint="give a folder name (it is created, or replaced whole)")
@@ -259,7 +262,7 @@ def quantize_to_fp8(model: str | Path, output: str | Path, *, block: tuple[int, 
 
 
 def _fp8_plan(weights, linears: re.Pattern, block: tuple[int, int], source: str,
-              progress: Progress | None) -> tuple[dict[str, PendingTensor], list[str]]:
+              progress: Progress | None) -> tuple[dict[str, PendingTensor], list[tuple[str, tuple]]]:
     """The FP8 folder's tensors in checkpoint order (layers by number), each made when written;
     and the quantized weights whose shape is not whole blocks."""
     import ml_dtypes
@@ -300,9 +303,9 @@ def _fp8_plan(weights, linears: re.Pattern, block: tuple[int, int], source: str,
                                                                                        f"{source}: {name}"))
             plan[name] = PendingTensor(np.dtype(ml_dtypes.float8_e4m3fn), shape, weight)
         elif len(shape) >= 2 and not _KEPT_2D.search(name):
-            raise UnsupportedError(f"{source}: {name} {list(shape)} is neither a projection FP8 export quantizes nor an "
-                                   "embedding or lm_head", hint="this checkpoint holds modules its family's FP8 layout "
-                                   "does not know; please report it")
+            raise UnsupportedError(f"{source}: {name} {list(shape)} is neither a projection FP8 export quantizes "
+                                   "nor an embedding or lm_head", hint="this checkpoint holds modules its family's "
+                                   "FP8 layout does not know; please report it")
         else:
             def kept(name=name, report=report, kind=info.dtype):
                 report(kind)

@@ -232,7 +232,10 @@ def test_transformers_loads_the_export(sources, tmp_path, family):
 def test_big_models_are_sharded_with_an_index(sources, tmp_path):
     src = sources["llama"]
     single = quantize_to_fp8(src, tmp_path / "one", block=(32, 32))
-    sharded = quantize_to_fp8(src, tmp_path / "sharded", block=(32, 32), shard_bytes=40_000)
+    # the same weights from a sharded source (same seed), written as shards
+    src_shards = make_model("llama", tmp_path / "src-shards", seed=4, dtype="bfloat16", max_shard_size="60KB")
+    assert (src_shards / "model.safetensors.index.json").is_file()
+    sharded = quantize_to_fp8(src_shards, tmp_path / "sharded", block=(32, 32), shard_bytes=40_000)
     shards = sorted(p.name for p in sharded.glob("*.safetensors"))
     assert len(shards) > 2 and shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
     index = json.loads((sharded / "model.safetensors.index.json").read_text())
@@ -250,8 +253,8 @@ def test_uneven_blocks_warn_of_vllms_rule(sources, tmp_path):
     said = []
     quantize_to_fp8(sources["llama"], tmp_path / "fp8", warn=said.append)  # 128 x 128 over 32..128-wide weights
     # (q, k, v rows of 64, 32, 32 in each layer; gate / up rows of 128 are whole)
-    assert said == ["14 FP8 weights are not whole 128x128 blocks (e.g. model.layers.0.self_attn.k_proj.weight [32, 64]): "
-                    "surogate reads them; vLLM refuses 6 of them (fused q/k/v or gate/up rows must be whole blocks); "
+    assert said == ["14 FP8 weights are not whole 128x128 blocks (e.g. model.layers.0.self_attn.k_proj.weight "
+                    "[32, 64]): surogate reads them; vLLM refuses 6 of them (fused q/k/v or gate/up rows must be whole blocks); "
                     "transformers' CPU dequantize needs whole blocks"]
     said.clear()
     quantize_to_fp8(sources["llama"], tmp_path / "fp8c", block=(32, 48), warn=said.append)  # rows whole, columns not
@@ -288,6 +291,8 @@ def test_gguf_and_unmapped_families_and_the_source_itself_are_refused(sources, t
     assert "llama" in e.value.hint and "qwen3" in e.value.hint
     with pytest.raises(InvalidArgumentError, match="is the source folder"):
         quantize_to_fp8(sources["llama"], sources["llama"])
+    with pytest.raises(InvalidArgumentError, match="is not two positive integers"):
+        quantize_to_fp8(sources["llama"], tmp_path / "out", block=(128, 0))
     # a 2-D tensor that is not one of the family's projections (nor an embedding / lm_head)
     odd = make_model("llama", tmp_path / "odd", seed=2)
     with SafetensorsFile(odd / "model.safetensors") as f:
