@@ -31,6 +31,8 @@ using surogate::bindings::throw_status;
 namespace surogate::bindings {
 
 void bind_serve(py::module_& m);  // bindings/serve.cpp
+void bind_dist(py::module_& m);   // bindings/dist.cpp
+Tensor to_tensor(const py::handle& h);  // as_tensor below, for the other binding files
 
 void register_error_translator(py::module_& m) {
   py::register_exception_translator([](std::exception_ptr p) {
@@ -190,6 +192,12 @@ Attrs attrs_from_dict(const py::dict& d) {
   }
   return a;
 }
+
+}  // namespace
+
+Tensor surogate::bindings::to_tensor(const py::handle& h) { return as_tensor(h); }
+
+namespace {
 
 std::string tensor_repr(const Tensor& t) { return str_cat("Tensor(", t.describe(), ")"); }
 
@@ -504,4 +512,5 @@ PYBIND11_MODULE(_native, m) {
   m.def("reset_peak_stats", [](const std::string& device) { reset_peak_stats(parse_device(device)); },
         py::arg("device") = "cpu");
   bindings::bind_serve(m);
+  bindings::bind_dist(m);
 }

@@ -266,6 +266,17 @@ def _check_values(c: SFTConfig, where: _Where) -> None:
     for key in ("per_device_train_batch_size", "gradient_accumulation_steps", "logging_steps"):
         if getattr(c, key) < 1:
             fail(key, f"must be at least 1, got {getattr(c, key)}")
+    if c.gpus < 0:
+        fail("gpus", f"must not be negative, got {c.gpus}", "1 trains on one device, 0 on every GPU of the machine")
+    if c.zero_level == 3:
+        fail("zero_level", "ZeRO-3 (weights sharded and gathered per block) is not built yet",
+             "use zero_level: 1 (optimizer state sharded) or 2 (gradients too)")
+    if c.zero_level not in (0, 1, 2):
+        fail("zero_level", f"must be 0, 1 or 2, got {c.zero_level}",
+             "0: plain data parallel, 1: optimizer state sharded, 2: gradients too")
+    if c.gpus > 1 and c.kind not in ("sft", "pt"):
+        fail("gpus", f"data parallel trains surogate sft and pt runs; surogate {c.kind} runs on one device yet",
+             "set gpus: 1")
     if c.max_steps == 0 or c.max_steps < -1:
         fail("max_steps", f"must be positive, or -1 to let num_epochs decide; got {c.max_steps}")
     if c.max_steps == -1 and c.num_epochs < 1:

@@ -80,6 +80,17 @@ class SFTConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen
     num_epochs: int = 3
     max_steps: int = -1  # -1: num_epochs decides; > 0 wins over num_epochs
 
+    # -- data parallel (the original Surogate's keys) --
+    # Ranks, one thread each in this process, each with its own Programs and its share of every
+    # micro-batch: global batch = per_device_train_batch_size x gradient_accumulation_steps x gpus.
+    # 0: every GPU of the machine. With device: cpu the ranks are CPU threads over host memory
+    # (how CI runs the data-parallel paths).
+    gpus: int = 1
+    # ZeRO with gpus > 1: 1 shards the optimizer state (each rank steps its share of the
+    # parameters, then the updated weights are all-gathered), 2 also the gradients (reduced to
+    # their owner instead of all-reduced); 0 keeps a full optimizer on every rank (plain DP).
+    zero_level: int = 1
+
     # -- optimization --
     # normuon / muon: 2-D matrices (projections, LoRA A / B) by Newton-Schulz orthogonalized
     # momentum; embeddings, head, norms and biases by AdamW with the adamw_* keys.

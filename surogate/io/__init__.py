@@ -16,11 +16,13 @@ from surogate.io.gguf_writer import QUANT_TYPES, write_gguf
 from surogate.io.hf_folder import ModelFolder, resolve_model_path
 from surogate.io.safetensors import (
     DTYPES,
+    PendingTensor,
     SafetensorsFile,
     ShardedCheckpoint,
     TensorInfo,
     open_safetensors,
     save_safetensors,
+    save_sharded_safetensors,
 )
 from surogate.io.tokenizer import Tokenizer
 
@@ -31,6 +33,7 @@ __all__ = [
     "GGUFFile",
     "GGUFTensor",
     "ModelFolder",
+    "PendingTensor",
     "SafetensorsFile",
     "ShardedCheckpoint",
     "TensorInfo",
@@ -40,5 +43,6 @@ __all__ = [
     "resolve_model_path",
     "save_hf_tokenizer",
     "save_safetensors",
+    "save_sharded_safetensors",
     "write_gguf",
 ]

@@ -189,3 +189,23 @@ def _rope_scaling(gf: GGUFFile, arch: str, theta: float, dim: int) -> dict | Non
     if original is not None:
         scaling["original_max_position_embeddings"] = original
     return scaling
+
+
+def mmproj_image_processor(folder) -> dict:
+    """The image processor settings convert_hf_to_gguf.py writes into an mmproj: the folder's
+    preprocessor_config.json and processor_config.json merged in that order (a nested
+    ``image_processor`` object flattened); an error when they hold no image_mean / image_std."""
+    from surogate.errors import NotFoundError
+    from surogate.io.hf_folder import read_json
+
+    pre = {}
+    for name in ("preprocessor_config.json", "processor_config.json"):
+        path = folder.path / name
+        if path.is_file():
+            cfg = read_json(path)
+            pre.update({**cfg, **(cfg.get("image_processor") or {})})
+    if "image_mean" not in pre or "image_std" not in pre:
+        raise NotFoundError(f"{folder.path}: no image_mean / image_std in preprocessor_config.json",
+                            hint="llama.cpp's mmproj carries the image processor's normalisation; add the model's "
+                                 "preprocessor_config.json")
+    return pre

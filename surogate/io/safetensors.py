@@ -7,6 +7,8 @@ maps the data once with ``numpy.memmap`` and hands out read-only views, so openi
 checkpoint costs its header. ``ShardedCheckpoint`` puts the files named by a
 ``model.safetensors.index.json`` behind the same interface. Every structural fault is
 reported when the file is opened, naming the file and the tensor, not when a view is read.
+Writing: ``save_safetensors`` (atomic) and ``save_sharded_safetensors`` (transformers' shards and
+index); a ``PendingTensor`` is made only when its turn comes, so memory stays near one tensor.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import math
 import os
 import secrets
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -222,18 +224,36 @@ def open_safetensors(path: str | os.PathLike) -> SafetensorsFile | ShardedCheckp
     return ShardedCheckpoint(path) if path.name.endswith(".json") else SafetensorsFile(path)
 
 
-def save_safetensors(path: str | os.PathLike, tensors: Mapping[str, np.ndarray],
+@dataclass(frozen=True)
+class PendingTensor:
+    """A tensor to write whose bytes are made only when the writer reaches it (``make()``), so a
+    file of quantized or converted tensors is written holding one tensor in memory at a time."""
+
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    make: Callable[[], np.ndarray]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
+
+
+def save_safetensors(path: str | os.PathLike, tensors: Mapping[str, np.ndarray | PendingTensor],
                      metadata: Mapping[str, str] | None = None) -> None:
     """Write ``tensors`` as a safetensors file, atomically: a reader sees the old file or the whole new one."""
     path = Path(path)
     if metadata is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise InvalidArgumentError("safetensors metadata must map strings to strings",
                                    hint="convert values with str() or json.dumps() first")
-    arrays = {}
+    arrays: dict[str, np.ndarray | PendingTensor] = {}
     for name, value in tensors.items():
         if not isinstance(name, str) or name == "__metadata__":
             raise InvalidArgumentError(f"invalid tensor name {name!r} for {path}")
-        arrays[name] = _as_little_endian(name, np.asarray(value, order="C"))
+        if isinstance(value, PendingTensor):
+            _as_little_endian(name, np.empty(0, value.dtype))  # a dtype safetensors stores, checked up front
+            arrays[name] = PendingTensor(np.dtype(value.dtype), tuple(value.shape), value.make)
+        else:
+            arrays[name] = _as_little_endian(name, np.asarray(value, order="C"))
     # Widest dtypes first, then by name (the reference library's order): every tensor starts
     # aligned to its item size, because the header is padded to a multiple of 8 bytes.
     order = sorted(arrays, key=lambda n: (-arrays[n].dtype.itemsize, n))
@@ -254,13 +274,53 @@ def save_safetensors(path: str | os.PathLike, tensors: Mapping[str, np.ndarray],
             f.write(len(head).to_bytes(8, "little"))
             f.write(head)
             for name in order:
-                f.write(arrays[name].reshape(-1).view(np.uint8).data)
+                a = arrays[name]
+                if isinstance(a, PendingTensor):
+                    a = _made(name, a)
+                f.write(a.reshape(-1).view(np.uint8).data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def save_sharded_safetensors(folder: str | os.PathLike, tensors: Mapping[str, np.ndarray | PendingTensor],
+                             max_shard_bytes: int, metadata: Mapping[str, str] | None = None) -> list[Path]:
+    """``tensors`` as ``model.safetensors``, or, past ``max_shard_bytes``, as transformers'
+    ``model-0000k-of-0000n.safetensors`` shards (filled in the mapping's order; a tensor larger than
+    a shard gets one of its own) beside ``model.safetensors.index.json``. Returns the files written."""
+    folder = Path(folder)
+    shards: list[dict[str, np.ndarray | PendingTensor]] = [{}]
+    size = 0
+    for name, value in tensors.items():
+        n = value.nbytes
+        if shards[-1] and size + n > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = value
+        size += n
+    if len(shards) == 1:
+        save_safetensors(folder / "model.safetensors", shards[0], metadata)
+        return [folder / "model.safetensors"]
+    names = [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]
+    weight_map = {}
+    for shard_name, shard in zip(names, shards):
+        save_safetensors(folder / shard_name, shard, metadata)
+        weight_map.update(dict.fromkeys(shard, shard_name))
+    index = {"metadata": {"total_size": sum(v.nbytes for v in tensors.values())},
+             "weight_map": dict(sorted(weight_map.items()))}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    return [folder / n for n in names] + [folder / "model.safetensors.index.json"]
+
+
+def _made(name: str, pending: PendingTensor) -> np.ndarray:
+    a = _as_little_endian(name, np.asarray(pending.make(), order="C"))
+    if a.dtype != pending.dtype or a.shape != pending.shape:
+        raise InvalidArgumentError(f"tensor '{name}' was planned as {pending.dtype}{list(pending.shape)} but made as "
+                                   f"{a.dtype}{list(a.shape)}", hint="this is a bug in the writer's caller")
+    return a
 
 
 def _read_header(path: Path, f, file_size: int) -> tuple[dict, int]:

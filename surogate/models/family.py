@@ -169,6 +169,10 @@ class Family:
     # How a Model of this family runs its vision tower and feeds its rows (surogate/model.py calls
     # these for a spec with ModelSpec.vision).
     vision: VisionHooks | None = None
+    # A regex over HF tensor names: the Linear weights a block-FP8 export quantizes (`surogate
+    # quantize --type FP8`, the layout of the family's official *-FP8 releases); every other 2-D
+    # tensor must be an embedding or lm_head, kept as it is. None: not written as FP8.
+    fp8_linears: str | None = None
 
     @property
     def hf_architecture(self) -> str:

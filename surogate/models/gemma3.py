@@ -32,7 +32,7 @@ import numpy as np
 from surogate.dsl import nn
 from surogate.dsl.nn_vision import (PROJECTOR_PREFIX, VISION_PREFIX, Gemma3VisionLM, VisionSpec, image_inputs,
                                     patchify, projector_inputs)
-from surogate.errors import ConfigError, FileFormatError, InvalidArgumentError, NotFoundError, UnsupportedError
+from surogate.errors import ConfigError, FileFormatError, InvalidArgumentError, UnsupportedError
 from surogate.io import gguf_config
 from surogate.models import decoder
 from surogate.models.family import (ChatDefaults, Family, GGUFArchitecture, ImagePrompt, MmprojArchitecture, TinyModel,
@@ -340,20 +340,10 @@ def text_config(config: dict) -> dict:
 def mmproj_metadata(config: dict, folder) -> dict:
     """The clip.* keys convert_hf_to_gguf.py writes for a Gemma3ForConditionalGeneration
     (MmprojModel.set_gguf_parameters + Gemma3VisionModel's), from its config and image processor files."""
-    from surogate.io.hf_folder import read_json
 
     spec = spec_from_config(config)
     v = spec.vision
-    pre = {}
-    for name in ("preprocessor_config.json", "processor_config.json"):  # the converter merges both, in this order
-        path = folder.path / name
-        if path.is_file():
-            cfg = read_json(path)
-            pre.update({**cfg, **(cfg.get("image_processor") or {})})
-    if "image_mean" not in pre or "image_std" not in pre:
-        raise NotFoundError(f"{folder.path}: no image_mean / image_std in preprocessor_config.json",
-                            hint="llama.cpp's mmproj carries the image processor's normalisation; add the model's "
-                                 "preprocessor_config.json")
+    pre = gguf_config.mmproj_image_processor(folder)
     vc = {**VISION_DEFAULTS, **config.get("vision_config", {})}
     meta = {"clip.has_vision_encoder": True, "clip.vision.projection_dim": spec.hidden_size,
             "clip.vision.image_size": v.image_size, "clip.vision.patch_size": v.patch_size,

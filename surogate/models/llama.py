@@ -62,4 +62,5 @@ FAMILY = Family(
             "hd128-l4": {"head_dim": 128, "num_attention_heads": 2, "num_key_value_heads": 2, "num_hidden_layers": 4},
         },
     ),
+    fp8_linears=decoder.FP8_LINEARS,
 )

@@ -82,4 +82,5 @@ FAMILY = Family(
         # The GGUF file has no window (llama.cpp's llama has none): the GGUF checks run without one.
         gguf={"hidden_size": 256, "intermediate_size": 512, "sliding_window": None},
     ),
+    fp8_linears=decoder.FP8_LINEARS,
 )

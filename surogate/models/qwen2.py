@@ -98,4 +98,5 @@ FAMILY = Family(
         # llama.cpp: the GGUF checks run the full-attention config.
         gguf={"hidden_size": 256, "intermediate_size": 512, "use_sliding_window": False},
     ),
+    fp8_linears=decoder.FP8_LINEARS,
 )

@@ -53,4 +53,5 @@ FAMILY = Family(
         gguf={"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 2, "num_key_value_heads": 1,
               "head_dim": 128},
     ),
+    fp8_linears=decoder.FP8_LINEARS,
 )

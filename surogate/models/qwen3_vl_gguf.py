@@ -29,7 +29,7 @@ that differs is refused at write time and an mmproj is served with those limits
 
 from __future__ import annotations
 
-from surogate.errors import ConfigError, FileFormatError, NotFoundError, UnsupportedError
+from surogate.errors import ConfigError, FileFormatError, UnsupportedError
 from surogate.io import gguf_config
 from surogate.models import decoder
 from surogate.models.gguf_names import GGUFName, GGUFNameTable
@@ -141,7 +141,6 @@ def checkpoint_name(name: str) -> str:
 def mmproj_metadata(config: dict, folder) -> dict:
     """The clip.* keys convert_hf_to_gguf.py writes for a Qwen3VLForConditionalGeneration
     (MmprojModel.set_gguf_parameters + Qwen3VLVisionModel's), from its config and image processor files."""
-    from surogate.io.hf_folder import read_json
     from surogate.models.qwen3_vl import TEXT_DEFAULTS, spec_from_config
 
     spec = spec_from_config(config)
@@ -153,16 +152,7 @@ def mmproj_metadata(config: dict, folder) -> dict:
             raise UnsupportedError(f"config.json: vision_config.{key} is not what llama.cpp's qwen3vl projector fixes "
                                    f"it to ({theirs}); an mmproj cannot say otherwise",
                                    hint="only Qwen3-VL towers with llama.cpp's fixed choices can be written as GGUF")
-    pre = {}
-    for name in ("preprocessor_config.json", "processor_config.json"):  # the converter merges both, in this order
-        path = folder.path / name
-        if path.is_file():
-            cfg = read_json(path)
-            pre.update({**cfg, **(cfg.get("image_processor") or {})})
-    if "image_mean" not in pre or "image_std" not in pre:
-        raise NotFoundError(f"{folder.path}: no image_mean / image_std in preprocessor_config.json",
-                            hint="llama.cpp's mmproj carries the image processor's normalisation; add the model's "
-                                 "preprocessor_config.json")
+    pre = gguf_config.mmproj_image_processor(folder)
     text = {**TEXT_DEFAULTS, **(config.get("text_config") or {})}
     return {"clip.has_vision_encoder": True, "clip.vision.projection_dim": spec.hidden_size,
             "clip.vision.image_size": int(v.num_position_embeddings ** 0.5 * v.patch_size),

@@ -82,15 +82,16 @@ def matrix_params(g: Graph, names: list[str]) -> list[str]:
 
 class Muon(AdamW):
     def __init__(self, exe: Executable, params: dict[str, np.ndarray], hp: AdamWParams, mp: MuonParams,
-                 name_table=None):
+                 name_table=None, owned=None, norm_input: bool = False):
         """name_table: the family's (surogate/models/name_table.py); a weight it fuses from several
-        checkpoint projections along the rows (gate_up_proj) is that many Muon matrices."""
+        checkpoint projections along the rows (gate_up_proj) is that many Muon matrices. owned,
+        norm_input: AdamW's (ZeRO: this rank steps the matrices it owns)."""
         self.mp = mp
         names = sorted(n[len("grad."):] for n in exe.external_names("grad"))
-        self.matrices = matrix_params(exe.graph, names)
+        self.matrices = matrix_params(exe.graph, [n for n in names if owned is None or n in owned])
         self.parts = {n: fused_parts(name_table, n) for n in self.matrices}
         self.muon_hp = np.zeros(8, np.float32)
-        super().__init__(exe, params, hp, bits=32)
+        super().__init__(exe, params, hp, bits=32, owned=owned, norm_input=norm_input)
 
     def _init_matrix_state(self, params: dict[str, np.ndarray]) -> None:
         for n in self.matrices:  # m stays (the momentum, f32 [R, C]); v is per row, or none
@@ -105,10 +106,11 @@ class Muon(AdamW):
 
     def _buffers(self):
         yield from super()._buffers()
-        yield "optimizer.muon_hp", self.muon_hp
+        if self.matrices:  # (ZeRO: a rank may own none)
+            yield "optimizer.muon_hp", self.muon_hp
 
     def _matrix_nodes(self, g: Graph, norm: Value, grads: dict[str, Value], state: dict[str, Value]) -> None:
-        hp = state["optimizer.muon_hp"]
+        hp = state.get("optimizer.muon_hp")
         for n, k_parts in ((n, self.parts[n]) for n in self.matrices):
             for part in range(k_parts):
                 self._ns_nodes(g, n, part, k_parts, hp, norm, grads, state)
@@ -140,5 +142,6 @@ class Muon(AdamW):
         mp, h = self.mp, self.hp
         self.muon_hp[:] = [lr * mp.lr_scale, mp.momentum, mp.beta2, mp.eps, h.weight_decay, self.step + 1,
                            h.max_grad_norm, 0.0]
-        self.exe.push("optimizer.muon_hp")
+        if self.matrices:
+            self.exe.push("optimizer.muon_hp")
         return super().apply(lr)

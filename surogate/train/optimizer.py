@@ -14,6 +14,12 @@ has a device twin the Program updates (the executable's bound tensors); `sync_to
 blocks of 256 elements with one f32 scale per block (the native `adamw8` op; its header in
 kernels_native/cpu/optimizer.cpp documents the code): ~2 bytes per parameter for m and v
 together plus 8 bytes per 256 parameters, instead of 8.
+
+Data parallel with ZeRO (`data_parallel.py`): ``owned`` names the parameters this rank steps;
+its state (moments, masters) exists for those only, while the norm and the zeroing still cover
+every gradient. ``norm_input`` (ZeRO-2, where a rank holds only its own reduced gradients):
+the step reads the global norm from a bound buffer the caller fills (`set_norm`) instead of
+computing it, and a phase of its own (`partial_norm`) gives the norm over the owned gradients.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from surogate.errors import ConfigError
 QBLOCK = 256  # elements per quantization block of the 8-bit states
 PHASE = "optimizer"  # the training Program's phase that runs one step
 NORM = "optimizer.grad_norm"  # the phase's result: the gradient norm before clipping
+PART_PHASE, PART_NORM = "optimizer_norm", "optimizer.grad_norm_part"  # norm_input: the owned gradients' norm
 
 
 @dataclass
@@ -49,11 +56,15 @@ def no_decay(name: str) -> bool:
 class AdamW:
     """bits=32: f32 moments (op `adamw`); bits=8: blockwise 8-bit moments (op `adamw8`)."""
 
-    def __init__(self, exe: Executable, params: dict[str, np.ndarray], hp: AdamWParams, bits: int = 32):
+    def __init__(self, exe: Executable, params: dict[str, np.ndarray], hp: AdamWParams, bits: int = 32,
+                 owned=None, norm_input: bool = False):
         if bits not in (8, 32):
             raise ValueError(f"AdamW bits must be 8 or 32, got {bits}")
         self.exe, self.hp, self.bits = exe, hp, bits
-        self.names = sorted(n[len("grad."):] for n in exe.external_names("grad"))
+        self.all_names = sorted(n[len("grad."):] for n in exe.external_names("grad"))  # norm and zeroing
+        self.names = [n for n in self.all_names if owned is None or n in owned]  # stepped here
+        self.norm_input = norm_input
+        self.norm_buf = np.zeros(1, np.float32)
         if bits == 32:
             self.m = {n: np.zeros(params[n].shape, np.float32) for n in self.names}
             self.v = {n: np.zeros(params[n].shape, np.float32) for n in self.names}
@@ -74,7 +85,12 @@ class AdamW:
     def _place(self, g: Graph, norm: Value) -> Executable:
         """Compile the step as the training Program's `optimizer` phase and bind its state."""
         exe = self.exe
+        if self.norm_input:
+            part_graph, part = self._part_graph()
+            exe.add_phase(PART_PHASE, part_graph, keep=[part])
         exe.add_phase(PHASE, g, keep=[norm])
+        if self.norm_input:
+            exe.bind(NORM, self.norm_buf)
         self._hp_used = "optimizer.hp" in exe.lowered.by_value  # not when every parameter is a Muon matrix
         for key, arr in ((("optimizer.hp", self.hp_buf),) if self._hp_used else ()) + tuple(self._buffers()):
             exe.bind(key, arr)
@@ -106,11 +122,11 @@ class AdamW:
         exe = self.exe
         g = Graph(f"{exe.graph.name}.{PHASE}")
         hp = g.input("optimizer.hp", (8,), "float32")
-        grads = {}
-        for n in self.names:
-            b, gb = exe.buf(n), exe.buf("grad." + n)
-            grads[n] = g.grad_buffer(g.param(n, b.shape, b.dtype), gb.dtype)
-        (norm,) = g.node("global_norm", [grads[n] for n in self.names], [(NORM, (1,), "float32")])
+        grads = self._grad_values(g, self.all_names)
+        if self.norm_input:
+            norm = g.input(NORM, (1,), "float32")
+        else:
+            (norm,) = g.node("global_norm", [grads[n] for n in self.all_names], [(NORM, (1,), "float32")])
         state = {key: g.input(key, arr.shape, str(arr.dtype)) for key, arr in self._buffers()}
         inputs, nd = [hp, norm], []
         for i, n in enumerate(self._adam_names()):
@@ -122,9 +138,34 @@ class AdamW:
         if len(inputs) > 2:
             g.node("adamw" if self.bits == 32 else "adamw8", inputs, [], no_decay=nd)
         self._matrix_nodes(g, norm, grads, state)
-        for n in self.names:
+        for n in self.all_names:
             g.node("fill", [], [grads[n]], value=0.0)
         return g, norm
+
+    def _grad_values(self, g: Graph, names: list[str]) -> dict[str, Value]:
+        """The gradient accumulators of ``names`` as values of phase graph g (by the buffers' names)."""
+        grads = {}
+        for n in names:
+            b, gb = self.exe.buf(n), self.exe.buf("grad." + n)
+            grads[n] = g.grad_buffer(g.param(n, b.shape, b.dtype), gb.dtype)
+        return grads
+
+    def _part_graph(self) -> tuple[Graph, Value]:
+        """norm_input: the phase that gives the norm over the owned gradients."""
+        g = Graph(f"{self.exe.graph.name}.{PART_PHASE}")
+        grads = self._grad_values(g, self.names)
+        (part,) = g.node("global_norm", [grads[n] for n in self.names], [(PART_NORM, (1,), "float32")])
+        return g, part
+
+    def partial_norm(self) -> float:
+        """norm_input: the norm over this rank's owned gradients (the global norm's share)."""
+        self.exe.run(PART_PHASE)
+        return float(self.exe.read(PART_NORM)[0])
+
+    def set_norm(self, norm: float) -> None:
+        """norm_input: the global gradient norm the next `apply` clips with."""
+        self.norm_buf[0] = norm
+        self.exe.push(NORM)
 
     def apply(self, lr: float) -> float:
         """One optimizer step at learning rate lr; returns the gradient norm before clipping."""

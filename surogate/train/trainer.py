@@ -9,10 +9,15 @@ token of the step: each micro-batch's loss seed is 1 / (target tokens in the who
 Everything that decides the numbers is a function of the config and the seed (LoRA init, data
 order, kernels with a fixed reduction order), so a run resumed from a checkpoint reproduces the
 uninterrupted loss curve.
+
+``gpus: R`` > 1 (data_parallel.py): this trainer is rank 0 of R, the others its replicas
+(`_replica`: the same config, model and data; their own Program, weights, gradients, inputs and
+optimizer shard); a step splits each global micro-batch of B * R rows among them.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -30,6 +35,7 @@ from surogate.errors import ConfigError
 from surogate.model import ROUTER_LOSSES, Model, _np_dtype, load_model, resolve_device
 from surogate.train.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
 from surogate.train.data import Batch, build_datasets
+from surogate.train.data_parallel import DataParallel, resolve_ranks, shard_owners
 from surogate.train.export import merge_into_checkpoint, save_hf_folder, write_sidecars
 from surogate.train.image_feed import has_feed, images_per_batch, make_feed
 from surogate.models.name_table import transposed_experts
@@ -80,17 +86,18 @@ class Trainer:
     def __init__(self, cfg: SFTConfig, model: Model | None = None, stream=None):
         self.cfg = cfg
         self.out = Path(cfg.output_dir)
-        self.model = model or load_model(cfg.model, device=resolve_device(cfg.device), dtype=cfg.dtype,
-                                         **qlora_load_args(cfg))
+        device = model.device if model is not None else resolve_device(cfg.device)
+        self.world, self.rank, self.dp = resolve_ranks(cfg, device), 0, None  # data parallel ranks (gpus)
+        self.model = model or load_model(cfg.model, device=device, dtype=cfg.dtype, **qlora_load_args(cfg))
         self._moe_options()
         self._vision_options()
         if self.model.tokenizer is None:
             raise ConfigError(f"{cfg.model} has no tokenizer.json", where="model",
                               hint="training needs the model's tokenizer")
         self.train_data, self.eval_data = self._datasets()
-        self.B = cfg.per_device_train_batch_size
+        self.B = cfg.per_device_train_batch_size  # rows per micro-batch of one rank
         self.N = self.B * self._tokens_per_row()
-        per_epoch = math.ceil(self.train_data.num_batches(self.B) / cfg.gradient_accumulation_steps)
+        per_epoch = math.ceil(self.train_data.num_batches(self.B * self.world) / cfg.gradient_accumulation_steps)
         self.total_steps = cfg.max_steps if cfg.max_steps > 0 else max(1, per_epoch * cfg.num_epochs)
         self.steps_per_epoch = per_epoch
         warmup = cfg.warmup_steps or int(round(cfg.warmup_ratio * self.total_steps))
@@ -103,6 +110,8 @@ class Trainer:
         self._moe_load = None  # this step's routed rows [MoE layers, E], summed over micro-batches
         self._router_values: dict[str, list[float]] = {}  # this step's aux_loss / z_loss per micro-batch
         self._build()
+        if self.world > 1:
+            self.dp = DataParallel(self)
         self.feed = MetricsFeed(cfg.metrics_path if "jsonl" in cfg.report_to else None,
                                 use_wandb="wandb" in cfg.report_to, wandb_project=cfg.wandb_project,
                                 wandb_name=cfg.wandb_name, config=_jsonable(cfg),
@@ -163,12 +172,43 @@ class Trainer:
         return min(self.N, self.model.spec.hidden_size) if self.cfg.long_context else 0
 
     def _build(self) -> None:
+        self._build_rank()
+        m = self.model
+        image_kw = {"images": self.images} if self.images else {}
+        self.eval_exe = None
+        if self.eval_data is not None:
+            self.eval_exe = m.executable("train", self.N, self.N, lora=self.lora, grads=False,
+                                         mlp_chunk=self.mlp_chunk, **image_kw)
+            # The same device buffers as the training program (the weights come from the model).
+            for n, a in self.trainable.items() if self.lora is not None else ():
+                self.eval_exe.bind(n, a, self.exe.tensor(n))
+            for n in ("input_ids", "position_ids", "cu_seqlens", "targets", *self._image_inputs()):
+                if n in self.exe.lowered.by_value:
+                    self.eval_exe.bind(n, self.inputs[n], self.exe.tensor(n))
+            self.eval_exe.use_graphs(self.cfg.cuda_graphs)
+
+    def _replica(self, rank: int) -> Trainer:
+        """Rank ``rank``'s view of this trainer (data parallel): the same config, model, data and
+        schedule; its own training Program, trainable weights (LoRA: its adapters; full
+        fine-tune: a copy of the weights, which rank 0 keeps in the model), gradients, inputs and
+        optimizer (ZeRO: its shard). Frozen base weights are shared (host memory, read only)."""
+        r = copy.copy(self)
+        r.rank, r.dp, r.eval_exe = rank, None, None
+        r._moe_load, r._router_values = None, {}
+        r._build_rank()
+        return r
+
+    def _build_rank(self) -> None:
+        """What each rank holds: the training Program with its weights, gradients, optimizer and inputs."""
         m = self.model
         # Images (a vision model's rows with images): the Program reads the rows of this many (image_feed.py).
         self.images = images_per_batch((self.train_data, self.eval_data), self.B, self.image_prompt)
+        if self.images and self.world > 1:
+            raise ConfigError("rows with images do not split among data-parallel ranks yet", where="gpus",
+                              hint="set gpus: 1 for a dataset with images")
         image_kw = {"images": self.images} if self.images else {}
         self.exe = m.executable("train", self.N, self.N, lora=self.lora, grads=True, recompute=self.cfg.recompute,
-                                mlp_chunk=self.mlp_chunk, **self.graph_kw, **image_kw)
+                                mlp_chunk=self.mlp_chunk, shared=self.rank == 0, **self.graph_kw, **image_kw)
         if self.mlp_chunk and not self.exe.lowered.tiled_mlps:
             raise ConfigError(f"long_context: {self.cfg.model} has no dense MLP to tile (its MLPs are experts)",
                               where="long_context", hint="remove long_context; recompute: true bounds a MoE's memory")
@@ -184,8 +224,12 @@ class Trainer:
             self.trainable = {n: np.ascontiguousarray(a.astype(storage)) for n, a in self.masters.items()}
             for n, a in self.trainable.items():
                 self.exe.bind(n, a)
-        else:
+        elif self.rank == 0:
             self.trainable = {n: m.params[n] for n in self.exe.external_names("param")}
+        else:  # a replica updates weights of its own
+            self.trainable = {n: m.params[n].copy() for n in self.exe.external_names("param")}
+            for n, a in self.trainable.items():
+                self.exe.bind(n, a)
         self.grads = {}
         for name in self.exe.external_names("grad"):
             arr = np.zeros(self.exe.buf(name).shape, np.float32)
@@ -194,6 +238,9 @@ class Trainer:
         c = self.cfg
         adam = AdamWParams(c.learning_rate, c.adamw_beta1, c.adamw_beta2, c.adamw_epsilon, c.weight_decay,
                            c.max_grad_norm)
+        self.owners = self._shard_owners()
+        shard = {} if self.owners is None else {"owned": {n for n, r in self.owners.items() if r == self.rank},
+                                                 "norm_input": c.zero_level == 2}
         if c.optimizer in ("muon", "normuon"):
             from surogate.train.muon import Muon, muon_params
 
@@ -202,10 +249,10 @@ class Trainer:
                                   "has no host step yet", where="offload_optimizer",
                                   hint="use optimizer adamw / adamw_8bit with it, or remove offload_optimizer")
 
-            self.opt = Muon(self.exe, self.trainable, adam, muon_params(c), name_table=m.family.name_table())
+            self.opt = Muon(self.exe, self.trainable, adam, muon_params(c), name_table=m.family.name_table(), **shard)
         else:
             self.opt = self._optimizer_class()(self.exe, self.trainable, adam,
-                                               bits=8 if c.optimizer == "adamw_8bit" else 32)
+                                               bits=8 if c.optimizer == "adamw_8bit" else 32, **shard)
         # Persistent input arrays: refilled in place each micro-batch, bound once.
         self.inputs = {"input_ids": np.zeros(self.N, np.int32), "position_ids": np.zeros(self.N, np.int32),
                        "cu_seqlens": np.zeros(self.N + 1, np.int32), "targets": np.zeros(self.N, np.int32),
@@ -224,17 +271,13 @@ class Trainer:
             if n in self.exe.lowered.by_value:  # (Qwen3-VL with images: MRoPE tables, no position_ids)
                 self.exe.bind(n, a)
         self.exe.use_graphs(self.cfg.cuda_graphs)  # GPU: each micro-batch and optimizer step is one graph
-        self.eval_exe = None
-        if self.eval_data is not None:
-            self.eval_exe = m.executable("train", self.N, self.N, lora=self.lora, grads=False,
-                                         mlp_chunk=self.mlp_chunk, **image_kw)
-            # The same device buffers as the training program (the weights come from the model).
-            for n, a in self.trainable.items() if self.lora is not None else ():
-                self.eval_exe.bind(n, a, self.exe.tensor(n))
-            for n in ("input_ids", "position_ids", "cu_seqlens", "targets", *self._image_inputs()):
-                if n in self.exe.lowered.by_value:
-                    self.eval_exe.bind(n, self.inputs[n], self.exe.tensor(n))
-            self.eval_exe.use_graphs(self.cfg.cuda_graphs)
+
+    def _shard_owners(self) -> dict[str, int] | None:
+        """ZeRO (gpus > 1, zero_level 1 or 2): which rank steps each trained parameter."""
+        if self.world == 1 or self.cfg.zero_level == 0:
+            return None
+        sizes = {n[len("grad."):]: int(np.prod(self.exe.buf(n).shape)) for n in self.exe.external_names("grad")}
+        return shard_owners(sizes, self.world)
 
     def _optimizer_class(self):
         """AdamW in the training Program, or on the host with offload_optimizer on a GPU."""
@@ -267,9 +310,10 @@ class Trainer:
 
     def fingerprint(self) -> str:
         c = self.cfg
-        key = [c.model, c.sequence_len, c.per_device_train_batch_size, c.gradient_accumulation_steps, c.seed,
-               c.lora, c.lora_rank, c.lora_alpha, sorted(c.lora_targets), c.recipe,
-               [d.path for d in c.datasets], self.train_data.num_rows]
+        # The global rows per micro-batch (B x gpus): a run resumes on another rank count with the same global batch.
+        rows = c.per_device_train_batch_size * self.world
+        key = [c.model, c.sequence_len, rows, c.gradient_accumulation_steps, c.seed, c.lora, c.lora_rank,
+               c.lora_alpha, sorted(c.lora_targets), c.recipe, [d.path for d in c.datasets], self.train_data.num_rows]
         if c.optimizer != "adamw":  # (appended so that adamw runs keep their fingerprints)
             key.append(c.optimizer)
         if c.lora and c.lora_dropout > 0:  # appended only when set: older fingerprints stay valid
@@ -304,9 +348,10 @@ class Trainer:
         return self.image_feed.arrays if self.image_feed is not None else ()
 
     def _dropout_seed(self, step: int, micro: int) -> None:
-        """The LoRA dropout seed of one micro-batch: a function of (cfg.seed, step, micro) only,
-        so a resumed run draws the masks the uninterrupted one drew."""
+        """The LoRA dropout seed of one micro-batch: a function of (cfg.seed, step, micro, rank)
+        only, so a resumed run draws the masks the uninterrupted one drew."""
         if LORA_RNG in self.inputs:
+            micro = micro * self.world + self.rank  # (data parallel: each rank's micro-batches their own masks)
             key = hashlib.sha256(f"lora_dropout:{self.cfg.seed}:{step}:{micro}".encode()).digest()[:8]
             self.inputs[LORA_RNG].view(np.uint32)[:] = np.frombuffer(key, np.uint32)
             self.exe.push(LORA_RNG)
@@ -317,7 +362,16 @@ class Trainer:
         return loss, targets, {}
 
     def _step(self, batches: list[Batch], step: int = 0) -> tuple[float, int]:
+        if self.dp is not None:
+            return self.dp.step(batches, step)
         total = sum(b.num_target_tokens for b in batches)
+        loss_sum, aux_sum = self._micro_batches(batches, step, total)
+        return loss_sum / max(total, 1) + aux_sum, total
+
+    def _micro_batches(self, batches: list[Batch], step: int, total: int, shares: int = 1) -> tuple[float, float]:
+        """Forward and backward of this rank's micro-batches, gradients accumulating; ``total``:
+        the target tokens of the whole step (every rank's), ``shares``: the ranks. Returns the
+        loss summed over this rank's target tokens and its share of the router losses."""
         seed = 1.0 / max(total, 1)
         loss_sum, aux_sum = 0.0, 0.0
         for micro, b in enumerate(batches):
@@ -327,7 +381,7 @@ class Trainer:
             self.inputs["dloss"][:] = np.where(valid, seed, 0.0)
             self.exe.push("dloss")
             for seed_input, coef in self.router_losses.values():  # coef * the mean over micro-batches
-                self.inputs[seed_input][:] = coef / len(batches)
+                self.inputs[seed_input][:] = coef / (len(batches) * shares)
                 self.exe.push(seed_input)
             self.exe.run(*MICRO_BATCH)
             loss_sum += float(self.exe.read("loss")[valid].sum(dtype=np.float64))
@@ -336,7 +390,7 @@ class Trainer:
                 aux_sum += float(self.inputs[seed_input][0]) * value
                 self._router_values.setdefault(o, []).append(value)
             self._tally_expert_load(self.exe)
-        return loss_sum / max(total, 1) + aux_sum, total
+        return loss_sum, aux_sum
 
     def _tally_expert_load(self, exe) -> None:
         """After a micro-batch: the rows each expert of each MoE layer got (its permute offsets)."""
@@ -386,9 +440,21 @@ class Trainer:
                 self.exe.pull(n)
             self.opt.sync_to_host()
 
+    def _masters(self) -> dict[str, np.ndarray]:
+        """The f32 master weights of parameters stored narrower (data parallel: every rank's)."""
+        return self.opt.master if self.dp is None else self.dp.masters()
+
+    def _optimizer_state(self) -> dict[str, np.ndarray]:
+        return self.opt.state() if self.dp is None else self.dp.optimizer_state()
+
+    def _apply(self, lr: float) -> float:
+        """The optimizer step; returns the gradient norm before clipping."""
+        return self.opt.apply(lr) if self.dp is None else self.dp.apply(lr)
+
     def _trainable_state(self) -> dict[str, np.ndarray]:
         self._sync_to_host()
-        return {n: self.opt.master.get(n, self.trainable[n]) for n in self.trainable}
+        masters = self._masters()
+        return {n: masters.get(n, self.trainable[n]) for n in self.trainable}
 
     def _restore(self, path: Path) -> TrainerState:
         state, trainable, opt_state = load_checkpoint(path)
@@ -400,6 +466,8 @@ class Trainer:
             a[...] = trainable[n].astype(a.dtype)
             self.exe.push(n)
         self.opt.load_state(opt_state)
+        if self.dp is not None:
+            self.dp.load(trainable, opt_state)
         return state
 
     # ---- the loop ---------------------------------------------------------------------------
@@ -415,10 +483,11 @@ class Trainer:
             else:
                 state = self._restore(path)
                 self.feed.message(f"resumed from {path} at step {state.step}")
-        it = self.train_data.iterator(self.B, position=(state.epoch, state.batch_index))
+        it = self.train_data.iterator(self.B * self.world, position=(state.epoch, state.batch_index))
         start = state.step
         self.feed.write({"type": "start", "total_steps": self.total_steps, "start_step": start,
-                         "tokens_per_step": self.N * c.gradient_accumulation_steps,
+                         "tokens_per_step": self.N * c.gradient_accumulation_steps * self.world,
+                         **({"ranks": self.world, "zero_level": self.dp.zero} if self.dp else {}),
                          "memory": str(self.exe.memory()), "output_dir": str(self.out)})
         eval_loss = None
         loss = float("nan")
@@ -429,17 +498,17 @@ class Trainer:
                 loss, targets, extra = self._step_with_metrics(batches, state.step)
                 extra = {**self._moe_metrics(), **extra}
                 lr = self.schedule.lr_at(state.step + 1)
-                norm = self.opt.apply(lr)
+                norm = self._apply(lr)
                 dt = time.perf_counter() - t0
                 state.step += 1
                 state.epoch, state.batch_index = it.position
-                state.tokens_seen += self.N * len(batches)
+                state.tokens_seen += self.N * len(batches) * self.world
                 state.losses.append(loss)
                 if not math.isfinite(loss):
                     raise FloatingPointError(f"loss is {loss} at step {state.step}")
                 if state.step % max(c.logging_steps, 1) == 0 or state.step == self.total_steps:
                     self.feed.step(state.step, loss=loss, lr=lr, grad_norm=norm, start_step=start,
-                                   tokens_per_second=self.N * len(batches) / dt, target_tokens=targets,
+                                   tokens_per_second=self.N * len(batches) * self.world / dt, target_tokens=targets,
                                    epoch=state.step / self.steps_per_epoch, step_time=dt,
                                    elapsed=round(time.monotonic() - self.feed.t0, 3), **extra)
                 if c.eval_steps > 0 and self.eval_exe is not None and state.step % c.eval_steps == 0:
@@ -447,17 +516,20 @@ class Trainer:
                     eval_loss = record["eval_loss"]
                     self.feed.eval(state.step, **record)
                 if c.save_steps > 0 and state.step % c.save_steps == 0 and state.step < self.total_steps:
-                    save_checkpoint(ckpt_root, state, self._trainable_state(), self.opt.state(), c.save_total_limit)
+                    save_checkpoint(ckpt_root, state, self._trainable_state(), self._optimizer_state(),
+                                    c.save_total_limit)
             if self.eval_exe is not None and (c.eval_steps == 0 or self.total_steps % c.eval_steps != 0):
                 record = self._eval_metrics()
                 eval_loss = record["eval_loss"]
                 self.feed.eval(state.step, **record)
-            save_checkpoint(ckpt_root, state, self._trainable_state(), self.opt.state(), c.save_total_limit)
+            save_checkpoint(ckpt_root, state, self._trainable_state(), self._optimizer_state(), c.save_total_limit)
             output, merged = self.save_outputs()
             self.feed.write({"type": "end", "step": state.step, "loss": loss, "eval_loss": eval_loss,
                              "output": str(output)})
         finally:
             self.feed.close()
+            if self.dp is not None:
+                self.dp.close()
         return TrainResult(state.step, loss, eval_loss, output, merged)
 
     def save_outputs(self) -> tuple[Path, Path | None]:
@@ -498,9 +570,10 @@ class Trainer:
                     transposed_experts=transposed_experts(m.family.name_table())),
                                         m.config, source=source, dtype=m.dtype)
             return adapter, merged
-        full = {n: self.opt.master.get(n, a) for n, a in m.params.items()}
+        masters = self._masters()
+        full = {n: masters.get(n, a) for n, a in m.params.items()}
         return save_hf_folder(self.out / "model", m.to_hf(full), m.config, source=source,
-                              dtype="float32" if self.opt.master else m.dtype), None
+                              dtype="float32" if masters else m.dtype), None
 
 
 def _jsonable(cfg) -> dict:

@@ -53,6 +53,7 @@ def test_defaults() -> None:
     assert (c.recipe, c.dtype, c.recompute, c.device) == ("bf16", "bfloat16", False, "auto")
     assert (c.save_steps, c.save_total_limit, c.resume_from_checkpoint) == (50, 5, False)
     assert (c.eval_steps, c.logging_steps, c.report_to, c.seed) == (100, 1, ["jsonl"], 1234)
+    assert (c.gpus, c.zero_level) == (1, 1)  # the original Surogate's: one GPU, ZeRO-1 once there are more
     assert c.metrics_path == str(Path("output") / "metrics.jsonl")
     assert (c.train_on, c.skip_bad_rows, c.merge_adapter) == ("assistant", False, False)
     assert c.eval_split_ratio == 0.1

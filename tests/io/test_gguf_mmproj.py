@@ -22,6 +22,7 @@ import pytest
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("transformers")
 
+from sgtest.gguf_edit import copy_gguf  # noqa: E402
 from sgtest.vision import image, make_gemma3_vision_chat, template_messages  # noqa: E402
 from surogate import load_model  # noqa: E402
 from surogate.errors import ConfigError, UnsupportedError  # noqa: E402
@@ -223,33 +224,12 @@ def test_gguf_and_mmproj_serve_images_as_the_folder(folder, files):
     assert answers[0][0].count(cfg["image_token_index"]) == cfg["mm_tokens_per_image"]
 
 
-def _copy_gguf(src, dst, **changes):
-    """``src`` rewritten with gguf-py, the keys in ``changes`` (dots as __) set to new values."""
-    r = gguf.GGUFReader(src)
-    changes = {k.replace("__", "."): v for k, v in changes.items()}
-    w = gguf.GGUFWriter(dst, r.fields["general.architecture"].contents())
-    for k, f in r.fields.items():
-        if k.startswith("GGUF.") or k == "general.architecture":
-            continue
-        value = changes.get(k, f.contents())
-        sub = f.types[1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
-        w.add_key_value(k, value, f.types[0], sub_type=sub)
-    for t in r.tensors:
-        w.add_tensor(t.name, np.asarray(t.data), raw_shape=list(reversed([int(x) for x in t.shape])),
-                     raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
-
-
 def test_mmproj_of_another_projector_or_width_is_refused(files, tmp_path):
     text, vision = files
-    other = _copy_gguf(vision, tmp_path / "llava.gguf", clip__projector_type="mlp")
+    other = copy_gguf(vision, tmp_path / "llava.gguf", clip__projector_type="mlp")
     with pytest.raises(UnsupportedError, match="clip.projector_type"):
         load_model(str(text), mmproj=str(other))
-    wide = _copy_gguf(vision, tmp_path / "wide.gguf", clip__vision__projection_dim=512)
+    wide = copy_gguf(vision, tmp_path / "wide.gguf", clip__vision__projection_dim=512)
     with pytest.raises(ConfigError, match="clip.vision.projection_dim"):
         load_model(str(text), mmproj=str(wide))
 

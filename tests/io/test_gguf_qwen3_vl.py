@@ -27,7 +27,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers.models.qwen3_vl")
 
 from sgtest.tiny_models import qwen3_vl_prompts  # noqa: E402
-from sgtest.vision import QWEN3_VL_PREPROCESSOR, image, make_qwen3_vl_chat, template_messages  # noqa: E402
+from sgtest.gguf_edit import copy_gguf  # noqa: E402
+from sgtest.vision import (QWEN3_VL_PREPROCESSOR, image, make_qwen3_vl_chat, qwen3_vl_hf_logits,  # noqa: E402
+                           template_messages)
 from surogate import load_model  # noqa: E402
 from surogate.errors import ConfigError, UnsupportedError  # noqa: E402
 from surogate.io import ModelFolder  # noqa: E402
@@ -212,34 +214,22 @@ def _prompts(folder):
     return [ids.get(i, i) for i in img], images, [ids.get(i, i) for i in vid], video
 
 
-def _hf_logits(model, ids, images=None, videos=None):
-    cfg = model.config
-    t = torch.tensor([ids])
-    kw = {"mm_token_type_ids": torch.tensor([[1 if i == cfg.image_token_id else 2 if i == cfg.video_token_id else 0
-                                              for i in ids]])}
-    if images is not None:
-        kw.update(pixel_values=torch.tensor(images[0]), image_grid_thw=torch.tensor(images[1]))
-    if videos is not None:
-        kw.update(pixel_values_videos=torch.tensor(videos[0]), video_grid_thw=torch.tensor(videos[1]))
-    with torch.no_grad():
-        return model(input_ids=t, **kw).logits[0].numpy()
-
-
 def test_the_pair_gives_transformers_logits_on_images_and_video(folder, files, hf):
     text, vision = files
     ours = load_model(str(text), mmproj=str(vision))
     assert ours.spec.vision.tower == load_model(str(folder)).spec.vision.tower
     img, images, vid, video = _prompts(folder)
-    np.testing.assert_allclose(ours.forward(img, images=images), _hf_logits(hf, img, images=images), atol=1e-4,
+    np.testing.assert_allclose(ours.forward(img, images=images), qwen3_vl_hf_logits(hf, img, images=images), atol=1e-4,
                                rtol=0)
-    np.testing.assert_allclose(ours.forward(vid, videos=video), _hf_logits(hf, vid, videos=video), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(ours.forward(vid, videos=video), qwen3_vl_hf_logits(hf, vid, videos=video),
+                               atol=1e-4, rtol=0)
 
 
 def test_the_text_gguf_alone_is_the_language_model(folder, files, hf):
     ours = load_model(str(files[0]))
     assert ours.spec.vision is None and ours.config["model_type"] == "qwen3_vl_text"
     ids = [3, 17, 5, 60, 2, 44, 8, 1, 70, 12]
-    np.testing.assert_allclose(ours.forward(ids), _hf_logits(hf, ids), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(ours.forward(ids), qwen3_vl_hf_logits(hf, ids), atol=1e-4, rtol=0)
 
 
 def test_a_quantized_text_gguf_keeps_its_blocks_and_the_tower_from_the_mmproj(folder, tmp_path):
@@ -289,33 +279,12 @@ def test_the_pair_serves_images_and_videos_as_the_folder(folder, files):
 
 # ---- refusals --------------------------------------------------------------------------------------------
 
-def _copy_gguf(src, dst, **changes):
-    """``src`` rewritten with gguf-py, the keys in ``changes`` (dots as __) set to new values."""
-    r = gguf.GGUFReader(src)
-    changes = {k.replace("__", "."): v for k, v in changes.items()}
-    w = gguf.GGUFWriter(dst, r.fields["general.architecture"].contents())
-    for k, f in r.fields.items():
-        if k.startswith("GGUF.") or k == "general.architecture":
-            continue
-        value = changes.get(k, f.contents())
-        sub = f.types[1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
-        w.add_key_value(k, value, f.types[0], sub_type=sub)
-    for t in r.tensors:
-        w.add_tensor(t.name, np.asarray(t.data), raw_shape=list(reversed([int(x) for x in t.shape])),
-                     raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
-
-
 def test_mismatched_files_are_refused_naming_the_key(files, tmp_path):
     text, vision = files
     for changes, error, key in (({"clip__projector_type": "qwen2vl_merger"}, UnsupportedError, "clip.projector_type"),
                                 ({"clip__vision__projection_dim": 128}, ConfigError, "clip.vision.projection_dim"),
                                 ({"clip__vision__is_deepstack_layers": [True, False, False]}, ConfigError,
                                  f"{ARCH}.n_deepstack_layers")):
-        other = _copy_gguf(vision, tmp_path / "other.gguf", **changes)
+        other = copy_gguf(vision, tmp_path / "other.gguf", **changes)
         with pytest.raises(error, match=key):
             load_model(str(text), mmproj=str(other))

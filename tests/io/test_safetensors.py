@@ -8,7 +8,14 @@ import safetensors
 import safetensors.numpy
 
 from surogate.errors import FileFormatError, InvalidArgumentError, NotFoundError
-from surogate.io import SafetensorsFile, ShardedCheckpoint, open_safetensors, save_safetensors
+from surogate.io import (
+    PendingTensor,
+    SafetensorsFile,
+    ShardedCheckpoint,
+    open_safetensors,
+    save_safetensors,
+    save_sharded_safetensors,
+)
 
 rng = np.random.default_rng(0)
 
@@ -243,3 +250,27 @@ def test_index_that_disagrees_with_its_shards(tmp_path):
     index.write_text(json.dumps({"weight_map": {"x": "../a.safetensors"}}))
     with pytest.raises(FileFormatError, match="outside"):
         ShardedCheckpoint(index)
+
+
+def test_pending_tensors_are_made_in_turn_and_shards_read_back_with_the_reference(tmp_path):
+    made = []
+
+    def pending(name, a):
+        return PendingTensor(a.dtype, a.shape, lambda: made.append(name) or a)
+
+    rng = np.random.default_rng(0)
+    tensors = {f"t{i}": rng.standard_normal((8, 8 + i)).astype(np.float32) for i in range(6)}
+    tensors["q"] = np.arange(16, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).reshape(4, 4)
+    written = save_sharded_safetensors(tmp_path, {n: pending(n, a) for n, a in tensors.items()}, max_shard_bytes=700)
+    assert sorted(made) == sorted(tensors) and written[-1].name == "model.safetensors.index.json"
+    index = json.loads(written[-1].read_text())
+    assert index["metadata"]["total_size"] == sum(a.nbytes for a in tensors.values())
+    fp8_shard = index["weight_map"]["q"]  # (the reference's numpy side has no float8 dtypes)
+    for name, shard in index["weight_map"].items():  # the other shards as the reference library reads them
+        if shard != fp8_shard:
+            np.testing.assert_array_equal(safetensors.numpy.load_file(tmp_path / shard)[name], tensors[name])
+    assert len(set(index["weight_map"].values())) > 2
+    assert (open_safetensors(written[-1]).get("q").view(np.uint8) == np.arange(16).reshape(4, 4)).all()
+    with pytest.raises(InvalidArgumentError, match=r"'x' was planned as float32\[2\] but made as float64\[3\]"):
+        save_safetensors(tmp_path / "bad.safetensors", {"x": PendingTensor(np.float32, (2,), lambda: np.zeros(3))})
+    assert [p.name for p in tmp_path.glob("*bad*")] == []

@@ -21,6 +21,7 @@ from surogate.models.qwen3_vl import rope_index, spec_from_config  # noqa: E402
 
 from sgtest.tiny_models import (QWEN3_VL_END as END, QWEN3_VL_IMAGE as IMG, QWEN3_VL_START as START,  # noqa: E402
                                 QWEN3_VL_VIDEO as VID, make_qwen3_vl, qwen3_vl_prompts)
+from sgtest.vision import qwen3_vl_hf_logits  # noqa: E402
 
 
 def build(tmp_path_factory, tie: bool):
@@ -36,19 +37,6 @@ def checkpoint(tmp_path_factory):
 def pixels(grids, seed):
     n = sum(int(np.prod(g)) for g in grids)
     return np.random.default_rng(seed).standard_normal((n, 3 * 2 * 8 * 8)).astype(np.float32)
-
-
-def hf_logits(model, ids, images=None, videos=None):
-    kw = {}
-    t = torch.tensor([ids])
-    if images is not None or videos is not None:
-        kw["mm_token_type_ids"] = torch.tensor([[1 if i == IMG else 2 if i == VID else 0 for i in ids]])
-    if images is not None:
-        kw.update(pixel_values=torch.tensor(images[0]), image_grid_thw=torch.tensor(images[1]))
-    if videos is not None:
-        kw.update(pixel_values_videos=torch.tensor(videos[0]), video_grid_thw=torch.tensor(videos[1]))
-    with torch.no_grad():
-        return model(input_ids=t, **kw).logits[0].numpy()
 
 
 def two_images():
@@ -93,7 +81,7 @@ def test_text_only_prompt_equals_hf(checkpoint):
     path, model = checkpoint
     ours = surogate.load_model(path)
     ids = [3, 17, 5, 60, 2, 44, 8, 1, 70, 12]
-    np.testing.assert_allclose(ours.forward(ids), hf_logits(model, ids), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(ours.forward(ids), qwen3_vl_hf_logits(model, ids), atol=1e-4, rtol=0)
 
 
 def test_text_prompts_serve_as_transformers_generates(checkpoint):
@@ -112,14 +100,15 @@ def test_tied_head_equals_hf(tmp_path_factory):
     ours = surogate.load_model(path)
     assert ours.spec.tie_word_embeddings and "lm_head.weight" not in ours.params
     ids, images = two_images()
-    np.testing.assert_allclose(ours.forward(ids, images=images), hf_logits(model, ids, images), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(ours.forward(ids, images=images), qwen3_vl_hf_logits(model, ids, images),
+                               atol=1e-4, rtol=0)
 
 
 def test_two_images_of_different_grids_equal_hf(checkpoint):
     path, model = checkpoint
     ours = surogate.load_model(path)
     ids, images = two_images()
-    want = hf_logits(model, ids, images)
+    want = qwen3_vl_hf_logits(model, ids, images)
     np.testing.assert_allclose(ours.forward(ids, images=images), want, atol=1e-4, rtol=0)
     # Model.encode_images is the tower's encode (one set of weights, the Model's).
     from surogate.models.qwen3_vl_vision import Qwen3VLVision
@@ -137,11 +126,12 @@ def test_video_and_images_with_video_equal_hf(checkpoint):
     path, model = checkpoint
     ours = surogate.load_model(path)
     ids, vid = video()
-    np.testing.assert_allclose(ours.forward(ids, videos=vid), hf_logits(model, ids, videos=vid), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(ours.forward(ids, videos=vid), qwen3_vl_hf_logits(model, ids, videos=vid),
+                               atol=1e-4, rtol=0)
     img_ids, images = two_images()
     both = img_ids + ids
     np.testing.assert_allclose(ours.forward(both, images=images, videos=vid),
-                               hf_logits(model, both, images, vid), atol=1e-4, rtol=0)
+                               qwen3_vl_hf_logits(model, both, images, vid), atol=1e-4, rtol=0)
 
 
 def test_packed_documents_with_images_and_a_video_equal_hf(checkpoint):
@@ -151,7 +141,7 @@ def test_packed_documents_with_images_and_a_video_equal_hf(checkpoint):
     img_ids, images = two_images()
     vid_ids, vid = video()
     got = ours.forward([img_ids, vid_ids], images=images, videos=vid)
-    want = np.concatenate([hf_logits(model, img_ids, images), hf_logits(model, vid_ids, videos=vid)])
+    want = np.concatenate([qwen3_vl_hf_logits(model, img_ids, images), qwen3_vl_hf_logits(model, vid_ids, videos=vid)])
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
 
 

@@ -15,7 +15,7 @@ if not (_native.build_info()["cuda"] and _native.cuda_devices()):
     pytest.skip("no CUDA build or no GPU", allow_module_level=True)
 
 import surogate  # noqa: E402
-from sgtest.engine import engine, generate, prompts  # noqa: E402
+from sgtest.engine import draft_engine, engine, generate, prompts  # noqa: E402
 from sgtest.tiny_models import make_model  # noqa: E402
 from surogate.models import REGISTRY  # noqa: E402
 
@@ -42,6 +42,28 @@ def test_greedy_speculation_on_cuda_equals_plain(tiny):
                 **NGRAM) as small:
         assert generate(small, ps, 12) == want
         assert small.stats().num_preemptions > 0
+
+
+def test_a_draft_model_on_cuda_changes_no_greedy_output(tiny, tmp_path):
+    """speculative_method "draft" on the GPU: a one-layer random draft of the same family (its own
+    runner, KV cache on the target's blocks), eager, captured and replayed; then the target as its
+    own draft is accepted nearly always (its draft KV read through the target's block tables)."""
+    if "conv" in tiny.spec.layer_kinds:
+        pytest.skip("conv layers keep a recurrent state: speculation is refused (test_speculative_models.py)")
+    draft = surogate.load_model(make_model(tiny.family.name, tmp_path / "d", seed=5, initializer_range=0.2,
+                                           num_hidden_layers=1), device="cuda")
+    ps = prompts(tiny.spec.vocab_size, 16, seed=6)
+    with engine(tiny) as plain:
+        want = generate(plain, ps, 12)
+    with draft_engine(tiny, draft) as spec:
+        for _ in range(3):  # eager, graph capture, replay
+            assert generate(spec, ps, 12) == want
+        s = spec.stats()
+        assert s.spec_num_draft_tokens > 0 and s.last_error is None
+    with draft_engine(tiny, tiny) as itself:
+        assert generate(itself, ps, 12) == want
+        s = itself.stats()
+    assert s.spec_num_accepted_tokens >= 0.95 * s.spec_num_draft_tokens > 0
 
 
 def test_smollm2_speculation_on_cuda_equals_plain_and_the_cpu():

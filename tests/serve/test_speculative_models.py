@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 import surogate
-from sgtest.engine import engine, generate, prompts
+from sgtest.engine import draft_engine, engine, generate, prompts
 from sgtest.tiny_models import make_model
 from surogate.errors import InvalidArgumentError
 from surogate.models import REGISTRY
@@ -108,17 +108,6 @@ def test_smollm2_greedy_speculation_equals_plain_and_accepts_drafts():
 
 
 # ---- a draft model (speculative_method "draft") ---------------------------------------------
-
-def draft_engine(target, draft, num_blocks: int = 64, block_size: int = 16, k: int = 4, **kw):
-    from surogate.serve.engine_client import EngineClient
-    from surogate.serve.model_runner import ProgramRunner
-    from surogate.serve.types import EngineConfig
-
-    config = EngineConfig(num_blocks=num_blocks, block_size=block_size, speculative_method="draft",
-                          num_speculative_tokens=k, **kw)
-    return EngineClient(ProgramRunner(target, num_blocks, block_size), config,
-                        draft=ProgramRunner(draft, num_blocks, block_size))
-
 
 @pytest.mark.parametrize("target_family, draft_family", [
     ("llama", "llama"), ("qwen3", "qwen2"), ("qwen3_moe", "qwen3"), ("gemma3", "gemma3"), ("gpt_oss", "qwen3"),

@@ -22,6 +22,14 @@ def engine(model, num_blocks: int = 64, block_size: int = 16, fuse_qkv: bool | N
     return EngineClient(runner, config)
 
 
+def draft_engine(target, draft, num_blocks: int = 64, block_size: int = 16, k: int = 4, **kw) -> EngineClient:
+    """An engine over ``target`` drafting with ``draft`` (speculative_method "draft", k tokens)."""
+    config = EngineConfig(num_blocks=num_blocks, block_size=block_size, speculative_method="draft",
+                          num_speculative_tokens=k, **kw)
+    return EngineClient(ProgramRunner(target, num_blocks, block_size, max_num_seqs=config.max_num_seqs), config,
+                        draft=ProgramRunner(draft, num_blocks, block_size, max_num_seqs=config.max_num_seqs))
+
+
 def generate(client: EngineClient, ps: list[list[int]], n: int) -> list[list[int]]:
     """Greedy, ignore_eos, all submitted at once; the tokens of each, in order."""
     params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)

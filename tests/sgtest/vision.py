@@ -312,3 +312,22 @@ def qwen3_vl_token_prompts(tmp_path, device: str, chunk: int | None, n: int) -> 
                                     min_new_tokens=n, eos_token_id=None, pad_token_id=0, **hf)[0, len(ids):].tolist()
             out.append((what, len(spans), got, want))
     return out
+
+
+def qwen3_vl_hf_logits(model, ids: list[int], images=None, videos=None):
+    """transformers' Qwen3-VL logits [len(ids), V] of a token-id prompt with (pixels, grid)
+    ``images`` / ``videos`` as our preprocessing gives them (mm_token_type_ids from the config's
+    image and video token ids)."""
+    import torch
+
+    cfg = model.config
+    kw = {}
+    if images is not None or videos is not None:
+        kw["mm_token_type_ids"] = torch.tensor([[1 if i == cfg.image_token_id else 2 if i == cfg.video_token_id else 0
+                                                 for i in ids]])
+    if images is not None:
+        kw.update(pixel_values=torch.tensor(images[0]), image_grid_thw=torch.tensor(images[1]))
+    if videos is not None:
+        kw.update(pixel_values_videos=torch.tensor(videos[0]), video_grid_thw=torch.tensor(videos[1]))
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids]), **kw).logits[0].numpy()

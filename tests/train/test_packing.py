@@ -111,3 +111,19 @@ def test_documents_concat_and_select() -> None:
     picked = both.select([8, 0])
     assert np.array_equal(picked[0][0], b[3][0]) and np.array_equal(picked[1][1], a[0][1])
     assert both.num_targets == a.num_targets + b.num_targets
+
+
+def test_split_rows_gives_each_part_the_micro_batch_of_its_rows():
+    from surogate.train.data import split_rows
+
+    docs = random_docs(60, 40, seed=3)
+    ds = PackedDataset(docs, 48, pad_id=0, seed=1)
+    rows = [5, -1, 2, 9, 0, 7]  # a padding row among them
+    parts = split_rows(ds.batch(rows), 3)
+    for p, part in enumerate(parts):
+        ref = ds.batch(rows[2 * p:2 * p + 2])
+        for name in ("input_ids", "position_ids", "cu_seqlens", "targets"):
+            np.testing.assert_array_equal(getattr(part, name), getattr(ref, name), err_msg=name)
+        assert (part.num_target_tokens, part.max_seqlen, part.rows) == (ref.num_target_tokens, ref.max_seqlen, 2)
+    with pytest.raises(ValueError, match="equal parts"):
+        split_rows(ds.batch(rows), 4)

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 from surogate.train.data.dataset import BatchIterator, BatchPosition, DataStats, PackedDataset, build_datasets
 from surogate.train.data.formats import Conversation, Document, RowError, normalize
-from surogate.train.data.packing import IGNORE, Batch, Documents, PackPlan, collate, pack
+from surogate.train.data.packing import IGNORE, Batch, Documents, PackPlan, collate, pack, split_rows
 from surogate.train.data.tokenize import ChatEncoder, Encoded
 
 __all__ = [
     "IGNORE", "Batch", "BatchIterator", "BatchPosition", "ChatEncoder", "Conversation", "DataStats", "Document",
     "Documents", "Encoded", "PackPlan", "PackedDataset", "RowError", "build_datasets", "collate", "normalize", "pack",
+    "split_rows",
 ]

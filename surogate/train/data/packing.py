@@ -203,3 +203,25 @@ def collate(docs: Documents, plan: PackPlan, rows: Sequence[int], sequence_len: 
     return Batch(input_ids=input_ids, position_ids=position_ids, cu_seqlens=cu_seqlens.astype(np.int32),
                  targets=targets, num_target_tokens=int((targets != IGNORE).sum()),
                  max_seqlen=int(lens.max()), rows=len(rows), sequence_len=T, images=tuple(images))
+
+
+def split_rows(batch: Batch, parts: int) -> list[Batch]:
+    """A micro-batch of P * b rows as P micro-batches of b consecutive rows each (data parallel:
+    part p is rank p's share), each what ``collate`` gives for those rows: segments never cross
+    a row, so the cut points are boundaries already."""
+    if batch.rows % parts:
+        raise ValueError(f"{batch.rows} rows do not split into {parts} equal parts")
+    if batch.images:
+        raise ValueError("a micro-batch with images does not split by rows yet")
+    n = batch.rows // parts * batch.sequence_len
+    cu = batch.cu_seqlens
+    out = []
+    for p in range(parts):
+        lo, hi = p * n, (p + 1) * n
+        sub = cu[(cu >= lo) & (cu <= hi)] - lo
+        targets = batch.targets[lo:hi]
+        out.append(Batch(input_ids=batch.input_ids[lo:hi], position_ids=batch.position_ids[lo:hi],
+                         cu_seqlens=sub.astype(np.int32), targets=targets,
+                         num_target_tokens=int((targets != IGNORE).sum()), max_seqlen=int(np.diff(sub).max()),
+                         rows=batch.rows // parts, sequence_len=batch.sequence_len))
+    return out

@@ -1,0 +1,239 @@
+"""Data parallel training: ``gpus: R`` ranks, one thread each in this process (the original
+Surogate's design), each with its own Programs, weights, gradients and inputs.
+
+One optimizer step:
+
+1. The iterator yields global micro-batches of B * R rows; `split_rows` cuts each into R
+   micro-batches of B consecutive rows, rank r taking part r. The order and the checkpointed
+   position are those of a one-rank run with B * R rows per micro-batch, so a run resumes on
+   any rank count with the same global batch.
+2. Every rank runs the forward and backward phases of its micro-batches at once (the native
+   runs release the GIL). Each loss seed is 1 / (target tokens of the whole global step), so
+   the rank gradients add up to the one-rank gradient: they are summed, not averaged.
+3. Gradients, in buckets of about BUCKET_BYTES, in the reverse of the parameter order (the
+   order backward produces them): all-reduced (plain DP, ZeRO-1), or reduced to the rank that
+   owns the parameter (ZeRO-2, `reduce_to_owners`: a reduce-scatter over whole tensors).
+4. The optimizer phase on every rank. Plain DP: every rank steps everything (the same numbers:
+   the ranks stay bit-identical). ZeRO-1/2: the parameters are split among the ranks
+   (`shard_owners`), each rank holds the optimizer state of its own and steps only those,
+   then the updated weights are all-gathered from their owners (`gather_from_owners`). ZeRO-2
+   clips with the global norm made of the ranks' partial norms (`AdamW.partial_norm`).
+5. Rank 0 reports (the loss: the ranks' loss sums over the step's target tokens) and writes
+   checkpoints holding the full state: the weights and every rank's optimizer shard under the
+   one-rank names, so any rank count reads them back.
+
+The collectives are `_native.Communicator`s (kernels_native/dist/collective.h); the threads
+backend moves host memory, so ranks run on the CPU backend (``device: cpu``). GPU ranks need
+the NCCL backend behind the same interface and a device per rank; neither is built yet.
+
+Threads: Python code between the native calls (copying a micro-batch into the input arrays,
+reading the loss) holds the GIL and so runs one rank at a time; Program runs and collectives
+release it. The CPU kernels share one thread pool whose parallel loops take turns, so CPU ranks
+add no speed: the CPU path is for testing every data-parallel and ZeRO path without GPUs.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from surogate import _native
+from surogate.errors import ConfigError
+from surogate.train.data import split_rows
+
+BUCKET_BYTES = 32 << 20  # gradients (and weights) moved per collective call
+
+
+def resolve_ranks(cfg, device: str) -> int:
+    """How many ranks the config key ``gpus`` asks for on the model's device, or a ConfigError
+    naming the key."""
+    gpus = cfg.gpus
+    if device == "cpu":
+        if gpus > 1 and cfg.device != "cpu":  # "auto" found no GPU
+            raise ConfigError(f"gpus: {gpus}, but this machine has no CUDA device", where="gpus",
+                              hint="set device: cpu to run the ranks as CPU threads (the CI path), or gpus: 1")
+        return max(gpus, 1)
+    n = len(_native.cuda_devices())
+    gpus = gpus or n
+    if gpus > n:
+        raise ConfigError(f"gpus: {gpus}, but this machine has {n} CUDA device(s)", where="gpus",
+                          hint=f"set gpus to at most {n} (0 uses every GPU); `surogate doctor` lists them")
+    if gpus > 1:
+        raise ConfigError(f"gpus: {gpus}: data parallel on GPUs needs the NCCL collective backend, not built yet",
+                          where="gpus", hint="set gpus: 1, or device: cpu to run the ranks as CPU threads")
+    return gpus
+
+
+def shard_owners(sizes: dict[str, int], world: int) -> dict[str, int]:
+    """ZeRO's split of the parameters among the ranks, whole tensors: largest first, each to the
+    rank with the fewest elements so far (ties: the lower rank). A function of the names and
+    sizes only, so every rank computes the same split."""
+    load = [0] * world
+    owners = {}
+    for n in sorted(sizes, key=lambda n: (-sizes[n], n)):
+        r = min(range(world), key=lambda k: (load[k], k))
+        owners[n] = r
+        load[r] += sizes[n]
+    return owners
+
+
+def buckets(names: list[str], nbytes: dict[str, int], cap: int = BUCKET_BYTES) -> list[list[str]]:
+    """Consecutive names grouped into buckets of at most ``cap`` bytes (a bigger tensor alone)."""
+    out: list[list[str]] = []
+    size = cap
+    for n in names:
+        if size + nbytes[n] > cap and (not out or out[-1]):
+            out.append([])
+            size = 0
+        out[-1].append(n)
+        size += nbytes[n]
+    return [b for b in out if b]
+
+
+class RankThreads:
+    """One thread per rank. ``run(fn)`` calls fn(rank) on every rank at once (a collective needs
+    all of them inside it) and returns the results in rank order. A rank that raises aborts the
+    group, so that ranks waiting for it in a collective fail instead of waiting forever; the
+    error raised is the first one, not the aborts it caused."""
+
+    def __init__(self, comms):
+        self.comms = comms
+        self.pool = ThreadPoolExecutor(max_workers=len(comms), thread_name_prefix="surogate-rank")
+
+    def run(self, fn) -> list:
+        first: list[BaseException] = []
+        lock = threading.Lock()
+
+        def rank(r):
+            try:
+                return fn(r)
+            except BaseException as e:
+                with lock:
+                    if not first:
+                        first.append(e)
+                self.comms[r].abort(f"rank {r} failed: {type(e).__name__}: {e}")
+                raise
+
+        futures = [self.pool.submit(rank, r) for r in range(len(self.comms))]
+        try:
+            for f in futures:
+                f.exception()  # waits for it
+        except BaseException:  # (KeyboardInterrupt in the main thread) stop the ranks at their next collective
+            self.comms[0].abort("interrupted")
+            for f in futures:
+                f.exception()
+            raise
+        if first:
+            raise first[0]
+        return [f.result() for f in futures]
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+
+class DataParallel:
+    """The ranks of one data-parallel run: rank 0 is the trainer itself, the others its replicas
+    (`Trainer._replica`)."""
+
+    def __init__(self, trainer):
+        self.world, self.zero = trainer.world, trainer.cfg.zero_level if trainer.world > 1 else 0
+        self.comms = _native.thread_group(self.world)
+        self.threads = RankThreads(self.comms)
+        self.ranks = [trainer] + [trainer._replica(r) for r in range(1, self.world)]
+        self.owners = trainer.owners  # name -> rank (ZeRO), None for plain DP
+        exe = trainer.exe
+        # As backward produces the gradients: the last layers' first.
+        order = [p.name for p in reversed(exe.graph.params()) if "grad." + p.name in exe.lowered.by_value]
+        self.grad_buckets = buckets(order, {n: exe.buf("grad." + n).nbytes for n in order})
+        self.weight_buckets = buckets(order, {n: trainer.trainable[n].nbytes for n in order})
+        self.threads.run(self._same_start)
+
+    def _same_start(self, r: int) -> None:
+        """Every rank from rank 0's weights (they are built equal; this makes it so by construction)."""
+        t = self.ranks[r]
+        self.comms[r].broadcast([t.exe.tensor(n) for n in sorted(t.trainable)], root=0)
+
+    # ---- one step ---------------------------------------------------------------------------
+    def step(self, batches, step: int) -> tuple[float, int]:
+        """The step's micro-batches (global, B * R rows each) through every rank, gradients
+        reduced; returns (loss, target tokens) as a one-rank step over the same rows does."""
+        parts = [split_rows(b, self.world) for b in batches]
+        total = sum(b.num_target_tokens for b in batches)
+
+        def rank(r):
+            out = self.ranks[r]._micro_batches([p[r] for p in parts], step, total, shares=self.world)
+            self._reduce_gradients(r)
+            return out
+
+        sums = self.threads.run(rank)
+        self._merge_moe_tallies()
+        return sum(s for s, _ in sums) / max(total, 1) + sum(a for _, a in sums), total
+
+    def _reduce_gradients(self, r: int) -> None:
+        comm, exe = self.comms[r], self.ranks[r].exe
+        for b in self.grad_buckets:  # what the Program reads (on the CPU: the host arrays themselves)
+            bufs = [exe.tensor("grad." + n) for n in b]
+            if self.zero == 2:
+                comm.reduce_to_owners(bufs, [self.owners[n] for n in b], "sum")
+            else:
+                comm.all_reduce(bufs, "sum")
+
+    def apply(self, lr: float) -> float:
+        """The optimizer step on every rank (ZeRO: each its shard, then the weights gathered);
+        returns the gradient norm before clipping."""
+
+        def rank(r):
+            t, comm = self.ranks[r], self.comms[r]
+            if self.zero == 2:  # the global norm from each rank's norm over its own reduced gradients
+                part = t.exe.place(np.array([t.opt.partial_norm()], np.float32))
+                parts = t.exe.place(np.zeros(self.world, np.float32))
+                comm.all_gather(part, parts)
+                host = parts if t.exe.device == "cpu" else parts.to("cpu").numpy()
+                t.opt.set_norm(float(np.sqrt(np.sum(np.asarray(host, np.float64) ** 2))))
+            norm = t.opt.apply(lr)
+            if self.owners is not None:  # into what the Program reads; host copies are pulled for checkpoints
+                for b in self.weight_buckets:
+                    comm.gather_from_owners([t.exe.tensor(n) for n in b], [self.owners[n] for n in b])
+            return norm
+
+        norms = self.threads.run(rank)
+        assert len(set(norms)) == 1, norms  # every rank clipped with the same norm
+        return norms[0]
+
+    def _merge_moe_tallies(self) -> None:
+        """The replicas' expert loads and router losses into rank 0's tallies (rank order)."""
+        t0 = self.ranks[0]
+        for t in self.ranks[1:]:
+            if t._moe_load is not None:
+                t0._moe_load = t._moe_load if t0._moe_load is None else t0._moe_load + t._moe_load
+            for o, values in t._router_values.items():
+                t0._router_values.setdefault(o, []).extend(values)
+            t._moe_load, t._router_values = None, {}
+
+    # ---- the full state ---------------------------------------------------------------------
+    def masters(self) -> dict[str, np.ndarray]:
+        """Every rank's f32 master weights (ZeRO: each rank holds its own parameters')."""
+        out = {}
+        for t in self.ranks:
+            out.update(t.opt.master)
+        return out
+
+    def optimizer_state(self) -> dict[str, np.ndarray]:
+        """The optimizer state of all ranks under the one-rank names (a checkpoint's)."""
+        out = {}
+        for t in self.ranks:
+            out.update(t.opt.state())
+        return out
+
+    def load(self, trainable: dict[str, np.ndarray], opt_state: dict[str, np.ndarray]) -> None:
+        """A checkpoint's weights into every rank, and each rank's share of its optimizer state."""
+        for t in self.ranks[1:]:
+            for n, a in t.trainable.items():
+                a[...] = trainable[n].astype(a.dtype)
+                t.exe.push(n)
+            t.opt.load_state(opt_state)
+
+    def close(self) -> None:
+        self.threads.close()
