@@ -33,9 +33,10 @@ N = 8  # greedy tokens compared
 GREEDY = SamplingParams(temperature=0.0, max_tokens=N, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return make_qwen3_vl_chat(tmp_path_factory.mktemp("q3vl"), seed=4)
+@pytest.fixture(scope="module", params=[False, True], ids=["dense", "moe"])
+def folder(request, tmp_path_factory):
+    """The dense family, and Qwen3-VL-MoE (the same tower over Qwen3-MoE's experts)."""
+    return make_qwen3_vl_chat(tmp_path_factory.mktemp("q3vl"), seed=4, moe=request.param)
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +54,12 @@ def served(folder):
 @pytest.fixture(scope="module")
 def llm(served):
     return served.llm()
+
+
+def test_the_family_is_the_checkpoints(served, folder):
+    moe = "moe" in served.model.config.get("model_type", "")
+    assert served.model.family.name == ("qwen3_vl_moe" if moe else "qwen3_vl")
+    assert (served.model.spec.moe is not None) == moe
 
 
 def ours(llm, messages):
