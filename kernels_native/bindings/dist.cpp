@@ -89,6 +89,19 @@ void bind_dist(py::module_& m) {
           return dist::make_thread_group(world);
         }, py::arg("world"),
         "One Communicator per rank of a group whose ranks are threads of this process (host memory).");
+  m.def("tcp_group", [](int rank, int world, const std::string& host, int port, double timeout_s) {
+          std::shared_ptr<Communicator> out;
+          Status st;
+          {
+            py::gil_scoped_release release;
+            st = dist::make_tcp_group(rank, world, host, port, timeout_s, &out);
+          }
+          check(st);
+          return out;
+        }, py::arg("rank"), py::arg("world"), py::arg("host"), py::arg("port"), py::arg("timeout_s") = 1800.0,
+        "This process's Communicator as rank `rank` of `world` processes over TCP (host memory): rank 0 "
+        "listens on host:port, the others connect. Blocks until every rank has joined (at most timeout_s, "
+        "which also bounds every later wait for a peer).");
   m.def("nccl_group", [](const std::vector<int>& devices) {
           std::vector<std::shared_ptr<Communicator>> out;
 #ifdef SG_WITH_NCCL

@@ -61,6 +61,14 @@ class Communicator {
 // buffer; gathers and broadcasts are memcpy.
 std::vector<std::shared_ptr<Communicator>> make_thread_group(int world);
 
+// The TCP backend (dist/tcp_group.cpp): this process is rank `rank` of `world`, each rank a
+// process (or a node), CPU tensors. Rank 0 listens on host:port, the others connect to it; the
+// data moves through rank 0, which reduces in rank order in f32 (the threads backend's results,
+// bit for bit). Setup and every wait for a peer are bounded by timeout_s; a closed connection or
+// a timeout fails the call with an error naming the peer's rank and address.
+Status make_tcp_group(int rank, int world, const std::string& host, int port, double timeout_s,
+                      std::shared_ptr<Communicator>* out);
+
 // The NCCL backend (dist/nccl_group.cpp, built with SG_WITH_NCCL; untested on GPUs so far): one
 // rank per GPU in `devices`, tensors in each rank's device memory.
 Status make_nccl_group(const std::vector<int>& devices, std::vector<std::shared_ptr<Communicator>>* out);
