@@ -51,6 +51,16 @@ class DatasetConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, fr
     train_on: TrainOn | None = None  # overrides the run's train_on for this dataset
 
 
+class DistributedConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """Multi-node data parallel through Ray (the original Surogate's keys; surogate/train/ray_launch.py):
+    one rank per node, the collectives over TCP (host memory: device: cpu for now)."""
+
+    # "auto": the running cluster, "local": a new one on this machine, "ray://HOST:PORT": a Ray
+    # client. None: no Ray (the run is this process's; `surogate sft --ray ADDRESS` sets it).
+    ray_address: str | None = None
+    num_nodes: int = 0  # ranks, one per node; 0: every alive node of the cluster
+
+
 class SFTConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
     """`surogate sft`: supervised fine-tuning on chat, instruction or text rows."""
 
@@ -90,6 +100,7 @@ class SFTConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen
     # parameters, then the updated weights are all-gathered), 2 also the gradients (reduced to
     # their owner instead of all-reduced); 0 keeps a full optimizer on every rank (plain DP).
     zero_level: int = 1
+    distributed: DistributedConfig | None = None  # several nodes through Ray (DistributedConfig)
 
     # -- optimization --
     # normuon / muon: 2-D matrices (projections, LoRA A / B) by Newton-Schulz orthogonalized

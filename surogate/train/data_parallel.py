@@ -26,6 +26,14 @@ The collectives are `_native.Communicator`s (kernels_native/dist/collective.h); 
 backend moves host memory, so ranks run on the CPU backend (``device: cpu``). GPU ranks need
 the NCCL backend behind the same interface and a device per rank; neither is built yet.
 
+Ranks in separate processes (`ProcessRank`, given by a launcher: surogate/train/ray_launch.py
+starts one per node): the process's trainer is rank r of R, its `DataParallel` holds that one
+rank and a TCP communicator (`_native.tcp_group`: rank 0 listens, the others connect). The step
+is the same: the same rows, the same collectives, and the TCP backend reduces in the threads
+backend's order, so R processes train bit for bit as ``gpus: R`` threads. What one process
+knows of the others' step (the loss sums, MoE tallies; under ZeRO the optimizer shards for a
+checkpoint) comes through all-gathers. One rank per process for now (``gpus: 1`` each).
+
 Threads: Python code between the native calls (copying a micro-batch into the input arrays,
 reading the loss) holds the GIL and so runs one rank at a time; Program runs and collectives
 release it. The CPU kernels share one thread pool whose parallel loops take turns, so CPU ranks
@@ -34,8 +42,10 @@ add no speed: the CPU path is for testing every data-parallel and ZeRO path with
 
 from __future__ import annotations
 
+import pickle
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -46,10 +56,32 @@ from surogate.train.data import split_rows
 BUCKET_BYTES = 32 << 20  # gradients (and weights) moved per collective call
 
 
-def resolve_ranks(cfg, device: str) -> int:
-    """How many ranks the config key ``gpus`` asks for on the model's device, or a ConfigError
-    naming the key."""
+@dataclass(frozen=True)
+class ProcessRank:
+    """This process's place in a data-parallel group of processes: rank ``rank`` of ``world``;
+    rank 0 listens on host:port (its node's address, a free port), the others connect to it.
+    ``timeout_s`` bounds joining and every wait for a peer inside a collective."""
+
+    rank: int
+    world: int
+    host: str
+    port: int
+    timeout_s: float = 1800.0
+
+
+def resolve_ranks(cfg, device: str, dist: ProcessRank | None = None) -> int:
+    """How many ranks the config key ``gpus`` asks for on the model's device (or, ranks in
+    processes, the group's size), or a ConfigError naming the key."""
     gpus = cfg.gpus
+    if dist is not None:
+        if gpus > 1:
+            raise ConfigError(f"gpus: {gpus} with one rank per process: several local ranks per process (node) "
+                              "are not built yet", where="gpus",
+                              hint="set gpus: 1; the distributed group has one rank per node")
+        if device != "cpu" and dist.world > 1:
+            raise ConfigError("ranks in several processes on GPUs need NCCL across nodes, not built yet",
+                              where="distributed", hint="set device: cpu (the TCP backend moves host memory)")
+        return dist.world
     if device == "cpu":
         if gpus > 1 and cfg.device != "cpu":  # "auto" found no GPU
             raise ConfigError(f"gpus: {gpus}, but this machine has no CUDA device", where="gpus",
@@ -133,15 +165,35 @@ class RankThreads:
         self.pool.shutdown(wait=True)
 
 
+def gather_objects(comm, obj) -> list:
+    """Every rank's picklable ``obj``, in rank order, on every rank (two all-gathers: the sizes,
+    then the padded bytes)."""
+    data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+    sizes = np.zeros(comm.world_size, np.int64)
+    comm.all_gather(np.array([data.size], np.int64), sizes)
+    m = int(sizes.max())
+    mine, out = np.zeros(m, np.uint8), np.zeros(m * comm.world_size, np.uint8)
+    mine[:data.size] = data
+    comm.all_gather(mine, out)
+    return [pickle.loads(out[k * m:k * m + int(sizes[k])].tobytes()) for k in range(comm.world_size)]
+
+
 class DataParallel:
-    """The ranks of one data-parallel run: rank 0 is the trainer itself, the others its replicas
-    (`Trainer._replica`)."""
+    """The ranks of one data-parallel run held by this process: threads (rank 0 the trainer
+    itself, the others its replicas, `Trainer._replica`), or, with ``trainer.dist``, the
+    trainer's one rank of a group of processes."""
 
     def __init__(self, trainer):
         self.world, self.zero = trainer.world, trainer.cfg.zero_level if trainer.world > 1 else 0
-        self.comms = _native.thread_group(self.world)
+        d = self.dist = trainer.dist
+        if d is None:
+            self.comms = _native.thread_group(self.world)
+            self.ranks = [trainer] + [trainer._replica(r) for r in range(1, self.world)]
+        else:
+            self.comms = [_native.tcp_group(d.rank, d.world, d.host, d.port, d.timeout_s)]
+            self.ranks = [trainer]
         self.threads = RankThreads(self.comms)
-        self.ranks = [trainer] + [trainer._replica(r) for r in range(1, self.world)]
+        self._full: tuple | None = None  # (masters, optimizer state) gathered at the end (`freeze`)
         self.owners = trainer.owners  # name -> rank (ZeRO), None for plain DP
         exe = trainer.exe
         # As backward produces the gradients: the last layers' first.
@@ -150,7 +202,7 @@ class DataParallel:
         self.weight_buckets = buckets(order, {n: trainer.trainable[n].nbytes for n in order})
         self.threads.run(self._same_start)
 
-    def _same_start(self, r: int) -> None:
+    def _same_start(self, r: int) -> None:  # (r: the index of one of this process's ranks, here and below)
         """Every rank from rank 0's weights (they are built equal; this makes it so by construction)."""
         t = self.ranks[r]
         self.comms[r].broadcast([t.exe.tensor(n) for n in sorted(t.trainable)], root=0)
@@ -163,11 +215,16 @@ class DataParallel:
         total = sum(b.num_target_tokens for b in batches)
 
         def rank(r):
-            out = self.ranks[r]._micro_batches([p[r] for p in parts], step, total, shares=self.world)
+            t = self.ranks[r]
+            out = t._micro_batches([p[t.rank] for p in parts], step, total, shares=self.world)
             self._reduce_gradients(r)
             return out
 
         sums = self.threads.run(rank)
+        if self.dist is not None:  # every process's (loss sum, router losses), in rank order
+            every = np.zeros((self.world, 2), np.float64)
+            self.comms[0].all_gather(np.array(sums, np.float64).reshape(-1), every.reshape(-1))
+            sums = [(float(s), float(a)) for s, a in every]
         self._merge_moe_tallies()
         return sum(s for s, _ in sums) / max(total, 1) + sum(a for _, a in sums), total
 
@@ -205,7 +262,12 @@ class DataParallel:
     def _merge_moe_tallies(self) -> None:
         """The replicas' expert loads and router losses into rank 0's tallies (rank order)."""
         t0 = self.ranks[0]
-        for t in self.ranks[1:]:
+        others = self.ranks[1:]
+        if self.dist is not None and (t0._moe_load is not None or t0._router_values):  # (the same on every rank)
+            tallies = gather_objects(self.comms[0], (t0._moe_load, t0._router_values))
+            t0._moe_load, t0._router_values = tallies[0]
+            others = [_Tally(*x) for x in tallies[1:]]
+        for t in others:
             if t._moe_load is not None:
                 t0._moe_load = t._moe_load if t0._moe_load is None else t0._moe_load + t._moe_load
             for o, values in t._router_values.items():
@@ -214,18 +276,33 @@ class DataParallel:
 
     # ---- the full state ---------------------------------------------------------------------
     def masters(self) -> dict[str, np.ndarray]:
-        """Every rank's f32 master weights (ZeRO: each rank holds its own parameters')."""
-        out = {}
-        for t in self.ranks:
-            out.update(t.opt.master)
-        return out
+        """Every rank's f32 master weights (ZeRO: each rank holds its own parameters'; across
+        processes a collective: every rank calls it)."""
+        if self._full is not None:
+            return self._full[0]
+        return self._every(lambda t: t.opt.master)
 
     def optimizer_state(self) -> dict[str, np.ndarray]:
-        """The optimizer state of all ranks under the one-rank names (a checkpoint's)."""
+        """The optimizer state of all ranks under the one-rank names (a checkpoint's; across
+        processes under ZeRO a collective)."""
+        if self._full is not None:
+            return self._full[1]
+        return self._every(lambda t: t.opt.state())
+
+    def _every(self, part) -> dict[str, np.ndarray]:
         out = {}
+        if self.dist is not None and self.owners is not None:  # each process holds its shard
+            for d in gather_objects(self.comms[0], part(self.ranks[0])):
+                out.update(d)
+            return out
         for t in self.ranks:
-            out.update(t.opt.state())
+            out.update(part(t))
         return out
+
+    def freeze(self) -> None:
+        """After the last step, on every rank: the full state gathered once, so that rank 0 may
+        read it any number of times while the others are gone."""
+        self._full = (self.masters(), self.optimizer_state())
 
     def load(self, trainable: dict[str, np.ndarray], opt_state: dict[str, np.ndarray]) -> None:
         """A checkpoint's weights into every rank, and each rank's share of its optimizer state."""
@@ -235,5 +312,27 @@ class DataParallel:
                 t.exe.push(n)
             t.opt.load_state(opt_state)
 
+    def finish(self) -> None:
+        """The run is over on every rank (a barrier: nothing of a peer's is in flight), then the
+        group is closed."""
+        if self.dist is not None:
+            self.comms[0].barrier()
+        self.close()
+
+    def abort(self, why: str) -> None:
+        """This process failed: the other ranks' pending and next collectives fail with ``why``
+        instead of waiting for it."""
+        for c in self.comms:
+            c.abort(why)
+
     def close(self) -> None:
         self.threads.close()
+        self.threads.comms = self.comms = []  # (TCP: the sockets close with the last reference)
+
+
+@dataclass
+class _Tally:
+    """Another process's MoE tallies, as `_merge_moe_tallies` reads a rank's."""
+
+    _moe_load: np.ndarray | None
+    _router_values: dict

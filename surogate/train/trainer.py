@@ -12,7 +12,9 @@ uninterrupted loss curve.
 
 ``gpus: R`` > 1 (data_parallel.py): this trainer is rank 0 of R, the others its replicas
 (`_replica`: the same config, model and data; their own Program, weights, gradients, inputs and
-optimizer shard); a step splits each global micro-batch of B * R rows among them.
+optimizer shard); a step splits each global micro-batch of B * R rows among them. With
+``dist`` (a `ProcessRank` from a launcher) this trainer is one rank of a group of processes:
+the same step, the collectives over TCP; rank 0 writes the logs, checkpoints and outputs.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
+import io
 import json
 import logging
 import math
@@ -35,7 +38,7 @@ from surogate.errors import ConfigError
 from surogate.model import ROUTER_LOSSES, Model, _np_dtype, load_model, resolve_device
 from surogate.train.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
 from surogate.train.data import Batch, build_datasets
-from surogate.train.data_parallel import DataParallel, resolve_ranks, shard_owners
+from surogate.train.data_parallel import DataParallel, ProcessRank, resolve_ranks, shard_owners
 from surogate.train.export import merge_into_checkpoint, save_hf_folder, write_sidecars
 from surogate.train.image_feed import has_feed, images_per_batch, make_feed
 from surogate.models.name_table import transposed_experts
@@ -83,11 +86,14 @@ class Trainer:
     graph_kw: dict = {}  # extra Model.executable arguments of the training and reference Programs (GRPO's temperature)
     image_prompt = None  # the family's ImagePrompt, for a vision model's rows with images (_datasets)
 
-    def __init__(self, cfg: SFTConfig, model: Model | None = None, stream=None):
+    def __init__(self, cfg: SFTConfig, model: Model | None = None, stream=None, dist: ProcessRank | None = None):
         self.cfg = cfg
         self.out = Path(cfg.output_dir)
         device = model.device if model is not None else resolve_device(cfg.device)
-        self.world, self.rank, self.dp = resolve_ranks(cfg, device), 0, None  # data parallel ranks (gpus)
+        self.dist = dist  # this process's rank of a group of processes (None: every rank is a thread here)
+        self.world, self.dp = resolve_ranks(cfg, device, dist), None  # data parallel ranks (gpus, or processes)
+        self.rank = dist.rank if dist is not None else 0
+        self.local_rank = 0  # among this process's ranks (rank 0's Program shares the model's weights)
         self.model = model or load_model(cfg.model, device=device, dtype=cfg.dtype, **qlora_load_args(cfg))
         self._moe_options()
         self._vision_options()
@@ -112,11 +118,12 @@ class Trainer:
         self._build()
         if self.world > 1:
             self.dp = DataParallel(self)
-        self.feed = MetricsFeed(cfg.metrics_path if "jsonl" in cfg.report_to else None,
-                                use_wandb="wandb" in cfg.report_to, wandb_project=cfg.wandb_project,
+        quiet = self.rank != 0  # another process's rank: rank 0 reports
+        self.feed = MetricsFeed(cfg.metrics_path if "jsonl" in cfg.report_to and not quiet else None,
+                                use_wandb="wandb" in cfg.report_to and not quiet, wandb_project=cfg.wandb_project,
                                 wandb_name=cfg.wandb_name, config=_jsonable(cfg),
-                                resume_id_file=self.out / "wandb_id.txt", stream=stream,
-                                total_steps=self.total_steps)
+                                resume_id_file=self.out / "wandb_id.txt",
+                                stream=io.StringIO() if quiet else stream, total_steps=self.total_steps)
 
     # ---- setup ------------------------------------------------------------------------------
     def _moe_options(self) -> None:
@@ -176,7 +183,7 @@ class Trainer:
         m = self.model
         image_kw = {"images": self.images} if self.images else {}
         self.eval_exe = None
-        if self.eval_data is not None:
+        if self.eval_data is not None and self.rank == 0:  # (ranks in other processes: rank 0 evaluates)
             self.eval_exe = m.executable("train", self.N, self.N, lora=self.lora, grads=False,
                                          mlp_chunk=self.mlp_chunk, **image_kw)
             # The same device buffers as the training program (the weights come from the model).
@@ -193,7 +200,7 @@ class Trainer:
         fine-tune: a copy of the weights, which rank 0 keeps in the model), gradients, inputs and
         optimizer (ZeRO: its shard). Frozen base weights are shared (host memory, read only)."""
         r = copy.copy(self)
-        r.rank, r.dp, r.eval_exe = rank, None, None
+        r.rank, r.local_rank, r.dp, r.eval_exe = rank, rank, None, None
         r._moe_load, r._router_values = None, {}
         r._build_rank()
         return r
@@ -208,7 +215,7 @@ class Trainer:
                               hint="set gpus: 1 for a dataset with images")
         image_kw = {"images": self.images} if self.images else {}
         self.exe = m.executable("train", self.N, self.N, lora=self.lora, grads=True, recompute=self.cfg.recompute,
-                                mlp_chunk=self.mlp_chunk, shared=self.rank == 0, **self.graph_kw, **image_kw)
+                                mlp_chunk=self.mlp_chunk, shared=self.local_rank == 0, **self.graph_kw, **image_kw)
         if self.mlp_chunk and not self.exe.lowered.tiled_mlps:
             raise ConfigError(f"long_context: {self.cfg.model} has no dense MLP to tile (its MLPs are experts)",
                               where="long_context", hint="remove long_context; recompute: true bounds a MoE's memory")
@@ -224,7 +231,7 @@ class Trainer:
             self.trainable = {n: np.ascontiguousarray(a.astype(storage)) for n, a in self.masters.items()}
             for n, a in self.trainable.items():
                 self.exe.bind(n, a)
-        elif self.rank == 0:
+        elif self.local_rank == 0:
             self.trainable = {n: m.params[n] for n in self.exe.external_names("param")}
         else:  # a replica updates weights of its own
             self.trainable = {n: m.params[n].copy() for n in self.exe.external_names("param")}
@@ -516,21 +523,34 @@ class Trainer:
                     eval_loss = record["eval_loss"]
                     self.feed.eval(state.step, **record)
                 if c.save_steps > 0 and state.step % c.save_steps == 0 and state.step < self.total_steps:
-                    save_checkpoint(ckpt_root, state, self._trainable_state(), self._optimizer_state(),
-                                    c.save_total_limit)
+                    self._save_checkpoint(ckpt_root, state)
             if self.eval_exe is not None and (c.eval_steps == 0 or self.total_steps % c.eval_steps != 0):
                 record = self._eval_metrics()
                 eval_loss = record["eval_loss"]
                 self.feed.eval(state.step, **record)
-            save_checkpoint(ckpt_root, state, self._trainable_state(), self._optimizer_state(), c.save_total_limit)
-            output, merged = self.save_outputs()
+            self._save_checkpoint(ckpt_root, state)
+            if self.dist is not None:
+                self.dp.freeze()  # (every rank: under ZeRO the shards come to rank 0)
+            output, merged = self.save_outputs() if self.rank == 0 else (None, None)
             self.feed.write({"type": "end", "step": state.step, "loss": loss, "eval_loss": eval_loss,
                              "output": str(output)})
+            if self.dp is not None:
+                self.dp.finish()
+        except BaseException as e:
+            if self.dp is not None:  # the other processes' ranks fail now, not at their timeout
+                self.dp.abort(f"rank {self.rank} failed: {type(e).__name__}: {e}")
+            raise
         finally:
             self.feed.close()
             if self.dp is not None:
                 self.dp.close()
         return TrainResult(state.step, loss, eval_loss, output, merged)
+
+    def _save_checkpoint(self, root: Path, state: TrainerState) -> None:
+        """Every rank gathers the state (ranks in processes under ZeRO: collectives), rank 0 writes."""
+        trainable, opt_state = self._trainable_state(), self._optimizer_state()
+        if self.rank == 0:
+            save_checkpoint(root, state, trainable, opt_state, self.cfg.save_total_limit)
 
     def save_outputs(self) -> tuple[Path, Path | None]:
         m, c = self.model, self.cfg

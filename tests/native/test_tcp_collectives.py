@@ -1,0 +1,232 @@
+"""The TCP backend of the collectives (kernels_native/dist/tcp_group.cpp): ranks that are
+separate processes (multiprocessing spawn) on this host. Every call on 2 and 3 processes equals
+numpy's rank-order f32 reduction and the threads backend's results, bit for bit; the failure
+paths name the peer: a mismatched call fails every rank and leaves the group usable, a rank
+that exits fails the others at once (not at the timeout), a rank that never joins times out,
+an abort fails the group.
+
+One spawn per rank per scenario (each imports numpy and the module: about a second)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from surogate import _native
+from surogate.train.data_parallel import RankThreads, gather_objects
+
+BF16 = ml_dtypes.bfloat16
+SIZES = [7, 4097, 1, 33]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def inputs(rank: int, world: int):
+    """Rank `rank`'s tensors of the "every call" scenario (a function of rank and world only)."""
+    rng = np.random.default_rng(100 + rank)
+    f32 = [rng.standard_normal(n).astype(np.float32) for n in SIZES]
+    return {"f32": f32, "bf16": [x.astype(BF16) for x in f32],
+            "scatter": rng.standard_normal(5 * world).astype(np.float32),
+            "gather": rng.standard_normal(6).astype(np.float32) + rank,
+            "bcast": [rng.standard_normal(9).astype(np.float32)]}
+
+
+def every_call(rank: int, comm) -> dict:
+    """Each collective once (the same script on the threads backend and on the TCP one)."""
+    world = comm.world_size
+    x = inputs(rank, world)
+    out = {}
+    for key in ("f32", "bf16"):
+        for op in ("sum", "mean"):
+            bufs = [a.copy() for a in x[key]]
+            comm.all_reduce(bufs, op)
+            out[f"all_reduce/{key}/{op}"] = bufs
+    part = np.zeros(5, np.float32)
+    comm.reduce_scatter(x["scatter"], part, "sum")
+    out["reduce_scatter"] = [part]
+    whole = np.zeros(6 * world, np.float32)
+    comm.all_gather(x["gather"], whole)
+    out["all_gather"] = [whole]
+    b = [a.copy() for a in x["bcast"]]
+    comm.broadcast(b, world - 1)
+    out["broadcast"] = b
+    owners = [r % world for r in range(len(SIZES))]
+    bufs = [a.copy() for a in x["f32"]]
+    comm.reduce_to_owners(bufs, owners, "sum")
+    out["reduce_to_owners"] = [bufs[i] for i in range(len(SIZES)) if owners[i] == rank]
+    comm.gather_from_owners(bufs, owners)
+    out["gather_from_owners"] = bufs
+    comm.barrier()
+    out["objects"] = gather_objects(comm, {"rank": rank, "pad": "x" * (10 * rank)})
+    return out
+
+
+def mismatch(rank: int, comm) -> dict:
+    """A call whose sizes differ fails on every rank; the next one works."""
+    try:
+        comm.all_reduce([np.ones(3 + rank, np.float32)])
+        failed = None
+    except Exception as e:  # noqa: BLE001 (reported to the test)
+        failed = f"{type(e).__name__}: {e}"
+    a = [np.full(4, rank + 1, np.float32)]
+    comm.all_reduce(a)
+    return {"failed": failed, "after": a}
+
+
+def one_dies(rank: int, comm) -> dict:
+    comm.barrier()
+    if rank == 1:
+        os._exit(3)
+    comm.all_reduce([np.ones(8, np.float32)])
+    return {}
+
+
+def aborts(rank: int, comm) -> dict:
+    comm.barrier()
+    if rank == 1:
+        comm.abort("rank 1 gave up")
+        try:
+            comm.barrier()
+        except Exception as e:  # noqa: BLE001
+            return {"failed": str(e)}
+        return {}
+    comm.all_reduce([np.ones(8, np.float32)])
+    return {}
+
+
+SCENARIOS = {"every_call": every_call, "mismatch": mismatch, "one_dies": one_dies, "aborts": aborts}
+
+
+def _rank_main(rank, world, port, scenario, timeout_s, q):
+    try:
+        comm = _native.tcp_group(rank, world, "127.0.0.1", port, timeout_s)
+        q.put((rank, "ok", SCENARIOS[scenario](rank, comm)))
+    except Exception as e:  # noqa: BLE001 (the parent asserts on it)
+        q.put((rank, "error", f"{type(e).__name__}: {e}"))
+
+
+def on_processes(world: int, scenario: str, ranks=None, timeout_s: float = 30.0) -> dict:
+    """{rank: ("ok", result) or ("error", message)} of `scenario` on processes `ranks` of a group of `world`."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = free_port()
+    ranks = range(world) if ranks is None else ranks
+    procs = [ctx.Process(target=_rank_main, args=(r, world, port, scenario, timeout_s, q)) for r in ranks]
+    for p in procs:
+        p.start()
+    out = {}
+    try:
+        while len(out) < len(procs) and any(p.is_alive() for p in procs) or not q.empty():
+            try:
+                r, *res = q.get(timeout=60)
+            except Exception:  # noqa: BLE001 (a dead rank sends nothing)
+                break
+            out[r] = tuple(res)
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    return out
+
+
+def on_threads(world: int, fn) -> list:
+    comms = _native.thread_group(world)
+    threads = RankThreads(comms)
+    try:
+        return threads.run(lambda r: fn(r, comms[r]))
+    finally:
+        threads.close()
+
+
+def rank_sum(xs) -> np.ndarray:
+    acc = xs[0].astype(np.float32)
+    for x in xs[1:]:
+        acc = acc + x.astype(np.float32)
+    return acc
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_every_call_equals_numpy_and_the_threads_backend(world):
+    got = on_processes(world, "every_call")
+    assert sorted(got) == list(range(world)), got
+    assert all(status == "ok" for status, *_ in got.values()), got
+    threads = on_threads(world, every_call)
+    xs = [inputs(r, world) for r in range(world)]
+    for r in range(world):
+        res = got[r][1]
+        assert set(res) == set(threads[r])
+        for key, arrays in res.items():
+            if key == "objects":
+                assert arrays == [{"rank": k, "pad": "x" * (10 * k)} for k in range(world)]
+                continue
+            for a, b in zip(arrays, threads[r][key], strict=True):
+                assert a.dtype == b.dtype
+                np.testing.assert_array_equal(a, b, err_msg=f"{key} rank {r}")
+        # and numpy's rank-order f32 sum
+        for i in range(len(SIZES)):
+            ref = rank_sum([x["f32"][i] for x in xs])
+            np.testing.assert_array_equal(res["all_reduce/f32/sum"][i], ref)
+            np.testing.assert_array_equal(res["all_reduce/f32/mean"][i], ref / np.float32(world))
+            ref16 = rank_sum([x["bf16"][i] for x in xs])
+            np.testing.assert_array_equal(res["all_reduce/bf16/sum"][i], ref16.astype(BF16))
+            np.testing.assert_array_equal(res["gather_from_owners"][i], ref)
+        np.testing.assert_array_equal(res["reduce_scatter"][0], rank_sum([x["scatter"] for x in xs])[5 * r:5 * r + 5])
+        np.testing.assert_array_equal(res["all_gather"][0], np.concatenate([x["gather"] for x in xs]))
+        np.testing.assert_array_equal(res["broadcast"][0], xs[world - 1]["bcast"][0])
+
+
+def test_a_mismatched_call_fails_every_rank_and_the_group_goes_on():
+    got = on_processes(2, "mismatch")
+    for r in range(2):
+        status, res = got[r]
+        assert status == "ok", got
+        assert res["failed"].startswith("ShapeError") and "rank 1 tensor 0" in res["failed"], res
+        np.testing.assert_array_equal(res["after"][0], np.full(4, 3, np.float32))
+
+
+def test_a_rank_that_exits_fails_the_others_at_once_naming_it():
+    got = on_processes(3, "one_dies", timeout_s=120)  # the timeout is far: the failure must not wait for it
+    assert 1 not in got
+    status, msg = got[0]
+    assert status == "error" and "rank 1 (127.0.0.1:" in msg and "closed the connection" in msg, msg
+    status, msg = got[2]  # rank 0 shut its sockets: rank 2 fails too, naming rank 0
+    assert status == "error" and "rank 0 (127.0.0.1:" in msg, msg
+
+
+def test_abort_fails_the_group():
+    got = on_processes(2, "aborts", timeout_s=120)
+    assert got[1] == ("ok", {"failed": got[1][1]["failed"]}) and "rank 1 gave up" in got[1][1]["failed"]
+    status, msg = got[0]
+    assert status == "error" and "rank 1 (127.0.0.1:" in msg, msg
+
+
+def test_a_rank_that_never_joins_times_out_naming_it():
+    got = on_processes(3, "every_call", ranks=[0, 2], timeout_s=1.5)
+    status, msg = got[0]
+    assert status == "error" and "waited 1.5 s for rank(s) 1 of 3" in msg, msg
+    status, msg = got[2]
+    assert status == "error" and "rank 0" in msg, msg
+
+
+def test_bad_arguments_are_refused():
+    from surogate.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match="rank 2 of a world of 2"):
+        _native.tcp_group(2, 2, "127.0.0.1", 1234)
+    with pytest.raises(InvalidArgumentError, match="port 0"):
+        _native.tcp_group(0, 2, "127.0.0.1", 0)
+    single = _native.tcp_group(0, 1, "127.0.0.1", free_port())  # a group of one: no sockets
+    a = [np.arange(4, dtype=np.float32)]
+    single.all_reduce(a)
+    assert single.backend == "tcp" and single.world_size == 1
+    np.testing.assert_array_equal(a[0], np.arange(4, dtype=np.float32))
