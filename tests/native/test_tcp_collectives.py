@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import queue
 import socket
+import time
 
 import ml_dtypes
 import numpy as np
@@ -123,13 +125,15 @@ def on_processes(world: int, scenario: str, ranks=None, timeout_s: float = 30.0)
     procs = [ctx.Process(target=_rank_main, args=(r, world, port, scenario, timeout_s, q)) for r in ranks]
     for p in procs:
         p.start()
-    out = {}
+    out, deadline = {}, time.monotonic() + 120
     try:
-        while len(out) < len(procs) and any(p.is_alive() for p in procs) or not q.empty():
+        while len(out) < len(procs) and time.monotonic() < deadline:
             try:
-                r, *res = q.get(timeout=60)
-            except Exception:  # noqa: BLE001 (a dead rank sends nothing)
-                break
+                r, *res = q.get(timeout=0.2)
+            except queue.Empty:  # (a rank that died sends nothing)
+                if not any(p.is_alive() for p in procs) and q.empty():
+                    break
+                continue
             out[r] = tuple(res)
     finally:
         for p in procs:
