@@ -1,0 +1,89 @@
+"""Multi-node data parallel through Ray (surogate/train/ray_launch.py) on a local Ray cluster of
+this machine (ray.init(num_cpus=2)): two actors stand for two nodes, each a trainer rank in its
+own process, the collectives over TCP. A tiny random Llama under LoRA (f32, ZeRO-1 as the
+default config has it) trains to the same losses and the same adapter, bit for bit, as the
+same run with ``gpus: 2`` (two rank threads in one process): the TCP backend reduces in the
+threads backend's order and every rank sees the same rows.
+
+Slow: the cluster, and each actor importing surogate and building its Programs, take most of
+a minute on two cores; CI runs it (``ray`` is in the test extra)."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+pytest.importorskip("transformers")
+
+from safetensors.numpy import load_file  # noqa: E402
+from sgtest.qa import sft_config, step_losses, write_qa  # noqa: E402
+from sgtest.tiny_models import make_llama  # noqa: E402
+
+import surogate  # noqa: E402
+from surogate.errors import ConfigError  # noqa: E402
+from surogate.train.ray_launch import launch  # noqa: E402
+from surogate.train.trainer import Trainer  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    # The actors' processes import surogate from where this test does.
+    root = str(Path(surogate.__file__).resolve().parents[1])
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = root + (os.pathsep + old if old else "")
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="warning", log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        if old is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old
+
+
+def adapter(out: Path) -> dict[str, np.ndarray]:
+    return load_file(str(out / "adapter" / "adapter_model.safetensors"))
+
+
+def test_two_ray_actors_train_as_two_rank_threads(cluster, tmp_path):
+    base = make_llama(tmp_path / "llama", seed=3)
+    data = write_qa(tmp_path / "qa.jsonl")
+    kw = dict(device="cpu", max_steps=3, sequence_len=160, save_steps=2)
+    Trainer(sft_config(base, data, tmp_path / "threads", gpus=2, **kw)).train()
+
+    stream = io.StringIO()
+    result = launch(sft_config(base, data, tmp_path / "ray", **kw), "local", num_nodes=2, stream=stream)
+    assert result.steps == 3 and result.output == tmp_path / "ray" / "adapter"
+    threads, nodes = step_losses(tmp_path / "threads"), step_losses(tmp_path / "ray")
+    assert len(nodes) == 3 and nodes == threads  # bit for bit
+    a, b = adapter(tmp_path / "threads"), adapter(tmp_path / "ray")
+    assert a.keys() == b.keys()
+    for n in a:
+        np.testing.assert_array_equal(a[n], b[n], err_msg=n)
+    # rank 0's step lines reached the driver; the checkpoint (step 2) and outputs are rank 0's
+    assert sum("step" in line and "loss" in line for line in stream.getvalue().splitlines()) >= 3, stream.getvalue()
+    assert (tmp_path / "ray" / "checkpoints").is_dir()
+
+
+def test_a_failing_rank_fails_the_run_with_its_error(cluster, tmp_path):
+    base = make_llama(tmp_path / "llama", seed=3)
+    cfg = sft_config(base, tmp_path / "missing.jsonl", tmp_path / "out", device="cpu", max_steps=1,
+                     sequence_len=160)
+    with pytest.raises(Exception, match="missing.jsonl"):
+        launch(cfg, "local", num_nodes=2, stream=io.StringIO())
+
+
+def test_more_ranks_than_gpus_one_per_node(tmp_path):
+    from surogate.config import load_config
+
+    with pytest.raises(ConfigError, match="several ranks per node"):
+        load_config({"model": "x", "datasets": [{"path": "d.jsonl"}], "gpus": 2,
+                     "distributed": {"ray_address": "auto", "num_nodes": 2}})
