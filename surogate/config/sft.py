@@ -56,8 +56,8 @@ class DistributedConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
     one rank per node, the collectives over TCP (host memory: device: cpu for now)."""
 
     # "auto": the running cluster, "local": a new one on this machine, "ray://HOST:PORT": a Ray
-    # client. None: no Ray (the run is this process's; `surogate sft --ray ADDRESS` sets it).
-    ray_address: str | None = None
+    # client (`surogate sft --ray ADDRESS` sets it, and makes the block when the config has none).
+    ray_address: str = "auto"
     num_nodes: int = 0  # ranks, one per node; 0: every alive node of the cluster
 
 

@@ -22,13 +22,13 @@ def run(config_path: str | Path, kind: str, ray_address: str | None = None, num_
     if ray_address is not None or num_nodes is not None:
         if num_nodes is not None and num_nodes < 0:
             raise ConfigError(f"--nodes {num_nodes}", where="--nodes", hint="one rank per node; 0: every node")
-        d = DistributedConfig(ray_address=ray_address or (d.ray_address if d else None) or "auto",
+        d = DistributedConfig(ray_address=ray_address or (d.ray_address if d else "auto"),
                               num_nodes=num_nodes if num_nodes is not None else (d.num_nodes if d else 0))
         cfg = msgspec.structs.replace(cfg, distributed=d)
         if cfg.gpus > 1:  # (the loader's check of a distributed block)
             raise ConfigError(f"gpus: {cfg.gpus} with --ray: several ranks per node are not built yet", where="gpus",
                               hint="set gpus: 1 (one rank per node)")
-    if d is not None and d.ray_address is not None:
+    if d is not None:
         from surogate.train.ray_launch import launch
 
         result = launch(cfg, d.ray_address, d.num_nodes)
