@@ -1,8 +1,8 @@
 """Multi-node data parallel through Ray (surogate/train/ray_launch.py) on a local Ray cluster of
 this machine (ray.init(num_cpus=2)): two actors stand for two nodes, each a trainer rank in its
-own process, the collectives over TCP. A tiny random Llama under LoRA (f32, ZeRO-1 as the
-default config has it) trains to the same losses and the same adapter, bit for bit, as the
-same run with ``gpus: 2`` (two rank threads in one process): the TCP backend reduces in the
+own process, the collectives over TCP. A tiny random Llama under LoRA (f32, ZeRO-1 and -2)
+trains to the same losses, adapter and checkpoints (every rank's optimizer shard), bit for bit,
+as the same run with ``gpus: 2`` (two rank threads in one process): the TCP backend reduces in the
 threads backend's order and every rank sees the same rows.
 
 Slow: the cluster, and each actor importing surogate and building its Programs, take most of
@@ -26,6 +26,7 @@ from sgtest.tiny_models import make_llama  # noqa: E402
 
 import surogate  # noqa: E402
 from surogate.errors import ConfigError  # noqa: E402
+from surogate.train.checkpoint import latest_checkpoint, load_checkpoint  # noqa: E402
 from surogate.train.ray_launch import launch  # noqa: E402
 from surogate.train.trainer import Trainer  # noqa: E402
 
@@ -53,10 +54,11 @@ def adapter(out: Path) -> dict[str, np.ndarray]:
     return load_file(str(out / "adapter" / "adapter_model.safetensors"))
 
 
-def test_two_ray_actors_train_as_two_rank_threads(cluster, tmp_path):
+@pytest.mark.parametrize("zero_level", [1, 2])
+def test_two_ray_actors_train_as_two_rank_threads(cluster, tmp_path, zero_level):
     base = make_llama(tmp_path / "llama", seed=3)
     data = write_qa(tmp_path / "qa.jsonl")
-    kw = dict(device="cpu", max_steps=3, sequence_len=160, save_steps=2)
+    kw = dict(device="cpu", max_steps=3, sequence_len=160, save_steps=2, zero_level=zero_level)
     Trainer(sft_config(base, data, tmp_path / "threads", gpus=2, **kw)).train()
 
     stream = io.StringIO()
@@ -70,7 +72,16 @@ def test_two_ray_actors_train_as_two_rank_threads(cluster, tmp_path):
         np.testing.assert_array_equal(a[n], b[n], err_msg=n)
     # rank 0's step lines reached the driver; the checkpoint (step 2) and outputs are rank 0's
     assert sum("step" in line and "loss" in line for line in stream.getvalue().splitlines()) >= 3, stream.getvalue()
-    assert (tmp_path / "ray" / "checkpoints").is_dir()
+    # the checkpoints (step 2 and the last) hold the full state: every rank's optimizer shard
+    for step in (2, 3):
+        ckpts = [latest_checkpoint(tmp_path / run / "checkpoints").parent / f"step_{step:08d}"
+                 for run in ("threads", "ray")]
+        (s1, w1, o1), (s2, w2, o2) = (load_checkpoint(c) for c in ckpts)
+        assert s1.losses == s2.losses and w1.keys() == w2.keys() and o1.keys() == o2.keys() and o1
+        for n in w1:
+            np.testing.assert_array_equal(w1[n], w2[n], err_msg=n)
+        for n in o1:
+            np.testing.assert_array_equal(o1[n], o2[n], err_msg=n)
 
 
 def test_a_failing_rank_fails_the_run_with_its_error(cluster, tmp_path):
