@@ -98,3 +98,34 @@ def test_more_ranks_than_gpus_one_per_node(tmp_path):
     with pytest.raises(ConfigError, match="several ranks per node"):
         load_config({"model": "x", "datasets": [{"path": "d.jsonl"}], "gpus": 2,
                      "distributed": {"ray_address": "auto", "num_nodes": 2}})
+
+
+def test_a_distributed_block_runs_on_ray(cluster, tmp_path, capsys):
+    """`surogate sft CONFIG` with ``distributed: {num_nodes: 2}`` (ray_address: auto, the
+    cluster this process joined) trains on two actors and prints rank 0's step lines."""
+    import yaml
+
+    from surogate.train.run import run
+
+    base = make_llama(tmp_path / "llama", seed=3)
+    data = write_qa(tmp_path / "qa.jsonl")
+    cfg = {"model": str(base), "output_dir": str(tmp_path / "out"), "device": "cpu", "recipe": "fp32",
+           "datasets": [{"path": str(data), "type": "messages"}], "sequence_len": 160, "max_steps": 2,
+           "per_device_train_batch_size": 1, "gradient_accumulation_steps": 1, "save_steps": 0, "eval_steps": 0,
+           "distributed": {"num_nodes": 2}}
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    result = run(path, "sft")
+    assert result.steps == 2 and (tmp_path / "out" / "adapter" / "adapter_model.safetensors").is_file()
+    assert len(step_losses(tmp_path / "out")) == 2
+    assert "step 2/2" in capsys.readouterr().err
+
+
+def test_distributed_keys_are_checked():
+    from surogate.config import load_config
+
+    with pytest.raises(ConfigError, match="num_nodes"):
+        load_config({"model": "x", "datasets": [{"path": "d.jsonl"}], "distributed": {"num_nodes": -1}})
+    with pytest.raises(ConfigError, match="multi-node training runs surogate sft and pt"):
+        load_config({"model": "x", "datasets": [{"path": "d.jsonl", "type": "preference"}],
+                     "distributed": {"num_nodes": 2}}, kind="dpo")
