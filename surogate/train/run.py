@@ -14,7 +14,8 @@ from surogate.errors import ConfigError
 from surogate.train.trainer import TrainResult, Trainer
 
 
-def run(config_path: str | Path, kind: str, ray_address: str | None = None, num_nodes: int | None = None) -> TrainResult:
+def run(config_path: str | Path, kind: str, ray_address: str | None = None,
+        num_nodes: int | None = None) -> TrainResult:
     """``ray_address`` / ``num_nodes`` (`--ray`, `--nodes`): the config's distributed block's keys, overridden."""
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     cfg = load_config(config_path, kind=kind)

@@ -529,7 +529,7 @@ class Trainer:
                 eval_loss = record["eval_loss"]
                 self.feed.eval(state.step, **record)
             self._save_checkpoint(ckpt_root, state)
-            if self.dist is not None:
+            if self.dp is not None and self.dist is not None:
                 self.dp.freeze()  # (every rank: under ZeRO the shards come to rank 0)
             output, merged = self.save_outputs() if self.rank == 0 else (None, None)
             self.feed.write({"type": "end", "step": state.step, "loss": loss, "eval_loss": eval_loss,
