@@ -108,6 +108,10 @@ def launch(cfg, address: str, num_nodes: int = 0, stream=None, timeout_s: float 
         if 1 < nodes < n:
             raise ConfigError(f"distributed.num_nodes: {n}, but the Ray cluster at {address} has {nodes} nodes",
                               where="distributed.num_nodes", hint=f"set num_nodes to at most {nodes}, or add nodes")
+        cpus = ray.cluster_resources().get("CPU", 0)
+        if cpus < n:  # (the actors would wait for CPUs forever)
+            raise ConfigError(f"{n} ranks need {n} CPUs of the Ray cluster at {address}, it has {cpus:g}",
+                              where="distributed.num_nodes", hint="one CPU per rank: fewer nodes, or more CPUs")
         worker = ray.remote(num_cpus=1, max_concurrency=2)(RankWorker)
         if nodes > 1:  # one rank per node
             pg = placement_group([{"CPU": 1}] * n, strategy="STRICT_SPREAD")

@@ -84,6 +84,15 @@ def test_two_ray_actors_train_as_two_rank_threads(cluster, tmp_path, zero_level)
             np.testing.assert_array_equal(o1[n], o2[n], err_msg=n)
 
 
+def test_one_node_is_the_one_process_run(cluster, tmp_path):
+    base = make_llama(tmp_path / "llama", seed=3)
+    data = write_qa(tmp_path / "qa.jsonl")
+    kw = dict(device="cpu", max_steps=2, sequence_len=160)
+    Trainer(sft_config(base, data, tmp_path / "here", **kw)).train()
+    launch(sft_config(base, data, tmp_path / "ray", **kw), "local", num_nodes=1, stream=io.StringIO())
+    assert step_losses(tmp_path / "ray") == step_losses(tmp_path / "here")
+
+
 def test_a_failing_rank_fails_the_run_with_its_error(cluster, tmp_path):
     base = make_llama(tmp_path / "llama", seed=3)
     cfg = sft_config(base, tmp_path / "missing.jsonl", tmp_path / "out", device="cpu", max_steps=1,
@@ -129,3 +138,9 @@ def test_distributed_keys_are_checked():
     with pytest.raises(ConfigError, match="multi-node training runs surogate sft and pt"):
         load_config({"model": "x", "datasets": [{"path": "d.jsonl", "type": "preference"}],
                      "distributed": {"num_nodes": 2}}, kind="dpo")
+
+
+def test_more_ranks_than_the_cluster_holds_are_refused(cluster, tmp_path):
+    cfg = sft_config(tmp_path / "llama", tmp_path / "qa.jsonl", tmp_path / "out", device="cpu")
+    with pytest.raises(ConfigError, match="3 ranks need 3 CPUs"):
+        launch(cfg, "local", num_nodes=3)
