@@ -42,7 +42,7 @@
 #include <cstring>
 #include <mutex>
 
-#include "dist/collective.h"
+#include "dist/call_check.h"
 
 namespace surogate::dist {
 
@@ -51,52 +51,6 @@ namespace {
 constexpr uint32_t kMagic = 0x53475443;  // "SGTC"
 constexpr uint32_t kVersion = 1;
 constexpr size_t kChunk = 1 << 20;  // bytes reduced per received piece
-
-enum class Kind : uint32_t { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kReduceToOwners, kGatherFromOwners,
-                             kBarrier };
-
-const char* kind_name(Kind k) {
-  switch (k) {
-    case Kind::kAllReduce: return "all_reduce";
-    case Kind::kReduceScatter: return "reduce_scatter";
-    case Kind::kAllGather: return "all_gather";
-    case Kind::kBroadcast: return "broadcast";
-    case Kind::kReduceToOwners: return "reduce_to_owners";
-    case Kind::kGatherFromOwners: return "gather_from_owners";
-    case Kind::kBarrier: return "barrier";
-  }
-  return "?";
-}
-
-// What rank 0 needs to know of one tensor of a rank's call to check it.
-struct TensorDesc {
-  int64_t numel = 0;
-  DType dtype = DType::kF32;
-  bool cpu = true, contiguous = true, has_data = true, readonly = false;
-  std::string describe;
-};
-
-struct CallDesc {
-  Kind kind = Kind::kBarrier;
-  ReduceOp op = ReduceOp::kSum;
-  int32_t root = 0;
-  std::vector<int32_t> owners;
-  std::vector<TensorDesc> bufs;
-};
-
-CallDesc describe_call(Kind kind, const std::vector<Tensor>& bufs, ReduceOp op, int root,
-                       const std::vector<int>& owners) {
-  CallDesc d;
-  d.kind = kind, d.op = op, d.root = root;
-  d.owners.assign(owners.begin(), owners.end());
-  for (const Tensor& t : bufs) {
-    TensorDesc td;
-    td.numel = t.numel(), td.dtype = t.dtype, td.cpu = t.device.is_cpu(), td.contiguous = t.is_contiguous();
-    td.has_data = t.data != nullptr || t.numel() == 0, td.readonly = t.readonly, td.describe = t.describe();
-    d.bufs.push_back(std::move(td));
-  }
-  return d;
-}
 
 // ---- (de)serializing a call's description ---------------------------------------------------
 
@@ -160,87 +114,6 @@ bool decode(const std::string& b, CallDesc* d) {
     t.describe = r.str();
   }
   return r.ok && r.at == b.size() && static_cast<uint32_t>(d->kind) <= static_cast<uint32_t>(Kind::kBarrier);
-}
-
-// ---- the checks (the threads backend's rules and messages) ----------------------------------
-
-bool reducible(DType dt) { return dt == DType::kF32 || dt == DType::kBF16 || dt == DType::kF16; }
-
-Status check_tensor(const char* what, int rank, size_t i, const TensorDesc& t, bool written) {
-  const std::string where = str_cat(what, ": rank ", rank, " tensor ", i, " (", t.describe, ")");
-  SG_CHECK(t.cpu, StatusCode::kUnsupported, str_cat(where, " is not in host memory"),
-           "the TCP backend moves host memory; GPU ranks need the NCCL backend");
-  SG_CHECK(t.contiguous, StatusCode::kInvalidArgument, str_cat(where, " is not contiguous"),
-           "pass contiguous tensors (np.ascontiguousarray)");
-  SG_CHECK(t.has_data, StatusCode::kInvalidArgument, str_cat(where, " has no memory"), "");
-  SG_CHECK(!written || !t.readonly, StatusCode::kInvalidArgument, str_cat(where, " is read-only"),
-           "pass writeable arrays: the collective writes them");
-  return Status::OK();
-}
-
-Status validate(const std::vector<CallDesc>& calls) {
-  const CallDesc& c0 = calls[0];
-  const char* name = kind_name(c0.kind);
-  const int R = static_cast<int>(calls.size());
-  const std::string hint = "every rank must make the same collective calls in the same order, with tensors of "
-                           "the same sizes and dtypes";
-  for (int r = 0; r < R; ++r) {
-    const CallDesc& c = calls[r];
-    SG_CHECK(c.kind == c0.kind, StatusCode::kInvalidArgument,
-             str_cat("collective mismatch: rank ", r, " called ", kind_name(c.kind), ", rank 0 called ", name), hint);
-    SG_CHECK(c.bufs.size() == c0.bufs.size(), StatusCode::kInvalidArgument,
-             str_cat(name, ": rank ", r, " passed ", c.bufs.size(), " tensors, rank 0 ", c0.bufs.size()), hint);
-    SG_CHECK(c.op == c0.op && c.root == c0.root && c.owners == c0.owners, StatusCode::kInvalidArgument,
-             str_cat(name, ": rank ", r, " passed another op, root or owner list than rank 0"), hint);
-    for (size_t i = 0; i < c.bufs.size(); ++i) {
-      const TensorDesc &t = c.bufs[i], &t0 = c0.bufs[i];
-      SG_CHECK(t.numel == t0.numel && t.dtype == t0.dtype, StatusCode::kShapeMismatch,
-               str_cat(name, ": rank ", r, " tensor ", i, " is ", t.describe, ", rank 0's ", t0.describe), hint);
-      const bool written = !(c.kind == Kind::kReduceScatter || c.kind == Kind::kAllGather) || i == 1;
-      SG_RETURN_IF_ERROR(check_tensor(name, r, i, t, written));
-    }
-  }
-  switch (c0.kind) {
-    case Kind::kAllReduce:
-    case Kind::kReduceToOwners:
-      for (const TensorDesc& t : c0.bufs) {
-        SG_CHECK(reducible(t.dtype), StatusCode::kDTypeUnsupported,
-                 str_cat(name, ": cannot reduce ", dtype_name(t.dtype)), "reduce float32, bfloat16 or float16");
-      }
-      break;
-    case Kind::kReduceScatter:
-    case Kind::kAllGather: {
-      SG_CHECK(c0.bufs.size() == 2, StatusCode::kInternal, str_cat(name, ": expected (in, out)"), "");
-      const TensorDesc &in = c0.bufs[0], &out = c0.bufs[1];
-      SG_CHECK(in.dtype == out.dtype, StatusCode::kDTypeUnsupported,
-               str_cat(name, ": in is ", dtype_name(in.dtype), ", out ", dtype_name(out.dtype)), "use one dtype");
-      const bool scatter = c0.kind == Kind::kReduceScatter;
-      const int64_t whole = scatter ? in.numel : out.numel, part = scatter ? out.numel : in.numel;
-      SG_CHECK(whole == part * R, StatusCode::kShapeMismatch,
-               str_cat(name, ": ", scatter ? "in" : "out", " has ", whole, " elements, not ", R, " x the ",
-                       part, " of ", scatter ? "out" : "in"),
-               "the whole buffer holds one equal chunk per rank");
-      SG_CHECK(!scatter || reducible(in.dtype), StatusCode::kDTypeUnsupported,
-               str_cat(name, ": cannot reduce ", dtype_name(in.dtype)), "reduce float32, bfloat16 or float16");
-      break;
-    }
-    case Kind::kBroadcast:
-      SG_CHECK(c0.root >= 0 && c0.root < R, StatusCode::kInvalidArgument,
-               str_cat("broadcast: root ", c0.root, " is not a rank of a group of ", R), "");
-      break;
-    case Kind::kGatherFromOwners:
-    case Kind::kBarrier:
-      break;
-  }
-  if (c0.kind == Kind::kReduceToOwners || c0.kind == Kind::kGatherFromOwners) {
-    SG_CHECK(c0.owners.size() == c0.bufs.size(), StatusCode::kInvalidArgument,
-             str_cat(name, ": ", c0.bufs.size(), " tensors but ", c0.owners.size(), " owners"), "one owner per tensor");
-    for (int o : c0.owners) {
-      SG_CHECK(o >= 0 && o < R, StatusCode::kInvalidArgument,
-               str_cat(name, ": owner ", o, " is not a rank of a group of ", R), "");
-    }
-  }
-  return Status::OK();
 }
 
 // ---- reductions in f32 ----------------------------------------------------------------------
@@ -624,7 +497,7 @@ class TcpCommunicator final : public Communicator {
                str_cat("tcp collective: a garbled call from rank ", k, " (", peers_[k], ")"),
                "every rank must run the same surogate version");
     }
-    *verdict = validate(calls);
+    *verdict = validate(calls, "TCP");
     Writer w;
     w.put<uint32_t>(static_cast<uint32_t>(verdict->code())), w.str(verdict->message()), w.str(verdict->hint());
     for (int k = 1; k < world_; ++k) SG_RETURN_IF_ERROR(send_msg(k, w.b));
