@@ -78,6 +78,23 @@ class RankWorker:
         return self.stream.since(n)
 
 
+def init_ray(address: str | None = None, **kw) -> None:
+    """``ray.init``, from the folder that holds the surogate package this process runs. Ray puts
+    the driver's working directory on its workers' sys.path, ahead of site-packages: started
+    from a source checkout whose native module is not built in place, the workers would import
+    that tree's surogate instead of the installed one (and fail on surogate._native)."""
+    import ray
+
+    import surogate
+
+    here = os.getcwd()
+    os.chdir(os.path.dirname(os.path.dirname(os.path.abspath(surogate.__file__))))
+    try:
+        ray.init(address=address, include_dashboard=False, logging_level="warning", log_to_driver=False, **kw)
+    finally:
+        os.chdir(here)
+
+
 def _cluster_nodes(ray) -> int:
     return sum(1 for n in ray.nodes() if n.get("Alive"))
 
@@ -100,7 +117,7 @@ def launch(cfg, address: str, num_nodes: int = 0, stream=None, timeout_s: float 
     started = not ray.is_initialized()
     if started:
         kw = {"num_cpus": max(num_nodes, os.cpu_count() or 1)} if address == "local" else {}
-        ray.init(address=address, include_dashboard=False, logging_level="warning", log_to_driver=False, **kw)
+        init_ray(address, **kw)
     pg, actors = None, []
     try:
         nodes = _cluster_nodes(ray)

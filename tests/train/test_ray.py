@@ -11,7 +11,6 @@ a minute on two cores; CI runs it (``ray`` is in the test extra)."""
 from __future__ import annotations
 
 import io
-import os
 from pathlib import Path
 
 import numpy as np
@@ -24,10 +23,9 @@ from safetensors.numpy import load_file  # noqa: E402
 from sgtest.qa import sft_config, step_losses, write_qa  # noqa: E402
 from sgtest.tiny_models import make_llama  # noqa: E402
 
-import surogate  # noqa: E402
 from surogate.errors import ConfigError  # noqa: E402
 from surogate.train.checkpoint import latest_checkpoint, load_checkpoint  # noqa: E402
-from surogate.train.ray_launch import launch  # noqa: E402
+from surogate.train.ray_launch import init_ray, launch  # noqa: E402
 from surogate.train.trainer import Trainer  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -35,19 +33,11 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def cluster():
-    # The actors' processes import surogate from where this test does.
-    root = str(Path(surogate.__file__).resolve().parents[1])
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = root + (os.pathsep + old if old else "")
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="warning", log_to_driver=False)
+    init_ray(num_cpus=2)  # the actors import surogate from where this test does
     try:
         yield
     finally:
         ray.shutdown()
-        if old is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = old
 
 
 def adapter(out: Path) -> dict[str, np.ndarray]:
