@@ -61,6 +61,11 @@ class DeviceError(SurogateError):
     """A CUDA or driver failure."""
 
 
+class NetworkError(SurogateError, ConnectionError):
+    """A peer process of a collective group (a rank on another node) dropped its connection,
+    timed out or sent what no rank sends."""
+
+
 class InternalError(SurogateError):
     """A bug in surogate: please report it with the message."""
 

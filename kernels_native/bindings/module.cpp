@@ -43,7 +43,7 @@ void register_error_translator(py::module_& m) {
       static const char* const kClass[] = {
           "SurogateError",      // ok (never raised)
           "InvalidArgumentError", "ShapeError", "DTypeError", "NotFoundError", "OutOfMemoryError",
-          "UnsupportedError",   "FileFormatError", "DeviceError", "InternalError",
+          "UnsupportedError",   "FileFormatError", "DeviceError", "InternalError", "NetworkError",
       };
       py::object errors = py::module_::import("surogate.errors");
       py::object cls = errors.attr(kClass[static_cast<int>(st.code())]);

@@ -16,6 +16,7 @@ const char* status_code_name(StatusCode code) {
     case StatusCode::kIOError: return "io_error";
     case StatusCode::kDeviceError: return "device_error";
     case StatusCode::kInternal: return "internal";
+    case StatusCode::kNetworkError: return "network_error";
   }
   return "unknown";
 }

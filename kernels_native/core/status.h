@@ -20,6 +20,7 @@ enum class StatusCode : int {
   kIOError,          // file system or format problem
   kDeviceError,      // CUDA / driver failure
   kInternal,         // a bug in surogate: please report
+  kNetworkError,     // a peer process's connection failed, timed out or sent garbage (collectives)
 };
 
 const char* status_code_name(StatusCode code);

@@ -171,7 +171,7 @@ Status resolve(const std::string& host, int port, sockaddr_storage* out, socklen
   hints.ai_family = AF_UNSPEC, hints.ai_socktype = SOCK_STREAM;
   const std::string p = std::to_string(port);
   const int rc = getaddrinfo(host.c_str(), p.c_str(), &hints, &res);
-  SG_CHECK(rc == 0 && res != nullptr, StatusCode::kIOError,
+  SG_CHECK(rc == 0 && res != nullptr, StatusCode::kNetworkError,
            str_cat("tcp_group: cannot resolve ", host, ": ", gai_strerror(rc)),
            "pass rank 0's address as an IP or a name every rank can resolve");
   std::memcpy(out, res->ai_addr, res->ai_addrlen);
@@ -270,17 +270,17 @@ class TcpCommunicator final : public Communicator {
     const size_t colon = address_.rfind(':');
     SG_RETURN_IF_ERROR(resolve(address_.substr(0, colon), std::stoi(address_.substr(colon + 1)), &sa, &len));
     const int ls = ::socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    SG_CHECK(ls >= 0, StatusCode::kIOError, str_cat("tcp_group: socket(): ", errno_text(errno)), "");
+    SG_CHECK(ls >= 0, StatusCode::kNetworkError, str_cat("tcp_group: socket(): ", errno_text(errno)), "");
     int one = 1;
     setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     struct Closer {
       int fd;
       ~Closer() { ::close(fd); }
     } closer{ls};
-    SG_CHECK(::bind(ls, reinterpret_cast<sockaddr*>(&sa), len) == 0, StatusCode::kIOError,
+    SG_CHECK(::bind(ls, reinterpret_cast<sockaddr*>(&sa), len) == 0, StatusCode::kNetworkError,
              str_cat("tcp_group: rank 0 cannot listen on ", address_, ": ", errno_text(errno)),
              "pick a free port on rank 0's host (the launcher does), and rank 0's own address");
-    SG_CHECK(::listen(ls, world_) == 0, StatusCode::kIOError,
+    SG_CHECK(::listen(ls, world_) == 0, StatusCode::kNetworkError,
              str_cat("tcp_group: listen on ", address_, ": ", errno_text(errno)), "");
     const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms_);
     int joined = 1;
@@ -293,7 +293,7 @@ class TcpCommunicator final : public Communicator {
         for (int r = 1; r < world_; ++r) {
           if (fds_[r] < 0) missing += str_cat(missing.empty() ? "" : ", ", r);
         }
-        return SG_ERROR(StatusCode::kIOError,
+        return SG_ERROR(StatusCode::kNetworkError,
                         str_cat("tcp_group: rank 0 at ", address_, " waited ", timeout_ms_ / 1000.0,
                                 " s for rank(s) ", missing, " of ", world_, " to connect"),
                         "start every rank with the same address and world size; check that the port is reachable");
@@ -349,7 +349,7 @@ class TcpCommunicator final : public Communicator {
     std::string last = "no attempt";
     while (true) {
       const int fd = ::socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-      SG_CHECK(fd >= 0, StatusCode::kIOError, str_cat("tcp_group: socket(): ", errno_text(errno)), "");
+      SG_CHECK(fd >= 0, StatusCode::kNetworkError, str_cat("tcp_group: socket(): ", errno_text(errno)), "");
       if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), len) == 0) {
         set_nodelay(fd);
         fds_[0] = fd;
@@ -358,7 +358,7 @@ class TcpCommunicator final : public Communicator {
       last = errno_text(errno);
       ::close(fd);
       if (Clock::now() >= deadline) {
-        return SG_ERROR(StatusCode::kIOError,
+        return SG_ERROR(StatusCode::kNetworkError,
                         str_cat("tcp_group: rank ", rank_, " could not connect to rank 0 at ", address_, " within ",
                                 timeout_ms_ / 1000.0, " s (", last, ")"),
                         "start rank 0 with the same address; check that its port is reachable from this host");
@@ -370,7 +370,7 @@ class TcpCommunicator final : public Communicator {
     SG_RETURN_IF_ERROR(io(fds_[0], 0, hello, sizeof(hello), true, "the hello", deadline2));
     uint32_t reply[2] = {0, 0};
     SG_RETURN_IF_ERROR(io(fds_[0], 0, reply, sizeof(reply), false, "the welcome", deadline2));
-    SG_CHECK(reply[0] == kMagic, StatusCode::kIOError,
+    SG_CHECK(reply[0] == kMagic, StatusCode::kNetworkError,
              str_cat("tcp_group: ", address_, " is not a surogate rank 0"), "check the address and port");
     SG_CHECK(reply[1] == 0, StatusCode::kInvalidArgument,
              str_cat("tcp_group: rank 0 at ", address_, " refused rank ", rank_, " of ", world_,
@@ -391,7 +391,7 @@ class TcpCommunicator final : public Communicator {
       if (rc < 0 && errno == EINTR) continue;
       if (peer >= 0 && is_broken()) return error();
       if (rc == 0) {
-        return SG_ERROR(StatusCode::kIOError,
+        return SG_ERROR(StatusCode::kNetworkError,
                         str_cat("tcp collective: rank ", rank_, " waited ", timeout_ms_ / 1000.0, " s for rank ",
                                 peer, " (", peer >= 0 ? peers_[peer] : "?", ") ", sending ? "to take " : "to send ",
                                 what),
@@ -405,7 +405,7 @@ class TcpCommunicator final : public Communicator {
       if (k < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
       if (peer >= 0 && is_broken()) return error();
       const std::string why = k == 0 ? "closed the connection" : str_cat("failed (", errno_text(errno), ")");
-      return SG_ERROR(StatusCode::kIOError,
+      return SG_ERROR(StatusCode::kNetworkError,
                       str_cat("tcp collective: the connection of rank ", rank_, " to rank ", peer, " (",
                               peer >= 0 ? peers_[peer] : "?", ") ", why, " during ", what),
                       peer == 0 ? "rank 0 exited, failed, or lost another rank: the run's first error is the one "
@@ -428,7 +428,7 @@ class TcpCommunicator final : public Communicator {
   Status recv_msg(int peer, std::string* s) {
     uint64_t n = 0;
     SG_RETURN_IF_ERROR(recv(peer, &n, sizeof(n)));
-    SG_CHECK(n < (1u << 30), StatusCode::kIOError, str_cat("tcp collective: garbage from rank ", peer), "");
+    SG_CHECK(n < (1u << 30), StatusCode::kNetworkError, str_cat("tcp collective: garbage from rank ", peer), "");
     s->resize(n);
     return recv(peer, s->data(), n);
   }
@@ -484,7 +484,7 @@ class TcpCommunicator final : public Communicator {
       Reader r{v};
       const uint32_t code = r.get<uint32_t>();
       std::string msg = r.str(), hint = r.str();
-      SG_CHECK(r.ok, StatusCode::kIOError, "tcp collective: a garbled verdict from rank 0", "");
+      SG_CHECK(r.ok, StatusCode::kNetworkError, "tcp collective: a garbled verdict from rank 0", "");
       *verdict = code == 0 ? Status::OK() : Status(static_cast<StatusCode>(code), msg, __FILE__, __LINE__, hint);
       return Status::OK();
     }
@@ -493,7 +493,7 @@ class TcpCommunicator final : public Communicator {
     for (int k = 1; k < world_; ++k) {
       std::string b;
       SG_RETURN_IF_ERROR(recv_msg(k, &b));
-      SG_CHECK(decode(b, &calls[k]), StatusCode::kIOError,
+      SG_CHECK(decode(b, &calls[k]), StatusCode::kNetworkError,
                str_cat("tcp collective: a garbled call from rank ", k, " (", peers_[k], ")"),
                "every rank must run the same surogate version");
     }

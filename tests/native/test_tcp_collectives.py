@@ -76,6 +76,7 @@ def test_a_rank_that_exits_fails_the_others_at_once_naming_it():
     assert 1 not in got
     status, msg = got[0]
     assert status == "error" and "rank 1 (127.0.0.1:" in msg and "closed the connection" in msg, msg
+    assert msg.startswith("NetworkError: "), msg  # surogate.errors.NetworkError, a ConnectionError
     status, msg = got[2]  # rank 0 shut its sockets: rank 2 fails too, naming rank 0
     assert status == "error" and "rank 0 (127.0.0.1:" in msg, msg
 
