@@ -9,33 +9,12 @@ from __future__ import annotations
 
 import threading
 
-import ml_dtypes
 import numpy as np
 import pytest
 
+from sgtest.tcp_ranks import BF16, SIZES, on_ranks, rank_sum
 from surogate import _native
 from surogate.errors import InvalidArgumentError, ShapeError, SurogateError
-from surogate.train.data_parallel import RankThreads
-
-BF16 = ml_dtypes.bfloat16
-SIZES = [7, 4097, 1, 33]  # a bucket whose rank shares cut across tensors and 2048-element blocks
-
-
-def on_ranks(world: int, fn) -> list:
-    """fn(rank, comm) on every rank of a fresh group, at once."""
-    comms = _native.thread_group(world)
-    threads = RankThreads(comms)
-    try:
-        return threads.run(lambda r: fn(r, comms[r]))
-    finally:
-        threads.close()
-
-
-def rank_sum(xs) -> np.ndarray:
-    acc = xs[0].astype(np.float32)
-    for x in xs[1:]:
-        acc = acc + x.astype(np.float32)
-    return acc
 
 
 def data(world: int, dtype, sizes=SIZES, seed=0) -> list[list[np.ndarray]]:

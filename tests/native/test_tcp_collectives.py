@@ -12,24 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sgtest.tcp_ranks import BF16, SIZES, every_call, free_port, inputs, on_processes
+from sgtest.tcp_ranks import BF16, SIZES, every_call, free_port, inputs, on_processes, on_ranks, rank_sum
 from surogate import _native
-from surogate.train.data_parallel import RankThreads
 
-def on_threads(world: int, fn) -> list:
-    comms = _native.thread_group(world)
-    threads = RankThreads(comms)
-    try:
-        return threads.run(lambda r: fn(r, comms[r]))
-    finally:
-        threads.close()
-
-
-def rank_sum(xs) -> np.ndarray:
-    acc = xs[0].astype(np.float32)
-    for x in xs[1:]:
-        acc = acc + x.astype(np.float32)
-    return acc
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -37,7 +22,7 @@ def test_every_call_equals_numpy_and_the_threads_backend(world):
     got = on_processes(world, "every_call")
     assert sorted(got) == list(range(world)), got
     assert all(status == "ok" for status, *_ in got.values()), got
-    threads = on_threads(world, every_call)
+    threads = on_ranks(world, every_call)
     xs = [inputs(r, world) for r in range(world)]
     for r in range(world):
         res = got[r][1]

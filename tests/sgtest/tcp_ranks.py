@@ -1,5 +1,6 @@
-"""The rank side of tests/native/test_tcp_collectives.py: the scenarios each spawned process runs
-on its TCP communicator, and the launcher that spawns them. A module of sgtest (on the tests'
+"""The collective tests' ranks (tests/native/test_collectives.py, test_tcp_collectives.py): the
+scenarios each spawned process runs on its TCP communicator, the launcher that spawns them, a
+threads group's runner and the rank-order sum both backends promise. A module of sgtest (on the tests'
 path), not of the test file: a spawned child imports its target by module name, and the test
 module's name (tests.native...) would need the repository root on the child's path, where the
 source tree's surogate (without the built _native of an installed one) would shadow the installed
@@ -17,10 +18,10 @@ import ml_dtypes
 import numpy as np
 
 from surogate import _native
-from surogate.train.data_parallel import gather_objects
+from surogate.train.data_parallel import RankThreads, gather_objects
 
 BF16 = ml_dtypes.bfloat16
-SIZES = [7, 4097, 1, 33]
+SIZES = [7, 4097, 1, 33]  # a bucket whose rank shares cut across tensors and 2048-element blocks
 
 
 def free_port() -> int:
@@ -138,3 +139,21 @@ def on_processes(world: int, scenario: str, ranks=None, timeout_s: float = 30.0)
             if p.is_alive():
                 p.kill()
     return out
+
+
+def on_ranks(world: int, fn) -> list:
+    """fn(rank, comm) on every rank of a fresh threads group, at once."""
+    comms = _native.thread_group(world)
+    threads = RankThreads(comms)
+    try:
+        return threads.run(lambda r: fn(r, comms[r]))
+    finally:
+        threads.close()
+
+
+def rank_sum(xs) -> np.ndarray:
+    """The rank-order f32 sum the backends promise."""
+    acc = xs[0].astype(np.float32)
+    for x in xs[1:]:
+        acc = acc + x.astype(np.float32)
+    return acc
