@@ -18,11 +18,9 @@ the weight (>= --rotate MiB in all) that each one is read from HBM. Reported: th
 from __future__ import annotations
 
 import argparse
-import sys
-import time
 
-import ml_dtypes
 import numpy as np
+from bench_common import BF16, device_name, graph_seconds, require_cuda, timing_args, weight_copies
 
 from surogate import _native
 
@@ -34,22 +32,10 @@ CASES = {
     "down_1.7b": ("silu", 2048, 6144),
 }
 LAYER = ("qkv", "gate_up", "down")
-BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
 def dev(a: np.ndarray):
     return _native.tensor(a.astype(BF16)).to("cuda")
-
-
-def weight_copies(N: int, K: int, rotate_mib: int) -> list:
-    """Device copies of one random [N, K] weight, at least rotate_mib MiB in all (two or more)."""
-    w0 = dev(np.random.default_rng(0).standard_normal((N, K), dtype=np.float32) / np.sqrt(K))
-    copies = []
-    for _ in range(max(2, -(-rotate_mib * 2**20 // (N * K * BF16.itemsize)))):
-        t = _native.empty([N, K], "bfloat16", "cuda")
-        t.copy_from(w0)
-        copies.append(t)
-    return copies
 
 
 def program(kind: str, fused: bool, M: int, weights: list, calls: int):
@@ -96,34 +82,16 @@ def program(kind: str, fused: bool, M: int, weights: list, calls: int):
 def time_units(kind: str, fused: bool, M: int, weights: list, args) -> float:
     """Seconds per unit (one fused op, or the pair), from graph replays."""
     p, y = program(kind, fused, M, weights, args.calls)
-    units = max(args.calls, len(weights))
-    p.set_graphs(True)
-    p.run()  # eager: plans, occupancy
-    p.run()  # captured, then launched
-    out = p.get(y)
-    out.to("cpu")  # a device-to-host copy waits for the GPU
-    best = float("inf")
-    for _ in range(args.trials):
-        t0 = time.perf_counter()
-        for _ in range(args.reps):
-            p.run()
-        out.to("cpu")
-        best = min(best, (time.perf_counter() - t0) / (args.reps * units))
-    assert p.graphs_active, "the ops did not capture into a CUDA graph"
-    return best
+    return graph_seconds(p, y, max(args.calls, len(weights)), args)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ms", default="1,4,8,16", help="rows (tokens)")
-    ap.add_argument("--calls", type=int, default=64, help="units per graph")
-    ap.add_argument("--reps", type=int, default=20, help="graph replays per timing")
-    ap.add_argument("--trials", type=int, default=5, help="timings per case; the best is kept")
-    ap.add_argument("--rotate", type=int, default=256, help="MiB of weight copies each graph cycles through")
+    timing_args(ap, calls=64, unit="units", rotate=True)
     args = ap.parse_args()
     ms = [int(m) for m in args.ms.split(",")]
-    if not _native.cuda_devices():
-        sys.exit("fused_matmul_bench: no CUDA device (or surogate was built without CUDA)")
+    require_cuda("fused_matmul_bench")
     times = {}
     for name, (kind, N, K) in CASES.items():
         weights = weight_copies(N, K, args.rotate)
@@ -132,7 +100,7 @@ def main() -> None:
         del weights
 
     print(f"fused vs composed (add_rmsnorm_fwd / swiglu_fwd, then matmul), bf16, on "
-          f"{_native.cuda_devices()[0]['name']}; graphs of {args.calls} units, best of {args.trials}")
+          f"{device_name()}; graphs of {args.calls} units, best of {args.trials}")
     head = f"{'M':>3} {'W':10} {'N x K':>12} {'fused us':>9} {'composed us':>12} {'ratio':>6}"
     print(head)
     print("-" * len(head))

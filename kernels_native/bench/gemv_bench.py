@@ -21,12 +21,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import time
 
-import ml_dtypes
 import numpy as np
+from bench_common import BF16, child_json, device_name, graph_seconds, require_cuda, timing_args, weight_copies
 
 from surogate import _native
 
@@ -42,20 +40,6 @@ SHAPES = {
     "down_8b": (4096, 12288),  # Qwen3-8B (hidden 4096, intermediate 12288): gemv's streamed-x regime
 }
 LAYER = ("q", "k", "v", "o", "gate_up", "down")
-BF16 = np.dtype(ml_dtypes.bfloat16)
-
-
-def weight_copies(N: int, K: int, rotate_mib: int) -> list:
-    """Device copies of one random [N, K] weight, at least rotate_mib MiB in all (two or more)."""
-    w_bytes = N * K * BF16.itemsize
-    rng = np.random.default_rng(0)
-    w0 = _native.tensor((rng.standard_normal((N, K), dtype=np.float32) / np.sqrt(K)).astype(BF16)).to("cuda")
-    copies = []
-    for _ in range(max(2, -(-rotate_mib * 2**20 // w_bytes))):
-        t = _native.empty([N, K], "bfloat16", "cuda")
-        t.copy_from(w0)
-        copies.append(t)
-    return copies
 
 
 def time_matmul(M: int, weights: list, args) -> float:
@@ -72,20 +56,7 @@ def time_matmul(M: int, weights: list, args) -> float:
     p.bind(y, _native.zeros([M, N], "bfloat16", "cuda"))
     for w, t in zip(ws, weights, strict=True):
         p.bind(w, t)
-    p.set_graphs(True)
-    p.run()  # eager: plans, caches
-    p.run()  # captured, then launched
-    out = p.get(y)
-    out.to("cpu")  # a device-to-host copy waits for the GPU
-    best = float("inf")
-    for _ in range(args.trials):
-        t0 = time.perf_counter()
-        for _ in range(args.reps):
-            p.run()
-        out.to("cpu")
-        best = min(best, (time.perf_counter() - t0) / (args.reps * p.num_instrs))
-    assert p.graphs_active, "the matmuls did not capture into a CUDA graph"
-    return best
+    return graph_seconds(p, y, p.num_instrs, args)
 
 
 def measure(args) -> dict[str, float]:
@@ -102,15 +73,10 @@ def measure(args) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ms", default="1,4,8,16", help="rows of x")
-    ap.add_argument("--calls", type=int, default=64, help="matmuls per graph")
-    ap.add_argument("--reps", type=int, default=20, help="graph replays per timing")
-    ap.add_argument("--trials", type=int, default=5, help="timings per case; the best is kept")
-    ap.add_argument("--rotate", type=int, default=256, help="MiB of weight copies each graph cycles through")
-    ap.add_argument("--child", action="store_true", help="measure and print JSON (the cuBLASLt side)")
+    timing_args(ap, calls=64, unit="matmuls", rotate=True, child="the cuBLASLt side")
     args = ap.parse_args()
     args.ms = [int(m) for m in args.ms.split(",")]
-    if not _native.cuda_devices():
-        sys.exit("gemv_bench: no CUDA device (or surogate was built without CUDA)")
+    require_cuda("gemv_bench")
     if args.child:
         print(json.dumps(measure(args)))
         return
@@ -118,12 +84,9 @@ def main() -> None:
         sys.exit("gemv_bench: unset SUROGATE_NO_GEMV; the bench sets it for its cuBLASLt child itself")
 
     ours = measure(args)
-    child = subprocess.run([sys.executable, __file__, "--child", *sys.argv[1:]], check=True, capture_output=True,
-                           text=True, env=dict(os.environ, SUROGATE_NO_GEMV="1"))
-    peer = json.loads(child.stdout.strip().splitlines()[-1])
+    peer = child_json(__file__, sys.argv[1:], dict(os.environ, SUROGATE_NO_GEMV="1"))
 
-    dev = _native.cuda_devices()[0]
-    print(f"matmul x[M, K] @ W[N, K]^T, bf16, on {dev['name']}: gemv vs cuBLASLt (SUROGATE_NO_GEMV=1); "
+    print(f"matmul x[M, K] @ W[N, K]^T, bf16, on {device_name()}: gemv vs cuBLASLt (SUROGATE_NO_GEMV=1); "
           f"graphs of {args.calls} calls, best of {args.trials}")
     head = f"{'M':>3} {'W':8} {'N x K':>13} {'MB':>6} {'gemv us':>8} {'TB/s':>5} {'cuBLASLt us':>11} {'TB/s':>5} {'ratio':>6}"
     print(head)

@@ -20,12 +20,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import time
 
-import ml_dtypes
 import numpy as np
+from bench_common import BF16, child_json, device_name, graph_seconds, require_cuda, timing_args
 
 from surogate import _native
 
@@ -36,7 +34,6 @@ SHAPES = {
     "gpt_oss_20b_gate_up": (32, 4, 5760, 2880),  # GPT-OSS-20B: hidden 2880, intermediate 2880
     "gpt_oss_20b_down": (32, 4, 2880, 2880),
 }
-BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
 def routing_offsets(n: int, E: int, k: int, rng) -> np.ndarray:
@@ -79,20 +76,7 @@ def time_case(name: str, n: int, args) -> tuple[float, float]:
     p.bind(w, expert_weights(name))
     for v, o in zip(os_, offs, strict=True):
         p.bind(v, _native.tensor(o).to("cuda"))
-    p.set_graphs(True)
-    p.run()
-    p.run()
-    out = p.get(y)
-    out.to("cpu")
-    best = float("inf")
-    for _ in range(args.trials):
-        t0 = time.perf_counter()
-        for _ in range(args.reps):
-            p.run()
-        out.to("cpu")
-        best = min(best, (time.perf_counter() - t0) / (args.reps * args.calls))
-    assert p.graphs_active, "the calls did not capture into a CUDA graph"
-    return best, touched * N * K * BF16.itemsize
+    return graph_seconds(p, y, args.calls, args), touched * N * K * BF16.itemsize
 
 
 def measure(args) -> dict[str, list[float]]:
@@ -102,16 +86,12 @@ def measure(args) -> dict[str, list[float]]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", default="1,8,64,128", help="tokens per step (M = tokens * top_k)")
-    ap.add_argument("--calls", type=int, default=48, help="calls per graph")
-    ap.add_argument("--reps", type=int, default=20, help="graph replays per timing")
-    ap.add_argument("--trials", type=int, default=5, help="timings per case; the best is kept")
+    timing_args(ap, calls=48, child="one side")
     ap.add_argument("--routings", type=int, default=16, help="random routings the calls cycle through")
     ap.add_argument("--force", action="store_true", help="the default side with SUROGATE_MOE_ROWS=1")
-    ap.add_argument("--child", action="store_true", help="measure and print JSON")
     args = ap.parse_args()
     args.tokens = [int(t) for t in args.tokens.split(",")]
-    if not _native.cuda_devices():
-        sys.exit("moe_gemm_bench: no CUDA device (or surogate was built without CUDA)")
+    require_cuda("moe_gemm_bench")
     if args.child:
         print(json.dumps(measure(args)))
         return
@@ -121,14 +101,10 @@ def main() -> None:
         env.pop("SUROGATE_MOE_ROWS", None)
         if mode is not None:
             env["SUROGATE_MOE_ROWS"] = mode
-        argv = [a for a in sys.argv[1:] if a != "--force"]
-        r = subprocess.run([sys.executable, __file__, "--child", *argv], check=True, capture_output=True, text=True,
-                           env=env)
-        return json.loads(r.stdout.strip().splitlines()[-1])
+        return child_json(__file__, [a for a in sys.argv[1:] if a != "--force"], env)
 
     ours, tiled = child("1" if args.force else None), child("0")
-    dev = _native.cuda_devices()[0]
-    print(f"moe_grouped_matmul bf16 trans_b on {dev['name']}: {'small-rows (forced)' if args.force else 'default'} "
+    print(f"moe_grouped_matmul bf16 trans_b on {device_name()}: {'small-rows (forced)' if args.force else 'default'} "
           f"vs tiled (SUROGATE_MOE_ROWS=0); graphs of {args.calls} calls, best of {args.trials}")
     head = f"{'tok':>4} {'W':20} {'MB read':>8} {'ours us':>8} {'TB/s':>5} {'tiled us':>9} {'TB/s':>5} {'ratio':>6}"
     print(head)
