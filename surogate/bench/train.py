@@ -33,6 +33,7 @@ class Result:
     step_seconds: float
     loss: float  # the first step's (before any update)
     peak_bytes: int = 0
+    failed: str = ""  # why the side has no figures (the peer ran out of device memory)
 
 
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # dense bf16, the vendors' datasheets
@@ -222,6 +223,11 @@ def nf4_model(m, dtype, device: str):
                                                                  device_map={"": device})
 
 
+def hf_label(lora: LoRAConfig | None, qlora: bool, checkpointing: bool) -> str:
+    return ("HF transformers" + (" + peft" if lora is not None else "") + (" + bnb" if qlora else "")
+            + (" + checkpointing" if checkpointing else ""))
+
+
 def op_profile(exe, opt: AdamW, top: int = 15) -> str:
     """One more step with every op timed alone (waiting for the device after each): where the
     step's time goes, by op."""
@@ -248,7 +254,9 @@ def op_profile(exe, opt: AdamW, top: int = 15) -> str:
 
 
 def bench_hf(model: Model, batch: int, seq: int, lora: LoRAConfig | None, steps: int, warmup: int,
-             device: str, qlora: bool = False) -> Result:
+             device: str, qlora: bool = False, checkpointing: bool = False) -> Result:
+    """The peer's step; ``checkpointing``: transformers' gradient checkpointing (non-reentrant),
+    its counterpart of our recompute."""
     import torch
 
     dtype = torch.bfloat16 if model.dtype == "bfloat16" else torch.float32
@@ -257,6 +265,9 @@ def bench_hf(model: Model, batch: int, seq: int, lora: LoRAConfig | None, steps:
         m = nf4_model(m, dtype, device)
     else:
         m = hf_peer(model, device, dtype)
+    if checkpointing:
+        m.config.use_cache = False
+        m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if device != "cpu":
         torch.cuda.reset_peak_memory_stats(device)
     if lora is not None:
@@ -294,7 +305,7 @@ def bench_hf(model: Model, batch: int, seq: int, lora: LoRAConfig | None, steps:
         if i == 0:
             loss = out.loss.item()
     dt = float(np.median(times))
-    label = "HF transformers" + (" + peft" if lora is not None else "") + (" + bnb" if qlora else "")
+    label = hf_label(lora, qlora, checkpointing)
     peak = torch.cuda.max_memory_allocated(device) if device != "cpu" else 0
     return Result(label, batch * seq / dt, dt, loss, peak)
 
@@ -320,7 +331,15 @@ def run(shape: str, *, batch: int, seq: int, lora_rank: int, dtype: str, steps: 
 
             model.release_device_memory()  # our weights' device copies (a 30B shape: 61 GB) and Programs
             _native.empty_cache(device)  # give the peer the memory our cache holds
-        results.append(bench_hf(model, batch, seq, lora, steps, warmup, device, qlora=bool(qlora)))
+        import torch
+
+        try:
+            results.append(bench_hf(model, batch, seq, lora, steps, warmup, device, qlora=bool(qlora),
+                                    checkpointing=recompute))
+        except torch.OutOfMemoryError:  # a figure of its own: what the peer cannot run at this shape
+            results.append(Result(hf_label(lora, bool(qlora), recompute), 0.0, 0.0, float("nan"),
+                                  failed="out of device memory"))
+            torch.cuda.empty_cache()
     print(table(shape, model, batch, seq, lora, dtype, device, steps, results, qlora))
     return results
 
@@ -355,13 +374,16 @@ def table(shape, model, batch, seq, lora, dtype, device, steps, results: list[Re
     w = max(22, *(len(r.name) for r in results))
     lines = [f"\n{shape}, {mode}, {dtype}, batch {batch} x {seq} tokens, {device}, median of {steps} steps",
              f"{'':{w}} {'tokens/s':>12} {'step (s)':>10} {'peak mem':>10} {'MFU':>6} {'loss@1':>8} {'ratio':>7}"]
-    base = results[-1].tokens_per_second
+    base = next(r.tokens_per_second for r in reversed(results) if not r.failed)
     for r in results:
+        if r.failed:
+            lines.append(f"{r.name:{w}} {r.failed}")
+            continue
         mem = f"{r.peak_bytes / 2**30:.2f} GiB" if r.peak_bytes else "—"
         mfu = f"{100 * flops / r.step_seconds / (peak * 1e12):.1f}%" if peak else "—"
         lines.append(f"{r.name:{w}} {r.tokens_per_second:12,.0f} {r.step_seconds:10.3f} {mem:>10} {mfu:>6} "
                      f"{r.loss:8.4f} {r.tokens_per_second / base:6.2f}x")
-    if len(results) > 1:
+    if len(results) > 1 and not results[1].failed:
         a, b = results[0].loss, results[1].loss
         tol = 2e-2 if dtype == "bfloat16" else 1e-3
         verdict = "agree" if math.isclose(a, b, rel_tol=tol) else "DIFFER"

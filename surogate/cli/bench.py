@@ -22,7 +22,8 @@ def train(
     warmup: Annotated[int, typer.Option(help="Untimed steps first.")] = 1,
     vs: Annotated[str | None, typer.Option(help="Peer to run in the same process: hf.")] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto (a GPU when there is one).")] = "auto",
-    recompute: Annotated[bool, typer.Option(help="Recompute each block's activations in backward.")] = False,
+    recompute: Annotated[bool, typer.Option(
+        help="Recompute each block's activations in backward (the --vs hf peer: gradient checkpointing).")] = False,
     long_context: Annotated[bool, typer.Option(help="Tiled MLP: each dense MLP over chunks of hidden_size rows.")] = False,
     profile: Annotated[bool, typer.Option(help="Also print where one step's time goes, by op.")] = False,
     graphs: Annotated[bool, typer.Option(help="GPU: replay each step as CUDA graphs.")] = True,

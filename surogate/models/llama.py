@@ -35,6 +35,12 @@ FAMILY = Family(
                              tie_word_embeddings=True,
                              rope={"theta": 500000.0, "rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
                                    "high_freq_factor": 4.0, "original_max_position": 8192.0}),
+        # The long-context and offload figures' shape (meta-llama/Llama-3.1-8B's config.json).
+        "llama-3.1-8b": dict(vocab_size=128256, hidden_size=4096, num_layers=32, num_heads=32,
+                             num_kv_heads=8, head_dim=128, intermediate_size=14336, rms_norm_eps=1e-5,
+                             tie_word_embeddings=False,
+                             rope={"theta": 500000.0, "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                   "high_freq_factor": 4.0, "original_max_position": 8192.0}),
         # Small enough for a CPU: SmolLM2-135M's shape.
         "smollm2-135m": dict(vocab_size=49152, hidden_size=576, num_layers=30, num_heads=9,
                              num_kv_heads=3, head_dim=64, intermediate_size=1536, rms_norm_eps=1e-5,
