@@ -155,8 +155,10 @@ def batch_data(model: Model, batch: int, seq: int) -> tuple[np.ndarray, np.ndarr
 
 
 def bench_ours(model: Model, batch: int, seq: int, lora: LoRAConfig | None, steps: int, warmup: int,
-               recompute: bool, profile: bool = False, graphs: bool = True, mlp_chunk: int = 0) -> Result:
+               recompute: bool, profile: bool = False, graphs: bool = True, mlp_chunk: int = 0,
+               offload_optimizer: bool = False) -> Result:
     from surogate import _native
+    from surogate.train.offload import HostAdamW
 
     n = batch * seq
     on_gpu = model.device != "cpu"
@@ -171,7 +173,7 @@ def bench_ours(model: Model, batch: int, seq: int, lora: LoRAConfig | None, step
         trainable = {k: model.params[k] for k in exe.external_names("param")}
     for name in exe.external_names("grad"):
         exe.bind(name, np.zeros(exe.buf(name).shape, np.float32))
-    opt = AdamW(exe, trainable, AdamWParams(lr=1e-5))
+    opt = (HostAdamW if offload_optimizer and on_gpu else AdamW)(exe, trainable, AdamWParams(lr=1e-5))
     ids, labels = batch_data(model, batch, seq)
     targets = np.full((batch, seq), -100, np.int32)
     targets[:, :-1] = labels[:, 1:]  # HF's shift: token t predicts label t + 1
@@ -198,6 +200,8 @@ def bench_ours(model: Model, batch: int, seq: int, lora: LoRAConfig | None, step
     if profile:
         print(op_profile(exe, opt))
     name = "surogate (CUDA graphs)" if exe.program.graphs_active and exe.program.num_graphs else "surogate"
+    if offload_optimizer and on_gpu:
+        name += " + optimizer offload"
     return Result(name, n / dt, dt, first_loss, peak)
 
 
@@ -312,7 +316,7 @@ def bench_hf(model: Model, batch: int, seq: int, lora: LoRAConfig | None, steps:
 
 def run(shape: str, *, batch: int, seq: int, lora_rank: int, dtype: str, steps: int, warmup: int, vs: str | None,
         device: str, recompute: bool, profile: bool = False, graphs: bool = True,
-        qlora: str | None = None, long_context: bool = False) -> list[Result]:
+        qlora: str | None = None, long_context: bool = False, offload_optimizer: bool = False) -> list[Result]:
     from surogate.errors import InvalidArgumentError
     from surogate.model import resolve_device
 
@@ -324,7 +328,7 @@ def run(shape: str, *, batch: int, seq: int, lora_rank: int, dtype: str, steps: 
         model = quantized(model, qlora)
     lora = LoRAConfig(rank=lora_rank, alpha=2 * lora_rank, targets=ALL_TARGETS) if lora_rank > 0 else None
     chunk = min(batch * seq, model.spec.hidden_size) if long_context else 0  # the trainer's tiled-MLP rows
-    results = [bench_ours(model, batch, seq, lora, steps, warmup, recompute, profile, graphs, chunk)]
+    results = [bench_ours(model, batch, seq, lora, steps, warmup, recompute, profile, graphs, chunk, offload_optimizer)]
     if vs == "hf":
         if device != "cpu":
             from surogate import _native

@@ -25,6 +25,8 @@ def train(
     recompute: Annotated[bool, typer.Option(
         help="Recompute each block's activations in backward (the --vs hf peer: gradient checkpointing).")] = False,
     long_context: Annotated[bool, typer.Option(help="Tiled MLP: each dense MLP over chunks of hidden_size rows.")] = False,
+    offload_optimizer: Annotated[bool, typer.Option(
+        help="GPU: AdamW's state in host memory, its step on the CPU (the offload_optimizer key).")] = False,
     profile: Annotated[bool, typer.Option(help="Also print where one step's time goes, by op.")] = False,
     graphs: Annotated[bool, typer.Option(help="GPU: replay each step as CUDA graphs.")] = True,
     qlora: Annotated[str | None, typer.Option(help="QLoRA: our projections as GGML blocks of this type (Q8_0, "
@@ -37,7 +39,7 @@ def train(
 
     run(model, batch=batch, seq=seq, lora_rank=lora_rank, dtype=dtype, steps=steps, warmup=warmup, vs=vs,
         device=device, recompute=recompute, profile=profile, graphs=graphs, qlora=qlora,
-        long_context=long_context)
+        long_context=long_context, offload_optimizer=offload_optimizer)
 
 
 @app.command()
