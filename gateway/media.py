@@ -14,8 +14,9 @@ Videos (OpenAI chat ``video_url`` parts, vLLM's extension) travel the same way a
 ``{"type": "video", "video": ImageInput}`` parts: ``load_media`` takes them out too (the parts become
 ``{"type": "video"}``), refuses them for a model that reads no videos (``--limit-mm-per-prompt``'s
 ``video`` count caps them), and decodes each into the frames the model's video processor samples
-(surogate.io.videos: animated GIF / WebP / PNG, or vLLM's ``data:video/jpeg`` frame list; an MP4
-is a 400 that names the forms we take).
+(surogate.io.videos: animated GIF / WebP / PNG, vLLM's ``data:video/jpeg`` frame list, or an MP4 /
+WebM / AVI ... through PyAV when the ``video`` extra is installed; without it such a file is a 400
+that says so and names the other forms).
 
 Decoding (and fetching) runs outside the event loop: a request with images is converted in a
 worker thread (``converted``), so one large JPEG or a slow remote host stalls no other stream.

@@ -2,15 +2,17 @@
 media rules as images (surogate.io.images: data: URLs always, local files under
 ``--allowed-local-media-path``, http(s) with ``--allow-remote-media``).
 
-We ship no video codec (no ffmpeg, decord or torchvision), so a video comes as:
+A video comes as:
 
 - an animated GIF, WebP or PNG (APNG), which Pillow decodes frame by frame: the frames' durations
   give the clip's frame rate (frames / seconds; 0-length frames count as the processor's rate);
 - vLLM's frame list, ``data:video/jpeg;base64,<frame>,<frame>,...`` (each frame a base64 JPEG or
-  PNG): frames already sampled, so they are taken at the processor's own rate (``default_fps``).
-
-An MP4, WebM, MOV, AVI or MKV (by its media type or its first bytes) is refused with an error that
-names the forms we take. Only the frames the processor samples (``sample(total, fps)``: transformers'
+  PNG): frames already sampled, so they are taken at the processor's own rate (``default_fps``);
+- a codec container (MP4 / MOV, WebM / MKV, AVI, FLV, MPEG; by its media type or its first bytes),
+  decoded by PyAV (FFmpeg) when the optional ``video`` extra is installed (``pip install
+  'surogate[video]'``), as transformers' ``read_video_pyav`` reads it: the stream's frame count and
+  average rate, frames decoded in order and the sampled ones kept as RGB. Without PyAV it is
+  refused with an error that says so and names the forms above. Only the frames the processor samples (``sample(total, fps)``: transformers'
 uniform indices for ``fps`` frames a second, within min / max frames) are kept, and the source's
 size is checked first: at most MAX_VIDEO_FRAMES frames of at most MAX_PIXELS each, and the kept
 frames at most MAX_VIDEO_PIXELS in all.
@@ -114,11 +116,10 @@ def frame_list(payload: str, sample: Sampler, fps: float) -> Video:
 
 def decode_video(data: bytes, sample: Sampler, default_fps: float, *, media_type: str | None = None,
                  origin: str = "the video") -> Video:
-    """An animated GIF / WebP / PNG's sampled frames; a codec container is refused by name."""
+    """An animated GIF / WebP / PNG's or (with PyAV) a codec container's sampled frames."""
     container = _container(data, media_type)
     if container is not None:
-        raise InvalidArgumentError(f"{origin} is {container} video: this server decodes no video codec "
-                                   "(no ffmpeg)", hint=FORMS)
+        return decode_container(data, sample, default_fps, container, origin)
     if media_type is not None and media_type.lower() not in MEDIA_TYPES:
         raise InvalidArgumentError(f"{origin} has media type {media_type!r}, not a video this server decodes",
                                    hint=FORMS)
@@ -161,6 +162,62 @@ def decode_video(data: bytes, sample: Sampler, default_fps: float, *, media_type
         raise InvalidArgumentError(f"{origin} is truncated or corrupt (its {img.format} data: {e})",
                                    hint="send the whole file") from None
     return Video(tuple(frames), tuple(keep), fps)
+
+
+def decode_container(data: bytes, sample: Sampler, default_fps: float, container: str, origin: str) -> Video:
+    """An MP4 / WebM / ... video's sampled frames through PyAV, read as transformers'
+    ``read_video_pyav`` reads them (so the processor sees the same frames): the first video
+    stream's frame count (counted from its packets where the container does not say) and average
+    rate, frames decoded in order up to the last index kept."""
+    try:
+        import av
+    except ImportError:
+        raise InvalidArgumentError(f"{origin} is {container} video, and this server has no video decoder",
+                                   hint=f"install PyAV on the server (pip install 'surogate[video]'), or {FORMS}") \
+            from None
+    if not data:
+        raise InvalidArgumentError(f"{origin} is empty (no bytes)", hint=FORMS)
+    try:
+        with av.open(io.BytesIO(data), mode="r") as c:
+            if not c.streams.video:
+                raise InvalidArgumentError(f"{origin} ({container}) has no video stream", hint=FORMS)
+            stream = c.streams.video[0]
+            width, height = stream.codec_context.width, stream.codec_context.height
+            if width * height > MAX_PIXELS:
+                raise InvalidArgumentError(f"{origin}'s frames are {width} x {height} pixels, more than the "
+                                           f"{MAX_PIXELS:,} a frame may have", hint="send a smaller clip")
+            total = stream.frames
+            if total <= 0:  # not in the header (WebM, some MPEG streams): count the packets
+                total = sum(1 for p in c.demux(stream) if p.size)
+                c.seek(0)
+            if total > MAX_VIDEO_FRAMES:
+                raise InvalidArgumentError(f"{origin} has {total} frames, more than the {MAX_VIDEO_FRAMES} a video "
+                                           "may have", hint="send a shorter clip")
+            if total <= 0:
+                raise InvalidArgumentError(f"{origin} ({container}) holds no frames", hint="send the whole file")
+            rate = stream.average_rate or stream.guessed_rate
+            fps = float(rate) if rate else default_fps
+            keep = _indices(sample, total, fps)
+            _check_pixels(len(keep), width, height)
+            wanted, frames, got = set(keep), [], []
+            for i, frame in enumerate(c.decode(stream)):
+                if i > keep[-1]:
+                    break
+                if i in wanted:
+                    frames.append(frame.to_image())  # RGB, as to_ndarray(format="rgb24")
+                    got.append(i)
+    except InvalidArgumentError:
+        raise
+    except (av.FFmpegError, OSError, ValueError, EOFError) as e:
+        raise InvalidArgumentError(f"{origin} is truncated or corrupt ({container}: {e})",
+                                   hint="send the whole file") from None
+    if not got:  # a header that promises frames the stream does not decode
+        raise InvalidArgumentError(f"{origin} ({container}) decodes none of the {total} frames its header promises",
+                                   hint="send the whole file")
+    # Fewer than its header said (a count a few frames off is common): the ones decoded, as transformers
+    if {f.size for f in frames} != {(width, height)}:
+        raise InvalidArgumentError(f"{origin}'s frames change size mid-stream", hint="re-encode the clip at one size")
+    return Video(tuple(frames), tuple(got), fps)
 
 
 def _indices(sample: Sampler, total: int, fps: float) -> list[int]:

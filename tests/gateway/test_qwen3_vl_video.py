@@ -8,7 +8,9 @@ process (the ASGI app over the openai SDK):
   .generate on our prompt ids and pixel rows (the video processor equals transformers' in
   tests/io/test_image_processing.py); usage.prompt_tokens is the expanded prompt's length;
 - the same video again is not encoded again (the encoder cache keyed by the video's hash);
-- 400s naming the part: an MP4, a one-frame clip, a remote URL, too many videos, a model that reads
+- an MP4 (PyAV, the optional ``video`` extra) answers as the engine does on transformers'
+  read_video_pyav frames of the same file;
+- 400s naming the part: a corrupt MP4, a one-frame clip, a remote URL, too many videos, a model that reads
   no videos (text-only; images only).
 """
 
@@ -158,13 +160,47 @@ def test_a_frame_list_is_taken_at_the_processors_rate(served, folder):
     assert r.usage.prompt_tokens == len(prompt_ids)
 
 
+def test_an_mp4_answers_as_the_engine_does_on_transformers_frames(served, folder, media_dir):
+    av = pytest.importorskip("av")
+    from transformers.video_utils import read_video_pyav
+
+    m, llm, app = served
+    pics = frames(6, n=8)
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mp4") as c:
+        s = c.add_stream("mpeg4", rate=int(FPS))
+        s.width, s.height, s.pix_fmt = 40, 30, "yuv420p"
+        for p in [*(s.encode(av.VideoFrame.from_image(p)) for p in pics), s.encode()]:
+            for packet in p:
+                c.mux(packet)
+    (media_dir / "clip.mp4").write_bytes(buf.getvalue())
+    keep = sampled(pics, FPS).frame_indices  # 8 frames at 4 fps: 2 s, 4 frames at the processor's 2 fps
+    ref, _ = read_video_pyav(str(media_dir / "clip.mp4"), lambda metadata, **_: np.array(keep))
+    video = Video(tuple(Image.fromarray(f) for f in ref), keep, FPS)
+    want, prompt_ids = direct(llm, video)
+    assert want == hf_answer(folder, llm, video, prompt_ids)
+    text = m.model.tokenizer.decode(want, skip_special_tokens=True)
+    url = f"data:video/mp4;base64,{base64.b64encode(buf.getvalue()).decode()}"
+    for part in (video_part(url), video_part(f"file://{media_dir / 'clip.mp4'}")):
+        r = chat(app, [{"type": "text", "text": QUESTION}, part])
+        assert r.choices[0].message.content == text and r.usage.prompt_tokens == len(prompt_ids)
+
+
 def mp4() -> str:
     box = b"\x00\x00\x00\x18ftypisom\x00\x00\x02\x00isomiso2"
     return f"data:video/mp4;base64,{base64.b64encode(box + bytes(64)).decode()}"
 
 
+try:
+    import av  # noqa: F401
+
+    CORRUPT_MP4 = "is truncated or corrupt (an MP4 / MOV"
+except ImportError:
+    CORRUPT_MP4 = "is an MP4 / MOV video, and this server has no video decoder"
+
+
 @pytest.mark.parametrize("model, content, what", [
-    (MODEL, [video_part(mp4())], "is an MP4 / MOV video: this server decodes no video codec"),
+    (MODEL, [video_part(mp4())], CORRUPT_MP4),
     (MODEL, [video_part(f"data:image/png;base64,{b64(frames(3, n=1)[0])}")], "shorter than temporal_patch_size"),
     (MODEL, [video_part("https://example.com/clip.gif")], "remote video URLs are off"),
     (MODEL, [video_part("data:video/jpeg;base64,AAAA"), video_part("data:video/jpeg;base64,AAAA")],
@@ -178,7 +214,7 @@ def test_videos_the_server_cannot_take_are_400s_naming_the_part(served, model, c
         chat(app, [{"type": "text", "text": "?"}, *content], model=model)
     param = "messages[0].content[2]" if "at most" in what else "messages[0].content[1]"
     assert e.value.body["param"] == param and what in e.value.body["message"], e.value.body
-    if "MP4" in what:
+    if "no video decoder" in what:
         assert "animated GIF, WebP or PNG" in e.value.body["message"] and "data:video/jpeg" in e.value.body["message"]
 
 

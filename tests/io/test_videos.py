@@ -1,6 +1,7 @@
 """surogate.io.videos: animated GIF / WebP / PNG decoded into the frames a sampler keeps (against
 Pillow's own frame iteration), the clip's frame rate from the frames' durations, vLLM's frame list,
-and the refusals (codec containers by their bytes or media type, too many frames, bad data)."""
+MP4 / WebM / AVI through PyAV (against transformers' read_video_pyav on the same file), and the
+refusals (codec containers without PyAV, corrupt containers, too many frames, bad data)."""
 
 from __future__ import annotations
 
@@ -67,19 +68,110 @@ def test_vllms_frame_list_is_taken_at_the_default_rate():
     assert all(np.array_equal(np.asarray(g), np.asarray(pics[i])) for g, i in zip(v.frames, (0, 3)))
 
 
-@pytest.mark.parametrize("data, media_type, what", [
+CONTAINERS = [
     (b"\x00\x00\x00\x18ftypmp42" + bytes(32), None, "an MP4 / MOV video"),
     (b"\x1a\x45\xdf\xa3" + bytes(32), "video/webm", "a WebM / MKV video"),
     (b"RIFF\x00\x00\x00\x00AVI LIST" + bytes(16), None, "an AVI video"),
     (b"\x00" * 40, "video/quicktime", "a video/quicktime video"),
+]
+
+
+@pytest.mark.parametrize("data, media_type, what", CONTAINERS)
+def test_containers_without_pyav_are_refused_by_name(data, media_type, what, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "av", None)  # import av: ImportError
+    with pytest.raises(InvalidArgumentError, match=f"is {what}, and this server has no video decoder") as e:
+        decode_video(data, every, 2.0, media_type=media_type)
+    assert "surogate[video]" in e.value.hint and "data:video/jpeg" in e.value.hint and "GIF" in e.value.hint
+
+
+@pytest.mark.parametrize("data, media_type, what", [
+    *CONTAINERS,
     (b"not a video at all", None, "not an animated GIF, WebP or PNG"),
     (b"", "image/gif", "is empty"),
 ])
 def test_what_we_cannot_decode_is_refused_by_name(data, media_type, what):
-    with pytest.raises(InvalidArgumentError, match=what) as e:
+    if "video" in what:  # a container: PyAV reads it, and finds it corrupt
+        pytest.importorskip("av")
+        what = f"is truncated or corrupt \\({what.removesuffix(' video')}"
+    with pytest.raises(InvalidArgumentError, match=what):
         decode_video(data, every, 2.0, media_type=media_type)
-    if "video" in what and "not" not in what:
-        assert "data:video/jpeg" in e.value.hint and "GIF" in e.value.hint
+
+
+def encoded(pics, fmt: str, codec: str, fps: int, **options) -> bytes:
+    """``pics`` encoded by PyAV (FFmpeg) into a ``fmt`` container."""
+    av = pytest.importorskip("av")
+    buf = io.BytesIO()
+    with av.open(buf, "w", format=fmt) as c:
+        s = c.add_stream(codec, rate=fps, options=options)
+        s.width, s.height = pics[0].size
+        s.pix_fmt = "yuv420p"
+        for p in pics:
+            for packet in s.encode(av.VideoFrame.from_image(p)):
+                c.mux(packet)
+        for packet in s.encode():
+            c.mux(packet)
+    return buf.getvalue()
+
+
+def smooth(n: int, size=(64, 48)) -> list[Image.Image]:
+    """Frames a lossy codec keeps close: moving gradients."""
+    w, h = size
+    y, x = np.mgrid[0:h, 0:w]
+    return [Image.fromarray(np.stack([(x * 4 + 9 * i) % 256, (y * 5 + 5 * i) % 256, np.full_like(x, 30 * i % 256)],
+                                     -1).astype(np.uint8)) for i in range(n)]
+
+
+@pytest.mark.parametrize("fmt, codec, media_type", [("mp4", "mpeg4", "video/mp4"), ("mp4", "libx264", None),
+                                                    ("webm", "libvpx-vp9", "video/webm"), ("avi", "mpeg4", None)])
+def test_containers_decode_as_transformers_reads_them_with_pyav(fmt, codec, media_type, tmp_path):
+    """The frames, the frame count and rate the sampler sees, and the indices kept equal
+    transformers' read_video_pyav on the same file (the loader its video processors use)."""
+    av = pytest.importorskip("av")
+    if codec not in av.codecs_available:
+        pytest.skip(f"this PyAV build has no {codec} encoder")
+    video_utils = pytest.importorskip("transformers.video_utils")
+    pics = smooth(12)
+    data = encoded(pics, fmt, codec, fps=6)
+    path = tmp_path / f"clip.{fmt}"
+    path.write_bytes(data)
+    seen = []
+
+    def sample(total, fps):
+        seen.append((total, fps))
+        return [0, 4, 7, 11]
+
+    v = decode_video(data, sample, default_fps=2.0, media_type=media_type)
+    ref, meta = video_utils.read_video_pyav(str(path), lambda metadata, **_: np.array([0, 4, 7, 11]))
+    assert seen == [(12, 6.0)] and meta.fps == 6.0
+    # WebM's header has no frame count: transformers reads 0 there, we count the stream's packets
+    assert meta.total_num_frames == (0 if fmt == "webm" else 12)
+    assert v.frame_indices == (0, 4, 7, 11) and v.fps == 6.0 and v.size == (64, 48)
+    assert np.array_equal(np.stack([np.asarray(f) for f in v.frames]), ref)
+    # and the frames are the clip's (a lossy codec: close, not equal)
+    assert np.abs(np.asarray(v.frames[1], np.int16) - np.asarray(pics[4], np.int16)).mean() < 8
+
+
+def test_a_truncated_container_is_refused_and_fewer_frames_than_promised_are_kept():
+    pytest.importorskip("av")
+    data = encoded(smooth(12), "mp4", "mpeg4", fps=6)
+    with pytest.raises(InvalidArgumentError, match="truncated or corrupt|decodes none"):
+        decode_video(data[: len(data) // 3], every, 2.0)
+    v = decode_video(data, lambda total, fps: [0, total - 1], 2.0)
+    assert v.frame_indices == (0, 11)
+
+
+def test_container_limits_are_checked_before_decoding(monkeypatch):
+    pytest.importorskip("av")
+    data = encoded(smooth(6), "mp4", "mpeg4", fps=6)
+    monkeypatch.setattr(videos, "MAX_VIDEO_FRAMES", 5)
+    with pytest.raises(InvalidArgumentError, match="6 frames, more than the 5"):
+        decode_video(data, every, 2.0)
+    monkeypatch.setattr(videos, "MAX_VIDEO_FRAMES", 4096)
+    monkeypatch.setattr(videos, "MAX_PIXELS", 64 * 47)
+    with pytest.raises(InvalidArgumentError, match="64 x 48 pixels"):
+        decode_video(data, every, 2.0)
 
 
 def test_limits_are_checked_before_the_frames_are_kept(monkeypatch):
