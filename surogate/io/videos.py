@@ -177,8 +177,11 @@ def decode_container(data: bytes, sample: Sampler, default_fps: float, container
             from None
     if not data:
         raise InvalidArgumentError(f"{origin} is empty (no bytes)", hint=FORMS)
+    if container not in DEMUXERS:
+        raise InvalidArgumentError(f"{origin} is {container} video, not a container this server reads",
+                                   hint=f"send an MP4, WebM, MKV, AVI, FLV or MPEG file, or {FORMS}")
     try:
-        with av.open(io.BytesIO(data), mode="r") as c:
+        with av.open(io.BytesIO(data), mode="r", format=DEMUXERS[container]) as c:
             if not c.streams.video:
                 raise InvalidArgumentError(f"{origin} ({container}) has no video stream", hint=FORMS)
             stream = c.streams.video[0]
@@ -233,8 +236,20 @@ def _check_pixels(frames: int, width: int, height: int) -> None:
                                    f"{MAX_VIDEO_PIXELS:,} pixels a video may have", hint="send a shorter or smaller clip")
 
 
+# The FFmpeg demuxer of each container we read. PyAV is told which one (never left to probe), so
+# a file cannot pick a demuxer that follows references elsewhere (an HLS or concat playlist naming
+# local files or URLs); the mov demuxer's external data references (enable_drefs) stay off.
+DEMUXERS = {"an MP4 / MOV": "mp4", "a WebM / MKV": "matroska", "an AVI": "avi", "an FLV": "flv",
+            "an MPEG program stream": "mpeg", "an MPEG transport stream": "mpegts"}
+VIDEO_MEDIA_TYPES = {"video/mp4": "an MP4 / MOV", "video/quicktime": "an MP4 / MOV", "video/webm": "a WebM / MKV",
+                     "video/x-matroska": "a WebM / MKV", "video/x-msvideo": "an AVI", "video/avi": "an AVI",
+                     "video/x-flv": "an FLV", "video/mpeg": "an MPEG program stream",
+                     "video/mp2t": "an MPEG transport stream"}
+
+
 def _container(data: bytes, media_type: str | None) -> str | None:
-    """The codec container the bytes (or the media type) are, by name; None for anything else."""
+    """The codec container the bytes (or else the media type) are, by name (a DEMUXERS key, or
+    "a video/..." for a media type we know no demuxer of); None for anything else."""
     if data[4:8] == b"ftyp":
         return "an MP4 / MOV"
     if data[:4] == b"\x1a\x45\xdf\xa3":
@@ -243,9 +258,11 @@ def _container(data: bytes, media_type: str | None) -> str | None:
         return "an AVI"
     if data[:3] == b"FLV":
         return "an FLV"
-    if data[:4] in (b"\x00\x00\x01\xba", b"\x00\x00\x01\xb3") or data[:1] == b"\x47" and data[188:189] == b"\x47":
-        return "an MPEG"
+    if data[:4] in (b"\x00\x00\x01\xba", b"\x00\x00\x01\xb3"):
+        return "an MPEG program stream"
+    if data[:1] == b"\x47" and data[188:189] == b"\x47":
+        return "an MPEG transport stream"
     mt = (media_type or "").lower()
     if mt.startswith("video/") and mt not in MEDIA_TYPES:
-        return f"a {mt}"
+        return VIDEO_MEDIA_TYPES.get(mt, f"a {mt}")
     return None

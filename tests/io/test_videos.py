@@ -72,8 +72,18 @@ CONTAINERS = [
     (b"\x00\x00\x00\x18ftypmp42" + bytes(32), None, "an MP4 / MOV video"),
     (b"\x1a\x45\xdf\xa3" + bytes(32), "video/webm", "a WebM / MKV video"),
     (b"RIFF\x00\x00\x00\x00AVI LIST" + bytes(16), None, "an AVI video"),
-    (b"\x00" * 40, "video/quicktime", "a video/quicktime video"),
+    (b"\x00" * 40, "video/quicktime", "an MP4 / MOV video"),
 ]
+
+
+def test_an_hls_playlist_is_not_a_container_we_let_ffmpeg_probe(tmp_path):
+    """A playlist naming a local file: never handed to FFmpeg to probe (it would read the file)."""
+    (tmp_path / "secret.ts").write_bytes(b"\x47" + bytes(187))
+    playlist = f"#EXTM3U\n#EXT-X-TARGETDURATION:1\n#EXTINF:1,\nfile://{tmp_path}/secret.ts\n#EXT-X-ENDLIST\n"
+    with pytest.raises(InvalidArgumentError, match="not a video this server decodes"):
+        decode_video(playlist.encode(), every, 2.0, media_type="application/vnd.apple.mpegurl")
+    with pytest.raises(InvalidArgumentError, match="not a container this server reads"):
+        decode_video(playlist.encode(), every, 2.0, media_type="video/x-mpegurl")
 
 
 @pytest.mark.parametrize("data, media_type, what", CONTAINERS)
@@ -88,11 +98,12 @@ def test_containers_without_pyav_are_refused_by_name(data, media_type, what, mon
 
 @pytest.mark.parametrize("data, media_type, what", [
     *CONTAINERS,
+    (b"\x00" * 40, "video/x-ogm", "is a video/x-ogm video, not a container this server reads"),
     (b"not a video at all", None, "not an animated GIF, WebP or PNG"),
     (b"", "image/gif", "is empty"),
 ])
 def test_what_we_cannot_decode_is_refused_by_name(data, media_type, what):
-    if "video" in what:  # a container: PyAV reads it, and finds it corrupt
+    if what.endswith(" video"):  # a container: PyAV reads it, and finds it corrupt
         pytest.importorskip("av")
         what = f"is truncated or corrupt \\({what.removesuffix(' video')}"
     with pytest.raises(InvalidArgumentError, match=what):
@@ -124,7 +135,8 @@ def smooth(n: int, size=(64, 48)) -> list[Image.Image]:
 
 
 @pytest.mark.parametrize("fmt, codec, media_type", [("mp4", "mpeg4", "video/mp4"), ("mp4", "libx264", None),
-                                                    ("webm", "libvpx-vp9", "video/webm"), ("avi", "mpeg4", None)])
+                                                    ("webm", "libvpx-vp9", "video/webm"), ("avi", "mpeg4", None),
+                                                    ("mov", "mpeg4", "video/quicktime")])
 def test_containers_decode_as_transformers_reads_them_with_pyav(fmt, codec, media_type, tmp_path):
     """The frames, the frame count and rate the sampler sees, and the indices kept equal
     transformers' read_video_pyav on the same file (the loader its video processors use)."""
