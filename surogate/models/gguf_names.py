@@ -308,16 +308,22 @@ def stack_expert_tensors(family: Family, config: dict, tensors: Mapping[str, Cal
                          ) -> dict[str, Callable[[], np.ndarray]]:
     """The HF tensors with a MoE layer's per-expert tensors (``mlp.experts.{e}.gate_proj.weight``)
     replaced by the stacked tensor of the family's name_table.Experts recipe, which the GGUF
-    table names (llama.cpp stores each projection of all experts as one tensor)."""
-    from surogate.models.name_table import Experts
+    table names (llama.cpp stores each projection of all experts as one tensor); a stacked pair
+    of either orientation (``Experts.layer``: Qwen3-VL-MoE's hub files hold [E, in, out]) read as
+    ours, [E, out, in], which the GGUF table splits."""
+    from surogate.models.name_table import Experts, experts_transposed
 
     out = dict(tensors)
     recipes = [r for r in family.name_table().entries.values() if isinstance(r, Experts)]
     for i in range(int(config["num_hidden_layers"])):
+        for layer in {tuple(h.format(i=i) for h in r.layer) for r in recipes if r.layer}:
+            if all(h in out for h in layer) and experts_transposed(*(np.shape(out[h]()) for h in layer), layer[0]):
+                for h in layer:
+                    out[h] = (lambda r=out[h]: np.swapaxes(np.asarray(r()), 1, 2))
         for r in recipes:
             fused = r.hf.format(i=i)
             parts = [p.replace("{i}", str(i)) for p in r.parts]
-            if fused in out or parts[0].format(e=0) not in out:
+            if fused in out or not parts or parts[0].format(e=0) not in out:
                 continue
             count = 0
             while all(p.format(e=count) in out for p in parts):
