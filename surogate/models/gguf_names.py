@@ -364,16 +364,19 @@ def quantize_to_gguf(model: str | os.PathLike, output: str | os.PathLike, qtype:
                                f"which the {family.name} GGUF writer cannot write as llama.cpp's mmproj file",
                                hint="run it from the Hugging Face folder (load_model's quantize= keeps its "
                                     "projections as blocks)")
+    text_config = mmproj.text_config(config) if mmproj is not None else config
+    # The architecture's keys first: a model llama.cpp's graph cannot run (a dense layer in a
+    # qwen3vlmoe) is refused before any work.
+    arch_metadata = family.gguf.metadata(text_config, family.spec_from_config(text_config).rope)
     weights = folder.open_weights()
     readers = {name: (lambda n=name: weights.get(n)) for name in weights.keys()}  # noqa: SIM118 (not a dict)
-    vision_plan, text_config = [], config
+    vision_plan = []
     if mmproj is not None:  # the text GGUF gets the language model's tensors, the mmproj the rest
         readers = {mmproj.checkpoint_name(n): r for n, r in readers.items()}
         vision = mmproj.tensors(config)
         vision_plan = plan_mmproj_tensors(vision, {n: r for n, r in readers.items() if vision.to_gguf(n)},
                                           source=str(folder.path))
         readers = {n: r for n, r in readers.items() if not vision.to_gguf(n)}
-        text_config = mmproj.text_config(config)
     plan = plan_gguf_tensors(family, text_config, readers, qtype, source=str(folder.path))
     if not (folder.path / "tokenizer.json").is_file():
         raise NotFoundError(f"no tokenizer.json in {folder.path}",
@@ -381,7 +384,7 @@ def quantize_to_gguf(model: str | os.PathLike, output: str | os.PathLike, qtype:
     tokenizer = Tokenizer.from_folder(folder)
     arch = family.gguf.name
     name = str(config.get("_name_or_path") or "").rstrip("/").split("/")[-1] or folder.path.resolve().name
-    metadata = {"general.name": name, **family.gguf.metadata(text_config, family.spec_from_config(text_config).rope),
+    metadata = {"general.name": name, **arch_metadata,
                 **gguf_tokenizer_metadata(folder.tokenizer_file, tokenizer, spec.vocab_size)}
     if mmproj is None:
         return write_gguf(output, arch, metadata, plan, qtype, progress=progress)
