@@ -144,6 +144,11 @@ FAMILY = Family(
     # the dense layers' MLPs get none, as peft 0.21 does on transformers 5.
     lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     name_table=hf_name_table,
+    # Qwen/Qwen3-30B-A3B-FP8's layout: attention, the dense layers' MLPs and each expert's gate /
+    # up / down_proj quantized (per expert, train/fp8_export.py); the routers and the norms kept
+    # and listed, as its config's modules_to_not_convert lists them.
+    fp8_linears=r"model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(experts\.\d+\.)?(gate|up|down)_proj)\.weight",
+    fp8_kept=r"model\.layers\.\d+\.(input_layernorm|mlp\.gate|post_attention_layernorm)",
     gguf=GGUFArchitecture(
         name="qwen3moe",
         tensors=gguf_tensor_table,

@@ -357,6 +357,10 @@ def _family() -> Family:
         checkpoint_aliases=family_aliases,
         image_prompt=image_prompt,
         vision=VisionHooks(encode=_encode_hook, inputs=_inputs_hook),
+        # Block FP8 as Qwen's and RedHat's Qwen3-VL FP8 releases: the language model's projections
+        # quantized, the whole vision tower kept (and listed module by module).
+        fp8_linears=r"model\.language_model" + decoder.FP8_PROJECTIONS,
+        fp8_kept=r"(model\.)?visual\..+",
         # llama.cpp's qwen3vl text model and its mmproj file (qwen3_vl_gguf.py).
         gguf=GGUF.architecture(),
         # Qwen's ChatML templates: Hermes tool calls; the Thinking checkpoints write <think>.
