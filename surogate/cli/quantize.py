@@ -3,7 +3,7 @@
 ``*-FP8`` releases' layout).
 
 The GGUF recipes (which tensor gets which type) are in surogate/io/gguf_writer.py's header, the
-FP8 layout in surogate/train/export.py's.
+FP8 layout in surogate/train/fp8_export.py's.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def quantize(
         typer.echo(f"[{index + 1:>{width}}/{count}] {ggml_type:<5} {name} {list(shape)}", err=True)
 
     if qtype == "FP8":
-        from surogate.train.export import quantize_to_fp8
+        from surogate.train.fp8_export import quantize_to_fp8
 
         out = quantize_to_fp8(model, output, progress=progress, warn=lambda m: typer.echo(f"warning: {m}", err=True))
         size = sum(f.stat().st_size for f in out.glob("*.safetensors"))

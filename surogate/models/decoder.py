@@ -129,7 +129,8 @@ def spec_from_config(cfg: dict, family: str, *, qk_norm: bool = False) -> ModelS
 
 
 # The projections of the shared blocks, as block-FP8 releases quantize them (Family.fp8_linears).
-FP8_LINEARS = r"model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)\.weight"
+FP8_PROJECTIONS = r"\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)\.weight"
+FP8_LINEARS = r"model" + FP8_PROJECTIONS
 
 
 def hf_name_table(*, qk_norm: bool = False) -> NameTable:

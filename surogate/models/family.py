@@ -170,9 +170,14 @@ class Family:
     # these for a spec with ModelSpec.vision).
     vision: VisionHooks | None = None
     # A regex over HF tensor names: the Linear weights a block-FP8 export quantizes (`surogate
-    # quantize --type FP8`, the layout of the family's official *-FP8 releases); every other 2-D
-    # tensor must be an embedding or lm_head, kept as it is. None: not written as FP8.
+    # quantize --type FP8`, the layout of the family's official *-FP8 releases; train/fp8_export.py);
+    # every other 2-D tensor must be an embedding, lm_head or a module of fp8_kept. None: not
+    # written as FP8.
     fp8_linears: str | None = None
+    # A regex over HF module names (a tensor's name less its last part): what the releases keep
+    # unquantized and list in quantization_config.modules_to_not_convert (after lm_head): a MoE's
+    # routers and norms, a vision tower. None: no list (the dense releases write none).
+    fp8_kept: str | None = None
 
     @property
     def hf_architecture(self) -> str:

@@ -308,16 +308,22 @@ def stack_expert_tensors(family: Family, config: dict, tensors: Mapping[str, Cal
                          ) -> dict[str, Callable[[], np.ndarray]]:
     """The HF tensors with a MoE layer's per-expert tensors (``mlp.experts.{e}.gate_proj.weight``)
     replaced by the stacked tensor of the family's name_table.Experts recipe, which the GGUF
-    table names (llama.cpp stores each projection of all experts as one tensor)."""
-    from surogate.models.name_table import Experts
+    table names (llama.cpp stores each projection of all experts as one tensor); a stacked pair
+    of either orientation (``Experts.layer``: Qwen3-VL-MoE's hub files hold [E, in, out]) read as
+    ours, [E, out, in], which the GGUF table splits."""
+    from surogate.models.name_table import Experts, experts_transposed
 
     out = dict(tensors)
     recipes = [r for r in family.name_table().entries.values() if isinstance(r, Experts)]
     for i in range(int(config["num_hidden_layers"])):
+        for layer in {tuple(h.format(i=i) for h in r.layer) for r in recipes if r.layer}:
+            if all(h in out for h in layer) and experts_transposed(*(np.shape(out[h]()) for h in layer), layer[0]):
+                for h in layer:
+                    out[h] = (lambda r=out[h]: np.swapaxes(np.asarray(r()), 1, 2))
         for r in recipes:
             fused = r.hf.format(i=i)
             parts = [p.replace("{i}", str(i)) for p in r.parts]
-            if fused in out or parts[0].format(e=0) not in out:
+            if fused in out or not parts or parts[0].format(e=0) not in out:
                 continue
             count = 0
             while all(p.format(e=count) in out for p in parts):
@@ -358,16 +364,19 @@ def quantize_to_gguf(model: str | os.PathLike, output: str | os.PathLike, qtype:
                                f"which the {family.name} GGUF writer cannot write as llama.cpp's mmproj file",
                                hint="run it from the Hugging Face folder (load_model's quantize= keeps its "
                                     "projections as blocks)")
+    text_config = mmproj.text_config(config) if mmproj is not None else config
+    # The architecture's keys first: a model llama.cpp's graph cannot run (a dense layer in a
+    # qwen3vlmoe) is refused before any work.
+    arch_metadata = family.gguf.metadata(text_config, family.spec_from_config(text_config).rope)
     weights = folder.open_weights()
     readers = {name: (lambda n=name: weights.get(n)) for name in weights.keys()}  # noqa: SIM118 (not a dict)
-    vision_plan, text_config = [], config
+    vision_plan = []
     if mmproj is not None:  # the text GGUF gets the language model's tensors, the mmproj the rest
         readers = {mmproj.checkpoint_name(n): r for n, r in readers.items()}
         vision = mmproj.tensors(config)
         vision_plan = plan_mmproj_tensors(vision, {n: r for n, r in readers.items() if vision.to_gguf(n)},
                                           source=str(folder.path))
         readers = {n: r for n, r in readers.items() if not vision.to_gguf(n)}
-        text_config = mmproj.text_config(config)
     plan = plan_gguf_tensors(family, text_config, readers, qtype, source=str(folder.path))
     if not (folder.path / "tokenizer.json").is_file():
         raise NotFoundError(f"no tokenizer.json in {folder.path}",
@@ -375,7 +384,7 @@ def quantize_to_gguf(model: str | os.PathLike, output: str | os.PathLike, qtype:
     tokenizer = Tokenizer.from_folder(folder)
     arch = family.gguf.name
     name = str(config.get("_name_or_path") or "").rstrip("/").split("/")[-1] or folder.path.resolve().name
-    metadata = {"general.name": name, **family.gguf.metadata(text_config, family.spec_from_config(text_config).rope),
+    metadata = {"general.name": name, **arch_metadata,
                 **gguf_tokenizer_metadata(folder.tokenizer_file, tokenizer, spec.vocab_size)}
     if mmproj is None:
         return write_gguf(output, arch, metadata, plan, qtype, progress=progress)

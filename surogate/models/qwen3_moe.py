@@ -76,31 +76,44 @@ def gguf_tensor_table() -> GGUFNameTable:
     })
 
 
+def expert_config(gf, config: dict) -> dict:
+    """The experts' Qwen3MoeConfig keys from a GGUF's ``{arch}.expert_*`` keys (``config``: the
+    file's other HF keys): every layer sparse, as llama.cpp's qwen3moe and qwen3vlmoe graphs run
+    them (Qwen3-VL-MoE's text GGUF reads them here too)."""
+    a = gf.architecture
+    return dict(num_experts=int(gf.get(f"{a}.expert_count") or 0),
+                num_experts_per_tok=int(gf.get(f"{a}.expert_used_count") or 0),
+                moe_intermediate_size=int(gf.get(f"{a}.expert_feed_forward_length") or config["intermediate_size"]),
+                decoder_sparse_step=1, mlp_only_layers=[])
+
+
 def config_from_gguf(gf) -> dict:
     """llama.cpp's qwen3moe keys -> Qwen3MoeConfig's. Every layer of a qwen3moe file is sparse
     and its top-k weights are renormalised (llama.cpp's qwen3moe graph does both)."""
     config = gguf_config.hf_config(gf, "Qwen3MoeForCausalLM", "qwen3_moe")
-    a = gf.architecture
-    config.update(num_experts=int(gf.get(f"{a}.expert_count") or 0),
-                  num_experts_per_tok=int(gf.get(f"{a}.expert_used_count") or 0),
-                  moe_intermediate_size=int(gf.get(f"{a}.expert_feed_forward_length") or config["intermediate_size"]),
-                  norm_topk_prob=bool(gf.get(f"{a}.expert_weights_norm", True)), decoder_sparse_step=1,
-                  mlp_only_layers=[])
+    config.update(expert_config(gf, config),
+                  norm_topk_prob=bool(gf.get(f"{gf.architecture}.expert_weights_norm", True)))
     return config
 
 
+def expert_metadata(arch: str, config: dict, norm_topk_prob: bool) -> dict:
+    """The ``{arch}.expert_*`` keys of a config whose layers are all sparse (llama.cpp's qwen3moe
+    and qwen3vlmoe have experts in every layer: a dense one is refused)."""
+    n = int(config["num_hidden_layers"])
+    dense = sorted(set(range(n)) - set(sparse_layers(config)))
+    if dense:
+        raise UnsupportedError(f"{arch} GGUF: layers {dense} are dense (mlp_only_layers / decoder_sparse_step); "
+                               f"llama.cpp's {arch} has experts in every layer",
+                               hint="keep the model as a Hugging Face folder")
+    return {f"{arch}.expert_count": num_experts(config),
+            f"{arch}.expert_used_count": int(config.get("num_experts_per_tok", 8)),
+            f"{arch}.expert_feed_forward_length": int(config["moe_intermediate_size"]),
+            f"{arch}.expert_weights_norm": bool(norm_topk_prob)}
+
+
 def gguf_metadata(config: dict, rope: dict) -> dict:
-    meta = gguf_config.hyperparameters("qwen3moe", config, rope)
-    layers = sparse_layers(config)
-    if layers != tuple(range(int(config["num_hidden_layers"]))):
-        raise UnsupportedError(f"qwen3moe GGUF: layers {sorted(set(range(int(config['num_hidden_layers']))) - set(layers))} "
-                               "are dense (mlp_only_layers / decoder_sparse_step); llama.cpp's qwen3moe has experts "
-                               "in every layer", hint="keep the model as a Hugging Face folder")
-    meta.update({"qwen3moe.expert_count": num_experts(config),
-                 "qwen3moe.expert_used_count": int(config.get("num_experts_per_tok", 8)),
-                 "qwen3moe.expert_feed_forward_length": int(config["moe_intermediate_size"]),
-                 "qwen3moe.expert_weights_norm": bool(config.get("norm_topk_prob", False))})
-    return meta
+    return {**gguf_config.hyperparameters("qwen3moe", config, rope),
+            **expert_metadata("qwen3moe", config, bool(config.get("norm_topk_prob", False)))}
 
 
 def _tiny_moe(**kw) -> dict:
@@ -131,6 +144,11 @@ FAMILY = Family(
     # the dense layers' MLPs get none, as peft 0.21 does on transformers 5.
     lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     name_table=hf_name_table,
+    # Qwen/Qwen3-30B-A3B-FP8's layout: attention, the dense layers' MLPs and each expert's gate /
+    # up / down_proj quantized (per expert, train/fp8_export.py); the routers and the norms kept
+    # and listed, as its config's modules_to_not_convert lists them.
+    fp8_linears=r"model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(experts\.\d+\.)?(gate|up|down)_proj)\.weight",
+    fp8_kept=r"model\.layers\.\d+\.(input_layernorm|mlp\.gate|post_attention_layernorm)",
     gguf=GGUFArchitecture(
         name="qwen3moe",
         tensors=gguf_tensor_table,

@@ -24,7 +24,7 @@ import numpy as np
 from surogate.dsl import nn
 from surogate.errors import ConfigError, InvalidArgumentError, UnsupportedError
 from surogate.models import decoder, qwen3_vl_gguf
-from surogate.models.family import ChatDefaults, Family, GGUFArchitecture, MmprojArchitecture, TinyModel, VisionHooks
+from surogate.models.family import ChatDefaults, Family, TinyModel, VisionHooks
 from surogate.models.name_table import NameTable
 from surogate.models.qwen3_vl_prompt import image_prompt
 from surogate.models.qwen3_vl_vision import (Qwen3VLVisionTower, VisionSpec, checkpoint_aliases, run_tower,
@@ -339,6 +339,13 @@ def _inputs_hook(model, ids, pos, cu, images, videos):
     return (rows, ids, None, feed) if rows else None
 
 
+# llama.cpp's form: Qwen3's text GGUF (qwen3vl) beside the mmproj (qwen3_vl_gguf.py).
+GGUF = qwen3_vl_gguf.Qwen3VLGGUF(
+    arch="qwen3vl", hf_architecture="Qwen3VLForConditionalGeneration", model_type="qwen3_vl",
+    text_type="qwen3_vl_text", text_defaults=TEXT_DEFAULTS, spec_from_config=spec_from_config,
+    text_tensors=lambda: decoder.gguf_tensor_table(rope_permuted=False, qk_norm=True))
+
+
 def _family() -> Family:
     return Family(
         name="qwen3_vl",
@@ -350,14 +357,12 @@ def _family() -> Family:
         checkpoint_aliases=family_aliases,
         image_prompt=image_prompt,
         vision=VisionHooks(encode=_encode_hook, inputs=_inputs_hook),
+        # Block FP8 as Qwen's and RedHat's Qwen3-VL FP8 releases: the language model's projections
+        # quantized, the whole vision tower kept (and listed module by module).
+        fp8_linears=r"model\.language_model" + decoder.FP8_PROJECTIONS,
+        fp8_kept=r"(model\.)?visual\..+",
         # llama.cpp's qwen3vl text model and its mmproj file (qwen3_vl_gguf.py).
-        gguf=GGUFArchitecture(
-            name="qwen3vl", tensors=qwen3_vl_gguf.gguf_tensor_table, config_from_gguf=qwen3_vl_gguf.config_from_gguf,
-            metadata=qwen3_vl_gguf.gguf_metadata,
-            mmproj=MmprojArchitecture(tensors=qwen3_vl_gguf.mmproj_tensor_table,
-                                      checkpoint_name=qwen3_vl_gguf.checkpoint_name,
-                                      text_config=qwen3_vl_gguf.text_config, metadata=qwen3_vl_gguf.mmproj_metadata,
-                                      config=qwen3_vl_gguf.config_from_mmproj)),
+        gguf=GGUF.architecture(),
         # Qwen's ChatML templates: Hermes tool calls; the Thinking checkpoints write <think>.
         chat=ChatDefaults(reasoning_parser="qwen3", tool_parser="hermes", model_types=("qwen3_vl",)),
         bench_shapes={},

@@ -1,15 +1,23 @@
-"""Qwen3-VL as llama.cpp ships it: a text GGUF of architecture ``qwen3vl`` beside an mmproj file
-(convert_hf_to_gguf.py's Qwen3VLTextModel and Qwen3VLVisionModel; llama.cpp's src/llama-model.cpp
-and tools/mtmd/clip.cpp, models/qwen3vl.cpp read them). Both ways: read into our Qwen3-VL
-(Family.gguf, Family.gguf.mmproj) and written from an HF folder by `surogate quantize`.
+"""Qwen3-VL and Qwen3-VL-MoE as llama.cpp ships them: a text GGUF of architecture ``qwen3vl``
+(``qwen3vlmoe``) beside an mmproj file (convert_hf_to_gguf.py's Qwen3VLTextModel /
+Qwen3VLMoeTextModel and Qwen3VLVisionModel; llama.cpp's src/llama-model.cpp, models/qwen3vl.cpp,
+models/qwen3vl-moe.cpp and tools/mtmd/clip.cpp read them). Both ways: read into our Qwen3-VL or
+Qwen3-VL-MoE (Family.gguf, Family.gguf.mmproj) and written from an HF folder by `surogate quantize`.
+One `Qwen3VLGGUF` per family says what differs; the code is the same.
 
-The text GGUF is Qwen3's (blk.*, q/k rows in HF's order: llama.cpp runs it with interleaved MRoPE
-over NEOX halves) plus ``qwen3vl.rope.dimension_sections`` (mrope_section padded to four, the last
-0) and ``qwen3vl.n_deepstack_layers`` (how many DeepStack features the language model adds). Read
-alone it is the language model alone (model_type qwen3_vl_text: text prompts, Qwen3's graph).
+The dense text GGUF is Qwen3's (blk.*, q/k rows in HF's order: llama.cpp runs it with interleaved
+MRoPE over NEOX halves), the MoE's Qwen3-MoE's (the router ffn_gate_inp [E, C]; the experts
+ffn_gate_exps and ffn_up_exps [E, F, C] each, the halves of the checkpoint's gate_up_proj, and
+ffn_down_exps [E, C, F], from a checkpoint's stacked experts in either orientation (the hub's
+[E, in, out] or transformers 5's [E, out, in], told apart by their shapes as at load); ``{arch}.expert_count`` / ``expert_used_count`` /
+``expert_feed_forward_length``; every layer sparse and the top-k renormalised, as llama.cpp's
+qwen3vl-moe graph runs it), each plus ``{arch}.rope.dimension_sections`` (mrope_section padded to
+four, the last 0) and ``{arch}.n_deepstack_layers`` (how many DeepStack features the language
+model adds). Read alone it is the language model alone (model_type qwen3_vl_text /
+qwen3_vl_moe_text: text prompts, Qwen3's or Qwen3-MoE's graph).
 
-The mmproj (general.architecture "clip", general.type "mmproj", clip.projector_type
-"qwen3vl_merger"): the tower's sizes under clip.vision.* (image_size = sqrt(positions) x patch,
+The mmproj, the same for both (general.architecture "clip", general.type "mmproj",
+clip.projector_type "qwen3vl_merger"): the tower's sizes under clip.vision.* (image_size = sqrt(positions) x patch,
 spatial_merge_size, is_deepstack_layers one bool per block, use_gelu), image_mean / std from the
 image processor's files, and clip.vision.attention.layer_norm_epsilon the text model's
 rms_norm_eps (the converter's choice; the tower's LayerNorms are 1e-6 in transformers' code, which
@@ -29,12 +37,14 @@ that differs is refused at write time and an mmproj is served with those limits
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
 from surogate.errors import ConfigError, FileFormatError, UnsupportedError
 from surogate.io import gguf_config
-from surogate.models import decoder
+from surogate.models.family import GGUFArchitecture, MmprojArchitecture
 from surogate.models.gguf_names import GGUFName, GGUFNameTable
 
-ARCH = "qwen3vl"
 PROJECTOR = "qwen3vl_merger"
 DEEPSTACK_LAYERS = "n_deepstack_layers"  # a text config's count of DeepStack features (llama.cpp's key; no HF key)
 TOKENS = {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
@@ -49,61 +59,104 @@ _MERGER = {"norm": "v.post_ln", "linear_fc1": "mm.0", "linear_fc2": "mm.2"}
 _DEEPSTACK = {"norm": "norm", "linear_fc1": "fc1", "linear_fc2": "fc2"}
 
 
-# ---- the text GGUF -----------------------------------------------------------------------------
-def gguf_tensor_table() -> GGUFNameTable:
-    """Qwen3's GGUF names for the language model's tensors under their Qwen3-VL names."""
-    from surogate.models.qwen3_vl import language_model_name
+# ---- the family's GGUF form ---------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class Qwen3VLGGUF:
+    """A Qwen3-VL family as llama.cpp ships it, by what differs between the dense family (text
+    GGUF ``qwen3vl``: Qwen3's tensors and keys) and the MoE (``qwen3vlmoe``: Qwen3-MoE's, the
+    router ffn_gate_inp and the stacked ffn_gate_exps / ffn_up_exps / ffn_down_exps, the
+    ``{arch}.expert_*`` keys); the MRoPE sections, the DeepStack count and the mmproj are the same."""
 
-    text = decoder.gguf_tensor_table(rope_permuted=False, qk_norm=True)
-    return GGUFNameTable({language_model_name(hf): g for hf, g in text.entries.items()})
+    arch: str                                  # the text GGUF's general.architecture
+    hf_architecture: str                       # config.json's architectures[0]
+    model_type: str                            # the config's model_type (qwen3_vl, qwen3_vl_moe)
+    text_type: str                             # its text config's (qwen3_vl_text, qwen3_vl_moe_text)
+    text_defaults: Mapping[str, object]        # the text config class's defaults
+    spec_from_config: Callable[[dict], object]  # the family's
+    text_tensors: Callable[[], GGUFNameTable]  # the text model's GGUF table (model.layers.*: Qwen3's, Qwen3-MoE's)
+    # The experts: (arch, text config) -> their {arch}.expert_* keys (refusing dense layers);
+    # (GGUF file, its text config) -> their HF keys. None: a dense model.
+    expert_metadata: Callable[[str, dict], dict] | None = None
+    expert_config: Callable[[object, dict], dict] | None = None
 
+    def architecture(self) -> GGUFArchitecture:
+        return GGUFArchitecture(
+            name=self.arch, tensors=self.gguf_tensor_table, config_from_gguf=self.config_from_gguf,
+            metadata=self.gguf_metadata,
+            mmproj=MmprojArchitecture(tensors=mmproj_tensor_table, checkpoint_name=checkpoint_name,
+                                      text_config=self.text_config, metadata=self.mmproj_metadata,
+                                      config=self.config_from_mmproj))
 
-def config_from_gguf(gf) -> dict:
-    """A qwen3vl text GGUF as a Qwen3VLTextConfig (model_type qwen3_vl_text: the language model
-    alone until `config_from_mmproj` adds its tower), the MRoPE from rope.dimension_sections."""
-    cfg = gguf_config.hf_config(gf, "Qwen3VLForConditionalGeneration", "qwen3_vl_text")
-    sections = gf.require(f"{ARCH}.rope.dimension_sections")
-    if (not isinstance(sections, list) or len(sections) != 4 or sections[3] != 0
-            or sum(sections[:3]) != cfg["head_dim"] // 2):
-        raise FileFormatError(f"{gf.path}: {ARCH}.rope.dimension_sections is {sections!r}, not (t, h, w, 0) summing "
-                              f"to head_dim / 2 ({cfg['head_dim'] // 2})", hint="the file is damaged")
-    for key in ("partial_rotary_factor", "rope_scaling"):
-        if key in cfg:
-            raise UnsupportedError(f"{gf.path}: a {ARCH} file with {key.replace('_', ' ')}",
-                                   hint="Qwen3-VL rotates the whole head with the default MRoPE")
-    cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": cfg.pop("rope_theta"),
-                              "mrope_section": [int(s) for s in sections[:3]], "mrope_interleaved": True}
-    cfg[DEEPSTACK_LAYERS] = int(gf.get(f"{ARCH}.n_deepstack_layers", 0))
-    return cfg
+    # ---- the text GGUF
+    def gguf_tensor_table(self) -> GGUFNameTable:
+        """The text model's GGUF names for the language model's tensors under their Qwen3-VL names."""
+        from surogate.models.qwen3_vl import language_model_name
 
+        return GGUFNameTable({language_model_name(hf): g for hf, g in self.text_tensors().entries.items()})
 
-def text_config(config: dict) -> dict:
-    """A Qwen3VLForConditionalGeneration config's language model as a Qwen3VLTextConfig (what
-    `config_from_gguf` reads back): text_config's keys with Qwen3VLTextConfig's defaults, the
-    outer tie_word_embeddings, the MRoPE as rope_parameters and the DeepStack count."""
-    from surogate.models.qwen3_vl import TEXT_DEFAULTS, spec_from_config
+    def config_from_gguf(self, gf) -> dict:
+        """A text GGUF as the family's text config (model_type ``text_type``: the language model
+        alone until `config_from_mmproj` adds its tower), the MRoPE from rope.dimension_sections."""
+        cfg = gguf_config.hf_config(gf, self.hf_architecture, self.text_type)
+        sections = gf.require(f"{self.arch}.rope.dimension_sections")
+        if (not isinstance(sections, list) or len(sections) != 4 or sections[3] != 0
+                or sum(sections[:3]) != cfg["head_dim"] // 2):
+            raise FileFormatError(f"{gf.path}: {self.arch}.rope.dimension_sections is {sections!r}, not (t, h, w, 0) "
+                                  f"summing to head_dim / 2 ({cfg['head_dim'] // 2})", hint="the file is damaged")
+        for key in ("partial_rotary_factor", "rope_scaling"):
+            if key in cfg:
+                raise UnsupportedError(f"{gf.path}: a {self.arch} file with {key.replace('_', ' ')}",
+                                       hint="Qwen3-VL rotates the whole head with the default MRoPE")
+        cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": cfg.pop("rope_theta"),
+                                  "mrope_section": [int(s) for s in sections[:3]], "mrope_interleaved": True}
+        cfg[DEEPSTACK_LAYERS] = int(gf.get(f"{self.arch}.n_deepstack_layers", 0))
+        if self.expert_config is not None:
+            cfg.update(self.expert_config(gf, cfg))
+        return cfg
 
-    spec = spec_from_config(config)
-    vs = spec.vision
-    text = {**TEXT_DEFAULTS, **(config.get("text_config") or {})}
-    return {**text, "architectures": ["Qwen3VLForConditionalGeneration"], "model_type": "qwen3_vl_text",
-            "tie_word_embeddings": spec.tie_word_embeddings, "rope_scaling": None,
-            "rope_parameters": {"rope_type": "default", "rope_theta": vs.rope_theta,
-                                "mrope_section": list(vs.mrope_section), "mrope_interleaved": True},
-            DEEPSTACK_LAYERS: len(vs.tower.deepstack_visual_indexes)}
+    def text_config(self, config: dict) -> dict:
+        """A config's language model as its text config (what `config_from_gguf` reads back):
+        text_config's keys with the text config class's defaults, the outer tie_word_embeddings,
+        the MRoPE as rope_parameters and the DeepStack count."""
+        spec = self.spec_from_config(config)
+        vs = spec.vision
+        text = {**self.text_defaults, **(config.get("text_config") or {})}
+        return {**text, "architectures": [self.hf_architecture], "model_type": self.text_type,
+                "tie_word_embeddings": spec.tie_word_embeddings, "rope_scaling": None,
+                "rope_parameters": {"rope_type": "default", "rope_theta": vs.rope_theta,
+                                    "mrope_section": list(vs.mrope_section), "mrope_interleaved": True},
+                DEEPSTACK_LAYERS: len(vs.tower.deepstack_visual_indexes)}
 
+    def gguf_metadata(self, config: dict, rope: dict) -> dict:
+        """The ``{arch}.*`` keys of a text config (`text_config`'s), as convert_hf_to_gguf.py's
+        Qwen3VLTextModel / Qwen3VLMoeTextModel write them."""
+        from surogate.models.qwen3_vl import _text_rope
 
-def gguf_metadata(config: dict, rope: dict) -> dict:
-    """The qwen3vl.* keys of a Qwen3VLTextConfig (`text_config`'s), as Qwen3VLTextModel writes them."""
-    from surogate.models.qwen3_vl import _text_rope
+        if config.get("model_type") != self.text_type or DEEPSTACK_LAYERS not in config:
+            raise UnsupportedError(f"the {self.arch} GGUF writer takes the language model's config "
+                                   "(Qwen3VLGGUF.text_config)", hint="please report it")
+        meta = gguf_config.hyperparameters(self.arch, config, rope)
+        meta[f"{self.arch}.rope.dimension_sections"] = [*_text_rope(config)[1], 0]
+        meta[f"{self.arch}.n_deepstack_layers"] = int(config[DEEPSTACK_LAYERS])
+        if self.expert_metadata is not None:
+            meta.update(self.expert_metadata(self.arch, config))
+        return meta
 
-    if config.get("model_type") != "qwen3_vl_text" or DEEPSTACK_LAYERS not in config:
-        raise UnsupportedError("the qwen3vl GGUF writer takes the language model's config (qwen3_vl_gguf.text_config)",
-                               hint="please report it")
-    meta = gguf_config.hyperparameters(ARCH, config, rope)
-    meta[f"{ARCH}.rope.dimension_sections"] = [*_text_rope(config)[1], 0]
-    meta[f"{ARCH}.n_deepstack_layers"] = int(config[DEEPSTACK_LAYERS])
-    return meta
+    # ---- the mmproj
+    def mmproj_metadata(self, config: dict, folder) -> dict:
+        """The clip.* keys convert_hf_to_gguf.py writes (MmprojModel.set_gguf_parameters +
+        Qwen3VLVisionModel's, the same for both families), from the config and image processor files."""
+        text = {**self.text_defaults, **(config.get("text_config") or {})}
+        return _mmproj_metadata(self.spec_from_config(config), text, folder)
+
+    def config_from_mmproj(self, text: dict, gf, tokenizer) -> dict:
+        """The family's config: the text GGUF's (`config_from_gguf`) as its text_config, the tower
+        from the mmproj's clip.* keys and tensor shapes, the placeholder token ids from the text
+        GGUF's tokenizer."""
+        vision, ids = _tower_config(text, gf, tokenizer, self.arch)
+        text_cfg = {k: v for k, v in text.items() if k not in ("architectures", DEEPSTACK_LAYERS)}
+        return {"architectures": [self.hf_architecture], "model_type": self.model_type, "text_config": text_cfg,
+                "vision_config": vision, "tie_word_embeddings": bool(text.get("tie_word_embeddings", False)), **ids}
 
 
 # ---- the mmproj --------------------------------------------------------------------------------
@@ -138,12 +191,8 @@ def checkpoint_name(name: str) -> str:
     return f"model.{name}" if name.startswith("visual.") else name
 
 
-def mmproj_metadata(config: dict, folder) -> dict:
-    """The clip.* keys convert_hf_to_gguf.py writes for a Qwen3VLForConditionalGeneration
-    (MmprojModel.set_gguf_parameters + Qwen3VLVisionModel's), from its config and image processor files."""
-    from surogate.models.qwen3_vl import TEXT_DEFAULTS, spec_from_config
-
-    spec = spec_from_config(config)
+def _mmproj_metadata(spec, text: dict, folder) -> dict:
+    """Qwen3VLGGUF.mmproj_metadata of a spec and its text config keys (with the class defaults)."""
     v = spec.vision.tower
     fixed = {"hidden_act": (v.hidden_act in TENSOR_ACTS, "gelu_pytorch_tanh"),
              "rope_parameters.rope_theta": (v.rope_theta == ROPE_THETA, ROPE_THETA)}
@@ -153,7 +202,6 @@ def mmproj_metadata(config: dict, folder) -> dict:
                                    f"it to ({theirs}); an mmproj cannot say otherwise",
                                    hint="only Qwen3-VL towers with llama.cpp's fixed choices can be written as GGUF")
     pre = gguf_config.mmproj_image_processor(folder)
-    text = {**TEXT_DEFAULTS, **(config.get("text_config") or {})}
     return {"clip.has_vision_encoder": True, "clip.vision.projection_dim": spec.hidden_size,
             "clip.vision.image_size": int(v.num_position_embeddings ** 0.5 * v.patch_size),
             "clip.vision.patch_size": v.patch_size, "clip.vision.embedding_length": v.hidden_size,
@@ -167,10 +215,10 @@ def mmproj_metadata(config: dict, folder) -> dict:
             "clip.vision.is_deepstack_layers": [i in v.deepstack_visual_indexes for i in range(v.depth)]}
 
 
-def config_from_mmproj(text: dict, gf, tokenizer) -> dict:
-    """A Qwen3VLForConditionalGeneration config: the text GGUF's (`config_from_gguf`) as its
-    text_config, the tower from the mmproj's clip.* keys and tensor shapes, the placeholder token
-    ids from the text GGUF's tokenizer."""
+
+def _tower_config(text: dict, gf, tokenizer, arch: str) -> tuple[dict, dict]:
+    """(vision_config, the placeholder token ids) of an mmproj beside a text GGUF of ``arch``
+    (its config ``text``, its tokenizer), checked against each other."""
     def key(name: str):
         value = gf.get(name)
         if value is None:
@@ -203,7 +251,7 @@ def config_from_mmproj(text: dict, gf, tokenizer) -> dict:
                               f"{depth} blocks", hint="the mmproj file is damaged")
     indexes = [i for i, f in enumerate(flags) if f]
     if text.get(DEEPSTACK_LAYERS) is not None and int(text[DEEPSTACK_LAYERS]) != len(indexes):
-        raise ConfigError(f"{gf.path}: {len(indexes)} DeepStack blocks, but the text GGUF's {ARCH}.n_deepstack_layers "
+        raise ConfigError(f"{gf.path}: {len(indexes)} DeepStack blocks, but the text GGUF's {arch}.n_deepstack_layers "
                           f"is {text[DEEPSTACK_LAYERS]}", hint="the mmproj and the text GGUF must come from the same "
                                                                "checkpoint")
     tensor("v.patch_embd.weight.1")  # the second temporal half: temporal_patch_size 2
@@ -229,9 +277,7 @@ def config_from_mmproj(text: dict, gf, tokenizer) -> dict:
               "spatial_merge_size": int(gf.get("clip.vision.spatial_merge_size", 2)),
               "out_hidden_size": int(key("clip.vision.projection_dim")), "num_position_embeddings": int(positions),
               "deepstack_visual_indexes": indexes, "hidden_act": "gelu_pytorch_tanh"}
-    text_cfg = {k: v for k, v in text.items() if k not in ("architectures", DEEPSTACK_LAYERS)}
-    return {"architectures": ["Qwen3VLForConditionalGeneration"], "model_type": "qwen3_vl", "text_config": text_cfg,
-            "vision_config": vision, "tie_word_embeddings": bool(text.get("tie_word_embeddings", False)), **ids}
+    return vision, ids
 
 
 def mmproj_processor_configs(gf) -> tuple[dict, dict]:
@@ -250,5 +296,4 @@ def mmproj_processor_configs(gf) -> tuple[dict, dict]:
     return image, dict(sizes)
 
 
-__all__ = ["ARCH", "PROJECTOR", "checkpoint_name", "config_from_gguf", "config_from_mmproj", "gguf_metadata",
-           "gguf_tensor_table", "mmproj_metadata", "mmproj_processor_configs", "mmproj_tensor_table", "text_config"]
+__all__ = ["PROJECTOR", "Qwen3VLGGUF", "checkpoint_name", "mmproj_processor_configs", "mmproj_tensor_table"]

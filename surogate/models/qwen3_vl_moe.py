@@ -17,7 +17,9 @@ is what differs, and only that:
 - the Family: Qwen3-VL's image prompts, vision hooks and checkpoint names, Qwen3-MoE's LoRA targets.
 
 A config of model_type qwen3_vl_moe_text is the language model alone (Qwen3-MoE's graph with
-Qwen3-VL's names). GGUF (llama.cpp's qwen3vlmoe) is not read or written yet: refused by name.
+Qwen3-VL's names). As GGUF: llama.cpp's qwen3vlmoe text model beside Qwen3-VL's mmproj, read and
+written by qwen3_vl_gguf.py with Qwen3-MoE's expert tensors and keys (`GGUF`); only a model whose
+every text layer is sparse can be written (llama.cpp's graph has experts in each).
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ import dataclasses
 
 from surogate.dsl import nn
 from surogate.errors import UnsupportedError
-from surogate.models import qwen3_moe, qwen3_vl
-from surogate.models.family import ChatDefaults, Family, GGUFArchitecture, TinyModel
+from surogate.models import qwen3_moe, qwen3_vl, qwen3_vl_gguf
+from surogate.models.family import ChatDefaults, Family, TinyModel
 from surogate.models.name_table import Direct, Experts, NameTable
 
 TEXT_TYPE = "qwen3_vl_moe_text"
@@ -73,9 +75,14 @@ def hf_name_table() -> NameTable:
     })
 
 
-def _no_gguf(*_):
-    raise UnsupportedError("Qwen3-VL-MoE as GGUF (llama.cpp's qwen3vlmoe and its mmproj) is not read or written yet",
-                           hint="load and serve the Hugging Face folder")
+# llama.cpp's form: Qwen3-MoE's text GGUF (qwen3vlmoe: its experts and their keys, every layer
+# sparse, the top-k always renormalised) beside Qwen3-VL's mmproj (qwen3_vl_gguf.py).
+GGUF = qwen3_vl_gguf.Qwen3VLGGUF(
+    arch="qwen3vlmoe", hf_architecture="Qwen3VLMoeForConditionalGeneration", model_type="qwen3_vl_moe",
+    text_type=TEXT_TYPE, text_defaults=TEXT_DEFAULTS, spec_from_config=spec_from_config,
+    text_tensors=qwen3_moe.gguf_tensor_table,
+    expert_metadata=lambda arch, text: qwen3_moe.expert_metadata(arch, text, norm_topk_prob=True),
+    expert_config=qwen3_moe.expert_config)
 
 
 # A tiny checkpoint for tests (tests/sgtest/tiny_models.py make_qwen3_vl(moe=True), make_model):
@@ -102,8 +109,7 @@ def _family() -> Family:
         # Qwen3-MoE's: on the sparse layers gate / up / down_proj mean the stacked experts (peft's
         # target_parameters); the dense layers' MLPs get none, as peft 0.21 on transformers 5.
         lora_targets=qwen3_moe.FAMILY.lora_targets,
-        gguf=GGUFArchitecture(name="qwen3vlmoe", tensors=_no_gguf, config_from_gguf=_no_gguf, metadata=_no_gguf,
-                              unsupported="llama.cpp's qwen3vlmoe is not read or written yet"),
+        gguf=GGUF.architecture(),
         chat=ChatDefaults(reasoning_parser="qwen3", tool_parser="hermes", model_types=("qwen3_vl_moe",)),
         bench_shapes={},
         tiny=TinyModel(tokenizer="chatml", config=TINY, bos_token=None, eos_token="<|im_end|>"),

@@ -1,25 +1,13 @@
-"""Write models as Hugging Face folders: full checkpoints, merged LoRA fine-tunes, and block-FP8
-checkpoints (`surogate quantize MODEL --type FP8`).
+"""Write models as Hugging Face folders: full checkpoints and merged LoRA fine-tunes (``surogate
+merge``; ``--type FP8`` writes the merged folder as a block-FP8 one, train/fp8_export.py).
 
 A folder is assembled under a temp name beside the destination and renamed into place, so a
 crash never leaves a half-written model where a user (or `surogate serve`) would load it.
-
-The FP8 folder has the layout of Qwen's official ``*-FP8`` releases (Qwen/Qwen3-8B-FP8), which
-vLLM's and transformers' fp8 loaders read: config.json is the source's plus ``quantization_config``
-``{"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size":
-[128, 128]}``; each projection the family names (``Family.fp8_linears``: q/k/v/o, gate/up/down)
-is ``weight`` float8_e4m3fn beside ``weight_scale_inv`` f32 [ceil(out/128), ceil(in/128)]
-(io/fp8_blocks.py); embeddings, lm_head, norms and biases stay as the source has them (neither
-loader quantizes embeddings or lm_head, so no ``modules_to_not_convert`` is written, as in the
-release). Every other top-level file of the source (tokenizer, chat template, generation config,
-README) is copied as it is.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import json
-import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -27,12 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
-from surogate.errors import FileFormatError, InvalidArgumentError, NotFoundError, UnsupportedError
-from surogate.io import ModelFolder, PendingTensor, resolve_model_path, save_safetensors, save_sharded_safetensors
-from surogate.io.fp8_blocks import block_scale_inv, quantize_block_fp8
+from surogate.errors import FileFormatError, InvalidArgumentError, NotFoundError
+from surogate.io import ModelFolder, resolve_model_path, save_safetensors
 from surogate.models.name_table import transposed_experts
 from surogate.models.peft import PROJECTOR_MODULES, is_expert_lora
 from surogate.models.registry import family_for
+from surogate.train.fp8_export import quantize_to_fp8
 from surogate.train.lora import _replace_dir, load_peft_adapter, merge_into_hf
 
 # Files that travel with the weights: tokenizer, chat template, generation defaults.
@@ -189,148 +177,3 @@ def _merge_adapter(base: str | Path | None, adapter: str | Path, output: str | P
 
         merged = {k: v.astype(ml_dtypes.bfloat16) if v.dtype == np.float32 else v for k, v in merged.items()}
     return save_hf_folder(output, merged, folder.config, source=folder, dtype=dtype)
-
-
-FP8_BLOCK = (128, 128)
-SHARD_BYTES = 5 * 10**9  # transformers' save_pretrained default of 5GB shards
-# Weight files of the source that the FP8 folder replaces (the rest of its top level is copied).
-_WEIGHT_FILES = ("*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.index.json", "*.pt", "*.pth",
-                 "*.ckpt", "*.h5", "*.msgpack", "*.onnx", "*.ot", "*.tflite", "*.gguf")
-_KEPT_2D = re.compile(r"(^|\.)(embed_tokens|lm_head)\.weight$")  # 2-D, not a Linear any fp8 loader quantizes
-
-Progress = Callable[[int, int, str, str, tuple], None]  # (index, count, name, type, shape)
-
-
-def fp8_quantization_config(block: tuple[int, int] = FP8_BLOCK) -> dict:
-    return {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": list(block)}
-
-
-def quantize_to_fp8(model: str | Path, output: str | Path, *, block: tuple[int, int] = FP8_BLOCK,
-                    shard_bytes: int = SHARD_BYTES, progress: Progress | None = None,
-                    warn: Callable[[str], None] | None = None, download: bool = False) -> Path:
-    """An HF model folder (or a cached hub id) written as a block-FP8 folder (the module header)."""
-    from surogate.io.gguf import is_gguf
-
-    if len(block) != 2 or not all(isinstance(b, int) and b > 0 for b in block):
-        raise InvalidArgumentError(f"FP8 block {block!r} is not two positive integers", hint="the releases use 128, 128")
-    path = resolve_model_path(model, download=download)
-    if path.is_file() or is_gguf(path):
-        raise UnsupportedError(f"{path} is a file; --type FP8 reads a Hugging Face model folder",
-                               hint="a GGUF's weights are quantized already: quantize the HF model it was made from "
-                                    "(or write an HF folder from it with `surogate merge`)")
-    folder = ModelFolder(path)
-    config = folder.config
-    qc = config.get("quantization_config")
-    if qc:
-        method = qc.get("quant_method", "?") if isinstance(qc, dict) else "?"
-        raise UnsupportedError(f"{folder.path} is quantized already (quantization_config quant_method {method!r})",
-                               hint="quantize the unquantized model it came from: quantizing dequantized weights adds "
-                                    "the errors of both")
-    family = family_for(config, source=str(folder.path / "config.json"))
-    family.spec_from_config(config)  # a config we cannot run fails before any work
-    if family.fp8_linears is None:
-        from surogate.models.registry import REGISTRY
-
-        known = ", ".join(f.name for f in REGISTRY if f.fp8_linears)
-        raise UnsupportedError(f"{folder.path}: the {family.name} family is not written as block FP8 by this version "
-                               "(which of its tensors are the Linear weights an FP8 loader expects is not mapped)",
-                               hint=f"FP8 export covers {known}; GGUF types (--type Q8_0, ...) cover more")
-    output = Path(output)
-    if output.resolve() == folder.path.resolve():
-        raise InvalidArgumentError(f"--output {output} is the source folder",
-                                   hint="write the FP8 model to a new folder")
-    if output.exists() and not output.is_dir():
-        raise InvalidArgumentError(f"--output {output} is a file; --type FP8 writes a folder",
-                                   hint="give a folder name (it is created, or replaced whole)")
-    weights = folder.open_weights()
-    plan, uneven = _fp8_plan(weights, re.compile(family.fp8_linears), block, str(folder.path), progress)
-    if uneven:
-        (warn or _warn)(_uneven_warning(uneven, block))
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
-    try:
-        save_sharded_safetensors(tmp, plan, shard_bytes, metadata={"format": "pt"})
-        cfg = {**config, "quantization_config": fp8_quantization_config(block)}
-        (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-        for f in sorted(folder.path.iterdir()):
-            if (f.is_file() and f.name != "config.json" and not f.name.startswith(".")
-                    and not any(fnmatch.fnmatch(f.name, g) for g in _WEIGHT_FILES)):
-                shutil.copy2(f, tmp / f.name)
-        _replace_dir(tmp, output)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return output
-
-
-def _fp8_plan(weights, linears: re.Pattern, block: tuple[int, int], source: str,
-              progress: Progress | None) -> tuple[dict[str, PendingTensor], list[tuple[str, tuple]]]:
-    """The FP8 folder's tensors in checkpoint order (layers by number), each made when written;
-    and the quantized weights whose shape is not whole blocks."""
-    import ml_dtypes
-
-    names = sorted(weights.keys(), key=lambda n: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", n)])
-    plan: dict[str, PendingTensor] = {}
-    uneven = []
-    bo, bi = block
-    done = [0]  # tensors written so far (the writer takes them by dtype, not in this order)
-
-    for name in names:
-        info = weights.info(name)
-        shape = tuple(info.shape)
-        if info.dtype.startswith("F8"):
-            raise UnsupportedError(f"{source}: {name} is {info.dtype} already, without a quantization_config",
-                                   hint="quantize the unquantized model it came from")
-
-        def report(kind: str, name=name, shape=shape) -> None:
-            if progress is not None:
-                progress(done[0], len(names), name, kind, shape)
-            done[0] += 1
-
-        if linears.fullmatch(name):
-            if len(shape) != 2:
-                raise FileFormatError(f"{source}: {name} is {list(shape)}, not a 2-D Linear weight")
-            if shape[0] % bo or shape[1] % bi:
-                uneven.append((name, shape))
-            scale_shape = (-(-shape[0] // bo), -(-shape[1] // bi))
-
-            def weight(name=name, report=report):
-                report("FP8")
-                return quantize_block_fp8(weights.get(name), block, f"{source}: {name}")[0]
-
-            # The scale is written first (f32 before 1-byte tensors) and recomputed, cheaply, from the
-            # weight: holding the quantized weights until their turn would hold a whole shard.
-            plan[name + "_scale_inv"] = PendingTensor(
-                np.dtype(np.float32), scale_shape, lambda name=name: block_scale_inv(weights.get(name), block,
-                                                                                       f"{source}: {name}"))
-            plan[name] = PendingTensor(np.dtype(ml_dtypes.float8_e4m3fn), shape, weight)
-        elif len(shape) >= 2 and not _KEPT_2D.search(name):
-            raise UnsupportedError(f"{source}: {name} {list(shape)} is neither a projection FP8 export quantizes "
-                                   "nor an embedding or lm_head", hint="this checkpoint holds modules its family's "
-                                   "FP8 layout does not know; please report it")
-        else:
-            def kept(name=name, report=report, kind=info.dtype):
-                report(kind)
-                return weights.get(name)
-
-            plan[name] = PendingTensor(info.numpy_dtype, shape, kept)
-    return plan, uneven
-
-
-def _uneven_warning(uneven: list[tuple[str, tuple]], block: tuple[int, int]) -> str:
-    """What a weight that is not whole blocks means to the other loaders: vLLM fuses q/k/v and gate/up
-    and refuses a part whose rows are not whole blocks (Fp8LinearMethod.create_weights; under tensor
-    parallelism each shard's too); transformers' CPU dequantize takes the block from the scale grid."""
-    bo, bi = block
-    fused = [(n, s) for n, s in uneven if re.search(r"\.(q|k|v|gate|up)_proj\.", n) and s[0] % bo]
-    name, shape = (fused or uneven)[0]
-    vllm = (f"vLLM refuses {len(fused)} of them (fused q/k/v or gate/up rows must be whole blocks)" if fused
-            else "vLLM reads them on one GPU (tensor parallelism needs whole blocks per shard)")
-    return (f"{len(uneven)} FP8 weights are not whole {bo}x{bi} blocks (e.g. {name} {list(shape)}): surogate reads "
-            f"them; {vllm}; transformers' CPU dequantize needs whole blocks")
-
-
-def _warn(message: str) -> None:
-    import warnings
-
-    warnings.warn(message, stacklevel=3)

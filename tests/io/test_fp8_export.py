@@ -1,8 +1,11 @@
 """Writing block-FP8 checkpoints (`surogate quantize MODEL --type FP8`): the e4m3 encoder bit for bit
 torch's float8_e4m3fn cast; the block scales and codes equal to a torch reference (and to
-transformers' FineGrainedFP8 quantizer); the folder in the layout of Qwen's *-FP8 releases, loaded
-by surogate and by transformers with the logits of its dequantized twin; partial blocks, shards,
-and the refusals (GGUF, already quantized, families not mapped)."""
+transformers' FineGrainedFP8 quantizer); the folder in the layout of Qwen's *-FP8 releases (dense:
+Qwen3-8B-FP8; Qwen3-MoE: Qwen3-30B-A3B-FP8, each expert's projections per 128 x 128 block, the
+routers and norms kept and listed in modules_to_not_convert; Qwen3-VL: the vision tower kept and
+listed), loaded by surogate and by transformers (its FineGrainedFP8 CPU path) with the logits of
+its dequantized twin; a stacked-experts source written per expert; merge --type FP8 on a MoE;
+partial blocks, shards, and the refusals (GGUF, already quantized, families not mapped)."""
 
 from __future__ import annotations
 
@@ -21,7 +24,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import surogate  # noqa: E402
-from sgtest.tiny_models import make_model  # noqa: E402
+from sgtest.tiny_models import make_model, make_qwen3_vl, qwen3_vl_prompts  # noqa: E402
+from sgtest.vision import qwen3_vl_hf_logits  # noqa: E402
 from surogate.errors import InvalidArgumentError, UnsupportedError  # noqa: E402
 from surogate.io import save_safetensors  # noqa: E402
 from surogate.io.fp8_blocks import block_scale_inv, encode_e4m3, quantize_block_fp8  # noqa: E402
@@ -31,6 +35,8 @@ from surogate.train.export import quantize_to_fp8  # noqa: E402
 # The config of Qwen/Qwen3-8B-FP8 (and the other Qwen3 *-FP8 releases): these four keys, no skip list.
 RELEASE_QC = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
 LINEAR = re.compile(r"model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)\.weight")
+# Qwen3-30B-A3B-FP8's: the dense projections and each expert's (mlp.experts.{e}.gate_proj.weight ...).
+MOE_LINEAR = re.compile(r"model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(experts\.\d+\.)?(gate|up|down)_proj)\.weight")
 
 
 def torch_codes(x: np.ndarray) -> np.ndarray:
@@ -87,7 +93,10 @@ def sources(tmp_path_factory):
     """Tiny bf16 checkpoints as the hub has them: Qwen3 with an untied lm_head (as Qwen3-8B), Llama."""
     root = tmp_path_factory.mktemp("fp8src")
     return {"qwen3": make_model("qwen3", root / "qwen3", seed=3, dtype="bfloat16", tie_word_embeddings=False),
-            "llama": make_model("llama", root / "llama", seed=4, dtype="bfloat16")}
+            "llama": make_model("llama", root / "llama", seed=4, dtype="bfloat16"),
+            # three layers, the middle one dense (mlp_only_layers), 8 experts: per-expert tensors, as the hub's
+            "qwen3_moe": make_model("qwen3_moe", root / "qwen3_moe", seed=5, dtype="bfloat16"),
+            "qwen3_vl": make_qwen3_vl(root / "qwen3_vl", seed=6)}
 
 
 # -- the numbers ---------------------------------------------------------------------------------------------
@@ -197,7 +206,88 @@ def test_layout_is_the_qwen3_fp8_releases(sources, tmp_path):
     assert sorted(p.name for p in out.parent.iterdir()) == ["fp8"]  # no temp folder left
 
 
-@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def _layout(path) -> dict[str, tuple[str, tuple]]:
+    index = path / "model.safetensors.index.json"
+    with open_safetensors(index if index.is_file() else path / "model.safetensors") as f:
+        return {n: (f.info(n).dtype, tuple(f.info(n).shape)) for n in f.keys()}
+
+
+def test_moe_layout_is_the_qwen3_moe_fp8_release(sources, tmp_path):
+    """Qwen3-30B-A3B-FP8's layout: each expert's gate / up / down_proj FP8 with its own scale
+    grid, the dense layer's MLP and the attention too; the routers (mlp.gate), norms, embeddings
+    and lm_head as the source has them; modules_to_not_convert as the release's config lists it
+    (lm_head, then per layer input_layernorm, mlp.gate, post_attention_layernorm)."""
+    src = sources["qwen3_moe"]
+    out = quantize_to_fp8(src, tmp_path / "fp8", warn=lambda m: None)
+    cfg, src_cfg = (json.loads((p / "config.json").read_text()) for p in (out, src))
+    layers, dense = src_cfg["num_hidden_layers"], set(src_cfg["mlp_only_layers"])
+    assert cfg["quantization_config"] == {**RELEASE_QC, "modules_to_not_convert": ["lm_head", *(
+        f"model.layers.{i}.{m}" for i in range(layers)
+        for m in ("input_layernorm", "mlp.gate", "post_attention_layernorm") if not (m == "mlp.gate" and i in dense))]}
+    assert {k: v for k, v in cfg.items() if k != "quantization_config"} == src_cfg
+    source, got = _layout(src), _layout(out)
+    linears = [n for n in source if MOE_LINEAR.fullmatch(n)]
+    experts = src_cfg.get("num_experts", src_cfg.get("num_local_experts"))  # the hub's name, transformers 5's
+    assert len(linears) == 4 * layers + 3 * experts * (layers - len(dense)) + 3 * len(dense)
+    want = dict(source)
+    for n in linears:
+        rows, cols = source[n][1]
+        want[n] = ("F8_E4M3", (rows, cols))
+        want[n + "_scale_inv"] = ("F32", (-(-rows // 128), -(-cols // 128)))
+    assert got == want
+    assert got["model.layers.0.mlp.gate.weight"] == ("BF16", (experts, src_cfg["hidden_size"]))
+    assert got["model.layers.0.mlp.experts.7.down_proj.weight"][0] == "F8_E4M3"
+
+
+def test_a_stacked_experts_source_is_written_per_expert(sources, tmp_path):
+    """transformers 5's stacked experts (mlp.experts.gate_up_proj [E, 2F, C], down_proj [E, C, F]:
+    what a full fine-tune's export holds) give the per-expert folder of the hub's layout, byte for byte."""
+    import shutil
+
+    src = sources["qwen3_moe"]
+    stacked = tmp_path / "stacked"
+    shutil.copytree(src, stacked)
+    with SafetensorsFile(src / "model.safetensors") as f:
+        tensors = {n: np.array(f.get(n)) for n in f.keys()}
+    E = sum(1 for n in tensors if n.startswith("model.layers.0.mlp.experts.") and n.endswith(".down_proj.weight"))
+    for i in (0, 2):  # the sparse layers
+        L = f"model.layers.{i}.mlp.experts."
+        tensors[L + "gate_up_proj"] = np.stack([np.concatenate([tensors.pop(f"{L}{e}.gate_proj.weight"),
+                                                                tensors.pop(f"{L}{e}.up_proj.weight")]) for e in range(E)])
+        tensors[L + "down_proj"] = np.stack([tensors.pop(f"{L}{e}.down_proj.weight") for e in range(E)])
+    save_safetensors(stacked / "model.safetensors", tensors, metadata={"format": "pt"})
+    a = quantize_to_fp8(src, tmp_path / "a", block=(32, 32))
+    b = quantize_to_fp8(stacked, tmp_path / "b", block=(32, 32))
+    assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
+    assert (a / "config.json").read_bytes() == (b / "config.json").read_bytes()
+
+
+def test_vision_layout_keeps_the_tower_and_transformers_loads_it(sources, tmp_path):
+    """Qwen3-VL as Qwen's and RedHat's FP8 VL releases: the language model's projections FP8, the
+    whole tower (patch conv, position grid, blocks, merger, DeepStack mergers) bit for bit the
+    source's and named in modules_to_not_convert; transformers' Qwen3VLForConditionalGeneration
+    loads it on the CPU and its logits on an image prompt equal ours (f32, 1e-4)."""
+    src = sources["qwen3_vl"]
+    out = quantize_to_fp8(src, tmp_path / "fp8", block=(32, 32))
+    source, got = _layout(src), _layout(out)
+    fp8 = {n for n, (d, _) in got.items() if d == "F8_E4M3"}
+    text = re.compile(r"model\.language_model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)\.weight")
+    assert fp8 == {n for n in source if text.fullmatch(n)} and len(fp8) == 7 * 2
+    tower = [n for n in source if n.startswith("model.visual.")]
+    assert tower and all(got[n] == source[n] for n in tower)
+    with open_safetensors(src / "model.safetensors") as f, open_safetensors(out / "model.safetensors") as g:
+        assert all(np.array_equal(f.get(n), g.get(n)) for n in tower)
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert qc["modules_to_not_convert"] == ["lm_head", *dict.fromkeys(n.rsplit(".", 1)[0] for n in sorted(
+        tower, key=lambda n: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", n)]))]
+    assert "model.visual.merger.linear_fc1" in qc["modules_to_not_convert"]
+    hf = transformers.Qwen3VLForConditionalGeneration.from_pretrained(str(out), dtype=torch.float32).eval()
+    (ids, images), _ = qwen3_vl_prompts(seed=3)
+    np.testing.assert_allclose(surogate.load_model(out).forward(ids, images=images),
+                               qwen3_vl_hf_logits(hf, ids, images=images), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama", "qwen3_moe"])
 @pytest.mark.parametrize("block", [(128, 128), (32, 48)])  # tiny dims < 128: every block partial; 48: some
 def test_export_loads_with_the_logits_of_its_dequantized_twin(sources, tmp_path, family, block):
     src = sources[family]
@@ -211,7 +301,7 @@ def test_export_loads_with_the_logits_of_its_dequantized_twin(sources, tmp_path,
     assert np.abs(ours - orig).max() < 0.1 * np.abs(orig).max()
 
 
-@pytest.mark.parametrize("family", ["qwen3", "llama"])
+@pytest.mark.parametrize("family", ["qwen3", "llama", "qwen3_moe"])
 def test_transformers_loads_the_export(sources, tmp_path, family):
     """transformers 5 on the CPU loads an fp8 checkpoint dequantized (FineGrainedFP8Config's dequantize,
     set by itself without a GPU). Its CPU dequantize takes the block from the scale grid, so it needs
@@ -285,10 +375,15 @@ def test_gguf_and_unmapped_families_and_the_source_itself_are_refused(sources, t
     gguf.write_bytes(b"GGUF" + bytes(60))
     with pytest.raises(UnsupportedError, match="is a file; --type FP8 reads a Hugging Face model folder"):
         quantize_to_fp8(gguf, tmp_path / "out")
-    moe = make_model("qwen3_moe", tmp_path / "moe", seed=1)
-    with pytest.raises(UnsupportedError, match="the qwen3_moe family is not written as block FP8") as e:
-        quantize_to_fp8(moe, tmp_path / "out")
-    assert "llama" in e.value.hint and "qwen3" in e.value.hint
+    gemma = make_model("gemma3", tmp_path / "gemma", seed=1)
+    with pytest.raises(UnsupportedError, match="the gemma3 family is not written as block FP8") as e:
+        quantize_to_fp8(gemma, tmp_path / "out")
+    assert all(f in e.value.hint for f in ("llama", "qwen3", "qwen3_moe", "qwen3_vl"))
+    # Qwen3-VL-MoE: Qwen's release stores its experts per expert, which transformers' qwen3_vl_moe
+    # loader does not read (it takes the stacked tensors only), so no layout is written
+    vl_moe = make_qwen3_vl(tmp_path / "vl_moe", moe=True, seed=1)
+    with pytest.raises(UnsupportedError, match="the qwen3_vl_moe family is not written as block FP8"):
+        quantize_to_fp8(vl_moe, tmp_path / "out")
     with pytest.raises(InvalidArgumentError, match="is the source folder"):
         quantize_to_fp8(sources["llama"], sources["llama"])
     with pytest.raises(InvalidArgumentError, match="is not two positive integers"):
@@ -343,3 +438,27 @@ def test_surogate_merge_type_fp8_is_merge_then_quantize(sources, tmp_path):
     a, b = torch_dequantize(tmp_path / "m-fp8"), torch_dequantize(step_by_step)
     assert a.keys() == b.keys() and all(np.array_equal(a[n], b[n]) for n in a)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter", "m-fp8", "merged", "q"]  # no temp left
+
+
+def test_merge_type_fp8_of_a_moe_adapter(sources, tmp_path):
+    """A LoRA on the attention and the experts (peft's target_parameters) merged into Qwen3-MoE and
+    written as FP8: the per-expert folder of merge-then-quantize, and transformers reads it as we do."""
+    from surogate.dsl.nn import LoRAConfig
+    from surogate.train.export import merge_adapter
+    from surogate.train.lora import init_lora, save_peft_adapter
+
+    src = sources["qwen3_moe"]
+    model = surogate.load_model(src)
+    lora = LoRAConfig(rank=4, alpha=8, targets=("q_proj", "gate_proj", "up_proj", "down_proj"))
+    exe = model.executable("train", 8, 1, lora=lora, grads=True)
+    adapter = save_peft_adapter(tmp_path / "adapter", {k: v + 0.01 for k, v in init_lora(exe.graph, 0).items()},
+                                lora, base_model=str(src))
+    merged = merge_adapter(None, adapter, tmp_path / "m-fp8", quantize="FP8", warn=lambda m: None)
+    step_by_step = quantize_to_fp8(merge_adapter(None, adapter, tmp_path / "merged"), tmp_path / "q",
+                                   warn=lambda m: None)
+    a, b = torch_dequantize(merged), torch_dequantize(step_by_step)
+    assert a.keys() == b.keys() and all(np.array_equal(a[n], b[n]) for n in a)
+    assert "model.layers.0.mlp.experts.3.gate_proj.weight_scale_inv" in _layout(merged)
+    base = torch_dequantize(quantize_to_fp8(src, tmp_path / "base", warn=lambda m: None))
+    assert not np.array_equal(a["model.layers.0.mlp.experts.3.down_proj.weight"],
+                              base["model.layers.0.mlp.experts.3.down_proj.weight"])  # the experts' LoRA is in

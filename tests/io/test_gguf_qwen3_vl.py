@@ -1,18 +1,22 @@
-"""Qwen3-VL as llama.cpp ships it: the qwen3vl text GGUF beside its mmproj (surogate/models/qwen3_vl_gguf.py).
+"""Qwen3-VL and Qwen3-VL-MoE as llama.cpp ships them: the qwen3vl / qwen3vlmoe text GGUF beside its
+mmproj (surogate/models/qwen3_vl_gguf.py), every test for each family.
 
 `surogate quantize` of a tiny random Qwen3VLForConditionalGeneration (sgtest/vision.py
-make_qwen3_vl_chat) writes the text GGUF and mmproj-<name>.gguf; read back with gguf-py, every key
-and tensor equals what llama.cpp's convert_hf_to_gguf.py (Qwen3VLTextModel, Qwen3VLVisionModel at
---outtype f16) writes, restated below from that source with gguf-py's own names (Keys, the MMPROJ
-tensor map, MODEL_TENSORS[QWEN3VL], the V_DS_* and V_MMPROJ formats): the patch Conv3d as two
-temporal halves, the fused qkv, the DeepStack mergers numbered by the block they follow, the
-position grid F32. Loaded as a pair (``load_model(text, mmproj=)``) the model gives transformers'
-logits on an image prompt and on a video prompt (f32, 1e-4); the text GGUF alone is the language
-model; a Q8_0 text GGUF keeps its blocks; served as a pair it answers chats with images and videos
-exactly as the folder does (the folder's processor configs are the ones an mmproj implies:
-clip.cpp's 8 to 4096 tokens per image, the video processor's defaults). The tower's weights are
-made f16-exact first, so the mmproj's F16 storage loses nothing. Mismatched files are refused
-naming the key.
+make_qwen3_vl_chat), or of a Qwen3VLMoeForConditionalGeneration whose text layers are all sparse,
+writes the text GGUF and mmproj-<name>.gguf; read back with gguf-py, every key and tensor equals
+what llama.cpp's convert_hf_to_gguf.py (Qwen3VLTextModel / Qwen3VLMoeTextModel, Qwen3VLVisionModel
+at --outtype f16) writes, restated below from that source with gguf-py's own names (Keys, the
+MMPROJ tensor map, MODEL_TENSORS[QWEN3VL / QWEN3VLMOE], the V_DS_* and V_MMPROJ formats): the patch
+Conv3d as two temporal halves, the fused qkv, the DeepStack mergers numbered by the block they
+follow, the position grid F32; the MoE's router and its experts split and permuted from the hub's
+[E, in, out] layout, and the expert keys. Loaded as a pair (``load_model(text, mmproj=)``) the model
+gives transformers' logits on an image prompt and on a video prompt (f32, 1e-4); the text GGUF
+alone is the language model; a Q8_0 text GGUF keeps its blocks; served as a pair it answers chats
+with images and videos exactly as the folder does (the folder's processor configs are the ones an
+mmproj implies: clip.cpp's 8 to 4096 tokens per image, the video processor's defaults). The
+tower's weights are made f16-exact first, so the mmproj's F16 storage loses nothing. Mismatched
+files are refused naming the key; a Qwen3-VL-MoE with a dense text layer is refused before any
+file is written.
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ from surogate.models.gguf_names import mmproj_path, quantize_to_gguf  # noqa: E4
 from surogate.serve import SamplingParams  # noqa: E402
 from surogate.serve.launch import launch  # noqa: E402
 
-ARCH = gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.QWEN3VL]
+# family -> (llama.cpp's architecture, text_config keys over the tiny config's: the MoE's every layer sparse)
+FORMS = {"qwen3_vl": (gguf.MODEL_ARCH.QWEN3VL, {}), "qwen3_vl_moe": (gguf.MODEL_ARCH.QWEN3VLMOE, {"mlp_only_layers": []})}
 AREA = (8 * 2) ** 2  # the tiny tower's merged token: 8-pixel patches, merge 2
 # What an mmproj implies for the processors (qwen3_vl_gguf.mmproj_processor_configs): the folder holds the same.
 PREPROCESSOR = {**QWEN3_VL_PREPROCESSOR, "size": {"shortest_edge": 8 * AREA, "longest_edge": 4096 * AREA}}
@@ -45,11 +50,22 @@ VIDEO_PREPROCESSOR = {k: QWEN3_VL_PREPROCESSOR[k] for k in ("patch_size", "tempo
                                                               "image_mean", "image_std")}
 
 
+@pytest.fixture(scope="module", params=sorted(FORMS))
+def family(request):
+    return request.param
+
+
+def arch_of(folder) -> gguf.MODEL_ARCH:
+    return gguf.MODEL_ARCH.QWEN3VLMOE if "Moe" in json.loads((folder / "config.json").read_text())["architectures"][0] \
+        else gguf.MODEL_ARCH.QWEN3VL
+
+
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory):
+def folder(family, tmp_path_factory):
     from safetensors.numpy import load_file, save_file
 
-    path = make_qwen3_vl_chat(tmp_path_factory.mktemp("q3vl_gguf") / "tiny-qwen3vl", seed=5)
+    path = make_qwen3_vl_chat(tmp_path_factory.mktemp("q3vl_gguf") / "tiny-qwen3vl", seed=5,
+                              moe=family == "qwen3_vl_moe", text=FORMS[family][1])
     (path / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR))
     (path / "video_preprocessor_config.json").write_text(json.dumps(VIDEO_PREPROCESSOR))
     (st,) = path.glob("*.safetensors")
@@ -67,9 +83,10 @@ def files(folder, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def hf(folder):
-    from transformers import Qwen3VLForConditionalGeneration
+    import transformers
 
-    return Qwen3VLForConditionalGeneration.from_pretrained(str(folder), dtype=torch.float32).eval()
+    arch = json.loads((folder / "config.json").read_text())["architectures"][0]
+    return getattr(transformers, arch).from_pretrained(str(folder), dtype=torch.float32).eval()
 
 
 def _fields(path):
@@ -135,6 +152,51 @@ def expected_mmproj_keys(folder) -> dict:
             V.IS_DEEPSTACK_LAYERS: [i in vc["deepstack_visual_indexes"] for i in range(vc["depth"])]}
 
 
+def experts(tc: dict) -> int:
+    return tc.get("num_experts", tc.get("num_local_experts"))  # the hub's name, transformers 5's
+
+
+def hub_experts(folder) -> dict[str, np.ndarray]:
+    """The MoE folder's stacked experts in the hub's [E, in, out] layout (gate_up_proj [E, C, 2F],
+    down_proj [E, F, C]), which convert_hf_to_gguf.py's Qwen3VLMoeTextModel takes; transformers 5
+    saved them [E, out, in]."""
+    tc = json.loads((folder / "config.json").read_text())["text_config"]
+    if arch_of(folder) != gguf.MODEL_ARCH.QWEN3VLMOE:
+        return {}
+    E, C, F = experts(tc), tc["hidden_size"], tc["moe_intermediate_size"]
+    weights = ModelFolder(folder).open_weights()
+    out = {}
+    for name in weights.keys():  # noqa: SIM118
+        if name.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")):
+            data = np.asarray(weights.get(name), np.float32)
+            assert data.shape == ((E, 2 * F, C) if name.endswith("gate_up_proj") else (E, C, F)), name
+            out[name] = np.ascontiguousarray(np.swapaxes(data, 1, 2))
+    return out
+
+
+def expected_expert_tensors(folder) -> dict[str, np.ndarray]:
+    """GGUF name -> values of the routers and experts as Qwen3VLMoeTextModel.modify_tensors writes
+    them: gate_up_proj [E, C, 2F] split on its last axis, each half and down_proj permuted (0, 2, 1)
+    (then gguf-py's reversed ne: gate / up {C, F, E}, down {F, C, E}); the router through Qwen3-MoE's map."""
+    names = gguf.TENSOR_NAMES
+    weights = ModelFolder(folder).open_weights()
+    out = {}
+    for name, data in hub_experts(folder).items():
+        bid = int(name.split(".")[3])
+        if name.endswith("gate_up_proj"):
+            f = data.shape[-1] // 2
+            out[names[gguf.MODEL_TENSOR.FFN_GATE_EXP].format(bid=bid) + ".weight"] = data[..., :f].transpose(0, 2, 1)
+            out[names[gguf.MODEL_TENSOR.FFN_UP_EXP].format(bid=bid) + ".weight"] = data[..., f:].transpose(0, 2, 1)
+        else:
+            out[names[gguf.MODEL_TENSOR.FFN_DOWN_EXP].format(bid=bid) + ".weight"] = data.transpose(0, 2, 1)
+    for name in weights.keys():  # noqa: SIM118
+        if name.endswith(".mlp.gate.weight"):
+            bid = int(name.split(".")[3])
+            out[names[gguf.MODEL_TENSOR.FFN_GATE_INP].format(bid=bid) + ".weight"] = np.asarray(weights.get(name),
+                                                                                                 np.float32)
+    return out
+
+
 def _same(got, want, key):
     if isinstance(want, float) or (isinstance(want, list) and isinstance(want[0], float)):
         np.testing.assert_array_equal(np.float32(got), np.float32(want), err_msg=key)
@@ -167,6 +229,8 @@ def test_quantize_writes_the_mmproj_llama_cpp_writes(folder, files):
 def test_quantize_writes_the_text_gguf_llama_cpp_writes(folder, files):
     cfg = json.loads((folder / "config.json").read_text())
     tc, vc = cfg["text_config"], cfg["vision_config"]
+    arch = arch_of(folder)
+    ARCH = gguf.MODEL_ARCH_NAMES[arch]
     r, fields = _fields(files[0])
     assert fields["general.architecture"] == ARCH
     sections = gguf.Keys.Rope.DIMENSION_SECTIONS.format(arch=ARCH)
@@ -175,11 +239,23 @@ def test_quantize_writes_the_text_gguf_llama_cpp_writes(folder, files):
     assert fields[gguf.Keys.LLM.NUM_DEEPSTACK_LAYERS.format(arch=ARCH)] == len(vc["deepstack_visual_indexes"])
     assert fields[gguf.Keys.Rope.FREQ_BASE.format(arch=ARCH)] == tc["rope_parameters"]["rope_theta"]
     assert fields[gguf.Keys.LLM.EMBEDDING_LENGTH.format(arch=ARCH)] == tc["hidden_size"]  # not x (1 + deepstack)
-    allowed = {gguf.TENSOR_NAMES[t].format(bid=i) + suffix for t in gguf.MODEL_TENSORS[gguf.MODEL_ARCH.QWEN3VL]
+    allowed = {gguf.TENSOR_NAMES[t].format(bid=i) + suffix for t in gguf.MODEL_TENSORS[arch]
                for i in range(tc["num_hidden_layers"]) for suffix in (".weight",)}
     names = {t.name for t in r.tensors}
     assert names <= allowed and "output.weight" in names  # untied
-    assert len(names) == 3 + 11 * tc["num_hidden_layers"]
+    # per layer: attention norm, q / k / v / o, q / k norms, ffn norm; the MLP's three, or the router and three experts
+    assert len(names) == 3 + (12 if arch == gguf.MODEL_ARCH.QWEN3VLMOE else 11) * tc["num_hidden_layers"]
+    if arch == gguf.MODEL_ARCH.QWEN3VLMOE:
+        L = gguf.Keys.LLM
+        assert {k: fields[k.format(arch=ARCH)] for k in (L.EXPERT_COUNT, L.EXPERT_USED_COUNT,
+                                                         L.EXPERT_FEED_FORWARD_LENGTH)} == \
+            {L.EXPERT_COUNT: experts(tc), L.EXPERT_USED_COUNT: tc["num_experts_per_tok"],
+             L.EXPERT_FEED_FORWARD_LENGTH: tc["moe_intermediate_size"]}
+        by_name = {t.name: t for t in r.tensors}
+        for name, values in expected_expert_tensors(folder).items():
+            t = by_name[name]
+            assert t.tensor_type.name == "F32" and list(t.shape) == list(values.shape[::-1]), name
+            np.testing.assert_array_equal(np.asarray(t.data).reshape(values.shape), values, err_msg=name)
     tokens = fields["tokenizer.ggml.tokens"]
     for key in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"):
         assert tokens.index({"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
@@ -188,7 +264,8 @@ def test_quantize_writes_the_text_gguf_llama_cpp_writes(folder, files):
 
 
 def test_a_transformers4_checkpoint_writes_the_same_files(folder, files, tmp_path):
-    # transformers 4.5x's layout: the tower under visual.* rather than model.visual.*.
+    # transformers 4.5x's layout: the tower under visual.* rather than model.visual.*, and the MoE's
+    # stacked experts [E, in, out] (the hub's files).
     import shutil
 
     from safetensors.numpy import load_file, save_file
@@ -196,8 +273,9 @@ def test_a_transformers4_checkpoint_writes_the_same_files(folder, files, tmp_pat
     other = tmp_path / folder.name
     shutil.copytree(folder, other)
     (st,) = other.glob("*.safetensors")
-    save_file({k.removeprefix("model.") if k.startswith("model.visual.") else k: v for k, v in load_file(st).items()},
-              st, metadata={"format": "pt"})
+    hub = hub_experts(folder)
+    save_file({k.removeprefix("model.") if k.startswith("model.visual.") else k: hub.get(k, v)
+               for k, v in load_file(st).items()}, st, metadata={"format": "pt"})
     out = quantize_to_gguf(other, tmp_path / "tiny.gguf", "F32")
     assert out.read_bytes() == files[0].read_bytes()
     assert mmproj_path(out).read_bytes() == files[1].read_bytes()
@@ -225,9 +303,9 @@ def test_the_pair_gives_transformers_logits_on_images_and_video(folder, files, h
                                atol=1e-4, rtol=0)
 
 
-def test_the_text_gguf_alone_is_the_language_model(folder, files, hf):
+def test_the_text_gguf_alone_is_the_language_model(family, files, hf):
     ours = load_model(str(files[0]))
-    assert ours.spec.vision is None and ours.config["model_type"] == "qwen3_vl_text"
+    assert ours.spec.vision is None and ours.config["model_type"] == f"{family}_text"
     ids = [3, 17, 5, 60, 2, 44, 8, 1, 70, 12]
     np.testing.assert_allclose(ours.forward(ids), qwen3_vl_hf_logits(hf, ids), atol=1e-4, rtol=0)
 
@@ -279,8 +357,9 @@ def test_the_pair_serves_images_and_videos_as_the_folder(folder, files):
 
 # ---- refusals --------------------------------------------------------------------------------------------
 
-def test_mismatched_files_are_refused_naming_the_key(files, tmp_path):
+def test_mismatched_files_are_refused_naming_the_key(folder, files, tmp_path):
     text, vision = files
+    ARCH = gguf.MODEL_ARCH_NAMES[arch_of(folder)]
     for changes, error, key in (({"clip__projector_type": "qwen2vl_merger"}, UnsupportedError, "clip.projector_type"),
                                 ({"clip__vision__projection_dim": 128}, ConfigError, "clip.vision.projection_dim"),
                                 ({"clip__vision__is_deepstack_layers": [True, False, False]}, ConfigError,
