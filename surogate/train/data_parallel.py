@@ -78,6 +78,11 @@ class ProcessRank:
     timeout_s: float = 1800.0
 
 
+def join_group(d: ProcessRank):
+    """This process's TCP communicator: rank 0 listens on host:port until every rank has joined."""
+    return _native.tcp_group(d.rank, d.world, d.host, d.port, d.timeout_s)
+
+
 def resolve_ranks(cfg, device: str, dist: ProcessRank | None = None) -> int:
     """How many ranks the config key ``gpus`` asks for on the model's device (or, ranks in
     processes, the group's size), or a ConfigError naming the key."""
@@ -213,7 +218,7 @@ class DataParallel:
             self.comms = _native.thread_group(self.world)
             self.ranks = [trainer] + [trainer._replica(r) for r in range(1, self.world)]
         else:
-            self.comms = [_native.tcp_group(d.rank, d.world, d.host, d.port, d.timeout_s)]
+            self.comms, trainer.group = [trainer.group], None  # (ours now: closed with the others)
             self.ranks = [trainer]
         self.threads = RankThreads(self.comms)
         self._full: tuple | None = None  # (masters, optimizer state) gathered at the end (`freeze`)

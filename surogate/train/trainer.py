@@ -38,7 +38,8 @@ from surogate.errors import ConfigError
 from surogate.model import ROUTER_LOSSES, Model, _np_dtype, load_model, resolve_device
 from surogate.train.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
 from surogate.train.data import Batch, build_datasets, split_rows
-from surogate.train.data_parallel import DataParallel, ProcessRank, in_step_order, resolve_ranks, shard_owners
+from surogate.train.data_parallel import (DataParallel, ProcessRank, in_step_order, join_group, resolve_ranks,
+                                          shard_owners)
 from surogate.train.export import merge_into_checkpoint, save_hf_folder, write_sidecars
 from surogate.train.image_feed import has_feed, images_per_batch, make_feed
 from surogate.models.name_table import transposed_experts
@@ -93,6 +94,10 @@ class Trainer:
         device = model.device if model is not None else resolve_device(cfg.device)
         self.dist = dist  # this process's rank of a group of processes (None: every rank is a thread here)
         self.world, self.dp = resolve_ranks(cfg, device, dist), None  # data parallel ranks (gpus, or processes)
+        # Ranks in processes join their TCP group before loading anything: rank 0 listens on the
+        # port its launcher found free at once (a port left free for a minute's loading may be
+        # taken by then), and a rank that cannot join fails before it loads.
+        self.group = join_group(dist) if dist is not None and self.world > 1 else None
         self.rank = dist.rank if dist is not None else 0
         self.local_rank = 0  # among this process's ranks (rank 0's Program shares the model's weights)
         self.model = model or load_model(cfg.model, device=device, dtype=cfg.dtype, **qlora_load_args(cfg))
