@@ -17,6 +17,10 @@ micro-batch, which is why top_k is small; a fused head op taking k weighted targ
 would do it in one pass (not built yet). Every pass of a micro-batch draws the same LoRA
 dropout masks: they are passes over one student forward.
 
+Data parallel (``gpus: R``): each rank runs the teacher's logits Program over its own rows (one
+teacher model in memory per process), or looks its rows up in the capture; the positions, and
+so the seeds, are the whole step's.
+
 The teacher must share the student's tokenizer (same vocabulary): a mismatch is an error
 naming distillation.teacher_model. Step lines add ``kl`` and ``ce`` (means over positions).
 """

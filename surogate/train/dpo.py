@@ -16,6 +16,10 @@ The reference for LoRA is the same base weights through a Program built without 
 (no second copy of the weights); for full fine-tuning, a Program bound to a frozen copy of the
 starting weights. Both read the policy's input buffers.
 
+Data parallel (``gpus: R``): a global micro-batch of B * R pair slots is cut into the ranks' B
+(`PreferencePairs.split`), each rank runs its own reference and policy over them, and the pair
+values come back in the one-rank order; the seeds are over the whole step's pairs.
+
 Step lines carry TRL's metric names: ``rewards/chosen``, ``rewards/rejected``,
 ``rewards/accuracies``, ``rewards/margins``, ``logps/chosen``, ``logps/rejected``
 (evaluation: the same with an ``eval_`` prefix, and ``eval_loss``).

@@ -32,6 +32,16 @@ old_per_token_logps). With ``num_iterations`` > 1 the step makes that many optim
 its one batch of rollouts, the later passes' ratios moving off 1 (clipped). Rollout seeds are a
 function of (seed, step, prompt), so a resumed run samples what the uninterrupted one sampled.
 
+Data parallel (``gpus: R``, or Ray ranks in processes; data_parallel.py): each rank holds its
+own engine over its own weights and samples its share of the step's prompts, B of each global
+micro-batch of B * R, with the seeds one rank would give them (their place in the step). The
+rewards, lengths and truncations of every rank come back, so the advantages (``scale_rewards:
+batch`` included), the loss weights (the step's completions and tokens) and the metrics are the
+one-rank run's; then every rank learns on its own groups, the gradients summed. A full
+fine-tune's replica ranks (threads of this process) train copies of the weights while their
+engines read the model's arrays, rank 0's: the ranks' weights are bit-identical after every
+update (plain DP and ZeRO alike), so that is the same policy, without another stacked copy.
+
 Step lines carry TRL's metric names: ``reward``, ``reward_std``, ``rewards/<fn>/mean`` and
 ``/std``, ``kl``, ``clip_ratio/low_mean`` / ``high_mean`` / ``region_mean``,
 ``completions/mean_length`` / ``min_length`` / ``max_length`` / ``clipped_ratio``,

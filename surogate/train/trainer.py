@@ -15,6 +15,12 @@ uninterrupted loss curve.
 optimizer shard); a step splits each global micro-batch of B * R rows among them. With
 ``dist`` (a `ProcessRank` from a launcher) this trainer is one rank of a group of processes:
 the same step, the collectives over TCP; rank 0 writes the logs, checkpoints and outputs.
+
+The step is one path for every trainer (`_step_with_metrics`): a subclass says what a step's
+loss is a mean over (`_step_count`), how a global micro-batch splits (`_split`), what one
+rank's micro-batches do (`_micro_batches`, forward and backward, returning values per
+micro-batch) and how those values, in the one-rank order, become the loss and metrics
+(`_reduce_step`); what a rank holds beyond the training Program it builds in `_build_rank`.
 """
 
 from __future__ import annotations
