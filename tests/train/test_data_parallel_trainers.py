@@ -143,6 +143,21 @@ def test_two_ranks_are_one_rank_accumulating_the_same_examples(files, tmp_path, 
         assert [u.sample for u in r1._units[0][::4]] == last[2:]
 
 
+def test_a_grpo_rank_left_without_prompts_still_joins_the_step(files, tmp_path):
+    """5 prompts, 4 a step: the epoch's second step has one, rank 0's; rank 1 samples nothing and
+    adds no gradient, and the step is the one-rank step over the same prompts."""
+    data = write_prompts(tmp_path / "five.jsonl")
+    data.write_text("".join(data.read_text().splitlines(keepends=True)[:5]))
+    kw = {"max_steps": 2, "gradient_accumulation_steps": 1, "temperature": 0.7}
+    GRPOTrainer(grpo_config(files["base"], data, tmp_path / "one", device="cpu", per_device_train_batch_size=4,
+                            **kw)).train()
+    two = GRPOTrainer(grpo_config(files["base"], data, tmp_path / "two", device="cpu", gpus=2, **kw))
+    two.train()
+    assert two.dp.ranks[1]._units == [[]] and len(two._units[0]) == 4  # step 2: one prompt's group, on rank 0
+    one, two = step_records(tmp_path / "one"), step_records(tmp_path / "two")
+    assert_steps_match(one, two, GRPO_T1)  # (1 rank of 4 prompts vs 2 of 2: another reduction order)
+
+
 def test_distillation_from_a_capture_splits_by_rows(files, tmp_path):
     """The captured teacher's top-k is found by row content, so each rank's rows find theirs."""
     folder = tmp_path / "capture"
