@@ -63,9 +63,9 @@ from surogate.config.grpo import GRPOConfig
 from surogate.errors import ConfigError
 from surogate.train.data.packing import Batch
 from surogate.train.data.prompts import PromptSample, build_prompt_dataset
+from surogate.train.data_parallel import by_rank, in_step_order
 from surogate.train.grpo_env import call_reward, load_reward_functions
 from surogate.train.grpo_loss import group_advantages, grpo_token_loss, token_weights
-from surogate.train.data_parallel import by_rank, in_step_order
 from surogate.train.trainer import Trainer
 
 ADAPTER_SLOT = 0  # the engine slot bound to the trainer's LoRA arrays
@@ -95,7 +95,8 @@ class GRPOTrainer(Trainer):
         if cfg.temperature != 1.0:  # the trainer's (and the reference's) log-probs over logits / T, as TRL's
             self.graph_kw = {"temperature": cfg.temperature}
         super().__init__(cfg, model, stream, dist=dist)
-        record = {"type": "rollout_engine", "colocated": True, **({"engines": self.world} if self.world > 1 else {}), "kv_cache_bytes": int(self.runner.kv_bytes),
+        record = {"type": "rollout_engine", "colocated": True, "kv_cache_bytes": int(self.runner.kv_bytes),
+                  **({"engines": self.world} if self.world > 1 else {}),  # (one per rank, each its own cache)
                   "kv_cache_tokens": self.runner.num_blocks * BLOCK_SIZE, "max_num_seqs": self.max_num_seqs,
                   "weights": "shared with the trainer (one copy)",
                   "reference": None if self.ref_exe is None else

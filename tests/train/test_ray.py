@@ -87,16 +87,17 @@ def test_the_other_trainers_on_two_ray_actors_train_as_two_rank_threads(cluster,
 
     base = make_qwen3(tmp_path / "qwen3", seed=11, initializer_range=0.2)
     kw = dict(device="cpu", max_steps=2, gradient_accumulation_steps=1, save_steps=2)
-    if kind == "dpo":
-        data = write_pairs(tmp_path / "pairs.jsonl")
-        config = lambda out, **k: dpo_config(base, data, out, **kw, **k)  # noqa: E731
-    elif kind == "distill":
-        teacher, data = make_qwen3(tmp_path / "teacher", seed=29, initializer_range=0.2), write_qa(tmp_path / "qa.jsonl")
-        config = lambda out, **k: distill_config(base, teacher, data, out, **kw, **k)  # noqa: E731
-    else:
-        data = write_prompts(tmp_path / "prompts.jsonl")
-        config = lambda out, **k: grpo_config(base, data, out, reward_functions=["length", "answer_format"],  # noqa: E731
-                                              **kw, **k)
+    pairs, qa, prompts = write_pairs(tmp_path / "pairs.jsonl"), write_qa(tmp_path / "qa.jsonl"), \
+        write_prompts(tmp_path / "prompts.jsonl")
+    teacher = make_qwen3(tmp_path / "teacher", seed=29, initializer_range=0.2) if kind == "distill" else None
+
+    def config(out, **k):
+        if kind == "dpo":
+            return dpo_config(base, pairs, out, **kw, **k)
+        if kind == "distill":
+            return distill_config(base, teacher, qa, out, **kw, **k)
+        return grpo_config(base, prompts, out, reward_functions=["length", "answer_format"], **kw, **k)
+
     trainer_class(kind)(config(tmp_path / "threads", gpus=2)).train()
     result = launch(config(tmp_path / "ray"), "local", num_nodes=2, stream=io.StringIO())
     assert result.steps == 2
