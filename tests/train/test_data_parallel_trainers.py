@@ -15,15 +15,15 @@ What must hold, and how exactly (2 ranks x b = 1 rank x b x 2 accumulation steps
   then the sampler's log-probs, and an engine's f32 log-probs depend on which sequences share its
   steps (each rank's engine runs half of them), so the loss agrees within 2e-6 absolute (a sum of
   +-A r terms that nearly cancel), kl and grad_norm within rel 1e-4 (test_grpo's resume bounds),
-  the adapter within 1e-4 (measured: 2e-7, 2e-6, 1e-5 after 3 steps at lr 1e-2).
+  the adapter within 1e-4 (measured, 4 steps at lr 1e-2: loss 2e-7, kl rel 2e-6, adapter 1.2e-5).
 - Distillation: a micro-batch is top_k + 1 forward + backward passes; one rank adds micro-batch
   1's passes one by one onto micro-batch 0's sum, two ranks add two sums: f32 order, so the
-  losses agree within rel 1e-5 and the adapter within 1e-4 (measured: 1e-9, 6e-6).
+  losses agree within rel 1e-5 and the adapter within 1e-4 (measured over 6 steps: 1e-9, 6e-6).
 - Full fine-tuning (sft's too): within the same bounds (the GEMMs accumulate full weight
-  gradients in another order; measured 3e-7 on the weights). GRPO's full fine-tune at
-  temperature 0.7: with the sampler's log-probs in the ratio too, AdamW's first steps move a
-  weight of near-zero gradient by about +-lr whichever way its rounding falls (one element in
-  16384 differed by 3.5e-4 at lr 2e-3), so that noise is left to the LoRA case above.
+  gradients in another order; DPO's weights: 3e-7 over 6 steps). GRPO's full fine-tune runs at
+  temperature 0.7: at 1, the sampler's f32 noise in the ratio lets AdamW's first steps move a
+  weight of near-zero gradient by about +-lr either way (one element in 16384 differed by 3.5e-4
+  at lr 2e-3), a bound about nothing; temperature 1 is the LoRA case above.
 - The ranks stay bit-identical; rank 0 writes one step line per step; a 2-rank checkpoint
   resumes on 2 ranks bit for bit and on 1 rank of 2b rows within the bounds above.
 """
