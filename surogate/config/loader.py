@@ -274,16 +274,10 @@ def _check_values(c: SFTConfig, where: _Where) -> None:
     if c.zero_level not in (0, 1, 2):
         fail("zero_level", f"must be 0, 1 or 2, got {c.zero_level}",
              "0: plain data parallel, 1: optimizer state sharded, 2: gradients too")
-    if c.gpus > 1 and c.kind not in ("sft", "pt"):
-        fail("gpus", f"data parallel trains surogate sft and pt runs; surogate {c.kind} runs on one device yet",
-             "set gpus: 1")
     if c.distributed is not None:
         if c.distributed.num_nodes < 0:
             fail("distributed.num_nodes", f"must not be negative, got {c.distributed.num_nodes}",
                  "the ranks, one per node; 0 uses every node of the Ray cluster")
-        if c.kind not in ("sft", "pt"):
-            fail("distributed", f"multi-node training runs surogate sft and pt; surogate {c.kind} runs on one device yet",
-                 "remove the distributed block")
         if c.gpus > 1:
             fail("gpus", f"gpus: {c.gpus} with distributed: several ranks per node are not built yet",
                  "set gpus: 1 (one rank per node)")

@@ -1,15 +1,24 @@
 """Data parallel training: ``gpus: R`` ranks, one thread each in this process (the original
 Surogate's design), each with its own Programs, weights, gradients and inputs.
 
-One optimizer step:
+One optimizer step (`Trainer._step_with_metrics`, which every trainer shares: sft, pt, dpo,
+distill; grpo's adds its rollouts):
 
-1. The iterator yields global micro-batches of B * R rows; `split_rows` cuts each into R
-   micro-batches of B consecutive rows, rank r taking part r. The order and the checkpointed
+1. The iterator yields global micro-batches of B * R rows; the trainer's `_split` cuts each
+   into R micro-batches of B consecutive rows (sft: `split_rows`; dpo: pair slots; grpo:
+   prompts), rank r taking part r (`Trainer._shares`). The order and the checkpointed
    position are those of a one-rank run with B * R rows per micro-batch, so a run resumes on
    any rank count with the same global batch.
-2. Every rank runs the forward and backward phases of its micro-batches at once (the native
-   runs release the GIL). Each loss seed is 1 / (target tokens of the whole global step), so
-   the rank gradients add up to the one-rank gradient: they are summed, not averaged.
+2. `each(fn, grads=True)`: every rank runs the forward and backward phases of its
+   micro-batches at once (the native runs release the GIL). Each loss seed is over the whole
+   global step (sft: 1 / its target tokens; dpo: 1 / its pairs; grpo: the step's completions),
+   so the rank gradients add up to the one-rank gradient: they are summed, not averaged. Each
+   rank returns its per-micro-batch values; `in_step_order` lays them out as a one-rank run
+   with B rows per micro-batch and R times the accumulation steps meets them (micro-batch m
+   of rank r at m * R + r, the order of the LoRA dropout seeds too), which the trainer
+   reduces to the step's loss and metrics. GRPO adds phases without gradients (`each(fn)`):
+   each rank samples its prompts' groups with its own engine; the rewards of all come back,
+   to normalise advantages over the step as one rank would.
 3. Gradients, in buckets of about BUCKET_BYTES, in the reverse of the parameter order (the
    order backward produces them): all-reduced (plain DP, ZeRO-1), or reduced to the rank that
    owns the parameter (ZeRO-2, `reduce_to_owners`: a reduce-scatter over whole tensors).
@@ -18,7 +27,7 @@ One optimizer step:
    (`shard_owners`), each rank holds the optimizer state of its own and steps only those,
    then the updated weights are all-gathered from their owners (`gather_from_owners`). ZeRO-2
    clips with the global norm made of the ranks' partial norms (`AdamW.partial_norm`).
-5. Rank 0 reports (the loss: the ranks' loss sums over the step's target tokens) and writes
+5. Rank 0 reports (the loss and metrics from every rank's values) and writes
    checkpoints holding the full state: the weights and every rank's optimizer shard under the
    one-rank names, so any rank count reads them back.
 
@@ -31,8 +40,9 @@ starts one per node): the process's trainer is rank r of R, its `DataParallel` h
 rank and a TCP communicator (`_native.tcp_group`: rank 0 listens, the others connect). The step
 is the same: the same rows, the same collectives, and the TCP backend reduces in the threads
 backend's order, so R processes train bit for bit as ``gpus: R`` threads. What one process
-knows of the others' step (the loss sums, MoE tallies; under ZeRO the optimizer shards for a
-checkpoint) comes through all-gathers. One rank per process for now (``gpus: 1`` each).
+knows of the others' step (each rank's values from `each`, MoE tallies; under ZeRO the
+optimizer shards for a checkpoint) comes through all-gathers. One rank per process for now
+(``gpus: 1`` each).
 
 Threads: Python code between the native calls (copying a micro-batch into the input arrays,
 reading the loss) holds the GIL and so runs one rank at a time; Program runs and collectives
@@ -51,7 +61,6 @@ import numpy as np
 
 from surogate import _native
 from surogate.errors import ConfigError
-from surogate.train.data import split_rows
 
 BUCKET_BYTES = 32 << 20  # gradients (and weights) moved per collective call
 
@@ -67,6 +76,11 @@ class ProcessRank:
     host: str
     port: int
     timeout_s: float = 1800.0
+
+
+def join_group(d: ProcessRank):
+    """This process's TCP communicator: rank 0 listens on host:port until every rank has joined."""
+    return _native.tcp_group(d.rank, d.world, d.host, d.port, d.timeout_s)
 
 
 def resolve_ranks(cfg, device: str, dist: ProcessRank | None = None) -> int:
@@ -96,6 +110,20 @@ def resolve_ranks(cfg, device: str, dist: ProcessRank | None = None) -> int:
         raise ConfigError(f"gpus: {gpus}: data parallel on GPUs needs the NCCL collective backend, not built yet",
                           where="gpus", hint="set gpus: 1, or device: cpu to run the ranks as CPU threads")
     return gpus
+
+
+def in_step_order(per_rank: list[list]) -> list:
+    """Every rank's per-micro-batch values (``per_rank[r][m]``) in the order a one-rank run with
+    R times the accumulation steps meets those micro-batches: m * R + r."""
+    if len(per_rank) == 1:
+        return list(per_rank[0])
+    assert len({len(p) for p in per_rank}) == 1, [len(p) for p in per_rank]
+    return [p[m] for m in range(len(per_rank[0])) for p in per_rank]
+
+
+def by_rank(values: list, world: int) -> list[list]:
+    """`in_step_order`'s inverse: rank r's per-micro-batch values."""
+    return [values[r::world] for r in range(world)]
 
 
 def shard_owners(sizes: dict[str, int], world: int) -> dict[str, int]:
@@ -190,7 +218,7 @@ class DataParallel:
             self.comms = _native.thread_group(self.world)
             self.ranks = [trainer] + [trainer._replica(r) for r in range(1, self.world)]
         else:
-            self.comms = [_native.tcp_group(d.rank, d.world, d.host, d.port, d.timeout_s)]
+            self.comms, trainer.group = [trainer.group], None  # (ours now: closed with the others)
             self.ranks = [trainer]
         self.threads = RankThreads(self.comms)
         self._full: tuple | None = None  # (masters, optimizer state) gathered at the end (`freeze`)
@@ -208,25 +236,21 @@ class DataParallel:
         self.comms[r].broadcast([t.exe.tensor(n) for n in sorted(t.trainable)], root=0)
 
     # ---- one step ---------------------------------------------------------------------------
-    def step(self, batches, step: int) -> tuple[float, int]:
-        """The step's micro-batches (global, B * R rows each) through every rank, gradients
-        reduced; returns (loss, target tokens) as a one-rank step over the same rows does."""
-        parts = [split_rows(b, self.world) for b in batches]
-        total = sum(b.num_target_tokens for b in batches)
+    def each(self, fn, grads: bool = False) -> list:
+        """``fn(rank's trainer)`` on every rank at once, with ``grads`` then that rank's
+        gradients reduced (the step's forward and backward phases); every rank's result, in rank
+        order (ranks in processes: all-gathered, so the results must pickle)."""
 
         def rank(r):
-            t = self.ranks[r]
-            out = t._micro_batches([p[t.rank] for p in parts], step, total, shares=self.world)
-            self._reduce_gradients(r)
+            out = fn(self.ranks[r])
+            if grads:
+                self._reduce_gradients(r)
             return out
 
-        sums = self.threads.run(rank)
-        if self.dist is not None:  # every process's (loss sum, router losses), in rank order
-            every = np.zeros((self.world, 2), np.float64)
-            self.comms[0].all_gather(np.array(sums, np.float64).reshape(-1), every.reshape(-1))
-            sums = [(float(s), float(a)) for s, a in every]
-        self._merge_moe_tallies()
-        return sum(s for s, _ in sums) / max(total, 1) + sum(a for _, a in sums), total
+        out = self.threads.run(rank)
+        if self.dist is not None:
+            out = gather_objects(self.comms[0], out[0])
+        return out
 
     def _reduce_gradients(self, r: int) -> None:
         comm, exe = self.comms[r], self.ranks[r].exe
@@ -259,7 +283,7 @@ class DataParallel:
         assert len(set(norms)) == 1, norms  # every rank clipped with the same norm
         return norms[0]
 
-    def _merge_moe_tallies(self) -> None:
+    def merge_moe_tallies(self) -> None:
         """The replicas' expert loads and router losses into rank 0's tallies (rank order)."""
         t0 = self.ranks[0]
         others = self.ranks[1:]
@@ -332,7 +356,7 @@ class DataParallel:
 
 @dataclass
 class _Tally:
-    """Another process's MoE tallies, as `_merge_moe_tallies` reads a rank's."""
+    """Another process's MoE tallies, as `merge_moe_tallies` reads a rank's."""
 
     _moe_load: np.ndarray | None
     _router_values: dict

@@ -17,6 +17,10 @@ micro-batch, which is why top_k is small; a fused head op taking k weighted targ
 would do it in one pass (not built yet). Every pass of a micro-batch draws the same LoRA
 dropout masks: they are passes over one student forward.
 
+Data parallel (``gpus: R``): each rank runs the teacher's logits Program over its own rows (one
+teacher model in memory per process), or looks its rows up in the capture; the positions, and
+so the seeds, are the whole step's.
+
 The teacher must share the student's tokenizer (same vocabulary): a mismatch is an error
 naming distillation.teacher_model. Step lines add ``kl`` and ``ce`` (means over positions).
 """
@@ -40,26 +44,33 @@ IGNORE = -100
 class DistillTrainer(Trainer):
     cfg: DistillConfig
 
-    def __init__(self, cfg: DistillConfig, model: Model | None = None, stream=None, teacher: Model | None = None):
+    def __init__(self, cfg: DistillConfig, model: Model | None = None, stream=None, teacher: Model | None = None,
+                 dist=None):
         self._teacher = teacher
-        super().__init__(cfg, model, stream)
+        super().__init__(cfg, model, stream, dist=dist)
 
     def _build(self) -> None:
-        super()._build()
         d = self.cfg.distillation
         self.vocab = self.model.tokenizer.vocab_size  # real tokens: both models may pad their heads past it
-        self.captured = None
+        self.captured = self.teacher = None
         if d.teacher_logprobs:  # the teacher's top-k from `surogate distill capture`: no teacher loaded
             from surogate.train.distill_capture import CapturedTeacher
 
             self.captured = CapturedTeacher(d.teacher_logprobs, self.model.tokenizer, d.top_k, self.cfg.sequence_len)
-            return
-        self.teacher = self._teacher or load_model(d.teacher_model, device=self.model.device, dtype=self.model.dtype)
-        check_same_tokenizer(self.model, self.teacher)
-        self.teacher_exe = self.teacher.executable("logits", self.N, self.N)
-        for n in ("input_ids", "position_ids", "cu_seqlens"):
-            self.teacher_exe.bind(n, self.inputs[n], self.exe.tensor(n))
-        self.teacher_exe.use_graphs(self.cfg.cuda_graphs)
+        else:  # one teacher for every data-parallel rank of this process (read only)
+            self.teacher = self._teacher or load_model(d.teacher_model, device=self.model.device,
+                                                       dtype=self.model.dtype)
+            check_same_tokenizer(self.model, self.teacher)
+        super()._build()
+
+    def _build_rank(self) -> None:
+        super()._build_rank()
+        self.teacher_exe = None
+        if self.teacher is not None:  # each rank's logits Program over its own inputs
+            self.teacher_exe = self.teacher.executable("logits", self.N, self.N, shared=self.local_rank == 0)
+            for n in ("input_ids", "position_ids", "cu_seqlens"):
+                self.teacher_exe.bind(n, self.inputs[n], self.exe.tensor(n))
+            self.teacher_exe.use_graphs(self.cfg.cuda_graphs)
 
     def fingerprint(self) -> str:
         d = self.cfg.distillation
@@ -84,33 +95,42 @@ class DistillTrainer(Trainer):
         w = np.exp(lp - lp.max(axis=1, keepdims=True))
         return rows, top, w / w.sum(axis=1, keepdims=True)
 
-    def _step(self, batches: list[Batch], step: int = 0) -> tuple[float, int]:
-        loss, targets, _ = self._step_with_metrics(batches, step)
-        return loss, targets
-
-    def _step_with_metrics(self, batches: list[Batch], step: int) -> tuple[float, int, dict]:
+    # ---- one step (Trainer._step_with_metrics) ----------------------------------------------
+    def _micro_batches(self, batches: list[Batch], step: int, total: int) -> list[tuple]:
+        """Per micro-batch: (its CE sum or None, the terms of its KL sum in order); ``total``: the
+        whole step's target positions."""
         d = self.cfg.distillation
-        total = sum(b.num_target_tokens for b in batches)
         seed = 1.0 / max(total, 1)
-        ce_sum = kl_sum = 0.0
+        parts = []
         for micro, b in enumerate(batches):
             rows, top, w = self.teacher_top_k(b)
             valid = b.targets != IGNORE
+            ce = None
             if d.ce_weight > 0:
                 per_token = self._pass(step, micro, b.targets, np.where(valid, d.ce_weight * seed, 0.0))
-                ce_sum += float(per_token[valid].sum(dtype=np.float64))
-            kl_sum += float((w * np.log(w)).sum())
+                ce = float(per_token[valid].sum(dtype=np.float64))
+            kl = [float((w * np.log(w)).sum())]
             for j in range(top.shape[1]):
                 targets = np.full(len(b.targets), IGNORE, np.int32)
                 targets[rows] = top[:, j]
                 dloss = np.zeros(len(b.targets))
                 dloss[rows] = d.kd_weight * seed * w[:, j]
                 per_token = self._pass(step, micro, targets, dloss)
-                kl_sum += float((w[:, j] * per_token[rows]).sum(dtype=np.float64))
+                kl.append(float((w[:, j] * per_token[rows]).sum(dtype=np.float64)))
+            parts.append((ce, kl))
+        return parts
+
+    def _reduce_step(self, parts: list[tuple], total: int) -> tuple[float, dict]:
+        d = self.cfg.distillation
+        ce_sum = kl_sum = 0.0
+        for ce, kl in parts:
+            ce_sum += ce or 0.0
+            for x in kl:
+                kl_sum += x
         n = max(total, 1)
         kl, ce = kl_sum / n, ce_sum / n if d.ce_weight > 0 else None
         loss = d.kd_weight * kl + (d.ce_weight * ce if ce is not None else 0.0)
-        return loss, total, {"kl": kl, **({"ce": ce} if ce is not None else {})}
+        return loss, {"kl": kl, **({"ce": ce} if ce is not None else {})}
 
     def _pass(self, step: int, micro: int, targets: np.ndarray, dloss: np.ndarray) -> np.ndarray:
         """One forward + backward of the student with these targets and seed; its per-token loss."""

@@ -16,6 +16,10 @@ The reference for LoRA is the same base weights through a Program built without 
 (no second copy of the weights); for full fine-tuning, a Program bound to a frozen copy of the
 starting weights. Both read the policy's input buffers.
 
+Data parallel (``gpus: R``): a global micro-batch of B * R pair slots is cut into the ranks' B
+(`PreferencePairs.split`), each rank runs its own reference and policy over them, and the pair
+values come back in the one-rank order; the seeds are over the whole step's pairs.
+
 Step lines carry TRL's metric names: ``rewards/chosen``, ``rewards/rejected``,
 ``rewards/accuracies``, ``rewards/margins``, ``logps/chosen``, ``logps/rejected``
 (evaluation: the same with an ``eval_`` prefix, and ``eval_loss``).
@@ -47,9 +51,9 @@ class DPOTrainer(Trainer):
     def _tokens_per_row(self) -> int:
         return 2 * self.cfg.max_length  # a "row" is one pair: chosen and rejected
 
-    def _build(self) -> None:
-        super()._build()
-        self.ref_exe = self.reference_executable()
+    def _build_rank(self) -> None:
+        super()._build_rank()
+        self.ref_exe = self.reference_executable()  # (each data-parallel rank's, over its inputs)
 
     def fingerprint(self) -> str:
         c = self.cfg
@@ -90,14 +94,16 @@ class DPOTrainer(Trainer):
             policy_exe.run()
         return self._pair_losses(b, np.array(policy_exe.read("loss")), ref_loss)
 
-    # ---- one step ---------------------------------------------------------------------------
-    def _step(self, batches: list[PairBatch], step: int = 0) -> tuple[float, int]:
-        loss, pairs, _ = self._step_with_metrics(batches, step)
-        return loss, pairs
+    # ---- one step (Trainer._step_with_metrics) ----------------------------------------------
+    def _step_count(self, batches: list[PairBatch]) -> int:
+        return sum(b.pairs for b in batches)  # the loss is the mean over the step's pairs
 
-    def _step_with_metrics(self, batches: list[PairBatch], step: int) -> tuple[float, int, dict]:
-        total = sum(b.pairs for b in batches)
-        acc = _Rewards()
+    def _split(self, batch: PairBatch) -> list[PairBatch]:
+        return self.train_data.split(batch, self.world)
+
+    def _micro_batches(self, batches: list[PairBatch], step: int, total: int) -> list[tuple]:
+        """Per micro-batch: its pairs' values for `_Rewards` (``total``: the whole step's pairs)."""
+        parts = []
         for micro, b in enumerate(batches):
             self._dropout_seed(step, micro)
             out, pol, scale = self._forward_pair(b, self.exe)
@@ -111,8 +117,12 @@ class DPOTrainer(Trainer):
             dloss[:] = np.where(b.targets != -100, np.repeat(coeff, seg), 0.0)
             self.exe.push("dloss")
             self.exe.run("backward")
-            acc.add(out, pol)
-        return acc.loss(), total, acc.metrics()
+            parts.append(_Rewards.part(out, pol))
+        return parts
+
+    def _reduce_step(self, parts: list[tuple], total: int) -> tuple[float, dict]:
+        acc = _Rewards(parts)
+        return acc.loss(), acc.metrics()
 
     def _eval_metrics(self) -> dict:
         acc = _Rewards()
@@ -128,11 +138,16 @@ class DPOTrainer(Trainer):
 class _Rewards:
     """Per-pair values of a step (or an evaluation), reduced to TRL's means."""
 
-    def __init__(self):
-        self.parts: list[tuple] = []
+    def __init__(self, parts: list[tuple] | None = None):
+        self.parts: list[tuple] = list(parts or [])
+
+    @staticmethod
+    def part(out, pol: np.ndarray) -> tuple:
+        """One micro-batch's values (what a data-parallel rank hands back)."""
+        return out.losses, out.chosen_rewards, out.rejected_rewards, pol[0::2], pol[1::2]
 
     def add(self, out, pol: np.ndarray) -> None:
-        self.parts.append((out.losses, out.chosen_rewards, out.rejected_rewards, pol[0::2], pol[1::2]))
+        self.parts.append(self.part(out, pol))
 
     def _cat(self, i: int) -> np.ndarray:
         return np.concatenate([p[i] for p in self.parts]) if self.parts else np.zeros(0)

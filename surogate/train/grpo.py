@@ -32,6 +32,16 @@ old_per_token_logps). With ``num_iterations`` > 1 the step makes that many optim
 its one batch of rollouts, the later passes' ratios moving off 1 (clipped). Rollout seeds are a
 function of (seed, step, prompt), so a resumed run samples what the uninterrupted one sampled.
 
+Data parallel (``gpus: R``, or Ray ranks in processes; data_parallel.py): each rank holds its
+own engine over its own weights and samples its share of the step's prompts, B of each global
+micro-batch of B * R, with the seeds one rank would give them (their place in the step). The
+rewards, lengths and truncations of every rank come back, so the advantages (``scale_rewards:
+batch`` included), the loss weights (the step's completions and tokens) and the metrics are the
+one-rank run's; then every rank learns on its own groups, the gradients summed. A full
+fine-tune's replica ranks (threads of this process) train copies of the weights while their
+engines read the model's arrays, rank 0's: the ranks' weights are bit-identical after every
+update (plain DP and ZeRO alike), so that is the same policy, without another stacked copy.
+
 Step lines carry TRL's metric names: ``reward``, ``reward_std``, ``rewards/<fn>/mean`` and
 ``/std``, ``kl``, ``clip_ratio/low_mean`` / ``high_mean`` / ``region_mean``,
 ``completions/mean_length`` / ``min_length`` / ``max_length`` / ``clipped_ratio``,
@@ -53,6 +63,7 @@ from surogate.config.grpo import GRPOConfig
 from surogate.errors import ConfigError
 from surogate.train.data.packing import Batch
 from surogate.train.data.prompts import PromptSample, build_prompt_dataset
+from surogate.train.data_parallel import by_rank, in_step_order
 from surogate.train.grpo_env import call_reward, load_reward_functions
 from surogate.train.grpo_loss import group_advantages, grpo_token_loss, token_weights
 from surogate.train.trainer import Trainer
@@ -77,14 +88,15 @@ class Rollout:
 class GRPOTrainer(Trainer):
     cfg: GRPOConfig
 
-    def __init__(self, cfg: GRPOConfig, model=None, stream=None):
+    def __init__(self, cfg: GRPOConfig, model=None, stream=None, dist=None):
         self.rewards = load_reward_functions(list(cfg.reward_functions))  # bad paths fail before any loading
         self.reward_weights = np.asarray(cfg.reward_weights or [1.0] * len(self.rewards), np.float64)
         self.client = None
         if cfg.temperature != 1.0:  # the trainer's (and the reference's) log-probs over logits / T, as TRL's
             self.graph_kw = {"temperature": cfg.temperature}
-        super().__init__(cfg, model, stream)
+        super().__init__(cfg, model, stream, dist=dist)
         record = {"type": "rollout_engine", "colocated": True, "kv_cache_bytes": int(self.runner.kv_bytes),
+                  **({"engines": self.world} if self.world > 1 else {}),  # (one per rank, each its own cache)
                   "kv_cache_tokens": self.runner.num_blocks * BLOCK_SIZE, "max_num_seqs": self.max_num_seqs,
                   "weights": "shared with the trainer (one copy)",
                   "reference": None if self.ref_exe is None else
@@ -116,9 +128,11 @@ class GRPOTrainer(Trainer):
                               hint="use temperature: 1.0 with this model")
         m.stack_qkv()  # q / k / v as views of one array: the engine's fused projection reads it, no copy
         super()._build()
-        self.ref_exe = None
-        if c.beta > 0:
-            self.ref_exe = self.reference_executable()
+
+    def _build_rank(self) -> None:
+        """Each data-parallel rank's Programs, reference and engine (its share of the rollouts)."""
+        super()._build_rank()
+        self.ref_exe = self.reference_executable() if self.cfg.beta > 0 else None
         self._start_engine()
 
     def _start_engine(self) -> None:
@@ -147,10 +161,12 @@ class GRPOTrainer(Trainer):
         self.llm = LLM(self.client, tok, max_model_len=ctx)
 
     def close(self) -> None:
-        if self.client is not None:
-            self.client.close()
-            self.runner.close()
-            self.client = None
+        """Every rank's engine of this process stopped."""
+        for t in [self] + (self.dp.ranks[1:] if self.dp is not None else []):
+            if t.client is not None:
+                t.client.close()
+                t.runner.close()
+                t.client = None
 
     def train(self):
         try:
@@ -176,11 +192,15 @@ class GRPOTrainer(Trainer):
         return SamplingParams(n=c.num_generations, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
                               max_tokens=c.max_completion_length, logprobs=0, detokenize=False, seed=seed)
 
-    def rollout(self, samples: list[PromptSample], step: int) -> tuple[list[Rollout], float]:
-        """num_generations completions per prompt (prompt-major), and the seconds they took."""
+    def rollout(self, samples: list[PromptSample], step: int, index: list[int] | None = None
+                ) -> tuple[list[Rollout], float]:
+        """num_generations completions per prompt (prompt-major), and the seconds they took;
+        ``index``: each prompt's place in the step (its sampling seed's), default 0, 1, ..."""
+        if not samples:  # (a data-parallel rank's share of a short last micro-batch)
+            return [], 0.0
         self.client.reset_prefix_cache()  # cached blocks hold K / V of the weights before the last update
         t0 = time.perf_counter()
-        params = [self._sampling_params(step, i) for i in range(len(samples))]
+        params = [self._sampling_params(step, i) for i in (index if index is not None else range(len(samples)))]
         with self.client.held():  # every prompt x num_generations in before the engine's first step
             gen = self.llm.submit([s.prompt_ids for s in samples], params, adapter=self.adapter)
         with gen:
@@ -256,56 +276,102 @@ class GRPOTrainer(Trainer):
                 "diff": np.abs(logp - np.concatenate([r.logps for r in rollouts]))}
 
     # ---- one step ---------------------------------------------------------------------------
-    def _step(self, batches, step: int = 0) -> tuple[float, int]:
-        loss, tokens, _ = self._step_with_metrics(batches, step)
-        return loss, tokens
+    def _split(self, batch: list[PromptSample]) -> list[list[PromptSample]]:
+        """A global micro-batch's prompts (B * R, fewer at an epoch's end): rank r's B of them."""
+        return [batch[r * self.B:(r + 1) * self.B] for r in range(self.world)]
 
     def _step_with_metrics(self, batches: list[list[PromptSample]], step: int) -> tuple[float, int, dict]:
-        rollouts, rollout_time = self.rollout([s for b in batches for s in b], step)
-        per_fn, sizes = self.score(rollouts), [len(b) for b in batches]
+        """Every rank samples and scores its prompts' groups; the advantages from all the step's
+        rewards (as one rank over the whole step computes them); then ``num_iterations`` passes
+        of forward + backward on every rank, each but the last followed by its update."""
+        c, G = self.cfg, self.cfg.num_generations
+        shares = self._shares(batches)
+        starts = np.cumsum([0] + [len(b) for b in batches])[:-1]  # each micro-batch's first prompt in the step
+        firsts = [[int(s) + r * self.B for s in starts] for r in range(self.world)]
+        sampled = self._on_ranks(lambda t: t._rollout_share(shares[t.rank], firsts[t.rank], step))
+        units = in_step_order([u for u, _ in sampled])  # (rewards [n, F], lengths [n], truncated [n]) per micro-batch
+        per_fn, lens, truncated = (np.concatenate([u[k] for u in units]) for k in range(3))
+        adv = group_advantages(per_fn @ self.reward_weights, G, c.scale_rewards)
+        advs = by_rank(np.split(adv, np.cumsum([len(u[1]) for u in units])[:-1]), self.world)
+        num_seqs, num_tokens = len(lens), int(lens.sum())
         passes = []
-        for i in range(self.cfg.num_iterations):
+        for i in range(c.num_iterations):
             if i > 0:  # the previous pass's update (the loop applies the last one)
-                self.opt.apply(self.schedule.lr_at(step + 1))
-            passes.append(self.learn(rollouts, per_fn, sizes, step, iteration=i))
+                self._apply(self.schedule.lr_at(step + 1))
+            parts = self._on_ranks(lambda t: t._learn_share(advs[t.rank], step, i, num_seqs, num_tokens), grads=True)
+            passes.append(self._pass_result(in_step_order(parts), per_fn, lens, truncated))
         loss, tokens, m = passes[0]
         if len(passes) > 1:  # the loss and the ratio's metrics: means over the passes
             loss = float(np.mean([p[0] for p in passes]))
             for k in m:
                 if k == "kl" or k.startswith("clip_ratio/"):
                     m[k] = float(np.mean([p[2][k] for p in passes]))
+        rollout_time = max(dt for _, dt in sampled)
         m["rollout_time"] = round(rollout_time, 4)
         m["rollout_tokens_per_second"] = tokens / max(rollout_time, 1e-9)
         return loss, tokens, m
 
+    def _rollout_share(self, units: list[list[PromptSample]], firsts: list[int], step: int) -> tuple[list, float]:
+        """This rank's prompts (``units[m]``: its share of micro-batch m, the first at place
+        ``firsts[m]`` of the step) sampled at once and scored; the completions stay here
+        (``_units``); per micro-batch its (rewards, lengths, truncated) go back."""
+        index = [f + j for f, u in zip(firsts, units) for j in range(len(u))]
+        rollouts, dt = self.rollout([s for u in units for s in u], step, index)
+        per_fn = self.score(rollouts)
+        G, at = self.cfg.num_generations, 0
+        self._units, out = [], []
+        for u in units:
+            n = len(u) * G
+            mine = rollouts[at:at + n]
+            self._units.append(mine)
+            out.append((per_fn[at:at + n], np.array([len(r.ids) for r in mine], np.int64),
+                        np.array([r.truncated for r in mine], bool)))
+            at += n
+        return out, dt
+
     def learn(self, rollouts: list[Rollout], per_fn: np.ndarray, prompts_per_micro: list[int],
               step: int, iteration: int = 0) -> tuple[float, int, dict]:
-        """Advantages, then forward + backward of each micro-batch (``prompts_per_micro[k]``
+        """One rank's pass over rollouts it holds (the step's own path is `_step_with_metrics`):
+        advantages, then forward + backward of each micro-batch (``prompts_per_micro[k]``
         prompts' groups, in order): gradients in the accumulators, the optimizer not run.
-        ``iteration``: which of the step's ``num_iterations`` passes this is. The ratio's
-        denominator (``Rollout.old``) is fixed by the first pass: the sampler's log-probs at
-        temperature 1 (the distribution the trainer computes), else the trainer's own first-pass
-        log-probs over logits / T (TRL's old_per_token_logps; the engine reports raw ones).
-        Returns (this pass's loss, its completion tokens, the step line's metrics)."""
+        ``iteration``: which of the step's ``num_iterations`` passes this is. Returns (this
+        pass's loss, its completion tokens, the step line's metrics)."""
+        G = self.cfg.num_generations
+        cuts = np.cumsum([n * G for n in prompts_per_micro])[:-1]
+        self._units = [rollouts[a:b] for a, b in zip([0, *cuts], [*cuts, len(rollouts)])]
+        adv = group_advantages(per_fn @ self.reward_weights, G, self.cfg.scale_rewards)
+        lens = np.array([len(r.ids) for r in rollouts], np.int64)
+        parts = self._learn_share(np.split(adv, cuts), step, iteration, len(rollouts), int(lens.sum()))
+        return self._pass_result(parts, per_fn, lens, np.array([r.truncated for r in rollouts], bool))
+
+    def _learn_share(self, advantages: list[np.ndarray], step: int, iteration: int, num_seqs: int,
+                     num_tokens: int) -> list[dict | None]:
+        """Forward + backward of this rank's micro-batches (``_units``, with their advantages);
+        ``num_seqs`` / ``num_tokens``: the whole step's completions and their tokens (the loss
+        weights). The ratio's denominator (``Rollout.old``) is fixed by the first pass: the
+        sampler's log-probs at temperature 1 (the distribution the trainer computes), else the
+        trainer's own first-pass log-probs over logits / T (TRL's old_per_token_logps; the
+        engine reports raw ones). Per micro-batch its values (None: no prompts of this rank)."""
+        parts = []
+        for m, (unit, adv) in enumerate(zip(self._units, advantages)):
+            for r, a in zip(unit, adv):
+                r.advantage = float(a)
+            micro = iteration * len(self._units) + m  # counts every pass's micro-batches (the dropout seed)
+            parts.append(self._micro_batch(unit, step, micro, num_seqs, num_tokens) if unit else None)
+        return parts
+
+    def _pass_result(self, parts: list[dict | None], per_fn, lens, truncated) -> tuple[float, int, dict]:
+        """(a pass's loss, the step's completion tokens, the step line's metrics) from every
+        micro-batch's values in the one-rank order and the step's rewards, lengths, truncations."""
+        parts = [p for p in parts if p is not None]
+        loss = sum(p["loss"] for p in parts)
+        return loss, int(lens.sum()), self._metrics(per_fn, lens, truncated, parts)
+
+    def _metrics(self, per_fn, lens, truncated, parts) -> dict:
         c = self.cfg
         G = c.num_generations
         total = per_fn @ self.reward_weights
-        for r, a in zip(rollouts, group_advantages(total, G, c.scale_rewards)):
-            r.advantage = float(a)
-        num_tokens = sum(len(r.ids) for r in rollouts)
-        parts, at = [], 0
-        for micro, n in enumerate(prompts_per_micro):
-            parts.append(self._micro_batch(rollouts[at:at + n * G], step, iteration * len(prompts_per_micro) + micro,
-                                           len(rollouts), num_tokens))
-            at += n * G
-        loss = sum(p["loss"] for p in parts)
-        return loss, num_tokens, self._metrics(rollouts, per_fn, total, parts)
-
-    def _metrics(self, rollouts, per_fn, total, parts) -> dict:
-        c = self.cfg
-        G = c.num_generations
         groups = total.reshape(-1, G)
-        lens = np.array([len(r.ids) for r in rollouts])
         cat = {k: np.concatenate([p[k] for p in parts]) for k in ("kl", "low", "high", "diff")}
         m = {"reward": float(total.mean()), "reward_std": float(groups.std(axis=1, ddof=1).mean()),
              "frac_reward_zero_std": float((groups.std(axis=1) == 0).mean())}
@@ -320,7 +386,7 @@ class GRPOTrainer(Trainer):
         m["completions/mean_length"] = float(lens.mean())
         m["completions/min_length"] = int(lens.min())
         m["completions/max_length"] = int(lens.max())
-        m["completions/clipped_ratio"] = float(np.mean([r.truncated for r in rollouts]))
+        m["completions/clipped_ratio"] = float(np.mean(truncated))
         if c.temperature == 1.0:  # the engine's log-probs are raw: comparable to the trainer's at T = 1 only
             m["sampling/sampling_logp_difference/mean"] = float(cat["diff"].mean())
             m["sampling/sampling_logp_difference/max"] = float(cat["diff"].max())

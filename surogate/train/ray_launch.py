@@ -1,9 +1,10 @@
-"""Multi-node data parallel through Ray: `surogate sft CONFIG --ray ADDRESS`, or a config's
-``distributed: {ray_address, num_nodes}`` block (the original Surogate's keys).
+"""Multi-node data parallel through Ray: `surogate sft|pt|dpo|distill|grpo CONFIG --ray ADDRESS`,
+or a config's ``distributed: {ray_address, num_nodes}`` block (the original Surogate's keys).
 
-One Ray actor per node, each a trainer rank in its own process (`Trainer(..., dist=ProcessRank)`:
-one rank per process for now, ``gpus: 1`` each). On a cluster of several nodes the actors are
-pinned one per node by a placement group with the STRICT_SPREAD strategy; on a one-node
+One Ray actor per node, each a trainer rank in its own process (the kind's trainer,
+`trainer_class(kind)(..., dist=ProcessRank)`: one rank per process for now, ``gpus: 1`` each).
+On a cluster of several nodes the actors are pinned one per node by a placement group with the
+STRICT_SPREAD strategy; on a one-node
 cluster (a local test cluster, ``--ray local``) they are plain actors, processes of one
 machine. Rank 0's actor picks its node's IP and a free port, every rank joins the TCP group
 there (`_native.tcp_group`), and all run the same steps as ``gpus: N`` threads would. The
@@ -69,10 +70,10 @@ class RankWorker:
     def train(self, cfg, dist: ProcessRank):
         import logging
 
-        from surogate.train.trainer import Trainer
+        from surogate.train.run import trainer_class
 
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-        return Trainer(cfg, stream=self.stream if dist.rank == 0 else None, dist=dist).train()
+        return trainer_class(cfg.kind)(cfg, stream=self.stream if dist.rank == 0 else None, dist=dist).train()
 
     def lines(self, n: int) -> list[str]:
         return self.stream.since(n)
@@ -110,9 +111,6 @@ def launch(cfg, address: str, num_nodes: int = 0, stream=None, timeout_s: float 
     except ImportError as e:
         raise ConfigError("multi-node training needs Ray", where="distributed.ray_address",
                           hint="pip install 'surogate[dist]'") from e
-    if cfg.kind not in ("sft", "pt"):
-        raise ConfigError(f"surogate {cfg.kind} runs on one device yet; multi-node trains sft and pt runs",
-                          where="distributed", hint="remove the distributed block (or --ray)")
     stream = stream or sys.stderr
     started = not ray.is_initialized()
     if started:

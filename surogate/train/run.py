@@ -35,23 +35,27 @@ def run(config_path: str | Path, kind: str, ray_address: str | None = None,
         result = launch(cfg, d.ray_address, d.num_nodes)
         _print_result(kind, result)
         return result
-    if kind == "dpo":
-        from surogate.train.dpo import DPOTrainer
-
-        trainer = DPOTrainer(cfg)
-    elif kind == "distill":
-        from surogate.train.distill import DistillTrainer
-
-        trainer = DistillTrainer(cfg)
-    elif kind == "grpo":
-        from surogate.train.grpo import GRPOTrainer
-
-        trainer = GRPOTrainer(cfg)
-    else:
-        trainer = Trainer(cfg)
+    trainer = trainer_class(kind)(cfg)
     result = trainer.train()
     _print_result(kind, result)
     return result
+
+
+def trainer_class(kind: str) -> type[Trainer]:
+    """The trainer of a config kind (this process's run, or a Ray actor's rank)."""
+    if kind == "dpo":
+        from surogate.train.dpo import DPOTrainer
+
+        return DPOTrainer
+    if kind == "distill":
+        from surogate.train.distill import DistillTrainer
+
+        return DistillTrainer
+    if kind == "grpo":
+        from surogate.train.grpo import GRPOTrainer
+
+        return GRPOTrainer
+    return Trainer
 
 
 def _print_result(kind: str, result: TrainResult) -> None:

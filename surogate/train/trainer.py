@@ -15,6 +15,12 @@ uninterrupted loss curve.
 optimizer shard); a step splits each global micro-batch of B * R rows among them. With
 ``dist`` (a `ProcessRank` from a launcher) this trainer is one rank of a group of processes:
 the same step, the collectives over TCP; rank 0 writes the logs, checkpoints and outputs.
+
+The step is one path for every trainer (`_step_with_metrics`): a subclass says what a step's
+loss is a mean over (`_step_count`), how a global micro-batch splits (`_split`), what one
+rank's micro-batches do (`_micro_batches`, forward and backward, returning values per
+micro-batch) and how those values, in the one-rank order, become the loss and metrics
+(`_reduce_step`); what a rank holds beyond the training Program it builds in `_build_rank`.
 """
 
 from __future__ import annotations
@@ -37,8 +43,9 @@ from surogate.dsl.nn import LORA_RNG, LoRAConfig
 from surogate.errors import ConfigError
 from surogate.model import ROUTER_LOSSES, Model, _np_dtype, load_model, resolve_device
 from surogate.train.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
-from surogate.train.data import Batch, build_datasets
-from surogate.train.data_parallel import DataParallel, ProcessRank, resolve_ranks, shard_owners
+from surogate.train.data import Batch, build_datasets, split_rows
+from surogate.train.data_parallel import (DataParallel, ProcessRank, in_step_order, join_group, resolve_ranks,
+                                          shard_owners)
 from surogate.train.export import merge_into_checkpoint, save_hf_folder, write_sidecars
 from surogate.train.image_feed import has_feed, images_per_batch, make_feed
 from surogate.models.name_table import transposed_experts
@@ -85,6 +92,7 @@ def qlora_load_args(cfg) -> dict:
 class Trainer:
     graph_kw: dict = {}  # extra Model.executable arguments of the training and reference Programs (GRPO's temperature)
     image_prompt = None  # the family's ImagePrompt, for a vision model's rows with images (_datasets)
+    _frozen = None  # a full fine-tune's reference weights (reference_executable), shared by the ranks
 
     def __init__(self, cfg: SFTConfig, model: Model | None = None, stream=None, dist: ProcessRank | None = None):
         self.cfg = cfg
@@ -92,6 +100,10 @@ class Trainer:
         device = model.device if model is not None else resolve_device(cfg.device)
         self.dist = dist  # this process's rank of a group of processes (None: every rank is a thread here)
         self.world, self.dp = resolve_ranks(cfg, device, dist), None  # data parallel ranks (gpus, or processes)
+        # Ranks in processes join their TCP group before loading anything: rank 0 listens on the
+        # port its launcher found free at once (a port left free for a minute's loading may be
+        # taken by then), and a rank that cannot join fails before it loads.
+        self.group = join_group(dist) if dist is not None and self.world > 1 else None
         self.rank = dist.rank if dist is not None else 0
         self.local_rank = 0  # among this process's ranks (rank 0's Program shares the model's weights)
         self.model = model or load_model(cfg.model, device=device, dtype=cfg.dtype, **qlora_load_args(cfg))
@@ -299,17 +311,20 @@ class Trainer:
         return HostAdamW
 
     def reference_executable(self):
-        """A forward-only Program of the reference policy over the training step's inputs (DPO, GRPO):
-        under LoRA the base weights with the adapter left out; for a full fine-tune a frozen copy
-        of the starting weights (the policy's are updated in place)."""
+        """A forward-only Program of the reference policy over this rank's training inputs (DPO,
+        GRPO): under LoRA the base weights with the adapter left out; for a full fine-tune a
+        frozen copy of the starting weights (the policy's are updated in place), one copy that
+        every data-parallel rank of this process reads."""
         m = self.model
-        if self.lora is not None:
-            ref = m.executable("train", self.N, self.N, lora=None, grads=False, **self.graph_kw)
+        if self.lora is not None:  # (a replica's Program of its own: the cached one reads rank 0's inputs)
+            ref = m.executable("train", self.N, self.N, lora=None, grads=False, shared=self.local_rank == 0,
+                               **self.graph_kw)
         else:
             ref = m.executable("train", self.N, self.N, lora=None, grads=False, shared=False, **self.graph_kw)
-            for name in ref.external_names("param"):
-                if name in m.params:
-                    ref.bind(name, m.params[name].copy())
+            if self._frozen is None:  # (rank 0's, before any step: replicas are copies of it)
+                self._frozen = {n: m.params[n].copy() for n in ref.external_names("param") if n in m.params}
+            for name, a in self._frozen.items():
+                ref.bind(name, a)
         for n in ("input_ids", "position_ids", "cu_seqlens", "targets"):
             ref.bind(n, self.inputs[n], self.exe.tensor(n))
         ref.use_graphs(self.cfg.cuda_graphs)
@@ -363,24 +378,48 @@ class Trainer:
             self.inputs[LORA_RNG].view(np.uint32)[:] = np.frombuffer(key, np.uint32)
             self.exe.push(LORA_RNG)
 
-    def _step_with_metrics(self, batches: list[Batch], step: int) -> tuple[float, int, dict]:
-        """(the step's loss, its target tokens, further metrics for the step line)."""
-        loss, targets = self._step(batches, step)
-        return loss, targets, {}
-
     def _step(self, batches: list[Batch], step: int = 0) -> tuple[float, int]:
-        if self.dp is not None:
-            return self.dp.step(batches, step)
-        total = sum(b.num_target_tokens for b in batches)
-        loss_sum, aux_sum = self._micro_batches(batches, step, total)
-        return loss_sum / max(total, 1) + aux_sum, total
+        loss, count, _ = self._step_with_metrics(batches, step)
+        return loss, count
 
-    def _micro_batches(self, batches: list[Batch], step: int, total: int, shares: int = 1) -> tuple[float, float]:
+    def _step_with_metrics(self, batches: list[Batch], step: int) -> tuple[float, int, dict]:
+        """(the step's loss, its count (`_step_count`), further metrics for the step line): each
+        rank's share of every micro-batch forward and backward, the gradients reduced, then the
+        ranks' per-micro-batch values reduced in the one-rank order (data_parallel.py)."""
+        total = self._step_count(batches)
+        shares = self._shares(batches)
+        parts = self._on_ranks(lambda t: t._micro_batches(shares[t.rank], step, total), grads=True)
+        if self.dp is not None:
+            self.dp.merge_moe_tallies()
+        loss, metrics = self._reduce_step(in_step_order(parts), total)
+        return loss, total, metrics
+
+    def _step_count(self, batches: list[Batch]) -> int:
+        """What the step's loss is a mean over (sft: target tokens), all ranks' micro-batches."""
+        return sum(b.num_target_tokens for b in batches)
+
+    def _split(self, batch: Batch) -> list[Batch]:
+        """A global micro-batch (B * R rows) as the ranks' micro-batches, rank r's part r."""
+        return split_rows(batch, self.world)
+
+    def _shares(self, batches: list) -> list[list]:
+        """Each rank's micro-batches of the step (``[rank][micro]``)."""
+        if self.world == 1:
+            return [batches]
+        parts = [self._split(b) for b in batches]
+        return [[p[r] for p in parts] for r in range(self.world)]
+
+    def _on_ranks(self, fn, grads: bool = False) -> list:
+        """``fn(rank's trainer)`` on every rank (without data parallel: this trainer), with
+        ``grads`` then the gradients reduced; every rank's result, in rank order."""
+        return [fn(self)] if self.dp is None else self.dp.each(fn, grads=grads)
+
+    def _micro_batches(self, batches: list[Batch], step: int, total: int) -> list[tuple[float, float]]:
         """Forward and backward of this rank's micro-batches, gradients accumulating; ``total``:
-        the target tokens of the whole step (every rank's), ``shares``: the ranks. Returns the
-        loss summed over this rank's target tokens and its share of the router losses."""
+        the target tokens of the whole step (every rank's). Per micro-batch: the loss summed over
+        its target tokens and its share of the router losses."""
         seed = 1.0 / max(total, 1)
-        loss_sum, aux_sum = 0.0, 0.0
+        out = []
         for micro, b in enumerate(batches):
             self._dropout_seed(step, micro)
             self._load_batch(b)
@@ -388,16 +427,22 @@ class Trainer:
             self.inputs["dloss"][:] = np.where(valid, seed, 0.0)
             self.exe.push("dloss")
             for seed_input, coef in self.router_losses.values():  # coef * the mean over micro-batches
-                self.inputs[seed_input][:] = coef / (len(batches) * shares)
+                self.inputs[seed_input][:] = coef / (len(batches) * self.world)
                 self.exe.push(seed_input)
             self.exe.run(*MICRO_BATCH)
-            loss_sum += float(self.exe.read("loss")[valid].sum(dtype=np.float64))
+            aux = 0.0
             for o, (seed_input, _) in self.router_losses.items():
                 value = float(self.exe.read(o)[0])
-                aux_sum += float(self.inputs[seed_input][0]) * value
+                aux += float(self.inputs[seed_input][0]) * value
                 self._router_values.setdefault(o, []).append(value)
             self._tally_expert_load(self.exe)
-        return loss_sum, aux_sum
+            out.append((float(self.exe.read("loss")[valid].sum(dtype=np.float64)), aux))
+        return out
+
+    def _reduce_step(self, parts: list, total: int) -> tuple[float, dict]:
+        """The step's loss and further metrics from every micro-batch's `_micro_batches` values,
+        in the one-rank order."""
+        return sum(p[0] for p in parts) / max(total, 1) + sum(p[1] for p in parts), {}
 
     def _tally_expert_load(self, exe) -> None:
         """After a micro-batch: the rows each expert of each MoE layer got (its permute offsets)."""

@@ -20,8 +20,8 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("transformers")
 
 from safetensors.numpy import load_file  # noqa: E402
-from sgtest.qa import sft_config, step_losses, write_qa  # noqa: E402
-from sgtest.tiny_models import make_llama  # noqa: E402
+from sgtest.qa import sft_config, step_losses, step_records, write_qa  # noqa: E402
+from sgtest.tiny_models import make_llama, make_qwen3  # noqa: E402
 
 from surogate.errors import ConfigError  # noqa: E402
 from surogate.train.checkpoint import latest_checkpoint, load_checkpoint  # noqa: E402
@@ -72,6 +72,43 @@ def test_two_ray_actors_train_as_two_rank_threads(cluster, tmp_path, zero_level)
             np.testing.assert_array_equal(w1[n], w2[n], err_msg=n)
         for n in o1:
             np.testing.assert_array_equal(o1[n], o2[n], err_msg=n)
+
+
+@pytest.mark.parametrize("kind", ["dpo", "distill", "grpo"])
+def test_the_other_trainers_on_two_ray_actors_train_as_two_rank_threads(cluster, tmp_path, kind):
+    """DPO, distillation and GRPO (each actor's engine sampling its rank's prompts) through the
+    same launcher, bit for bit as their ``gpus: 2`` threads (built-in rewards: the actors cannot
+    import the tests' modules)."""
+    from sgtest.distill import distill_config
+    from sgtest.grpo import grpo_config, write_prompts
+    from sgtest.preference import dpo_config, write_pairs
+
+    from surogate.train.run import trainer_class
+
+    base = make_qwen3(tmp_path / "qwen3", seed=11, initializer_range=0.2)
+    kw = dict(device="cpu", max_steps=2, gradient_accumulation_steps=1, save_steps=2)
+    pairs, qa, prompts = write_pairs(tmp_path / "pairs.jsonl"), write_qa(tmp_path / "qa.jsonl"), \
+        write_prompts(tmp_path / "prompts.jsonl")
+    teacher = make_qwen3(tmp_path / "teacher", seed=29, initializer_range=0.2) if kind == "distill" else None
+
+    def config(out, **k):
+        if kind == "dpo":
+            return dpo_config(base, pairs, out, **kw, **k)
+        if kind == "distill":
+            return distill_config(base, teacher, qa, out, **kw, **k)
+        return grpo_config(base, prompts, out, reward_functions=["length", "answer_format"], **kw, **k)
+
+    trainer_class(kind)(config(tmp_path / "threads", gpus=2)).train()
+    result = launch(config(tmp_path / "ray"), "local", num_nodes=2, stream=io.StringIO())
+    assert result.steps == 2
+    skip = {"time", "elapsed", "step_time", "tokens_per_second", "rollout_time", "rollout_tokens_per_second"}
+    threads, nodes = (step_records(tmp_path / run) for run in ("threads", "ray"))
+    assert [{k: v for k, v in r.items() if k not in skip} for r in nodes] == \
+        [{k: v for k, v in r.items() if k not in skip} for r in threads]  # bit for bit, every metric
+    a, b = adapter(tmp_path / "threads"), adapter(tmp_path / "ray")
+    assert a.keys() == b.keys()
+    for n in a:
+        np.testing.assert_array_equal(a[n], b[n], err_msg=n)
 
 
 def test_one_node_is_the_one_process_run(cluster, tmp_path):
@@ -125,9 +162,9 @@ def test_distributed_keys_are_checked():
 
     with pytest.raises(ConfigError, match="num_nodes"):
         load_config({"model": "x", "datasets": [{"path": "d.jsonl"}], "distributed": {"num_nodes": -1}})
-    with pytest.raises(ConfigError, match="multi-node training runs surogate sft and pt"):
-        load_config({"model": "x", "datasets": [{"path": "d.jsonl", "type": "preference"}],
-                     "distributed": {"num_nodes": 2}}, kind="dpo")
+    cfg = load_config({"model": "x", "datasets": [{"path": "d.jsonl", "type": "preference"}],
+                       "distributed": {"num_nodes": 2}}, kind="dpo")  # every trainer runs on Ray
+    assert cfg.distributed.num_nodes == 2
 
 
 def test_more_ranks_than_the_cluster_holds_are_refused(cluster, tmp_path):

@@ -37,7 +37,7 @@ from surogate.io import Tokenizer
 from surogate.train.data import cache
 from surogate.train.data.dataset import DataStats, PackedDataset
 from surogate.train.data.formats import RowError, _fields, _kind, _message
-from surogate.train.data.packing import Batch, Documents, PackPlan, collate
+from surogate.train.data.packing import IGNORE, Batch, Documents, PackPlan, collate
 from surogate.train.data.sources import RowErrors, fingerprint, read_rows, resolve_files
 
 log = logging.getLogger(__name__)
@@ -217,6 +217,33 @@ class PreferencePairs(PackedDataset):
         b = collate(self.docs, PackPlan(np.array([0, len(docs)], np.int64), docs), [0],
                     len(pairs) * self.sequence_len, self.pad_id)
         return PairBatch(**b.__dict__, pairs=len(real))
+
+    def split(self, batch: PairBatch, parts: int) -> list[PairBatch]:
+        """A micro-batch of parts * b pair slots as ``parts`` micro-batches of b slots (data
+        parallel: part p is rank p's share), each the one ``batch`` makes of those slots: a
+        micro-batch's real pairs come first, so part p holds pairs p * b .. (p + 1) * b - 1 of
+        them, and the documents are whole, so their tokens, positions and targets carry over."""
+        slots = batch.num_tokens // self.sequence_len
+        if slots % parts:
+            raise ValueError(f"{slots} pair slots do not split into {parts} equal parts")
+        per, cu = slots // parts, batch.cu_seqlens.astype(np.int64)
+        n = per * self.sequence_len
+        out = []
+        for p in range(parts):
+            first, last = min(p * per, batch.pairs), min((p + 1) * per, batch.pairs)
+            lo, hi = int(cu[2 * first]), int(cu[2 * last])
+            pad = n - (hi - lo)
+            seg = cu[2 * first:2 * last + 1] - lo
+            if pad:
+                seg = np.append(seg, n)
+            out.append(PairBatch(
+                input_ids=np.concatenate([batch.input_ids[lo:hi], np.full(pad, self.pad_id, np.int32)]),
+                position_ids=np.concatenate([batch.position_ids[lo:hi], np.arange(pad, dtype=np.int32)]),
+                cu_seqlens=seg.astype(np.int32),
+                targets=np.concatenate([batch.targets[lo:hi], np.full(pad, IGNORE, np.int32)]),
+                num_target_tokens=int((batch.targets[lo:hi] != IGNORE).sum()), max_seqlen=int(np.diff(seg).max()),
+                rows=1, sequence_len=n, pairs=last - first))
+        return out
 
 
 def build_preference_datasets(config, tokenizer: Tokenizer, *, cache_dir=None
