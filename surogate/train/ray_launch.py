@@ -57,15 +57,22 @@ class RankWorker:
 
     def __init__(self):
         self.stream = LineBuffer()
+        self._reserved: socket.socket | None = None
 
     def address(self) -> tuple[str, int]:
-        """This node's IP and a port free on it (rank 0's listening address)."""
+        """This node's IP and a port free on it (rank 0's listening address). The port stays bound
+        (SO_REUSEADDR, not listening) until the group has joined: a port only probed and released
+        could be taken meanwhile by one of the many processes Ray starts (a rank then reached
+        another server: "not a surogate rank 0"); the native listener binds beside the reservation,
+        which Linux allows while the reservation does not listen."""
         import ray
 
         ip = ray.util.get_node_ip_address()
-        with socket.socket() as s:
-            s.bind(("", 0))
-            return ip, s.getsockname()[1]
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("", 0))
+        self._reserved = s
+        return ip, s.getsockname()[1]
 
     def train(self, cfg, dist: ProcessRank):
         import logging
@@ -73,7 +80,13 @@ class RankWorker:
         from surogate.train.run import trainer_class
 
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-        return trainer_class(cfg.kind)(cfg, stream=self.stream if dist.rank == 0 else None, dist=dist).train()
+        try:
+            trainer = trainer_class(cfg.kind)(cfg, stream=self.stream if dist.rank == 0 else None, dist=dist)
+        finally:  # joined (the trainer's first act) or failed: the port is the group's now, or no one's
+            if self._reserved is not None:
+                self._reserved.close()
+                self._reserved = None
+        return trainer.train()
 
     def lines(self, n: int) -> list[str]:
         return self.stream.since(n)

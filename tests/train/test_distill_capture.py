@@ -85,7 +85,7 @@ def test_the_capture_holds_transformers_top_k(student, teacher, data, captured, 
 def test_training_from_the_capture_follows_the_on_the_fly_curve(student, teacher, data, captured, tmp_path):
     DistillTrainer(config(student, teacher, data, tmp_path / "fly")).train()
     from_file = DistillTrainer(config(student, teacher, data, tmp_path / "file", captured))
-    assert not hasattr(from_file, "teacher")  # the teacher is never loaded
+    assert from_file.teacher is None and from_file.teacher_exe is None  # the teacher is never loaded
     from_file.train()
     fly, stored = step_records(tmp_path / "fly"), step_records(tmp_path / "file")
     assert len(fly) == len(stored) == 4
