@@ -21,7 +21,7 @@ from surogate.serve.engine_client import EngineClient
 from surogate.serve.llm import LLM
 from surogate.serve.model_runner import ProgramRunner
 from surogate.serve.multimodal import ImageEncoder
-from surogate.serve.offload import WeightOffload
+from surogate.serve.offload import WeightOffload, check_flags as check_offload_flags
 from surogate.serve.types import EngineConfig
 
 log = logging.getLogger(__name__)
@@ -158,6 +158,7 @@ def launch(source: str, *, name: str | None = None, dtype: str = "float32", devi
                                    hint="raise --max-loras or serve fewer adapters")
     if not 0 < gpu_memory_utilization <= 1:
         raise InvalidArgumentError(f"--gpu-memory-utilization {gpu_memory_utilization} is not in (0, 1]")
+    check_offload_flags(cpu_offload_gb, offload_layers)  # (before the model loads)
     from surogate.model import resolve_device
 
     device = resolve_device(device)

@@ -56,6 +56,26 @@ class PackedParam:
     nbytes: int
 
 
+def check_flags(cpu_offload_gb: float | None, offload_layers: int | None) -> bool:
+    """Whether the flags ask for weights in host memory (None and 0: no); an error naming the
+    flag for a value no model takes (before the model loads)."""
+    if cpu_offload_gb is not None and offload_layers is not None:
+        raise InvalidArgumentError("--cpu-offload-gb and --offload-layers both given",
+                                   hint="give one: the GiB of weights to keep in host memory, or the layers")
+    if cpu_offload_gb is not None:
+        g = float(cpu_offload_gb)
+        if not math.isfinite(g) or g < 0:
+            raise InvalidArgumentError(f"--cpu-offload-gb {cpu_offload_gb} is not a number >= 0",
+                                       hint="the GiB of weights to keep in host memory; 0 for none")
+        return g > 0
+    if offload_layers is not None:
+        if int(offload_layers) != offload_layers or offload_layers < 0:
+            raise InvalidArgumentError(f"--offload-layers {offload_layers} is not a whole number >= 0",
+                                       hint="the decoder layers whose weights stay in host memory; 0 for none")
+        return offload_layers > 0
+    return False
+
+
 def size_str(nbytes: int) -> str:
     return f"{nbytes / GiB:.2f} GiB" if nbytes >= GiB // 10 else f"{nbytes / 2**20:.2f} MiB"
 
@@ -142,25 +162,9 @@ class WeightOffload:
              fuse_qkv: bool | None = None) -> WeightOffload | None:
         """The layers to keep in host memory for ``cpu_offload_gb`` GiB or ``offload_layers``
         layers (None or 0: none, and no plan). ``fuse_qkv``: the runner's (default: on a GPU)."""
-        if cpu_offload_gb is not None and offload_layers is not None:
-            raise InvalidArgumentError("--cpu-offload-gb and --offload-layers both given",
-                                       hint="give one: the GiB of weights to keep in host memory, or the layers")
-        flag = "--offload-layers" if offload_layers is not None else "--cpu-offload-gb"
-        if cpu_offload_gb is not None:
-            g = float(cpu_offload_gb)
-            if not math.isfinite(g) or g < 0:
-                raise InvalidArgumentError(f"--cpu-offload-gb {cpu_offload_gb} is not a number >= 0",
-                                           hint="the GiB of weights to keep in host memory; 0 for none")
-            if g == 0:
-                return None
-        if offload_layers is not None:
-            if int(offload_layers) != offload_layers or offload_layers < 0:
-                raise InvalidArgumentError(f"--offload-layers {offload_layers} is not a whole number >= 0",
-                                           hint="the decoder layers whose weights stay in host memory; 0 for none")
-            if offload_layers == 0:
-                return None
-        if cpu_offload_gb is None and offload_layers is None:
+        if not check_flags(cpu_offload_gb, offload_layers):
             return None
+        flag = "--offload-layers" if offload_layers is not None else "--cpu-offload-gb"
         if not model.spec.causal:
             raise UnsupportedError(f"{flag}: {model.spec.family} is an encoder (bidirectional attention), served for "
                                    "embeddings only, with no serving runner to stream its weights",
