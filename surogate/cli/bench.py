@@ -96,7 +96,11 @@ def serve(
         show_default=False)] = None,
     tokenizer: Annotated[str | None, typer.Option(
         help="--structured: the model's tokenizer (tokenizer.json, HF folder or GGUF); default: SmolLM2's fit "
-             "to the shape's vocabulary.", show_default=False)] = None) -> None:
+             "to the shape's vocabulary.", show_default=False)] = None,
+    cpu_offload_gb: Annotated[float, typer.Option(
+        help="Also serve with this many GiB of decoder layers' weights in host memory (surogate serve's flag): "
+             "tok/s resident and streamed, beside the host-link ceiling (measured link GB/s over the streamed GB "
+             "per step).")] = 0.0) -> None:
     """Offline generation throughput and latency: ours, and with --vs hf HF generate; with --http as
     streaming HTTP clients see it, beside the engine's own figure; with --speculative-method plain vs
     speculative decoding; with --structured constrained vs unconstrained decoding."""
@@ -148,8 +152,11 @@ def serve(
         return
     from surogate.bench.serve import run
 
+    if cpu_offload_gb and (vs is not None or profile):
+        raise InvalidArgumentError("--cpu-offload-gb compares resident and streamed weights; it takes no --vs or "
+                                   "--profile", hint="leave out --vs / --profile")
     run(model, n=requests, prompt_len=prompt_len, output_len=output_len, dtype=dtype, vs=vs, device=device,
-        profile=profile, temperature=temperature)
+        profile=profile, temperature=temperature, cpu_offload_gb=cpu_offload_gb or None)
 
 
 @app.command()

@@ -191,3 +191,31 @@ def test_a_graph_whose_layers_read_each_others_weights_is_refused():
               StreamedLayer(2, (w[2].name,), 256)]
     with pytest.raises(UnsupportedError, match="--cpu-offload-gb: in interleaved layer 2's weights are read"):
         stream_weights(g, layers, "--cpu-offload-gb")
+
+
+def test_launch_streams_the_layers_it_is_asked_for_and_serves_the_same_tokens(path):
+    ps = prompts(surogate.load_model(path).spec.vocab_size, 4, seed=6)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    outs = []
+    for kw in ({}, {"offload_layers": 3}):
+        m = launch(str(path), kv_cache_tokens=1024, **kw)
+        try:
+            assert (m.offload is None) == (not kw)
+            ids = [m.client.submit(p, params) for p in ps]
+            outs.append([[t for o in m.client.wait(i, timeout=60) for t in o.new_token_ids] for i in ids])
+        finally:
+            m.client.close()
+    assert outs[0] == outs[1]
+    assert [x.index for x in m.offload.layers] == [0, 2, 4]
+
+
+def test_surogate_serve_refuses_a_negative_value_before_loading(path):
+    import os
+    import subprocess
+    import sys
+
+    # -P: the installed surogate (or PYTHONPATH's), as the other tests starting `surogate serve`
+    argv = [sys.executable, "-P", "-m", "surogate.cli.main", "serve", str(path), "--cpu-offload-gb", "-1"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=os.environ)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "error: --cpu-offload-gb -1.0 is not a number >= 0" in proc.stderr, proc.stderr
