@@ -16,10 +16,11 @@ import pytest
 
 import surogate
 from sgtest.engine import prompts
-from sgtest.tiny_models import make_embedding_gemma, make_llama, make_qwen3
+from sgtest.tiny_models import make_embedding_gemma, make_llama, make_model, make_qwen3, make_qwen3_vl
 from surogate.dsl import ops
 from surogate.dsl.graph import Graph
 from surogate.errors import InvalidArgumentError, UnsupportedError
+from surogate.models import REGISTRY
 from surogate.serve.engine_client import EngineClient
 from surogate.serve.launch import launch
 from surogate.serve.model_runner import ProgramRunner
@@ -72,6 +73,19 @@ def test_greedy_tokens_and_logprobs_equal_the_resident_run(path, n, fuse):
     got = run(model, ps, plan, fuse_qkv=fuse, logprobs=1, max_num_batched_tokens=24)
     assert got[0] == want[0]
     assert got[1] == want[1]  # the same floats: the same kernels on the same bytes
+
+
+@pytest.mark.parametrize("family", [f.name for f in REGISTRY] + ["qwen3_vl"])
+def test_every_family_streams_all_its_layers_with_the_same_answers(family, tmp_path):
+    """Each family's tiny model (dense, MoE, conv layers, shared KV, sinks, a vision model asked
+    text) with every decoder layer streamed: the resident run's tokens and logprobs."""
+    path = (make_qwen3_vl(tmp_path / family, seed=2) if family == "qwen3_vl" else
+            make_model(family, tmp_path / family, seed=3, initializer_range=0.2))
+    model = surogate.load_model(path)
+    ps = prompts(model.spec.vocab_size, 4, seed=1)
+    want = run(model, ps, logprobs=0)
+    model = surogate.load_model(path)
+    assert run(model, ps, WeightOffload.plan(model, offload_layers=model.spec.num_layers), logprobs=0) == want
 
 
 def test_the_prefix_cache_and_sleep_keep_the_answers(path):
