@@ -37,6 +37,7 @@ import numpy as np
 from surogate import _native
 from surogate.compile import fuse_serving
 from surogate.compile.offload import SLOTS, StreamedLayer, stream_weights
+from surogate.dsl.graph import Graph
 from surogate.dsl.nn import KVCache
 from surogate.errors import InvalidArgumentError, UnsupportedError
 from surogate.model import Model, _np_dtype
@@ -85,11 +86,16 @@ def spread(n: int, num_layers: int) -> list[int]:
     return [int((k + 0.5) * num_layers / n) for k in range(n)]
 
 
-def layer_params(model: Model, fuse_qkv: bool) -> dict[int, list[tuple[str, tuple[int, ...], str]]]:
-    """Each decoder layer's parameters as a serving Program reads them (name, shape, dtype), in the
-    order the graph first reads them; the LoRA slices of adapters are not the model's."""
+def serving_graph(model: Model, fuse_qkv: bool) -> Graph:
+    """A serving graph of the model as the runner builds it (its parameters do not depend on the
+    bucket)."""
     kv = KVCache(1, 16, fuse_qkv, num_state_slots=1, sample=True)
-    g = fuse_serving(model.arch.build(mode="serve", dtype=model.dtype, quant=model.quant, kv=kv))
+    return fuse_serving(model.arch.build(mode="serve", dtype=model.dtype, quant=model.quant, kv=kv))
+
+
+def layer_params(g: Graph) -> dict[int, list[tuple[str, tuple[int, ...], str]]]:
+    """Each decoder layer's parameters as the serving graph ``g`` reads them (name, shape, dtype),
+    in the order it first reads them; the LoRA slices of adapters are not the model's."""
     out: dict[int, list] = {}
     seen: set[str] = set()
     for n in g.nodes:
@@ -173,8 +179,8 @@ class WeightOffload:
             raise UnsupportedError(f"{flag}: the model keeps its q, k, v weights stacked for a trainer that updates "
                                    "them in place (Model.stack_qkv), and streamed layers are copied into host buffers "
                                    "once", hint=f"serve a model that is not being trained with {flag}")
-        fuse = model.device != "cpu" if fuse_qkv is None else fuse_qkv
-        params = layer_params(model, fuse)
+        g = serving_graph(model, model.device != "cpu" if fuse_qkv is None else fuse_qkv)
+        params = layer_params(g)
         L = model.spec.num_layers
         if not params or sorted(params) != list(range(L)):
             raise UnsupportedError(f"{flag}: the {model.spec.family} serving graph does not read its weights layer by "
@@ -190,9 +196,9 @@ class WeightOffload:
             want = float(cpu_offload_gb) * GiB
             if want > sum(sizes):
                 raise InvalidArgumentError(
-                    f"--cpu-offload-gb {cpu_offload_gb} is more than the {sum(sizes) / GiB:.3f} GiB of weights in the "
+                    f"--cpu-offload-gb {cpu_offload_gb} is more than the {size_str(sum(sizes))} of weights in the "
                     f"model's {L} decoder layers (the embeddings and the head stay on the device)",
-                    hint=f"at most {sum(sizes) / GiB:.3f}, or --offload-layers {L}")
+                    hint=f"at most {sum(sizes) / GiB:.4g} (every layer, as --offload-layers {L})")
             chosen = next(sel for sel in (spread(n, L) for n in range(1, L + 1)) if sum(sizes[i] for i in sel) >= want)
         layout = {}
         for i in chosen:
@@ -204,9 +210,7 @@ class WeightOffload:
             layout[i] = packed
         # The serving graph takes the copies (a family whose layers read each other's weights does
         # not), checked before the model's parameters move into the packs.
-        stream_weights(fuse_serving(model.arch.build(mode="serve", dtype=model.dtype, quant=model.quant,
-                                                     kv=KVCache(1, 16, fuse, num_state_slots=1, sample=True))),
-                       cls._streamed_layers(layout), flag)
+        stream_weights(g, cls._streamed_layers(layout), flag)
         return cls(model, layout, flag)
 
     def _pack(self) -> None:

@@ -163,7 +163,7 @@ def test_bad_values_are_refused_naming_the_flag(path, tmp_path):
     model = surogate.load_model(path)
     for kw, match in [({"cpu_offload_gb": -1.0}, "--cpu-offload-gb -1.0 is not a number >= 0"),
                       ({"cpu_offload_gb": float("nan")}, "--cpu-offload-gb nan"),
-                      ({"cpu_offload_gb": 1000.0}, r"--cpu-offload-gb 1000.0 is more than the .* GiB of weights in "
+                      ({"cpu_offload_gb": 1000.0}, r"--cpu-offload-gb 1000.0 is more than the .* MiB of weights in "
                                                    f"the model's {LAYERS} decoder layers"),
                       ({"offload_layers": -2}, "--offload-layers -2 is not a whole number"),
                       ({"offload_layers": LAYERS + 1}, f"--offload-layers {LAYERS + 1} is more than the model's "
