@@ -74,6 +74,10 @@ class ProgramRunner:
         s = model.spec
         self.vocab_size = s.vocab_size
         self.fuse_qkv = model.device != "cpu" if fuse_qkv is None else fuse_qkv
+        if offload is not None and offload.fuse_qkv != self.fuse_qkv:
+            raise InvalidArgumentError(f"the weight offload plan packs q, k, v {'fused' if offload.fuse_qkv else 'apart'}"
+                                       f", the runner serves them {'fused' if self.fuse_qkv else 'apart'}",
+                                       hint="plan it with the runner's fuse_qkv (WeightOffload.plan(fuse_qkv=...))")
         self.max_num_seqs = max_num_seqs
         self.caches: dict[str, object] = {}
         self.tables: dict[str, object] = {}  # constant inputs of the steps with request rows

@@ -134,9 +134,10 @@ class WeightOffload:
     """The streamed layers of one model and their packed host copies (shared by every runner
     over the model: the profile run's and the server's)."""
 
-    def __init__(self, model: Model, layout: dict[int, list[PackedParam]], flag: str):
+    def __init__(self, model: Model, layout: dict[int, list[PackedParam]], flag: str, fuse_qkv: bool):
         self.model = model
         self.flag = flag
+        self.fuse_qkv = fuse_qkv  # the runners' (the packs hold fused q, k, v stacks where it is on)
         self.layout = layout  # streamed layer index -> its packed parameters
         self.layers = self._streamed_layers(layout)
         self.slot_bytes = max(layer.nbytes for layer in self.layers)
@@ -179,7 +180,8 @@ class WeightOffload:
             raise UnsupportedError(f"{flag}: the model keeps its q, k, v weights stacked for a trainer that updates "
                                    "them in place (Model.stack_qkv), and streamed layers are copied into host buffers "
                                    "once", hint=f"serve a model that is not being trained with {flag}")
-        g = serving_graph(model, model.device != "cpu" if fuse_qkv is None else fuse_qkv)
+        fuse = model.device != "cpu" if fuse_qkv is None else fuse_qkv
+        g = serving_graph(model, fuse)
         params = layer_params(g)
         L = model.spec.num_layers
         if not params or sorted(params) != list(range(L)):
@@ -211,7 +213,7 @@ class WeightOffload:
         # The serving graph takes the copies (a family whose layers read each other's weights does
         # not), checked before the model's parameters move into the packs.
         stream_weights(g, cls._streamed_layers(layout), flag)
-        return cls(model, layout, flag)
+        return cls(model, layout, flag, fuse)
 
     def _pack(self) -> None:
         """Copy each streamed layer's weights into its host pack; the model's parameters become

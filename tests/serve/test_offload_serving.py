@@ -177,6 +177,8 @@ def test_bad_values_are_refused_naming_the_flag(path, tmp_path):
         launch(str(path), offload_layers=99)
     with pytest.raises(InvalidArgumentError, match="plan was made for another model"):
         ProgramRunner(surogate.load_model(path), 8, offload=WeightOffload.plan(model, offload_layers=1))
+    with pytest.raises(InvalidArgumentError, match="packs q, k, v fused, the runner serves them apart"):
+        ProgramRunner(model, 8, fuse_qkv=False, offload=WeightOffload.plan(model, offload_layers=1, fuse_qkv=True))
     trained = surogate.load_model(path)
     trained.stack_qkv()  # a trainer's live weights (GRPO's co-located engine): copied once, they would go stale
     with pytest.raises(UnsupportedError, match="--offload-layers: the model keeps its q, k, v weights stacked"):
