@@ -106,6 +106,14 @@ def serve(
     speculative decoding; with --structured constrained vs unconstrained decoding."""
     from surogate.errors import InvalidArgumentError
 
+    if cpu_offload_gb:
+        others = {"--structured": structured is not None, "--images": bool(images), "--http": http,
+                  "--url": url is not None, "--speculative-method": speculative_method is not None,
+                  "--vs": vs is not None, "--profile": profile}
+        given = [k for k, on in others.items() if on]
+        if given:
+            raise InvalidArgumentError(f"--cpu-offload-gb compares resident and streamed weights offline; it does not "
+                                       f"take {', '.join(given)}", hint=f"leave out {', '.join(given)}")
     if structured is None and (constraint is not None or tokenizer is not None):
         raise InvalidArgumentError(f"{'--constraint' if constraint is not None else '--tokenizer'} goes with "
                                    "--structured", hint="add --structured json_schema|json_object|regex|choice")
@@ -152,9 +160,6 @@ def serve(
         return
     from surogate.bench.serve import run
 
-    if cpu_offload_gb and (vs is not None or profile):
-        raise InvalidArgumentError("--cpu-offload-gb compares resident and streamed weights; it takes no --vs or "
-                                   "--profile", hint="leave out --vs / --profile")
     run(model, n=requests, prompt_len=prompt_len, output_len=output_len, dtype=dtype, vs=vs, device=device,
         profile=profile, temperature=temperature, cpu_offload_gb=cpu_offload_gb or None)
 
