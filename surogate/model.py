@@ -79,12 +79,19 @@ class Model:
         # stack_qkv: stacked name -> (its host array, [(part name, first row, rows)]); part -> stacked name
         self.stacks: dict[str, tuple[np.ndarray, list[tuple[str, int, int]]]] = {}
         self._stack_of: dict[str, str] = {}
+        # Weights served from host memory (surogate/serve/offload.py): no device copy is made.
+        self.host_only: set[str] = set()
 
     def device_param(self, name: str):
         """The device tensor mirroring params[name] (None on the CPU, where the array is the buffer)."""
         if self.device == "cpu":
             return None
         t = self._on_device.get(name)
+        if t is None and name in self.host_only:
+            raise UnsupportedError(f"{name} stays in host memory (the model serves with --cpu-offload-gb / "
+                                   f"--offload-layers): only the serving runner reads it, streamed to {self.device}",
+                                   hint="serve or run this model without weight offloading for this use "
+                                        "(embeddings, logits, training)")
         if t is None:
             from surogate import _native
 

@@ -333,6 +333,26 @@ PYBIND11_MODULE(_native, m) {
              return t.slice0(start, len);
            }, py::arg("start"), py::arg("len"),
            "Rows [start, start + len) of the first dimension: a view sharing this tensor's memory (and owner).")
+      .def("view", [](const Tensor& t, py::handle dtype, const std::vector<int64_t>& shape, int64_t offset) {
+             const DType dt = parse_dtype(dtype);
+             int64_t n = shape.size() <= kMaxDims ? 1 : -1;
+             for (int64_t d : shape) n = d < 0 || n < 0 ? -1 : n * d;
+             const int64_t bytes = n * static_cast<int64_t>(dtype_size(dt));
+             if (!t.is_contiguous() || offset < 0 || offset % static_cast<int64_t>(dtype_size(dt)) != 0 || n < 0 ||
+                 offset + bytes > static_cast<int64_t>(t.nbytes())) {
+               throw_status(SG_ERROR(StatusCode::kInvalidArgument,
+                                     str_cat("view(", dtype_name(dt), ", ", shape.size(), " dims, ", n,
+                                             " elements, offset ", offset, ") of ", t.describe(), " (", t.nbytes(),
+                                             " bytes)"),
+                                     "bytes [offset, offset + size) of a contiguous tensor, offset a multiple of "
+                                     "the new dtype's size"));
+             }
+             Tensor out = Tensor::view_of(static_cast<char*>(t.data) + offset, dt, shape, t.device, t.owner);
+             out.readonly = t.readonly;
+             return out;
+           }, py::arg("dtype"), py::arg("shape"), py::arg("offset") = 0,
+           "Bytes [offset, offset + size) of this contiguous tensor as another dtype and shape: a view sharing its "
+           "memory (and owner).")
       .def("reshape", [](const Tensor& t, const std::vector<int64_t>& shape) {
         Tensor out;
         check(t.reshape(shape, &out));
@@ -348,6 +368,24 @@ PYBIND11_MODULE(_native, m) {
           check(empty(shape, parse_dtype(dtype), parse_device(device), &t));
           return t;
         }, py::arg("shape"), py::arg("dtype") = "float32", py::arg("device") = "cpu");
+  m.def("host_empty", [](const std::vector<int64_t>& shape, py::handle dtype, bool pinned) {
+          const DType dt = parse_dtype(dtype);
+          bool ok = shape.size() <= kMaxDims;
+          for (int64_t d : shape) ok = ok && d >= 0;
+          if (!ok) {
+            throw_status(SG_ERROR(StatusCode::kInvalidArgument, "host_empty: a negative dimension or too many",
+                                  str_cat("at most ", kMaxDims, " dimensions, each >= 0")));
+          }
+          Tensor probe = Tensor::view_of(nullptr, dt, shape);
+          std::shared_ptr<void> mem;
+          {
+            py::gil_scoped_release nogil;
+            check(allocate_host(probe.nbytes(), pinned, &mem));
+          }
+          return Tensor::view_of(mem.get(), dt, shape, Device{}, mem);
+        }, py::arg("shape"), py::arg("dtype") = "uint8", py::arg("pinned") = false,
+        "Host memory of its own (not the allocator's cache), uninitialised; pinned: page-locked for copies to a GPU "
+        "(cudaHostAlloc; an error without the CUDA backend and a GPU).");
   m.def("zeros", [](const std::vector<int64_t>& shape, py::handle dtype, const std::string& device) {
           Tensor t;
           check(zeros(shape, parse_dtype(dtype), parse_device(device), &t));
@@ -424,11 +462,13 @@ PYBIND11_MODULE(_native, m) {
              check(p.add_buffer(name, shape, parse_dtype(dtype), arena_offset, &id));
              return id;
            }, py::arg("name"), py::arg("shape"), py::arg("dtype"), py::arg("arena_offset") = -1)
-      .def("external", [](Program& p, const std::string& name, const std::vector<int64_t>& shape, py::handle dtype) {
+      .def("external", [](Program& p, const std::string& name, const std::vector<int64_t>& shape, py::handle dtype,
+                          bool host) {
              int id;
-             check(p.add_external(name, shape, parse_dtype(dtype), &id));
+             check(p.add_external(name, shape, parse_dtype(dtype), &id, host));
              return id;
-           }, py::arg("name"), py::arg("shape"), py::arg("dtype"))
+           }, py::arg("name"), py::arg("shape"), py::arg("dtype"), py::arg("host") = false,
+           "host: bound to host memory on any device (what weight_fetch copies up from).")
       .def("view", [](Program& p, const std::string& name, int base, const std::vector<int64_t>& shape,
                       int64_t offset, const std::vector<int64_t>& strides) {
              int id;

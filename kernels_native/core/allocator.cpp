@@ -174,6 +174,24 @@ Status allocate(const Device& dev, size_t bytes, std::shared_ptr<void>* out) {
   return Status::OK();
 }
 
+Status allocate_host(size_t bytes, bool pinned, std::shared_ptr<void>* out) {
+  if (!pinned) {
+    void* p = nullptr;
+    SG_RETURN_IF_ERROR(cpu_raw_alloc(0, bytes, &p));
+    *out = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+    return Status::OK();
+  }
+  const DeviceHooks* h = device_hooks(DeviceType::kCUDA);
+  SG_CHECK(h != nullptr && h->host_alloc != nullptr, StatusCode::kUnsupported,
+           "pinned host memory needs the CUDA backend and a GPU",
+           "pinned memory is for copies to a GPU; on the CPU ask for plain host memory");
+  void* p = nullptr;
+  SG_RETURN_IF_ERROR(h->host_alloc(bytes ? bytes : 1, &p));
+  void (*release)(void*) = h->host_free;
+  *out = std::shared_ptr<void>(p, [release](void* q) { release(q); });
+  return Status::OK();
+}
+
 AllocatorStats allocator_stats(const Device& dev) { return cache_for(dev).stats(); }
 void reset_peak_stats(const Device& dev) { cache_for(dev).reset_peak(); }
 void empty_cache(const Device& dev) { cache_for(dev).empty_cache(); }

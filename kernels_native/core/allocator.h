@@ -30,6 +30,10 @@ struct DeviceHooks {
   Status (*graph_end)(int device_index, void** graph) = nullptr;
   Status (*graph_launch)(int device_index, void* graph) = nullptr;
   void (*graph_destroy)(int device_index, void* graph) = nullptr;
+  // Page-locked host memory (null: the backend has none): what allocate_host hands out when asked
+  // for memory this backend copies from at the link's full speed, and in a captured graph.
+  Status (*host_alloc)(size_t bytes, void** out) = nullptr;
+  void (*host_free)(void* p) = nullptr;
 };
 
 // Blocks freed while a graph is captured on this thread: the graph's replays still use them, so
@@ -68,6 +72,12 @@ AllocatorStats allocator_stats(const Device& dev);
 void reset_peak_stats(const Device& dev);
 // Return every cached (unused) block of `dev` to its backend.
 void empty_cache(const Device& dev);
+
+// Host memory of its own (not the cache: long-lived, e.g. weights kept on the host for serving).
+// `pinned`: page-locked through the CUDA backend (cudaHostAlloc), so that copies to a GPU run at
+// the host link's speed and can be captured in a CUDA graph; an error when no backend pins host
+// memory (a build without CUDA, or no GPU). Otherwise plain 64-byte aligned memory.
+Status allocate_host(size_t bytes, bool pinned, std::shared_ptr<void>* out);
 
 Status fill_zero(const Tensor& t);
 // Copy between two tensors of the same dtype and numel, both contiguous, any devices.

@@ -27,6 +27,7 @@ void register_cpu_moe_oai(OpRegistry& reg);
 void register_cpu_rope_table(OpRegistry& reg);
 void register_cpu_embedding_bag(OpRegistry& reg);
 void register_cpu_sample(OpRegistry& reg);
+void register_cpu_weight_stream(OpRegistry& reg);
 }  // namespace cpu
 
 void register_cpu_ops(OpRegistry& reg) {
@@ -53,6 +54,7 @@ void register_cpu_ops(OpRegistry& reg) {
   cpu::register_cpu_rope_table(reg);
   cpu::register_cpu_embedding_bag(reg);
   cpu::register_cpu_sample(reg);
+  cpu::register_cpu_weight_stream(reg);
 }
 
 }  // namespace surogate

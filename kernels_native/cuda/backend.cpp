@@ -121,6 +121,22 @@ void cuda_graph_destroy(int device, void* graph) {
   cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph));
 }
 
+// Page-locked and portable (every device's context may copy from it). Not write-combined: the host
+// reads these arrays too (a served model's weights kept on the host are its parameters' storage).
+Status cuda_host_alloc(size_t bytes, void** out) {
+  cudaError_t err = cudaHostAlloc(out, bytes, cudaHostAllocPortable);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return Status(StatusCode::kOutOfMemory,
+                  str_cat("cudaHostAlloc of ", bytes >> 20, " MiB of pinned host memory: ", cudaGetErrorString(err)),
+                  __FILE__, __LINE__,
+                  "free host memory, raise the locked-memory limit (ulimit -l), or keep fewer weights on the host");
+  }
+  return Status::OK();
+}
+
+void cuda_host_free(void* p) { cudaFreeHost(p); }
+
 }  // namespace
 
 cudaStream_t current_stream() { return tl_stream; }
@@ -159,7 +175,7 @@ std::string runtime_version() {
 void register_backend() {
   register_device_hooks(DeviceType::kCUDA, DeviceHooks{cuda_raw_alloc, cuda_raw_free, cuda_memset, cuda_copy, cuda_synchronize,
                                                           cuda_graph_begin, cuda_graph_end, cuda_graph_launch,
-                                                          cuda_graph_destroy});
+                                                          cuda_graph_destroy, cuda_host_alloc, cuda_host_free});
   OpRegistry& reg = OpRegistry::global();
   register_cuda_elementwise(reg);
   register_cuda_matmul(reg);
@@ -180,6 +196,7 @@ void register_backend() {
   register_cuda_rope_table(reg);
   register_cuda_embedding_bag(reg);
   register_cuda_sample(reg);
+  register_cuda_weight_stream(reg);
 }
 
 }  // namespace surogate::cuda

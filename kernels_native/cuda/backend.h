@@ -45,5 +45,6 @@ void register_cuda_moe_oai(OpRegistry& reg);   // GPT-OSS: swiglu_oai, the per-e
 void register_cuda_rope_table(OpRegistry& reg);  // rope_table_fwd / _bwd (RoPE by per-token cos / sin)
 void register_cuda_embedding_bag(OpRegistry& reg);  // embedding_bag_fwd (a weighted row gather)
 void register_cuda_sample(OpRegistry& reg);  // sample (serving: one token per logits row, on the device)
+void register_cuda_weight_stream(OpRegistry& reg);  // weight_fetch / weight_wait (serving with weights in host memory)
 
 }  // namespace surogate::cuda

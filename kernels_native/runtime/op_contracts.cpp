@@ -74,6 +74,10 @@ constexpr OpContract kContracts[] = {
     {"paged_attention", 6, 8, 2, 1,
      "(q[T,Hq,D], k_cache, v_cache, block_tables[S,max_blocks] i32, cu_q[S+1] i32, context_lens[S] i32, "
      "[sinks[Hq]], [kv_limit[T] i32]) -> (out[T,Hq,D], [lse[T,Hq] f32]); attrs: scale, window, softcap"},
+    {"weight_fetch", 1, 1, 1, -1,
+     "(src [n] in host memory) -> (dst [n] on the op's device, same bytes): one layer's packed weights copied up; "
+     "CUDA: on a copy stream, after the work queued so far, overlapping what follows until weight_wait(dst)"},
+    {"weight_wait", 1, 1, 0, -1, "(dst [n]) -> (): the work after it waits for the weight_fetch into dst"},
     {"gated_matmul", 2, 3, 1, -1,
      "(gu[M,2F] = [gate, up], W[N,F], [bias[N]]) -> (y[M,N] = act(gate) * up @ W^T + bias); attrs: act "
      "(silu | gelu_tanh)"},

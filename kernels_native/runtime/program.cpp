@@ -46,9 +46,11 @@ Status Program::add_buffer(const std::string& name, const std::vector<int64_t>& 
   return Status::OK();
 }
 
-Status Program::add_external(const std::string& name, const std::vector<int64_t>& shape, DType dtype, int* id) {
+Status Program::add_external(const std::string& name, const std::vector<int64_t>& shape, DType dtype, int* id,
+                             bool host) {
   SG_RETURN_IF_ERROR(check_shape(name, shape));
   Buffer b{name, shape, dtype, Kind::kExternal};
+  b.host = host;
   buffers_.push_back(std::move(b));
   *id = static_cast<int>(buffers_.size()) - 1;
   return Status::OK();
@@ -131,8 +133,13 @@ Status Program::bind(int id, const Tensor& t) {
   SG_CHECK_SHAPE(same, str_cat("bind '", b.name, "': expected shape ", Tensor::view_of(nullptr, b.dtype, b.shape).shape_str(),
                                ", got ", t.shape_str()));
   SG_CHECK_ARG(t.is_contiguous(), str_cat("bind '", b.name, "': tensor must be contiguous"));
-  SG_CHECK_ARG(t.device == device_, str_cat("bind '", b.name, "': tensor is on ", t.device.to_string(),
-                                            ", program runs on ", device_.to_string()));
+  if (b.host) {
+    SG_CHECK_ARG(t.device.is_cpu(), str_cat("bind '", b.name, "': the buffer lives in host memory, the tensor is on ",
+                                            t.device.to_string()));
+  } else {
+    SG_CHECK_ARG(t.device == device_, str_cat("bind '", b.name, "': tensor is on ", t.device.to_string(),
+                                              ", program runs on ", device_.to_string()));
+  }
   b.tensor = t;
   b.bound = true;
   dirty_ = true;
@@ -174,7 +181,7 @@ Status Program::resolve_views() {
       continue;
     }
     char* p = static_cast<char*>(base.tensor.data) + b.view_offset * static_cast<int64_t>(dtype_size(b.dtype));
-    b.tensor = Tensor::view_of(p, b.dtype, b.shape, device_, base.tensor.owner);
+    b.tensor = Tensor::view_of(p, b.dtype, b.shape, base.tensor.device, base.tensor.owner);  // a host buffer's: host
     for (size_t i = 0; i < b.view_strides.size(); ++i) b.tensor.strides[i] = b.view_strides[i];
     b.tensor.readonly = base.tensor.readonly;
     b.bound = true;

@@ -6,7 +6,9 @@
 // External buffers (weights, inputs, gradients the caller keeps) are bound to caller memory
 // with bind(). Views alias a range of another buffer under a new shape. Each instruction names
 // its op, input and output buffer ids (-1 for an absent optional input) and its attributes; the
-// op's kernel is resolved when the instruction is added, so running is a loop of calls.
+// op's kernel is resolved when the instruction is added, so running is a loop of calls. An
+// external buffer may be declared host-resident: a device program then binds it to host memory
+// (what weight_fetch copies up from; its kernels never read it otherwise).
 #pragma once
 
 #include <map>
@@ -34,7 +36,10 @@ class Program {
   // arena_offset < 0: a buffer of its own. Otherwise a byte offset inside the shared arena.
   Status add_buffer(const std::string& name, const std::vector<int64_t>& shape, DType dtype, int64_t arena_offset,
                     int* id);
-  Status add_external(const std::string& name, const std::vector<int64_t>& shape, DType dtype, int* id);
+  // host: bound to host memory though the program runs on a device (the packed weights a
+  // weight_fetch instruction copies up, serving with weights in host memory); on the CPU the same.
+  Status add_external(const std::string& name, const std::vector<int64_t>& shape, DType dtype, int* id,
+                      bool host = false);
   // A view of `base` starting `offset` elements in, with its own shape (and the base's dtype).
   // `strides` (in elements) default to contiguous; a 2-D view with a row stride wider than its
   // rows is how a column slice of a matrix is addressed (LoRA on a fused projection).
@@ -80,6 +85,7 @@ class Program {
     int base = -1;
     int64_t view_offset = 0;
     std::vector<int64_t> view_strides;  // empty: contiguous
+    bool host = false;  // external: bound to host memory (add_external)
     Tensor tensor;  // resolved memory (after prepare / bind)
     bool bound = false;
   };

@@ -27,6 +27,10 @@
 // A step whose sequences use several adapters (or the base model, -1) runs as one sub-step per
 // adapter, each through its adapter's Program; each sequence's KV writes and reads are its own,
 // so splitting changes no result.
+//
+// Decoder layers whose weights stay in host memory (--cpu-offload-gb, surogate/serve/offload.py)
+// need nothing here: each bucket's Program carries the copies as weight_fetch / weight_wait
+// instructions, bound by the compile callback to the host packs and the two staging buffers.
 #pragma once
 
 #include <cstdint>

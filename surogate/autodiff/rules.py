@@ -207,6 +207,8 @@ def _serving_only(c: RuleContext, n: Node, gy: list) -> list:
 RULES["qkv_rope_cache"] = _serving_only
 RULES["paged_attention"] = _serving_only
 RULES["short_conv_cache"] = _serving_only
+RULES["weight_fetch"] = _serving_only  # weights streamed from host memory (surogate/compile/offload.py)
+RULES["weight_wait"] = _serving_only
 
 
 @rule("sample")

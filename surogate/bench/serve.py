@@ -101,12 +101,14 @@ def warmup_prompts(vocab: int, n: int, length: int, seed: int = 0) -> list[list[
 
 
 def bench_ours(model, n: int, prompt_len: int, output_len: int, block_size: int = 16,
-               max_num_seqs: int | None = None, temperature: float = 0.0) -> ServeResult:
+               max_num_seqs: int | None = None, temperature: float = 0.0, offload=None,
+               name: str = "surogate") -> ServeResult:
     """``max_num_seqs`` None: all ``n`` run at once (else the rest wait, as behind a server).
-    ``temperature`` > 0: sampled requests (seeded; drawn on the device, as greedy ones are picked)."""
+    ``temperature`` > 0: sampled requests (seeded; drawn on the device, as greedy ones are picked).
+    ``offload``: the decoder layers whose weights stream from host memory (a WeightOffload)."""
     tokens = n * (prompt_len + output_len) + block_size * n
     num_blocks = -(-tokens // block_size)
-    runner = ProgramRunner(model, num_blocks=num_blocks, block_size=block_size)
+    runner = ProgramRunner(model, num_blocks=num_blocks, block_size=block_size, offload=offload)
     cfg = EngineConfig(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs or max(n, 1),
                        max_num_batched_tokens=max(2048, prompt_len), enable_prefix_caching=False, seed=0)
     params = SamplingParams(temperature=temperature, max_tokens=output_len, ignore_eos=True, detokenize=False,
@@ -144,7 +146,7 @@ def bench_ours(model, n: int, prompt_len: int, output_len: int, block_size: int 
                 f"({steps} steps)")
     pct = lambda xs, q: float(np.percentile(xs, q)) if xs else None  # noqa: E731
     decode = (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else 0.0
-    return ServeResult("surogate", total / elapsed, decode, pct(ttft, 50), pct(ttft, 99), pct(itl, 50), pct(itl, 99),
+    return ServeResult(name, total / elapsed, decode, pct(ttft, 50), pct(ttft, 99), pct(itl, 50), pct(itl, 99),
                        note, decode_rate)
 
 
@@ -210,6 +212,27 @@ def copy_bandwidth(device: str, nbytes: int = 1 << 30, repeats: int = 5) -> floa
         dst.copy_from(src)
     probe.to("cpu")
     return 2 * (nbytes // 2) * repeats / (time.perf_counter() - t0)
+
+
+def host_link_bandwidth(device: str, nbytes: int = 256 << 20, repeats: int = 5) -> float:
+    """Measured host -> device copy bandwidth in bytes/s, from pinned host memory (what the
+    streamed layers of --cpu-offload-gb cross every step: PCIe or NVLink-C2C on a GPU; on the CPU
+    a memcpy between host buffers)."""
+    from surogate import _native
+
+    src = _native.host_empty([nbytes], "uint8", pinned=device != "cpu")
+    src.numpy()[:] = 1
+    if device == "cpu":
+        dst = np.empty(nbytes, np.uint8)
+        copy = lambda: np.copyto(dst, src.numpy())  # noqa: E731
+    else:
+        dst = _native.empty([nbytes], "uint8", device)
+        copy = lambda: dst.copy_from(src)  # noqa: E731  (a synchronous cudaMemcpy from pinned memory)
+    copy()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        copy()
+    return nbytes * repeats / (time.perf_counter() - t0)
 
 
 def active_weight_bytes(model) -> float:
@@ -283,11 +306,15 @@ def step_profile(model, batches: tuple[int, ...], context: int, block_size: int 
 
 
 def run(shape: str, *, n: int, prompt_len: int, output_len: int, dtype: str, vs: str | None,
-        device: str, profile: bool = False, temperature: float = 0.0) -> list[ServeResult]:
+        device: str, profile: bool = False, temperature: float = 0.0,
+        cpu_offload_gb: float | None = None) -> list[ServeResult]:
     from surogate.model import resolve_device
 
     device = resolve_device(device)
     model = random_model(shape, dtype, device=device)
+    if cpu_offload_gb:
+        return run_offload(model, shape, cpu_offload_gb, n=n, prompt_len=prompt_len, output_len=output_len,
+                           temperature=temperature)
     if profile:
         print(step_profile(model, tuple(sorted({1, 8, 32, n})), prompt_len + output_len // 2))
     results = [bench_ours(model, n, prompt_len, output_len, temperature=temperature)]
@@ -313,6 +340,46 @@ def run(shape: str, *, n: int, prompt_len: int, output_len: int, dtype: str, vs:
           f"{100 * results[0].single_stream_tokens_per_s / ceiling:.1f}% of the memory-bandwidth roofline "
           f"({weights / 2**20:,.0f} MiB of weights per token at the measured copy bandwidth: {ceiling:,.0f} tok/s)")
     return results
+
+
+# ---- weights in host memory ----------------------------------------------------------------
+
+def run_offload(model, shape: str, cpu_offload_gb: float, *, n: int, prompt_len: int, output_len: int,
+                temperature: float = 0.0) -> list[ServeResult]:
+    """The same load with every weight resident and with ``cpu_offload_gb`` GiB of decoder layers
+    streamed from host memory (surogate/serve/offload.py), beside the host link's ceiling: each
+    step copies the streamed bytes once, so a step takes at least streamed bytes / link bandwidth
+    and every running sequence gets one token from it (single stream: link GB/s / streamed GB
+    tokens a second; n sequences decoding: n times that)."""
+    from surogate.serve.offload import WeightOffload, size_str
+
+    device = model.device
+    resident = bench_ours(model, n, prompt_len, output_len, temperature=temperature, name="resident")
+    model.release_device_memory()  # the streamed layers' device copies go; the resident ones come back
+    plan = WeightOffload.plan(model, cpu_offload_gb=cpu_offload_gb)
+    streamed = bench_ours(model, n, prompt_len, output_len, temperature=temperature, offload=plan,
+                          name=f"--cpu-offload-gb {cpu_offload_gb:g}")
+    link = host_link_bandwidth(device)
+    steps = link / plan.nbytes  # the most steps a second the link allows
+    how = f"sampled at temperature {temperature:g}" if temperature > 0 else "greedy"
+    print(f"\n{shape}, {model.dtype}, {n} requests x ({prompt_len} prompt + {output_len} output tokens), {how}, "
+          f"{device}")
+    what = "a memcpy between host buffers" if device == "cpu" else f"pinned host -> {device}"
+    print(f"streamed: {plan.describe()}; {size_str(plan.nbytes)} a step over the host link, measured "
+          f"{link / 1e9:.1f} GB/s ({what})")
+    print(f"{'':28} {'out tok/s':>10} {'1-stream tok/s':>15} {'decode tok/s':>13} {'TTFT p50 (s)':>13} "
+          f"{'ITL p50 (ms)':>13}")
+    for r in (resident, streamed):
+        print(f"{r.name:28} {r.output_tokens_per_s:10,.1f} {r.single_stream_tokens_per_s:15,.1f} "
+              f"{r.decode_tokens_per_s or 0:13,.1f} {r.ttft_p50 or 0:13.3f} {(r.itl_p50 or 0) * 1e3:13.1f}")
+    print(f"{'host-link ceiling':28} {'':10} {steps:15,.1f} {n * steps:13,.1f}   (link GB/s / streamed GB per "
+          f"step, x {n} sequences decoding)")
+    print(f"single stream with offload: {streamed.single_stream_tokens_per_s:,.1f} tok/s = "
+          f"{100 * streamed.single_stream_tokens_per_s / steps:.1f}% of the host-link ceiling ({steps:,.1f} tok/s); "
+          f"{streamed.single_stream_tokens_per_s / resident.single_stream_tokens_per_s:.2f}x the resident run")
+    if streamed.note:
+        print(streamed.note)
+    return [resident, streamed]
 
 
 # ---- speculative decoding ------------------------------------------------------------------

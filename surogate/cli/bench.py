@@ -99,12 +99,24 @@ def serve(
         show_default=False)] = None,
     tokenizer: Annotated[str | None, typer.Option(
         help="--structured: the model's tokenizer (tokenizer.json, HF folder or GGUF); default: SmolLM2's fit "
-             "to the shape's vocabulary.", show_default=False)] = None) -> None:
+             "to the shape's vocabulary.", show_default=False)] = None,
+    cpu_offload_gb: Annotated[float, typer.Option(
+        help="Also serve with this many GiB of decoder layers' weights in host memory (surogate serve's flag): "
+             "tok/s resident and streamed, beside the host-link ceiling (measured link GB/s over the streamed GB "
+             "per step).")] = 0.0) -> None:
     """Offline generation throughput and latency: ours, and with --vs hf HF generate; with --http as
     streaming HTTP clients see it, beside the engine's own figure; with --speculative-method plain vs
     speculative decoding; with --structured constrained vs unconstrained decoding."""
     from surogate.errors import InvalidArgumentError
 
+    if cpu_offload_gb:
+        others = {"--structured": structured is not None, "--images": bool(images), "--http": http,
+                  "--url": url is not None, "--speculative-method": speculative_method is not None,
+                  "--vs": vs is not None, "--profile": profile}
+        given = [k for k, on in others.items() if on]
+        if given:
+            raise InvalidArgumentError(f"--cpu-offload-gb compares resident and streamed weights offline; it does not "
+                                       f"take {', '.join(given)}", hint=f"leave out {', '.join(given)}")
     if structured is None and (constraint is not None or tokenizer is not None):
         raise InvalidArgumentError(f"{'--constraint' if constraint is not None else '--tokenizer'} goes with "
                                    "--structured", hint="add --structured json_schema|json_object|regex|choice")
@@ -152,7 +164,7 @@ def serve(
     from surogate.bench.serve import run
 
     run(model, n=requests, prompt_len=prompt_len, output_len=output_len, dtype=dtype, vs=vs, device=device,
-        profile=profile, temperature=temperature)
+        profile=profile, temperature=temperature, cpu_offload_gb=cpu_offload_gb or None)
 
 
 @app.command()

@@ -51,6 +51,14 @@ def serve(
     gpu_memory_utilization: Annotated[float, typer.Option(
         help="GPU: the fraction of its memory that other processes and ours (weights, KV caches, activations) "
              "may take together.")] = 0.9,
+    cpu_offload_gb: Annotated[float, typer.Option(
+        help="GiB of the (first) model's weights to keep in host memory (vLLM's flag): whole decoder layers, the "
+             "fewest that hold this much, spread over the depth, copied to the GPU every step (pinned memory, "
+             "overlapped with the other layers' work). Decode is then bound by the host link: about its GB/s over "
+             "the streamed GB steps a second. 0: none.")] = 0.0,
+    offload_layers: Annotated[int | None, typer.Option(
+        help="Instead of --cpu-offload-gb: how many decoder layers of the (first) model keep their weights in "
+             "host memory.", show_default=False)] = None,
     max_num_seqs: Annotated[int, typer.Option(help="Sequences running at once per model.")] = 128,
     shutdown_grace: Annotated[float, typer.Option(help="On SIGTERM / Ctrl-C: seconds requests in flight get to "
                                                        "finish before they are aborted.")] = 5.0,
@@ -123,11 +131,15 @@ def serve(
                    speculative_method=speculative_method, num_speculative_tokens=num_speculative_tokens,
                    prompt_lookup_min=prompt_lookup_min, prompt_lookup_max=prompt_lookup_max,
                    speculative_disable_by_batch_size=speculative_disable_by_batch_size,
-                   mmproj=mmproj if i == 0 else None, speculative_model=speculative_model)
+                   mmproj=mmproj if i == 0 else None, speculative_model=speculative_model,
+                   cpu_offload_gb=(cpu_offload_gb or None) if i == 0 else None,
+                   offload_layers=offload_layers if i == 0 else None)
         served.append(ServedModel(m.name, m.llm(), adapters=tuple(m.adapters), embedder=m.embedder(pooling),
                                   generates=m.generates))
         what = (f"KV cache {m.kv_cache_tokens:,} tokens" if m.generates else
                 "an encoder: /v1/embeddings only")
+        if m.offload is not None:
+            typer.echo(f"{m.name}: {m.offload.describe()}", err=True)
         typer.echo(f"serving {m.name} (max_model_len {m.max_model_len}, {what}) on http://{host}:{port}/v1",
                    err=True)
     run_server(served, GatewayConfig(api_keys=keys, max_queued_requests=max_queued_requests, **media), host=host,

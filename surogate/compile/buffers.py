@@ -1,7 +1,8 @@
 """Buffers of a compiled program, before they exist natively.
 
 Every graph value maps to a `Buf`: external (parameters, step inputs, gradient accumulators:
-memory the caller owns and binds), internal (activations and temporaries, placed in the arena
+memory the caller owns and binds; a value with ``meta["host"]`` is bound to host memory on any
+device), internal (activations and temporaries, placed in the arena
 by the planner) or a view of another buffer (reshapes, column slices of a fused projection).
 """
 
@@ -22,6 +23,7 @@ class Buf:
     offset: int = 0  # views: elements into the base
     strides: tuple[int, ...] | None = None  # views: None = contiguous
     pinned: bool = False  # internal: keep alive to the end (a result the caller reads)
+    host: bool = False  # external: bound to host memory on any device (weights a weight_fetch copies up)
     native_id: int = -1
     arena_offset: int = -1
 

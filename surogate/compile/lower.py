@@ -78,7 +78,8 @@ class _Lowering:
         b = self.by_value.get(v.name)
         if b is None:
             kind = "internal" if v.kind == "act" else "external"
-            b = self.new_buf(Buf(v.name, bind_shape(v.shape, self.dims), v.dtype, kind))
+            b = self.new_buf(Buf(v.name, bind_shape(v.shape, self.dims), v.dtype, kind,
+                                 host=kind == "external" and bool(v.meta.get("host"))))
             self.by_value[v.name] = b
         return b
 
@@ -370,7 +371,7 @@ def emit(p: _native.Program, bufs: list[Buf], instrs: list[Instr]) -> None:
     """Declare bufs (bases before their views) and add instrs to the native Program."""
     for b in bufs:
         if b.kind == "external":
-            b.native_id = p.external(b.name, list(b.shape), b.dtype)
+            b.native_id = p.external(b.name, list(b.shape), b.dtype, host=b.host)
         elif b.kind == "internal":
             if b.arena_offset < 0:  # touched by no instruction: give it memory of its own
                 b.native_id = p.buffer(b.name, list(b.shape), b.dtype)

@@ -472,6 +472,22 @@ def sample(logits: Value, params: Value, name: str = "sampled", rank: bool = Tru
     return tok, lp, rk
 
 
+def weight_fetch(src: Value, dst: Value) -> None:
+    """dst <- src: a layer's packed weights (uint8 [n], host memory) copied into a staging
+    buffer on the device (its parameters are bound inside it), on a copy stream that overlaps the
+    nodes after it until `weight_wait(dst)`. Serving with weights in host memory: placed by
+    surogate/compile/offload.py, never by model code; no derivative."""
+    _check(src.dtype == dst.dtype == "uint8" and src.shape == dst.shape and len(src.shape) == 1,
+           f"weight_fetch: src {src} and dst {dst} must be uint8 [n] of one size")
+    _check(bool(src.meta.get("host")), f"weight_fetch: src {src.name} must be a host buffer (meta host=True)")
+    _g(src).node("weight_fetch", [src], [dst])
+
+
+def weight_wait(dst: Value) -> None:
+    """The nodes after this one wait for the weight_fetch into dst."""
+    _g(dst).node("weight_wait", [dst], [])
+
+
 # ---- mixture of experts ---------------------------------------------------------------------
 # The fused_moe op set (kernels_native/runtime/op_checks_moe.h): route, permute the rows into
 # expert-contiguous order, one grouped GEMM per projection over all experts, un-permute with the

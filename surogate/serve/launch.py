@@ -21,6 +21,7 @@ from surogate.serve.engine_client import EngineClient
 from surogate.serve.llm import LLM
 from surogate.serve.model_runner import ProgramRunner
 from surogate.serve.multimodal import ImageEncoder
+from surogate.serve.offload import WeightOffload, check_flags as check_offload_flags
 from surogate.serve.types import EngineConfig
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,7 @@ class Launched:
     kv_cache_tokens: int
     runner: ProgramRunner | None
     adapters: dict[str, int] = field(default_factory=dict)  # served adapter name -> engine slot
+    offload: WeightOffload | None = None  # the decoder layers whose weights stream from host memory
 
     @property
     def generates(self) -> bool:
@@ -122,7 +124,8 @@ def launch(source: str, *, name: str | None = None, dtype: str = "float32", devi
            seed: int | None = None, max_loras: int | None = None, speculative_method: str | None = None,
            num_speculative_tokens: int | None = None, prompt_lookup_min: int | None = None,
            prompt_lookup_max: int | None = None, speculative_disable_by_batch_size: int | None = None,
-           mmproj: str | None = None, speculative_model: str | None = None) -> Launched:
+           mmproj: str | None = None, speculative_model: str | None = None, cpu_offload_gb: float | None = None,
+           offload_layers: int | None = None) -> Launched:
     """``kv_cache_tokens`` None: 16,384 on the CPU; on a GPU, what is left of
     ``gpu_memory_utilization`` of its memory once a profile run measured the weights, a step of
     the largest bucket and what other processes hold (``kv_share`` of it, when several models
@@ -131,7 +134,10 @@ def launch(source: str, *, name: str | None = None, dtype: str = "float32", devi
     ("ngram", or "draft" with ``speculative_model``: a smaller model of the same tokenizer, on the
     same device in the same dtype, with a KV cache of as many blocks as the target's) with
     ``num_speculative_tokens``: speculative decoding (EngineConfig's fields). ``mmproj``: a GGUF
-    model's vision tower, llama.cpp's mmproj file (--mmproj)."""
+    model's vision tower, llama.cpp's mmproj file (--mmproj). ``cpu_offload_gb`` (vLLM's
+    --cpu-offload-gb: at least that many GiB of weights, in whole decoder layers) or
+    ``offload_layers`` (that many layers): weights kept in host memory and streamed to the device
+    every step (surogate/serve/offload.py); the profile run then sees only the resident ones."""
     if speculative_method is not None and speculative_method not in SPECULATIVE_METHODS:
         raise InvalidArgumentError(f"--speculative-method {speculative_method!r} is not one of "
                                    f"{', '.join(SPECULATIVE_METHODS)}",
@@ -152,6 +158,7 @@ def launch(source: str, *, name: str | None = None, dtype: str = "float32", devi
                                    hint="raise --max-loras or serve fewer adapters")
     if not 0 < gpu_memory_utilization <= 1:
         raise InvalidArgumentError(f"--gpu-memory-utilization {gpu_memory_utilization} is not in (0, 1]")
+    check_offload_flags(cpu_offload_gb, offload_layers)  # (before the model loads)
     from surogate.model import resolve_device
 
     device = resolve_device(device)
@@ -164,6 +171,9 @@ def launch(source: str, *, name: str | None = None, dtype: str = "float32", devi
     model = load_model(source, device=device, dtype=dtype, quantized=quantized, mmproj=mmproj)
     if model.tokenizer is None:
         raise InvalidArgumentError(f"{source} has no tokenizer", hint="serve a folder with tokenizer.json")
+    offload = WeightOffload.plan(model, cpu_offload_gb=cpu_offload_gb, offload_layers=offload_layers)
+    if offload is not None:
+        log.info("%s: %s", source, offload.describe())
     if not model.spec.causal:  # an encoder (EmbeddingGemma): embeddings, no engine, no KV cache
         if loras:
             raise InvalidArgumentError(f"{source} is an encoder (bidirectional attention): it takes no --lora")
@@ -178,13 +188,14 @@ def launch(source: str, *, name: str | None = None, dtype: str = "float32", devi
         share = kv_share if draft is None else kv_share * kv_block_bytes(model) / (
             kv_block_bytes(model) + kv_block_bytes(draft))
         kv_cache_tokens = _auto_kv_tokens(model, gpu_memory_utilization, share, block_size, max_num_seqs,
-                                          max_num_batched_tokens, num_speculative_tokens or 0)
+                                          max_num_batched_tokens, num_speculative_tokens or 0, offload)
     num_blocks = kv_cache_tokens // block_size
     limit = int(model.config.get("max_position_embeddings") or num_blocks * block_size)
     limit = min(limit, num_blocks * block_size)
     if max_model_len is not None:
         limit = min(limit, max_model_len)
-    runner = ProgramRunner(model, num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs)
+    runner = ProgramRunner(model, num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
+                           offload=offload)
     draft_runner = None if draft is None else ProgramRunner(draft, num_blocks=num_blocks, block_size=block_size,
                                                             max_num_seqs=max_num_seqs)
     adapters = {}
@@ -202,7 +213,7 @@ def launch(source: str, *, name: str | None = None, dtype: str = "float32", devi
         prompt_lookup_max=prompt_lookup_max, speculative_disable_by_batch_size=speculative_disable_by_batch_size),
         adapters=adapters, max_loras=max_loras, draft=draft_runner)
     served_name = name or _default_name(source)
-    return Launched(served_name, model, client, limit, num_blocks * block_size, runner, adapters)
+    return Launched(served_name, model, client, limit, num_blocks * block_size, runner, adapters, offload)
 
 
 def load_draft(source: str, target: Model, *, dtype: str) -> Model:
@@ -235,14 +246,15 @@ def kv_block_bytes(model: Model) -> int:
 
 
 def _auto_kv_tokens(model: Model, fraction: float, share: float, block_size: int, max_num_seqs: int,
-                    max_num_batched_tokens: int, num_speculative_tokens: int = 0) -> int:
+                    max_num_batched_tokens: int, num_speculative_tokens: int = 0,
+                    offload: WeightOffload | None = None) -> int:
     if model.device == "cpu":
         return CPU_KV_TOKENS
     from surogate import _native
     from surogate.model import _np_dtype
 
     s = model.spec
-    p = profile_memory(model, block_size, max_num_seqs, max_num_batched_tokens, num_speculative_tokens)
+    p = profile_memory(model, block_size, max_num_seqs, max_num_batched_tokens, num_speculative_tokens, offload)
     layers = s.cache_layers()  # layers differ in K / V width (Gemma 4): counted at the widest
     return gpu_kv_tokens(p, fraction, share, num_arrays=2 * len(layers),
                          block_bytes=block_size * max(s.kv_heads_of(i) * s.head_dim_of(i) for i in layers)
@@ -273,14 +285,15 @@ def gpu_kv_tokens(p: MemoryProfile, fraction: float, share: float, *, num_arrays
           f"{need / GiB:.2f} GiB",
         hint=(f"raise --gpu-memory-utilization to {at_least:.2f} or more" if at_least <= 1 else
               "free the GPU of other processes, or use a GPU with more memory or a smaller model")
-        + ", lower --max-num-seqs, or set --kv-cache-tokens")
+        + ", lower --max-num-seqs, keep some weights in host memory (--cpu-offload-gb), or set --kv-cache-tokens")
 
 
 def profile_memory(model: Model, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
-                   num_speculative_tokens: int = 0) -> MemoryProfile:
+                   num_speculative_tokens: int = 0, offload: WeightOffload | None = None) -> MemoryProfile:
     """The profile run (as vLLM's): a runner with the smallest KV cache runs the largest steps
     (ProgramRunner.profile), then our allocator's peak and the driver's view of the GPU say what
-    a step needs and what others hold; the runner is dropped and its memory given back."""
+    a step needs and what others hold; the runner is dropped and its memory given back. With
+    ``offload`` its weights are the resident ones and its two staging buffers."""
     from surogate import _native
 
     dev = model.device
@@ -288,7 +301,7 @@ def profile_memory(model: Model, block_size: int, max_num_seqs: int, max_num_bat
     try:
         runner = ProgramRunner(model, ProgramRunner.profile_blocks(max_num_batched_tokens, max_num_seqs, block_size,
                                                                    num_speculative_tokens),
-                               block_size, max_num_seqs=max_num_seqs)
+                               block_size, max_num_seqs=max_num_seqs, offload=offload)
         kv = sum(_native.allocation_size(a.nbytes) for a in runner.caches.values())
         step = runner.profile(max_num_batched_tokens, max_num_seqs, num_speculative_tokens)
         stats, mem = _native.allocator_stats(dev), _native.device_memory(dev)
@@ -296,7 +309,8 @@ def profile_memory(model: Model, block_size: int, max_num_seqs: int, max_num_bat
         raise OutOfMemoryError(
             f"{dev} cannot hold the weights and a step of the largest bucket (--max-num-seqs {max_num_seqs}, "
             f"{max_num_batched_tokens} batched tokens) before any KV cache: {e.message}",
-            hint="free the GPU of other processes, lower --max-num-seqs, or use a GPU with more memory") from None
+            hint="free the GPU of other processes, lower --max-num-seqs, keep some weights in host memory "
+                 "(--cpu-offload-gb), or use a GPU with more memory") from None
     finally:
         if runner is not None:
             runner.close()

@@ -15,7 +15,9 @@ sequences use several adapters (or the base model, -1) runs as one sub-step per 
 through a Program with that adapter's LoRA slices bound. The engine keeps each adapter's
 prefix-cache chain apart (so the engine client never reuses a slot number for another adapter).
 
-Weights are bound to every Program without copies (on a GPU: the model's one device copy); the
+Weights are bound to every Program without copies (on a GPU: the model's one device copy), but
+those of the layers an ``offload`` plan keeps in host memory (surogate/serve/offload.py), which
+every Program copies into the runner's two staging buffers as it runs; the
 KV cache is one array per layer and per K / V (each layer's own shape; none for a layer that
 shares an earlier layer's K / V) (numpy on the CPU, a device tensor on a GPU),
 shared by all Programs. The padding tokens of a bucket write and read scratch blocks at the end
@@ -30,10 +32,12 @@ import numpy as np
 
 from surogate import _native
 from surogate.compile import Executable, fuse_serving
+from surogate.compile.offload import stream_weights
 from surogate.dsl.nn import KVCache, LoRAConfig
 from surogate.errors import InvalidArgumentError
 from surogate.model import Model, _np_dtype
 from surogate.models.peft import ROUTER
+from surogate.serve.offload import Staging, WeightOffload
 
 MAX_PAD = _native.serve.ProgramRunner.MAX_PAD  # padding tokens never exceed this
 
@@ -48,14 +52,21 @@ class ProgramRunner:
     what EngineClient hands the engine); ``run(step)`` runs one step outside an engine."""
 
     def __init__(self, model: Model, num_blocks: int, block_size: int = 16, fuse_qkv: bool | None = None,
-                 max_num_seqs: int = 128):
+                 max_num_seqs: int = 128, offload: WeightOffload | None = None):
         """``fuse_qkv``: serve each layer's q, k and v projections as one matmul over a fused copy
         of their weights, made here (default: on a GPU, where a decode step's small matmuls cost
         their launch more than their bytes). The copy is taken now: a runner whose model's
         weights change afterwards (training) must be made anew, unless the model keeps them
         stacked (``Model.stack_qkv``): then the runner binds the model's stack, no copy. ``max_num_seqs``: the engine's,
-        the number of per-sequence state slots a model with conv layers keeps."""
+        the number of per-sequence state slots a model with conv layers keeps. ``offload``: the
+        decoder layers whose weights stay in host memory and stream to the device every step
+        (surogate/serve/offload.py; planned for this model with the runner's ``fuse_qkv``)."""
+        if offload is not None and offload.model is not model:
+            raise InvalidArgumentError("the weight offload plan was made for another model",
+                                       hint="plan it with WeightOffload.plan(model, ...) for this runner's model")
         self.model = model
+        self.offload = offload
+        self.staging: Staging | None = None  # the streamed layers' device buffers (with offload)
         self.block_size = block_size
         self.num_blocks = num_blocks  # what the engine may hand out
         self.pad_blocks = self.pad_blocks_for(block_size)
@@ -63,6 +74,10 @@ class ProgramRunner:
         s = model.spec
         self.vocab_size = s.vocab_size
         self.fuse_qkv = model.device != "cpu" if fuse_qkv is None else fuse_qkv
+        if offload is not None and offload.fuse_qkv != self.fuse_qkv:
+            raise InvalidArgumentError(f"the weight offload plan packs q, k, v {'fused' if offload.fuse_qkv else 'apart'}"
+                                       f", the runner serves them {'fused' if self.fuse_qkv else 'apart'}",
+                                       hint="plan it with the runner's fuse_qkv (WeightOffload.plan(fuse_qkv=...))")
         self.max_num_seqs = max_num_seqs
         self.caches: dict[str, object] = {}
         self.tables: dict[str, object] = {}  # constant inputs of the steps with request rows
@@ -98,6 +113,8 @@ class ProgramRunner:
                 self.caches[f"layers.{i}.{kv}_cache"] = zeros(shape)
         if self.fuse_qkv:
             self._fuse_qkv()
+        if self.offload is not None:
+            self.staging = self.offload.staging()
         # Constant inputs of the steps with request rows (Qwen3-VL: MRoPE's cos / sin by position),
         # one copy for all their Programs.
         tables = m.arch.serve_tables(KVCache(self.total_blocks, self.block_size))
@@ -110,6 +127,7 @@ class ProgramRunner:
         self._programs.clear()
         self.caches.clear()
         self.fused.clear()
+        self.staging = None
         self.tables = {}
 
     def release(self) -> None:
@@ -141,6 +159,8 @@ class ProgramRunner:
             for kind in ("weight", "bias"):
                 parts = [f"layers.{i}.self_attn.{p}_proj.{kind}" for p in "qkv"]
                 name = f"layers.{i}.self_attn.qkv_proj.{kind}"
+                if self.offload is not None and name in self.offload.names:
+                    continue  # streamed: its rows are in the layer's host pack, never on the device
                 if name in m.stacks:  # the model keeps q, k, v as views of this stack: no copy
                     self.fused[name] = (m.stacks[name][0], None) if m.device == "cpu" else (None, m.device_param(name))
                     continue
@@ -239,10 +259,19 @@ class ProgramRunner:
         kv = KVCache(self.total_blocks, self.block_size, self.fuse_qkv, num_state_slots=self.max_num_seqs, embeds=E > 0,
                      sample=True)
         g = fuse_serving(m.arch.build(mode="serve", dtype=m.dtype, quant=m.quant, lora=lora, kv=kv))
+        streamed = []
+        if self.offload is not None:  # an adapter's own tensors (a router) are bound resident, below
+            streamed = self.offload.streamed(set(self.adapters[slot][1]) if slot >= 0 else set())
+            stream_weights(g, streamed, self.offload.flag)
+        on_host = {n for layer in streamed for n in layer.params}
         dims = {"N": T, "S": S, "S1": S + 1, "B": B, "R": R} | ({"E": E} if E else {})
         exe = Executable(g, dims, m.device,
                          keep=[g.outputs[k] for k in ("logits", "sampled", "sampled.logprob", "sampled.rank")])
+        if streamed:
+            self.staging.bind(exe, streamed)
         for name in exe.external_names("param"):
+            if name in on_host or name.startswith("offload."):
+                continue  # bound inside the staging buffers, above
             if name in self.fused:
                 host, dev = self.fused[name]
                 exe.bind(name, host if host is not None else dev)

@@ -26,6 +26,17 @@ def test_bench_serve_prints_both_rows(capsys):
     assert results[0].ttft_p50 is not None and results[0].output_tokens_per_s > 0
 
 
+def test_bench_serve_with_weights_in_host_memory_prints_the_link_ceiling(capsys):
+    from surogate.bench.serve import run
+
+    resident, streamed = run("tiny", n=2, prompt_len=8, output_len=3, dtype="float32", vs=None, device="cpu",
+                             cpu_offload_gb=0.001)
+    out = capsys.readouterr().out
+    assert "--cpu-offload-gb 0.001" in out and "host-link ceiling" in out and "GB/s" in out
+    assert "of the host-link ceiling" in out
+    assert resident.output_tokens_per_s > 0 and streamed.output_tokens_per_s > 0
+
+
 def test_bench_grpo_prints_both_modes_and_the_serving_engine(capsys):
     from surogate.bench.grpo import run
 
