@@ -45,13 +45,15 @@ def test_greedy_speculation_on_cuda_equals_plain(tiny):
 
 
 def test_a_draft_model_on_cuda_changes_no_greedy_output(tiny, tmp_path):
-    """speculative_method "draft" on the GPU: a one-layer random draft of the same family (its own
-    runner, KV cache on the target's blocks), eager, captured and replayed; then the target as its
-    own draft is accepted nearly always (its draft KV read through the target's block tables)."""
+    """speculative_method "draft" on the GPU: a random draft of the same family (other weights; its
+    own runner, KV cache on the target's blocks), eager, captured and replayed; then the target as
+    its own draft is accepted nearly always (its draft KV read through the target's block tables).
+    The draft keeps the tiny config's layer count: Gemma 4's and GPT-OSS's configs list per-layer
+    settings that transformers refuses for fewer layers."""
     if "conv" in tiny.spec.layer_kinds:
         pytest.skip("conv layers keep a recurrent state: speculation is refused (test_speculative_models.py)")
-    draft = surogate.load_model(make_model(tiny.family.name, tmp_path / "d", seed=5, initializer_range=0.2,
-                                           num_hidden_layers=1), device="cuda")
+    draft = surogate.load_model(make_model(tiny.family.name, tmp_path / "d", seed=5, initializer_range=0.2),
+                                device="cuda")
     ps = prompts(tiny.spec.vocab_size, 16, seed=6)
     with engine(tiny) as plain:
         want = generate(plain, ps, 12)
