@@ -8,8 +8,8 @@ with adapters in peft's layout (sgtest/projector_lora.py):
   projector matters);
 - the three in one batch over one image: each gets its own rows (the adapter with a projector its
   own encode and EmbedSpan keys; the one without shares the base's), also from the prefix cache;
-- the encoder's tower calls take one projector's images at a time; unloading the adapter drops
-  its projector and its cached rows;
+- the encoder's tower calls take one projector's images at a time; an adapter loaded at run time
+  serves after a sleep too, and unloading it drops its projector and its cached rows;
 - a projector that does not fit the base model (a shape, a tensor it lacks) is refused, naming the
   tensor, before anything is kept.
 """
@@ -195,6 +195,10 @@ def test_unloading_drops_the_projector_and_its_rows(case, served):
     assert slot in model.projectors
     assert answer(llm, messages, "again") == case.reference(case.adapter)(messages)
     assert any(k[0] == slot for k in enc._cache)
+    client.release()  # asleep and awake: the projector's device twins go and come back with the model's
+    client.restore()
+    again = user("Again", pic(41))
+    assert answer(llm, again, "again") == case.reference(case.adapter)(again)
     client.unload_adapter("again")
     assert slot not in model.projectors and not any(k[0] == slot for k in enc._cache)
     assert slot not in served.runner.adapters
