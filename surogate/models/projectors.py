@@ -33,6 +33,7 @@ class AdapterProjectors:
         self._host: dict[Hashable, dict[str, np.ndarray]] = {}
         self._device: dict[tuple[Hashable, str], object] = {}
         self._bound: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Executable -> the key it reads
+        self._names: list[str] | None = None
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self._host
@@ -42,11 +43,11 @@ class AdapterProjectors:
 
     def names(self) -> list[str]:
         """Our names of the model's projector parameters (none for a model without images)."""
-        v = self.model.spec.vision
-        if v is None:
-            return []
-        prefixes = tuple(m + "." for m in v.projector_modules)
-        return sorted(n for n in self.model.params if n.startswith(prefixes))
+        if self._names is None:
+            v = self.model.spec.vision
+            prefixes = tuple(m + "." for m in v.projector_modules) if v is not None else ()
+            self._names = sorted(n for n in self.model.params if prefixes and n.startswith(prefixes))
+        return self._names
 
     def add(self, key: Hashable, tensors: Mapping[str, np.ndarray], what: str = "the adapter") -> None:
         """Serve ``key`` with these projector tensors (HF names less ``model.``, HF's layout): each
@@ -62,9 +63,9 @@ class AdapterProjectors:
                                        hint="serve the adapter on the vision model it was trained on")
         quantized = [n for n in names if n in m.quant]
         if quantized:
-            raise UnsupportedError(f"this model's projector ({quantized[0]}) is kept as GGUF blocks: {what}'s projector "
-                                   "cannot replace it", hint="serve the model's Hugging Face folder, or the merged model "
-                                                             "(`surogate merge`)")
+            raise UnsupportedError(f"this model's projector ({quantized[0]}) is kept as GGUF blocks: {what}'s "
+                                   "projector cannot replace it",
+                                   hint="serve the model's Hugging Face folder, or the merged model (`surogate merge`)")
         table = m.family.name_table()
         aliases = m.family.checkpoint_aliases or (lambda hf: (hf,))
         given = {**{f"model.{k}": k for k in tensors}, **{k: k for k in tensors}}  # a checkpoint name -> the adapter's
@@ -82,15 +83,15 @@ class AdapterProjectors:
             want = tuple(m.params[name].shape)
             want_hf = want[::-1] if isinstance(r, Transposed) else want
             if a.shape != want_hf:
-                raise InvalidArgumentError(
-                    f"{what}'s projector tensor model.{found} has shape {list(a.shape)}, this model's is {list(want_hf)}",
-                    hint="the adapter was trained on another base model: serve it on its own")
+                raise InvalidArgumentError(f"{what}'s projector tensor model.{found} has shape {list(a.shape)}, "
+                                           f"this model's is {list(want_hf)}",
+                                           hint="the adapter was trained on another base model: serve it on its own")
             used.add(found)
             host[name] = np.ascontiguousarray((a.T if isinstance(r, Transposed) else a).astype(dt))
         unknown = sorted(set(tensors) - used)
         if unknown:
-            raise InvalidArgumentError(f"{what}'s projector tensor model.{unknown[0]} is none of this model's projector "
-                                       f"parameters ({len(names)}: {', '.join(names[:3])}, ...)",
+            raise InvalidArgumentError(f"{what}'s projector tensor model.{unknown[0]} is none of this model's "
+                                       f"projector parameters ({len(names)}: {', '.join(names[:3])}, ...)",
                                        hint="the adapter was trained on another base model (e.g. more DeepStack "
                                             "mergers): serve it on its own")
         self.remove(key)
