@@ -145,7 +145,7 @@ async def embedded(job) -> ApiError | None:
     if not job.prompt.images and not job.prompt.videos:
         return None
     try:
-        job.prompt = await asyncio.to_thread(job.model.llm.embed, job.prompt)
+        job.prompt = await asyncio.to_thread(job.model.llm.embed, job.prompt, job.adapter)
     except SurogateError as e:  # put to sleep since admitted: the engine refuses to encode (weights_held)
         return errors.model_asleep(job.model.name) if job.model.asleep else errors.from_exception(e)
     return None

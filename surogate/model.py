@@ -17,6 +17,7 @@ from surogate.compile import Executable
 from surogate.dsl.nn import LoRAConfig, ModelSpec
 from surogate.errors import FileFormatError, InvalidArgumentError, UnsupportedError
 from surogate.models import Family, family_for, family_for_gguf
+from surogate.models.projectors import AdapterProjectors
 
 DTYPES = ("float32", "bfloat16")
 AUX_SEED = "daux_loss"  # the training graph input that seeds a MoE model's aux_loss with its coefficient
@@ -81,6 +82,8 @@ class Model:
         self._stack_of: dict[str, str] = {}
         # Weights served from host memory (surogate/serve/offload.py): no device copy is made.
         self.host_only: set[str] = set()
+        # Served adapters' multimodal projectors (train_projector), by key; the tower's weights stay one copy.
+        self.projectors = AdapterProjectors(self)
 
     def device_param(self, name: str):
         """The device tensor mirroring params[name] (None on the CPU, where the array is the buffer)."""
@@ -144,16 +147,20 @@ class Model:
         server); the host arrays stay, and the next use uploads again."""
         self._on_device.clear()
         self._cache.clear()
+        self.projectors.release_device()
 
     # ---- compilation ------------------------------------------------------------------------
     def executable(self, mode: str, n_tokens: int, n_docs: int, lora: LoRAConfig | None = None,
                    grads: bool = False, recompute: bool = False, shared: bool = True,
-                   mlp_chunk: int = 0, temperature: float = 1.0, images: int = 0) -> Executable:
+                   mlp_chunk: int = 0, temperature: float = 1.0, images: int = 0,
+                   projector=None) -> Executable:
         """The compiled Program for this shape, bound to the model's weights; one per shape and
         setup (cached) unless ``shared`` is False: then a new one the caller may bind other
         weights to (DPO's frozen reference copy). ``temperature``: a train-mode loss over
         logits / temperature (GRPO). ``images`` (a model with ModelSpec.vision): the graph reads
-        that many images' rows (mode "vision": the tower and projector over that many images)."""
+        that many images' rows (mode "vision": the tower and projector over that many images).
+        ``projector`` (mode "vision"): the key of a served adapter's projector (``projectors``)
+        that the Program reads in place of the model's; None: the model's."""
         key = (mode, n_tokens, n_docs,
                None if lora is None else lora.key(), grads,
                recompute) + ((mlp_chunk,) if mlp_chunk else ()) + ((temperature,) if temperature != 1.0 else ()) \
@@ -185,6 +192,8 @@ class Model:
                     exe.bind(name, self.params[name], self.device_param(name))
             if shared:
                 self._cache[key] = exe
+        if mode == "vision":  # (a pointer swap, when the last call read another projector)
+            self.projectors.bind(exe, projector)
         return exe
 
     def _feed(self, exe: Executable, ids, pos, cu, lora_params: dict | None = None) -> None:
@@ -209,14 +218,16 @@ class Model:
         exe.run()
         return np.array(exe.read("logits"), dtype=np.float32)
 
-    def encode_images(self, pixel_values, grid_thw=None, *, hidden: bool = False, pooled: bool = False) -> np.ndarray:
+    def encode_images(self, pixel_values, grid_thw=None, *, hidden: bool = False, pooled: bool = False,
+                      projector=None) -> np.ndarray:
         """The rows that replace the image tokens' embeddings: [n * mm_tokens_per_image, hidden]
         float32 for pixel values [n, channels, S, S] (the projector's output, used as it is: no
         embedding scale). ``hidden``: the tower's last hidden state [n * patches, vision hidden]
         instead (HF's vision_tower(...).last_hidden_state); ``pooled``: it pooled to the image
         tokens [n * mm_tokens_per_image, vision hidden] (a trainable projector's input). Qwen3-VL: pixel rows with their
-        ``grid_thw``; returns (merged rows, DeepStack rows) (models/qwen3_vl.py encode_visual)."""
-        return self._vision_hooks().encode(self, pixel_values, grid_thw, hidden, pooled)
+        ``grid_thw``; returns (merged rows, DeepStack rows) (models/qwen3_vl.py encode_visual).
+        ``projector``: a served adapter's projector (its key in ``projectors``) after the model's tower."""
+        return self._vision_hooks().encode(self, pixel_values, grid_thw, hidden, pooled, projector)
 
     @property
     def np_dtype(self) -> np.dtype:

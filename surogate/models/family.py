@@ -135,7 +135,8 @@ class VisionHooks:
     """A vision family's part of `Model.encode_images` and of its image feed (`Model.forward`,
     `loss` and `loss_and_grads` with ``images=`` / ``videos=``).
 
-    ``encode(model, pixel_values, grid_thw, hidden, pooled)``: the tower's rows.
+    ``encode(model, pixel_values, grid_thw, hidden, pooled, projector)``: the tower's rows
+    (``projector``: a served adapter's projector, Model.projectors' key, or None: the model's).
     ``inputs(model, ids, pos, cu, images, videos)``: None for a prompt run as plain text (no
     images, no videos), else ``(images, ids, pos, feed)``: the ``images`` key of
     `Model.executable`, the token ids and positions to feed (pos None: the graph reads rope

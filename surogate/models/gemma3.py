@@ -499,10 +499,11 @@ TINY_VISION = {
 
 
 # ---- running the tower through a Model (Family.vision) -----------------------------------------
-def encode_visual(model, pixel_values, grid_thw, hidden: bool, pooled: bool):
+def encode_visual(model, pixel_values, grid_thw, hidden: bool, pooled: bool, projector=None):
     """`Model.encode_images` for Gemma 3: the SigLIP tower and projector over pixel values
     [n, channels, S, S]: the projected rows [n * mm_tokens_per_image, text hidden] (``pooled``: the
-    pooled tower rows before the projector; ``hidden``: the tower's last hidden state)."""
+    pooled tower rows before the projector; ``hidden``: the tower's last hidden state;
+    ``projector``: a served adapter's projector, Model.projectors' key)."""
     v = model.spec.vision
     if grid_thw is not None:
         raise InvalidArgumentError(f"{model.spec.family}: its images have a fixed size and no grid_thw",
@@ -513,7 +514,7 @@ def encode_visual(model, pixel_values, grid_thw, hidden: bool, pooled: bool):
         raise InvalidArgumentError(f"pixel_values has shape {px.shape}; this model takes [n, {want[0]}, "
                                    f"{want[1]}, {want[2]}]", hint="resize images with the model's image processor")
     n = px.shape[0]
-    exe = model.executable("vision", n * v.patches, n, images=n)
+    exe = model.executable("vision", n * v.patches, n, images=n, projector=projector)
     exe.bind("pixel_patches", patchify(px, v))  # f32: the graph rounds it to the model's dtype
     exe.bind("patch_positions", np.tile(np.arange(v.patches, dtype=np.int32), n))
     exe.bind("image_cu_seqlens", (np.arange(n + 1) * v.patches).astype(np.int32))

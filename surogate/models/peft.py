@@ -209,12 +209,12 @@ PROJECTOR_MODULES = ("multi_modal_projector.", "visual.merger.", "visual.deepsta
 PROJECTOR_PEFT_PREFIXES = tuple(PEFT_PREFIX + "model." + m for m in PROJECTOR_MODULES)
 
 
-def load_peft_adapter(path: str | Path, module_prefix: str = "model.",
-                      whole: bool = False) -> tuple[LoRAConfig, dict[str, np.ndarray]]:
-    """(its LoRAConfig, its tensors by our names). ``whole``: a projector saved whole beside the
-    adapter comes too, under its HF names less ``model.`` (``multi_modal_projector.mm_input_projection_weight``,
-    ``visual.merger.linear_fc1.weight``; HF's layout); without it such an adapter is refused
-    (serving does not apply one yet)."""
+def load_peft_adapter(path: str | Path, module_prefix: str = "model.") -> tuple[LoRAConfig, dict[str, np.ndarray]]:
+    """(its LoRAConfig, its tensors by our names). A projector saved whole beside the adapter
+    (train_projector) comes too, under its HF names less ``model.``
+    (``multi_modal_projector.mm_input_projection_weight``, ``visual.merger.linear_fc1.weight``; HF's
+    layout): merging writes them into the checkpoint, serving into Model.projectors
+    (models/projectors.py)."""
     path = Path(path)
     cfg_file = path / "adapter_config.json"
     if not cfg_file.is_file():
@@ -245,12 +245,6 @@ def load_peft_adapter(path: str | Path, module_prefix: str = "model.",
         module_prefix = LANGUAGE_MODEL_PREFIX  # an adapter of a multimodal model's language model
     projector = {k[len(PEFT_PREFIX + "model."):]: tensors.pop(k) for k in list(tensors)
                  if k.startswith(PROJECTOR_PEFT_PREFIXES)}
-    if projector and not whole:
-        from surogate.errors import UnsupportedError
-
-        raise UnsupportedError(f"{path}: the adapter holds a multimodal projector trained whole (train_projector), "
-                               "which only merging applies so far", hint="merge it (`surogate merge`, or the run's "
-                               "merged/ folder with merge_adapter: true) and use the merged model")
     params = from_peft_tensors(tensors, cfg, module_prefix)
     params.update(projector)
     return cfg, params

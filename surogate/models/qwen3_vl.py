@@ -210,13 +210,14 @@ def _visual(pixels, grid, what: str, v: VisionSpec):
 
 
 def encode_visual(model, pixels: np.ndarray, grid: np.ndarray, hidden: bool = False, padded: bool = True,
-                  pre_merger: bool = False):
+                  pre_merger: bool = False, projector=None):
     """The tower over the pixel rows of grids ``grid`` through the Model's executables (its weights):
     (merged rows [M, C], [DeepStack rows [M, C] per index]) f32, with ``hidden`` also the last
     hidden state; ``padded``: in the Program of `bucket`'s shape; ``pre_merger``: the rows the
-    mergers read instead (run_tower's)."""
+    mergers read instead (run_tower's); ``projector``: the mergers of a served adapter
+    (Model.projectors' key) in place of the model's."""
     def executable(patches: int, segments: int):
-        return model.executable("vision", patches, segments, images=(patches, segments))
+        return model.executable("vision", patches, segments, images=(patches, segments), projector=projector)
 
     return run_tower(executable, np.asarray(pixels, np.float32), grid, model.spec.vision.tower, hidden=hidden,
                      padded=padded, pre_merger=pre_merger)
@@ -323,13 +324,14 @@ def family_aliases(hf: str) -> tuple[str, ...]:
     return checkpoint_aliases(hf)
 
 
-def _encode_hook(model, pixel_values, grid_thw, hidden: bool, pooled: bool):
+def _encode_hook(model, pixel_values, grid_thw, hidden: bool, pooled: bool, projector=None):
     """`Model.encode_images` for Qwen3-VL (VisionHooks.encode): `encode_visual` over pixel rows
     with their grid_thw (no pooled form: its mergers are the tower's)."""
     if grid_thw is None:
         raise InvalidArgumentError(f"{model.spec.family}: encode_images needs the images' grid_thw",
                                    hint="pass the image processor's image_grid_thw")
-    return encode_visual(model, np.asarray(pixel_values, np.float32), np.asarray(grid_thw), hidden=hidden)
+    return encode_visual(model, np.asarray(pixel_values, np.float32), np.asarray(grid_thw), hidden=hidden,
+                         projector=projector)
 
 
 def _inputs_hook(model, ids, pos, cu, images, videos):

@@ -15,9 +15,11 @@ least recently used evicted first), and gives the model's memory back while it s
 
 Adapters at run time: each load takes a slot number never used before on this engine, so the
 prefix cache (whose hash chains are per slot) can never hand a new adapter the KV blocks of an
-old one. An unloaded adapter's name is gone at once (a new request naming it is a NotFoundError);
-its requests already submitted run to their end, and the runner drops its Programs and tensors
-once the last of them finished (the poller sees the finish after the step that produced it).
+old one, nor the image encoder (keyed by slot too) its image rows. An unloaded adapter's name is
+gone at once (a new request naming it is a NotFoundError); its requests already submitted run to
+their end, and the runner drops its Programs and tensors (and projector) once the last of them
+finished (the poller sees the finish after the step that produced it); then ``on_adapter_drop``'s
+callbacks run (the image encoder forgets the slot's rows).
 """
 
 from __future__ import annotations
@@ -163,6 +165,7 @@ class EngineClient:
         self._slot_users: collections.Counter[int] = collections.Counter()  # slot -> its requests not finished
         self._request_slot: dict[int, int] = {}  # request id -> its adapter slot (adapter requests only)
         self._retiring: set[int] = set()  # unloaded slots whose requests still run
+        self._drop_callbacks: list[Callable[[int], None]] = []  # on_adapter_drop's
         self._loading = threading.Lock()
         self._weights = threading.Condition()  # weights_held's users and release's wait for them
         self._weight_users = 0
@@ -401,6 +404,25 @@ class EngineClient:
         self._drop(drop)
         return evicted
 
+    def adapter_slot(self, adapter: str | int | None) -> int:
+        """The engine slot of a served adapter (a name, or a slot as it is); -1: the base model
+        (None). An unknown name is a NotFoundError."""
+        if adapter is None:
+            return -1
+        if not isinstance(adapter, str):
+            return int(adapter)
+        with self._lock:
+            slot = self.adapters.get(adapter)
+        if slot is None:
+            raise NotFoundError(f"no LoRA adapter named {adapter!r} on this engine",
+                                hint=f"served adapters: {sorted(self.adapters) or 'none'}")
+        return slot
+
+    def on_adapter_drop(self, callback: Callable[[int], None]) -> None:
+        """Call ``callback(slot)`` once an adapter's slot is dropped (unloaded or evicted, its last
+        request finished): what others keep for the slot (the image encoder's rows) goes too."""
+        self._drop_callbacks.append(callback)
+
     def adapter_names(self) -> list[str]:
         """The adapters served now, least recently used first (a snapshot: submits reorder them)."""
         with self._lock:
@@ -430,6 +452,8 @@ class EngineClient:
             self._slot_users.pop(slot, None)
             if hasattr(self.runner, "remove_adapter"):
                 self.runner.remove_adapter(slot)
+            for callback in self._drop_callbacks:
+                callback(slot)
 
     def _slot(self, adapter: str | int | None) -> int | None:
         """(Under the lock.) The slot of a served adapter; naming it makes it the most recently used."""

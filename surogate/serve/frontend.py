@@ -46,6 +46,7 @@ class Prompt(msgspec.Struct):
     images: list[Any] = []  # PIL images, one per image placeholder in the text, in order (serve.multimodal)
     embeds: list[Any] = []  # the images' (and videos') EmbedSpans, once encoded (LLM.embed); empty: not yet
     videos: list[Any] = []  # surogate.io.videos.Video, one per video placeholder in the text, in order
+    embeds_for: int = -1  # the adapter slot whose projector made ``embeds`` (-1: the model's own)
 
 
 class Limits(msgspec.Struct, frozen=True):

@@ -51,7 +51,8 @@ class Launched:
 
     @cached_property
     def images(self) -> ImageEncoder | None:
-        """The model's image path (its family's ImagePrompt around Model.encode_images); None: text only."""
+        """The model's image path (its family's ImagePrompt around Model.encode_images, the served
+        adapters' projectors by slot: Model.projectors); None: text only."""
         m = self.model
         if m.spec.vision is None or self.client is None:
             return None
@@ -64,7 +65,10 @@ class Launched:
         except ConfigError as e:  # e.g. a tokenizer without the image tokens: the model still serves text
             log.warning("%s: served for text only, without images: %s (%s)", self.name, e.message, e.hint)
             return None
-        return ImageEncoder(prompt, m.encode_images)
+        # Adapters that trained the projector: their images through it (the model's tower, their weights).
+        encoder = ImageEncoder(prompt, m.encode_images, has_projector=m.projectors.__contains__)
+        self.client.on_adapter_drop(encoder.forget_adapter)
+        return encoder
 
     def embedder(self, pooling: str = "last") -> Embedder:
         """Embeddings from this model's final hidden states (``last`` or ``mean`` pooling, normalised)."""

@@ -19,8 +19,10 @@ Images (a model with an ``ImageEncoder``, serve.multimodal): ``render`` expands 
 placeholder into the model's image tokens before tokenizing (the ids, and so every count of
 prompt tokens, are the HF processor's); ``embed`` encodes the images into the prompt's
 ``EmbedSpan``s (blocking: the gateway calls it in a worker thread), which ``submit`` does itself
-for a prompt not embedded yet. Videos (``render(..., videos=)``, a model whose family reads them)
-the same way.
+for a prompt not embedded yet (or embedded for another projector). Videos (``render(...,
+videos=)``, a model whose family reads them) the same way. A request of a LoRA adapter that
+trained the projector (train_projector) has its images encoded through that projector
+(``embed(prompt, adapter=)``; serve.multimodal keeps its rows apart from everyone else's).
 """
 
 from __future__ import annotations
@@ -128,9 +130,11 @@ class LLM:
                            videos=videos, video_placeholder=self.video_placeholder,
                            expand_videos=self.images.expand_videos if self.accepts_videos else None)
 
-    def embed(self, prompt: Prompt) -> Prompt:
-        """``prompt`` with its images' EmbedSpans (encoded, or from the encoder's cache); blocking.
-        A prompt without images is checked to hold no image tokens and returned as it is."""
+    def embed(self, prompt: Prompt, adapter: str | int | None = None) -> Prompt:
+        """``prompt`` with its images' EmbedSpans (encoded, or from the encoder's cache) for the
+        base model or ``adapter`` (a served adapter's name or slot: its projector, when it trained
+        one); blocking. A prompt without images is checked to hold no image tokens and returned as
+        it is."""
         if self.images is None:
             if prompt.images or prompt.videos:
                 raise InvalidArgumentError(f"this prompt holds {'images' if prompt.images else 'videos'}, and this "
@@ -146,11 +150,13 @@ class LLM:
                                    "but no image",
                                    hint="send the image as an image part; do not write the image token in the text")
             return prompt
-        if prompt.embeds:
+        slot = self.client.adapter_slot(adapter) if adapter is not None and self.client is not None else -1
+        projector = self.images.projector_for(slot)
+        if prompt.embeds and prompt.embeds_for == projector:
             return prompt
         with self.weights_held():  # the weights stay while the tower runs: a sleep waits for it
-            spans = self.images.spans(prompt.token_ids, prompt.images, prompt.videos)
-        return msgspec.structs.replace(prompt, embeds=spans)
+            spans = self.images.spans(prompt.token_ids, prompt.images, prompt.videos, adapter=projector)
+        return msgspec.structs.replace(prompt, embeds=spans, embeds_for=projector)
 
     def weights_held(self) -> contextlib.AbstractContextManager:
         """The engine's ``EngineClient.weights_held``: inside it a sleep (``release``) waits and
@@ -191,7 +197,7 @@ class LLM:
             raise InvalidArgumentError("embeds given for prompts whose images give their own",
                                        hint="pass images in the prompt, or embeds, not both")
         if not spans:  # the prompts' own images (encoded here unless LLM.embed did it before)
-            items = [self.embed(p) for p in items]
+            items = [self.embed(p, adapter) for p in items]
             spans = [p.embeds for p in items]
         requests, processors = [], []
         for prompt, p, prompt_embeds in zip(items, per_prompt, spans):

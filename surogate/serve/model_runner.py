@@ -36,7 +36,7 @@ from surogate.compile.offload import stream_weights
 from surogate.dsl.nn import KVCache, LoRAConfig
 from surogate.errors import InvalidArgumentError
 from surogate.model import Model, _np_dtype
-from surogate.models.peft import ROUTER
+from surogate.models.peft import PROJECTOR_MODULES, ROUTER
 from surogate.serve.offload import Staging, WeightOffload
 
 MAX_PAD = _native.serve.ProgramRunner.MAX_PAD  # padding tokens never exceed this
@@ -174,9 +174,13 @@ class ProgramRunner:
 
     def add_adapter(self, slot: int, cfg: LoRAConfig, params: dict[str, np.ndarray]) -> None:
         """Serve requests submitted with adapter ``slot`` through these LoRA weights (our parameter
-        names, as surogate.models.peft.load_peft_adapter returns them)."""
+        names, as surogate.models.peft.load_peft_adapter returns them). A multimodal projector
+        trained beside them (train_projector) goes to the model's tower calls under the slot's key
+        (Model.projectors: the encoder runs the slot's images through it)."""
         if slot < 0:
             raise InvalidArgumentError(f"adapter slot {slot} is negative (-1 is the base model)")
+        params = dict(params)
+        projector = {n: params.pop(n) for n in list(params) if n.startswith(PROJECTOR_MODULES)}
         g = self.model.arch.build(mode="logits", dtype=self.model.dtype, lora=cfg, quant=self.model.quant)
         # LoRA tensors, and a router trained beside them (train_router; peft's modules_to_save),
         # which this adapter's programs read instead of the base model's.
@@ -196,6 +200,7 @@ class ProgramRunner:
                                            f"the model needs {tuple(shape)}",
                                            hint="the adapter was trained on another base model")
             host[name] = np.ascontiguousarray(params[name].astype(dt))
+        self.model.projectors.add(slot, projector, what=f"adapter {slot}")  # checked, before anything is kept
         dev = {} if self.model.device == "cpu" else {
             n: _native.tensor(a).to(self.model.device) for n, a in host.items()}
         self._register(slot, cfg, host, dev)
@@ -230,10 +235,11 @@ class ProgramRunner:
         self.adapters[slot] = (cfg, host, dev)
 
     def remove_adapter(self, slot: int) -> None:
-        """Forget adapter ``slot``: its Programs and LoRA tensors (host and device). No step of it
-        may run any more (the engine client calls this once its last request finished)."""
+        """Forget adapter ``slot``: its Programs, LoRA tensors (host and device) and projector. No
+        step of it may run any more (the engine client calls this once its last request finished)."""
         if slot not in self.adapters:
             raise InvalidArgumentError(f"no adapter in slot {slot}")
+        self.model.projectors.remove(slot)
         self.native.forget(slot)
         self._programs = {k: v for k, v in self._programs.items() if k[4] != slot}
         del self.adapters[slot]

@@ -25,6 +25,14 @@ call's error, to every request of that batch), then the next waiter with work st
 So 32 requests arriving together cost a few batched tower calls, not 32 serial ones, and an image
 two requests share is encoded once. Waiting is on a condition (no polling).
 
+LoRA adapters that trained the projector (train_projector; Model.projectors, by engine slot):
+a request of such an adapter gets its images' rows from the base tower and the adapter's
+projector (``adapter=`` the slot). Its rows are cached and shared under (slot, image) and its
+EmbedSpans keyed by both (``span_key``), so neither the cache nor the prefix cache ever hands
+them to the base model or another adapter; a tower call takes the images of one projector only
+(the queue's first and those of the same projector after it); ``forget_adapter`` drops a slot's
+rows once it is unloaded. Requests of adapters without a projector share the base model's rows.
+
 Videos (a family whose ImagePrompt has ``video``: Qwen3-VL) ride the same path: ``{"type":
 "video"}`` parts, one ``surogate.io.videos.Video`` (sampled frames) each beside the messages, the
 template's video placeholder checked (``check_rendered_videos``) and expanded (``expand_videos``),
@@ -34,6 +42,7 @@ keyed by ``Video.key``), its spans placed by the family's ``spans``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
 from collections import OrderedDict
@@ -100,6 +109,7 @@ def check_rendered_images(text: str, num_parts: int, num_images: int, image_plac
                            hint=f"remove {image_placeholder!r} from the messages' text")
 
 
+BASE = -1  # the projector of the model itself (an adapter slot is >= 0)
 ENCODER_CACHE_IMAGES = 64  # the images whose rows an ImageEncoder keeps (Gemma 3 4B: 256 x 2560 f32 = 2.6 MB each)
 ENCODE_BATCH = 16  # views per tower call at most (Gemma 3 4B: 16 x 4096 patches; Programs of 1, 2, 4, 8 and 16 views)
 ENCODE_IMAGES = 32  # images one leader encodes at most (from all waiting requests), in one encode_batch
@@ -110,10 +120,11 @@ class _Job:
     """One image waiting for its rows: made by the first request that misses it; ``batch`` holds
     its processor output once queued; ``rows`` or ``error`` is set once, then ``done``."""
 
-    __slots__ = ("key", "batch", "size", "rows", "error", "done")
+    __slots__ = ("key", "projector", "batch", "size", "rows", "error", "done")
 
-    def __init__(self, key: bytes):
-        self.key = key
+    def __init__(self, key: tuple[int, bytes]):
+        self.key = key  # (the projector's slot or BASE, the image's hash)
+        self.projector = key[0]
         self.batch = None
         self.size = 1  # its pixel rows (batch_rows counts them)
         self.rows: np.ndarray | None = None
@@ -126,19 +137,23 @@ class ImageEncoder:
     ``encode(pixel_values) -> rows`` its ``Model.encode_images``. ``encodes`` counts the images
     encoded, ``hits`` those a request got without an encode of its own (from the cache, or from
     another request's encode in flight), ``calls`` the batches encoded (one ``encode_batch`` each).
-    ``batch_images`` / ``batch_rows``: the caps of one batch (images; the processor's pixel rows)."""
+    ``batch_images`` / ``batch_rows``: the caps of one batch (images; the processor's pixel rows).
+    ``has_projector(slot)``: whether adapter ``slot`` has a projector of its own, which ``encode``
+    then takes as ``projector=slot`` (Model.projectors; default: none has)."""
 
-    def __init__(self, prompt, encode: Callable[[np.ndarray], np.ndarray], *, cache_images: int = ENCODER_CACHE_IMAGES,
-                 batch_images: int = ENCODE_IMAGES, batch_rows: int = ENCODE_ROWS):
+    def __init__(self, prompt, encode: Callable[..., np.ndarray], *, cache_images: int = ENCODER_CACHE_IMAGES,
+                 batch_images: int = ENCODE_IMAGES, batch_rows: int = ENCODE_ROWS,
+                 has_projector: Callable[[int], bool] | None = None):
         self.prompt = prompt
         self._encode = encode
-        self._cache: OrderedDict[bytes, np.ndarray] = OrderedDict()
+        self._has_projector = has_projector or (lambda slot: False)
+        self._cache: OrderedDict[tuple[int, bytes], np.ndarray] = OrderedDict()
         self._cache_images = cache_images
         self._batch_images = batch_images
         self._batch_rows = batch_rows
         self._lock = threading.Lock()  # the tower: one Executable is never run by two threads at once
         self._cond = threading.Condition()  # guards the cache, the jobs, the queue and the counters
-        self._jobs: dict[bytes, _Job] = {}  # the images being prepared, queued or encoded
+        self._jobs: dict[tuple[int, bytes], _Job] = {}  # the images being prepared, queued or encoded
         self._queue: list[_Job] = []  # processed, waiting for a leader
         self._leading = False  # a thread is encoding a batch now
         self.encodes = 0
@@ -162,16 +177,25 @@ class ImageEncoder:
         """``text`` with its i-th video placeholder replaced by video i's text (VideoPrompt.text_of)."""
         return replace_placeholders(text, self.video_placeholder, videos, self.prompt.video.text_of, "video")
 
-    def spans(self, token_ids: Sequence[int], images: Sequence, videos: Sequence = ()) -> list:
+    def projector_for(self, adapter: int | None) -> int:
+        """The projector adapter slot ``adapter``'s images go through: its own, or BASE (the
+        base model's request, or an adapter that did not train the projector)."""
+        return adapter if adapter is not None and adapter >= 0 and self._has_projector(adapter) else BASE
+
+    def spans(self, token_ids: Sequence[int], images: Sequence, videos: Sequence = (), adapter: int | None = None
+              ) -> list:
         """One EmbedSpan per view (an image, then its crops) at its run of image tokens, in order;
         a family with videos places theirs too (Qwen3-VL: one per temporal patch). Images and
-        videos are encoded in the same tower calls, each keyed by its hash."""
+        videos are encoded in the same tower calls, each keyed by its hash (and by the projector of
+        ``adapter``, an engine slot, when it has one: ``projector_for``)."""
         from surogate.serve.types import EmbedSpan
 
         if videos and (self.prompt.video is None or self.prompt.spans is None):
             raise InvalidArgumentError("this model's prompts take no videos", hint="send images or text only")
-        keys = [media_key(item) for item in [*images, *videos]]
-        rows = self.rows([*images, *videos], keys)
+        projector = self.projector_for(adapter)
+        media = [media_key(item) for item in [*images, *videos]]
+        rows = self.rows([*images, *videos], media, adapter=projector)
+        keys = [span_key(k, projector) for k in media]
         if self.prompt.spans is not None:  # the family places them (Qwen3-VL: MRoPE positions in the rows)
             if videos:
                 n = len(images)
@@ -191,17 +215,20 @@ class ImageEncoder:
         return [EmbedSpan(start, np.ascontiguousarray(r, dtype=np.float32), key, self.prompt.bidirectional)
                 for (start, _), (key, r) in zip(runs, views)]
 
-    def rows(self, images: Sequence, keys: Sequence[bytes] | None = None) -> list[np.ndarray]:
+    def rows(self, images: Sequence, keys: Sequence[bytes] | None = None, adapter: int | None = None
+             ) -> list[np.ndarray]:
         """Each image's rows (its views': the image's, then its crops'), [views * tokens_per_view, hidden];
         blocking. The images neither cached nor in flight are processed in this thread and queued;
         then whichever waiting thread finds the tower free leads: it encodes the queue (every waiting
         request's images, up to the batch caps) in one ``encode_batch`` and hands each its rows, while
         the others wait for theirs (a group commit: concurrent requests share tower calls). An encode
         that raises fails every request with an image in that batch, with its error. A video
-        (surogate.io.videos.Video) is one item like an image: its frames' rows, keyed by its hash."""
-        keys = list(keys) if keys is not None else [media_key(img) for img in images]
-        out: dict[bytes, np.ndarray] = {}
-        waiting: dict[bytes, _Job] = {}
+        (surogate.io.videos.Video) is one item like an image: its frames' rows, keyed by its hash.
+        ``adapter``: an engine slot; its projector's rows when it has one (``projector_for``)."""
+        projector = self.projector_for(adapter)
+        keys = [(projector, k) for k in (keys if keys is not None else [media_key(img) for img in images])]
+        out: dict[tuple[int, bytes], np.ndarray] = {}
+        waiting: dict[tuple[int, bytes], _Job] = {}
         mine: list[tuple[_Job, object]] = []  # the jobs this request made, to process and queue
         with self._cond:
             for key, image in zip(keys, images):
@@ -251,7 +278,7 @@ class ImageEncoder:
                 self._cond.release()
                 try:
                     with self._lock:
-                        rows = self._encode_processed([j.batch for j in batch])
+                        rows = self._encode_processed([j.batch for j in batch], batch[0].projector)
                     if len(rows) != len(batch):  # a family's encode hook out of step: fail, never hang
                         raise RuntimeError(f"the image encoder gave rows for {len(rows)} of {len(batch)} images")
                     error = None
@@ -266,13 +293,18 @@ class ImageEncoder:
             return job.rows
 
     def _take(self) -> list[_Job]:
-        """The queue's first images, up to the caps (at least one)."""
-        n, size = 0, 0
+        """The queue's first image and those after it of the same projector, up to the caps (at
+        least one); the others keep their places."""
+        projector = self._queue[0].projector
+        batch, rest, size = [], [], 0
         for job in self._queue:
-            if n and (n == self._batch_images or size + job.size > self._batch_rows):
-                break
-            n, size = n + 1, size + job.size
-        batch, self._queue = self._queue[:n], self._queue[n:]
+            if job.projector != projector or (batch and (len(batch) == self._batch_images
+                                                         or size + job.size > self._batch_rows)):
+                rest.append(job)
+                continue
+            batch.append(job)
+            size += job.size
+        self._queue = rest
         return batch
 
     def _finish(self, jobs: list[_Job], rows=None, error: BaseException | None = None) -> None:
@@ -283,7 +315,8 @@ class ImageEncoder:
             if error is None:
                 job.rows = rows[i]
                 self.encodes += 1
-                self._cache[job.key] = job.rows
+                if job.projector == BASE or self._has_projector(job.projector):  # (not unloaded meanwhile)
+                    self._cache[job.key] = job.rows
             else:
                 job.error = error
             job.done = True
@@ -292,20 +325,28 @@ class ImageEncoder:
             self._cache.popitem(last=False)
         self._cond.notify_all()
 
-    def encode_batch(self, images: Sequence) -> list[np.ndarray]:
+    def forget_adapter(self, slot: int) -> None:
+        """Drop the rows of adapter ``slot``'s projector (it was unloaded: EngineClient.on_adapter_drop)."""
+        with self._cond:
+            for key in [k for k in self._cache if k[0] == slot]:
+                del self._cache[key]
+
+    def encode_batch(self, images: Sequence, adapter: int | None = None) -> list[np.ndarray]:
         """The rows of each of ``images``, from one tower call over all of them (the family's
         ``ImagePrompt.encode``; by default: the views' pixel values stacked, in calls of at most
         ENCODE_BATCH views, each zero-padded to a power of two views so that the compiled Programs
         are those of 1, 2, 4, .. ENCODE_BATCH views). Each image is processed on its own (a
-        processor may refuse to stack images of different sizes)."""
+        processor may refuse to stack images of different sizes). ``adapter``: as in ``rows``."""
         batches = [self.prompt.processor([image]) for image in images]
         with self._lock:
-            return self._encode_processed(batches)
+            return self._encode_processed(batches, self.projector_for(adapter))
 
-    def _encode_processed(self, batches: list) -> list[np.ndarray]:
-        """encode_batch over the processor's outputs, one per image (the tower lock held)."""
+    def _encode_processed(self, batches: list, projector: int = -1) -> list[np.ndarray]:
+        """encode_batch over the processor's outputs, one per image (the tower lock held), through
+        adapter slot ``projector``'s projector (BASE: the model's)."""
+        encode = self._encode if projector == BASE else functools.partial(self._encode, projector=projector)
         if self.prompt.encode is not None:
-            return [np.asarray(r, dtype=np.float32) for r in self.prompt.encode(self._encode, batches)]
+            return [np.asarray(r, dtype=np.float32) for r in self.prompt.encode(encode, batches)]
         views = [len(b.pixel_values) for b in batches]
         px = np.concatenate([b.pixel_values for b in batches])
         parts = []
@@ -315,7 +356,7 @@ class ImageEncoder:
             size = 1 << (k - 1).bit_length()
             if size > k:  # zero images: each image attends within itself, so they change no real one's rows
                 chunk = np.concatenate([chunk, np.zeros((size - k, *chunk.shape[1:]), chunk.dtype)])
-            rows = np.asarray(self._encode(chunk), dtype=np.float32)
+            rows = np.asarray(encode(chunk), dtype=np.float32)
             parts.append(rows[:k * (len(rows) // size)])
         rows = np.concatenate(parts)
         per = len(rows) // len(px)
@@ -340,6 +381,14 @@ def is_video(item) -> bool:
     from surogate.io.videos import Video
 
     return isinstance(item, Video)
+
+
+def span_key(key: bytes, projector: int) -> bytes:
+    """An EmbedSpan's key (the prefix cache's): the image's, or with an adapter's projector
+    (its engine slot) a digest of both, so that its rows never pass for another's."""
+    if projector == BASE:
+        return key
+    return hashlib.sha256(b"projector" + projector.to_bytes(8, "little", signed=True) + key).digest()
 
 
 def media_key(item) -> bytes:

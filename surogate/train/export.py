@@ -141,7 +141,7 @@ def merge_adapter(base: str | Path | None, adapter: str | Path, output: str | Pa
 
 def _merge_adapter(base: str | Path | None, adapter: str | Path, output: str | Path) -> Path:
     adapter = Path(adapter)
-    cfg, params = load_peft_adapter(adapter, whole=True)
+    cfg, params = load_peft_adapter(adapter)
     whole = {n: params.pop(n) for n in list(params) if n.startswith(PROJECTOR_MODULES)}
     if base is None:
         meta = json.loads((adapter / "adapter_config.json").read_text())

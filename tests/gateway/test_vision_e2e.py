@@ -215,8 +215,8 @@ def test_sleep_while_an_image_encodes_waits_for_it(folder, ref, processor):
     llm = m.llm()
     embed = llm.embed
 
-    def late(prompt):  # a gap after the tower, before the submit: the request still counts as running
-        out = embed(prompt)
+    def late(prompt, *args):  # a gap after the tower, before the submit: the request still counts as running
+        out = embed(prompt, *args)
         time.sleep(0.2)
         return out
 

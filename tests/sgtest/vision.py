@@ -227,8 +227,9 @@ def make_qwen3_vl_chat(path: str | Path, *, seed: int = 0, tie: bool = False, mo
     return path
 
 
-def qwen3_vl_reference(path: str | Path):
-    """(transformers' Qwen3VLForConditionalGeneration, or its MoE's, a generate function) for the folder: the
+def qwen3_vl_reference(path: str | Path, adapter: str | Path | None = None):
+    """(transformers' Qwen3VLForConditionalGeneration, or its MoE's, a generate function) for the folder
+    (``adapter``: under that peft adapter, sgtest/projector_lora.py): the
     function takes HF-style messages (image parts {"type": "image", "image": PIL}) and n, and
     returns (greedy answer of n tokens, prompt ids). The inputs are Qwen3VLProcessor's text rule
     (its replace_image_token: <|image_pad|> x grid_t grid_h grid_w / merge^2) over the template's
@@ -240,6 +241,11 @@ def qwen3_vl_reference(path: str | Path):
 
     arch = json.loads((Path(path) / "config.json").read_text())["architectures"][0]  # Qwen3-VL or its MoE
     ref = getattr(transformers, arch).from_pretrained(str(path)).eval()
+    if adapter is not None:
+        import peft
+
+        ref = peft.PeftModel.from_pretrained(ref, str(adapter)).eval()
+    config = getattr(ref, "config", None) or ref.base_model.config
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
     images_proc = Qwen2VLImageProcessorPil.from_dict(json.loads((Path(path) / "preprocessor_config.json").read_text()))
     template = (Path(path) / "chat_template.jinja").read_text()
@@ -260,7 +266,7 @@ def qwen3_vl_reference(path: str | Path):
             kw = {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
         ids = tokenizer(text, return_tensors="pt")["input_ids"]
         if images:  # the processor's mm_token_type_ids (image tokens 1): what get_rope_index reads
-            kw["mm_token_type_ids"] = (ids == ref.config.image_token_id).long()
+            kw["mm_token_type_ids"] = (ids == config.image_token_id).long()
         with torch.no_grad():
             got = ref.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
                                min_new_tokens=n, eos_token_id=None, pad_token_id=0, **kw)

@@ -505,18 +505,35 @@ def test_sft_with_train_projector_saves_an_adapter_peft_loads_and_merged_logits_
 
     check_merged_equals_peft_merged(pm, merged)
 
-    # `surogate merge` folds the projector in as the run did; serving the adapter is refused, by name.
+    # `surogate merge` folds the projector in as the run did; serving reads it beside the LoRA
+    # (tests/serve/test_projector_lora_serving.py serves such adapters against peft).
     from safetensors.numpy import load_file
 
-    from surogate.errors import UnsupportedError
     from surogate.models.peft import load_peft_adapter
     from surogate.train.export import merge_adapter
 
     again = load_file(merge_adapter(str(folder), adapter, tmp_path / "merged2") / "model.safetensors")
     first = load_file(merged / "model.safetensors")
     assert set(again) == set(first) and all(np.array_equal(again[k], first[k]) for k in first)
-    with pytest.raises(UnsupportedError, match="multimodal projector trained whole"):
-        load_peft_adapter(adapter)
+    _, params = load_peft_adapter(adapter)
+    np.testing.assert_array_equal(params["multi_modal_projector.mm_input_projection_weight"],
+                                  saved["model.multi_modal_projector.mm_input_projection_weight"])
+
+    # served (the base model with the run's adapter) its image chat answers as peft's model does
+    from sgtest.vision import hf_generate, image, template_messages, user
+    from surogate.serve import SamplingParams
+    from surogate.serve.launch import launch
+
+    messages = user("What is this?", image(90))
+    want, _ = hf_generate(pm, transformers.AutoProcessor.from_pretrained(str(folder)), messages, 6)
+    m = launch(str(folder), kv_cache_tokens=1024, loras={"run": str(adapter)})
+    try:
+        chat, images = template_messages(messages)
+        out = m.llm().chat(chat, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True), images=images,
+                           adapter="run").result(timeout=120)[0]
+    finally:
+        m.client.close()
+    assert out.new_token_ids == want
 
 
 def test_train_projector_on_a_model_without_a_projector_is_refused(tmp_path):
