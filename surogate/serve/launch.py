@@ -302,6 +302,7 @@ def profile_memory(model: Model, block_size: int, max_num_seqs: int, max_num_bat
 
     dev = model.device
     runner = None
+    _native.reset_peak_stats(dev)  # this run's peak over what is held now, not an earlier high-water mark
     try:
         runner = ProgramRunner(model, ProgramRunner.profile_blocks(max_num_batched_tokens, max_num_seqs, block_size,
                                                                    num_speculative_tokens),

@@ -9,6 +9,8 @@ Skipped without a CUDA build and a GPU; not run yet: run on the lent H200 before
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -108,6 +110,8 @@ def test_the_profile_run_counts_only_the_resident_weights(family, tmp_path):
     wide = make(tmp_path / "wide", seed=5, num_hidden_layers=LAYERS, hidden_size=512, intermediate_size=2048)
 
     def peak(n: int) -> tuple[int, int]:
+        gc.collect()  # the previous call's model and runner gone, their memory given back
+        _native.empty_cache("cuda")
         model = surogate.load_model(wide, device="cuda")
         plan = WeightOffload.plan(model, offload_layers=n) if n else None
         return profile_memory(model, 4, 8, 64, offload=plan).peak, plan.nbytes - 2 * plan.slot_bytes if n else 0
