@@ -172,6 +172,9 @@ class Engine {
   Status run(const StepPlan& plan, StepOutput* out);
   // The masker's requests for the plan's constrained sequences that sample (advances mask_fed).
   void collect_masks(const StepPlan& plan, StepMasks* masks);
+  // Once the masks are filled: the runner draws the grammar rows that stayed on the device under
+  // their masks (SchedulerConfig::device_masks), overwriting their tokens in out.
+  Status sample_masked(const StepPlan& plan, const StepMasks& masks, StepOutput* out);
   void postprocess(const StepPlan& plan, const StepOutput& out, const StepMasks& masks);
   // The reasoning span after `token` was appended (forced: it came from seq.forced).
   void track_reasoning(Sequence& seq, int32_t token, bool forced);
