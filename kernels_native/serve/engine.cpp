@@ -426,6 +426,7 @@ Status Engine::sample_masked(const StepPlan& plan, const StepMasks& masks, StepO
     rows.logprobs |= p.logprobs >= 0;
   }
   if (rows.rows.empty()) return Status::OK();
+  counters_.device_masked_rows += static_cast<int64_t>(rows.rows.size());
   return runner_->sample_masked(rows, out);
 }
 

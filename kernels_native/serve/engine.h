@@ -104,6 +104,8 @@ struct EngineStats {
   int64_t spec_num_draft_tokens = 0;
   int64_t spec_num_accepted_tokens = 0;
   std::vector<int64_t> spec_accepted_per_pos;
+  // Grammar rows whose mask was applied on the device (Engine::sample_masked), not on the host.
+  int64_t device_masked_rows = 0;
   std::string last_error;         // the last runner / sampling failure, if any
 };
 

@@ -34,7 +34,8 @@ def model(tmp_path_factory):
 
 
 def run(model, monkeypatch, jobs, device: bool):
-    """jobs: (prompt, SamplingParams) -> per job (token ids, finish reason, error text)."""
+    """jobs: (prompt, SamplingParams) -> per job (token ids, finish reason, error text). Checks
+    which path the grammar rows took (EngineStats.device_masked_rows)."""
     monkeypatch.setenv("SUROGATE_DEVICE_MASKS", "1" if device else "0")
     grammars = Grammars(model.tokenizer, model.spec.vocab_size)
     out = []
@@ -47,6 +48,11 @@ def run(model, monkeypatch, jobs, device: bool):
             outs = client.wait(i, timeout=120)
             out.append(([t for o in outs for t in o.new_token_ids], outs[-1].finish_reason,
                         outs[-1].finish_message))
+        masked = client.stats().device_masked_rows
+    constrained = [p.structured_outputs is not None and not p.logit_bias for _, p in jobs]
+    assert (masked > 0) == (device and any(constrained)), masked
+    if device:  # every answer token of a plain grammar row but the last (EOS, after the grammar ended)
+        assert masked >= sum(len(o[0]) - 1 for o, c in zip(out, constrained) if c)
     return out
 
 
@@ -58,7 +64,7 @@ def answer(model, tokens) -> str:
 def test_constrained_greedy_and_seeded_rows_equal_the_host_path_and_parse(model, monkeypatch):
     ps = prompts(model.spec.vocab_size, 6, seed=4)
     knobs = [dict(temperature=0.0), dict(temperature=0.9, seed=11), dict(temperature=0.7, top_k=20, seed=12),
-             dict(temperature=1.1, top_p=0.9, seed=13), dict(temperature=0.8, min_p=0.05, logprobs=0),
+             dict(temperature=1.1, top_p=0.9, seed=13), dict(temperature=0.8, min_p=0.05, logprobs=0, seed=14),
              dict(temperature=1.0)]  # the last unseeded: the engine's own seed per request
     jobs = [(p, SamplingParams(max_tokens=40, structured_outputs=JSON, **k)) for p, k in zip(ps, knobs)]
     dev = run(model, monkeypatch, jobs[:5], True)
@@ -79,9 +85,9 @@ def test_mixed_batches_of_constrained_plain_and_logit_bias_rows(model, monkeypat
     request's tokens equal the host path's, and equal its tokens alone."""
     ps = prompts(model.spec.vocab_size, 8, seed=9)
     specs = [JSON, None, REGEX, None, JSON, REGEX, None, JSON]
-    extra = [dict(), dict(temperature=0.8, seed=3), dict(temperature=0.6, seed=4), dict(logit_bias={5: 9.0}),
-             dict(logit_bias={7: 3.0}), dict(), dict(temperature=1.2, top_k=8, seed=5),
-             dict(temperature=0.9, seed=6, logprobs=0)]
+    extra = [dict(temperature=0.0), dict(temperature=0.8, seed=3), dict(temperature=0.6, seed=4),
+             dict(temperature=0.0, logit_bias={5: 9.0}), dict(temperature=0.7, seed=8, logit_bias={7: 3.0}),
+             dict(temperature=0.0), dict(temperature=1.2, top_k=8, seed=5), dict(temperature=0.9, seed=6, logprobs=0)]
     jobs = [(p, SamplingParams(max_tokens=16, ignore_eos=s is None, structured_outputs=s, **e))
             for p, s, e in zip(ps, specs, extra)]
     dev = run(model, monkeypatch, jobs, True)
@@ -107,8 +113,10 @@ def test_logprobs_of_device_masked_rows_are_the_raw_ones(model, monkeypatch):
         grammars = Grammars(model.tokenizer, model.spec.vocab_size)
         with engine(model, eos_token_ids=list(model.tokenizer.eos_token_ids)) as client:
             ids = [client.submit(p, params, matcher=grammars.matcher(grammars.compile(REGEX))) for p, params in jobs]
-            return [[(lp.token_id, lp.logprob, lp.rank) for o in client.wait(i, timeout=120) for lp in o.logprobs]
-                    for i in ids]
+            got = [[(lp.token_id, lp.logprob, lp.rank) for o in client.wait(i, timeout=120) for lp in o.logprobs]
+                   for i in ids]
+            assert (client.stats().device_masked_rows > 0) == device
+            return got
 
     dev, host = lps(True), lps(False)
     for d, h in zip(dev, host):
@@ -131,6 +139,7 @@ def test_a_mask_allowing_nothing_fails_as_on_the_host(model, monkeypatch):
                    for k in (dict(temperature=0.0), dict(temperature=0.9, seed=2))]
             plain = client.submit([5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0))
             outs = [client.wait(i, timeout=120) for i in bad + [plain]]
+            assert (client.stats().device_masked_rows == 2) == device
         results[device] = [(o[-1].finish_reason, o[-1].finish_message, [t for x in o for t in x.new_token_ids])
                            for o in outs]
     assert results[True] == results[False]
