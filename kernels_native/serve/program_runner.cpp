@@ -378,11 +378,14 @@ Status ProgramRunner::sample_masked(const MaskedRows& in, StepOutput* out) {
     const int64_t n = hi - lo, RB = b->key.R;
     if (b->masked == nullptr) {
       b->masked_out = RB * (kSampleParamCols + W);
-      b->masked_host.assign(static_cast<size_t>(b->masked_out + 3 * RB), 0);
-      SG_RETURN_IF_ERROR(allocate(config_.device, b->masked_host.size() * sizeof(int32_t), &b->masked));
+      const size_t bytes = static_cast<size_t>(b->masked_out + 3 * RB) * sizeof(int32_t);
+      if (config_.device.is_cpu() || !allocate_host(bytes, true, &b->masked_host).ok()) {
+        SG_RETURN_IF_ERROR(allocate_host(bytes, false, &b->masked_host));
+      }
+      SG_RETURN_IF_ERROR(allocate(config_.device, bytes, &b->masked));
     }
     // The host image: temperature 0 and every token allowed, then the given rows.
-    int32_t* h = b->masked_host.data();
+    int32_t* h = static_cast<int32_t*>(b->masked_host.get());
     int32_t* masks = h + n * kSampleParamCols;
     std::fill_n(h, n * kSampleParamCols, 0);
     std::fill_n(masks, n * W, -1);
@@ -405,11 +408,8 @@ Status ProgramRunner::sample_masked(const MaskedRows& in, StepOutput* out) {
                                       Tensor::view_of(o + 2 * RB, DType::kI32, {n}, config_.device, b->masked)};
     SG_RETURN_IF_ERROR(OpRegistry::global().call("sample", ins, outs, Attrs{}));
     int32_t* back = h + b->masked_out;  // token, logprob, rank [RB] each
-    SG_RETURN_IF_ERROR(copy_raw(back, host, o, config_.device, DType::kI32, n));
-    if (in.logprobs) {
-      SG_RETURN_IF_ERROR(copy_raw(back + RB, host, o + RB, config_.device, DType::kI32, n));
-      SG_RETURN_IF_ERROR(copy_raw(back + 2 * RB, host, o + 2 * RB, config_.device, DType::kI32, n));
-    }
+    // One transfer: the tokens, or through the ranks (logprob, rank at RB and 2 RB).
+    SG_RETURN_IF_ERROR(copy_raw(back, host, o, config_.device, DType::kI32, in.logprobs ? 2 * RB + n : n));
     for (int64_t i : idx) {
       const int r = in.rows[i];
       const int64_t j = last_rows_[r].second - lo;
