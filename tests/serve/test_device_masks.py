@@ -146,3 +146,41 @@ def test_a_mask_allowing_nothing_fails_as_on_the_host(model, monkeypatch):
     for reason, message, tokens in results[True][:2]:
         assert reason == "error" and "every token is masked" in message and tokens == []
     assert results[True][2][0] == "length" and len(results[True][2][2]) == 4
+
+
+def test_grammar_rows_of_the_base_and_a_lora_adapter_in_one_step(model, monkeypatch, tmp_path):
+    """A step split per adapter (one sub-step, one bucket Program each): the device masks each
+    grammar row over its own sub-step's logits; the tokens equal the host path's."""
+    from surogate.dsl.nn import LoRAConfig
+    from surogate.serve.engine_client import EngineClient
+    from surogate.serve.model_runner import ProgramRunner
+    from surogate.serve.types import EngineConfig
+    from surogate.train.lora import ALL_TARGETS, init_lora, load_peft_adapter, save_peft_adapter
+
+    cfg = LoRAConfig(rank=4, alpha=8.0, targets=ALL_TARGETS)
+    g = model.arch.build(mode="logits", dtype="float32", lora=cfg)
+    rng = np.random.default_rng(3)
+    params = {k: (v if k.endswith("lora_A") else rng.standard_normal(v.shape).astype(np.float32) * 0.3)
+              for k, v in init_lora(g, 7).items()}
+    adapter = save_peft_adapter(tmp_path / "adapter", params, cfg, base_model=str(model.path))
+    ps = prompts(model.spec.vocab_size, 4, seed=5)
+    jobs = [(p, SamplingParams(max_tokens=24, structured_outputs=JSON, seed=30 + k,
+                               temperature=0.0 if k % 2 else 0.8), None if k < 2 else 0)
+            for k, p in enumerate(ps)] + [(ps[0], SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.0), 0)]
+
+    def go(device):
+        monkeypatch.setenv("SUROGATE_DEVICE_MASKS", "1" if device else "0")
+        runner = ProgramRunner(model, num_blocks=64, block_size=16)
+        runner.add_adapter(0, *load_peft_adapter(adapter))
+        grammars = Grammars(model.tokenizer, model.spec.vocab_size)
+        config = EngineConfig(num_blocks=64, block_size=16, eos_token_ids=list(model.tokenizer.eos_token_ids))
+        with EngineClient(runner, config) as client:
+            ids = [client.submit(p, sp, a, matcher=grammars.matcher(grammars.compile(JSON))
+                                 if sp.structured_outputs else None) for p, sp, a in jobs]
+            out = [[t for o in client.wait(i, timeout=120) for t in o.new_token_ids] for i in ids]
+            assert (client.stats().device_masked_rows > 0) == device
+        return out
+
+    dev, host = go(True), go(False)
+    assert dev == host
+    assert dev[0] != dev[2] or dev[1] != dev[3]  # the adapter matters
