@@ -109,8 +109,8 @@ struct Select {
 // left out: they never reach anything). The set: every id, or (limited) those above lim plus
 // lim_ties ids at lim (the top-k set, for top-p).
 template <typename T>
-__device__ Select radix_select(const T* x, const uint32_t* mk, int V, const Row& row, bool by_mass, int64_t k, float top_p, bool limited,
-                               uint32_t lim, int64_t lim_ties, Shared& sm) {
+__device__ Select radix_select(const T* x, const uint32_t* mk, int V, const Row& row, bool by_mass, int64_t k,
+                               float top_p, bool limited, uint32_t lim, int64_t lim_ties, Shared& sm) {
   const int lane = lane_id(), warp = warp_id();
   const u64 lim_w = limited && by_mass ? row.w(logit_of(lim)) : 0;
   uint32_t prefix = 0, mask = 0;

@@ -21,7 +21,8 @@
 //   logits_rows   [R]     rows (indices into T, increasing) whose logits the engine needs: the last
 //                         token of a sequence whose prompt is complete (or decoding), and every
 //                         prompt row of a request that asked for prompt_logprobs
-//   need_logits   [R]     (uint8) 1: the engine reads this row's logits (grammar, logit_bias,
+//   need_logits   [R]     (uint8) 1: the engine reads this row's logits (grammar unless the runner
+//                         masks on its device (masks_on_device), logit_bias,
 //                         penalties, top_logprobs, prompt logprobs; any sampled row on a runner
 //                         that does not sample on its device); 0: the runner's token is all it
 //                         needs (Sampler::needs_logits): the argmax, or the device's draw

@@ -20,6 +20,9 @@
 // StepInput::sample_params and returns the token, its raw logprob and rank. A row whose request
 // needs nothing beyond that (no grammar, logit_bias, penalty or min_tokens mask in force, no
 // top_logprobs) then never reaches the host (needs_logits is false): its logits stay on the GPU.
+// A grammar row too, on a runner that applies masks on its device (ModelRunner::masks_on_device):
+// once the step's masks are filled, the runner draws it again with the op's mask input (the mask
+// rule is cpu::mask_row's on both paths), and an all-zero mask fails as sample() does here.
 // Both paths make the same draw (the same u, the same rule), so a request's tokens do not depend
 // on which path a row took, on the batch, on preemption or on speculation (a verification row j
 // draws at step num_output + j, as plain decoding would), only on its seed and the logits. A
