@@ -384,16 +384,21 @@ Status ProgramRunner::sample_masked(const MaskedRows& in, StepOutput* out) {
       }
       SG_RETURN_IF_ERROR(allocate(config_.device, bytes, &b->masked));
     }
-    // The host image: temperature 0 and every token allowed, then the given rows.
+    // The host image: the given rows; the rows between them temperature 0, every token allowed.
     int32_t* h = static_cast<int32_t*>(b->masked_host.get());
     int32_t* masks = h + n * kSampleParamCols;
-    std::fill_n(h, n * kSampleParamCols, 0);
-    std::fill_n(masks, n * W, -1);
+    std::vector<uint8_t> given(n, 0);
     for (int64_t i : idx) {
       const int64_t j = last_rows_[in.rows[i]].second - lo;
+      given[j] = 1;
       std::memcpy(h + j * kSampleParamCols, in.sample_params.data() + i * kSampleParamCols,
                   kSampleParamCols * sizeof(float));
       std::memcpy(masks + j * W, in.masks[i], W * sizeof(uint32_t));
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      if (given[j]) continue;
+      std::fill_n(h + j * kSampleParamCols, kSampleParamCols, 0);
+      std::fill_n(masks + j * W, W, -1);
     }
     auto* dev = static_cast<int32_t*>(b->masked.get());
     SG_RETURN_IF_ERROR(copy_raw(dev, config_.device, h, host, DType::kI32, n * (kSampleParamCols + W)));
