@@ -237,6 +237,7 @@ py::dict stats_dict(const EngineStats& s) {
   d["spec_num_draft_tokens"] = s.spec_num_draft_tokens;
   d["spec_num_accepted_tokens"] = s.spec_num_accepted_tokens;
   d["spec_accepted_per_pos"] = py::cast(s.spec_accepted_per_pos);
+  d["device_masked_rows"] = s.device_masked_rows;
   d["last_error"] = s.last_error.empty() ? py::object(py::none()) : py::object(py::str(s.last_error));
   return d;
 }

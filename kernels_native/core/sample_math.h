@@ -62,6 +62,17 @@ SG_SAMPLE_FN int64_t top_p_ties(uint64_t above, uint64_t w, int64_t count, doubl
   return lo;
 }
 
+// A grammar's bitmask row (the op's optional mask input, serve/token_mask.h's layout): token i is
+// allowed when bit i % 32 of word i / 32 is set. A token it does not allow is a -inf logit for the
+// choice (weight 0, last in the order); the logprob and rank stay those of the unmasked row.
+SG_SAMPLE_FN bool allows(const uint32_t* mask, int64_t i) {
+  return mask == nullptr || ((mask[i >> 5] >> (i & 31)) & 1u) != 0;
+}
+
+// The token of a masked row that allows no token with a finite logit (the host Sampler's "every
+// token is masked" error); -1 stays a row with NaN / +inf.
+constexpr int32_t kNothingAllowed = -2;
+
 // The draw: the token is the first (in id order) whose running kept weight exceeds this point.
 SG_SAMPLE_FN uint64_t draw_point(double u, uint64_t mass) {
   const uint64_t t = static_cast<uint64_t>(u * static_cast<double>(mass));

@@ -15,6 +15,9 @@
 //      in id order, passes u * (kept weight): inverse CDF over the kept tokens in index order
 //   5. logprob = x[token] - lse (the unmodified row: the engine's raw logprobs); rank = 1 + the
 //      tokens before it in the order
+// With the optional mask input (a grammar's bitmask), steps 2-4 choose from the row with every
+// token the mask does not allow at -inf (mask_row, the host Sampler's masking too); step 5 reads
+// the unmasked row. A mask leaving no finite logit: token -2, logprob -inf, rank 0.
 // The kept set is found here by sorting (nth_element / partial sort, the host Sampler's way);
 // cuda/sample.cu finds the same cut by radix select. Compiled with -ffp-contract=off (CMake):
 // x * (1 / T) - max / T is two roundings on both backends.
@@ -37,7 +40,7 @@ namespace {
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
 struct Scratch {
-  std::vector<float> x, e;
+  std::vector<float> x, xm, e;
   std::vector<uint32_t> key;
   std::vector<uint64_t> w;
   std::vector<int32_t> order;
@@ -145,7 +148,9 @@ int64_t choose(const float* x, int64_t V, const float* p, int64_t best) {
   return best;  // (not reached: the point is below the mass)
 }
 
-RowOut sample_row(const float* x, int64_t V, const float* p) {
+// mask: the row's grammar bitmask, or null. The choice reads the masked row (xm, scratch), the
+// logprob and rank the unmasked one.
+RowOut sample_row(const float* x, int64_t V, const float* p, const uint32_t* mask) {
   RowOut out;
   for (int64_t i = 0; i < V; ++i) {
     if (std::isnan(x[i]) || x[i] == kInf) return out;
@@ -155,7 +160,21 @@ RowOut sample_row(const float* x, int64_t V, const float* p) {
   double sum = 0.0;
   for (int64_t i = 0; i < V; ++i) sum += std::exp(x[i] - bv);
   const double lse = static_cast<double>(bv) + std::log(sum);
-  const int64_t token = choose(x, V, p, best);
+  int64_t token = best;
+  if (mask == nullptr) {
+    token = choose(x, V, p, best);
+  } else {
+    std::vector<float>& xm = scratch().xm;
+    xm.assign(x, x + V);
+    mask_row(xm.data(), V, mask);
+    const int64_t best_m = argmax_row(xm.data(), V);
+    if (xm[best_m] == -kInf) {
+      out.token = sample::kNothingAllowed;
+      out.logprob = -kInf;
+      return out;
+    }
+    token = choose(xm.data(), V, p, best_m);
+  }
   out.token = static_cast<int32_t>(token);
   out.logprob = static_cast<float>(static_cast<double>(x[token]) - lse);
   int64_t rank = 1;
@@ -174,6 +193,8 @@ Status sample(const OpArgs& a) {
   int32_t* token = a.out(0).ptr<int32_t>();
   float* logprob = a.out(1).ptr<float>();
   int32_t* rank = d.rank ? a.out(2).ptr<int32_t>() : nullptr;
+  const auto* mask = d.mask ? static_cast<const uint32_t*>(a.in(2).data) : nullptr;
+  const int64_t W = (d.V + 31) / 32;
   SG_DISPATCH_FLOAT("sample", logits.dtype, T, {
     parallel_for(0, d.R, 1, [&](int64_t lo, int64_t hi) {
       std::vector<float>& x = scratch().x;
@@ -181,7 +202,8 @@ Status sample(const OpArgs& a) {
       for (int64_t r = lo; r < hi; ++r) {
         const T* row = logits.ptr<T>() + r * d.row_stride;
         for (int64_t i = 0; i < d.V; ++i) x[i] = load(row[i]);
-        const RowOut o = sample_row(x.data(), d.V, params + r * kSampleParamCols);
+        const RowOut o = sample_row(x.data(), d.V, params + r * kSampleParamCols,
+                                    mask != nullptr ? mask + r * W : nullptr);
         token[r] = o.token;
         logprob[r] = o.logprob;
         if (rank != nullptr) rank[r] = o.rank;
@@ -192,6 +214,12 @@ Status sample(const OpArgs& a) {
 }
 
 }  // namespace
+
+void mask_row(float* x, int64_t V, const uint32_t* mask) {
+  for (int64_t i = 0; i < V; ++i) {
+    if (!sample::allows(mask, i)) x[i] = -kInf;
+  }
+}
 
 int32_t sample_token(const float* x, int64_t V, const float* params) {
   return static_cast<int32_t>(choose(x, V, params, argmax_row(x, V)));

@@ -12,4 +12,8 @@ namespace surogate::cpu {
 // (runtime/op_checks_sample.h).
 int32_t sample_token(const float* x, int64_t V, const float* params);
 
+// A grammar's bitmask on a row [V] (core/sample_math.h: allows): every token it does not allow
+// becomes -inf. The op's mask input and the host Sampler both mask with this.
+void mask_row(float* x, int64_t V, const uint32_t* mask);
+
 }  // namespace surogate::cpu

@@ -11,6 +11,8 @@
 //              sum rides along), the slice holding floor(u * mass), split into 16 again, ..., down
 //              to 32 ids and a warp scan: the inverse CDF in id order, ~1.07 reads of the row
 //   rank       one count over the row (skipped for the top token)
+// With the mask input, the choice (the max, the selects, the draw) reads a disallowed token as
+// -inf (masked_ld), the lse and the rank the raw row; no allowed finite logit: token -2.
 // The weights are integers, so every partial sum is exact and the slices' sums add up to the
 // mass: the choice is the CPU's whenever the exps are (expf may differ from the host's by an ulp,
 // which moves a boundary by ~1e-7 of the mass). x / T - max / T is rounded as on the CPU
@@ -42,7 +44,8 @@ struct Shared {
   int slice_ties[kWarps];
   double red_d[kWarps];
   int red_i[kWarps];
-  float red_f[kWarps];
+  float red_f[kWarps], red_fm[kWarps];
+  int red_im[kWarps];
   // one thread's answers, read by all after a barrier
   uint32_t sel_bin, sel_count;
   u64 sel_above, sel_c;
@@ -59,6 +62,12 @@ struct Row {
   __device__ float e(float v) const { return expf(__fsub_rn(__fmul_rn(v, inv_t), m)); }
   __device__ u64 w(float v) const { return sample::weight(e(v), scale); }
 };
+
+// The row's value for the choice: -inf where the grammar's mask (null: none) disallows the token.
+template <typename T>
+__device__ __forceinline__ float masked_ld(const T* x, const uint32_t* mk, int i) {
+  return sample::allows(mk, i) ? ld(x[i]) : -INFINITY;
+}
 
 __device__ __forceinline__ uint32_t key_of(float v) { return sample::order_key(__float_as_uint(v)); }
 
@@ -100,8 +109,8 @@ struct Select {
 // left out: they never reach anything). The set: every id, or (limited) those above lim plus
 // lim_ties ids at lim (the top-k set, for top-p).
 template <typename T>
-__device__ Select radix_select(const T* x, int V, const Row& row, bool by_mass, int64_t k, float top_p, bool limited,
-                               uint32_t lim, int64_t lim_ties, Shared& sm) {
+__device__ Select radix_select(const T* x, const uint32_t* mk, int V, const Row& row, bool by_mass, int64_t k,
+                               float top_p, bool limited, uint32_t lim, int64_t lim_ties, Shared& sm) {
   const int lane = lane_id(), warp = warp_id();
   const u64 lim_w = limited && by_mass ? row.w(logit_of(lim)) : 0;
   uint32_t prefix = 0, mask = 0;
@@ -122,7 +131,7 @@ __device__ Select radix_select(const T* x, int V, const Row& row, bool by_mass, 
       uint32_t d = kNoDigit;
       u64 w = 0;
       if (i < V) {
-        const float v = ld(x[i]);
+        const float v = masked_ld(x, mk, i);
         const uint32_t key = key_of(v);
         bool in = (key & mask) == prefix && (!limited || key > lim);
         if (in && by_mass) {
@@ -209,28 +218,34 @@ __device__ Select radix_select(const T* x, int V, const Row& row, bool by_mass, 
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const T* logits, int64_t row_stride, int V,
-                                                          const float* params, int32_t* token_out, float* lp_out,
-                                                          int32_t* rank_out) {
+                                                          const float* params, const uint32_t* masks, int64_t words,
+                                                          int32_t* token_out, float* lp_out, int32_t* rank_out) {
   __shared__ Shared sm;
   const int tid = threadIdx.x, lane = lane_id(), warp = warp_id();
   const T* x = logits + blockIdx.x * row_stride;
   const float* p = params + blockIdx.x * int64_t{kSampleParamCols};
+  const uint32_t* mk = masks != nullptr ? masks + blockIdx.x * words : nullptr;
 
-  // Pass 1: the largest logit and its lowest id; NaN / +inf.
-  float bv = -INFINITY;
-  int bi = INT_MAX;
+  // Pass 1: the largest logit and its lowest id (of the raw row and of the masked one); NaN / +inf.
+  float bv = -INFINITY, mv = -INFINITY;
+  int bi = INT_MAX, mi = INT_MAX;
   bool bad = false;
   for (int i = tid; i < V; i += kThreads) {
     const float v = ld(x[i]);
     bad |= isnan(v) || v == INFINITY;
     if (v > bv || (v == bv && i < bi)) bv = v, bi = i;
+    const float w = sample::allows(mk, i) ? v : -INFINITY;
+    if (w > mv || (w == mv && i < mi)) mv = w, mi = i;
   }
   for (int o = 16; o > 0; o >>= 1) {
     const float ov = __shfl_xor_sync(kFull, bv, o);
     const int oi = __shfl_xor_sync(kFull, bi, o);
     if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+    const float omv = __shfl_xor_sync(kFull, mv, o);
+    const int omi = __shfl_xor_sync(kFull, mi, o);
+    if (omv > mv || (omv == mv && omi < mi)) mv = omv, mi = omi;
   }
-  if (lane == 0) sm.red_f[warp] = bv, sm.red_i[warp] = bi;
+  if (lane == 0) sm.red_f[warp] = bv, sm.red_i[warp] = bi, sm.red_fm[warp] = mv, sm.red_im[warp] = mi;
   if (__syncthreads_or(bad)) {
     if (tid == 0) {
       token_out[blockIdx.x] = -1;
@@ -240,21 +255,31 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const T* logits, in
     return;
   }
   bv = sm.red_f[0], bi = sm.red_i[0];
+  mv = sm.red_fm[0], mi = sm.red_im[0];
   for (int w = 1; w < kWarps; ++w) {
     if (sm.red_f[w] > bv || (sm.red_f[w] == bv && sm.red_i[w] < bi)) bv = sm.red_f[w], bi = sm.red_i[w];
+    if (sm.red_fm[w] > mv || (sm.red_fm[w] == mv && sm.red_im[w] < mi)) mv = sm.red_fm[w], mi = sm.red_im[w];
+  }
+  if (mk != nullptr && mv == -INFINITY) {  // the mask allows no finite logit (uniform over the block)
+    if (tid == 0) {
+      token_out[blockIdx.x] = sample::kNothingAllowed;
+      lp_out[blockIdx.x] = -INFINITY;
+      if (rank_out != nullptr) rank_out[blockIdx.x] = 0;
+    }
+    return;
   }
 
   const float temperature = p[kSampleTemperature];
-  const bool greedy = !(temperature >= kSampleGreedyBelow) || bv == -INFINITY;
-  double sum = 0.0;  // of exp(x - max), for the lse
-  int token = bi;
+  const bool greedy = !(temperature >= kSampleGreedyBelow) || mv == -INFINITY;
+  double sum = 0.0;  // of exp(x - max) over the raw row, for the lse
+  int token = mi;
   if (greedy) {
     for (int i = tid; i < V; i += kThreads) sum += expf(ld(x[i]) - bv);
     sum = block_sum(sum, sm.red_d);
   } else {
     Row row;
     row.inv_t = 1.0f / temperature;
-    row.m = __fmul_rn(bv, row.inv_t);
+    row.m = __fmul_rn(mv, row.inv_t);
     row.scale = static_cast<double>(1ull << sample::weight_shift(V));
     // The kept set: key > t, or key == t among the first n_tie such ids.
     uint32_t t = 0;
@@ -262,12 +287,12 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const T* logits, in
     const float top_kf = p[kSampleTopK], top_p = p[kSampleTopP];
     const bool use_k = top_kf >= 1.0f && top_kf < static_cast<float>(V), use_p = top_p < 1.0f;
     if (use_k) {
-      const Select s = radix_select(x, V, row, false, static_cast<int64_t>(top_kf), 0.0f, false, 0u, 0, sm);
+      const Select s = radix_select(x, mk, V, row, false, static_cast<int64_t>(top_kf), 0.0f, false, 0u, 0, sm);
       t = s.t;
       n_tie = s.ties;
     }
     if (use_p) {
-      const Select s = radix_select(x, V, row, true, 0, top_p, use_k, t, n_tie, sm);
+      const Select s = radix_select(x, mk, V, row, true, 0, top_p, use_k, t, n_tie, sm);
       n_tie = sample::top_p_ties(s.above, row.w(logit_of(s.t)), s.ties, s.target);
       t = s.t;
     }
@@ -294,11 +319,12 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const T* logits, in
       u64 mass = 0;
       int ties = 0;
       for (int i = s_lo + lane; i < s_hi; i += 32) {
-        const float v = ld(x[i]);
+        const float raw = ld(x[i]);
+        const float v = sample::allows(mk, i) ? raw : -INFINITY;
         const uint32_t key = key_of(v);
         mass += gt_weight(v, key);
         ties += key == t;
-        if (first_level) sum += expf(v - bv);
+        if (first_level) sum += expf(raw - bv);
       }
       mass = warp_sum(mass);
       ties = warp_sum(ties);
@@ -339,7 +365,7 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const T* logits, in
       const int i = lo + lane;
       float v = 0.0f;
       uint32_t key = 0;
-      if (i < hi) v = ld(x[i]), key = key_of(v);
+      if (i < hi) v = masked_ld(x, mk, i), key = key_of(v);
       const bool tie = i < hi && key == t;
       const unsigned tie_ball = __ballot_sync(kFull, tie);
       const int tie_rank = tb + __popc(tie_ball & ((1u << lane) - 1u));
@@ -355,7 +381,7 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const T* logits, in
         if (lane >= o) cum += c2;
       }
       const unsigned ball = __ballot_sync(kFull, i < hi && w != 0 && base + cum > sm.point);
-      if (lane == 0) sm.token = ball ? lo + __ffs(ball) - 1 : bi;
+      if (lane == 0) sm.token = ball ? lo + __ffs(ball) - 1 : mi;
     }
     sum = block_sum(sum, sm.red_d);  // (its barriers publish sm.token)
     token = sm.token;
@@ -385,10 +411,11 @@ Status sample(const OpArgs& a) {
   if (d.R == 0) return Status::OK();
   const Tensor& logits = a.in(0);
   int32_t* rank = d.rank ? a.out(2).ptr<int32_t>() : nullptr;
+  const auto* mask = d.mask ? static_cast<const uint32_t*>(a.in(2).data) : nullptr;
   SG_CUDA_DISPATCH_FLOAT("sample", logits.dtype, T, {
     sample_kernel<T><<<static_cast<unsigned>(d.R), kThreads, 0, current_stream()>>>(
-        logits.ptr<T>(), d.row_stride, static_cast<int>(d.V), a.in(1).ptr<float>(), a.out(0).ptr<int32_t>(),
-        a.out(1).ptr<float>(), rank);
+        logits.ptr<T>(), d.row_stride, static_cast<int>(d.V), a.in(1).ptr<float>(), mask, (d.V + 31) / 32,
+        a.out(0).ptr<int32_t>(), a.out(1).ptr<float>(), rank);
   });
   SG_CUDA_CHECK_LAUNCH();
   return Status::OK();

@@ -23,6 +23,16 @@ Status check_sample(const OpArgs& a, SampleDims* d) {
   SG_CHECK_SHAPE(p.ndim == 2 && p.shape[0] == d->R && p.shape[1] == kSampleParamCols,
                  str_cat(op, ": params ", p.shape_str(), " must be [R, 8] = [", d->R,
                          ", 8] (temperature, top_k, top_p, min_p, seed_lo, seed_hi, step, reserved per row)"));
+  d->mask = a.has_in(2);
+  if (d->mask) {
+    const Tensor& m = a.in(2);
+    const int64_t W = (d->V + 31) / 32;
+    SG_RETURN_IF_ERROR(check_dtype(op, "mask", m, {DType::kI32}));
+    SG_RETURN_IF_ERROR(check_contiguous(op, "mask", m));
+    SG_CHECK_SHAPE(m.ndim == 2 && m.shape[0] == d->R && m.shape[1] == W,
+                   str_cat(op, ": mask ", m.shape_str(), " must be [R, ceil(V / 32)] = [", d->R, ", ", W,
+                           "] (a bitmask row per logits row: bit i % 32 of word i / 32 allows token i)"));
+  }
   const char* names[3] = {"token", "logprob", "rank"};
   const DType types[3] = {DType::kI32, DType::kF32, DType::kI32};
   d->rank = a.has_out(2);

@@ -1,7 +1,11 @@
 // The `sample` op's argument checks and its per-row parameters, shared by cpu/sample.cpp and
 // cuda/sample.cu (the numerics both follow: core/sample_math.h; the draw: core/philox.h).
-//   sample (logits [R, V] f32 / bf16 / f16 (rows contiguous, row stride >= V), params f32 [R, 8])
+//   sample (logits [R, V] f32 / bf16 / f16 (rows contiguous, row stride >= V), params f32 [R, 8],
+//           [mask int32 [R, W]: a grammar's bitmask, W = ceil(V / 32), bit i % 32 of word i / 32 =
+//            token i allowed; a row of all ones: unconstrained])
 //     -> (token int32 [R], logprob f32 [R], [rank int32 [R]])
+// With a mask, disallowed tokens are -inf for the choice only (core/sample_math.h: allows); a row
+// whose mask leaves no finite logit gets token -2 (sample::kNothingAllowed), logprob -inf, rank 0.
 // A params row: temperature, top_k (<= 0 or >= V: off), top_p (>= 1: off), min_p (<= 0: off),
 // seed_lo, seed_hi, step (uint32 bit patterns stored in the f32 slots), reserved (0).
 // Serving only: no derivative.
@@ -34,6 +38,7 @@ struct SampleDims {
   int64_t R = 0, V = 0;
   int64_t row_stride = 0;  // of logits, in elements
   bool rank = false;       // the rank output is given
+  bool mask = false;       // the mask input is given
 };
 Status check_sample(const OpArgs& a, SampleDims* d);
 

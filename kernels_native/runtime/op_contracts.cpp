@@ -18,9 +18,10 @@ constexpr OpContract kContracts[] = {
     {"add", 2, 2, 1, -1, "(a, b) -> (y = alpha*a + beta*b); attrs: alpha, beta"},
     {"scale", 1, 1, 1, -1, "(x) -> (y = alpha*x); attrs: alpha"},
     {"argmax", 1, 1, 1, -1, "(x [R, V]) -> (y int32 [R]): lowest index of the row max, -1 on NaN / +inf"},
-    {"sample", 2, 2, 3, 2,
-     "(logits [R, V], params f32 [R, 8] = temperature, top_k, top_p, min_p, seed_lo, seed_hi, step, -) -> (token int32 "
-     "[R], logprob f32 [R] (raw), [rank int32 [R]]): argmax below temperature 1e-5, else one Philox draw"},
+    {"sample", 2, 3, 3, 2,
+     "(logits [R, V], params f32 [R, 8] = temperature, top_k, top_p, min_p, seed_lo, seed_hi, step, -, [mask int32 "
+     "[R, ceil(V/32)]: allowed-token bits]) -> (token int32 [R] (-2: the mask allows nothing), logprob f32 [R] (raw), "
+     "[rank int32 [R]]): argmax below temperature 1e-5, else one Philox draw"},
     {"matmul", 2, 3, 1, -1,
      "(A, B, [bias]) -> (C = alpha*op(A)@op(B) + beta*C + bias); attrs: trans_a, trans_b, alpha, beta"},
     {"embedding_fwd", 2, 2, 1, -1, "(ids[N] int32, table[V,C]) -> (y[N,C])"},

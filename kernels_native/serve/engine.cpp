@@ -5,7 +5,11 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cstdlib>
 #include <cstring>
+
+#include "core/sample_math.h"
+#include "runtime/op_checks_sample.h"
 
 #include "core/thread_pool.h"
 
@@ -95,6 +99,10 @@ SchedulerConfig scheduler_config(const EngineConfig& c, const ModelRunner& runne
   s.max_num_batched_tokens = c.max_num_batched_tokens;
   s.max_model_len = c.max_model_len;
   s.device_sampling = runner.samples_on_device();
+  // Grammar masks applied on the device (its sample op) unless SUROGATE_DEVICE_MASKS=0 (read once
+  // per engine: the host path for comparison and as a fallback).
+  const char* env = std::getenv("SUROGATE_DEVICE_MASKS");
+  s.device_masks = s.device_sampling && runner.masks_on_device() && !(env != nullptr && std::string(env) == "0");
   return s;
 }
 
@@ -327,8 +335,9 @@ bool Engine::step_once() {
       });
     }
     const auto m0 = std::chrono::steady_clock::now();
-    const Status st = run(plan, &out);
+    Status st = run(plan, &out);
     if (filling.valid()) filling.get();
+    if (st.ok()) st = sample_masked(plan, masks, &out);
     counters_.model_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - m0).count();
     if (st.ok()) {
       postprocess(plan, out, masks);
@@ -392,6 +401,33 @@ Status Engine::run(const StepPlan& plan, StepOutput* out) {
            str_cat("model runner returned logits ", t.describe(), "; expected float32[", R, ", ", V, "] on cpu"),
            "return one row per StepInput.logits_rows entry, with contiguous rows");
   return Status::OK();
+}
+
+Status Engine::sample_masked(const StepPlan& plan, const StepMasks& masks, StepOutput* out) {
+  if (!scheduler_.config().device_masks || masks.seqs.empty() || !masks.status.ok()) return Status::OK();
+  // The grammar rows whose logits stayed on the device (need_logits 0): drawn again under their
+  // masks by the runner. masks.seqs is a subsequence of the sampled sequences, in plan order.
+  MaskedRows rows;
+  rows.words = mask_words(sampler_.vocab_size());
+  size_t k = 0;
+  for (const ScheduledSeq& ss : plan.seqs) {
+    if (k == masks.seqs.size()) break;
+    if (ss.sample_row < 0 || ss.seq != masks.seqs[k]) continue;
+    const Sequence& seq = *ss.seq;
+    const uint32_t* mask = masks.rows.data() + k++ * static_cast<size_t>(rows.words);
+    if (plan.input.need_logits[ss.sample_row]) continue;  // the host samples it (logit_bias, penalties, ...)
+    const SamplingParams& p = seq.params;
+    rows.rows.push_back(ss.sample_row);
+    rows.sample_params.resize(rows.rows.size() * kSampleParamCols);
+    pack_sample_params(rows.sample_params.data() + (rows.rows.size() - 1) * kSampleParamCols,
+                       p.greedy() ? 0.0f : p.temperature, p.top_k, p.top_p, p.min_p, seq.seed,
+                       static_cast<uint32_t>(seq.num_output_tokens()));
+    rows.masks.push_back(mask);
+    rows.logprobs |= p.logprobs >= 0;
+  }
+  if (rows.rows.empty()) return Status::OK();
+  counters_.device_masked_rows += static_cast<int64_t>(rows.rows.size());
+  return runner_->sample_masked(rows, out);
 }
 
 void Engine::collect_masks(const StepPlan& plan, StepMasks* masks) {
@@ -469,6 +505,10 @@ void Engine::postprocess(const StepPlan& plan, const StepOutput& step, const Ste
         const bool on_device = !step.tokens.empty() && !plan.input.need_logits[sr];
         if (on_device) {  // the device's argmax, or its draw (the same as sample() would make)
           t = step.tokens[sr];
+          if (t == sample::kNothingAllowed && allowed[i] != nullptr) {  // the host's error for a mask allowing nothing
+            errors[i] = Sampler::all_masked_error(true);
+            break;
+          }
           if (t < 0 || t >= sampler_.vocab_size()) {
             errors[i] = SG_ERROR(StatusCode::kInternal, "the model produced a non-finite logit (NaN or +inf)",
                                  "check the model's weights and dtype; NaN logits usually mean an overflow");

@@ -104,6 +104,8 @@ struct EngineStats {
   int64_t spec_num_draft_tokens = 0;
   int64_t spec_num_accepted_tokens = 0;
   std::vector<int64_t> spec_accepted_per_pos;
+  // Grammar rows whose mask was applied on the device (Engine::sample_masked), not on the host.
+  int64_t device_masked_rows = 0;
   std::string last_error;         // the last runner / sampling failure, if any
 };
 
@@ -172,6 +174,9 @@ class Engine {
   Status run(const StepPlan& plan, StepOutput* out);
   // The masker's requests for the plan's constrained sequences that sample (advances mask_fed).
   void collect_masks(const StepPlan& plan, StepMasks* masks);
+  // Once the masks are filled: the runner draws the grammar rows that stayed on the device under
+  // their masks (SchedulerConfig::device_masks), overwriting their tokens in out.
+  Status sample_masked(const StepPlan& plan, const StepMasks& masks, StepOutput* out);
   void postprocess(const StepPlan& plan, const StepOutput& out, const StepMasks& masks);
   // The reasoning span after `token` was appended (forced: it came from seq.forced).
   void track_reasoning(Sequence& seq, int32_t token, bool forced);

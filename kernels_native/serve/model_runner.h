@@ -21,7 +21,8 @@
 //   logits_rows   [R]     rows (indices into T, increasing) whose logits the engine needs: the last
 //                         token of a sequence whose prompt is complete (or decoding), and every
 //                         prompt row of a request that asked for prompt_logprobs
-//   need_logits   [R]     (uint8) 1: the engine reads this row's logits (grammar, logit_bias,
+//   need_logits   [R]     (uint8) 1: the engine reads this row's logits (grammar unless the runner
+//                         masks on its device (masks_on_device), logit_bias,
 //                         penalties, top_logprobs, prompt logprobs; any sampled row on a runner
 //                         that does not sample on its device); 0: the runner's token is all it
 //                         needs (Sampler::needs_logits): the argmax, or the device's draw
@@ -112,6 +113,23 @@ struct StepOutput {
   std::vector<int32_t> ranks;
 };
 
+// Grammar rows whose tokens a runner draws again under their masks, after run() and on the
+// logits that run() left on its device (ModelRunner::sample_masked): the masks are filled on a
+// helper thread while the model runs, so they are known only after it.
+//   rows          [n]        logits rows of the last run() (indices into its logits_rows)
+//   sample_params [n, 8]     (float32) each row's `sample` op parameters, as StepInput's
+//   masks         [n]        each row's bitmask, `words` = ceil(V / 32) uint32 (serve/token_mask.h)
+//   logprobs                 bring the rows' raw logprobs and ranks back too
+// The runner overwrites StepOutput::tokens (and logprobs / ranks) of those rows: the `sample` op's
+// token with the mask (-2: the mask allows no token with a finite logit; -1: NaN / +inf).
+struct MaskedRows {
+  std::vector<int32_t> rows;
+  std::vector<float> sample_params;
+  std::vector<const uint32_t*> masks;
+  int words = 0;
+  bool logprobs = false;
+};
+
 class ModelRunner {
  public:
   virtual ~ModelRunner() = default;
@@ -124,6 +142,14 @@ class ModelRunner {
   // Whether run() samples each row under StepInput::sample_params on its device (the `sample`
   // op: the same draw as Sampler::sample) and returns tokens, and logprobs / ranks when asked.
   virtual bool samples_on_device() const { return false; }
+  // Whether sample_masked() draws grammar rows on the device (then their logits never reach the
+  // host; with samples_on_device() only).
+  virtual bool masks_on_device() const { return false; }
+  virtual Status sample_masked(const MaskedRows& in, StepOutput* out) {
+    (void)in, (void)out;
+    return SG_ERROR(StatusCode::kUnsupported, "this model runner does not apply grammar masks on its device",
+                    "sample constrained rows on the host (masks_on_device() is false)");
+  }
 };
 
 }  // namespace surogate::serve

@@ -7,6 +7,7 @@
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 #include "runtime/op_checks_sample.h"
+#include "runtime/op_registry.h"
 
 namespace surogate::serve {
 
@@ -128,6 +129,7 @@ Status ProgramRunner::run(const StepInput& in, StepOutput* out) {
   out->logprobs.assign(in.device_logprobs ? R : 0, 0.0f);
   out->ranks.assign(in.device_logprobs ? R : 0, 0);
   out->logits = Tensor();
+  last_rows_.assign(R, {nullptr, -1});
   std::vector<int32_t> adapters(in.adapter_ids.begin(), in.adapter_ids.end());
   std::sort(adapters.begin(), adapters.end());
   adapters.erase(std::unique(adapters.begin(), adapters.end()), adapters.end());
@@ -282,7 +284,10 @@ Status ProgramRunner::run_one(const StepInput& in, int adapter, StepOutput* out,
   std::vector<int32_t> tk(R);
   SG_RETURN_IF_ERROR(copy_raw(tk.data(), host, tokens.data, tokens.device, DType::kI32, R));
   auto dst = [&](int r) { return dst_rows.empty() ? r : dst_rows[r]; };
-  for (int r = 0; r < R; ++r) out->tokens[dst(r)] = tk[r];
+  for (int r = 0; r < R; ++r) {
+    out->tokens[dst(r)] = tk[r];
+    last_rows_[dst(r)] = {b, r};
+  }
   if (in.device_logprobs) {  // the rows' raw logprobs and ranks beside their tokens
     Tensor lp, rank;
     SG_RETURN_IF_ERROR(b->program->buffer(b->logprob_id, &lp));
@@ -338,6 +343,88 @@ Status ProgramRunner::run_one(const StepInput& in, int adapter, StepOutput* out,
       convert(host_rows + at[r] * V * es, logits.dtype, out_rows + int64_t{dst(r)} * V, DType::kF32, V);
     }
   });
+  return Status::OK();
+}
+
+Status ProgramRunner::sample_masked(const MaskedRows& in, StepOutput* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t V = config_.vocab_size, W = (V + 31) / 32, n_all = static_cast<int64_t>(in.rows.size());
+  SG_CHECK(in.words == W && static_cast<int64_t>(in.masks.size()) == n_all &&
+               static_cast<int64_t>(in.sample_params.size()) == n_all * kSampleParamCols,
+           StatusCode::kInvalidArgument,
+           str_cat("sample_masked: ", n_all, " rows with ", in.masks.size(), " masks of ", in.words, " words and ",
+                   in.sample_params.size(), " params (want ", W, " words and 8 params a row)"),
+           "give one mask of ceil(V / 32) words and one params row per row");
+  const int64_t R = static_cast<int64_t>(last_rows_.size());
+  SG_CHECK(static_cast<int64_t>(out->tokens.size()) == R &&
+               (!in.logprobs || (static_cast<int64_t>(out->logprobs.size()) == R &&
+                                 static_cast<int64_t>(out->ranks.size()) == R)),
+           StatusCode::kInvalidArgument, "sample_masked: the StepOutput is not the last run()'s",
+           "call it after run(), with that step's output (device_logprobs set when logprobs are asked)");
+  std::map<Bucket*, std::vector<int64_t>> groups;  // bucket -> indices into in.rows
+  for (int64_t i = 0; i < n_all; ++i) {
+    const int r = in.rows[i];
+    SG_CHECK(r >= 0 && r < R && last_rows_[r].first != nullptr, StatusCode::kInvalidArgument,
+             str_cat("sample_masked: row ", r, " is not a logits row of the last step (", R, " rows)"), "");
+    groups[last_rows_[r].first].push_back(i);
+  }
+  const Device host{};
+  for (auto& [b, idx] : groups) {
+    int lo = INT32_MAX, hi = -1;
+    for (int64_t i : idx) {
+      lo = std::min(lo, last_rows_[in.rows[i]].second);
+      hi = std::max(hi, last_rows_[in.rows[i]].second + 1);
+    }
+    const int64_t n = hi - lo, RB = b->key.R;
+    if (b->masked == nullptr) {
+      b->masked_out = RB * (kSampleParamCols + W);
+      const size_t bytes = static_cast<size_t>(b->masked_out + 3 * RB) * sizeof(int32_t);
+      if (config_.device.is_cpu() || !allocate_host(bytes, true, &b->masked_host).ok()) {
+        SG_RETURN_IF_ERROR(allocate_host(bytes, false, &b->masked_host));
+      }
+      SG_RETURN_IF_ERROR(allocate(config_.device, bytes, &b->masked));
+    }
+    // The host image: the given rows; the rows between them temperature 0, every token allowed.
+    int32_t* h = static_cast<int32_t*>(b->masked_host.get());
+    int32_t* masks = h + n * kSampleParamCols;
+    std::vector<uint8_t> given(n, 0);
+    for (int64_t i : idx) {
+      const int64_t j = last_rows_[in.rows[i]].second - lo;
+      given[j] = 1;
+      std::memcpy(h + j * kSampleParamCols, in.sample_params.data() + i * kSampleParamCols,
+                  kSampleParamCols * sizeof(float));
+      std::memcpy(masks + j * W, in.masks[i], W * sizeof(uint32_t));
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      if (given[j]) continue;
+      std::fill_n(h + j * kSampleParamCols, kSampleParamCols, 0);
+      std::fill_n(masks + j * W, W, -1);
+    }
+    auto* dev = static_cast<int32_t*>(b->masked.get());
+    SG_RETURN_IF_ERROR(copy_raw(dev, config_.device, h, host, DType::kI32, n * (kSampleParamCols + W)));
+    Tensor logits;
+    SG_RETURN_IF_ERROR(b->program->buffer(b->logits_id, &logits));
+    int32_t* o = dev + b->masked_out;
+    const std::vector<Tensor> ins = {
+        logits.slice0(lo, n), Tensor::view_of(dev, DType::kF32, {n, kSampleParamCols}, config_.device, b->masked),
+        Tensor::view_of(dev + n * kSampleParamCols, DType::kI32, {n, W}, config_.device, b->masked)};
+    const std::vector<Tensor> outs = {Tensor::view_of(o, DType::kI32, {n}, config_.device, b->masked),
+                                      Tensor::view_of(o + RB, DType::kF32, {n}, config_.device, b->masked),
+                                      Tensor::view_of(o + 2 * RB, DType::kI32, {n}, config_.device, b->masked)};
+    SG_RETURN_IF_ERROR(OpRegistry::global().call("sample", ins, outs, Attrs{}));
+    int32_t* back = h + b->masked_out;  // token, logprob, rank [RB] each
+    // One transfer: the tokens, or through the ranks (logprob, rank at RB and 2 RB).
+    SG_RETURN_IF_ERROR(copy_raw(back, host, o, config_.device, DType::kI32, in.logprobs ? 2 * RB + n : n));
+    for (int64_t i : idx) {
+      const int r = in.rows[i];
+      const int64_t j = last_rows_[r].second - lo;
+      out->tokens[r] = back[j];
+      if (in.logprobs) {
+        std::memcpy(&out->logprobs[r], back + RB + j, sizeof(float));
+        out->ranks[r] = back[2 * RB + j];
+      }
+    }
+  }
   return Status::OK();
 }
 

@@ -77,6 +77,11 @@ class ProgramRunner : public ModelRunner {
   int vocab_size() const override { return config_.vocab_size; }
   int hidden_size() const override { return config_.hidden_size; }
   bool samples_on_device() const override { return true; }
+  bool masks_on_device() const override { return true; }
+  // The `sample` op with the grammar masks over rows of the last run()'s logits, still in its
+  // Programs' buffers (each bucket's rows in one call; rows between them drawn unmasked at
+  // temperature 0 and dropped): only the tokens (logprobs, ranks) come back.
+  Status sample_masked(const MaskedRows& in, StepOutput* out) override;
 
   // Drop the Programs of one adapter (-2: all), e.g. before the caller re-registers it.
   void forget(int adapter);
@@ -97,6 +102,11 @@ class ProgramRunner : public ModelRunner {
     std::shared_ptr<void> rows;     // the embedding rows [E, hidden] f32 on the device (E > 0)
     std::vector<float> host_rows;   // their host image
     int logits_id = -1, token_id = -1, logprob_id = -1, rank_id = -1;  // the program's outputs
+    // sample_masked's buffer on the device (int32): params [n, 8], masks [n, W] (n <= R), then
+    // token, logprob, rank [R] at masked_out; its host image (page-locked on a GPU: the masks,
+    // ~19 KB a row at V = 151,936, go up every step).
+    std::shared_ptr<void> masked, masked_host;
+    int64_t masked_out = 0;
   };
 
   Status bucket(const BucketKey& key, Bucket** out);
@@ -110,6 +120,7 @@ class ProgramRunner : public ModelRunner {
   std::map<BucketKey, std::unique_ptr<Bucket>> buckets_;
   std::vector<float> logits_;          // host float32 [R, V]
   std::vector<uint8_t> staging_;       // device logits rows on their way to float32
+  std::vector<std::pair<Bucket*, int>> last_rows_;  // the last run()'s rows: bucket, row in it
 };
 
 }  // namespace surogate::serve

@@ -68,12 +68,23 @@ void Sampler::apply_penalties(float* logits, const SamplingParams& p, const std:
   }
 }
 
-bool Sampler::needs_logits(const Sequence& seq, bool device_samples) {
+Status Sampler::all_masked_error(bool grammar) {
+  return SG_ERROR(StatusCode::kInvalidArgument, "every token is masked: nothing left to sample",
+                  grammar ? "the grammar allows only tokens that min_tokens, logit_bias or the stop "
+                            "tokens exclude (often: it allows only eos while min_tokens masks it)"
+                          : "min_tokens masks eos and stop_token_ids; check that they do not cover the "
+                            "vocabulary");
+}
+
+bool Sampler::needs_logits(const Sequence& seq, bool device_samples, bool device_masks) {
   const SamplingParams& p = seq.params;
   if (!seq.forced.empty()) return p.logprobs >= 0;
   const bool masking = seq.num_output_tokens() < p.min_tokens &&
                        (!p.stop_token_ids.empty() || (!p.ignore_eos && !p.eos_token_ids.empty()));
-  if (masking || !p.logit_bias.empty() || p.constrained || p.repetition_penalty != 1.0f ||
+  // A grammar row's mask goes to the device with it (ModelRunner::sample_masked) when the runner
+  // takes masks and nothing else needs the host; a constrained sequence still reasoning has no mask.
+  const bool host_grammar = p.constrained && !(device_samples && device_masks);
+  if (masking || !p.logit_bias.empty() || host_grammar || p.repetition_penalty != 1.0f ||
       p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
     return true;
   }
@@ -94,22 +105,12 @@ Status Sampler::sample(const float* logits, const SamplingParams& p, const std::
     }
     x[i] = logits[i];
   }
-  if (allowed != nullptr) {
-    for (int i = 0; i < V; ++i) {
-      if (!mask_allows(allowed, i)) x[i] = kNegInf;
-    }
-  }
+  if (allowed != nullptr) cpu::mask_row(x, V, allowed);
   apply_penalties(x, p, token_ids, num_prompt);
 
   int32_t best = 0;
   for (int i = 1; i < V; ++i) best = x[i] > x[best] ? i : best;
-  if (x[best] == kNegInf) {
-    return SG_ERROR(StatusCode::kInvalidArgument, "every token is masked: nothing left to sample",
-                    allowed != nullptr ? "the grammar allows only tokens that min_tokens, logit_bias or the stop "
-                                         "tokens exclude (often: it allows only eos while min_tokens masks it)"
-                                       : "min_tokens masks eos and stop_token_ids; check that they do not cover the "
-                                         "vocabulary");
-  }
+  if (x[best] == kNegInf) return all_masked_error(allowed != nullptr);
   if (p.greedy()) {
     *token = best;
     return Status::OK();

@@ -20,6 +20,9 @@
 // StepInput::sample_params and returns the token, its raw logprob and rank. A row whose request
 // needs nothing beyond that (no grammar, logit_bias, penalty or min_tokens mask in force, no
 // top_logprobs) then never reaches the host (needs_logits is false): its logits stay on the GPU.
+// A grammar row too, on a runner that applies masks on its device (ModelRunner::masks_on_device):
+// once the step's masks are filled, the runner draws it again with the op's mask input (the mask
+// rule is cpu::mask_row's on both paths), and an all-zero mask fails as sample() does here.
 // Both paths make the same draw (the same u, the same rule), so a request's tokens do not depend
 // on which path a row took, on the batch, on preemption or on speculation (a verification row j
 // draws at step num_output + j, as plain decoding would), only on its seed and the logits. A
@@ -73,7 +76,14 @@ class Sampler {
   // walk samples each row as plain decoding would (a point-mass draft needs no p(draft); a
   // sampled drafter's min(1, p / q) rule would need the rows). A runner copies only the rows for
   // which this is true, so grammar masks and logit_bias reach the device's rows through this.
-  static bool needs_logits(const Sequence& seq, bool device_samples = false);
+  // device_masks: the runner also applies grammar masks on its device (ModelRunner::masks_on_device,
+  // and the row is no speculative verification row): a constrained row then follows the same rule
+  // as an unconstrained one, its token drawn again under its mask once the mask is filled.
+  static bool needs_logits(const Sequence& seq, bool device_samples = false, bool device_masks = false);
+
+  // The error of a row left with nothing to sample (grammar: a mask was applied), on the host
+  // path and for the device's token -2 (sample::kNothingAllowed) alike.
+  static Status all_masked_error(bool grammar);
 
   // Steps 1 (min_tokens, logit_bias) and 2 (penalties) in place (exposed for tests).
   void apply_penalties(float* logits, const SamplingParams& params, const std::vector<int32_t>& token_ids,

@@ -170,7 +170,8 @@ void Scheduler::build_input(StepPlan& plan) const {
     }
     if (end == n + ss.num_draft) {  // the last token's row, then one per draft token
       ss.sample_row = in.num_logits_rows();
-      const bool need = Sampler::needs_logits(seq, config_.device_sampling);
+      // (speculative verification rows of a grammar stay on the host: the walk masks row by row)
+      const bool need = Sampler::needs_logits(seq, config_.device_sampling, config_.device_masks && ss.num_draft == 0);
       // The device draws the row's token when the engine takes it from there: row j of a span
       // draws at step num_output + j, as plain decoding would (Sampler::sample).
       const bool draw = config_.device_sampling && !need && seq.forced.empty() && !seq.params.greedy();

@@ -44,6 +44,9 @@ struct SchedulerConfig {
   // The runner samples on its device (ModelRunner::samples_on_device): plain sampled rows need no
   // logits on the host, and every step carries StepInput::sample_params.
   bool device_sampling = false;
+  // It also draws grammar rows under their masks (ModelRunner::masks_on_device; the engine's
+  // SUROGATE_DEVICE_MASKS=0 turns it off): a plain constrained row needs no logits on the host.
+  bool device_masks = false;
 };
 
 // One sequence's share of a step: positions [start, start + len) are computed.
@@ -77,6 +80,7 @@ class Scheduler {
   int64_t num_preemptions() const { return num_preemptions_; }
 
   StepPlan schedule();
+  const SchedulerConfig& config() const { return config_; }
   // After the runner: the step's tokens are in the cache; full blocks become findable. Spans
   // with draft tokens are left to accept().
   void update(const StepPlan& plan);

@@ -283,6 +283,7 @@ class Load:
     mask_calls: int = 0
     model_seconds: float = 0.0  # the engine's: model runner + waiting for the step's masks
     steps: int = 0
+    device_masked: int = 0  # grammar rows masked and sampled on the device (EngineStats.device_masked_rows)
     texts: list[str] = field(default_factory=list)
 
     @property
@@ -319,7 +320,8 @@ def timed_load(llm: LLM, client: EngineClient, prompts: list[list[int]], params:
     answers = [[t for t in x if t not in eos] if f == "stop" else x for x, f in zip(ids, finish)]
     load = Load(name, elapsed, [len(a) for a in answers], finish, mask_seconds=masks.fill_seconds - m0[0],
                 mask_rows=masks.fill_rows - m0[1], mask_calls=masks.fill_calls - m0[2],
-                model_seconds=after.model_seconds - before.model_seconds, steps=after.num_steps - before.num_steps)
+                model_seconds=after.model_seconds - before.model_seconds, steps=after.num_steps - before.num_steps,
+                device_masked=after.device_masked_rows - before.device_masked_rows)
     load.texts = [llm.tokenizer.decode(a, skip_special_tokens=True) if params[0].structured_outputs else ""
                   for a in answers]
     return load
@@ -389,7 +391,8 @@ def run(shape: str, *, n: int, prompt_len: int, output_len: int, dtype: str, dev
         share = cons.mask_seconds / cons.model_seconds if cons.model_seconds else 0.0
         print(f"grammar masks: {cons.mask_rows:,} masks in {cons.mask_calls:,} engine steps, "
               f"{cons.mask_seconds:.3f} s on the engine's helper thread = {100 * share:.1f}% of the "
-              f"{cons.model_seconds:.3f} s the steps spent in the model (it overlaps the model's step)")
+              f"{cons.model_seconds:.3f} s the steps spent in the model (it overlaps the model's step); "
+              f"{cons.device_masked:,} of the masks applied on the device, the rest by the host sampler")
     print(f"grammar compile: {1e3 * first:.1f} ms the first time (the vocabulary's form, once per model), "
           f"{1e3 * per_request:.2f} ms per request after (grammar + matcher)")
     if cons.cut:

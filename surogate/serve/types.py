@@ -231,4 +231,5 @@ class EngineStats(msgspec.Struct, kw_only=True):
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
     spec_accepted_per_pos: list[int] = msgspec.field(default_factory=list)
+    device_masked_rows: int = 0  # grammar rows masked and sampled on the device (not the host)
     last_error: str | None

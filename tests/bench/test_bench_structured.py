@@ -29,6 +29,7 @@ def test_json_schema_answers_all_validate_and_the_table_prints(capsys):
     assert base.lengths == [256] * 3 and same.lengths == cons.lengths
     assert cons.mask_rows == cons.tokens + 3  # one mask per sampled token, EOS included
     assert base.mask_rows == 0 and cons.mask_seconds > 0
+    assert cons.device_masked == cons.mask_rows and base.device_masked == 0  # plain grammar rows: all on the device
     for text in ("out tok/s", "requests/s", "mean out len", "mask us/tok", "3/3", "ratio constrained / unconstrained",
                  "tokenizer: SmolLM2-135M-Instruct's first 4,096 tokens", "grammar compile"):
         assert text in out

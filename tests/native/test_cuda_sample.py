@@ -107,3 +107,74 @@ def test_a_full_batch_of_qwen_sized_rows_in_bf16():
     (tok, lp, rank), (ctok, clp, crank) = both(x, p)
     assert (tok != ctok).sum() <= 1
     np.testing.assert_allclose(lp, clp, rtol=1e-5, atol=1e-4)
+
+
+# ---- the optional mask input (grammar bitmasks applied on the GPU, issue #20) -------------------
+
+def masks(R, V, seed, density=0.02):
+    rng = np.random.default_rng(seed)
+    allowed = rng.random((R, V)) < density
+    allowed[np.arange(R), rng.integers(0, V, R)] = True
+    allowed[0] = True  # an unconstrained row (all ones)
+    return allowed
+
+
+@pytest.mark.parametrize("V", [7, 33, 3001, 151936])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("knobs", FILTERS + [dict(temperature=0.0)],
+                         ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items()))
+def test_masked_cuda_tokens_equal_the_cpus(knobs, dtype, V):
+    """The masked op on the GPU against the CPU's masked op and the numpy reference on the masked
+    row: greedy rows bit for bit, sampled rows too but for an exp an ulp apart (at most one row,
+    as unmasked); logprob and rank of the raw row."""
+    R = 24 if V > 10000 else 64
+    x = rows(R, V, V + 3, dtype=dtype)
+    allowed = masks(R, V, V, density=0.3 if V < 100 else 0.02)
+    m = ref.pack_mask(allowed)
+    seeds = np.arange(R, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(V + 1)
+    p = ref.params(R, seed=seeds, step=np.arange(R) * 5 + 1, **knobs)
+    tok, lp, rank = ref.run(x, p, True, "cuda", mask=m)
+    ctok, clp, crank = ref.run(x, p, True, "cpu", mask=m)
+    if knobs.get("temperature", 1.0) < 1e-5:
+        np.testing.assert_array_equal(tok, ctok)
+    else:
+        assert (tok != ctok).sum() <= 1, np.flatnonzero(tok != ctok)
+    assert allowed[np.arange(R), tok].all()
+    same = tok == ctok
+    np.testing.assert_array_equal(rank[same], crank[same])
+    np.testing.assert_allclose(lp[same], clp[same], rtol=1e-5, atol=1e-5)
+    xf = np.asarray(x, np.float32)
+    want = [ref.token(ref.masked(xf[r], allowed[r]), int(seeds[r]), int(np.arange(R)[r] * 5 + 1), **knobs)
+            for r in range(R)]
+    assert (tok != np.array(want)).sum() <= 1
+
+
+def test_masked_cuda_rows_allowing_nothing_are_minus_two():
+    V = 3001
+    x = rows(4, V, 1)
+    x[2, 10] = -np.inf
+    x[3, 5] = np.nan
+    allowed = np.zeros((4, V), bool)
+    allowed[2, 10] = True
+    p = ref.params(4, temperature=[0.0, 1.0, 0.8, 1.0], seed=3)
+    tok, lp, rank = ref.run(x, p, True, "cuda", mask=ref.pack_mask(allowed))
+    ctok, clp, crank = ref.run(x, p, True, "cpu", mask=ref.pack_mask(allowed))
+    assert tok.tolist() == ctok.tolist() == [-2, -2, -2, -1]
+    assert rank.tolist() == crank.tolist() == [0, 0, 0, 0]
+    assert np.isneginf(lp[:3]).all() and np.isnan(lp[3])
+
+
+def test_a_full_masked_batch_of_qwen_sized_rows_in_bf16():
+    """128 grammar rows of V = 151,936 (a structured-output decode step at 128 streams)."""
+    R, V = 128, 151936
+    x = rows(R, V, 4, scale=2.5, dtype="bfloat16")
+    allowed = masks(R, V, 8, density=0.05)
+    m = ref.pack_mask(allowed)
+    p = ref.params(R, temperature=0.7, top_k=np.where(np.arange(R) % 3 == 0, 20, 0),
+                   top_p=np.where(np.arange(R) % 2 == 0, 0.95, 1.0), seed=np.arange(R) + 1, step=11)
+    p[::5, 0] = 0.0
+    tok = ref.run(x, p, False, "cuda", mask=m)[0]
+    ctok = ref.run(x, p, False, "cpu", mask=m)[0]
+    assert (tok != ctok).sum() <= 1
+    assert (tok[::5] == ctok[::5]).all()
+    assert allowed[np.arange(R), tok].all()

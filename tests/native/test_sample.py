@@ -172,3 +172,81 @@ def test_bad_calls_say_what_is_wrong():
         _native.call_op("sample", [x, p], [np.zeros(2, np.int32), np.zeros(3, np.float32), None], {})
     with pytest.raises(InvalidArgumentError, match="output 1 is required"):
         _native.call_op("sample", [x, p], [np.zeros(2, np.int32), None, None], {})
+
+
+# ---- the optional mask input (a grammar's bitmask, applied on the device) ----------------------
+
+def random_masks(R, V, seed, density=0.02):
+    """bool [R, V]: sparse allowed sets (grammar-like), each row with a few allowed tokens."""
+    rng = np.random.default_rng(seed)
+    allowed = rng.random((R, V)) < density
+    allowed[np.arange(R), rng.integers(0, V, R)] = True
+    return allowed
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("knobs", FILTERS + [dict(temperature=0.0)],
+                         ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items()))
+def test_masked_tokens_equal_the_numpy_reference_on_the_masked_row(knobs, dtype):
+    """The choice is the reference's on the row with disallowed tokens at -inf (what the host
+    Sampler draws from); the logprob and rank stay those of the raw row."""
+    R, V = 48, 3001
+    x = random_rows(R, V, 9, dtype=dtype)
+    xf = f32(x)
+    allowed = random_masks(R, V, 1)
+    allowed[:4] = True  # unconstrained rows (all ones) draw as without a mask
+    allowed[4, :] = False
+    allowed[4, [7, 2900]] = True  # two allowed tokens, one past the last full word
+    seeds = np.arange(R, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(5)
+    steps = np.arange(R) * 7 + 2
+    p = ref.params(R, seed=seeds, step=steps, **knobs)
+    tok, lp, rank = sample(x, p, mask=ref.pack_mask(allowed))
+    want = [ref.token(ref.masked(xf[r], allowed[r]), int(seeds[r]), int(steps[r]), **knobs) for r in range(R)]
+    assert tok.tolist() == want
+    assert allowed[np.arange(R), tok].all()
+    assert tok[:4].tolist() == sample(x[:4], p[:4])[0].tolist()
+    assert rank.tolist() == [ref.rank(xf[r], tok[r]) for r in range(R)]
+    np.testing.assert_allclose(lp, ref.log_softmax(xf)[np.arange(R), tok], rtol=1e-5, atol=1e-5)
+
+
+def test_masked_rows_equal_the_host_samplers_masked_draws():
+    """The op with a mask and the host Sampler's masked path (serve/sampler.cpp through the toy
+    runner's engine) share their row code; here the host's masking rule itself: -inf then the
+    unmasked op on that row gives the masked op's tokens for any knobs."""
+    R, V = 32, 700
+    x = random_rows(R, V, 3)
+    allowed = random_masks(R, V, 2, density=0.1)
+    for knobs in FILTERS:
+        p = ref.params(R, seed=np.arange(R) + 11, step=3, **knobs)
+        assert sample(x, p, mask=ref.pack_mask(allowed))[0].tolist() == sample(ref.masked(x, allowed), p)[0].tolist()
+
+
+def test_a_mask_allowing_nothing_gives_token_minus_two():
+    """No allowed token (or only -inf ones): token -2, logprob -inf, rank 0, whatever the
+    temperature; a NaN row is still -1 (NaN is checked first, as on the host)."""
+    V = 100
+    x = random_rows(4, V, 5)
+    x[2, 10] = -np.inf
+    x[3, 0] = np.nan
+    allowed = np.ones((4, V), bool)
+    allowed[0] = False
+    allowed[1] = False
+    allowed[2] = False
+    allowed[2, 10] = True
+    allowed[3] = False
+    p = ref.params(4, temperature=[0.0, 1.0, 0.7, 1.0], seed=1)
+    tok, lp, rank = sample(x, p, mask=ref.pack_mask(allowed))
+    assert tok.tolist() == [-2, -2, -2, -1]
+    assert np.isneginf(lp[:3]).all() and np.isnan(lp[3])
+    assert rank.tolist() == [0, 0, 0, 0]
+
+
+def test_bad_masks_say_what_is_wrong():
+    x = np.zeros((2, 40), np.float32)
+    p = ref.params(2)
+    outs = [np.zeros(2, np.int32), np.zeros(2, np.float32), None]
+    with pytest.raises(ShapeError, match=r"mask \[2, 1\] must be \[R, ceil\(V / 32\)\] = \[2, 2\]"):
+        _native.call_op("sample", [x, p, np.zeros((2, 1), np.int32)], outs, {})
+    with pytest.raises(DTypeError, match="mask has dtype"):
+        _native.call_op("sample", [x, p, np.zeros((2, 2), np.float32)], outs, {})
+

@@ -137,14 +137,30 @@ def rank(x: np.ndarray, t: int) -> int:
     return 1 + int(np.sum((x > x[t]) | ((x == x[t]) & (np.arange(len(x)) < t))))
 
 
-def run(x: np.ndarray, p: np.ndarray, rank: bool = True, device: str = "cpu") -> list:
-    """The native op on host arrays: [token, logprob, rank or None]."""
+def pack_mask(allowed: np.ndarray) -> np.ndarray:
+    """bool [R, V] -> the op's int32 bitmask [R, ceil(V / 32)]: bit i % 32 of word i / 32 = token i."""
+    R, V = allowed.shape
+    W = (V + 31) // 32
+    bits = np.zeros((R, W * 32), bool)
+    bits[:, :V] = allowed
+    words = (bits.reshape(R, W, 32).astype(np.uint64) << np.arange(32, dtype=np.uint64)).sum(axis=2)
+    return words.astype(np.uint32).view(np.int32)
+
+
+def masked(x: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """The row the choice sees: -inf where the mask does not allow the token (float32)."""
+    return np.where(allowed, x.astype(np.float32), np.float32(-np.inf)).astype(np.float32)
+
+
+def run(x: np.ndarray, p: np.ndarray, rank: bool = True, device: str = "cpu", mask: np.ndarray | None = None) -> list:
+    """The native op on host arrays: [token, logprob, rank or None]; mask: the int32 bitmask input."""
     R = x.shape[0]
     outs = [np.zeros(R, np.int32), np.zeros(R, np.float32), np.zeros(R, np.int32) if rank else None]
+    args = [x, p] if mask is None else [x, p, mask]
     if device == "cpu":
-        _native.call_op("sample", [x, p], outs, {})
+        _native.call_op("sample", args, outs, {})
         return outs
-    ins = [_native.tensor(np.ascontiguousarray(a)).to(device) for a in (x, p)]
+    ins = [_native.tensor(np.ascontiguousarray(a)).to(device) for a in args]
     dev = [None if o is None else _native.tensor(o).to(device) for o in outs]
     _native.call_op("sample", ins, dev, {})
     return [None if o is None else o.to("cpu").numpy() for o in dev]
