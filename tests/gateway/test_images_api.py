@@ -479,7 +479,8 @@ def test_serve_media_flags_reach_the_gateway_config(monkeypatch, tmp_path, tiny_
     from surogate.cli.main import app
 
     seen = {}
-    launched = SimpleNamespace(name="m", adapters={}, generates=True, offload=None, max_model_len=64, kv_cache_tokens=16,
+    launched = SimpleNamespace(name="m", adapters={}, generates=True, offload=None, max_model_len=64,
+                               kv_cache_tokens=16,
                                llm=lambda: LLM(None, tiny_tokenizers["chatml"], max_model_len=64),
                                embedder=lambda pooling: None)
     monkeypatch.setattr(surogate.serve.launch, "launch", lambda *args, **kw: launched)
