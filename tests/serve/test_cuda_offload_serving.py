@@ -98,6 +98,9 @@ def test_a_lora_adapter_beside_the_base_model_answers_as_resident(path):
     assert run(model, ps, WeightOffload.plan(model, offload_layers=3), lora=(cfg, params))[:2] == want
 
 
+@pytest.mark.xfail(strict=True, reason="H200, 2026-12-03: with all 5 layers streamed the profile run's peak was "
+                   "the resident run's plus the two staging buffers (qwen3 134.5 vs 105.6 MB, 38.9 MB expected "
+                   "saved): something of the streamed layers' size is still allocated on the device; not found yet")
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
 def test_the_profile_run_counts_only_the_resident_weights(family, tmp_path):
     """launch's KV cache sizing (launch.profile_memory): the streamed layers' weights are not in
