@@ -59,13 +59,13 @@ class SeparateCopyGRPOTrainer(GRPOTrainer):
         if self.lora is not None:
             self.adapter = ADAPTER_SLOT
 
-    def rollout(self, samples, step):
+    def rollout(self, samples, step, index=None):
         if self.lora is not None:  # the weight sync: the trained adapter to the engine's copy
             t0 = time.perf_counter()
             host = {n: self.exe.pull(n).copy() for n in self.trainable}
             self.runner.add_adapter(ADAPTER_SLOT, dataclasses.replace(self.lora, dropout=0.0), host)
             self.sync_seconds = time.perf_counter() - t0
-        return super().rollout(samples, step)
+        return super().rollout(samples, step, index)
 
 
 def run(shape: str, *, prompts: int, generations: int, prompt_len: int, completion_len: int, dtype: str,
