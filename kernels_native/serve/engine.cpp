@@ -416,14 +416,12 @@ Status Engine::sample_masked(const StepPlan& plan, const StepMasks& masks, StepO
     const Sequence& seq = *ss.seq;
     const uint32_t* mask = masks.rows.data() + k++ * static_cast<size_t>(rows.words);
     if (plan.input.need_logits[ss.sample_row]) continue;  // the host samples it (logit_bias, penalties, ...)
-    const SamplingParams& p = seq.params;
     rows.rows.push_back(ss.sample_row);
-    rows.sample_params.resize(rows.rows.size() * kSampleParamCols);
-    pack_sample_params(rows.sample_params.data() + (rows.rows.size() - 1) * kSampleParamCols,
-                       p.greedy() ? 0.0f : p.temperature, p.top_k, p.top_p, p.min_p, seq.seed,
-                       static_cast<uint32_t>(seq.num_output_tokens()));
+    // The row's parameters as the scheduler packed them for the step's own draw (zeros: greedy).
+    const float* packed = plan.input.sample_params.data() + static_cast<size_t>(ss.sample_row) * kSampleParamCols;
+    rows.sample_params.insert(rows.sample_params.end(), packed, packed + kSampleParamCols);
     rows.masks.push_back(mask);
-    rows.logprobs |= p.logprobs >= 0;
+    rows.logprobs |= seq.params.logprobs >= 0;
   }
   if (rows.rows.empty()) return Status::OK();
   counters_.device_masked_rows += static_cast<int64_t>(rows.rows.size());
