@@ -238,6 +238,8 @@ py::dict stats_dict(const EngineStats& s) {
   d["spec_num_accepted_tokens"] = s.spec_num_accepted_tokens;
   d["spec_accepted_per_pos"] = py::cast(s.spec_accepted_per_pos);
   d["device_masked_rows"] = s.device_masked_rows;
+  d["grammar_checked_rows"] = s.grammar_checked_rows;
+  d["grammar_checked_allowed"] = s.grammar_checked_allowed;
   d["last_error"] = s.last_error.empty() ? py::object(py::none()) : py::object(py::str(s.last_error));
   return d;
 }
@@ -333,16 +335,60 @@ class PyModelRunner : public ModelRunner {
 // A TokenMasker that calls fn(request_ids: list[int], new_tokens: list[list[int]], rows) in
 // Python, rows being a writable int32 numpy view [N, W] of the engine's mask buffer (llguidance's
 // fill_next_token_bitmask_par writes it in place).
+// With check: check(request_ids, new_tokens, candidates, rows) advances each request over its new
+// tokens and, when candidates (a list of ints) is not None, returns whether each may come next,
+// writing rows[i] (the same view as fill's) with the mask of each it refuses.
 class PyTokenMasker : public TokenMasker {
  public:
-  explicit PyTokenMasker(py::function fn) : fn_(std::move(fn)) {}
+  PyTokenMasker(py::function fn, py::object check) : fn_(std::move(fn)), check_(std::move(check)) {}
   ~PyTokenMasker() override {
     if (!Py_IsInitialized()) {
       fn_.release();
+      check_.release();
       return;
     }
     py::gil_scoped_acquire gil;
     fn_ = py::object();
+    check_ = py::object();
+  }
+
+  bool checks_tokens() const override { return !check_.is_none(); }
+
+  Status check(const std::vector<MaskRequest>& requests, const int32_t* candidates, uint8_t* allowed, uint32_t* rows,
+               int words) override {
+    if (!Py_IsInitialized()) {
+      return SG_ERROR(StatusCode::kInternal, "the Python token masker outlived the interpreter",
+                      "shut the engine down (EngineClient.close()) before the interpreter exits");
+    }
+    py::gil_scoped_acquire gil;
+    try {
+      py::list ids, tokens;
+      for (const MaskRequest& r : requests) {
+        ids.append(py::int_(r.request_id));
+        tokens.append(py::cast(r.new_tokens));
+      }
+      py::object cands = py::none(), view = py::none();
+      if (candidates != nullptr) {
+        cands = py::cast(std::vector<int32_t>(candidates, candidates + requests.size()));
+        const auto n = static_cast<py::ssize_t>(requests.size());
+        const auto w = static_cast<py::ssize_t>(words), es = static_cast<py::ssize_t>(sizeof(int32_t));
+        view = py::array_t<int32_t>({n, w}, {w * es, es}, reinterpret_cast<int32_t*>(rows), py::none());
+      }
+      py::object got = check_(ids, tokens, cands, view);
+      if (candidates == nullptr) return Status::OK();
+      auto flags = got.cast<std::vector<bool>>();
+      SG_CHECK(flags.size() == requests.size(), StatusCode::kInternal,
+               str_cat("the token masker's check returned ", flags.size(), " answers for ", requests.size(), " tokens"),
+               "return one bool per candidate");
+      for (size_t i = 0; i < flags.size(); ++i) allowed[i] = flags[i] ? 1 : 0;
+      return Status::OK();
+    } catch (py::error_already_set& e) {
+      return SG_ERROR(StatusCode::kInternal, str_cat("the grammar (token masker) raised ", e.what()),
+                      "check the request's response_format / structured_outputs");
+    } catch (py::cast_error& e) {
+      return SG_ERROR(StatusCode::kInternal, str_cat("the token masker's check returned no list of bools: ", e.what()),
+                      "return one bool per candidate");
+    }
   }
 
   Status fill(const std::vector<MaskRequest>& requests, uint32_t* rows, int words) override {
@@ -371,6 +417,7 @@ class PyTokenMasker : public TokenMasker {
 
  private:
   py::object fn_;
+  py::object check_;
 };
 
 // A Python object held from native code: released under the GIL, leaked after interpreter exit.
@@ -657,16 +704,20 @@ void bind_serve(py::module_& parent) {
       .def("release", &Engine::release)
       .def("reset_prefix_cache", &Engine::reset_prefix_cache, py::call_guard<py::gil_scoped_release>(),
            "Forget every cached prefix (between steps); returns how many blocks left the cache.")
-      .def("set_token_masker", [](Engine& e, py::function fn) {
+      .def("set_token_masker", [](Engine& e, py::function fn, py::object check) {
              if (e.running()) {
                throw_status(SG_ERROR(StatusCode::kInvalidArgument, "set_token_masker on a running engine",
                                      "set it before start()"));
              }
-             e.set_token_masker(std::make_shared<PyTokenMasker>(std::move(fn)));
+             e.set_token_masker(std::make_shared<PyTokenMasker>(std::move(fn), std::move(check)));
            },
-           py::arg("fn"),
+           py::arg("fn"), py::arg("check") = py::none(),
            "fn(request_ids, new_tokens, rows): advance each request's grammar over its new answer tokens "
-           "and write the allowed-token bitmask into rows[i] (int32 [N, ceil(V/32)]); before start().")
+           "and write the allowed-token bitmask into rows[i] (int32 [N, ceil(V/32)]); before start(). "
+           "check(request_ids, new_tokens, candidates, rows), optional: advance likewise and, when candidates "
+           "is not None, return a list of bools (candidate i may come next, as its mask would say) and write "
+           "rows[i] with the mask of each refused one; the engine then needs masks only for the draws the "
+           "grammar refuses (serve/token_mask.h).")
       .def("start", [](Engine& e) {
         check(e.start());
         std::lock_guard<std::mutex> lock(g_live_mu);

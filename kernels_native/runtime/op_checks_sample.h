@@ -31,6 +31,10 @@ enum SampleParam : int {
   kSampleParamCols  // 8
 };
 
+// A grammar row's second draw (Sampler::checks_first: its first, unmasked draw was refused) sets
+// this bit of its step: the Philox counter of a uniform no first draw uses (steps stay below 2^31).
+constexpr uint32_t kSampleRedraw = 1u << 31;
+
 // Below this temperature a row is greedy (SamplingParams::greedy): the argmax op's token.
 constexpr float kSampleGreedyBelow = 1e-5f;
 

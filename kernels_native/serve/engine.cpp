@@ -330,13 +330,12 @@ bool Engine::step_once() {
     collect_masks(plan, &masks);
     std::future<void> filling;  // the masks, on a helper thread while the model runs
     if (!masks.seqs.empty()) {
-      filling = std::async(std::launch::async, [this, &masks] {
-        masks.status = masker_->fill(masks.requests, masks.rows.data(), mask_words(sampler_.vocab_size()));
-      });
+      filling = std::async(std::launch::async, [this, &masks] { masks.status = fill_masks(&masks); });
     }
     const auto m0 = std::chrono::steady_clock::now();
     Status st = run(plan, &out);
     if (filling.valid()) filling.get();
+    if (st.ok() && masks.status.ok()) masks.status = check_draws(plan, out, &masks);
     if (st.ok()) st = sample_masked(plan, masks, &out);
     counters_.model_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - m0).count();
     if (st.ok()) {
@@ -414,12 +413,22 @@ Status Engine::sample_masked(const StepPlan& plan, const StepMasks& masks, StepO
     if (k == masks.seqs.size()) break;
     if (ss.sample_row < 0 || ss.seq != masks.seqs[k]) continue;
     const Sequence& seq = *ss.seq;
-    const uint32_t* mask = masks.rows.data() + k++ * static_cast<size_t>(rows.words);
+    const size_t at = k++;
+    const uint32_t* mask = masks.mask[at];
     if (plan.input.need_logits[ss.sample_row]) continue;  // the host samples it (logit_bias, penalties, ...)
+    if (masks.checked[at] && !masks.redraw[at]) continue;  // its draw was allowed: kept
     rows.rows.push_back(ss.sample_row);
-    // The row's parameters as the scheduler packed them for the step's own draw (zeros: greedy).
+    // The row's parameters as the scheduler packed them for the step's own draw (zeros: greedy);
+    // a refused checked draw is drawn again from the second uniform.
     const float* packed = plan.input.sample_params.data() + static_cast<size_t>(ss.sample_row) * kSampleParamCols;
     rows.sample_params.insert(rows.sample_params.end(), packed, packed + kSampleParamCols);
+    if (masks.redraw[at] && !seq.params.greedy()) {
+      float* p = rows.sample_params.data() + rows.sample_params.size() - kSampleParamCols;
+      uint32_t step;
+      std::memcpy(&step, p + kSampleStep, sizeof(step));
+      step |= kSampleRedraw;
+      std::memcpy(p + kSampleStep, &step, sizeof(step));
+    }
     rows.masks.push_back(mask);
     rows.logprobs |= seq.params.logprobs >= 0;
   }
@@ -430,6 +439,7 @@ Status Engine::sample_masked(const StepPlan& plan, const StepMasks& masks, StepO
 
 void Engine::collect_masks(const StepPlan& plan, StepMasks* masks) {
   if (masker_ == nullptr) return;
+  const bool device = scheduler_.config().device_masks;
   for (const ScheduledSeq& ss : plan.seqs) {
     Sequence& seq = *ss.seq;
     if (ss.sample_row < 0 || !seq.masked_next()) continue;
@@ -440,9 +450,80 @@ void Engine::collect_masks(const StepPlan& plan, StepMasks* masks) {
     seq.mask_fed = seq.num_tokens();
     masks->seqs.push_back(&seq);
     masks->requests.push_back(std::move(r));
+    masks->sample_row.push_back(ss.sample_row);
+    // Drawn on the device unmasked, then checked; a host row's Sampler checks its own draw.
+    masks->checked.push_back(device && !plan.input.need_logits[ss.sample_row] && ss.num_draft == 0 &&
+                             sampler_.checks_first(seq.params));
+  }
+  masks->mask.assign(masks->seqs.size(), nullptr);
+  masks->redraw.assign(masks->seqs.size(), 0);
+}
+
+Status Engine::fill_masks(StepMasks* masks) {
+  const int W = mask_words(sampler_.vocab_size());
+  const bool can_check = masker_->checks_tokens();
+  std::vector<MaskRequest> fill, advance;
+  std::vector<size_t> filled;
+  for (size_t k = 0; k < masks->seqs.size(); ++k) {
+    if (masks->checked[k] && can_check) {
+      advance.push_back(std::move(masks->requests[k]));
+    } else {
+      filled.push_back(k);
+      fill.push_back(std::move(masks->requests[k]));
+    }
   }
   // All allowed until filled: a masker that writes nothing leaves sampling unconstrained.
-  masks->rows.assign(masks->seqs.size() * static_cast<size_t>(mask_words(sampler_.vocab_size())), ~0u);
+  masks->rows.assign(filled.size() * W, ~0u);
+  for (size_t i = 0; i < filled.size(); ++i) masks->mask[filled[i]] = masks->rows.data() + i * W;
+  if (!fill.empty()) SG_RETURN_IF_ERROR(masker_->fill(fill, masks->rows.data(), W));
+  if (!advance.empty()) SG_RETURN_IF_ERROR(masker_->check(advance, nullptr, nullptr, nullptr, W));
+  return Status::OK();
+}
+
+Status Engine::check_draws(const StepPlan& plan, const StepOutput& out, StepMasks* masks) {
+  (void)plan;
+  const int W = mask_words(sampler_.vocab_size()), V = sampler_.vocab_size();
+  std::vector<size_t> ask;
+  std::vector<MaskRequest> asks;
+  std::vector<int32_t> candidates;
+  int64_t checked = 0, allowed = 0;
+  for (size_t k = 0; k < masks->seqs.size(); ++k) {
+    if (!masks->checked[k]) continue;
+    SG_CHECK(static_cast<size_t>(masks->sample_row[k]) < out.tokens.size(), StatusCode::kInternal,
+             "a checked grammar row without its device draw", "report this: device masks need device sampling");
+    const int32_t t = out.tokens[masks->sample_row[k]];
+    if (t < 0 || t >= V) continue;  // a non-finite row: postprocess fails it
+    ++checked;
+    if (masks->mask[k] != nullptr) {  // its mask is filled: the draw's bit
+      if (mask_allows(masks->mask[k], t)) {
+        ++allowed;
+      } else {
+        masks->redraw[k] = 1;
+      }
+      continue;
+    }
+    ask.push_back(k);
+    MaskRequest r;
+    r.request_id = masks->seqs[k]->id;
+    asks.push_back(std::move(r));
+    candidates.push_back(t);
+  }
+  counters_.grammar_checked_rows += checked;
+  if (!ask.empty()) {
+    std::vector<uint8_t> ok(ask.size(), 0);
+    if (check_rows_.size() < ask.size() * W) check_rows_.resize(ask.size() * W);
+    SG_RETURN_IF_ERROR(masker_->check(asks, candidates.data(), ok.data(), check_rows_.data(), W));
+    for (size_t i = 0; i < ask.size(); ++i) {
+      if (ok[i]) {
+        ++allowed;
+      } else {
+        masks->mask[ask[i]] = check_rows_.data() + i * W;
+        masks->redraw[ask[i]] = 1;
+      }
+    }
+  }
+  counters_.grammar_checked_allowed += allowed;
+  return Status::OK();
 }
 
 void Engine::postprocess(const StepPlan& plan, const StepOutput& step, const StepMasks& masks) {
@@ -474,14 +555,13 @@ void Engine::postprocess(const StepPlan& plan, const StepOutput& step, const Ste
   std::vector<std::vector<TokenLogprob>> lps(to_sample.size());
   std::vector<Status> errors(to_sample.size());
   // Each sampled sequence's mask row (masks.seqs is a subsequence of to_sample, in plan order).
-  const int W = mask_words(sampler_.vocab_size());
   std::vector<const uint32_t*> allowed(to_sample.size(), nullptr);
   for (size_t i = 0, k = 0; i < to_sample.size() && k < masks.seqs.size(); ++i) {
     if (to_sample[i]->seq != masks.seqs[k]) continue;
     if (!masks.status.ok()) {
       errors[i] = masks.status;
     } else {
-      allowed[i] = masks.rows.data() + k * static_cast<size_t>(W);
+      allowed[i] = masks.mask[k];
     }
     ++k;
   }

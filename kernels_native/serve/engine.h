@@ -106,6 +106,10 @@ struct EngineStats {
   std::vector<int64_t> spec_accepted_per_pos;
   // Grammar rows whose mask was applied on the device (Engine::sample_masked), not on the host.
   int64_t device_masked_rows = 0;
+  // Grammar rows drawn first on the device and checked (token_mask.h), and of those the ones the
+  // grammar allowed as drawn (no mask filled: the masker checked them).
+  int64_t grammar_checked_rows = 0;
+  int64_t grammar_checked_allowed = 0;
   std::string last_error;         // the last runner / sampling failure, if any
 };
 
@@ -160,10 +164,19 @@ class Engine {
     std::shared_ptr<std::promise<int>> reset;  // a prefix-cache reset (answered with the blocks dropped)
   };
 
-  // A step's grammar masks: row k (mask_words(V) words) limits seqs[k]'s next token.
+  // A step's grammar rows: seqs[k]'s next token is limited by mask[k] (mask_words(V) words, in
+  // rows or the engine's check_rows_; null: no mask, its draw was checked and allowed).
+  // checked[k]: drawn first and checked (Sampler::checks_first, token_mask.h), its mask filled
+  // only when the check refuses the draw (redraw[k]: then drawn again under it, from the second
+  // uniform); by the masker's check when it has one, else its mask is filled with the rest and
+  // the draw's bit read.
   struct StepMasks {
     std::vector<Sequence*> seqs;
     std::vector<MaskRequest> requests;
+    std::vector<int> sample_row;
+    std::vector<uint8_t> checked;
+    std::vector<const uint32_t*> mask;
+    std::vector<uint8_t> redraw;
     std::vector<uint32_t> rows;
     Status status;
   };
@@ -174,6 +187,11 @@ class Engine {
   Status run(const StepPlan& plan, StepOutput* out);
   // The masker's requests for the plan's constrained sequences that sample (advances mask_fed).
   void collect_masks(const StepPlan& plan, StepMasks* masks);
+  // On the helper thread while the model runs: the masks of the rows masked before their draw
+  // (and of every row, with a masker that cannot check), the other checked rows' matchers advanced.
+  Status fill_masks(StepMasks* masks);
+  // After the model ran: the checked rows' device draws checked; a refused one gets its mask.
+  Status check_draws(const StepPlan& plan, const StepOutput& out, StepMasks* masks);
   // Once the masks are filled: the runner draws the grammar rows that stayed on the device under
   // their masks (SchedulerConfig::device_masks), overwriting their tokens in out.
   Status sample_masked(const StepPlan& plan, const StepMasks& masks, StepOutput* out);
@@ -197,6 +215,7 @@ class Engine {
   EngineConfig config_;
   std::shared_ptr<ModelRunner> runner_;
   std::shared_ptr<TokenMasker> masker_;
+  std::vector<uint32_t> check_rows_;  // the masks of checked draws the grammar refused, this step
   std::unique_ptr<DraftProposer> drafter_;  // speculative_method "draft"
   BlockManager block_manager_;
   Scheduler scheduler_;

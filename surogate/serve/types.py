@@ -232,4 +232,8 @@ class EngineStats(msgspec.Struct, kw_only=True):
     spec_num_accepted_tokens: int = 0
     spec_accepted_per_pos: list[int] = msgspec.field(default_factory=list)
     device_masked_rows: int = 0  # grammar rows masked and sampled on the device (not the host)
+    # Grammar rows drawn first and then checked (greedy or temperature-only rows on the device),
+    # and of those the draws the grammar allowed as they were (no mask needed).
+    grammar_checked_rows: int = 0
+    grammar_checked_allowed: int = 0
     last_error: str | None

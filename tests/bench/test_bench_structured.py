@@ -27,10 +27,12 @@ def test_json_schema_answers_all_validate_and_the_table_prints(capsys):
     for text in cons.texts:  # the external reference agrees with the bench's own check
         jsonschema.validate(json.loads(text), sb.ORDER_SCHEMA)
     assert base.lengths == [256] * 3 and same.lengths == cons.lengths
-    assert cons.mask_rows == cons.tokens + 3  # one mask per sampled token, EOS included
-    assert base.mask_rows == 0 and cons.mask_seconds > 0
-    assert cons.device_masked == cons.mask_rows and base.device_masked == 0  # plain grammar rows: all on the device
-    for text in ("out tok/s", "requests/s", "mean out len", "mask us/tok", "3/3", "ratio constrained / unconstrained",
+    assert cons.checked == cons.tokens + 3  # temperature 1, no top-k / top-p: every draw checked, EOS included
+    assert 0 < cons.allowed < cons.checked  # a free string's draws pass, a key's are refused
+    assert cons.masks <= cons.checked and base.masks == 0 and cons.helper_seconds > 0 and cons.after_seconds > 0
+    # the refused draws, drawn again under their masks on the device
+    assert cons.device_masked == cons.checked - cons.allowed and base.device_masked == 0
+    for text in ("out tok/s", "requests/s", "mean out len", "masks/tok", "3/3", "ratio constrained / unconstrained",
                  "tokenizer: SmolLM2-135M-Instruct's first 4,096 tokens", "grammar compile"):
         assert text in out
 

@@ -128,12 +128,21 @@ def test_a_mask_allowing_nothing_fails_as_on_the_host(model, monkeypatch):
     """An all-zero mask row (a grammar allowing nothing): the request finishes with the host
     Sampler's "every token is masked" error, from the device path (the op's token -2) as from the
     host path; a plain request beside it is unaffected."""
+    from surogate.serve.structured import TokenMasks
+
+    def nothing(self, ids, toks, cands, rows=None):  # every draw refused, its mask all zero
+        if cands is None:
+            return None
+        rows.fill(0)
+        return [False] * len(cands)
+
+    monkeypatch.setattr(TokenMasks, "_fill", lambda self, batch, rows: rows.fill(0))  # every mask row: all zero
+    monkeypatch.setattr(TokenMasks, "check", nothing)
     results = {}
     for device in (True, False):
         monkeypatch.setenv("SUROGATE_DEVICE_MASKS", "1" if device else "0")
         grammars = Grammars(model.tokenizer, model.spec.vocab_size)
         with engine(model) as client:
-            client.masks._fill = lambda ids, toks, rows: rows.fill(0)  # every mask row: all zero
             bad = [client.submit([5, 6, 7], SamplingParams(max_tokens=4, structured_outputs=REGEX, **k),
                                  matcher=grammars.matcher(grammars.compile(REGEX)))
                    for k in (dict(temperature=0.0), dict(temperature=0.9, seed=2))]
