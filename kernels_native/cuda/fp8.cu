@@ -37,13 +37,19 @@ int grid_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + kThread
 // |v| as bits that order like the values: NaN patterns lie above +inf's.
 __device__ __forceinline__ unsigned abs_bits(float v) { return __float_as_uint(v) & 0x7fffffffu; }
 
+// Element i of a row-major [R, C] matrix with row stride `stride` (no division when contiguous).
+__device__ __forceinline__ int64_t offset_of(int64_t i, int64_t C, int64_t stride) {
+  if (stride == C) return i;
+  const int64_t r = i / C;
+  return r * stride + (i - r * C);
+}
+
 template <typename T>
 __global__ void amax_kernel(const T* __restrict__ x, int64_t R, int64_t C, int64_t stride, unsigned* __restrict__ out) {
   unsigned m = 0;
   const int64_t n = R * C;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t r = i / C;
-    m = max(m, abs_bits(ld(x[r * stride + (i - r * C)])));
+    m = max(m, abs_bits(ld(x[offset_of(i, C, stride)])));
   }
   for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
   __shared__ unsigned warp_max[kThreads / 32];
@@ -88,8 +94,7 @@ __global__ void quantize_kernel(const T* __restrict__ x, int64_t R, int64_t C, i
   const float s = *scale;
   const int64_t n = R * C;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t r = i / C;
-    q[i] = to_fp8(__fmul_rn(ld(x[r * stride + (i - r * C)]), s), e5m2);
+    q[i] = to_fp8(__fmul_rn(ld(x[offset_of(i, C, stride)]), s), e5m2);
   }
 }
 

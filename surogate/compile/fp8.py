@@ -103,21 +103,36 @@ def check_rows(what: str, rows: int) -> None:
 
 class _Sites:
     """Quantized copies for one lowered node: (codes, scale_inv) temporaries, and with delayed
-    scaling the history input of each quantize site."""
+    scaling the history input of each quantize site.
+
+    Under current scaling a copy depends only on its source buffer, format and layout, so one copy
+    serves every projection that reads the same tensor (q / k / v share x, in the forward and as
+    x^T in the backward): the lowering keeps them in ``lw.fp8_copies``. A source is final when
+    its first reader is lowered (its producer, LoRA additions included, came before), and a
+    recomputed block reads new buffers, so a kept copy never goes stale. Weights (external
+    buffers) are not kept: a copy read again in the backward (a recomputed or tiled block's
+    forward) would live through the whole step."""
 
     def __init__(self, lw, n: Node):
         self.lw, self.n = lw, n
         self.H = int(n.attrs.get("amax_history", 0))
         self.weight = (n.inputs[1] if n.op == "linear" else n.inputs[2]).name
+        if not hasattr(lw, "fp8_copies"):
+            lw.fp8_copies = {}
 
     def quantize(self, x, fmt: str, tag: str, transpose: bool = False):
         lw = self.lw
+        key = (x, fmt, transpose)
+        keep = not self.H and x.root().kind != "external"
+        if keep and key in lw.fp8_copies:
+            return lw.fp8_copies[key]
         shape = (x.shape[1], x.shape[0]) if transpose else tuple(x.shape)
         q = lw.temp(f"{x.name}.{tag}", shape, fmt)
         s = lw.temp(f"{x.name}.{tag}.scale_inv", (1,), "float32")
         history = lw.buf(lw.g.values[f"{HISTORY_PREFIX}{self.weight}.{tag}"]) if self.H else None
-        outs = [q, s, history]
-        lw.emit("quantize_fp8", [x], outs, self.n, **({"transpose": 1} if transpose else {}))
+        lw.emit("quantize_fp8", [x], [q, s, history], self.n, **({"transpose": 1} if transpose else {}))
+        if keep:
+            lw.fp8_copies[key] = (q, s)
         return q, s
 
 

@@ -115,3 +115,16 @@ def test_skip_quant_keeps_the_edge_blocks_and_odd_widths_out():
     assert {m.split(".")[1] for m in marked} == {"1"}
     g = CausalLM(spec(layers=2, intermediate_size=36)).build(mode="train")  # 36 (72 fused): not multiples of 16
     assert not any("gate_up" in m or "down_proj" in m for m in mark_fp8(g, Fp8Recipe()))
+
+
+def test_projections_reading_one_tensor_share_its_quantized_copy():
+    g = CausalLM(spec(layers=1)).build(mode="train")
+    mark_fp8(g, Fp8Recipe())
+    backward(g, g.outputs["loss"])
+    instrs = Executable(g, {"N": 32, "S1": 2}).lowered.instrs
+    sources = [(i.inputs[0].name, i.outputs[0].dtype, i.attrs.get("transpose", 0)) for i in instrs
+               if i.op == "quantize_fp8"]
+    assert len(sources) == len(set(sources))  # no tensor quantized twice the same way
+    # Forward: the 4 distinct inputs (q / k / v share theirs) and the 6 weights; backward (full
+    # fine-tune): per projection dy, dy^T and W^T, and x^T of the 4 distinct inputs.
+    assert len(sources) == (4 + 6) + (6 * 3 + 4), sources
