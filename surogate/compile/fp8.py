@@ -18,9 +18,9 @@ tensor's amax, so the transposed codes are the forward ones, moved.
 ``fp8`` (the `linear_bwd` rule copies the attrs); surogate/compile/lower.py sends tagged nodes
 here (`lower_linear` / `lower_linear_bwd`). Current scaling (each tensor's own amax, right before
 it is quantized) is the default; ``amax_history`` H > 0 is delayed scaling: each quantize site
-keeps the amaxes of its last H uses in an f32 [H] graph input (`HISTORY_PREFIX` + site, zeros
-to start, rewritten by every step; the trainer owns and checkpoints them) and takes its scale
-from their max.
+keeps the amaxes of its last H uses in an f32 [H] graph input (``fp8_history.<weight>.<site>``,
+zeros to start, rewritten by every run; the trainer owns and checkpoints them) and takes its
+scale from their max.
 """
 
 from __future__ import annotations
