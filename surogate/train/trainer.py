@@ -206,7 +206,7 @@ class Trainer:
         if self.eval_data is not None and self.rank == 0:  # (ranks in other processes: rank 0 evaluates)
             self.eval_exe = m.executable("train", self.N, self.N, lora=self.lora, grads=False,
                                          mlp_chunk=self.mlp_chunk, fp8=self.fp8, **image_kw)
-            self.eval_fp8_state = self._bind_fp8_histories(self.eval_exe)  # (its own: eval leaves training's alone)
+            self._bind_fp8_histories(self.eval_exe)  # (histories of its own: eval leaves training's alone)
             # The same device buffers as the training program (the weights come from the model).
             for n, a in self.trainable.items() if self.lora is not None else ():
                 self.eval_exe.bind(n, a, self.exe.tensor(n))
