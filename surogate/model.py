@@ -14,6 +14,7 @@ import numpy as np
 
 from surogate.autodiff import backward
 from surogate.compile import Executable
+from surogate.compile.fp8 import HISTORY_PREFIX, mark_fp8
 from surogate.dsl.nn import LoRAConfig, ModelSpec
 from surogate.errors import FileFormatError, InvalidArgumentError, UnsupportedError
 from surogate.models import Family, family_for, family_for_gguf
@@ -153,18 +154,19 @@ class Model:
     def executable(self, mode: str, n_tokens: int, n_docs: int, lora: LoRAConfig | None = None,
                    grads: bool = False, recompute: bool = False, shared: bool = True,
                    mlp_chunk: int = 0, temperature: float = 1.0, images: int = 0,
-                   projector=None) -> Executable:
+                   projector=None, fp8=None) -> Executable:
         """The compiled Program for this shape, bound to the model's weights; one per shape and
         setup (cached) unless ``shared`` is False: then a new one the caller may bind other
         weights to (DPO's frozen reference copy). ``temperature``: a train-mode loss over
         logits / temperature (GRPO). ``images`` (a model with ModelSpec.vision): the graph reads
         that many images' rows (mode "vision": the tower and projector over that many images).
         ``projector`` (mode "vision"): the key of a served adapter's projector (``projectors``)
-        that the Program reads in place of the model's; None: the model's."""
+        that the Program reads in place of the model's; None: the model's. ``fp8`` (an
+        `Fp8Recipe`, surogate/compile/fp8.py): the block projections as FP8 GEMMs."""
         key = (mode, n_tokens, n_docs,
                None if lora is None else lora.key(), grads,
                recompute) + ((mlp_chunk,) if mlp_chunk else ()) + ((temperature,) if temperature != 1.0 else ()) \
-            + (("images", images) if images else ())
+            + (("images", images) if images else ()) + (fp8.key() if fp8 is not None else ())
         exe = self._cache.get(key) if shared else None
         if exe is None and grads and lora is None and self.quant:
             name = next(iter(self.quant))
@@ -183,6 +185,8 @@ class Model:
             extra = {seed: g.outputs[out] for out, (seed, _) in ROUTER_LOSSES.items() if out in g.outputs}
             keep += list(extra.values())
             keep += g.moe_offsets  # each MoE layer's rows per expert (the trainer's expert-load metrics)
+            if fp8 is not None:
+                mark_fp8(g, fp8)
             if grads:
                 backward(g, g.outputs["loss"], extra=extra or None)
             exe = Executable(g, {"N": n_tokens, "S1": n_docs + 1}, self.device, keep=keep, recompute=recompute,
@@ -288,15 +292,16 @@ class Model:
     def loss_and_grads(self, token_ids, labels=None, lora: LoRAConfig | None = None,
                        lora_params: dict[str, np.ndarray] | None = None,
                        recompute: bool = False, mlp_chunk: int = 0, images=None,
-                       videos=None) -> tuple[float, dict[str, np.ndarray]]:
+                       videos=None, fp8=None) -> tuple[float, dict[str, np.ndarray]]:
         """Loss and the gradient of every trainable parameter (all weights for a full fine-tune,
         the LoRA A/B matrices with `lora`), by our parameter names. ``images``: as in `forward`
-        (the tower and projector stay frozen: no gradient of theirs)."""
+        (the tower and projector stay frozen: no gradient of theirs). ``fp8``: an `Fp8Recipe`
+        (delayed scaling starts from empty amax histories)."""
         return self._train_step(token_ids, labels, grads=True, lora=lora, lora_params=lora_params,
-                                recompute=recompute, mlp_chunk=mlp_chunk, images=images, videos=videos)
+                                recompute=recompute, mlp_chunk=mlp_chunk, images=images, videos=videos, fp8=fp8)
 
     def _train_step(self, token_ids, labels, grads: bool, lora=None, lora_params=None, recompute=False,
-                    mlp_chunk=0, images=None, videos=None):
+                    mlp_chunk=0, images=None, videos=None, fp8=None):
         if lora is not None and lora_params is None:
             raise InvalidArgumentError("lora_params is required with lora: the adapter matrices to differentiate",
                                        hint="surogate.train.lora.init_lora(model.arch.build(mode='train', "
@@ -316,8 +321,11 @@ class Model:
         valid = targets != -100
         n_valid = int(valid.sum())
         exe = self._image_feed(ids, pos, cu, images, "train", lora_params, videos=videos, lora=lora, grads=grads,
-                               recompute=recompute, mlp_chunk=mlp_chunk)
+                               recompute=recompute, mlp_chunk=mlp_chunk, fp8=fp8)
         exe.bind("targets", targets)
+        for name in exe.external_names("input"):
+            if name.startswith(HISTORY_PREFIX):
+                exe.bind(name, np.zeros(exe.buf(name).shape, np.float32))
         out = {}
         if grads:
             exe.bind("dloss", np.where(valid, 1.0 / max(n_valid, 1), 0.0).astype(np.float32))

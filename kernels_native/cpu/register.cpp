@@ -6,6 +6,7 @@ namespace surogate {
 namespace cpu {
 void register_cpu_elementwise(OpRegistry& reg);
 void register_cpu_matmul(OpRegistry& reg);
+void register_cpu_fp8(OpRegistry& reg);
 void register_cpu_norm(OpRegistry& reg);
 void register_cpu_embedding(OpRegistry& reg);
 void register_cpu_rope(OpRegistry& reg);
@@ -33,6 +34,7 @@ void register_cpu_weight_stream(OpRegistry& reg);
 void register_cpu_ops(OpRegistry& reg) {
   cpu::register_cpu_elementwise(reg);
   cpu::register_cpu_matmul(reg);
+  cpu::register_cpu_fp8(reg);
   cpu::register_cpu_norm(reg);
   cpu::register_cpu_embedding(reg);
   cpu::register_cpu_rope(reg);

@@ -186,6 +186,7 @@ void register_backend() {
   register_cuda_qkv_rope_cache(reg);
   register_cuda_gguf(reg);
   register_cuda_nf4(reg);
+  register_cuda_fp8(reg);
   register_cuda_muon(reg);
   register_cuda_fused_matmul(reg);
   register_cuda_short_conv(reg);

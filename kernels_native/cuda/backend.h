@@ -35,6 +35,7 @@ void register_cuda_paged_attention(OpRegistry& reg);  // kv_cache_write and page
 void register_cuda_qkv_rope_cache(OpRegistry& reg);  // qkv_rope_cache (serving: q / k rope + KV cache write)
 void register_cuda_gguf(OpRegistry& reg);  // gguf_dequantize and gguf_matmul
 void register_cuda_nf4(OpRegistry& reg);   // nf4_dequantize
+void register_cuda_fp8(OpRegistry& reg);   // quantize_fp8 and matmul_fp8 (the fp8_hybrid recipe)
 void register_cuda_muon(OpRegistry& reg);  // muon_momentum and muon_update
 void register_cuda_fused_matmul(OpRegistry& reg);  // gated_matmul and add_rmsnorm_matmul (serving)
 void register_cuda_pool(OpRegistry& reg);  // mean_pool_2d_fwd / _bwd (Gemma 3's projector's average pool)

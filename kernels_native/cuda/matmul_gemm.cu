@@ -79,6 +79,8 @@ cudaDataType_t cuda_type(DType dt) {
   switch (dt) {
     case DType::kBF16: return CUDA_R_16BF;
     case DType::kF16: return CUDA_R_16F;
+    case DType::kF8E4M3: return CUDA_R_8F_E4M3;
+    case DType::kF8E5M2: return CUDA_R_8F_E5M2;
     default: return CUDA_R_32F;
   }
 }
@@ -268,7 +270,89 @@ Status widened_gemm(const char* op, int device, bool ta, bool tb, int64_t M, int
 
 bool is_gemm_dtype(DType dt) { return dt == DType::kF32 || dt == DType::kBF16 || dt == DType::kF16; }
 
+// The FP8 plan: cuBLASLt's A is our B (op T: [N,K] row-major is a column-major [K,N]), its B is
+// our A (op N), so both are K-major; the scale pointers are set per call, like the bias pointer.
+Status make_fp8_plan(const char* op, cublasLtHandle_t handle, int64_t M, int64_t N, int64_t K, const GemmMatrix& A,
+                     const float* a_scale, const GemmMatrix& B, const float* b_scale, const GemmMatrix& C,
+                     const void* bias, Plan* out) {
+  Plan p;
+  SG_CUBLAS_CHECK(op, cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  SG_RETURN_IF_ERROR(set_desc(op, p.desc, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T));
+  SG_RETURN_IF_ERROR(set_desc(op, p.desc, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N));
+  SG_RETURN_IF_ERROR(set_desc(op, p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(b_scale)));
+  SG_RETURN_IF_ERROR(set_desc(op, p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(a_scale)));
+  if (bias) {  // (bf16 / f16 C only: the caller adds an f32 C's bias itself)
+    SG_RETURN_IF_ERROR(set_desc(op, p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, uint32_t{CUBLASLT_EPILOGUE_BIAS}));
+    SG_RETURN_IF_ERROR(set_desc(op, p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias));
+  }
+  SG_CUBLAS_CHECK(op, cublasLtMatrixLayoutCreate(&p.a, cuda_type(B.dtype), K, N, B.ld));
+  SG_CUBLAS_CHECK(op, cublasLtMatrixLayoutCreate(&p.b, cuda_type(A.dtype), K, M, A.ld));
+  SG_CUBLAS_CHECK(op, cublasLtMatrixLayoutCreate(&p.c, cuda_type(C.dtype), N, M, C.ld));
+  cublasLtMatmulPreference_t pref = nullptr;
+  SG_CUBLAS_CHECK(op, cublasLtMatmulPreferenceCreate(&pref));
+  const std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, decltype(&cublasLtMatmulPreferenceDestroy)> pref_guard(
+      pref, cublasLtMatmulPreferenceDestroy);
+  const uint64_t ws = kWorkspaceBytes;
+  SG_RETURN_IF_ERROR(set_pref(op, pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, ws));
+  SG_RETURN_IF_ERROR(set_pref(op, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, uint32_t(alignment(B.ptr))));
+  SG_RETURN_IF_ERROR(set_pref(op, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, uint32_t(alignment(A.ptr))));
+  SG_RETURN_IF_ERROR(set_pref(op, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, uint32_t(alignment(C.ptr))));
+  SG_RETURN_IF_ERROR(set_pref(op, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, uint32_t(alignment(C.ptr))));
+  cublasLtMatmulHeuristicResult_t res{};
+  int count = 0;
+  const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, &res, &count);
+  p.found = hs == CUBLAS_STATUS_SUCCESS && count > 0 && res.state == CUBLAS_STATUS_SUCCESS;
+  if (p.found) p.algo = res.algo;
+  *out = p;
+  return Status::OK();
+}
+
 }  // namespace
+
+Status gemm_fp8_rowmajor(const char* op, int device, int64_t M, int64_t N, int64_t K, float alpha, const GemmMatrix& A,
+                         const float* a_scale, const GemmMatrix& B, const float* b_scale, float beta,
+                         const GemmMatrix& C, const void* bias, DType bias_dtype) {
+  if (M <= 0 || N <= 0) return Status::OK();
+  if (K <= 0) return beta_bias(op, C, M, N, beta, bias, bias_dtype);
+  // bf16 / f16 C: the bias (cast to C's dtype) in the epilogue; f32 C: added after the GEMM (an
+  // FP8 GEMM into f32 wants a bias of another dtype, and f32 needs no single rounding).
+  const bool epilogue = bias && C.dtype != DType::kF32;
+  std::shared_ptr<void> buf;
+  const void* bias_c = epilogue ? bias : nullptr;
+  if (epilogue && bias_dtype != C.dtype) {
+    SG_RETURN_IF_ERROR(allocate(Device{DeviceType::kCUDA, device}, N * dtype_size(C.dtype), &buf));
+    SG_RETURN_IF_ERROR(cast_matrix(op, {bias, bias_dtype, N}, {buf.get(), C.dtype, N}, 1, N));
+    bias_c = buf.get();
+  }
+  {
+    LtDevice& dev = lt_device(device);
+    std::lock_guard<std::mutex> lock(dev.mu);
+    SG_RETURN_IF_ERROR(dev.init(op, device));
+    // ta = 0, tb = 1 always; the fp8 dtypes keep these keys apart from gemm_rowmajor's.
+    const PlanKey key{M, N, K, A.ld, B.ld, C.ld, 0, 1, static_cast<int64_t>(A.dtype), static_cast<int64_t>(B.dtype),
+                      static_cast<int64_t>(C.dtype), bias_c != nullptr, alignment(A.ptr), alignment(B.ptr),
+                      alignment(C.ptr) * 512 + (bias_c ? alignment(bias_c) : 0)};
+    auto it = dev.plans.find(key);
+    if (it == dev.plans.end()) {
+      Plan p;
+      SG_RETURN_IF_ERROR(make_fp8_plan(op, dev.handle, M, N, K, A, a_scale, B, b_scale, C, bias_c, &p));
+      it = dev.plans.emplace(key, p).first;
+    }
+    const Plan& p = it->second;
+    SG_CHECK(p.found, StatusCode::kUnsupported,
+             str_cat(op, ": cuBLASLt has no FP8 algorithm for [", M, ", ", K, "] ", dtype_name(A.dtype), " x [", N,
+                     ", ", K, "]^T ", dtype_name(B.dtype), " -> ", dtype_name(C.dtype)),
+             "FP8 GEMMs need an SM 8.9+ GPU (Ada, Hopper) and 16-byte aligned operands; use recipe: bf16");
+    SG_RETURN_IF_ERROR(set_desc(op, p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(b_scale)));
+    SG_RETURN_IF_ERROR(set_desc(op, p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(a_scale)));
+    if (bias_c) SG_RETURN_IF_ERROR(set_desc(op, p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_c));
+    void* c = const_cast<void*>(C.ptr);
+    SG_CUBLAS_CHECK(op, cublasLtMatmul(dev.handle, p.desc, &alpha, B.ptr, p.a, A.ptr, p.b, &beta, c, p.c, c, p.c,
+                                       &p.algo, dev.workspace.get(), kWorkspaceBytes, current_stream()));
+  }
+  if (bias && !epilogue) return beta_bias(op, C, M, N, 1.0f, bias, bias_dtype);
+  return Status::OK();
+}
 
 Status cast_matrix(const char* op, const GemmMatrix& src, const GemmMatrix& dst, int64_t rows, int64_t cols,
                    bool accumulate) {

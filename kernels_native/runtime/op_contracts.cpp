@@ -24,6 +24,13 @@ constexpr OpContract kContracts[] = {
      "[rank int32 [R]]): argmax below temperature 1e-5, else one Philox draw"},
     {"matmul", 2, 3, 1, -1,
      "(A, B, [bias]) -> (C = alpha*op(A)@op(B) + beta*C + bias); attrs: trans_a, trans_b, alpha, beta"},
+    {"quantize_fp8", 1, 1, 3, 2,
+     "(x[R,C], rows may be strided) -> (q[R,C] or [C,R] with transpose, float8_e4m3fn|float8_e5m2 = "
+     "satfinite(x * scale), scale = FP8_MAX / amax; scale_inv f32[1]; [amax_history f32[H], read and rewritten: "
+     "delayed scaling]); attrs: transpose"},
+    {"matmul_fp8", 4, 5, 1, -1,
+     "(a[M,K] fp8, a_scale_inv f32[1], b[N,K] fp8, b_scale_inv f32[1], [bias[N]]) -> (c[M,N] = alpha*a_scale_inv*"
+     "b_scale_inv*(a@b^T) + beta*c + bias), not e5m2 x e5m2; attrs: alpha, beta"},
     {"embedding_fwd", 2, 2, 1, -1, "(ids[N] int32, table[V,C]) -> (y[N,C])"},
     {"embedding_bwd", 2, 2, 1, -1, "(ids[N] int32, dy[N,C]) -> (dtable[V,C], f32 or dy's dtype); attrs: accumulate"},
     {"embed_rows", 3, 3, 1, -1,

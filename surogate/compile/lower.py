@@ -4,7 +4,9 @@ Forward and backward ops map one to one onto native ops. ``view`` becomes a buff
 instruction). ``linear`` / ``linear_bwd`` expand to matmuls: the base projection, then each
 LoRA slice as two skinny matmuls whose result is accumulated (beta = 1) into its column slice
 of the output. With LoRA dropout (training graphs only) the slices read one `dropout_fwd`
-temp of x, recomputed in `linear_bwd` (the mask is a hash of the seed, never stored).
+temp of x, recomputed in `linear_bwd` (the mask is a hash of the seed, never stored). A linear
+tagged ``fp8`` (the fp8_hybrid recipe) has its base projection lowered by surogate/compile/fp8.py
+to quantize_fp8 + matmul_fp8 instructions; its LoRA slices stay as they are.
 
 The instructions form named phases, contiguous ranges a caller runs by name: ``forward`` and,
 for a graph with a backward pass, ``backward`` (which holds the recomputed blocks). A phase
@@ -23,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from surogate import _native
+from surogate.compile import fp8
 from surogate.compile.buffers import Buf, Instr
 from surogate.compile.planner import plan
 from surogate.compile.tile import TiledMLP, find_mlps, lower_backward, lower_forward
@@ -164,7 +167,9 @@ class _Lowering:
         ab = [self.buf(v) for v in n.inputs[3:3 + 2 * k]]
         y, *ts = (self.buf(v) for v in n.outputs)
         qtype = n.inputs[1].meta.get("ggml_type")
-        if w.dtype == "uint8" and "nf4" in n.inputs[1].meta:  # NF4 (QLoRA): x times the dequantized weight
+        if n.attrs.get("fp8"):  # the fp8_hybrid recipe (surogate/compile/fp8.py)
+            fp8.lower_linear(self, n, x, w, bias, y)
+        elif w.dtype == "uint8" and "nf4" in n.inputs[1].meta:  # NF4 (QLoRA): x times the dequantized weight
             self.emit("matmul", [x, self.nf4_dequantized(n, n.inputs[1], x.dtype), bias], [y], n, trans_b=1)
         elif w.dtype == "uint8" and hasattr(self.g, "backward_start"):
             # Training over GGML blocks (QLoRA): x times the exactly dequantized weight, as the
@@ -211,19 +216,10 @@ class _Lowering:
         ts = [self.buf(v) for v in n.inputs[3 + 2 * k:3 + 3 * k]]
         dx, dw, db = (self.buf(v) for v in n.outputs[:3])
         dab = [self.buf(v) for v in n.outputs[3:]]
-        if dx is not None and w.dtype == "uint8" and "nf4" in n.inputs[2].meta:
-            self.emit("matmul", [dy, self.nf4_dequantized(n, n.inputs[2], dy.dtype)], [dx], n)
-        elif dx is not None and w.dtype == "uint8":
-            # QLoRA over GGML blocks: dx = dy @ dequant(W), through a temporary dequantized copy
-            # (freed right after: the planner's liveness), as bitsandbytes' backward does.
-            Cout, Cin = dy.shape[1], dx.shape[1]
-            wd = self.temp(f"{w.name}.dequant", (Cout, Cin), dy.dtype)
-            self.emit("gguf_dequantize", [w], [wd], n, type=n.inputs[2].meta["ggml_type"], cols=Cin)
-            self.emit("matmul", [dy, wd], [dx], n)
-        elif dx is not None:
-            self.emit("matmul", [dy, w], [dx], n)
-        if dw is not None:
-            self.emit("matmul", [dy, x], [dw], n, trans_a=1, beta=1.0)
+        if n.attrs.get("fp8"):  # the fp8_hybrid recipe (surogate/compile/fp8.py)
+            fp8.lower_linear_bwd(self, n, dy, x, w, dx, dw)
+        else:
+            self.base_bwd(n, dy, x, w, dx, dw)
         if db is not None:
             N, Cout = dy.shape
             ones = self.temp("ones", (1, N), dy.dtype)
@@ -258,6 +254,22 @@ class _Lowering:
         if dxa is not dx:
             self.emit("dropout_fwd", [dxa, rng], [dxa], n, **dattrs)
             self.emit("add", [dx, dxa], [dx], n)
+
+    def base_bwd(self, n: Node, dy: Buf, x: Buf, w: Buf, dx: Buf | None, dw: Buf | None) -> None:
+        """dx = dy @ W (W dequantized first when it is NF4 or GGML blocks) and dw += dy^T @ x."""
+        if dx is not None and w.dtype == "uint8" and "nf4" in n.inputs[2].meta:
+            self.emit("matmul", [dy, self.nf4_dequantized(n, n.inputs[2], dy.dtype)], [dx], n)
+        elif dx is not None and w.dtype == "uint8":
+            # QLoRA over GGML blocks: dx = dy @ dequant(W), through a temporary dequantized copy
+            # (freed right after: the planner's liveness), as bitsandbytes' backward does.
+            Cout, Cin = dy.shape[1], dx.shape[1]
+            wd = self.temp(f"{w.name}.dequant", (Cout, Cin), dy.dtype)
+            self.emit("gguf_dequantize", [w], [wd], n, type=n.inputs[2].meta["ggml_type"], cols=Cin)
+            self.emit("matmul", [dy, wd], [dx], n)
+        elif dx is not None:
+            self.emit("matmul", [dy, w], [dx], n)
+        if dw is not None:
+            self.emit("matmul", [dy, x], [dw], n, trans_a=1, beta=1.0)
 
 
 def _block_of(n: Node) -> str | None:

@@ -37,7 +37,7 @@ _RENAMED = {
     "dpo_beta": "beta",
 }
 # Values of known keys that name features this version does not have.
-_NOT_YET = {"recipe": {"fp8", "fp8_hybrid", "fp8-hybrid", "nvfp4", "fp4", "nvfp4_quartet"}}
+_NOT_YET = {"recipe": {"fp8", "nvfp4", "fp4", "nvfp4_quartet"}}
 
 
 def load_config(source: str | os.PathLike | Mapping[str, Any], kind: str = "sft") -> SFTConfig:
@@ -55,6 +55,8 @@ def load_config(source: str | os.PathLike | Mapping[str, Any], kind: str = "sft"
         if key in data:
             raise ConfigError(f"{key}: not used by surogate {kind}", where=where(key), hint=instead)
     _check_not_yet(data, where)
+    if data.get("recipe") == "fp8-hybrid":  # the original's other spelling: one value from here on
+        data["recipe"] = "fp8_hybrid"
     try:
         config = msgspec.convert(data, cls)
     except msgspec.ValidationError as e:
@@ -185,7 +187,7 @@ def _check_not_yet(data: dict, where: _Where) -> None:
         value = data.get(key)
         if isinstance(value, str) and value in values:
             raise ConfigError(f"{key}: {value!r} is not supported yet", where=where(key),
-                              hint=f"use {key}: bf16 on a GPU, or fp32 on the CPU")
+                              hint=f"use {key}: bf16 or fp8_hybrid on a GPU, or fp32 on the CPU")
 
 
 def _from_validation_error(e: msgspec.ValidationError, data: dict, cls: type, where: _Where) -> ConfigError:
@@ -365,6 +367,31 @@ def _check_values(c: SFTConfig, where: _Where) -> None:
         fail("resume_from_checkpoint", "empty path", "true resumes from the latest checkpoint in output_dir")
     if len(set(c.report_to)) != len(c.report_to):
         fail("report_to", "a reporter is listed twice")
+    _check_fp8(c, fail)
+
+
+def _check_fp8(c, fail) -> None:
+    keys = ("fp8_amax_history", "skip_quant_first_layers", "skip_quant_last_layers")
+    for key in keys:
+        if getattr(c, key) < 0:
+            fail(key, f"must not be negative, got {getattr(c, key)}")
+    if not c.fp8:
+        for key in keys:
+            if getattr(c, key):
+                fail(key, f"applies to recipe: fp8_hybrid, not {c.recipe}", "set recipe: fp8_hybrid, or remove it")
+        return
+    for key in ("qlora_gguf", "qlora_bnb"):
+        if getattr(c, key) is not False:
+            fail(key, "together with recipe: fp8_hybrid: the quantized base weights are not FP8 GEMM operands",
+                 "use recipe: bf16 for QLoRA, or drop the QLoRA key to train over bf16 weights in FP8")
+    if c.fp8_amax_history:
+        clashes = (("recompute", c.recompute, "a recomputed block would take its scales from a history that moved"),
+                   ("long_context", c.long_context, "each MLP chunk would push the history"),
+                   ("gpus", c.gpus != 1 or c.distributed is not None, "each rank would keep histories of its own"))
+        for key, on, why in clashes:
+            if on:
+                fail("fp8_amax_history", f"delayed scaling together with {key}: {why}",
+                     f"use fp8_amax_history: 0 (current scaling) with {key}")
 
 
 def _check_dpo(c, fail) -> None:

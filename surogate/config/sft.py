@@ -156,7 +156,17 @@ class SFTConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen
     train_projector: bool = False
 
     # -- precision and memory --
-    recipe: Literal["bf16", "fp32"] = "bf16"  # fp32 for CPU runs and tests
+    # fp8_hybrid (fp8-hybrid also accepted): bf16 weights and activations, the decoder blocks'
+    # attention and MLP projections as FP8 GEMMs (surogate/compile/fp8.py): e4m3 forward, e5m2
+    # gradients, per-tensor scales. fp32 for CPU runs and tests.
+    recipe: Literal["bf16", "fp32", "fp8_hybrid", "fp8-hybrid"] = "bf16"
+    # fp8_hybrid's scales: 0 is current scaling (each tensor's own amax, taken right before it is
+    # quantized); H > 0 is TransformerEngine's delayed scaling, the max over the last H amaxes of
+    # each quantized tensor (one per micro-batch; the original Surogate's default was 16).
+    fp8_amax_history: int = 0
+    # fp8_hybrid: this many decoder blocks at the start / the end keep their projections in bf16.
+    skip_quant_first_layers: int = 0
+    skip_quant_last_layers: int = 0
     recompute: bool = False
     # Tiled MLP: every dense MLP runs over chunks of min(tokens, hidden_size) rows, its [N, 2F]
     # interior recomputed per chunk in backward; the activation peak stops growing with the MLP.
@@ -181,7 +191,12 @@ class SFTConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen
     @property
     def dtype(self) -> str:
         """The dtype of weights and activations the recipe implies."""
-        return {"bf16": "bfloat16", "fp32": "float32"}[self.recipe]
+        return {"bf16": "bfloat16", "fp32": "float32", "fp8_hybrid": "bfloat16", "fp8-hybrid": "bfloat16"}[self.recipe]
+
+    @property
+    def fp8(self) -> bool:
+        """Whether the recipe is fp8_hybrid."""
+        return self.recipe in ("fp8_hybrid", "fp8-hybrid")
 
     @property
     def eval_split_ratio(self) -> float:

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from surogate.compile.fp8 import HISTORY_PREFIX, Fp8Recipe
 from surogate.config import SFTConfig
 from surogate.dsl.nn import LORA_RNG, LoRAConfig
 from surogate.errors import ConfigError
@@ -125,6 +126,13 @@ class Trainer:
         targets = self.model.family.lora_targets if "all" in cfg.lora_target_modules else tuple(cfg.lora_targets)
         self.lora = LoRAConfig(cfg.lora_rank, float(cfg.lora_alpha), tuple(targets),
                                dropout=float(cfg.lora_dropout)) if cfg.lora else None
+        # recipe fp8_hybrid: the block projections of every Program below as FP8 GEMMs.
+        self.fp8 = Fp8Recipe(cfg.fp8_amax_history, cfg.skip_quant_first_layers,
+                             cfg.skip_quant_last_layers) if cfg.fp8 else None
+        if self.fp8 is not None and self.N % 16:
+            raise ConfigError(f"recipe fp8_hybrid: a micro-batch of {self.N} tokens (per_device_train_batch_size x "
+                              "sequence_len) is not a multiple of 16, which FP8 GEMMs need", where="sequence_len",
+                              hint="make sequence_len a multiple of 16")
         self._moe_load = None  # this step's routed rows [MoE layers, E], summed over micro-batches
         self._router_values: dict[str, list[float]] = {}  # this step's aux_loss / z_loss per micro-batch
         self._build()
@@ -197,7 +205,8 @@ class Trainer:
         self.eval_exe = None
         if self.eval_data is not None and self.rank == 0:  # (ranks in other processes: rank 0 evaluates)
             self.eval_exe = m.executable("train", self.N, self.N, lora=self.lora, grads=False,
-                                         mlp_chunk=self.mlp_chunk, **image_kw)
+                                         mlp_chunk=self.mlp_chunk, fp8=self.fp8, **image_kw)
+            self._bind_fp8_histories(self.eval_exe)  # (histories of its own: eval leaves training's alone)
             # The same device buffers as the training program (the weights come from the model).
             for n, a in self.trainable.items() if self.lora is not None else ():
                 self.eval_exe.bind(n, a, self.exe.tensor(n))
@@ -227,7 +236,14 @@ class Trainer:
                               hint="set gpus: 1 for a dataset with images")
         image_kw = {"images": self.images} if self.images else {}
         self.exe = m.executable("train", self.N, self.N, lora=self.lora, grads=True, recompute=self.cfg.recompute,
-                                mlp_chunk=self.mlp_chunk, shared=self.local_rank == 0, **self.graph_kw, **image_kw)
+                                mlp_chunk=self.mlp_chunk, shared=self.local_rank == 0, fp8=self.fp8, **self.graph_kw,
+                                **image_kw)
+        if self.fp8 is not None and not any(n.attrs.get("fp8") for n in self.exe.graph.nodes):
+            raise ConfigError(f"recipe fp8_hybrid: no projection of {self.cfg.model} is left to run in FP8",
+                              where="skip_quant_first_layers",
+                              hint="lower skip_quant_first_layers / skip_quant_last_layers (the model has "
+                                   f"{m.spec.num_layers} layers), or use recipe: bf16")
+        self.fp8_state = self._bind_fp8_histories(self.exe)
         if self.mlp_chunk and not self.exe.lowered.tiled_mlps:
             raise ConfigError(f"long_context: {self.cfg.model} has no dense MLP to tile (its MLPs are experts)",
                               where="long_context", hint="remove long_context; recompute: true bounds a MoE's memory")
@@ -291,6 +307,15 @@ class Trainer:
                 self.exe.bind(n, a)
         self.exe.use_graphs(self.cfg.cuda_graphs)  # GPU: each micro-batch and optimizer step is one graph
 
+    def _bind_fp8_histories(self, exe) -> dict[str, np.ndarray]:
+        """fp8_amax_history > 0 (delayed scaling): zeroed amax histories for the Program's
+        quantize sites (graph inputs that every run rewrites), by name; nothing otherwise."""
+        out = {n: np.zeros(exe.buf(n).shape, np.float32) for n in exe.external_names("input")
+               if n.startswith(HISTORY_PREFIX)}
+        for n, a in out.items():
+            exe.bind(n, a)
+        return out
+
     def _shard_owners(self) -> dict[str, int] | None:
         """ZeRO (gpus > 1, zero_level 1 or 2): which rank steps each trained parameter."""
         if self.world == 1 or self.cfg.zero_level == 0:
@@ -318,15 +343,17 @@ class Trainer:
         m = self.model
         if self.lora is not None:  # (a replica's Program of its own: the cached one reads rank 0's inputs)
             ref = m.executable("train", self.N, self.N, lora=None, grads=False, shared=self.local_rank == 0,
-                               **self.graph_kw)
+                               fp8=self.fp8, **self.graph_kw)
         else:
-            ref = m.executable("train", self.N, self.N, lora=None, grads=False, shared=False, **self.graph_kw)
+            ref = m.executable("train", self.N, self.N, lora=None, grads=False, shared=False, fp8=self.fp8,
+                               **self.graph_kw)
             if self._frozen is None:  # (rank 0's, before any step: replicas are copies of it)
                 self._frozen = {n: m.params[n].copy() for n in ref.external_names("param") if n in m.params}
             for name, a in self._frozen.items():
                 ref.bind(name, a)
         for n in ("input_ids", "position_ids", "cu_seqlens", "targets"):
             ref.bind(n, self.inputs[n], self.exe.tensor(n))
+        self._bind_fp8_histories(ref)
         ref.use_graphs(self.cfg.cuda_graphs)
         return ref
 
@@ -342,6 +369,8 @@ class Trainer:
             key.append(c.lora_dropout)
         if c.qlora_gguf is not False:
             key.append(["qlora_gguf", c.qlora_gguf])
+        if c.fp8:
+            key.append(["fp8", c.fp8_amax_history, c.skip_quant_first_layers, c.skip_quant_last_layers])
         if c.qlora_bnb:
             key.append(["qlora_bnb", c.qlora_bnb_block_size, c.qlora_bnb_double_quant])
         if c.train_router is not None or c.router_z_loss_coef:  # likewise
@@ -497,7 +526,9 @@ class Trainer:
         return self.opt.master if self.dp is None else self.dp.masters()
 
     def _optimizer_state(self) -> dict[str, np.ndarray]:
-        return self.opt.state() if self.dp is None else self.dp.optimizer_state()
+        state = self.opt.state() if self.dp is None else self.dp.optimizer_state()
+        # Delayed scaling's amax histories resume with the run (a fresh history would rescale).
+        return {**state, **{"fp8/" + n: self.exe.pull(n).copy() for n in self.fp8_state}}
 
     def _apply(self, lr: float) -> float:
         """The optimizer step; returns the gradient norm before clipping."""
@@ -518,6 +549,12 @@ class Trainer:
             a[...] = trainable[n].astype(a.dtype)
             self.exe.push(n)
         self.opt.load_state(opt_state)
+        for n, a in self.fp8_state.items():
+            if "fp8/" + n not in opt_state:
+                raise ConfigError(f"checkpoint {path} has no amax history {n}", where="fp8_amax_history",
+                                  hint="resume with the fp8_amax_history the checkpoint was written with")
+            a[...] = opt_state["fp8/" + n]
+            self.exe.push(n)
         if self.dp is not None:
             self.dp.load(trainable, opt_state)
         return state

@@ -1,0 +1,177 @@
+// quantize_fp8 and matmul_fp8 on CUDA, the twins of cpu/fp8.cpp (same checks and scale rule:
+// runtime/op_checks_fp8.h). Nothing here reads device memory on the host: the amax, the scale
+// and scale_inv stay on the device, and matmul_fp8 hands cuBLASLt the scale_inv pointers.
+//
+// quantize_fp8 is three launches: the amax (a grid-stride max over |x| as ordered bits, so NaN
+// wins as on the CPU, one atomicMax per block), the scale (one thread: the history's max under
+// delayed scaling, the rule, the history shifted), then the conversion x * scale -> fp8 with
+// round-to-nearest-even and saturation (cvt.rn.satfinite: +-inf and finite overflow to +-max, NaN
+// kept), either in place order or transposed through a 32 x 32 shared-memory tile (the K-major
+// copies of W, dy and x the backward's GEMMs need: Hopper's FP8 kernels take only the TN layout).
+// The scale is an IEEE division (__fdiv_rn) and x * scale one rounded product (__fmul_rn), so the
+// codes are the CPU's bit for bit.
+//
+// matmul_fp8 is cuBLASLt's FP8 GEMM (cuda/matmul_gemm.cu: gemm_fp8_rowmajor), f32 accumulation,
+// output f32 / bf16 / f16. cuBLASLt's FP8 kernels want 16-byte aligned leading dimensions: M, N
+// and K must be multiples of 16 here (surogate/compile/fp8.py only tags projections that fit and
+// the trainer refuses a token count that does not).
+#include <cuda_fp8.h>
+
+#include <cfloat>
+
+#include "core/allocator.h"
+#include "cuda/backend.h"
+#include "cuda/common.cuh"
+#include "cuda/matmul_gemm.h"
+#include "runtime/op_checks_fp8.h"
+
+namespace surogate::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kTile = 32;  // transposed quantize: 32 x 32 tiles, 32 x 8 threads
+
+int grid_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 1 << 14)); }
+
+// |v| as bits that order like the values: NaN patterns lie above +inf's.
+__device__ __forceinline__ unsigned abs_bits(float v) { return __float_as_uint(v) & 0x7fffffffu; }
+
+// Element i of a row-major [R, C] matrix with row stride `stride` (no division when contiguous).
+__device__ __forceinline__ int64_t offset_of(int64_t i, int64_t C, int64_t stride) {
+  if (stride == C) return i;
+  const int64_t r = i / C;
+  return r * stride + (i - r * C);
+}
+
+template <typename T>
+__global__ void amax_kernel(const T* __restrict__ x, int64_t R, int64_t C, int64_t stride, unsigned* __restrict__ out) {
+  unsigned m = 0;
+  const int64_t n = R * C;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    m = max(m, abs_bits(ld(x[offset_of(i, C, stride)])));
+  }
+  for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+  __shared__ unsigned warp_max[kThreads / 32];
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    m = threadIdx.x < blockDim.x / 32 ? warp_max[threadIdx.x] : 0u;
+    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (threadIdx.x == 0) atomicMax(out, m);
+  }
+}
+
+// scale[0] = the quantizer's scale, scale_inv[0] = 1 / scale; with a history (H > 0) the amax is
+// its largest non-NaN entry (this tensor's while it holds only zeros), and this amax goes in front.
+__global__ void scale_kernel(const unsigned* __restrict__ amax_bits, float* __restrict__ hist, int64_t H, float fp8_max,
+                             float* __restrict__ scale, float* __restrict__ scale_inv) {
+  const float now = __uint_as_float(*amax_bits);
+  float amax = now;
+  if (H > 0) {
+    float m = 0.0f;
+    for (int64_t i = 0; i < H; ++i) {
+      if (!isnan(hist[i]) && hist[i] > m) m = hist[i];
+    }
+    for (int64_t i = H - 1; i > 0; --i) hist[i] = hist[i - 1];
+    hist[0] = now;
+    if (m > 0.0f) amax = m;
+  }
+  float s = amax == 0.0f ? 1.0f : __fdiv_rn(fp8_max, amax);
+  if (isinf(s)) s = FLT_MAX;
+  *scale = s;
+  *scale_inv = __fdiv_rn(1.0f, s);
+}
+
+__device__ __forceinline__ uint8_t to_fp8(float v, bool e5m2) {
+  if (isinf(v)) v = copysignf(FLT_MAX, v);  // satfinite's rule for inf, spelled out
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3));
+}
+
+template <typename T>
+__global__ void quantize_kernel(const T* __restrict__ x, int64_t R, int64_t C, int64_t stride,
+                                const float* __restrict__ scale, uint8_t* __restrict__ q, bool e5m2) {
+  const float s = *scale;
+  const int64_t n = R * C;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    q[i] = to_fp8(__fmul_rn(ld(x[offset_of(i, C, stride)]), s), e5m2);
+  }
+}
+
+// q[c, r] = fp8(x[r, c] * scale): blockIdx.x over column tiles, blockIdx.y over row tiles.
+template <typename T>
+__global__ void quantize_t_kernel(const T* __restrict__ x, int64_t R, int64_t C, int64_t stride,
+                                  const float* __restrict__ scale, uint8_t* __restrict__ q, bool e5m2) {
+  __shared__ uint8_t tile[kTile][kTile + 4];
+  const float s = *scale;
+  const int64_t c0 = int64_t{blockIdx.x} * kTile, r0 = int64_t{blockIdx.y} * kTile;
+  for (int k = threadIdx.y; k < kTile; k += blockDim.y) {
+    const int64_t r = r0 + k, c = c0 + threadIdx.x;
+    if (r < R && c < C) tile[k][threadIdx.x] = to_fp8(__fmul_rn(ld(x[r * stride + c]), s), e5m2);
+  }
+  __syncthreads();
+  for (int k = threadIdx.y; k < kTile; k += blockDim.y) {
+    const int64_t c = c0 + k, r = r0 + threadIdx.x;
+    if (c < C && r < R) q[c * R + r] = tile[threadIdx.x][k];
+  }
+}
+
+Status quantize_fp8(const OpArgs& a) {
+  QuantizeFp8Args r;
+  SG_RETURN_IF_ERROR(check_quantize_fp8(a, &r));
+  const Tensor& x = a.in(0);
+  const Device dev = x.device;
+  const int64_t n = r.R * r.C;
+  SG_CHECK(r.R / kTile < 65535, StatusCode::kUnsupported,
+           str_cat("quantize_fp8: ", r.R, " rows exceed the CUDA kernel's grid"), "quantize fewer rows at a time");
+  Tensor scratch;  // [0]: the amax as ordered bits, [1]: the scale
+  SG_RETURN_IF_ERROR(empty({2}, DType::kF32, dev, &scratch));
+  unsigned* amax = static_cast<unsigned*>(scratch.data);
+  float* scale = scratch.ptr<float>() + 1;
+  SG_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(unsigned), current_stream()));
+  uint8_t* q = a.out(0).ptr<uint8_t>();
+  SG_CUDA_DISPATCH_FLOAT("quantize_fp8", x.dtype, T, {
+    const T* xp = x.ptr<T>();
+    if (n > 0) {
+      amax_kernel<T><<<grid_for(n), kThreads, 0, current_stream()>>>(xp, r.R, r.C, r.ld, amax);
+      SG_CUDA_CHECK_LAUNCH();
+    }
+    scale_kernel<<<1, 1, 0, current_stream()>>>(amax, r.H ? a.out(2).ptr<float>() : nullptr, r.H, r.fp8_max, scale,
+                                                a.out(1).ptr<float>());
+    SG_CUDA_CHECK_LAUNCH();
+    if (n == 0) return Status::OK();
+    if (!r.transpose) {
+      quantize_kernel<T><<<grid_for(n), kThreads, 0, current_stream()>>>(xp, r.R, r.C, r.ld, scale, q, r.e5m2);
+    } else {
+      const dim3 grid(static_cast<unsigned>((r.C + kTile - 1) / kTile), static_cast<unsigned>((r.R + kTile - 1) / kTile));
+      quantize_t_kernel<T><<<grid, dim3(kTile, 8), 0, current_stream()>>>(xp, r.R, r.C, r.ld, scale, q, r.e5m2);
+    }
+    SG_CUDA_CHECK_LAUNCH();
+  });
+  return Status::OK();
+}
+
+Status matmul_fp8(const OpArgs& a) {
+  MatmulFp8Args r;
+  SG_RETURN_IF_ERROR(check_matmul_fp8(a, &r));
+  SG_CHECK(r.M % 16 == 0 && r.N % 16 == 0 && r.K % 16 == 0, StatusCode::kUnsupported,
+           str_cat("matmul_fp8: [", r.M, ", ", r.K, "] x [", r.N, ", ", r.K,
+                   "]^T: cuBLASLt's FP8 GEMMs need M, N and K multiples of 16"),
+           "pad the operands, or keep this projection in bf16");
+  const Tensor& A = a.in(0);
+  const Tensor& B = a.in(2);
+  const Tensor& C = a.out(0);
+  return gemm_fp8_rowmajor("matmul_fp8", C.device.index, r.M, r.N, r.K, r.alpha, {A.data, A.dtype, r.K},
+                           a.in(1).ptr<float>(), {B.data, B.dtype, r.K}, a.in(3).ptr<float>(), r.beta,
+                           {C.data, C.dtype, r.N}, r.bias ? r.bias->data : nullptr,
+                           r.bias ? r.bias->dtype : DType::kF32);
+}
+
+}  // namespace
+
+void register_cuda_fp8(OpRegistry& reg) {
+  add_op(reg, "quantize_fp8", quantize_fp8);
+  add_op(reg, "matmul_fp8", matmul_fp8);
+}
+
+}  // namespace surogate::cuda
