@@ -54,6 +54,7 @@ from surogate.train.lora import init_lora, merge_into_hf, save_peft_adapter
 from surogate.train.metrics import MetricsFeed
 from surogate.train.optimizer import AdamW, AdamWParams
 from surogate.train.schedule import Schedule
+from surogate.train.zero3 import Zero3
 
 MICRO_BATCH = ("forward", "backward")  # the phases one micro-batch runs (one CUDA graph)
 
@@ -127,6 +128,8 @@ class Trainer:
                                dropout=float(cfg.lora_dropout)) if cfg.lora else None
         self._moe_load = None  # this step's routed rows [MoE layers, E], summed over micro-batches
         self._router_values: dict[str, list[float]] = {}  # this step's aux_loss / z_loss per micro-batch
+        # ZeRO-3: the decoder layers' weights split among the ranks (planned by rank 0's Program).
+        self.zero3 = Zero3(self.world) if self.world > 1 and cfg.zero_level == 3 else None
         self._build()
         if self.world > 1:
             self.dp = DataParallel(self)
@@ -193,18 +196,27 @@ class Trainer:
     def _build(self) -> None:
         self._build_rank()
         m = self.model
-        image_kw = {"images": self.images} if self.images else {}
         self.eval_exe = None
-        if self.eval_data is not None and self.rank == 0:  # (ranks in other processes: rank 0 evaluates)
-            self.eval_exe = m.executable("train", self.N, self.N, lora=self.lora, grads=False,
-                                         mlp_chunk=self.mlp_chunk, **image_kw)
-            # The same device buffers as the training program (the weights come from the model).
-            for n, a in self.trainable.items() if self.lora is not None else ():
+        # (ranks in other processes: rank 0 evaluates; under ZeRO-3 every rank, the gathers being collectives)
+        if self.eval_data is not None and (self.rank == 0 or self.zero3 is not None):
+            self._build_eval()
+
+    def _build_eval(self) -> None:
+        """The evaluation Program over this rank's training inputs and weights."""
+        m, image_kw = self.model, {"images": self.images} if self.images else {}
+        z = self.shard
+        self.eval_exe = m.executable("train", self.N, self.N, lora=self.lora, grads=False, mlp_chunk=self.mlp_chunk,
+                                     **({"shared": False, "rewrite": z.rewrite} if z else {}), **image_kw)
+        # The same device buffers as the training program (the weights come from the model).
+        for n, a in self.trainable.items() if self.lora is not None or z else ():
+            if n in self.eval_exe.lowered.by_value and not (z and z.zero3.sharded(n)):
                 self.eval_exe.bind(n, a, self.exe.tensor(n))
-            for n in ("input_ids", "position_ids", "cu_seqlens", "targets", *self._image_inputs()):
-                if n in self.exe.lowered.by_value:
-                    self.eval_exe.bind(n, self.inputs[n], self.exe.tensor(n))
-            self.eval_exe.use_graphs(self.cfg.cuda_graphs)
+        if z:
+            z.bind(self.eval_exe, self._homes())
+        for n in ("input_ids", "position_ids", "cu_seqlens", "targets", *self._image_inputs()):
+            if n in self.exe.lowered.by_value:
+                self.eval_exe.bind(n, self.inputs[n], self.exe.tensor(n))
+        self.eval_exe.use_graphs(self.cfg.cuda_graphs)
 
     def _replica(self, rank: int) -> Trainer:
         """Rank ``rank``'s view of this trainer (data parallel): the same config, model, data and
@@ -215,6 +227,8 @@ class Trainer:
         r.rank, r.local_rank, r.dp, r.eval_exe = rank, rank, None, None
         r._moe_load, r._router_values = None, {}
         r._build_rank()
+        if self.eval_exe is not None and self.zero3 is not None:  # (ZeRO-3: every rank evaluates)
+            r._build_eval()
         return r
 
     def _build_rank(self) -> None:
@@ -226,8 +240,11 @@ class Trainer:
             raise ConfigError("rows with images do not split among data-parallel ranks yet", where="gpus",
                               hint="set gpus: 1 for a dataset with images")
         image_kw = {"images": self.images} if self.images else {}
+        # ZeRO-3: this rank's share of the layers' weights; its Programs are its own, with the gathers in.
+        z = self.shard = self.zero3.rank(self.rank) if self.zero3 is not None else None
         self.exe = m.executable("train", self.N, self.N, lora=self.lora, grads=True, recompute=self.cfg.recompute,
-                                mlp_chunk=self.mlp_chunk, shared=self.local_rank == 0, **self.graph_kw, **image_kw)
+                                mlp_chunk=self.mlp_chunk, shared=self.local_rank == 0 and z is None,
+                                **({"rewrite": z.rewrite} if z else {}), **self.graph_kw, **image_kw)
         if self.mlp_chunk and not self.exe.lowered.tiled_mlps:
             raise ConfigError(f"long_context: {self.cfg.model} has no dense MLP to tile (its MLPs are experts)",
                               where="long_context", hint="remove long_context; recompute: true bounds a MoE's memory")
@@ -240,15 +257,27 @@ class Trainer:
             for p in g.params():
                 if p.trainable and not p.meta.get("lora"):
                     self.masters[p.name] = m.params[p.name].astype(np.float32)
-            self.trainable = {n: np.ascontiguousarray(a.astype(storage)) for n, a in self.masters.items()}
+            # (ZeRO-3: a rank keeps the adapters it owns, and the whole ones outside the layers)
+            self.trainable = {n: np.ascontiguousarray(a.astype(storage)) for n, a in self.masters.items()
+                              if z is None or z.keeps(n)}
             for n, a in self.trainable.items():
-                self.exe.bind(n, a)
+                if z is None or not z.zero3.sharded(n):
+                    self.exe.bind(n, a)
+        elif z is not None:  # the layers' pieces it owns are the model's arrays (each stepped by its owner only)
+            names = [n for n in self.exe.external_names("param") if z.keeps(n)]
+            self.trainable = {n: m.params[n] if self.local_rank == 0 or z.zero3.sharded(n) else m.params[n].copy()
+                              for n in names}
+            for n, a in self.trainable.items():
+                if not z.zero3.sharded(n):
+                    self.exe.bind(n, a)
         elif self.local_rank == 0:
             self.trainable = {n: m.params[n] for n in self.exe.external_names("param")}
         else:  # a replica updates weights of its own
             self.trainable = {n: m.params[n].copy() for n in self.exe.external_names("param")}
             for n, a in self.trainable.items():
                 self.exe.bind(n, a)
+        if z is not None:
+            z.bind(self.exe, self._homes())
         self.grads = {}
         for name in self.exe.external_names("grad"):
             arr = np.zeros(self.exe.buf(name).shape, np.float32)
@@ -259,7 +288,9 @@ class Trainer:
                            c.max_grad_norm)
         self.owners = self._shard_owners()
         shard = {} if self.owners is None else {"owned": {n for n, r in self.owners.items() if r == self.rank},
-                                                 "norm_input": c.zero_level == 2}
+                                                 "norm_input": c.zero_level >= 2}
+        if z is not None:  # the step updates the arrays this rank keeps, in a Program of its own
+            shard["homes"] = self.trainable
         if c.optimizer in ("muon", "normuon"):
             from surogate.train.muon import Muon, muon_params
 
@@ -291,10 +322,17 @@ class Trainer:
                 self.exe.bind(n, a)
         self.exe.use_graphs(self.cfg.cuda_graphs)  # GPU: each micro-batch and optimizer step is one graph
 
+    def _homes(self) -> dict[str, np.ndarray]:
+        """ZeRO-3: the arrays that keep this rank's pieces of the layers (trained: its own; frozen: the model's)."""
+        return {n: self.trainable[n] if n in self.trainable else self.model.params[n]
+                for n in self.zero3.pieces(self.rank)}
+
     def _shard_owners(self) -> dict[str, int] | None:
-        """ZeRO (gpus > 1, zero_level 1 or 2): which rank steps each trained parameter."""
+        """ZeRO (gpus > 1, zero_level 1, 2 or 3): which rank steps each trained parameter."""
         if self.world == 1 or self.cfg.zero_level == 0:
             return None
+        if self.zero3 is not None:  # (the same split, made once with the layers')
+            return self.zero3.trained_owners
         sizes = {n[len("grad."):]: int(np.prod(self.exe.buf(n).shape)) for n in self.exe.external_names("grad")}
         return shard_owners(sizes, self.world)
 
@@ -315,16 +353,26 @@ class Trainer:
         GRPO): under LoRA the base weights with the adapter left out; for a full fine-tune a
         frozen copy of the starting weights (the policy's are updated in place), one copy that
         every data-parallel rank of this process reads."""
-        m = self.model
+        m, z = self.model, self.shard
+        gathers = {"shared": False, "rewrite": z.rewrite} if z else {}
         if self.lora is not None:  # (a replica's Program of its own: the cached one reads rank 0's inputs)
-            ref = m.executable("train", self.N, self.N, lora=None, grads=False, shared=self.local_rank == 0,
-                               **self.graph_kw)
+            ref = m.executable("train", self.N, self.N, lora=None, grads=False,
+                               **(gathers or {"shared": self.local_rank == 0}), **self.graph_kw)
+            if z:  # the base's pieces from the model, the gathers' adapter pieces from this rank's adapters
+                z.bind(ref, self._homes())
         else:
-            ref = m.executable("train", self.N, self.N, lora=None, grads=False, shared=False, **self.graph_kw)
+            ref = m.executable("train", self.N, self.N, lora=None, grads=False, shared=False,
+                               **({"rewrite": z.rewrite} if z else {}), **self.graph_kw)
             if self._frozen is None:  # (rank 0's, before any step: replicas are copies of it)
-                self._frozen = {n: m.params[n].copy() for n in ref.external_names("param") if n in m.params}
+                # (ZeRO-3 across processes: the layers' pieces of this process's rank only)
+                keep = z.keeps if z and self.dist is not None else (lambda n: True)
+                self._frozen = {n: m.params[n].copy() for n in ref.external_names("param")
+                                if n in m.params and keep(n)}
             for name, a in self._frozen.items():
-                ref.bind(name, a)
+                if not (z and z.zero3.sharded(name)):
+                    ref.bind(name, a)
+            if z:
+                z.bind(ref, {n: self._frozen[n] for n in z.zero3.pieces(self.rank)})
         for n in ("input_ids", "position_ids", "cu_seqlens", "targets"):
             ref.bind(n, self.inputs[n], self.exe.tensor(n))
         ref.use_graphs(self.cfg.cuda_graphs)
@@ -484,6 +532,13 @@ class Trainer:
         """The eval line's values; ``eval_loss`` first."""
         return {"eval_loss": self.evaluate()}
 
+    def _evaluate(self) -> dict:
+        """`_eval_metrics`; under ZeRO-3 on every rank at once (its Programs gather the weights
+        from all ranks), each over the whole evaluation set, rank 0's values reported."""
+        if self.zero3 is None:
+            return self._eval_metrics()
+        return self._on_ranks(lambda t: t._eval_metrics())[0]
+
     # ---- checkpoints ------------------------------------------------------------------------
     def _sync_to_host(self) -> None:
         """On a GPU: bring the trained weights and the optimizer's state into their host arrays."""
@@ -505,6 +560,8 @@ class Trainer:
 
     def _trainable_state(self) -> dict[str, np.ndarray]:
         self._sync_to_host()
+        if self.zero3 is not None:  # each rank keeps its pieces of the layers: from every rank
+            return self.dp.trained_state()
         masters = self._masters()
         return {n: masters.get(n, self.trainable[n]) for n in self.trainable}
 
@@ -564,13 +621,13 @@ class Trainer:
                                    epoch=state.step / self.steps_per_epoch, step_time=dt,
                                    elapsed=round(time.monotonic() - self.feed.t0, 3), **extra)
                 if c.eval_steps > 0 and self.eval_exe is not None and state.step % c.eval_steps == 0:
-                    record = self._eval_metrics()
+                    record = self._evaluate()
                     eval_loss = record["eval_loss"]
                     self.feed.eval(state.step, **record)
                 if c.save_steps > 0 and state.step % c.save_steps == 0 and state.step < self.total_steps:
                     self._save_checkpoint(ckpt_root, state)
             if self.eval_exe is not None and (c.eval_steps == 0 or self.total_steps % c.eval_steps != 0):
-                record = self._eval_metrics()
+                record = self._evaluate()
                 eval_loss = record["eval_loss"]
                 self.feed.eval(state.step, **record)
             self._save_checkpoint(ckpt_root, state)
@@ -636,7 +693,9 @@ class Trainer:
                                         m.config, source=source, dtype=m.dtype)
             return adapter, merged
         masters = self._masters()
-        full = {n: masters.get(n, a) for n, a in m.params.items()}
+        # (ZeRO-3: a process's model holds the starting values of the pieces other ranks keep)
+        state = self._trainable_state() if self.zero3 is not None else masters
+        full = {n: state.get(n, a) for n, a in m.params.items()}
         return save_hf_folder(self.out / "model", m.to_hf(full), m.config, source=source,
                               dtype="float32" if masters else m.dtype), None
 
