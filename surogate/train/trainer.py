@@ -131,8 +131,11 @@ class Trainer:
         # ZeRO-3: the decoder layers' weights split among the ranks (planned by rank 0's Program).
         self.zero3 = Zero3(self.world) if self.world > 1 and cfg.zero_level == 3 else None
         self._build()
+        self._names = list(self.model.params)  # the model's parameters (outputs: all of them)
         if self.world > 1:
             self.dp = DataParallel(self)
+        if self.zero3 is not None and self.dist is not None:
+            self._release_others()
         quiet = self.rank != 0  # another process's rank: rank 0 reports
         self.feed = MetricsFeed(cfg.metrics_path if "jsonl" in cfg.report_to and not quiet else None,
                                 use_wandb="wandb" in cfg.report_to and not quiet, wandb_project=cfg.wandb_project,
@@ -321,6 +324,16 @@ class Trainer:
             if n in self.exe.lowered.by_value:  # (Qwen3-VL with images: MRoPE tables, no position_ids)
                 self.exe.bind(n, a)
         self.exe.use_graphs(self.cfg.cuda_graphs)  # GPU: each micro-batch and optimizer step is one graph
+
+    def _release_others(self) -> None:
+        """ZeRO-3 in a process of its own: the model lets go of the layer weights other ranks
+        keep (no Program here reads them; checkpoints and outputs take them from their keepers).
+        A LoRA run that merges its adapter at the end keeps the base whole for the merge."""
+        if self.lora is not None and self.cfg.merge_adapter:
+            return
+        for n in self._names:
+            if self.zero3.sharded(n) and not self.shard.owns(n):
+                del self.model.params[n]
 
     def _homes(self) -> dict[str, np.ndarray]:
         """ZeRO-3: the arrays that keep this rank's pieces of the layers (trained: its own; frozen: the model's)."""
@@ -695,7 +708,7 @@ class Trainer:
         masters = self._masters()
         # (ZeRO-3: a process's model holds the starting values of the pieces other ranks keep)
         state = self._trainable_state() if self.zero3 is not None else masters
-        full = {n: state.get(n, a) for n, a in m.params.items()}
+        full = {n: state[n] if n in state else m.params[n] for n in self._names}
         return save_hf_folder(self.out / "model", m.to_hf(full), m.config, source=source,
                               dtype="float32" if masters else m.dtype), None
 

@@ -4,9 +4,10 @@ data_parallel.py's header; the gathers: surogate/compile/gather.py).
 
 `Zero3` is the run's split, the same on every rank: built from the first rank's training Program
 as it is lowered (its decoder layers' parameters, in the order the Program first reads them; who
-keeps each). A trained parameter's keeper is its ZeRO owner (`shard_owners` over the trained
-parameters, the optimizer's split of ZeRO-1/2), a frozen one's (a LoRA run's base weights) is
-`shard_owners` over the frozen layer weights, so both are balanced. `Zero3Rank` is one rank's
+keeps each). A trained layer parameter's keeper is its ZeRO owner, the rank that steps it; the
+trained layer weights, the trained weights outside the layers and the frozen layer weights (a
+LoRA run's base) are each split on their own by `shard_owners` (whole tensors, largest first to
+the least loaded rank), so each rank keeps about 1/R of the layers' bytes. `Zero3Rank` is one rank's
 share: the two staging buffers, the gather pass for each of its Programs (training, evaluation,
 reference), their bindings (the layer parameters to their bytes in a staging buffer, this rank's
 pieces to their homes) and the communicator they gather through.
@@ -52,10 +53,12 @@ class Zero3:
         grads = {v.name[len("grad."):]: int(np.prod(lowered.by_value[v.name].shape, dtype=np.int64))
                  for v in g.values.values()
                  if v.kind == "grad" and v.name in lowered.by_value and lowered.by_value[v.name].kind == "external"}
-        self.trained_owners = shard_owners(grads, self.world)
-        frozen = {n: _nbytes(lowered, n) for n in first if n not in grads}
+        # Three splits, each balanced on its own: the trained layer weights, the trained ones
+        # outside the layers (whole on every rank, stepped by their owner), the frozen layer weights.
+        self.trained_owners = shard_owners({n: k for n, k in grads.items() if n in first}, self.world)
+        self.trained_owners.update(shard_owners({n: k for n, k in grads.items() if n not in first}, self.world))
         self.owner = {n: self.trained_owners[n] for n in first if n in grads}
-        self.owner.update(shard_owners(frozen, self.world))
+        self.owner.update(shard_owners({n: _nbytes(lowered, n) for n in first if n not in grads}, self.world))
         by_layer: dict[int, list[str]] = {}
         for n in sorted(first, key=first.get):
             by_layer.setdefault(int(LAYER.match(n).group(1)), []).append(n)
