@@ -1,5 +1,6 @@
 """Data parallel training: ``gpus: R`` ranks, one thread each in this process (the original
-Surogate's design), each with its own Programs, weights, gradients and inputs.
+Surogate's design), each with its own Programs, weights, gradients and inputs. (Past 400 lines
+for this header: the one account of the step at every ZeRO level.)
 
 One optimizer step (`Trainer._step_with_metrics`, which every trainer shares: sft, pt, dpo,
 distill; grpo's adds its rollouts):
@@ -31,42 +32,34 @@ distill; grpo's adds its rollouts):
    checkpoints holding the full state: the weights and every rank's optimizer shard under the
    one-rank names, so any rank count reads them back.
 
-ZeRO-3 (``zero_level: 3``, surogate/train/zero3.py) shards the weights too: every parameter of
-the decoder layers (``layers.N.*``) that the training Program reads, trained or frozen (a full
-fine-tune's layers; under LoRA the base projections, norms and the adapters), is kept by one rank
-only (whole tensors; the trained ones by their ZeRO owner, the one that steps them, the trained
-and the frozen ones each split evenly by `shard_owners`), so a rank's resident layer weights
-are about 1/R of them. The weights outside the layers (embeddings, final norm, head) stay whole
-on every rank as under ZeRO-2: they are read at both ends of the step, and a small share of a
-large model. The gathers are ops of the rank's Programs, the same staging scheme as serving's
-weight streaming (surogate/compile/offload.py) with the bytes coming from the owning ranks:
-each layer's parameters are packed at fixed offsets, layer i is staged in the rank's buffer
-i % 2, and every Program binds the layer's parameters to their bytes there.
-surogate/compile/gather.py puts ``weight_gather`` (kernels_native/cpu/weight_gather.cpp: the rank
-copies its pieces in, then `gather_from_owners` through the Program's communicator fills the
-rest) before the first instruction reading a layer that its buffer does not hold: the forward
-gathers layer 0, 1, ... as it reaches them, each layer's buffer reused (the layer released) by
-the layer two on, and the backward gathers them again from the last one down (a recomputed
-block's forward inside the next block's backward reads its own buffer). Each phase gathers anew
-at its start, so the buffers serve every Program of the rank (training, evaluation, DPO's
-reference, which gathers a frozen copy's pieces) and any phase order (dpo and grpo run forward
-and backward as separate phases). The step is ZeRO-2's: the gradients (whole accumulators, as
-under ZeRO-2) reduced to their owners after the micro-batches, the norm from the partial norms;
-the optimizer runs as a Program of its own over the arrays the rank keeps (`AdamW(homes=)`: the
-training Program reads the layers' weights through the staging buffers under the same names);
-then only the weights outside the layers are gathered from their owners. ZeRO-3 trains as ZeRO-2
-(its gathered weights are bit copies; only the split of the trained parameters, and with it the
-rounding of the partial norms, differs). A rank's homes are the model's own arrays where it can
-(rank threads: each layer tensor is the model's, stepped in place by its owner only, so the
-process holds the weights once), its own LoRA adapters, or a frozen reference's copies.
-Checkpoints and outputs take each weight from the rank that keeps it (`trained_state`), under
-the one-rank names. Evaluation runs on every rank at once (the gathers are collectives), each
-over the whole evaluation set, rank 0 reporting. GRPO is refused: each rank's rollout engine
-reads the weights whole. Not built yet: the gradients accumulated per layer and reduce-scattered
-into their owners during the backward (they are whole on every rank, as under ZeRO-2); in a
-process of its own a rank's Model still holds the loaded weights of the pieces other ranks keep
-(its Programs never read them); GPU ranks (cuda/weight_gather.cu compiles, untested: it is
-synchronous, a gather overlapping the previous layer on a stream of its own is the GPU follow-up).
+ZeRO-3 (``zero_level: 3``, surogate/train/zero3.py) shards the weights too: each parameter of the
+decoder layers (``layers.N.*``) the training Program reads, trained or frozen (a full fine-tune's
+layers; under LoRA the base weights and the adapters), is kept by one rank only (whole tensors,
+the trained ones by their owner; trained and frozen each split evenly by `shard_owners`), about
+1/R of the layers' bytes per rank. The weights outside the layers (embeddings, final norm, head)
+stay whole on every rank, as under ZeRO-2. The gathers are ops of the rank's Programs, serving's
+weight streaming scheme (surogate/compile/offload.py) with the bytes coming from their owners:
+each layer's parameters packed at fixed offsets, layer i staged in the rank's buffer i % 2, every
+Program binding the layer's parameters to their bytes there. surogate/compile/gather.py puts
+``weight_gather`` (cpu/weight_gather.cpp: the rank copies its pieces in, `gather_from_owners`
+through the Program's communicator fills the rest) before the first instruction reading a layer
+its buffer does not hold: the forward gathers layers 0, 1, ... as it reaches them (a layer is
+released when the layer two on takes its buffer), the backward gathers them again from the last
+down (a block's recompute, inside the next block's backward, reads its own buffer). Each phase
+gathers anew at its start, so the two buffers serve every Program of the rank (training,
+evaluation, DPO's reference) in any phase order. The step is ZeRO-2's (gradients whole on every
+rank, reduced to their owners after the micro-batches; the norm from the partial norms), the
+optimizer a Program of its own over the arrays the rank keeps (`AdamW(homes=)`), then only the
+weights outside the layers are gathered: ZeRO-3 trains as ZeRO-2 up to the rounding of the
+partial norms. Rank threads keep the model's own arrays (each layer tensor stepped in place by
+its owner: the process holds the weights once); a rank in a process of its own lets its model
+drop the others' pieces (`Trainer._release_others`). Checkpoints and outputs take each weight
+from its keeper (`trained_state`), under the one-rank names. Evaluation runs on every rank at once
+(the gathers are collectives), rank 0 reporting. GRPO is refused (each rank's rollout engine
+reads the weights whole). Not built yet: gradients accumulated per layer and reduce-scattered to
+their owners during the backward (they are whole, as under ZeRO-2); GPU ranks
+(cuda/weight_gather.cu compiles, untested; a gather overlapping the previous layer's compute on a
+stream of its own is the GPU follow-up).
 
 The collectives are `_native.Communicator`s (kernels_native/dist/collective.h); the threads
 backend moves host memory, so ranks run on the CPU backend (``device: cpu``). GPU ranks need
