@@ -31,7 +31,7 @@ pytest.importorskip("transformers")
 from sgtest.distill import distill_config  # noqa: E402
 from sgtest.preference import dpo_config, write_pairs  # noqa: E402
 from sgtest.qa import sft_config, step_losses, step_records, write_qa  # noqa: E402
-from sgtest.tiny_models import make_qwen3  # noqa: E402
+from sgtest.tiny_models import make_model, make_qwen3  # noqa: E402
 from surogate.compile.gather import HOME_NAME, SLOT_NAME  # noqa: E402
 from surogate.config import load_config  # noqa: E402
 from surogate.errors import ConfigError  # noqa: E402
@@ -49,6 +49,7 @@ def files(tmp_path_factory):
     return {"qwen3": make_qwen3(root / "qwen3", seed=11, initializer_range=0.2),
             "deep": make_qwen3(root / "deep", seed=5, initializer_range=0.2, num_hidden_layers=8),
             "teacher": make_qwen3(root / "teacher", seed=29, initializer_range=0.2),
+            "moe": make_model("qwen3_moe", root / "moe", seed=3),
             "qa": write_qa(root / "qa.jsonl"), "pairs": write_pairs(root / "pairs.jsonl")}
 
 
@@ -124,6 +125,23 @@ def test_the_other_trainers_under_zero3_train_as_under_zero2(files, tmp_path, ki
     assert_layers_split(t3)
     if kind == "dpo":  # the reference Program gathers too
         assert any(i.op == "weight_gather" for i in t3.dp.ranks[1].ref_exe.lowered.instrs)
+
+
+@pytest.mark.parametrize("kw", [dict(optimizer="normuon"), dict(optimizer="adamw_8bit"),
+                                dict(recipe="bf16", lora=False), dict(lora=False, long_context=True),
+                                dict(model="moe", train_router=True, router_z_loss_coef=0.01, lora_rank=4,
+                                     lora_alpha=8)],
+                         ids=["normuon", "adamw_8bit", "bf16-full", "long_context", "moe"])
+def test_zero3_with_the_other_optimizers_recipes_and_models(files, tmp_path, kw):
+    """The optimizer's own Program (Muon's matmuls, 8-bit moments, f32 masters of bf16 weights),
+    tiled MLPs and a MoE's experts and router under the gathers: ZeRO-2's numbers (measured equal,
+    bf16 within one ulp)."""
+    kw = dict(gpus=2, gradient_accumulation_steps=1, **kw)
+    z2, t2 = train("sft", files, tmp_path / "z2", zero_level=2, **kw)
+    z3, t3 = train("sft", files, tmp_path / "z3", zero_level=3, **kw)
+    np.testing.assert_allclose(values(z3), values(z2), rtol=ZERO2)
+    assert max_diff(weights(t2), weights(t3)) < (1e-2 if kw.get("recipe") == "bf16" else ZERO2_WEIGHTS)
+    assert_layers_split(t3)
 
 
 def weight_memory(exe) -> int:
