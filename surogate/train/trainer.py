@@ -131,7 +131,7 @@ class Trainer:
         # ZeRO-3: the decoder layers' weights split among the ranks (planned by rank 0's Program).
         self.zero3 = Zero3(self.world) if self.world > 1 and cfg.zero_level == 3 else None
         self._build()
-        self._names = list(self.model.params)  # the model's parameters (outputs: all of them)
+        self._names = list(self.model.params)  # every parameter of the model (the full model's outputs)
         if self.world > 1:
             self.dp = DataParallel(self)
         if self.zero3 is not None and self.dist is not None:
@@ -706,7 +706,7 @@ class Trainer:
                                         m.config, source=source, dtype=m.dtype)
             return adapter, merged
         masters = self._masters()
-        # (ZeRO-3: a process's model holds the starting values of the pieces other ranks keep)
+        # (ZeRO-3: each layer weight from the rank that keeps it; a process's model has let go of the others')
         state = self._trainable_state() if self.zero3 is not None else masters
         full = {n: state[n] if n in state else m.params[n] for n in self._names}
         return save_hf_folder(self.out / "model", m.to_hf(full), m.config, source=source,
