@@ -610,6 +610,7 @@ class Trainer:
         self.feed.write({"type": "start", "total_steps": self.total_steps, "start_step": start,
                          "tokens_per_step": self.N * c.gradient_accumulation_steps * self.world,
                          **({"ranks": self.world, "zero_level": self.dp.zero} if self.dp else {}),
+                         **({"zero3": self.shard.report(self._homes())} if self.shard else {}),
                          "memory": str(self.exe.memory()), "output_dir": str(self.out)})
         eval_loss = None
         loss = float("nan")

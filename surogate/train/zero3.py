@@ -138,6 +138,12 @@ class Zero3Rank:
     def staging_bytes(self) -> int:
         return sum(a.nbytes for a in self.slots)
 
+    def report(self, homes: dict[str, np.ndarray]) -> dict:
+        """The start record's account of this rank's layer weights (the Program's memory report
+        counts every parameter at its full size, the sharded ones being views of the staging buffers)."""
+        return {"layers": len(self.zero3.layers), "layer_bytes": sum(layer.nbytes for layer in self.zero3.layers),
+                "kept_bytes": int(sum(a.nbytes for a in homes.values())), "staging_bytes": self.staging_bytes()}
+
 
 def _is_param(g: Graph, name: str) -> bool:
     v = g.values.get(name)

@@ -108,6 +108,9 @@ def test_zero3_trains_as_zero2_and_as_one_rank_of_the_whole_batch(files, tmp_pat
     assert_layers_split(t3)
     start = next(r for r in map(json.loads, open(tmp_path / "z3" / "metrics.jsonl")) if r["type"] == "start")
     assert start["zero_level"] == 3
+    z = start["zero3"]  # rank 0's account: its pieces, two staging buffers of one layer each
+    assert z["layers"] == 2 and z["staging_bytes"] == 2 * t3.zero3.slot_bytes
+    assert z["kept_bytes"] == sum(a.nbytes for a in t3._homes().values()) < 0.75 * z["layer_bytes"]
 
 
 @pytest.mark.parametrize("kind,kw", [("dpo", {}), ("dpo", {"lora": False, "learning_rate": 1e-3}), ("distill", {})],
