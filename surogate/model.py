@@ -154,7 +154,7 @@ class Model:
     def executable(self, mode: str, n_tokens: int, n_docs: int, lora: LoRAConfig | None = None,
                    grads: bool = False, recompute: bool = False, shared: bool = True,
                    mlp_chunk: int = 0, temperature: float = 1.0, images: int = 0,
-                   projector=None, fp8=None) -> Executable:
+                   projector=None, fp8=None, rewrite=None) -> Executable:
         """The compiled Program for this shape, bound to the model's weights; one per shape and
         setup (cached) unless ``shared`` is False: then a new one the caller may bind other
         weights to (DPO's frozen reference copy). ``temperature``: a train-mode loss over
@@ -162,7 +162,9 @@ class Model:
         that many images' rows (mode "vision": the tower and projector over that many images).
         ``projector`` (mode "vision"): the key of a served adapter's projector (``projectors``)
         that the Program reads in place of the model's; None: the model's. ``fp8`` (an
-        `Fp8Recipe`, surogate/compile/fp8.py): the block projections as FP8 GEMMs."""
+        `Fp8Recipe`, surogate/compile/fp8.py): the block projections as FP8 GEMMs. ``rewrite``
+        (with ``shared`` False): a pass over the lowered Program (`Executable`'s; ZeRO-3's gathers)."""
+        assert rewrite is None or not shared, "a rewritten Program is its caller's own"
         key = (mode, n_tokens, n_docs,
                None if lora is None else lora.key(), grads,
                recompute) + ((mlp_chunk,) if mlp_chunk else ()) + ((temperature,) if temperature != 1.0 else ()) \
@@ -190,7 +192,7 @@ class Model:
             if grads:
                 backward(g, g.outputs["loss"], extra=extra or None)
             exe = Executable(g, {"N": n_tokens, "S1": n_docs + 1}, self.device, keep=keep, recompute=recompute,
-                             mlp_chunk=mlp_chunk)
+                             mlp_chunk=mlp_chunk, rewrite=rewrite)
             for name in exe.external_names("param"):
                 if name in self.params:
                     exe.bind(name, self.params[name], self.device_param(name))

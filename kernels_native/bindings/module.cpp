@@ -12,6 +12,7 @@
 #include "core/allocator.h"
 #include "core/cpu_features.h"
 #include "core/thread_pool.h"
+#include "dist/collective.h"
 #include "runtime/op_contracts.h"
 #include "runtime/op_registry.h"
 #include "runtime/program.h"
@@ -512,6 +513,9 @@ PYBIND11_MODULE(_native, m) {
         }
         return p.instr_to_string(i);
       })
+      .def("set_communicator", &Program::set_communicator, py::arg("comm"),
+           "The data-parallel rank's Communicator, which the Program's weight_gather instructions call "
+           "(ZeRO-3); None clears it.")
       .def("set_profiling", &Program::set_profiling)
       .def("profile", &Program::profile_seconds)
       .def("instr_profile", &Program::instr_seconds)

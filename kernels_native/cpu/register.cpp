@@ -29,6 +29,7 @@ void register_cpu_rope_table(OpRegistry& reg);
 void register_cpu_embedding_bag(OpRegistry& reg);
 void register_cpu_sample(OpRegistry& reg);
 void register_cpu_weight_stream(OpRegistry& reg);
+void register_cpu_weight_gather(OpRegistry& reg);
 }  // namespace cpu
 
 void register_cpu_ops(OpRegistry& reg) {
@@ -57,6 +58,7 @@ void register_cpu_ops(OpRegistry& reg) {
   cpu::register_cpu_embedding_bag(reg);
   cpu::register_cpu_sample(reg);
   cpu::register_cpu_weight_stream(reg);
+  cpu::register_cpu_weight_gather(reg);
 }
 
 }  // namespace surogate

@@ -198,6 +198,7 @@ void register_backend() {
   register_cuda_embedding_bag(reg);
   register_cuda_sample(reg);
   register_cuda_weight_stream(reg);
+  register_cuda_weight_gather(reg);
 }
 
 }  // namespace surogate::cuda

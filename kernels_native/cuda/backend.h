@@ -47,5 +47,6 @@ void register_cuda_rope_table(OpRegistry& reg);  // rope_table_fwd / _bwd (RoPE 
 void register_cuda_embedding_bag(OpRegistry& reg);  // embedding_bag_fwd (a weighted row gather)
 void register_cuda_sample(OpRegistry& reg);  // sample (serving: one token per logits row, on the device)
 void register_cuda_weight_stream(OpRegistry& reg);  // weight_fetch / weight_wait (serving with weights in host memory)
+void register_cuda_weight_gather(OpRegistry& reg);  // weight_gather (ZeRO-3: a layer's weights from the ranks owning them)
 
 }  // namespace surogate::cuda

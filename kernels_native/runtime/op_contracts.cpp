@@ -86,6 +86,9 @@ constexpr OpContract kContracts[] = {
      "(src [n] in host memory) -> (dst [n] on the op's device, same bytes): one layer's packed weights copied up; "
      "CUDA: on a copy stream, after the work queued so far, overlapping what follows until weight_wait(dst)"},
     {"weight_wait", 1, 1, 0, -1, "(dst [n]) -> (): the work after it waits for the weight_fetch into dst"},
+    {"weight_gather", 0, V, 1, -1,
+     "(this rank's pieces, in order) -> (dst [n]: every rank's pieces, the whole layer); attrs: offsets, sizes, "
+     "owners (per piece: its bytes in dst and its rank); ZeRO-3, needs the Program's communicator"},
     {"gated_matmul", 2, 3, 1, -1,
      "(gu[M,2F] = [gate, up], W[N,F], [bias[N]]) -> (y[M,N] = act(gate) * up @ W^T + bias); attrs: act "
      "(silu | gelu_tanh)"},

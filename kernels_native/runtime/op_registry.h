@@ -16,12 +16,19 @@
 
 namespace surogate {
 
+namespace dist {
+class Communicator;  // dist/collective.h
+}
+
 struct OpArgs {
   const Tensor* inputs = nullptr;
   int num_inputs = 0;
   const Tensor* outputs = nullptr;
   int num_outputs = 0;
   const Attrs* attrs = nullptr;
+  // The collectives of the Program's data-parallel rank (Program::set_communicator), for the ops
+  // that move data among ranks (weight_gather); null elsewhere.
+  dist::Communicator* comm = nullptr;
 
   // An input slot may be absent (an optional bias, a missing LoRA): then data == nullptr.
   const Tensor& in(int i) const { return inputs[i]; }

@@ -8,7 +8,9 @@
 // its op, input and output buffer ids (-1 for an absent optional input) and its attributes; the
 // op's kernel is resolved when the instruction is added, so running is a loop of calls. An
 // external buffer may be declared host-resident: a device program then binds it to host memory
-// (what weight_fetch copies up from; its kernels never read it otherwise).
+// (what weight_fetch copies up from; its kernels never read it otherwise). A Program of a
+// data-parallel rank holds that rank's Communicator, which its collective ops (weight_gather,
+// ZeRO-3) call.
 #pragma once
 
 #include <map>
@@ -23,6 +25,10 @@
 #include "runtime/op_registry.h"
 
 namespace surogate {
+
+namespace dist {
+class Communicator;  // dist/collective.h
+}
 
 class Program {
  public:
@@ -49,6 +55,10 @@ class Program {
                    const Attrs& attrs);
 
   Status bind(int id, const Tensor& t);
+  // The rank's collectives, for the instructions that move data among the ranks (weight_gather);
+  // every rank's Program makes the same calls in the same order.
+  void set_communicator(std::shared_ptr<dist::Communicator> comm) { comm_ = std::move(comm); }
+  const std::shared_ptr<dist::Communicator>& communicator() const { return comm_; }
   Status prepare();
   // Run instructions [begin, end); end < 0 means to the last one.
   Status run(int begin = 0, int end = -1);
@@ -121,6 +131,7 @@ class Program {
   std::vector<double> op_seconds_;
   bool graphs_on_ = false, graphs_failed_ = false;
   std::map<std::pair<int, int>, GraphEntry> graphs_;
+  std::shared_ptr<dist::Communicator> comm_;
 };
 
 }  // namespace surogate

@@ -49,10 +49,14 @@ class MemoryReport:
 
 class Executable:
     def __init__(self, g: Graph, dims: dict[str, int], device: str = "cpu", keep: list[Value] = (),
-                 recompute: bool = False, mlp_chunk: int = 0):
+                 recompute: bool = False, mlp_chunk: int = 0, rewrite=None):
+        """``rewrite(g, lowered)``: a pass over the lowered instructions before the native
+        Program is built from them (ZeRO-3's weight gathers, surogate/compile/gather.py)."""
         self.graph = g
         self.device = device
         self.lowered: Lowered = lower(g, dims, keep, recompute, mlp_chunk)
+        if rewrite is not None:
+            rewrite(g, self.lowered)
         self.program = to_program(self.lowered, device)
         self._bound: dict[str, object] = {}  # name -> the host array (or the tensor) the caller bound
         self._tensors: dict[str, object] = {}  # name -> what the program reads (the host array on the CPU)

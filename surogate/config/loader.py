@@ -270,12 +270,12 @@ def _check_values(c: SFTConfig, where: _Where) -> None:
             fail(key, f"must be at least 1, got {getattr(c, key)}")
     if c.gpus < 0:
         fail("gpus", f"must not be negative, got {c.gpus}", "1 trains on one device, 0 on every GPU of the machine")
-    if c.zero_level == 3:
-        fail("zero_level", "ZeRO-3 (weights sharded and gathered per block) is not built yet",
-             "use zero_level: 1 (optimizer state sharded) or 2 (gradients too)")
-    if c.zero_level not in (0, 1, 2):
-        fail("zero_level", f"must be 0, 1 or 2, got {c.zero_level}",
-             "0: plain data parallel, 1: optimizer state sharded, 2: gradients too")
+    if c.zero_level not in (0, 1, 2, 3):
+        fail("zero_level", f"must be 0, 1, 2 or 3, got {c.zero_level}",
+             "0: plain data parallel, 1: optimizer state sharded, 2: gradients too, 3: the layers' weights too")
+    if c.zero_level == 3 and c.kind == "grpo":
+        fail("zero_level", "ZeRO-3 shards the layers' weights, and each rank's rollout engine reads them whole",
+             "use zero_level: 2 with surogate grpo")
     if c.distributed is not None:
         if c.distributed.num_nodes < 0:
             fail("distributed.num_nodes", f"must not be negative, got {c.distributed.num_nodes}",

@@ -98,7 +98,10 @@ class SFTConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen
     gpus: int = 1
     # ZeRO with gpus > 1: 1 shards the optimizer state (each rank steps its share of the
     # parameters, then the updated weights are all-gathered), 2 also the gradients (reduced to
-    # their owner instead of all-reduced); 0 keeps a full optimizer on every rank (plain DP).
+    # their owner instead of all-reduced), 3 also the decoder layers' weights (each rank keeps
+    # its share, trained or frozen; a layer's weights are gathered from their owners just before
+    # it runs, in forward and again in backward; not with surogate grpo); 0 keeps a full
+    # optimizer on every rank (plain DP).
     zero_level: int = 1
     distributed: DistributedConfig | None = None  # several nodes through Ray (DistributedConfig)
 

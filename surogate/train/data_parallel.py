@@ -1,5 +1,6 @@
 """Data parallel training: ``gpus: R`` ranks, one thread each in this process (the original
-Surogate's design), each with its own Programs, weights, gradients and inputs.
+Surogate's design), each with its own Programs, weights, gradients and inputs. (Past 400 lines
+for this header: the one account of the step at every ZeRO level.)
 
 One optimizer step (`Trainer._step_with_metrics`, which every trainer shares: sft, pt, dpo,
 distill; grpo's adds its rollouts):
@@ -30,6 +31,35 @@ distill; grpo's adds its rollouts):
 5. Rank 0 reports (the loss and metrics from every rank's values) and writes
    checkpoints holding the full state: the weights and every rank's optimizer shard under the
    one-rank names, so any rank count reads them back.
+
+ZeRO-3 (``zero_level: 3``, surogate/train/zero3.py) shards the weights too: each parameter of the
+decoder layers (``layers.N.*``) the training Program reads, trained or frozen (a full fine-tune's
+layers; under LoRA the base weights and the adapters), is kept by one rank only (whole tensors,
+the trained ones by their owner; trained and frozen each split evenly by `shard_owners`), about
+1/R of the layers' bytes per rank. The weights outside the layers (embeddings, final norm, head)
+stay whole on every rank, as under ZeRO-2. The gathers are ops of the rank's Programs, serving's
+weight streaming scheme (surogate/compile/offload.py) with the bytes coming from their owners:
+each layer's parameters packed at fixed offsets, layer i staged in the rank's buffer i % 2, every
+Program binding the layer's parameters to their bytes there. surogate/compile/gather.py puts
+``weight_gather`` (cpu/weight_gather.cpp: the rank copies its pieces in, `gather_from_owners`
+through the Program's communicator fills the rest) before the first instruction reading a layer
+its buffer does not hold: the forward gathers layers 0, 1, ... as it reaches them (a layer is
+released when the layer two on takes its buffer), the backward gathers them again from the last
+down (a block's recompute, inside the next block's backward, reads its own buffer). Each phase
+gathers anew at its start, so the two buffers serve every Program of the rank (training,
+evaluation, DPO's reference) in any phase order. The step is ZeRO-2's (gradients whole on every
+rank, reduced to their owners after the micro-batches; the norm from the partial norms), the
+optimizer a Program of its own over the arrays the rank keeps (`AdamW(homes=)`), then only the
+weights outside the layers are gathered: ZeRO-3 trains as ZeRO-2 up to the rounding of the
+partial norms. Rank threads keep the model's own arrays (each layer tensor stepped in place by
+its owner: the process holds the weights once); a rank in a process of its own lets its model
+drop the others' pieces (`Trainer._release_others`). Checkpoints and outputs take each weight
+from its keeper (`trained_state`), under the one-rank names. Evaluation runs on every rank at once
+(the gathers are collectives), rank 0 reporting. GRPO is refused (each rank's rollout engine
+reads the weights whole). Not built yet: gradients accumulated per layer and reduce-scattered to
+their owners during the backward (they are whole, as under ZeRO-2); GPU ranks
+(cuda/weight_gather.cu compiles, untested; a gather overlapping the previous layer's compute on a
+stream of its own is the GPU follow-up).
 
 The collectives are `_native.Communicator`s (kernels_native/dist/collective.h); the threads
 backend moves host memory, so ranks run on the CPU backend (``device: cpu``). GPU ranks need
@@ -221,19 +251,26 @@ class DataParallel:
             self.comms, trainer.group = [trainer.group], None  # (ours now: closed with the others)
             self.ranks = [trainer]
         self.threads = RankThreads(self.comms)
-        self._full: tuple | None = None  # (masters, optimizer state) gathered at the end (`freeze`)
+        self._full: tuple | None = None  # (masters, optimizer state, ZeRO-3's weights) gathered at the end (`freeze`)
         self.owners = trainer.owners  # name -> rank (ZeRO), None for plain DP
+        self.zero3 = trainer.zero3  # the layers' split (ZeRO-3), None otherwise
+        for t, comm in zip(self.ranks, self.comms):
+            if t.shard is not None:
+                t.shard.connect(comm)
         exe = trainer.exe
         # As backward produces the gradients: the last layers' first.
         order = [p.name for p in reversed(exe.graph.params()) if "grad." + p.name in exe.lowered.by_value]
         self.grad_buckets = buckets(order, {n: exe.buf("grad." + n).nbytes for n in order})
-        self.weight_buckets = buckets(order, {n: trainer.trainable[n].nbytes for n in order})
+        whole = [n for n in order if self.zero3 is None or not self.zero3.sharded(n)]  # (ZeRO-3: the layers' gathered per use)
+        self.weight_buckets = buckets(whole, {n: trainer.trainable[n].nbytes for n in whole})
         self.threads.run(self._same_start)
 
     def _same_start(self, r: int) -> None:  # (r: the index of one of this process's ranks, here and below)
-        """Every rank from rank 0's weights (they are built equal; this makes it so by construction)."""
+        """Every rank from rank 0's weights (they are built equal; this makes it so by construction;
+        ZeRO-3: the weights outside the layers, each layer piece being kept by one rank only)."""
         t = self.ranks[r]
-        self.comms[r].broadcast([t.exe.tensor(n) for n in sorted(t.trainable)], root=0)
+        names = [n for n in sorted(t.trainable) if self.zero3 is None or not self.zero3.sharded(n)]
+        self.comms[r].broadcast([t.exe.tensor(n) for n in names], root=0)
 
     # ---- one step ---------------------------------------------------------------------------
     def each(self, fn, grads: bool = False) -> list:
@@ -256,7 +293,7 @@ class DataParallel:
         comm, exe = self.comms[r], self.ranks[r].exe
         for b in self.grad_buckets:  # what the Program reads (on the CPU: the host arrays themselves)
             bufs = [exe.tensor("grad." + n) for n in b]
-            if self.zero == 2:
+            if self.zero >= 2:
                 comm.reduce_to_owners(bufs, [self.owners[n] for n in b], "sum")
             else:
                 comm.all_reduce(bufs, "sum")
@@ -267,14 +304,15 @@ class DataParallel:
 
         def rank(r):
             t, comm = self.ranks[r], self.comms[r]
-            if self.zero == 2:  # the global norm from each rank's norm over its own reduced gradients
+            if self.zero >= 2:  # the global norm from each rank's norm over its own reduced gradients
                 part = t.exe.place(np.array([t.opt.partial_norm()], np.float32))
                 parts = t.exe.place(np.zeros(self.world, np.float32))
                 comm.all_gather(part, parts)
                 host = parts if t.exe.device == "cpu" else parts.to("cpu").numpy()
                 t.opt.set_norm(float(np.sqrt(np.sum(np.asarray(host, np.float64) ** 2))))
             norm = t.opt.apply(lr)
-            if self.owners is not None:  # into what the Program reads; host copies are pulled for checkpoints
+            # into what the Program reads (ZeRO-3: the weights outside the layers); host copies are pulled for checkpoints
+            if self.owners is not None:
                 for b in self.weight_buckets:
                     comm.gather_from_owners([t.exe.tensor(n) for n in b], [self.owners[n] for n in b])
             return norm
@@ -313,6 +351,19 @@ class DataParallel:
             return self._full[1]
         return self._every(lambda t: t.opt.state())
 
+    def trained_state(self) -> dict[str, np.ndarray]:
+        """ZeRO-3: the trained weights under the one-rank names (f32 masters where kept), each
+        from the rank that keeps it: a layer's piece from its keeper, a stepped weight from its
+        owner, the others (frozen, whole) from rank 0 (across processes a collective)."""
+        if self._full is not None:
+            return self._full[2]
+        z = self.zero3
+
+        def keeper(n: str) -> int:
+            return z.owner.get(n, self.owners.get(n, 0))
+
+        return self._every(lambda t: {n: t.opt.master.get(n, a) for n, a in t.trainable.items() if keeper(n) == t.rank})
+
     def _every(self, part) -> dict[str, np.ndarray]:
         out = {}
         if self.dist is not None and self.owners is not None:  # each process holds its shard
@@ -326,7 +377,7 @@ class DataParallel:
     def freeze(self) -> None:
         """After the last step, on every rank: the full state gathered once, so that rank 0 may
         read it any number of times while the others are gone."""
-        self._full = (self.masters(), self.optimizer_state())
+        self._full = (self.masters(), self.optimizer_state(), self.trained_state() if self.zero3 is not None else None)
 
     def load(self, trainable: dict[str, np.ndarray], opt_state: dict[str, np.ndarray]) -> None:
         """A checkpoint's weights into every rank, and each rank's share of its optimizer state."""

@@ -82,16 +82,16 @@ def matrix_params(g: Graph, names: list[str]) -> list[str]:
 
 class Muon(AdamW):
     def __init__(self, exe: Executable, params: dict[str, np.ndarray], hp: AdamWParams, mp: MuonParams,
-                 name_table=None, owned=None, norm_input: bool = False):
+                 name_table=None, owned=None, norm_input: bool = False, homes: dict | None = None):
         """name_table: the family's (surogate/models/name_table.py); a weight it fuses from several
         checkpoint projections along the rows (gate_up_proj) is that many Muon matrices. owned,
-        norm_input: AdamW's (ZeRO: this rank steps the matrices it owns)."""
+        norm_input, homes: AdamW's (ZeRO: this rank steps the matrices it owns)."""
         self.mp = mp
         names = sorted(n[len("grad."):] for n in exe.external_names("grad"))
         self.matrices = matrix_params(exe.graph, [n for n in names if owned is None or n in owned])
         self.parts = {n: fused_parts(name_table, n) for n in self.matrices}
         self.muon_hp = np.zeros(8, np.float32)
-        super().__init__(exe, params, hp, bits=32, owned=owned, norm_input=norm_input)
+        super().__init__(exe, params, hp, bits=32, owned=owned, norm_input=norm_input, homes=homes)
 
     def _init_matrix_state(self, params: dict[str, np.ndarray]) -> None:
         for n in self.matrices:  # m stays (the momentum, f32 [R, C]); v is per row, or none
@@ -143,5 +143,5 @@ class Muon(AdamW):
         self.muon_hp[:] = [lr * mp.lr_scale, mp.momentum, mp.beta2, mp.eps, h.weight_decay, self.step + 1,
                            h.max_grad_norm, 0.0]
         if self.matrices:
-            self.exe.push("optimizer.muon_hp")
+            self.prog.push("optimizer.muon_hp")
         return super().apply(lr)

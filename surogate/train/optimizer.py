@@ -20,6 +20,8 @@ its state (moments, masters) exists for those only, while the norm and the zeroi
 every gradient. ``norm_input`` (ZeRO-2, where a rank holds only its own reduced gradients):
 the step reads the global norm from a bound buffer the caller fills (`set_norm`) instead of
 computing it, and a phase of its own (`partial_norm`) gives the norm over the owned gradients.
+``homes`` (ZeRO-3, which shards the weights too): the step is a Program of its own over the
+arrays this rank keeps its parameters in, not a phase of the training Program (`_place_own`).
 """
 
 from __future__ import annotations
@@ -57,10 +59,11 @@ class AdamW:
     """bits=32: f32 moments (op `adamw`); bits=8: blockwise 8-bit moments (op `adamw8`)."""
 
     def __init__(self, exe: Executable, params: dict[str, np.ndarray], hp: AdamWParams, bits: int = 32,
-                 owned=None, norm_input: bool = False):
+                 owned=None, norm_input: bool = False, homes: dict | None = None):
         if bits not in (8, 32):
             raise ValueError(f"AdamW bits must be 8 or 32, got {bits}")
         self.exe, self.hp, self.bits = exe, hp, bits
+        self.homes = homes  # ZeRO-3: the arrays the stepped parameters live in (`_place_own`)
         self.all_names = sorted(n[len("grad."):] for n in exe.external_names("grad"))  # norm and zeroing
         self.names = [n for n in self.all_names if owned is None or n in owned]  # stepped here
         self.norm_input = norm_input
@@ -84,6 +87,8 @@ class AdamW:
 
     def _place(self, g: Graph, norm: Value) -> Executable:
         """Compile the step as the training Program's `optimizer` phase and bind its state."""
+        if self.homes is not None:
+            return self._place_own(g, norm)
         exe = self.exe
         if self.norm_input:
             part_graph, part = self._part_graph()
@@ -96,6 +101,26 @@ class AdamW:
             exe.bind(key, arr)
             assert exe.bound(key) is arr  # pull / push move data through these very arrays
         return exe
+
+    def _place_own(self, g: Graph, norm: Value) -> Executable:
+        """ZeRO-3: the step as a Program of its own, over the arrays that keep this rank's
+        parameters (``homes``; the training Program reads the sharded ones from staging buffers,
+        under the same names) and the training Program's gradient accumulators."""
+        exe = self.exe
+        own = Executable(g, {}, exe.device, keep=[norm])
+        own.lowered.phases = {PHASE: own.lowered.phases["forward"]}  # the whole Program is the step
+        if self.norm_input:
+            part_graph, part = self._part_graph()
+            own.add_phase(PART_PHASE, part_graph, keep=[part])
+            own.bind(NORM, self.norm_buf)
+        for n in self.names:
+            own.bind(n, self.homes[n])
+        for n in self.all_names:
+            own.bind("grad." + n, exe.bound("grad." + n), exe.tensor("grad." + n))
+        self._hp_used = "optimizer.hp" in own.lowered.by_value
+        for key, arr in ((("optimizer.hp", self.hp_buf),) if self._hp_used else ()) + tuple(self._buffers()):
+            own.bind(key, arr)
+        return own
 
     # Hooks for an optimizer that takes some parameters off AdamW (surogate/train/muon.py).
     def _init_matrix_state(self, params: dict[str, np.ndarray]) -> None:
@@ -159,13 +184,13 @@ class AdamW:
 
     def partial_norm(self) -> float:
         """norm_input: the norm over this rank's owned gradients (the global norm's share)."""
-        self.exe.run(PART_PHASE)
-        return float(self.exe.read(PART_NORM)[0])
+        self.prog.run(PART_PHASE)
+        return float(self.prog.read(PART_NORM)[0])
 
     def set_norm(self, norm: float) -> None:
         """norm_input: the global gradient norm the next `apply` clips with."""
         self.norm_buf[0] = norm
-        self.exe.push(NORM)
+        self.prog.push(NORM)
 
     def apply(self, lr: float) -> float:
         """One optimizer step at learning rate lr; returns the gradient norm before clipping."""

@@ -55,6 +55,7 @@ from surogate.train.lora import init_lora, merge_into_hf, save_peft_adapter
 from surogate.train.metrics import MetricsFeed
 from surogate.train.optimizer import AdamW, AdamWParams
 from surogate.train.schedule import Schedule
+from surogate.train.zero3 import Zero3
 
 MICRO_BATCH = ("forward", "backward")  # the phases one micro-batch runs (one CUDA graph)
 
@@ -135,9 +136,14 @@ class Trainer:
                               hint="make sequence_len a multiple of 16")
         self._moe_load = None  # this step's routed rows [MoE layers, E], summed over micro-batches
         self._router_values: dict[str, list[float]] = {}  # this step's aux_loss / z_loss per micro-batch
+        # ZeRO-3: the decoder layers' weights split among the ranks (planned by rank 0's Program).
+        self.zero3 = Zero3(self.world) if self.world > 1 and cfg.zero_level == 3 else None
         self._build()
+        self._names = list(self.model.params)  # every parameter of the model (the full model's outputs)
         if self.world > 1:
             self.dp = DataParallel(self)
+        if self.zero3 is not None and self.dist is not None:
+            self._release_others()
         quiet = self.rank != 0  # another process's rank: rank 0 reports
         self.feed = MetricsFeed(cfg.metrics_path if "jsonl" in cfg.report_to and not quiet else None,
                                 use_wandb="wandb" in cfg.report_to and not quiet, wandb_project=cfg.wandb_project,
@@ -201,19 +207,29 @@ class Trainer:
     def _build(self) -> None:
         self._build_rank()
         m = self.model
-        image_kw = {"images": self.images} if self.images else {}
         self.eval_exe = None
-        if self.eval_data is not None and self.rank == 0:  # (ranks in other processes: rank 0 evaluates)
-            self.eval_exe = m.executable("train", self.N, self.N, lora=self.lora, grads=False,
-                                         mlp_chunk=self.mlp_chunk, fp8=self.fp8, **image_kw)
-            self._bind_fp8_histories(self.eval_exe)  # (histories of its own: eval leaves training's alone)
-            # The same device buffers as the training program (the weights come from the model).
-            for n, a in self.trainable.items() if self.lora is not None else ():
+        # (ranks in other processes: rank 0 evaluates; under ZeRO-3 every rank, the gathers being collectives)
+        if self.eval_data is not None and (self.rank == 0 or self.zero3 is not None):
+            self._build_eval()
+
+    def _build_eval(self) -> None:
+        """The evaluation Program over this rank's training inputs and weights."""
+        m, image_kw = self.model, {"images": self.images} if self.images else {}
+        z = self.shard
+        self.eval_exe = m.executable("train", self.N, self.N, lora=self.lora, grads=False, mlp_chunk=self.mlp_chunk,
+                                     fp8=self.fp8, **({"shared": False, "rewrite": z.rewrite} if z else {}),
+                                     **image_kw)
+        self._bind_fp8_histories(self.eval_exe)  # (histories of its own: eval leaves training's alone)
+        # The same device buffers as the training program (the weights come from the model).
+        for n, a in self.trainable.items() if self.lora is not None or z else ():
+            if n in self.eval_exe.lowered.by_value and not (z and z.zero3.sharded(n)):
                 self.eval_exe.bind(n, a, self.exe.tensor(n))
-            for n in ("input_ids", "position_ids", "cu_seqlens", "targets", *self._image_inputs()):
-                if n in self.exe.lowered.by_value:
-                    self.eval_exe.bind(n, self.inputs[n], self.exe.tensor(n))
-            self.eval_exe.use_graphs(self.cfg.cuda_graphs)
+        if z:
+            z.bind(self.eval_exe, self._homes())
+        for n in ("input_ids", "position_ids", "cu_seqlens", "targets", *self._image_inputs()):
+            if n in self.exe.lowered.by_value:
+                self.eval_exe.bind(n, self.inputs[n], self.exe.tensor(n))
+        self.eval_exe.use_graphs(self.cfg.cuda_graphs)
 
     def _replica(self, rank: int) -> Trainer:
         """Rank ``rank``'s view of this trainer (data parallel): the same config, model, data and
@@ -224,6 +240,8 @@ class Trainer:
         r.rank, r.local_rank, r.dp, r.eval_exe = rank, rank, None, None
         r._moe_load, r._router_values = None, {}
         r._build_rank()
+        if self.eval_exe is not None and self.zero3 is not None:  # (ZeRO-3: every rank evaluates)
+            r._build_eval()
         return r
 
     def _build_rank(self) -> None:
@@ -235,9 +253,11 @@ class Trainer:
             raise ConfigError("rows with images do not split among data-parallel ranks yet", where="gpus",
                               hint="set gpus: 1 for a dataset with images")
         image_kw = {"images": self.images} if self.images else {}
+        # ZeRO-3: this rank's share of the layers' weights; its Programs are its own, with the gathers in.
+        z = self.shard = self.zero3.rank(self.rank) if self.zero3 is not None else None
         self.exe = m.executable("train", self.N, self.N, lora=self.lora, grads=True, recompute=self.cfg.recompute,
-                                mlp_chunk=self.mlp_chunk, shared=self.local_rank == 0, fp8=self.fp8, **self.graph_kw,
-                                **image_kw)
+                                mlp_chunk=self.mlp_chunk, shared=self.local_rank == 0 and z is None, fp8=self.fp8,
+                                **({"rewrite": z.rewrite} if z else {}), **self.graph_kw, **image_kw)
         if self.fp8 is not None and not any(n.attrs.get("fp8") for n in self.exe.graph.nodes):
             raise ConfigError(f"recipe fp8_hybrid: no projection of {self.cfg.model} is left to run in FP8",
                               where="skip_quant_first_layers",
@@ -256,15 +276,27 @@ class Trainer:
             for p in g.params():
                 if p.trainable and not p.meta.get("lora"):
                     self.masters[p.name] = m.params[p.name].astype(np.float32)
-            self.trainable = {n: np.ascontiguousarray(a.astype(storage)) for n, a in self.masters.items()}
+            # (ZeRO-3: a rank keeps the adapters it owns, and the whole ones outside the layers)
+            self.trainable = {n: np.ascontiguousarray(a.astype(storage)) for n, a in self.masters.items()
+                              if z is None or z.keeps(n)}
             for n, a in self.trainable.items():
-                self.exe.bind(n, a)
+                if z is None or not z.zero3.sharded(n):
+                    self.exe.bind(n, a)
+        elif z is not None:  # the layers' pieces it owns are the model's arrays (each stepped by its owner only)
+            names = [n for n in self.exe.external_names("param") if z.keeps(n)]
+            self.trainable = {n: m.params[n] if self.local_rank == 0 or z.zero3.sharded(n) else m.params[n].copy()
+                              for n in names}
+            for n, a in self.trainable.items():
+                if not z.zero3.sharded(n):
+                    self.exe.bind(n, a)
         elif self.local_rank == 0:
             self.trainable = {n: m.params[n] for n in self.exe.external_names("param")}
         else:  # a replica updates weights of its own
             self.trainable = {n: m.params[n].copy() for n in self.exe.external_names("param")}
             for n, a in self.trainable.items():
                 self.exe.bind(n, a)
+        if z is not None:
+            z.bind(self.exe, self._homes())
         self.grads = {}
         for name in self.exe.external_names("grad"):
             arr = np.zeros(self.exe.buf(name).shape, np.float32)
@@ -275,7 +307,9 @@ class Trainer:
                            c.max_grad_norm)
         self.owners = self._shard_owners()
         shard = {} if self.owners is None else {"owned": {n for n, r in self.owners.items() if r == self.rank},
-                                                 "norm_input": c.zero_level == 2}
+                                                 "norm_input": c.zero_level >= 2}
+        if z is not None:  # the step updates the arrays this rank keeps, in a Program of its own
+            shard["homes"] = self.trainable
         if c.optimizer in ("muon", "normuon"):
             from surogate.train.muon import Muon, muon_params
 
@@ -316,10 +350,27 @@ class Trainer:
             exe.bind(n, a)
         return out
 
+    def _release_others(self) -> None:
+        """ZeRO-3 in a process of its own: the model lets go of the layer weights other ranks
+        keep (no Program here reads them; checkpoints and outputs take them from their keepers).
+        A LoRA run that merges its adapter at the end keeps the base whole for the merge."""
+        if self.lora is not None and self.cfg.merge_adapter:
+            return
+        for n in self._names:
+            if self.zero3.sharded(n) and not self.shard.owns(n):
+                del self.model.params[n]
+
+    def _homes(self) -> dict[str, np.ndarray]:
+        """ZeRO-3: the arrays that keep this rank's pieces of the layers (trained: its own; frozen: the model's)."""
+        return {n: self.trainable[n] if n in self.trainable else self.model.params[n]
+                for n in self.zero3.pieces(self.rank)}
+
     def _shard_owners(self) -> dict[str, int] | None:
-        """ZeRO (gpus > 1, zero_level 1 or 2): which rank steps each trained parameter."""
+        """ZeRO (gpus > 1, zero_level 1, 2 or 3): which rank steps each trained parameter."""
         if self.world == 1 or self.cfg.zero_level == 0:
             return None
+        if self.zero3 is not None:  # (the same split, made once with the layers')
+            return self.zero3.trained_owners
         sizes = {n[len("grad."):]: int(np.prod(self.exe.buf(n).shape)) for n in self.exe.external_names("grad")}
         return shard_owners(sizes, self.world)
 
@@ -340,17 +391,26 @@ class Trainer:
         GRPO): under LoRA the base weights with the adapter left out; for a full fine-tune a
         frozen copy of the starting weights (the policy's are updated in place), one copy that
         every data-parallel rank of this process reads."""
-        m = self.model
+        m, z = self.model, self.shard
+        gathers = {"shared": False, "rewrite": z.rewrite} if z else {}
         if self.lora is not None:  # (a replica's Program of its own: the cached one reads rank 0's inputs)
-            ref = m.executable("train", self.N, self.N, lora=None, grads=False, shared=self.local_rank == 0,
-                               fp8=self.fp8, **self.graph_kw)
+            ref = m.executable("train", self.N, self.N, lora=None, grads=False, fp8=self.fp8,
+                               **(gathers or {"shared": self.local_rank == 0}), **self.graph_kw)
+            if z:  # the base's pieces from the model, the gathers' adapter pieces from this rank's adapters
+                z.bind(ref, self._homes())
         else:
             ref = m.executable("train", self.N, self.N, lora=None, grads=False, shared=False, fp8=self.fp8,
-                               **self.graph_kw)
+                               **({"rewrite": z.rewrite} if z else {}), **self.graph_kw)
             if self._frozen is None:  # (rank 0's, before any step: replicas are copies of it)
-                self._frozen = {n: m.params[n].copy() for n in ref.external_names("param") if n in m.params}
+                # (ZeRO-3 across processes: the layers' pieces of this process's rank only)
+                keep = z.keeps if z and self.dist is not None else (lambda n: True)
+                self._frozen = {n: m.params[n].copy() for n in ref.external_names("param")
+                                if n in m.params and keep(n)}
             for name, a in self._frozen.items():
-                ref.bind(name, a)
+                if not (z and z.zero3.sharded(name)):
+                    ref.bind(name, a)
+            if z:
+                z.bind(ref, {n: self._frozen[n] for n in z.zero3.pieces(self.rank)})
         for n in ("input_ids", "position_ids", "cu_seqlens", "targets"):
             ref.bind(n, self.inputs[n], self.exe.tensor(n))
         self._bind_fp8_histories(ref)
@@ -513,6 +573,13 @@ class Trainer:
         """The eval line's values; ``eval_loss`` first."""
         return {"eval_loss": self.evaluate()}
 
+    def _evaluate(self) -> dict:
+        """`_eval_metrics`; under ZeRO-3 on every rank at once (its Programs gather the weights
+        from all ranks), each over the whole evaluation set, rank 0's values reported."""
+        if self.zero3 is None:
+            return self._eval_metrics()
+        return self._on_ranks(lambda t: t._eval_metrics())[0]
+
     # ---- checkpoints ------------------------------------------------------------------------
     def _sync_to_host(self) -> None:
         """On a GPU: bring the trained weights and the optimizer's state into their host arrays."""
@@ -536,6 +603,8 @@ class Trainer:
 
     def _trainable_state(self) -> dict[str, np.ndarray]:
         self._sync_to_host()
+        if self.zero3 is not None:  # each rank keeps its pieces of the layers: from every rank
+            return self.dp.trained_state()
         masters = self._masters()
         return {n: masters.get(n, self.trainable[n]) for n in self.trainable}
 
@@ -577,6 +646,7 @@ class Trainer:
         self.feed.write({"type": "start", "total_steps": self.total_steps, "start_step": start,
                          "tokens_per_step": self.N * c.gradient_accumulation_steps * self.world,
                          **({"ranks": self.world, "zero_level": self.dp.zero} if self.dp else {}),
+                         **({"zero3": self.shard.report(self._homes())} if self.shard else {}),
                          "memory": str(self.exe.memory()), "output_dir": str(self.out)})
         eval_loss = None
         loss = float("nan")
@@ -601,13 +671,13 @@ class Trainer:
                                    epoch=state.step / self.steps_per_epoch, step_time=dt,
                                    elapsed=round(time.monotonic() - self.feed.t0, 3), **extra)
                 if c.eval_steps > 0 and self.eval_exe is not None and state.step % c.eval_steps == 0:
-                    record = self._eval_metrics()
+                    record = self._evaluate()
                     eval_loss = record["eval_loss"]
                     self.feed.eval(state.step, **record)
                 if c.save_steps > 0 and state.step % c.save_steps == 0 and state.step < self.total_steps:
                     self._save_checkpoint(ckpt_root, state)
             if self.eval_exe is not None and (c.eval_steps == 0 or self.total_steps % c.eval_steps != 0):
-                record = self._eval_metrics()
+                record = self._evaluate()
                 eval_loss = record["eval_loss"]
                 self.feed.eval(state.step, **record)
             self._save_checkpoint(ckpt_root, state)
@@ -673,7 +743,9 @@ class Trainer:
                                         m.config, source=source, dtype=m.dtype)
             return adapter, merged
         masters = self._masters()
-        full = {n: masters.get(n, a) for n, a in m.params.items()}
+        # (ZeRO-3: each layer weight from the rank that keeps it; a process's model has let go of the others')
+        state = self._trainable_state() if self.zero3 is not None else masters
+        full = {n: state[n] if n in state else m.params[n] for n in self._names}
         return save_hf_folder(self.out / "model", m.to_hf(full), m.config, source=source,
                               dtype="float32" if masters else m.dtype), None
 

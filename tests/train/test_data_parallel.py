@@ -205,7 +205,7 @@ def test_gpus_errors_name_the_key(monkeypatch, models, data, tmp_path):
             Trainer(sft_config(models["qwen3"], data, tmp_path / "run", gpus=2))
 
     base = {"model": "m", "datasets": [{"path": "d.jsonl"}]}
-    for key, value, words in [("zero_level", 3, "ZeRO-3"), ("zero_level", 5, "must be 0, 1 or 2"),
+    for key, value, words in [("zero_level", 5, "must be 0, 1, 2 or 3"),
                               ("gpus", -1, "must not be negative")]:
         with pytest.raises(ConfigError, match=words) as e:
             load_config({**base, key: value})

@@ -1,7 +1,8 @@
 """Multi-node data parallel through Ray (surogate/train/ray_launch.py) on a local Ray cluster of
 this machine (ray.init(num_cpus=2)): two actors stand for two nodes, each a trainer rank in its
-own process, the collectives over TCP. A tiny random Llama under LoRA (f32, ZeRO-1 and -2)
-trains to the same losses, adapter and checkpoints (every rank's optimizer shard), bit for bit,
+own process, the collectives over TCP. A tiny random Llama under LoRA (f32, ZeRO-1, -2 and -3:
+the layers' weights gathered over TCP per layer) trains to the same losses, adapter and
+checkpoints (every rank's optimizer shard, ZeRO-3: every rank's adapter pieces), bit for bit,
 as the same run with ``gpus: 2`` (two rank threads in one process): the TCP backend reduces in the
 threads backend's order and every rank sees the same rows.
 
@@ -44,7 +45,7 @@ def adapter(out: Path) -> dict[str, np.ndarray]:
     return load_file(str(out / "adapter" / "adapter_model.safetensors"))
 
 
-@pytest.mark.parametrize("zero_level", [1, 2])
+@pytest.mark.parametrize("zero_level", [1, 2, 3])
 def test_two_ray_actors_train_as_two_rank_threads(cluster, tmp_path, zero_level):
     base = make_llama(tmp_path / "llama", seed=3)
     data = write_qa(tmp_path / "qa.jsonl")
@@ -72,6 +73,27 @@ def test_two_ray_actors_train_as_two_rank_threads(cluster, tmp_path, zero_level)
             np.testing.assert_array_equal(w1[n], w2[n], err_msg=n)
         for n in o1:
             np.testing.assert_array_equal(o1[n], o2[n], err_msg=n)
+
+
+def test_a_zero3_full_fine_tune_on_two_ray_actors_is_the_threads_run(cluster, tmp_path):
+    """ZeRO-3 across processes with every layer weight trained: each process keeps its pieces
+    (its model lets go of the others'), and the last checkpoint and the saved model, put
+    together from both ranks' pieces, are the threads run's, bit for bit."""
+    base = make_qwen3(tmp_path / "qwen3", seed=11, initializer_range=0.2)
+    data = write_qa(tmp_path / "qa.jsonl")
+    kw = dict(device="cpu", max_steps=2, save_steps=1, zero_level=3, lora=False, gradient_accumulation_steps=1)
+    Trainer(sft_config(base, data, tmp_path / "threads", gpus=2, **kw)).train()
+    launch(sft_config(base, data, tmp_path / "ray", **kw), "local", num_nodes=2, stream=io.StringIO())
+    assert step_losses(tmp_path / "ray") == step_losses(tmp_path / "threads")
+    a, b = (load_file(str(tmp_path / run / "model" / "model.safetensors")) for run in ("threads", "ray"))
+    assert a.keys() == b.keys() and any(".layers.1." in n for n in a)
+    for n in a:
+        np.testing.assert_array_equal(a[n], b[n], err_msg=n)
+    (_, w1, o1), (_, w2, o2) = (load_checkpoint(tmp_path / run / "checkpoints" / "step_00000001")
+                                for run in ("threads", "ray"))
+    assert w1.keys() == w2.keys() and o1.keys() == o2.keys()
+    for n in w1:
+        np.testing.assert_array_equal(w1[n], w2[n], err_msg=n)
 
 
 @pytest.mark.parametrize("kind", ["dpo", "distill", "grpo"])
