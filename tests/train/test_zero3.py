@@ -133,12 +133,12 @@ def test_the_other_trainers_under_zero3_train_as_under_zero2(files, tmp_path, ki
 @pytest.mark.parametrize("kw", [dict(optimizer="normuon"), dict(optimizer="adamw_8bit"),
                                 dict(recipe="bf16", lora=False), dict(lora=False, long_context=True),
                                 dict(model="moe", train_router=True, router_z_loss_coef=0.01, lora_rank=4,
-                                     lora_alpha=8), dict(qlora_gguf="q8_0")],
-                         ids=["normuon", "adamw_8bit", "bf16-full", "long_context", "moe", "qlora-q8_0"])
+                                     lora_alpha=8), dict(qlora_gguf="q8_0"), dict(recipe="fp8_hybrid")],
+                         ids=["normuon", "adamw_8bit", "bf16-full", "long_context", "moe", "qlora-q8_0", "fp8"])
 def test_zero3_with_the_other_optimizers_recipes_and_models(files, tmp_path, kw):
     """The optimizer's own Program (Muon's matmuls, 8-bit moments, f32 masters of bf16 weights),
     tiled MLPs, a MoE's experts and router, and GGML blocks (a frozen base of uint8 pieces) under
-    the gathers: ZeRO-2's numbers (measured equal, bf16 within one ulp)."""
+    the gathers, and FP8 projections: ZeRO-2's numbers (measured equal, bf16 within one ulp)."""
     kw = dict(gpus=2, gradient_accumulation_steps=1, **kw)
     z2, t2 = train("sft", files, tmp_path / "z2", zero_level=2, **kw)
     z3, t3 = train("sft", files, tmp_path / "z3", zero_level=3, **kw)
