@@ -27,6 +27,7 @@ of the cache, which the engine never hands out.
 from __future__ import annotations
 
 import math
+import weakref
 
 import numpy as np
 
@@ -87,8 +88,20 @@ class ProgramRunner:
         self._programs: dict[tuple[int, int, int, int, int, int], Executable] = {}  # (T, S, B, R, slot, E)
         # adapter slot -> (its LoRA config, our-named params in the model dtype, their device twins)
         self.adapters: dict[int, tuple[LoRAConfig, dict[str, np.ndarray], dict[str, object]]] = {}
+        # The native runner calls back through a weak reference: a strong one (the bound method)
+        # would make a cycle through C++ that Python's collector cannot see, and every runner (a
+        # launch's profile run, a model unloaded from the server) would keep its model for good.
+        compile_ = weakref.WeakMethod(self._compile)
+
+        def compile_program(*key):
+            fn = compile_()
+            if fn is None:
+                raise RuntimeError("the ProgramRunner that builds this engine's Programs is gone: keep it while "
+                                   "its .native runs steps")
+            return fn(*key)
+
         self.native = _native.serve.ProgramRunner(model.device, s.vocab_size, block_size, num_blocks,
-                                                  self.pad_blocks, self._compile, model.arch.embed_width)
+                                                  self.pad_blocks, compile_program, model.arch.embed_width)
 
     @property
     def has_recurrent_state(self) -> bool:

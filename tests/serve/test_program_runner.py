@@ -163,3 +163,28 @@ def test_release_and_restore_give_the_memory_back_and_the_same_tokens(model):
         assert client.stats().prefix_cache_hits == hits  # nothing came from before the sleep
         assert generate(client, ps, 6) == first  # and the cache works again
         assert client.stats().prefix_cache_hits > hits
+
+
+def test_a_runner_and_its_model_are_collected(tmp_path):
+    """The native runner calls the Python one back to build Programs; held strongly, that made a
+    cycle through C++ the collector cannot see, and every runner kept its model (a launch's
+    profile run's model, one unloaded from the server) for the life of the process. Closed or
+    not, after an engine ran steps over it, the runner and its model go."""
+    import gc
+    import weakref
+
+    for close, serve in ((True, False), (False, False), (True, True)):
+        model = surogate.load_model(make_qwen3(tmp_path / f"q{close}{serve}"))
+        runner = ProgramRunner(model, num_blocks=32)
+        if serve:
+            with engine(model) as client:
+                i = client.submit([5, 6, 7], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
+                assert len([t for o in client.wait(i, timeout=60) for t in o.new_token_ids]) == 3
+            del client
+        runner.profile(64, 4)
+        if close:
+            runner.close()
+        refs = weakref.ref(model), weakref.ref(runner)
+        del model, runner
+        gc.collect()
+        assert [r() for r in refs] == [None, None], (close, serve)
