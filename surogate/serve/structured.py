@@ -139,10 +139,16 @@ class TokenMasks:
     mask would, without the mask where it can: llguidance's validate_tokens says whether a
     token's bytes may follow, which is the mask's bit except in three states, where the mask is
     read instead: where the grammar forces bytes (the mask allows only their canonical tokens:
-    after ``{"`` the key's own token, not a shorter split; those masks are cheap and filled on
-    the helper thread while the model runs), an EOS where the grammar may end (validate_tokens
-    refuses it), and a stopped matcher (EOS only). So every refused token has its mask filled
-    there, in parallel, straight into the row the engine draws it again under.
+    after ``{"`` the key's own token, not a shorter split), an EOS where the grammar may end
+    (validate_tokens refuses it), and a stopped matcher (EOS only). So every refused token has
+    its mask filled, in parallel, straight into the row the engine draws it again under.
+
+    Which masks are filled beside the model (the helper thread, while it runs): those of rows whose
+    last draw was refused (a state the grammar narrows, a key or a number: the next draw is likely
+    refused too, and the mask is cheap) and of rows where the grammar forces bytes; a row whose
+    draw passed (a free string: its mask, the costly one, walks the whole vocabulary) is checked
+    with validate_tokens after the model and gets a mask only if refused. Which path a row takes
+    changes no answer: each says what the mask says.
 
     Counters, as `surogate bench serve --structured` reads them: ``helper_seconds`` /
     ``helper_calls``: on the engine's helper thread while the model runs (the masks of rows masked
@@ -160,7 +166,9 @@ class TokenMasks:
         self.after_seconds = 0.0
         self.masks_filled = 0
         self.check_rows = 0
-        self._forced: dict[int, np.ndarray] = {}  # this step's advanced rows forced bytes next: their masks
+        self._ready: dict[int, np.ndarray] = {}  # this step's masks filled beside the model (see check)
+        self._narrow: dict[int, bool] = {}  # request id -> its last checked draw was refused
+        self._advanced: set[int] = set()  # this step's advanced request ids
 
     def add(self, request_id: int, matcher: Any) -> None:
         self._matchers[request_id] = matcher
@@ -168,6 +176,7 @@ class TokenMasks:
     def release(self, request_id: int) -> None:
         with self.lock:
             self._matchers.pop(request_id, None)
+            self._narrow.pop(request_id, None)
 
     def __len__(self) -> int:
         return len(self._matchers)
@@ -194,37 +203,45 @@ class TokenMasks:
         t0 = time.perf_counter()
         try:
             matchers = self._advance(request_ids, new_tokens)
-            if candidates is None:  # on the helper thread while the model runs
-                forced = [(m, rid) for rid, m in zip(request_ids, matchers) if not m.is_stopped() and m.compute_ff_bytes()]
-                if forced:
+            if candidates is None:  # on the helper thread while the model runs: the masks likely read
+                # A row whose last draw was refused is in a state the grammar narrows (a key, a
+                # number): its next draw is likely refused too, and its mask is cheap. A row whose
+                # draw passed (a free string) skips the mask, the costly one; a row where the
+                # grammar forces bytes needs it (see the class docstring).
+                ready = [(m, rid) for rid, m in zip(request_ids, matchers) if not m.is_stopped() and
+                         (self._narrow.get(rid, True) or m.compute_ff_bytes())]
+                self._ready, self._advanced = {}, set(request_ids)
+                if ready:
                     if self._words is None:
                         raise RuntimeError("TokenMasks.check before the vocabulary size is known: "
                                            "give TokenMasks(vocab_size)")
-                    own = np.zeros((len(forced), self._words), np.int32)
-                    self._fill([(m, k) for k, (m, _) in enumerate(forced)], own)
-                    self._forced = {rid: own[k] for k, (_, rid) in enumerate(forced)}
-                else:
-                    self._forced = {}
+                    own = np.zeros((len(ready), self._words), np.int32)
+                    self._fill([(m, k) for k, (m, _) in enumerate(ready)], own)
+                    self._ready = {rid: own[k] for k, (_, rid) in enumerate(ready)}
                 return None
             self.check_rows += len(candidates)
-            forced, self._forced = self._forced, {}
+            ready, self._ready = self._ready, {}
+            advanced, self._advanced = self._advanced, set()  # (their forced bytes looked at: none where not ready)
             answers = [False] * len(candidates)
             pending: dict[int, int] = {}  # request id -> the first row asking (a request asked twice: one state)
             for i, (rid, m, t) in enumerate(zip(request_ids, matchers, candidates)):
-                if rid in forced:
-                    answers[i] = _allows(forced[rid], t)
+                if rid in ready:  # its mask is filled: its bit
+                    answers[i] = _allows(ready[rid], t)
                     if not answers[i]:
-                        rows[i] = forced[rid]
-                elif not m.is_stopped() and m.validate_tokens([t]) == 1:
+                        rows[i] = ready[rid]
+                elif not m.is_stopped() and (rid in advanced or not m.compute_ff_bytes()) and \
+                        m.validate_tokens([t]) == 1:
                     answers[i] = True
                 else:
                     pending.setdefault(rid, i)
             self._fill([(matchers[i], i) for i in pending.values()], rows)
             for i, (rid, t) in enumerate(zip(request_ids, candidates)):
-                if rid in pending and rid not in forced:
+                if rid in pending:
                     if i != pending[rid]:
                         rows[i] = rows[pending[rid]]
                     answers[i] = _allows(rows[i], t)
+            for rid, ok in zip(request_ids, answers):
+                self._narrow[rid] = not ok
             return answers
         finally:
             if candidates is None:

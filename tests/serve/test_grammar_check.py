@@ -71,18 +71,21 @@ def test_the_check_answers_as_the_mask_would(spec):
             rows = np.zeros((1, (V + 31) // 32), np.int32)
             masks.fill([walk], [fed], rows)  # advances over fed, then the mask of this state
             allowed = _bits(rows[0], V)
-            masks.check([walk], [[]], None)  # the helper thread's call: the forced rows' masks
-            forced_states += walk in masks._forced
-            # every allowed token, and as many refused ones: the check must say the mask's bit
+            forced_states += bool(masks._matchers[walk].compute_ff_bytes())
+            # every allowed token, and as many refused ones: the check must say the mask's bit,
+            # with the mask filled beside the model (a narrow row) and without (validate_tokens)
             refused = np.flatnonzero(~allowed)
             cands = np.concatenate([np.flatnonzero(allowed),
                                     rng.choice(refused, min(len(refused), 3000), replace=False)]).tolist()
-            got_rows = np.full((len(cands), rows.shape[1]), -1, np.int32)
-            got = masks.check([walk] * len(cands), [[]] * len(cands), cands, got_rows)
-            assert got == [bool(allowed[c]) for c in cands]
-            no = [i for i, ok in enumerate(got) if not ok]  # a refused draw comes back with its mask
-            assert (got_rows[no] == rows[0]).all()
-            compared += len(cands)
+            for narrow in (True, False):
+                masks._narrow[walk] = narrow
+                masks.check([walk], [[]], None)  # the helper thread's call
+                got_rows = np.full((len(cands), rows.shape[1]), -1, np.int32)
+                got = masks.check([walk] * len(cands), [[]] * len(cands), cands, got_rows)
+                assert got == [bool(allowed[c]) for c in cands]
+                no = [i for i, ok in enumerate(got) if not ok]  # a refused draw comes back with its mask
+                assert (got_rows[no] == rows[0]).all()
+                compared += len(cands)
             fed = [int(rng.choice(np.flatnonzero(allowed)))]
         masks.release(walk)
     assert compared > 1000

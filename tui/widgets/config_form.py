@@ -17,7 +17,7 @@ FIELDS: tuple[tuple[str, str, str, tuple[str, ...] | None], ...] = (
     ("dataset_path", "Dataset", "", None),
     ("dataset_type", "Dataset type", "auto", ("auto", "messages", "instruction", "text", "preference")),
     ("output_dir", "Output dir", "output/run", None),
-    ("recipe", "Recipe", "bf16", ("bf16", "fp32")),
+    ("recipe", "Recipe", "bf16", ("bf16", "fp8_hybrid", "fp32")),
     ("lora_rank", "LoRA rank", "16", None),
     ("lora_alpha", "LoRA alpha", "32", None),
     ("learning_rate", "Learning rate", "2e-4", None),
