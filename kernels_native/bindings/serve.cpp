@@ -362,17 +362,11 @@ class PyTokenMasker : public TokenMasker {
     }
     py::gil_scoped_acquire gil;
     try {
-      py::list ids, tokens;
-      for (const MaskRequest& r : requests) {
-        ids.append(py::int_(r.request_id));
-        tokens.append(py::cast(r.new_tokens));
-      }
+      auto [ids, tokens] = lists(requests);
       py::object cands = py::none(), view = py::none();
       if (candidates != nullptr) {
         cands = py::cast(std::vector<int32_t>(candidates, candidates + requests.size()));
-        const auto n = static_cast<py::ssize_t>(requests.size());
-        const auto w = static_cast<py::ssize_t>(words), es = static_cast<py::ssize_t>(sizeof(int32_t));
-        view = py::array_t<int32_t>({n, w}, {w * es, es}, reinterpret_cast<int32_t*>(rows), py::none());
+        view = rows_view(requests.size(), rows, words);
       }
       py::object got = check_(ids, tokens, cands, view);
       if (candidates == nullptr) return Status::OK();
@@ -398,16 +392,8 @@ class PyTokenMasker : public TokenMasker {
     }
     py::gil_scoped_acquire gil;
     try {
-      py::list ids, tokens;
-      for (const MaskRequest& r : requests) {
-        ids.append(py::int_(r.request_id));
-        tokens.append(py::cast(r.new_tokens));
-      }
-      const auto n = static_cast<py::ssize_t>(requests.size());
-      const auto w = static_cast<py::ssize_t>(words), es = static_cast<py::ssize_t>(sizeof(int32_t));
-      // no copy and no owner (a base of None): a view valid during the call
-      py::array_t<int32_t> view({n, w}, {w * es, es}, reinterpret_cast<int32_t*>(rows), py::none());
-      fn_(ids, tokens, view);
+      auto [ids, tokens] = lists(requests);
+      fn_(ids, tokens, rows_view(requests.size(), rows, words));
       return Status::OK();
     } catch (py::error_already_set& e) {
       return SG_ERROR(StatusCode::kInternal, str_cat("the grammar (token masker) raised ", e.what()),
@@ -416,6 +402,22 @@ class PyTokenMasker : public TokenMasker {
   }
 
  private:
+  // (request ids, their new tokens), as Python lists; under the GIL.
+  static std::pair<py::list, py::list> lists(const std::vector<MaskRequest>& requests) {
+    py::list ids, tokens;
+    for (const MaskRequest& r : requests) {
+      ids.append(py::int_(r.request_id));
+      tokens.append(py::cast(r.new_tokens));
+    }
+    return {ids, tokens};
+  }
+  // int32 [n, words] over rows: no copy and no owner (a base of None), a view valid during the call.
+  static py::array_t<int32_t> rows_view(size_t n, uint32_t* rows, int words) {
+    const auto w = static_cast<py::ssize_t>(words), es = static_cast<py::ssize_t>(sizeof(int32_t));
+    return py::array_t<int32_t>({static_cast<py::ssize_t>(n), w}, {w * es, es}, reinterpret_cast<int32_t*>(rows),
+                                py::none());
+  }
+
   py::object fn_;
   py::object check_;
 };
