@@ -188,8 +188,9 @@ class RankThreads:
     group, so that ranks waiting for it in a collective fail instead of waiting forever; the
     error raised is the first one, not the aborts it caused."""
 
-    def __init__(self, comms):
+    def __init__(self, comms, also=()):
         self.comms = comms
+        self.also = also  # (per rank, aborted with it: its gradient reducer)
         self.pool = ThreadPoolExecutor(max_workers=len(comms), thread_name_prefix="surogate-rank")
 
     def run(self, fn) -> list:
@@ -203,7 +204,10 @@ class RankThreads:
                 with lock:
                     if not first:
                         first.append(e)
-                self.comms[r].abort(f"rank {r} failed: {type(e).__name__}: {e}")
+                why = f"rank {r} failed: {type(e).__name__}: {e}"
+                self.comms[r].abort(why)
+                for a in self.also[r:r + 1]:
+                    a.abort(why)
                 raise
 
         futures = [self.pool.submit(rank, r) for r in range(len(self.comms))]
@@ -212,6 +216,8 @@ class RankThreads:
                 f.exception()  # waits for it
         except BaseException:  # (KeyboardInterrupt in the main thread) stop the ranks at their next collective
             self.comms[0].abort("interrupted")
+            for a in self.also[:1]:
+                a.abort("interrupted")
             for f in futures:
                 f.exception()
             raise
@@ -250,10 +256,21 @@ class DataParallel:
         else:
             self.comms, trainer.group = [trainer.group], None  # (ours now: closed with the others)
             self.ranks = [trainer]
-        self.threads = RankThreads(self.comms)
         self._full: tuple | None = None  # (masters, optimizer state, ZeRO-3's weights) gathered at the end (`freeze`)
         self.owners = trainer.owners  # name -> rank (ZeRO), None for plain DP
         self.zero3 = trainer.zero3  # the layers' split (ZeRO-3), None otherwise
+        # Ranks that are threads: each reduces its gradients during the backward on a thread of
+        # its own (the Program's grad_reduce ops), through a group of their own.
+        self.reducers = []
+        if d is None and trainer.grad_groups is not None:
+            self.reducers = [_native.GradReducer(c) for c in _native.thread_group(self.world)]
+            for t, red in zip(self.ranks, self.reducers):
+                for grp in t.grad_groups:  # (the pass's owners are the optimizer's split)
+                    assert grp.owners is None if self.zero < 2 else \
+                        grp.owners == tuple(self.owners[n] for n in grp.names), grp
+                t.exe.program.set_grad_reducer(red)
+                t.reducer = red
+        self.threads = RankThreads(self.comms, self.reducers)
         for t, comm in zip(self.ranks, self.comms):
             if t.shard is not None:
                 t.shard.connect(comm)
@@ -280,14 +297,30 @@ class DataParallel:
 
         def rank(r):
             out = fn(self.ranks[r])
-            if grads:
+            if grads and not self.reducers:
                 self._reduce_gradients(r)
+            elif grads:  # (reduced during its last backward; a rank that ran none reduces them now)
+                done = self.reducers[r].take_steps()
+                assert done <= 1, f"rank {r} reduced its gradients {done} times in one step"
+                if done == 0:
+                    self._reduce_groups(r)
             return out
 
         out = self.threads.run(rank)
         if self.dist is not None:
             out = gather_objects(self.comms[0], out[0])
         return out
+
+    def _reduce_groups(self, r: int) -> None:
+        """The reductions the Program's grad_reduce ops make, in their order and through their
+        group (the other ranks' may be making them in their backward right now)."""
+        red, exe = self.reducers[r], self.ranks[r].exe
+        red.arm()
+        for grp in self.ranks[r].grad_groups:
+            bufs = [exe.tensor(n) for n in grp.buffers]
+            red.start(bufs, grp.owners)
+        red.wait()
+        assert red.take_steps() == 1
 
     def _reduce_gradients(self, r: int) -> None:
         comm, exe = self.comms[r], self.ranks[r].exe
@@ -397,12 +430,13 @@ class DataParallel:
     def abort(self, why: str) -> None:
         """This process failed: the other ranks' pending and next collectives fail with ``why``
         instead of waiting for it."""
-        for c in self.comms:
+        for c in (*self.comms, *self.reducers):
             c.abort(why)
 
     def close(self) -> None:
         self.threads.close()
         self.threads.comms = self.comms = []  # (TCP: the sockets close with the last reference)
+        self.threads.also = []  # (a reducer's thread ends with its Program, the last reference)
 
 
 @dataclass

@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from surogate.compile.fp8 import HISTORY_PREFIX, Fp8Recipe
+from surogate.compile.grad_reduce import reduce_gradients
 from surogate.config import SFTConfig
 from surogate.dsl.nn import LORA_RNG, LoRAConfig
 from surogate.errors import ConfigError
@@ -255,9 +256,10 @@ class Trainer:
         image_kw = {"images": self.images} if self.images else {}
         # ZeRO-3: this rank's share of the layers' weights; its Programs are its own, with the gathers in.
         z = self.shard = self.zero3.rank(self.rank) if self.zero3 is not None else None
+        rewrite = self._rewrite(z)
         self.exe = m.executable("train", self.N, self.N, lora=self.lora, grads=True, recompute=self.cfg.recompute,
-                                mlp_chunk=self.mlp_chunk, shared=self.local_rank == 0 and z is None, fp8=self.fp8,
-                                **({"rewrite": z.rewrite} if z else {}), **self.graph_kw, **image_kw)
+                                mlp_chunk=self.mlp_chunk, shared=self.local_rank == 0 and rewrite is None, fp8=self.fp8,
+                                **({"rewrite": rewrite} if rewrite else {}), **self.graph_kw, **image_kw)
         if self.fp8 is not None and not any(n.attrs.get("fp8") for n in self.exe.graph.nodes):
             raise ConfigError(f"recipe fp8_hybrid: no projection of {self.cfg.model} is left to run in FP8",
                               where="skip_quant_first_layers",
@@ -340,6 +342,32 @@ class Trainer:
             if n in self.exe.lowered.by_value:  # (Qwen3-VL with images: MRoPE tables, no position_ids)
                 self.exe.bind(n, a)
         self.exe.use_graphs(self.cfg.cuda_graphs)  # GPU: each micro-batch and optimizer step is one graph
+
+    def _rewrite(self, z):
+        """The passes over this rank's training Program: ZeRO-3's weight gathers, then (ranks that
+        are threads of this process) the gradient reductions during the backward
+        (surogate/compile/grad_reduce.py; ``grad_groups``: what they reduce, in order)."""
+        self.grad_groups, self.reducer = None, None  # (the reducer: DataParallel's)
+        if self.world == 1 or self.dist is not None:  # (ranks in processes: the bucketed reduction after the backward)
+            return z.rewrite if z else None
+
+        def rewrite(g, lowered):
+            if z is not None:
+                z.rewrite(g, lowered)
+            owners = None
+            if self.cfg.zero_level >= 2:  # (the split `_shard_owners` makes: ZeRO-3's, planned by its pass above)
+                owners = self.zero3.trained_owners if z is not None else shard_owners(
+                    {b.name[len("grad."):]: int(np.prod(b.shape)) for b in lowered.bufs
+                     if b.kind == "external" and b.name.startswith("grad.")}, self.world)
+            self.grad_groups = reduce_gradients(lowered, owners)
+
+        return rewrite
+
+    def _last_backward(self, last: bool) -> None:
+        """Before a backward: whether it is this rank's last of the step (data parallel: its
+        gradients are reduced layer by layer as it goes; a rank that arms none reduces them after)."""
+        if self.reducer is not None:
+            self.reducer.arm(last)
 
     def _bind_fp8_histories(self, exe) -> dict[str, np.ndarray]:
         """fp8_amax_history > 0 (delayed scaling): zeroed amax histories for the Program's
@@ -518,6 +546,7 @@ class Trainer:
             for seed_input, coef in self.router_losses.values():  # coef * the mean over micro-batches
                 self.inputs[seed_input][:] = coef / (len(batches) * self.world)
                 self.exe.push(seed_input)
+            self._last_backward(micro == len(batches) - 1)
             self.exe.run(*MICRO_BATCH)
             aux = 0.0
             for o, (seed_input, _) in self.router_losses.items():
