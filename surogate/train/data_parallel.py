@@ -20,9 +20,23 @@ distill; grpo's adds its rollouts):
    reduces to the step's loss and metrics. GRPO adds phases without gradients (`each(fn)`):
    each rank samples its prompts' groups with its own engine; the rewards of all come back,
    to normalise advantages over the step as one rank would.
-3. Gradients, in buckets of about BUCKET_BYTES, in the reverse of the parameter order (the
-   order backward produces them): all-reduced (plain DP, ZeRO-1), or reduced to the rank that
-   owns the parameter (ZeRO-2, `reduce_to_owners`: a reduce-scatter over whole tensors).
+3. Gradients, during each rank's last backward of the step, layer by layer: all-reduced (plain
+   DP, ZeRO-1), or reduced to the rank that owns the parameter (ZeRO-2/3, `reduce_to_owners`: a
+   reduce-scatter over whole tensors). A compile pass (surogate/compile/grad_reduce.py) puts a
+   ``grad_reduce`` op after the last backward instruction touching a layer's accumulators (each
+   parameter outside the layers a group of its own) and a ``grad_wait`` at the backward's end;
+   the rank's `_native.GradReducer` (kernels_native/dist/grad_reducer.h) runs the reductions on a
+   thread of its own, in program order, through a thread group of their own (ZeRO-3's gathers use
+   the Program's communicator meanwhile), so layer L-1's gradients move while layers L-2 .. 0
+   compute theirs. The ops act only when armed: `Trainer._last_backward` arms the step's last
+   backward (sft, dpo: the last micro-batch; distill: its last pass; grpo: the last micro-batch
+   with prompts), when each accumulator holds every micro-batch; a rank that armed none (grpo's
+   rank without prompts) makes the same reductions after its backward (`_reduce_groups`), meeting
+   the others'. The threads backend sums each element over the ranks in rank order in f32
+   whatever the grouping, so this is the bucketed path's result bit for bit
+   (tests/train/test_grad_reduce.py). Ranks in processes (TCP) still reduce after the backward in
+   buckets of about BUCKET_BYTES, last layers first (`_reduce_gradients`: a second connection for
+   the reducer's group is not built).
 4. The optimizer phase on every rank. Plain DP: every rank steps everything (the same numbers:
    the ranks stay bit-identical). ZeRO-1/2: the parameters are split among the ranks
    (`shard_owners`), each rank holds the optimizer state of its own and steps only those,
@@ -56,8 +70,9 @@ its owner: the process holds the weights once); a rank in a process of its own l
 drop the others' pieces (`Trainer._release_others`). Checkpoints and outputs take each weight
 from its keeper (`trained_state`), under the one-rank names. Evaluation runs on every rank at once
 (the gathers are collectives), rank 0 reporting. GRPO is refused (each rank's rollout engine
-reads the weights whole). Not built yet: gradients accumulated per layer and reduce-scattered to
-their owners during the backward (they are whole, as under ZeRO-2); GPU ranks
+reads the weights whole). Not built yet: gradient accumulators kept by their owners only (every
+rank holds all of them whole, as under ZeRO-2, each reduced to its owner during the last
+backward); GPU ranks
 (cuda/weight_gather.cu compiles, untested; a gather overlapping the previous layer's compute on a
 stream of its own is the GPU follow-up).
 
@@ -76,7 +91,7 @@ optimizer shards for a checkpoint) comes through all-gathers. One rank per proce
 
 Threads: Python code between the native calls (copying a micro-batch into the input arrays,
 reading the loss) holds the GIL and so runs one rank at a time; Program runs and collectives
-release it. The CPU kernels share one thread pool whose parallel loops take turns, so CPU ranks
+release it; each rank has a second thread, its reducer's (a failing rank aborts both groups). The CPU kernels share one thread pool whose parallel loops take turns, so CPU ranks
 add no speed: the CPU path is for testing every data-parallel and ZeRO path without GPUs.
 """
 
