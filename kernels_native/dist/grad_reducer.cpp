@@ -1,6 +1,7 @@
 #include "dist/grad_reducer.h"
 
 #include <chrono>
+#include <cstring>
 
 namespace surogate::dist {
 
@@ -34,13 +35,13 @@ void GradReducer::record(const char* kind, int64_t tag) {
   events_.push_back(Event{kind, tag, static_cast<int64_t>(ns)});
 }
 
-Status GradReducer::start(std::vector<Tensor> bufs, std::vector<int> owners, int64_t tag) {
+Status GradReducer::start(std::vector<Tensor> bufs, std::vector<int> owners, int64_t tag, bool zero_others) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     SG_RETURN_IF_ERROR(error_);
     record("start", tag);
-    queue_.push_back(Job{std::move(bufs), std::move(owners), tag});
-    ++started_;
+    queue_.push_back(Job{std::move(bufs), std::move(owners), tag, zero_others});
+    last_of_[tag] = ++started_;
   }
   cv_.notify_all();
   return Status::OK();
@@ -50,9 +51,16 @@ Status GradReducer::wait() {
   std::unique_lock<std::mutex> lock(mu_);
   record("wait", -1);
   cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
+  if (armed_) ++steps_;
   armed_ = false;
-  if (started_ > 0) ++steps_;
-  started_ = 0;
+  return error_;
+}
+
+Status GradReducer::wait_for(int64_t tag) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = last_of_.find(tag);
+  const int64_t until = it == last_of_.end() ? 0 : it->second;
+  cv_.wait(lock, [&] { return done_ >= until || !error_.ok(); });
   return error_;
 }
 
@@ -90,11 +98,17 @@ void GradReducer::loop() {
     if (!failed) {  // after a failure the group is aborted: the rest are dropped, wait() reports the first
       st = job.owners.empty() ? comm_->all_reduce(job.bufs, ReduceOp::kSum)
                               : comm_->reduce_to_owners(job.bufs, job.owners, ReduceOp::kSum);
+      if (st.ok() && job.zero_others) {  // (host memory: the threads backend's ranks are CPU ranks)
+        for (size_t i = 0; i < job.bufs.size(); ++i) {
+          if (job.owners[i] != comm_->rank()) std::memset(job.bufs[i].data, 0, job.bufs[i].nbytes());
+        }
+      }
     }
     job = Job{};  // the tensors' references dropped outside the lock
     lock.lock();
     record("end", tag);
     if (!st.ok() && error_.ok()) error_ = st;
+    ++done_;
     busy_ = false;
     cv_.notify_all();
   }

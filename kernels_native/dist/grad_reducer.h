@@ -11,13 +11,18 @@
 //
 // Only an armed reducer reduces (arm(): the rank's last backward of the step, so that each
 // accumulator is reduced once, holding every micro-batch: the bucketed path's numbers); wait()
-// disarms it and counts the step. Events (start, begin, end, wait, each with its tag and a
+// disarms it and counts the step. A staged reduction (ZeRO-2/3 with gradient sharding: the
+// accumulators of a layer a rank does not own live in a staging buffer) runs every backward, and
+// afterwards zeroes this rank's tensors that it does not own (the staging, for the next layer or
+// micro-batch); wait_for(tag) waits for the last reduction of that tag only (a staging buffer's
+// previous layer). Events (start, begin, end, wait, each with its tag and a
 // steady-clock time in ns) are recorded when asked, for tests of the overlap.
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -45,9 +50,12 @@ class GradReducer {
   void arm(bool on);
   bool armed() const;
   // Queue bufs' reduction: owners empty, an all-reduce (sum); else bufs[i] to rank owners[i].
-  Status start(std::vector<Tensor> bufs, std::vector<int> owners, int64_t tag);
-  // Every started reduction done; disarms, and counts a step when something was started.
+  // zero_others (owners given): afterwards, the tensors of other ranks are zeroed here.
+  Status start(std::vector<Tensor> bufs, std::vector<int> owners, int64_t tag, bool zero_others = false);
+  // Every started reduction done; armed, disarms and counts a step.
   Status wait();
+  // The last reduction started with `tag` done (none started: at once).
+  Status wait_for(int64_t tag);
   // Steps reduced (waits that found reductions) since the last call.
   int64_t take_steps();
   void set_recording(bool on);
@@ -60,6 +68,7 @@ class GradReducer {
     std::vector<Tensor> bufs;
     std::vector<int> owners;
     int64_t tag = -1;
+    bool zero_others = false;
   };
   void loop();
   void record(const char* kind, int64_t tag);  // with mu_ held
@@ -69,7 +78,8 @@ class GradReducer {
   std::condition_variable cv_;
   std::deque<Job> queue_;
   bool busy_ = false, stop_ = false, armed_ = false, recording_ = false;
-  int64_t started_ = 0, steps_ = 0;
+  int64_t started_ = 0, done_ = 0, steps_ = 0;  // started_, done_: reductions since construction
+  std::map<int64_t, int64_t> last_of_;  // tag -> the started_ count of its last reduction
   Status error_;
   std::vector<Event> events_;
   std::thread thread_;

@@ -19,6 +19,9 @@ Status check_grad_reduce(const OpArgs& a, GradReduceArgs* r) {
   const Attrs& at = a.attr();
   for (int64_t o : at.has("owners") ? at.get_ints("owners") : std::vector<int64_t>{}) r->owners.push_back(static_cast<int>(o));
   r->tag = at.get_int("tag", -1);
+  r->every = at.get_bool("every", false);
+  SG_CHECK_ARG(!r->every || !r->owners.empty(), str_cat(op, ": every (staged) needs owners: the staging is what "
+                                                        "this rank does not own"));
   SG_CHECK_ARG(r->owners.empty() || static_cast<int>(r->owners.size()) == a.num_inputs,
                str_cat(op, ": ", r->owners.size(), " owners for ", a.num_inputs, " inputs; one per input, or none"));
   const int world = a.reducer->comm().world_size();

@@ -15,6 +15,14 @@ the backward phase, so the phases after it (the optimizer, ZeRO-2's partial norm
 gradients. Under ZeRO-2/3 each accumulator is reduced to its owner (``owners``), otherwise
 all-reduced. The ops do something only when the rank's reducer is armed (the step's last
 backward): the accumulators hold every micro-batch by then, as the bucketed path's did.
+
+Gradient sharding (``stage_rank``, ZeRO-2/3): rank ``stage_rank`` keeps accumulators only for the
+layer parameters it owns (and every parameter outside the layers); a layer's others are staged:
+packed at aligned offsets into staging buffer ``layer % 2`` (`GradGroup.staged`; the trainer binds
+them there), reduced to their owners every backward (``every``: the owner's accumulator adds the
+ranks' micro-batch sums; the reducer zeroes the staging after) and the buffer reused two layers on:
+a ``grad_wait {tag}`` for the layer that used it last goes before the first backward instruction
+touching a staged layer's accumulators.
 """
 
 from __future__ import annotations
@@ -22,9 +30,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from surogate.compile.buffers import Instr
-from surogate.compile.gather import LAYER
+from surogate.compile.gather import ALIGN, LAYER
 from surogate.compile.lower import Lowered
-from surogate.errors import InvalidArgumentError
+from surogate.errors import InvalidArgumentError, UnsupportedError
 
 PHASE = "backward"
 GRAD = "grad."
@@ -37,16 +45,26 @@ class GradGroup:
     tag: int  # the decoder layer, -1 outside the layers
     names: tuple[str, ...]
     owners: tuple[int, ...] | None  # ZeRO-2/3: each one's rank; None: all-reduced
+    staged: tuple[tuple[str, int, int], ...] = ()  # gradient sharding: (name, slot, byte offset) of the staged ones
+
+    @property
+    def every(self) -> bool:
+        """Reduced every backward (its staged accumulators hold one micro-batch)."""
+        return bool(self.staged)
 
     @property
     def buffers(self) -> list[str]:
         return [GRAD + n for n in self.names]
 
 
-def reduce_gradients(lowered: Lowered, owners: dict[str, int] | None = None) -> list[GradGroup]:
+def reduce_gradients(lowered: Lowered, owners: dict[str, int] | None = None,
+                     stage_rank: int | None = None) -> list[GradGroup]:
     """Insert the grad_reduce / grad_wait instructions into ``lowered`` in place; returns the
     groups in the order the Program starts them (every rank's Program the same order).
-    ``owners``: parameter -> the rank it is reduced to (ZeRO-2/3), None to all-reduce."""
+    ``owners``: parameter -> the rank it is reduced to (ZeRO-2/3), None to all-reduce;
+    ``stage_rank``: this Program's rank, whose layers' accumulators of other owners are staged."""
+    if stage_rank is not None and owners is None:
+        raise InvalidArgumentError("gradient sharding needs the owners of the parameters", hint="zero_level: 2 or 3")
     if PHASE not in lowered.phases:
         raise InvalidArgumentError("gradient reduction: the Program has no backward phase",
                                    hint="build the training Program with grads=True")
@@ -57,12 +75,14 @@ def reduce_gradients(lowered: Lowered, owners: dict[str, int] | None = None) -> 
     begin, end = lowered.phases[PHASE]
     known = set(grads)
     last: dict[str, int] = {n: begin - 1 for n in grads}  # begin - 1: untouched by the backward
+    first: dict[str, int] = {}
     for i in range(begin, end):
         ins = lowered.instrs[i]
         for b in (*ins.inputs, *ins.outputs):
             name = b.root().name if b is not None else None
             if name in known:
                 last[name] = i
+                first.setdefault(name, i)
     members: dict[object, list[str]] = {}
     for g in grads:
         m = LAYER.match(g[len(GRAD):])
@@ -77,13 +97,25 @@ def reduce_gradients(lowered: Lowered, owners: dict[str, int] | None = None) -> 
             if missing:
                 raise InvalidArgumentError(f"gradient reduction: no owner for {missing[0]}",
                                            hint="give the owner of every trained parameter (ZeRO's shard split)")
+        staged = ()
+        if stage_rank is not None and isinstance(key, int):
+            off, staged = 0, []
+            for n in names:
+                if owners[n] != stage_rank and GRAD + n in first:  # (an untouched one stays: it is zeros)
+                    staged.append((n, key % 2, off))
+                    off = -(-(off + lowered.by_value[GRAD + n].nbytes) // ALIGN) * ALIGN
+            staged = tuple(staged)
         group = GradGroup(key if isinstance(key, int) else -1, names,
-                          None if owners is None else tuple(owners[n] for n in names))
+                          None if owners is None else tuple(owners[n] for n in names), staged)
         groups.setdefault(at[key], []).append(group)
         order.append(group)
+    waits = _slot_waits(order, first, at)  # instruction index -> the layer whose staging it waits for
     by = lowered.by_value
     bwd = [_reduce(group, by) for group in groups.get(begin - 1, [])]
     for i in range(begin, end):
+        for tag in waits.get(i, []):
+            bwd.append(Instr("grad_wait", [], [], {"tag": tag},
+                             node=f"data parallel: layers.{tag}'s staged gradients reduced"))
         bwd.append(lowered.instrs[i])
         bwd += [_reduce(group, by) for group in groups.get(i, [])]
     bwd.append(Instr("grad_wait", [], [], {}, node="data parallel: the gradients reduced"))
@@ -95,10 +127,30 @@ def reduce_gradients(lowered: Lowered, owners: dict[str, int] | None = None) -> 
     return order
 
 
+def _slot_waits(order: list[GradGroup], first: dict[str, int], at: dict) -> dict[int, list[int]]:
+    """Before the first instruction touching a staged layer's accumulators: wait for the staged
+    layer that used its buffer last (its reduction placed before that instruction)."""
+    staged = sorted((g for g in order if g.staged), key=lambda g: min(first[GRAD + n] for n, _, _ in g.staged))
+    waits, held = {}, {}
+    for g in staged:
+        slot = g.staged[0][1]
+        i = min(first[GRAD + n] for n, _, _ in g.staged)
+        prev = held.get(slot)
+        if prev is not None:
+            if at[prev.tag] >= i:
+                raise UnsupportedError(f"gradient sharding: layers {prev.tag} and {g.tag}'s gradients are written "
+                                       "together, and take turns in one staging buffer", hint="use zero_level: 1")
+            waits.setdefault(i, []).append(prev.tag)
+        held[slot] = g
+    return waits
+
+
 def _reduce(group: GradGroup, by_value) -> Instr:
     attrs = {"tag": group.tag}
     if group.owners is not None:
         attrs["owners"] = list(group.owners)
+    if group.every:
+        attrs["every"] = 1
     what = f"layers.{group.tag}" if group.tag >= 0 else group.names[0]
     return Instr("grad_reduce", [by_value[b] for b in group.buffers], [], attrs,
                  node=f"data parallel: {what}'s gradients reduced")

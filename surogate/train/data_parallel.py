@@ -330,6 +330,7 @@ class DataParallel:
         """The reductions the Program's grad_reduce ops make, in their order and through their
         group (the other ranks' may be making them in their backward right now)."""
         red, exe = self.reducers[r], self.ranks[r].exe
+        assert not any(g.every for g in self.ranks[r].grad_groups), "staged gradients are reduced every backward"
         red.arm()
         for grp in self.ranks[r].grad_groups:
             bufs = [exe.tensor(n) for n in grp.buffers]

@@ -86,6 +86,7 @@ class Rollout:
 
 
 class GRPOTrainer(Trainer):
+    SHARD_GRADS = False  # (a rank without prompts runs no backward: its accumulators stay whole)
     cfg: GRPOConfig
 
     def __init__(self, cfg: GRPOConfig, model=None, stream=None, dist=None):

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from surogate import _native
 from surogate.compile.fp8 import HISTORY_PREFIX, Fp8Recipe
 from surogate.compile.grad_reduce import reduce_gradients
 from surogate.config import SFTConfig
@@ -96,6 +97,9 @@ class Trainer:
     graph_kw: dict = {}  # extra Model.executable arguments of the training and reference Programs (GRPO's temperature)
     image_prompt = None  # the family's ImagePrompt, for a vision model's rows with images (_datasets)
     _frozen = None  # a full fine-tune's reference weights (reference_executable), shared by the ranks
+    # ZeRO-2/3 on rank threads: a rank keeps the accumulators of the layer parameters it owns only
+    # (the others staged, reduced every backward): every rank must run the same backwards.
+    SHARD_GRADS = True
 
     def __init__(self, cfg: SFTConfig, model: Model | None = None, stream=None, dist: ProcessRank | None = None):
         self.cfg = cfg
@@ -299,9 +303,16 @@ class Trainer:
                 self.exe.bind(n, a)
         if z is not None:
             z.bind(self.exe, self._homes())
-        self.grads = {}
+        self.grads = {}  # (ZeRO-2/3 rank threads: the layers' accumulators of other owners are views of the staging)
+        staged = {n: (slot, at) for grp in self.grad_groups or () for n, slot, at in grp.staged}
+        self.grad_staging = self._grad_staging(staged)
         for name in self.exe.external_names("grad"):
-            arr = np.zeros(self.exe.buf(name).shape, np.float32)
+            b = self.exe.buf(name)
+            if name[len("grad."):] in staged:
+                slot, at = staged[name[len("grad."):]]
+                arr = self.grad_staging[slot][at:at + b.nbytes].view(np.float32).reshape(b.shape)
+            else:
+                arr = np.zeros(b.shape, np.float32)
             self.exe.bind(name, arr)
             self.grads[name] = arr
         c = self.cfg
@@ -359,9 +370,26 @@ class Trainer:
                 owners = self.zero3.trained_owners if z is not None else shard_owners(
                     {b.name[len("grad."):]: int(np.prod(b.shape)) for b in lowered.bufs
                      if b.kind == "external" and b.name.startswith("grad.")}, self.world)
-            self.grad_groups = reduce_gradients(lowered, owners)
+            stage = self.rank if self.cfg.zero_level >= 2 and self.SHARD_GRADS else None
+            self.grad_groups = reduce_gradients(lowered, owners, stage)
 
         return rewrite
+
+    def _grad_staging(self, staged: dict[str, tuple[int, int]]) -> list[np.ndarray]:
+        """Gradient sharding: the two staging buffers the layers' accumulators of other owners
+        take turns in (zeroed: the reducer zeroes them again after each reduction)."""
+        if not staged:
+            return []
+        nbytes = max(at + self.exe.buf("grad." + n).nbytes for n, (_, at) in staged.items())
+        out = [_native.host_empty([nbytes], "uint8").numpy() for _ in range(2)]  # (64-byte aligned)
+        for a in out:
+            a[...] = 0
+        return out
+
+    def grad_bytes(self) -> dict[str, int]:
+        """This rank's gradient memory: its own accumulators and the staging buffers."""
+        own = sum(a.nbytes for a in self.grads.values() if a.base is None)
+        return {"accumulators": int(own), "staging": int(sum(a.nbytes for a in self.grad_staging))}
 
     def _last_backward(self, last: bool) -> None:
         """Before a backward: whether it is this rank's last of the step (data parallel: its

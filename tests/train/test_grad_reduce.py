@@ -3,12 +3,23 @@ accumulators to its reducer thread, surogate/compile/grad_reduce.py) against the
 reduction after the backward (what ranks in processes still run), on tiny random Qwen3 models
 (f32, CPU rank threads).
 
-What must hold, and how exactly: bit for bit, at every ZeRO level, LoRA and full fine-tuning,
-with gradient accumulation and recompute, for sft, dpo and distill. The threads backend sums
-each element over the ranks in rank order in f32 whatever the bucket it travels in, and each
-accumulator is reduced once per step, in the rank's last backward, when it holds every
-micro-batch: the bucketed path's numbers. And the reductions do overlap the backward: the last
-layer's has begun before the first layer's backward is done.
+What must hold, and how exactly:
+- Bit for bit, at every ZeRO level, LoRA and full fine-tuning, with gradient accumulation and
+  recompute, for sft, dpo and distill, with whole accumulators on every rank (plain DP, ZeRO-1,
+  ZeRO-2/3 without sharding): the threads backend sums each element over the ranks in rank order
+  in f32 whatever the bucket it travels in, and each accumulator is reduced once per step, in the
+  rank's last backward, when it holds every micro-batch: the bucketed path's numbers.
+- ZeRO-2/3 with sharded gradients (a rank keeps its own layers' accumulators, the others staged
+  and reduced to their owners every backward): bit for bit without accumulation (the owner's
+  accumulator holds its own micro-batch exactly, then the ranks' sum in rank order); with it
+  within f32 reduction order (test_data_parallel.py's bounds, rtol 1e-5 on losses and norms,
+  atol 1e-4 on the weights after 3 full fine-tuning steps at lr 2e-2; measured 3e-5, AdamW
+  keeping a near-zero gradient's error relative): the owner adds sum_r(g_rm) per micro-batch
+  where the bucketed path adds sum_r(sum_m g_rm).
+- Each rank's gradient memory is its own layers' accumulators, the ones outside the layers and
+  two staging buffers (of one layer each), against every accumulator whole.
+- The reductions overlap the backward: the last layer's has begun before the first layer's
+  backward is done.
 """
 
 from __future__ import annotations
@@ -25,6 +36,9 @@ from sgtest.tiny_models import make_qwen3  # noqa: E402
 from surogate.train.distill import DistillTrainer  # noqa: E402
 from surogate.train.dpo import DPOTrainer  # noqa: E402
 from surogate.train.trainer import Trainer  # noqa: E402
+
+# Gradient sharding with accumulation against whole accumulators (the module header says why).
+SHARDED_RTOL, SHARDED_ATOL = 1e-5, 1e-4  # (test_data_parallel.py's f32 reduction-order bounds)
 
 
 @pytest.fixture(scope="module")
@@ -73,36 +87,78 @@ def weights(tr) -> dict[str, np.ndarray]:
     return {n: np.asarray(a) for n, a in tr._trainable_state().items()}
 
 
-def assert_same(a, b) -> None:
+def assert_same(a, b, exact: bool = True) -> None:
     (ra, ta), (rb, tb) = a, b
-    assert [r["loss"] for r in ra] == [r["loss"] for r in rb]
-    assert [r["grad_norm"] for r in ra] == [r["grad_norm"] for r in rb]
     wa, wb = weights(ta), weights(tb)
     assert wa.keys() == wb.keys()
+    for key in ("loss", "grad_norm"):
+        if exact:
+            assert [r[key] for r in ra] == [r[key] for r in rb]
+        else:
+            np.testing.assert_allclose([r[key] for r in ra], [r[key] for r in rb], rtol=SHARDED_RTOL)
     for n in wa:
-        np.testing.assert_array_equal(wa[n], wb[n], err_msg=n)
+        if exact:
+            np.testing.assert_array_equal(wa[n], wb[n], err_msg=n)
+        else:
+            np.testing.assert_allclose(wa[n], wb[n], rtol=0, atol=SHARDED_ATOL, err_msg=n)
 
 
-@pytest.mark.parametrize("zero_level,lora,gpus", [(0, True, 2), (1, False, 2), (2, True, 3), (2, False, 2),
-                                                  (3, True, 2), (3, False, 3)])
+@pytest.fixture
+def whole(monkeypatch):
+    """ZeRO-2/3 with whole accumulators on every rank (as GRPO runs): reduced once, in the last backward."""
+    monkeypatch.setattr(Trainer, "SHARD_GRADS", False)
+
+
+@pytest.mark.parametrize("zero_level,lora,gpus,accumulate,shard", [
+    (0, True, 2, 2, False), (1, False, 2, 2, False), (2, True, 3, 2, False), (3, False, 2, 2, False),
+    (2, True, 3, 1, True), (2, False, 2, 1, True), (3, True, 2, 1, True), (3, False, 3, 1, True)])
 def test_reduced_during_the_backward_is_the_bucketed_path_bit_for_bit(files, tmp_path, monkeypatch, zero_level,
-                                                                      lora, gpus):
-    kw = dict(zero_level=zero_level, lora=lora, gpus=gpus, gradient_accumulation_steps=2, recompute=True,
+                                                                      lora, gpus, accumulate, shard):
+    kw = dict(zero_level=zero_level, lora=lora, gpus=gpus, gradient_accumulation_steps=accumulate, recompute=True,
               per_device_train_batch_size=1)
-    overlap = train("sft", files, tmp_path / "overlap", **kw)
+    with monkeypatch.context() as m:
+        m.setattr(Trainer, "SHARD_GRADS", shard)
+        overlap = train("sft", files, tmp_path / "overlap", **kw)
     tr = overlap[1]
     assert len(tr.dp.reducers) == gpus and tr.exe.listing().count("grad_reduce") == len(tr.grad_groups)
+    assert bool(tr.grad_staging) == shard
     assert_same(overlap, bucketed(monkeypatch, "sft", files, tmp_path / "bucketed", **kw))
+
+
+@pytest.mark.parametrize("zero_level,lora,gpus", [(2, True, 3), (2, False, 2), (3, False, 3)])
+def test_sharded_gradients_accumulate_within_a_rounding(files, tmp_path, monkeypatch, zero_level, lora, gpus):
+    kw = dict(zero_level=zero_level, lora=lora, gpus=gpus, gradient_accumulation_steps=3, recompute=True,
+              per_device_train_batch_size=1)
+    assert_same(train("sft", files, tmp_path / "sharded", **kw),
+                bucketed(monkeypatch, "sft", files, tmp_path / "bucketed", **kw), exact=False)
 
 
 @pytest.mark.parametrize("kind,zero_level", [("dpo", 2), ("distill", 1), ("distill", 3)])
 def test_dpo_and_distill_too(files, tmp_path, monkeypatch, kind, zero_level):
     kw = dict(zero_level=zero_level, max_steps=2)
     assert_same(train(kind, files, tmp_path / "overlap", **kw),
-                bucketed(monkeypatch, kind, files, tmp_path / "bucketed", **kw))
+                bucketed(monkeypatch, kind, files, tmp_path / "bucketed", **kw), exact=zero_level < 2)
 
 
-def test_a_rank_that_arms_no_backward_reduces_after_it(files, tmp_path, monkeypatch):
+def test_the_rank_keeps_the_accumulators_it_owns_and_two_staging_buffers(files, tmp_path, monkeypatch):
+    kw = dict(model="deep", zero_level=2, lora=False, gpus=4, max_steps=1)
+    tr = build("sft", files, tmp_path / "sharded", **kw)
+    whole = sum(a.nbytes for a in tr.grads.values())  # every accumulator at its size
+    layers = sum(a.nbytes for n, a in tr.grads.items() if n.startswith("grad.layers."))
+    for t in tr.dp.ranks:
+        got = t.grad_bytes()
+        owned = sum(a.nbytes for n, a in t.grads.items() if n.startswith("grad.layers.") and tr.owners[n[5:]] == t.rank)
+        assert got["accumulators"] == whole - layers + owned  # (outside the layers: whole on every rank)
+        assert owned < 0.4 * layers and got["staging"] <= 2 * max(
+            sum(a.nbytes for n, a in t.grads.items() if n.startswith(f"grad.layers.{i}.")) for i in range(8)) + 4096
+        assert got["accumulators"] + got["staging"] < whole - 0.4 * layers
+    with monkeypatch.context() as m:
+        m.setattr(Trainer, "SHARD_GRADS", False)
+        w = build("sft", files, tmp_path / "whole", **kw)
+    assert all(t.grad_bytes() == {"accumulators": whole, "staging": 0} for t in w.dp.ranks)
+
+
+def test_a_rank_that_arms_no_backward_reduces_after_it(files, tmp_path, monkeypatch, whole):
     """(GRPO's rank without prompts): its reductions meet the others' from their backward."""
     kw = dict(zero_level=2, lora=False, gradient_accumulation_steps=2)
     with monkeypatch.context() as m:
