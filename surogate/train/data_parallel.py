@@ -37,6 +37,16 @@ distill; grpo's adds its rollouts):
    (tests/train/test_grad_reduce.py). Ranks in processes (TCP) still reduce after the backward in
    buckets of about BUCKET_BYTES, last layers first (`_reduce_gradients`: a second connection for
    the reducer's group is not built).
+   Gradient sharding (ZeRO-2/3 on rank threads; not GRPO, whose rank without prompts runs no
+   backward): a rank keeps accumulators only for the decoder-layer parameters it owns (and every
+   one outside the layers, reduced as above). A layer's others are views of one of two staging
+   buffers (layer i in buffer i % 2, `Trainer._grad_staging`), reduced to their owners in every
+   backward (``grad_reduce`` with ``every``: the owner's accumulator adds the ranks' sum of the
+   micro-batch) and zeroed by the reducer thread after; a ``grad_wait {tag: i + 2}`` before layer
+   i's first gradient write waits until the buffer is free. So a rank's gradient memory is about
+   1/R of the layers' plus two layers' (`Trainer.grad_bytes`); the numbers are the bucketed path's
+   bit for bit without accumulation, within f32 reduction order with it (sum_m sum_r, not
+   sum_r sum_m).
 4. The optimizer phase on every rank. Plain DP: every rank steps everything (the same numbers:
    the ranks stay bit-identical). ZeRO-1/2: the parameters are split among the ranks
    (`shard_owners`), each rank holds the optimizer state of its own and steps only those,
@@ -61,18 +71,15 @@ its buffer does not hold: the forward gathers layers 0, 1, ... as it reaches the
 released when the layer two on takes its buffer), the backward gathers them again from the last
 down (a block's recompute, inside the next block's backward, reads its own buffer). Each phase
 gathers anew at its start, so the two buffers serve every Program of the rank (training,
-evaluation, DPO's reference) in any phase order. The step is ZeRO-2's (gradients whole on every
-rank, reduced to their owners after the micro-batches; the norm from the partial norms), the
-optimizer a Program of its own over the arrays the rank keeps (`AdamW(homes=)`), then only the
+evaluation, DPO's reference) in any phase order. The step is ZeRO-2's (gradients reduced to
+their owners during the backward; the norm from the partial norms), the optimizer a Program of its own over the arrays the rank keeps (`AdamW(homes=)`), then only the
 weights outside the layers are gathered: ZeRO-3 trains as ZeRO-2 up to the rounding of the
 partial norms. Rank threads keep the model's own arrays (each layer tensor stepped in place by
 its owner: the process holds the weights once); a rank in a process of its own lets its model
 drop the others' pieces (`Trainer._release_others`). Checkpoints and outputs take each weight
 from its keeper (`trained_state`), under the one-rank names. Evaluation runs on every rank at once
 (the gathers are collectives), rank 0 reporting. GRPO is refused (each rank's rollout engine
-reads the weights whole). Not built yet: gradient accumulators kept by their owners only (every
-rank holds all of them whole, as under ZeRO-2, each reduced to its owner during the last
-backward); GPU ranks
+reads the weights whole). Its gradients are ZeRO-2's (sharded, step 3). Not built yet: GPU ranks
 (cuda/weight_gather.cu compiles, untested; a gather overlapping the previous layer's compute on a
 stream of its own is the GPU follow-up).
 

@@ -74,3 +74,29 @@ def test_refusals():
         reduce_gradients(program(BACKWARD, {"forward": (0, 9)}))
     with pytest.raises(InvalidArgumentError, match="no owner for norm.w"):
         reduce_gradients(program(BACKWARD, {"forward": (0, 1), "backward": (1, 9)}), owners={"embed.w": 0})
+
+
+def test_sharded_layers_are_staged_and_a_buffer_waits_for_its_last_layer():
+    bufs, by_value = [], {}
+    for n in ["layers.0.w", "layers.1.w", "layers.2.w", "layers.2.v", "head.w"]:
+        b = Buf("grad." + n, (64,), "float32", "external")
+        bufs.append(b)
+        by_value[b.name] = b
+    writes = [[], ["head.w"], ["layers.2.w", "layers.2.v"], ["layers.1.w"], ["layers.0.w"]]
+    lw = Lowered([Instr("op", [], [by_value["grad." + n] for n in ns], node=f"i{i}") for i, ns in enumerate(writes)],
+                 bufs, by_value, phases={"forward": (0, 1), "backward": (1, 5)})
+    owners = {"layers.0.w": 1, "layers.1.w": 0, "layers.2.w": 1, "layers.2.v": 1, "head.w": 1}
+    groups = reduce_gradients(lw, owners, stage_rank=0)
+    waits = [(i.node, i.attrs) for i in lw.instrs if i.op == "grad_wait"]
+    assert waits == [("data parallel: layers.2's staged gradients reduced", {"tag": 2}),
+                     ("data parallel: the gradients reduced", {})]
+    assert listing(lw, *lw.phases["backward"]) == [
+        "i1", "reduce head.w", "i2", "reduce layers.2.w,layers.2.v", "i3", "reduce layers.1.w", "grad_wait", "i4",
+        "reduce layers.0.w", "grad_wait"]
+    by_tag = {g.tag: g for g in groups}
+    # rank 0 owns layers.1.w only: layer 2's two tensors packed (256-byte aligned) in buffer 0, layer 0's there too
+    assert by_tag[2].staged == (("layers.2.w", 0, 0), ("layers.2.v", 0, 256)) and by_tag[0].staged == (
+        ("layers.0.w", 0, 0),)
+    assert by_tag[1].staged == () and by_tag[-1].staged == ()  # (its own; outside the layers: whole)
+    staged = [i for i in lw.instrs if i.op == "grad_reduce" and i.attrs.get("every")]
+    assert [i.attrs["tag"] for i in staged] == [2, 0]

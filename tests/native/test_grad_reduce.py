@@ -126,3 +126,33 @@ def test_a_failed_peer_fails_the_wait_instead_of_hanging():
     red.abort("rank 1 failed: test")
     with pytest.raises(Exception, match="rank 1 failed: test"):
         p.run()
+
+
+def test_staged_reductions_run_unarmed_zero_the_staging_and_wait_by_tag():
+    """ZeRO-2/3 gradient sharding: rank r's tensors of other owners are staging; after the
+    reduction the owner holds the sum and every other rank's staging is zero again."""
+    grads = grads_of(3)
+    start = [[g.copy() for g in gs] for gs in grads]
+    reducers = [_native.GradReducer(c) for c in _native.thread_group(R)]
+    programs = []
+    for gs, red in zip(grads, reducers):
+        p = _native.Program("cpu")
+        ids = []
+        for i, g in enumerate(gs):
+            ids.append(p.external(f"grad.{i}", [g.size], "float32"))
+            p.bind(ids[-1], g)
+        p.op("grad_reduce", ids, [], {"tag": 4, "owners": [1, 2], "every": 1})
+        p.op("grad_wait", [], [], {"tag": 4})  # (before the staging's reuse)
+        p.set_grad_reducer(red)
+        programs.append(p)
+    run_ranks(programs)  # unarmed: staged reductions run anyway
+    for i, owner in enumerate([1, 2]):
+        want = (start[0][i] + start[1][i]) + start[2][i]
+        for r in range(R):
+            np.testing.assert_array_equal(grads[r][i], want if r == owner else 0 * want)
+    assert all(red.take_steps() == 0 for red in reducers)  # (no step counted: none was armed)
+    with pytest.raises(InvalidArgumentError, match="every .staged. needs owners"):
+        p = _native.Program("cpu")
+        p.op("grad_reduce", [], [], {"every": 1})
+        p.set_grad_reducer(reducers[0])
+        p.run()
