@@ -4,8 +4,11 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <optional>
+
 #include "bindings/errors.h"
 #include "dist/collective.h"
+#include "dist/grad_reducer.h"
 
 namespace py = pybind11;
 
@@ -80,6 +83,33 @@ void bind_dist(py::module_& m) {
            }, py::arg("bufs"), py::arg("owners"))
       .def("barrier", [](Communicator& c) { nogil([&] { return c.barrier(); }); })
       .def("abort", [](Communicator& c, const std::string& why) { c.abort(why); }, py::arg("why"));
+
+  py::class_<dist::GradReducer, std::shared_ptr<dist::GradReducer>>(
+      m, "GradReducer",
+      "A rank's gradient reductions on a thread of its own (dist/grad_reducer.h), over the Communicator of a "
+      "group of their own; the training Program's grad_reduce / grad_wait instructions use it.")
+      .def(py::init<std::shared_ptr<Communicator>>(), py::arg("comm"))
+      .def("arm", &dist::GradReducer::arm, py::arg("on") = true,
+           "Reduce during the next backward (the rank's last of the step); its grad_wait disarms.")
+      .def_property_readonly("armed", &dist::GradReducer::armed)
+      .def("start", [](dist::GradReducer& r, const py::sequence& bufs, std::optional<std::vector<int>> owners,
+                       int64_t tag) {
+             auto ts = tensors(bufs);
+             for (Tensor& t : ts) t.owner.reset();  // (the caller keeps them until wait(): no GIL on the thread)
+             check(r.start(std::move(ts), owners.value_or(std::vector<int>{}), tag));
+           }, py::arg("bufs"), py::arg("owners") = py::none(), py::arg("tag") = -1,
+           "Queue one reduction (owners None: an all-reduce), as grad_reduce does; the arrays must live until wait().")
+      .def("wait", [](dist::GradReducer& r) { nogil([&] { return r.wait(); }); })
+      .def("take_steps", &dist::GradReducer::take_steps,
+           "How many backward passes reduced their gradients since the last call.")
+      .def("record", &dist::GradReducer::set_recording, py::arg("on") = true,
+           "Record events from now on (the old ones cleared): for tests of the overlap.")
+      .def("events", [](const dist::GradReducer& r) {
+             py::list out;
+             for (const auto& e : r.events()) out.append(py::make_tuple(e.kind, e.tag, e.ns));
+             return out;
+           }, "(kind, tag, steady-clock ns) per event: start (queued), begin and end (the reduction), wait.")
+      .def("abort", &dist::GradReducer::abort, py::arg("why"));
 
   m.def("thread_group", [](int world) {
           if (world < 1) {

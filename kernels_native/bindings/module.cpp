@@ -13,6 +13,7 @@
 #include "core/cpu_features.h"
 #include "core/thread_pool.h"
 #include "dist/collective.h"
+#include "dist/grad_reducer.h"
 #include "runtime/op_contracts.h"
 #include "runtime/op_registry.h"
 #include "runtime/program.h"
@@ -516,6 +517,9 @@ PYBIND11_MODULE(_native, m) {
       .def("set_communicator", &Program::set_communicator, py::arg("comm"),
            "The data-parallel rank's Communicator, which the Program's weight_gather instructions call "
            "(ZeRO-3); None clears it.")
+      .def("set_grad_reducer", &Program::set_grad_reducer, py::arg("reducer"),
+           "The data-parallel rank's GradReducer, which the Program's grad_reduce / grad_wait instructions "
+           "start and wait on; None clears it.")
       .def("set_profiling", &Program::set_profiling)
       .def("profile", &Program::profile_seconds)
       .def("instr_profile", &Program::instr_seconds)

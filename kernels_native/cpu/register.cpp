@@ -30,6 +30,7 @@ void register_cpu_embedding_bag(OpRegistry& reg);
 void register_cpu_sample(OpRegistry& reg);
 void register_cpu_weight_stream(OpRegistry& reg);
 void register_cpu_weight_gather(OpRegistry& reg);
+void register_cpu_grad_reduce(OpRegistry& reg);
 }  // namespace cpu
 
 void register_cpu_ops(OpRegistry& reg) {
@@ -59,6 +60,7 @@ void register_cpu_ops(OpRegistry& reg) {
   cpu::register_cpu_sample(reg);
   cpu::register_cpu_weight_stream(reg);
   cpu::register_cpu_weight_gather(reg);
+  cpu::register_cpu_grad_reduce(reg);
 }
 
 }  // namespace surogate

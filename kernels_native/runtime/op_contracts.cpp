@@ -89,6 +89,13 @@ constexpr OpContract kContracts[] = {
     {"weight_gather", 0, V, 1, -1,
      "(this rank's pieces, in order) -> (dst [n]: every rank's pieces, the whole layer); attrs: offsets, sizes, "
      "owners (per piece: its bytes in dst and its rank); ZeRO-3, needs the Program's communicator"},
+    {"grad_reduce", 0, V, 0, -1,
+     "(a layer's gradient accumulators) -> (); attrs: owners (one rank per input: reduced to it; none: all-reduced), "
+     "tag, every (staged: acts unarmed too, zeroes the others' tensors after); armed, starts their sum over the ranks "
+     "on the Program's GradReducer thread and returns"},
+    {"grad_wait", 0, 0, 0, -1,
+     "() -> (): waits for every grad_reduce started (armed: then disarms the reducer); attrs: tag (only that tag's "
+     "last)"},
     {"gated_matmul", 2, 3, 1, -1,
      "(gu[M,2F] = [gate, up], W[N,F], [bias[N]]) -> (y[M,N] = act(gate) * up @ W^T + bias); attrs: act "
      "(silu | gelu_tanh)"},

@@ -18,6 +18,7 @@ namespace surogate {
 
 namespace dist {
 class Communicator;  // dist/collective.h
+class GradReducer;   // dist/grad_reducer.h
 }
 
 struct OpArgs {
@@ -29,6 +30,9 @@ struct OpArgs {
   // The collectives of the Program's data-parallel rank (Program::set_communicator), for the ops
   // that move data among ranks (weight_gather); null elsewhere.
   dist::Communicator* comm = nullptr;
+  // The rank's gradient reductions on a thread of their own (Program::set_grad_reducer), for
+  // grad_reduce / grad_wait; null elsewhere.
+  dist::GradReducer* reducer = nullptr;
 
   // An input slot may be absent (an optional bias, a missing LoRA): then data == nullptr.
   const Tensor& in(int i) const { return inputs[i]; }

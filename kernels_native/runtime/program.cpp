@@ -286,7 +286,7 @@ Status Program::run_eager(int begin, int end) {
   for (int i = begin; i < end; ++i) {
     Instr& ins = instrs_[i];
     OpArgs args{ins.in_t.data(), static_cast<int>(ins.in_t.size()), ins.out_t.data(),
-                static_cast<int>(ins.out_t.size()), &ins.attrs, comm_.get()};
+                static_cast<int>(ins.out_t.size()), &ins.attrs, comm_.get(), reducer_.get()};
     std::chrono::steady_clock::time_point t0;
     if (profiling_) t0 = std::chrono::steady_clock::now();
     Status st = ins.def->fn(args);

@@ -10,7 +10,7 @@
 // external buffer may be declared host-resident: a device program then binds it to host memory
 // (what weight_fetch copies up from; its kernels never read it otherwise). A Program of a
 // data-parallel rank holds that rank's Communicator, which its collective ops (weight_gather,
-// ZeRO-3) call.
+// ZeRO-3) call, and its GradReducer (grad_reduce / grad_wait: the gradients reduced during the backward).
 #pragma once
 
 #include <map>
@@ -28,6 +28,7 @@ namespace surogate {
 
 namespace dist {
 class Communicator;  // dist/collective.h
+class GradReducer;   // dist/grad_reducer.h
 }
 
 class Program {
@@ -59,6 +60,9 @@ class Program {
   // every rank's Program makes the same calls in the same order.
   void set_communicator(std::shared_ptr<dist::Communicator> comm) { comm_ = std::move(comm); }
   const std::shared_ptr<dist::Communicator>& communicator() const { return comm_; }
+  // The rank's gradient reducer, which its grad_reduce / grad_wait instructions start and wait on.
+  void set_grad_reducer(std::shared_ptr<dist::GradReducer> r) { reducer_ = std::move(r); }
+  const std::shared_ptr<dist::GradReducer>& grad_reducer() const { return reducer_; }
   Status prepare();
   // Run instructions [begin, end); end < 0 means to the last one.
   Status run(int begin = 0, int end = -1);
@@ -132,6 +136,7 @@ class Program {
   bool graphs_on_ = false, graphs_failed_ = false;
   std::map<std::pair<int, int>, GraphEntry> graphs_;
   std::shared_ptr<dist::Communicator> comm_;
+  std::shared_ptr<dist::GradReducer> reducer_;
 };
 
 }  // namespace surogate

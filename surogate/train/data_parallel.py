@@ -20,9 +20,33 @@ distill; grpo's adds its rollouts):
    reduces to the step's loss and metrics. GRPO adds phases without gradients (`each(fn)`):
    each rank samples its prompts' groups with its own engine; the rewards of all come back,
    to normalise advantages over the step as one rank would.
-3. Gradients, in buckets of about BUCKET_BYTES, in the reverse of the parameter order (the
-   order backward produces them): all-reduced (plain DP, ZeRO-1), or reduced to the rank that
-   owns the parameter (ZeRO-2, `reduce_to_owners`: a reduce-scatter over whole tensors).
+3. Gradients, during each rank's last backward of the step, layer by layer: all-reduced (plain
+   DP, ZeRO-1), or reduced to the rank that owns the parameter (ZeRO-2/3, `reduce_to_owners`: a
+   reduce-scatter over whole tensors). A compile pass (surogate/compile/grad_reduce.py) puts a
+   ``grad_reduce`` op after the last backward instruction touching a layer's accumulators (each
+   parameter outside the layers a group of its own) and a ``grad_wait`` at the backward's end;
+   the rank's `_native.GradReducer` (kernels_native/dist/grad_reducer.h) runs the reductions on a
+   thread of its own, in program order, through a thread group of their own (ZeRO-3's gathers use
+   the Program's communicator meanwhile), so layer L-1's gradients move while layers L-2 .. 0
+   compute theirs. The ops act only when armed: `Trainer._last_backward` arms the step's last
+   backward (sft, dpo: the last micro-batch; distill: its last pass; grpo: the last micro-batch
+   with prompts), when each accumulator holds every micro-batch; a rank that armed none (grpo's
+   rank without prompts) makes the same reductions after its backward (`_reduce_groups`), meeting
+   the others'. The threads backend sums each element over the ranks in rank order in f32
+   whatever the grouping, so this is the bucketed path's result bit for bit
+   (tests/train/test_grad_reduce.py). Ranks in processes (TCP) still reduce after the backward in
+   buckets of about BUCKET_BYTES, last layers first (`_reduce_gradients`: a second connection for
+   the reducer's group is not built).
+   Gradient sharding (ZeRO-2/3 on rank threads; not GRPO, whose rank without prompts runs no
+   backward): a rank keeps accumulators only for the decoder-layer parameters it owns (and every
+   one outside the layers, reduced as above). A layer's others are views of one of two staging
+   buffers (layer i in buffer i % 2, `Trainer._grad_staging`), reduced to their owners in every
+   backward (``grad_reduce`` with ``every``: the owner's accumulator adds the ranks' sum of the
+   micro-batch) and zeroed by the reducer thread after; a ``grad_wait {tag: i + 2}`` before layer
+   i's first gradient write waits until the buffer is free. So a rank's gradient memory is about
+   1/R of the layers' plus two layers' (`Trainer.grad_bytes`); the numbers are the bucketed path's
+   bit for bit without accumulation, within f32 reduction order with it (sum_m sum_r, not
+   sum_r sum_m).
 4. The optimizer phase on every rank. Plain DP: every rank steps everything (the same numbers:
    the ranks stay bit-identical). ZeRO-1/2: the parameters are split among the ranks
    (`shard_owners`), each rank holds the optimizer state of its own and steps only those,
@@ -47,17 +71,15 @@ its buffer does not hold: the forward gathers layers 0, 1, ... as it reaches the
 released when the layer two on takes its buffer), the backward gathers them again from the last
 down (a block's recompute, inside the next block's backward, reads its own buffer). Each phase
 gathers anew at its start, so the two buffers serve every Program of the rank (training,
-evaluation, DPO's reference) in any phase order. The step is ZeRO-2's (gradients whole on every
-rank, reduced to their owners after the micro-batches; the norm from the partial norms), the
-optimizer a Program of its own over the arrays the rank keeps (`AdamW(homes=)`), then only the
+evaluation, DPO's reference) in any phase order. The step is ZeRO-2's (gradients reduced to
+their owners during the backward; the norm from the partial norms), the optimizer a Program of its own over the arrays the rank keeps (`AdamW(homes=)`), then only the
 weights outside the layers are gathered: ZeRO-3 trains as ZeRO-2 up to the rounding of the
 partial norms. Rank threads keep the model's own arrays (each layer tensor stepped in place by
 its owner: the process holds the weights once); a rank in a process of its own lets its model
 drop the others' pieces (`Trainer._release_others`). Checkpoints and outputs take each weight
 from its keeper (`trained_state`), under the one-rank names. Evaluation runs on every rank at once
 (the gathers are collectives), rank 0 reporting. GRPO is refused (each rank's rollout engine
-reads the weights whole). Not built yet: gradients accumulated per layer and reduce-scattered to
-their owners during the backward (they are whole, as under ZeRO-2); GPU ranks
+reads the weights whole). Its gradients are ZeRO-2's (sharded, step 3). Not built yet: GPU ranks
 (cuda/weight_gather.cu compiles, untested; a gather overlapping the previous layer's compute on a
 stream of its own is the GPU follow-up).
 
@@ -76,7 +98,7 @@ optimizer shards for a checkpoint) comes through all-gathers. One rank per proce
 
 Threads: Python code between the native calls (copying a micro-batch into the input arrays,
 reading the loss) holds the GIL and so runs one rank at a time; Program runs and collectives
-release it. The CPU kernels share one thread pool whose parallel loops take turns, so CPU ranks
+release it; each rank has a second thread, its reducer's (a failing rank aborts both groups). The CPU kernels share one thread pool whose parallel loops take turns, so CPU ranks
 add no speed: the CPU path is for testing every data-parallel and ZeRO path without GPUs.
 """
 
@@ -188,8 +210,9 @@ class RankThreads:
     group, so that ranks waiting for it in a collective fail instead of waiting forever; the
     error raised is the first one, not the aborts it caused."""
 
-    def __init__(self, comms):
+    def __init__(self, comms, also=()):
         self.comms = comms
+        self.also = also  # (per rank, aborted with it: its gradient reducer)
         self.pool = ThreadPoolExecutor(max_workers=len(comms), thread_name_prefix="surogate-rank")
 
     def run(self, fn) -> list:
@@ -203,7 +226,10 @@ class RankThreads:
                 with lock:
                     if not first:
                         first.append(e)
-                self.comms[r].abort(f"rank {r} failed: {type(e).__name__}: {e}")
+                why = f"rank {r} failed: {type(e).__name__}: {e}"
+                self.comms[r].abort(why)
+                for a in self.also[r:r + 1]:
+                    a.abort(why)
                 raise
 
         futures = [self.pool.submit(rank, r) for r in range(len(self.comms))]
@@ -212,6 +238,8 @@ class RankThreads:
                 f.exception()  # waits for it
         except BaseException:  # (KeyboardInterrupt in the main thread) stop the ranks at their next collective
             self.comms[0].abort("interrupted")
+            for a in self.also[:1]:
+                a.abort("interrupted")
             for f in futures:
                 f.exception()
             raise
@@ -250,10 +278,21 @@ class DataParallel:
         else:
             self.comms, trainer.group = [trainer.group], None  # (ours now: closed with the others)
             self.ranks = [trainer]
-        self.threads = RankThreads(self.comms)
         self._full: tuple | None = None  # (masters, optimizer state, ZeRO-3's weights) gathered at the end (`freeze`)
         self.owners = trainer.owners  # name -> rank (ZeRO), None for plain DP
         self.zero3 = trainer.zero3  # the layers' split (ZeRO-3), None otherwise
+        # Ranks that are threads: each reduces its gradients during the backward on a thread of
+        # its own (the Program's grad_reduce ops), through a group of their own.
+        self.reducers = []
+        if d is None and trainer.grad_groups is not None:
+            self.reducers = [_native.GradReducer(c) for c in _native.thread_group(self.world)]
+            for t, red in zip(self.ranks, self.reducers):
+                for grp in t.grad_groups:  # (the pass's owners are the optimizer's split)
+                    assert grp.owners is None if self.zero < 2 else \
+                        grp.owners == tuple(self.owners[n] for n in grp.names), grp
+                t.exe.program.set_grad_reducer(red)
+                t.reducer = red
+        self.threads = RankThreads(self.comms, self.reducers)
         for t, comm in zip(self.ranks, self.comms):
             if t.shard is not None:
                 t.shard.connect(comm)
@@ -280,14 +319,31 @@ class DataParallel:
 
         def rank(r):
             out = fn(self.ranks[r])
-            if grads:
+            if grads and not self.reducers:
                 self._reduce_gradients(r)
+            elif grads:  # (reduced during its last backward; a rank that ran none reduces them now)
+                done = self.reducers[r].take_steps()
+                assert done <= 1, f"rank {r} reduced its gradients {done} times in one step"
+                if done == 0:
+                    self._reduce_groups(r)
             return out
 
         out = self.threads.run(rank)
         if self.dist is not None:
             out = gather_objects(self.comms[0], out[0])
         return out
+
+    def _reduce_groups(self, r: int) -> None:
+        """The reductions the Program's grad_reduce ops make, in their order and through their
+        group (the other ranks' may be making them in their backward right now)."""
+        red, exe = self.reducers[r], self.ranks[r].exe
+        assert not any(g.every for g in self.ranks[r].grad_groups), "staged gradients are reduced every backward"
+        red.arm()
+        for grp in self.ranks[r].grad_groups:
+            bufs = [exe.tensor(n) for n in grp.buffers]
+            red.start(bufs, grp.owners)
+        red.wait()
+        assert red.take_steps() == 1
 
     def _reduce_gradients(self, r: int) -> None:
         comm, exe = self.comms[r], self.ranks[r].exe
@@ -397,12 +453,13 @@ class DataParallel:
     def abort(self, why: str) -> None:
         """This process failed: the other ranks' pending and next collectives fail with ``why``
         instead of waiting for it."""
-        for c in self.comms:
+        for c in (*self.comms, *self.reducers):
             c.abort(why)
 
     def close(self) -> None:
         self.threads.close()
         self.threads.comms = self.comms = []  # (TCP: the sockets close with the last reference)
+        self.threads.also = []  # (a reducer's thread ends with its Program, the last reference)
 
 
 @dataclass

@@ -106,8 +106,10 @@ class DistillTrainer(Trainer):
             rows, top, w = self.teacher_top_k(b)
             valid = b.targets != IGNORE
             ce = None
+            last = micro == len(batches) - 1  # (the micro-batch's last pass is the step's last backward)
             if d.ce_weight > 0:
-                per_token = self._pass(step, micro, b.targets, np.where(valid, d.ce_weight * seed, 0.0))
+                per_token = self._pass(step, micro, b.targets, np.where(valid, d.ce_weight * seed, 0.0),
+                                       last and top.shape[1] == 0)
                 ce = float(per_token[valid].sum(dtype=np.float64))
             kl = [float((w * np.log(w)).sum())]
             for j in range(top.shape[1]):
@@ -115,7 +117,7 @@ class DistillTrainer(Trainer):
                 targets[rows] = top[:, j]
                 dloss = np.zeros(len(b.targets))
                 dloss[rows] = d.kd_weight * seed * w[:, j]
-                per_token = self._pass(step, micro, targets, dloss)
+                per_token = self._pass(step, micro, targets, dloss, last and j == top.shape[1] - 1)
                 kl.append(float((w[:, j] * per_token[rows]).sum(dtype=np.float64)))
             parts.append((ce, kl))
         return parts
@@ -132,13 +134,15 @@ class DistillTrainer(Trainer):
         loss = d.kd_weight * kl + (d.ce_weight * ce if ce is not None else 0.0)
         return loss, {"kl": kl, **({"ce": ce} if ce is not None else {})}
 
-    def _pass(self, step: int, micro: int, targets: np.ndarray, dloss: np.ndarray) -> np.ndarray:
-        """One forward + backward of the student with these targets and seed; its per-token loss."""
+    def _pass(self, step: int, micro: int, targets: np.ndarray, dloss: np.ndarray, last: bool) -> np.ndarray:
+        """One forward + backward of the student with these targets and seed (``last``: the
+        step's last backward on this rank); its per-token loss."""
         self._dropout_seed(step, micro)
         self.inputs["targets"][:] = targets
         self.inputs["dloss"][:] = dloss
         self.exe.push("targets")
         self.exe.push("dloss")
+        self._last_backward(last)
         self.exe.run(*MICRO_BATCH)
         return np.array(self.exe.read("loss"), np.float64)
 

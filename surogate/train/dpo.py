@@ -116,6 +116,7 @@ class DPOTrainer(Trainer):
             dloss = self.inputs["dloss"]
             dloss[:] = np.where(b.targets != -100, np.repeat(coeff, seg), 0.0)
             self.exe.push("dloss")
+            self._last_backward(micro == len(batches) - 1)
             self.exe.run("backward")
             parts.append(_Rewards.part(out, pol))
         return parts

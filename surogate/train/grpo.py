@@ -86,6 +86,7 @@ class Rollout:
 
 
 class GRPOTrainer(Trainer):
+    SHARD_GRADS = False  # (a rank without prompts runs no backward: its accumulators stay whole)
     cfg: GRPOConfig
 
     def __init__(self, cfg: GRPOConfig, model=None, stream=None, dist=None):
@@ -247,8 +248,10 @@ class GRPOTrainer(Trainer):
                       max(np.diff(cu)), 1, N)
         return batch, np.concatenate(where) if where else np.zeros(0, np.int64), where
 
-    def _micro_batch(self, rollouts: list[Rollout], step: int, micro: int, num_seqs: int, num_tokens: int) -> dict:
-        """``micro`` counts the micro-batches of every pass over the step's rollouts (its dropout seed)."""
+    def _micro_batch(self, rollouts: list[Rollout], step: int, micro: int, num_seqs: int, num_tokens: int,
+                     last: bool = False) -> dict:
+        """``micro`` counts the micro-batches of every pass over the step's rollouts (its dropout
+        seed); ``last``: this rank's last backward of the pass."""
         c = self.cfg
         self._dropout_seed(step, micro)
         batch, at, _ = self._pack(rollouts)
@@ -271,6 +274,7 @@ class GRPOTrainer(Trainer):
         dloss[:] = 0.0
         dloss[at] = -out.dlogp
         self.exe.push("dloss")
+        self._last_backward(last)
         self.exe.run("backward")
         return {"loss": out.loss, "kl": out.kl, "low": out.low_clipped, "high": out.high_clipped,
                 "diff": np.abs(logp - np.concatenate([r.logps for r in rollouts]))}
@@ -353,11 +357,12 @@ class GRPOTrainer(Trainer):
         trainer's own first-pass log-probs over logits / T (TRL's old_per_token_logps; the
         engine reports raw ones). Per micro-batch its values (None: no prompts of this rank)."""
         parts = []
+        last = max((m for m, unit in enumerate(self._units) if unit), default=-1)  # this rank's last backward
         for m, (unit, adv) in enumerate(zip(self._units, advantages)):
             for r, a in zip(unit, adv):
                 r.advantage = float(a)
             micro = iteration * len(self._units) + m  # counts every pass's micro-batches (the dropout seed)
-            parts.append(self._micro_batch(unit, step, micro, num_seqs, num_tokens) if unit else None)
+            parts.append(self._micro_batch(unit, step, micro, num_seqs, num_tokens, m == last) if unit else None)
         return parts
 
     def _pass_result(self, parts: list[dict | None], per_fn, lens, truncated) -> tuple[float, int, dict]:

@@ -38,7 +38,9 @@ from pathlib import Path
 
 import numpy as np
 
+from surogate import _native
 from surogate.compile.fp8 import HISTORY_PREFIX, Fp8Recipe
+from surogate.compile.grad_reduce import reduce_gradients
 from surogate.config import SFTConfig
 from surogate.dsl.nn import LORA_RNG, LoRAConfig
 from surogate.errors import ConfigError
@@ -95,6 +97,9 @@ class Trainer:
     graph_kw: dict = {}  # extra Model.executable arguments of the training and reference Programs (GRPO's temperature)
     image_prompt = None  # the family's ImagePrompt, for a vision model's rows with images (_datasets)
     _frozen = None  # a full fine-tune's reference weights (reference_executable), shared by the ranks
+    # ZeRO-2/3 on rank threads: a rank keeps the accumulators of the layer parameters it owns only
+    # (the others staged, reduced every backward): every rank must run the same backwards.
+    SHARD_GRADS = True
 
     def __init__(self, cfg: SFTConfig, model: Model | None = None, stream=None, dist: ProcessRank | None = None):
         self.cfg = cfg
@@ -255,9 +260,10 @@ class Trainer:
         image_kw = {"images": self.images} if self.images else {}
         # ZeRO-3: this rank's share of the layers' weights; its Programs are its own, with the gathers in.
         z = self.shard = self.zero3.rank(self.rank) if self.zero3 is not None else None
+        rewrite = self._rewrite(z)
         self.exe = m.executable("train", self.N, self.N, lora=self.lora, grads=True, recompute=self.cfg.recompute,
-                                mlp_chunk=self.mlp_chunk, shared=self.local_rank == 0 and z is None, fp8=self.fp8,
-                                **({"rewrite": z.rewrite} if z else {}), **self.graph_kw, **image_kw)
+                                mlp_chunk=self.mlp_chunk, shared=self.local_rank == 0 and rewrite is None, fp8=self.fp8,
+                                **({"rewrite": rewrite} if rewrite else {}), **self.graph_kw, **image_kw)
         if self.fp8 is not None and not any(n.attrs.get("fp8") for n in self.exe.graph.nodes):
             raise ConfigError(f"recipe fp8_hybrid: no projection of {self.cfg.model} is left to run in FP8",
                               where="skip_quant_first_layers",
@@ -297,9 +303,16 @@ class Trainer:
                 self.exe.bind(n, a)
         if z is not None:
             z.bind(self.exe, self._homes())
-        self.grads = {}
+        self.grads = {}  # (ZeRO-2/3 rank threads: the layers' accumulators of other owners are views of the staging)
+        staged = {n: (slot, at) for grp in self.grad_groups or () for n, slot, at in grp.staged}
+        self.grad_staging = self._grad_staging(staged)
         for name in self.exe.external_names("grad"):
-            arr = np.zeros(self.exe.buf(name).shape, np.float32)
+            b = self.exe.buf(name)
+            if name[len("grad."):] in staged:
+                slot, at = staged[name[len("grad."):]]
+                arr = self.grad_staging[slot][at:at + b.nbytes].view(np.float32).reshape(b.shape)
+            else:
+                arr = np.zeros(b.shape, np.float32)
             self.exe.bind(name, arr)
             self.grads[name] = arr
         c = self.cfg
@@ -340,6 +353,49 @@ class Trainer:
             if n in self.exe.lowered.by_value:  # (Qwen3-VL with images: MRoPE tables, no position_ids)
                 self.exe.bind(n, a)
         self.exe.use_graphs(self.cfg.cuda_graphs)  # GPU: each micro-batch and optimizer step is one graph
+
+    def _rewrite(self, z):
+        """The passes over this rank's training Program: ZeRO-3's weight gathers, then (ranks that
+        are threads of this process) the gradient reductions during the backward
+        (surogate/compile/grad_reduce.py; ``grad_groups``: what they reduce, in order)."""
+        self.grad_groups, self.reducer = None, None  # (the reducer: DataParallel's)
+        if self.world == 1 or self.dist is not None:  # (ranks in processes: the bucketed reduction after the backward)
+            return z.rewrite if z else None
+
+        def rewrite(g, lowered):
+            if z is not None:
+                z.rewrite(g, lowered)
+            owners = None
+            if self.cfg.zero_level >= 2:  # (the split `_shard_owners` makes: ZeRO-3's, planned by its pass above)
+                owners = self.zero3.trained_owners if z is not None else shard_owners(
+                    {b.name[len("grad."):]: int(np.prod(b.shape)) for b in lowered.bufs
+                     if b.kind == "external" and b.name.startswith("grad.")}, self.world)
+            stage = self.rank if self.cfg.zero_level >= 2 and self.SHARD_GRADS else None
+            self.grad_groups = reduce_gradients(lowered, owners, stage)
+
+        return rewrite
+
+    def _grad_staging(self, staged: dict[str, tuple[int, int]]) -> list[np.ndarray]:
+        """Gradient sharding: the two staging buffers the layers' accumulators of other owners
+        take turns in (zeroed: the reducer zeroes them again after each reduction)."""
+        if not staged:
+            return []
+        nbytes = max(at + self.exe.buf("grad." + n).nbytes for n, (_, at) in staged.items())
+        out = [_native.host_empty([nbytes], "uint8").numpy() for _ in range(2)]  # (64-byte aligned)
+        for a in out:
+            a[...] = 0
+        return out
+
+    def grad_bytes(self) -> dict[str, int]:
+        """This rank's gradient memory: its own accumulators and the staging buffers."""
+        own = sum(a.nbytes for a in self.grads.values() if a.base is None)
+        return {"accumulators": int(own), "staging": int(sum(a.nbytes for a in self.grad_staging))}
+
+    def _last_backward(self, last: bool) -> None:
+        """Before a backward: whether it is this rank's last of the step (data parallel: its
+        gradients are reduced layer by layer as it goes; a rank that arms none reduces them after)."""
+        if self.reducer is not None:
+            self.reducer.arm(last)
 
     def _bind_fp8_histories(self, exe) -> dict[str, np.ndarray]:
         """fp8_amax_history > 0 (delayed scaling): zeroed amax histories for the Program's
@@ -518,6 +574,7 @@ class Trainer:
             for seed_input, coef in self.router_losses.values():  # coef * the mean over micro-batches
                 self.inputs[seed_input][:] = coef / (len(batches) * self.world)
                 self.exe.push(seed_input)
+            self._last_backward(micro == len(batches) - 1)
             self.exe.run(*MICRO_BATCH)
             aux = 0.0
             for o, (seed_input, _) in self.router_losses.items():

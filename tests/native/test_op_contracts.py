@@ -17,7 +17,7 @@ from surogate.errors import InvalidArgumentError
 FLOATS = ["float32", "bfloat16", "float16"]
 
 # CPU ops with no CUDA kernel yet. Adding a CUDA kernel (or a CPU op) means editing this list.
-CUDA_LACKS = {"gguf_quantize"}
+CUDA_LACKS = {"gguf_quantize", "grad_reduce", "grad_wait"}  # (the grad ops: data parallel runs on CPU ranks only so far)
 # Ops whose CUDA kernel runs fewer activation dtypes than the CPU's: op -> the dtypes it lacks.
 CUDA_LACKS_DTYPES: dict[str, set[str]] = {}
 
