@@ -94,7 +94,13 @@ class _EngineCollector:
                 ("spec_decode_num_drafts", "spec_num_drafts", "Speculative decoding: verified drafts."),
                 ("spec_decode_num_draft_tokens", "spec_num_draft_tokens", "Speculative decoding: draft tokens."),
                 ("spec_decode_num_accepted_tokens", "spec_num_accepted_tokens",
-                 "Speculative decoding: accepted draft tokens."))
+                 "Speculative decoding: accepted draft tokens."),
+                ("structured_output_draws_checked", "grammar_checked_rows",
+                 "Structured outputs: grammar rows drawn first, then checked against the grammar."),
+                ("structured_output_draws_allowed", "grammar_checked_allowed",
+                 "Structured outputs: checked draws the grammar allowed as drawn (no mask needed)."),
+                ("structured_output_device_masked_rows", "device_masked_rows",
+                 "Structured outputs: grammar rows drawn under their mask on the device."))
 
     def __init__(self, models: ModelTable):
         self.models = models

@@ -103,6 +103,31 @@ def test_json_schema_answers_validate_over_prompts_and_seeds(client, seed):
 
 
 @needs_llguidance
+def test_metrics_count_the_grammar_rows_drawn_first_and_checked(server, client):
+    """/metrics: a sampled json_schema answer's draws were checked against the grammar, some
+    allowed as drawn (the real model mostly writes what the schema allows), the refused ones
+    drawn again under their masks on the device."""
+    import httpx
+
+    def counter(name: str) -> float:
+        for line in httpx.get(f"{server[0]}/metrics", timeout=5).text.splitlines():
+            if line.startswith(f"surogate:{name}_total{{"):
+                return float(line.rsplit(" ", 1)[1])
+        raise AssertionError(f"no surogate:{name}_total in /metrics")
+
+    names = ("structured_output_draws_checked", "structured_output_draws_allowed",
+             "structured_output_device_masked_rows")
+    before = [counter(n) for n in names]
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": PROMPTS[1]}],
+                                       temperature=0.8, seed=3, max_tokens=80, response_format=fmt)
+    jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
+    checked, allowed, redrawn = (counter(n) - b for n, b in zip(names, before))
+    assert checked == r.usage.completion_tokens  # every token of the answer, its EOS included
+    assert 0 < allowed < checked and redrawn == checked - allowed
+
+
+@needs_llguidance
 def test_json_object_with_n_and_streaming(client):
     r = client.chat.completions.create(model=MODEL, messages=ASK, n=3, temperature=0.7, seed=5, max_tokens=100,
                                        response_format={"type": "json_object"})
