@@ -356,10 +356,7 @@ class PyTokenMasker : public TokenMasker {
 
   Status check(const std::vector<MaskRequest>& requests, const int32_t* candidates, uint8_t* allowed, uint32_t* rows,
                int words) override {
-    if (!Py_IsInitialized()) {
-      return SG_ERROR(StatusCode::kInternal, "the Python token masker outlived the interpreter",
-                      "shut the engine down (EngineClient.close()) before the interpreter exits");
-    }
+    if (!Py_IsInitialized()) return outlived();
     py::gil_scoped_acquire gil;
     try {
       auto [ids, tokens] = lists(requests);
@@ -377,8 +374,7 @@ class PyTokenMasker : public TokenMasker {
       for (size_t i = 0; i < flags.size(); ++i) allowed[i] = flags[i] ? 1 : 0;
       return Status::OK();
     } catch (py::error_already_set& e) {
-      return SG_ERROR(StatusCode::kInternal, str_cat("the grammar (token masker) raised ", e.what()),
-                      "check the request's response_format / structured_outputs");
+      return raised(e);
     } catch (py::cast_error& e) {
       return SG_ERROR(StatusCode::kInternal, str_cat("the token masker's check returned no list of bools: ", e.what()),
                       "return one bool per candidate");
@@ -386,22 +382,26 @@ class PyTokenMasker : public TokenMasker {
   }
 
   Status fill(const std::vector<MaskRequest>& requests, uint32_t* rows, int words) override {
-    if (!Py_IsInitialized()) {
-      return SG_ERROR(StatusCode::kInternal, "the Python token masker outlived the interpreter",
-                      "shut the engine down (EngineClient.close()) before the interpreter exits");
-    }
+    if (!Py_IsInitialized()) return outlived();
     py::gil_scoped_acquire gil;
     try {
       auto [ids, tokens] = lists(requests);
       fn_(ids, tokens, rows_view(requests.size(), rows, words));
       return Status::OK();
     } catch (py::error_already_set& e) {
-      return SG_ERROR(StatusCode::kInternal, str_cat("the grammar (token masker) raised ", e.what()),
-                      "check the request's response_format / structured_outputs");
+      return raised(e);
     }
   }
 
  private:
+  static Status outlived() {
+    return SG_ERROR(StatusCode::kInternal, "the Python token masker outlived the interpreter",
+                    "shut the engine down (EngineClient.close()) before the interpreter exits");
+  }
+  static Status raised(const py::error_already_set& e) {
+    return SG_ERROR(StatusCode::kInternal, str_cat("the grammar (token masker) raised ", e.what()),
+                    "check the request's response_format / structured_outputs");
+  }
   // (request ids, their new tokens), as Python lists; under the GIL.
   static std::pair<py::list, py::list> lists(const std::vector<MaskRequest>& requests) {
     py::list ids, tokens;

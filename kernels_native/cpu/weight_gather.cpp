@@ -9,7 +9,6 @@
 #include <cstring>
 
 #include "cpu/common.h"
-#include "dist/collective.h"
 #include "runtime/op_checks_weight_stream.h"
 
 namespace surogate::cpu {
@@ -29,22 +28,10 @@ void copy_bytes(char* dst, const char* src, int64_t n) {
 Status weight_gather(const OpArgs& a) {
   WeightGatherArgs r;
   SG_RETURN_IF_ERROR(check_weight_gather(a, &r));
-  const Tensor& dst = a.out(0);
-  auto* base = static_cast<char*>(dst.data);
-  std::vector<Tensor> pieces;
-  std::vector<int> owners;
-  int mine = 0;
-  for (size_t i = 0; i < r.offsets.size(); ++i) {
-    char* at = base + r.offsets[i];
-    if (r.owners[i] == r.rank) {
-      const Tensor& src = a.in(mine++);
-      if (r.sizes[i] > 0) copy_bytes(at, static_cast<const char*>(src.data), r.sizes[i]);
-    }
-    if (r.sizes[i] == 0) continue;
-    pieces.push_back(Tensor::view_of(at, DType::kU8, {r.sizes[i]}, dst.device, dst.owner));
-    owners.push_back(static_cast<int>(r.owners[i]));
-  }
-  return a.comm->gather_from_owners(pieces, owners);
+  return gather_layer(a, r, [](char* dst, const char* src, int64_t n) {
+    copy_bytes(dst, src, n);
+    return Status::OK();
+  });
 }
 
 }  // namespace

@@ -150,6 +150,30 @@ Status set_pref(const char* op, cublasLtMatmulPreference_t p, cublasLtMatmulPref
   return Status::OK();
 }
 
+// The plan's algorithm: cuBLASLt's first heuristic for p's descriptors and the operands'
+// alignments (cuBLASLt's A is our B). An unsupported type mix answers NOT_SUPPORTED (or
+// INVALID_VALUE) rather than zero results: either way p->found is false (the caller widens).
+Status find_algo(const char* op, cublasLtHandle_t handle, const GemmMatrix& A, const GemmMatrix& B,
+                 const GemmMatrix& C, Plan* p) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  SG_CUBLAS_CHECK(op, cublasLtMatmulPreferenceCreate(&pref));
+  const std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, decltype(&cublasLtMatmulPreferenceDestroy)> pref_guard(
+      pref, cublasLtMatmulPreferenceDestroy);
+  const uint64_t ws = kWorkspaceBytes;
+  SG_RETURN_IF_ERROR(set_pref(op, pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, ws));
+  SG_RETURN_IF_ERROR(set_pref(op, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, uint32_t(alignment(B.ptr))));
+  SG_RETURN_IF_ERROR(set_pref(op, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, uint32_t(alignment(A.ptr))));
+  SG_RETURN_IF_ERROR(set_pref(op, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, uint32_t(alignment(C.ptr))));
+  SG_RETURN_IF_ERROR(set_pref(op, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, uint32_t(alignment(C.ptr))));
+  cublasLtMatmulHeuristicResult_t res{};
+  int count = 0;
+  const cublasStatus_t hs =
+      cublasLtMatmulAlgoGetHeuristic(handle, p->desc, p->a, p->b, p->c, p->c, pref, 1, &res, &count);
+  p->found = hs == CUBLAS_STATUS_SUCCESS && count > 0 && res.state == CUBLAS_STATUS_SUCCESS;
+  if (p->found) p->algo = res.algo;
+  return Status::OK();
+}
+
 Status make_plan(const char* op, cublasLtHandle_t handle, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
                  const GemmMatrix& A, const GemmMatrix& B, const GemmMatrix& C, const void* bias, Plan* out) {
   Plan p;
@@ -170,23 +194,7 @@ Status make_plan(const char* op, cublasLtHandle_t handle, bool ta, bool tb, int6
   SG_CUBLAS_CHECK(op, cublasLtMatrixLayoutCreate(&p.b, cuda_type(A.dtype), ta ? M : K, ta ? K : M, A.ld));
   SG_CUBLAS_CHECK(op, cublasLtMatrixLayoutCreate(&p.c, cuda_type(C.dtype), N, M, C.ld));
 
-  cublasLtMatmulPreference_t pref = nullptr;
-  SG_CUBLAS_CHECK(op, cublasLtMatmulPreferenceCreate(&pref));
-  const std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, decltype(&cublasLtMatmulPreferenceDestroy)> pref_guard(
-      pref, cublasLtMatmulPreferenceDestroy);
-  const uint64_t ws = kWorkspaceBytes;
-  SG_RETURN_IF_ERROR(set_pref(op, pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, ws));
-  SG_RETURN_IF_ERROR(set_pref(op, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, uint32_t(alignment(B.ptr))));
-  SG_RETURN_IF_ERROR(set_pref(op, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, uint32_t(alignment(A.ptr))));
-  SG_RETURN_IF_ERROR(set_pref(op, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, uint32_t(alignment(C.ptr))));
-  SG_RETURN_IF_ERROR(set_pref(op, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, uint32_t(alignment(C.ptr))));
-  cublasLtMatmulHeuristicResult_t res{};
-  int count = 0;
-  // An unsupported type mix answers NOT_SUPPORTED (or INVALID_VALUE) rather than zero results:
-  // either way there is no algorithm and the caller widens.
-  const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, &res, &count);
-  p.found = hs == CUBLAS_STATUS_SUCCESS && count > 0 && res.state == CUBLAS_STATUS_SUCCESS;
-  if (p.found) p.algo = res.algo;
+  SG_RETURN_IF_ERROR(find_algo(op, handle, A, B, C, &p));
   *out = p;
   return Status::OK();
 }
@@ -288,21 +296,7 @@ Status make_fp8_plan(const char* op, cublasLtHandle_t handle, int64_t M, int64_t
   SG_CUBLAS_CHECK(op, cublasLtMatrixLayoutCreate(&p.a, cuda_type(B.dtype), K, N, B.ld));
   SG_CUBLAS_CHECK(op, cublasLtMatrixLayoutCreate(&p.b, cuda_type(A.dtype), K, M, A.ld));
   SG_CUBLAS_CHECK(op, cublasLtMatrixLayoutCreate(&p.c, cuda_type(C.dtype), N, M, C.ld));
-  cublasLtMatmulPreference_t pref = nullptr;
-  SG_CUBLAS_CHECK(op, cublasLtMatmulPreferenceCreate(&pref));
-  const std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, decltype(&cublasLtMatmulPreferenceDestroy)> pref_guard(
-      pref, cublasLtMatmulPreferenceDestroy);
-  const uint64_t ws = kWorkspaceBytes;
-  SG_RETURN_IF_ERROR(set_pref(op, pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, ws));
-  SG_RETURN_IF_ERROR(set_pref(op, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, uint32_t(alignment(B.ptr))));
-  SG_RETURN_IF_ERROR(set_pref(op, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, uint32_t(alignment(A.ptr))));
-  SG_RETURN_IF_ERROR(set_pref(op, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, uint32_t(alignment(C.ptr))));
-  SG_RETURN_IF_ERROR(set_pref(op, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, uint32_t(alignment(C.ptr))));
-  cublasLtMatmulHeuristicResult_t res{};
-  int count = 0;
-  const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, &res, &count);
-  p.found = hs == CUBLAS_STATUS_SUCCESS && count > 0 && res.state == CUBLAS_STATUS_SUCCESS;
-  if (p.found) p.algo = res.algo;
+  SG_RETURN_IF_ERROR(find_algo(op, handle, A, B, C, &p));
   *out = p;
   return Status::OK();
 }

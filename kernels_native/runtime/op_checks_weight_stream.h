@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "dist/collective.h"
 #include "runtime/op_registry.h"
 
 namespace surogate {
@@ -40,5 +41,28 @@ struct WeightGatherArgs {
 };
 
 Status check_weight_gather(const OpArgs& a, WeightGatherArgs* r);
+
+// The gather both backends run once the arguments are checked: copy(dst, src, bytes) puts each of
+// this rank's pieces (inputs, in order) at its offset in the staging buffer out(0), then the
+// Program's communicator fills every other piece from its owner.
+template <typename Copy>
+Status gather_layer(const OpArgs& a, const WeightGatherArgs& r, Copy copy) {
+  const Tensor& dst = a.out(0);
+  auto* base = static_cast<char*>(dst.data);
+  std::vector<Tensor> pieces;
+  std::vector<int> owners;
+  int mine = 0;
+  for (size_t i = 0; i < r.offsets.size(); ++i) {
+    char* at = base + r.offsets[i];
+    if (r.owners[i] == r.rank) {
+      const Tensor& src = a.in(mine++);
+      if (r.sizes[i] > 0) SG_RETURN_IF_ERROR(copy(at, static_cast<const char*>(src.data), r.sizes[i]));
+    }
+    if (r.sizes[i] == 0) continue;
+    pieces.push_back(Tensor::view_of(at, DType::kU8, {r.sizes[i]}, dst.device, dst.owner));
+    owners.push_back(static_cast<int>(r.owners[i]));
+  }
+  return a.comm->gather_from_owners(pieces, owners);
+}
 
 }  // namespace surogate

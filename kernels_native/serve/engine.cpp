@@ -335,7 +335,7 @@ bool Engine::step_once() {
     const auto m0 = std::chrono::steady_clock::now();
     Status st = run(plan, &out);
     if (filling.valid()) filling.get();
-    if (st.ok() && masks.status.ok()) masks.status = check_draws(plan, out, &masks);
+    if (st.ok() && masks.status.ok()) masks.status = check_draws(out, &masks);
     if (st.ok()) st = sample_masked(plan, masks, &out);
     counters_.model_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - m0).count();
     if (st.ok()) {
@@ -480,8 +480,7 @@ Status Engine::fill_masks(StepMasks* masks) {
   return Status::OK();
 }
 
-Status Engine::check_draws(const StepPlan& plan, const StepOutput& out, StepMasks* masks) {
-  (void)plan;
+Status Engine::check_draws(const StepOutput& out, StepMasks* masks) {
   const int W = mask_words(sampler_.vocab_size()), V = sampler_.vocab_size();
   std::vector<size_t> ask;
   std::vector<MaskRequest> asks;

@@ -191,7 +191,7 @@ class Engine {
   // (and of every row, with a masker that cannot check), the other checked rows' matchers advanced.
   Status fill_masks(StepMasks* masks);
   // After the model ran: the checked rows' device draws checked; a refused one gets its mask.
-  Status check_draws(const StepPlan& plan, const StepOutput& out, StepMasks* masks);
+  Status check_draws(const StepOutput& out, StepMasks* masks);
   // Once the masks are filled: the runner draws the grammar rows that stayed on the device under
   // their masks (SchedulerConfig::device_masks), overwriting their tokens in out.
   Status sample_masked(const StepPlan& plan, const StepMasks& masks, StepOutput* out);

@@ -108,15 +108,11 @@ Status Sampler::sample(const float* logits, const SamplingParams& p, const std::
   apply_penalties(x, p, token_ids, num_prompt);  // a masked token's -inf stays -inf under a penalty
   float row[kSampleParamCols];
   if (allowed != nullptr && !p.greedy() && checks_first(p)) {  // drawn first, checked (token_mask.h)
-    int32_t best = 0;
-    for (int i = 1; i < V; ++i) best = x[i] > x[best] ? i : best;
-    if (x[best] != kNegInf) {
-      pack_sample_params(row, p.temperature, p.top_k, p.top_p, p.min_p, seed, step);
-      const int32_t t = cpu::sample_token(x, V, row);
-      if (mask_allows(allowed, t)) {
-        *token = t;
-        return Status::OK();
-      }
+    pack_sample_params(row, p.temperature, p.top_k, p.top_p, p.min_p, seed, step);
+    const int32_t t = cpu::sample_token(x, V, row);
+    if (x[t] != kNegInf && mask_allows(allowed, t)) {  // (-inf: a row of -inf only, failed below)
+      *token = t;
+      return Status::OK();
     }
     step |= kSampleRedraw;  // refused: drawn again under the mask, from an independent uniform
   }
