@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from surogate.bench.shapes import hf_config, hf_model_class, spec_for
+from surogate.compile.fp8 import HISTORY_PREFIX, Fp8Recipe
 from surogate.dsl.nn import LoRAConfig, ModelSpec
 from surogate.model import Model, _np_dtype, bind_router_loss_seeds
 from surogate.models import family_named
@@ -156,7 +157,8 @@ def batch_data(model: Model, batch: int, seq: int) -> tuple[np.ndarray, np.ndarr
 
 def bench_ours(model: Model, batch: int, seq: int, lora: LoRAConfig | None, steps: int, warmup: int,
                recompute: bool, profile: bool = False, graphs: bool = True, mlp_chunk: int = 0,
-               offload_optimizer: bool = False) -> Result:
+               offload_optimizer: bool = False, fp8=None) -> Result:
+    """``fp8``: an `Fp8Recipe` (recipe fp8_hybrid: the block projections as FP8 GEMMs)."""
     from surogate import _native
     from surogate.train.offload import HostAdamW
 
@@ -164,7 +166,10 @@ def bench_ours(model: Model, batch: int, seq: int, lora: LoRAConfig | None, step
     on_gpu = model.device != "cpu"
     if on_gpu:
         _native.reset_peak_stats(model.device)
-    exe = model.executable("train", n, batch, lora=lora, grads=True, recompute=recompute, mlp_chunk=mlp_chunk)
+    exe = model.executable("train", n, batch, lora=lora, grads=True, recompute=recompute, mlp_chunk=mlp_chunk, fp8=fp8)
+    for name in exe.external_names("input"):  # delayed scaling's amax histories (none with current scaling)
+        if name.startswith(HISTORY_PREFIX):
+            exe.bind(name, np.zeros(exe.buf(name).shape, np.float32))
     if lora is not None:
         trainable = {k: v.astype(_np_dtype(model.dtype)) for k, v in init_lora(exe.graph, 0).items()}
         for k, v in trainable.items():
@@ -202,6 +207,8 @@ def bench_ours(model: Model, batch: int, seq: int, lora: LoRAConfig | None, step
     name = "surogate (CUDA graphs)" if exe.program.graphs_active and exe.program.num_graphs else "surogate"
     if offload_optimizer and on_gpu:
         name += " + optimizer offload"
+    if fp8 is not None:
+        name += " fp8_hybrid"
     return Result(name, n / dt, dt, first_loss, peak)
 
 
@@ -316,7 +323,10 @@ def bench_hf(model: Model, batch: int, seq: int, lora: LoRAConfig | None, steps:
 
 def run(shape: str, *, batch: int, seq: int, lora_rank: int, dtype: str, steps: int, warmup: int, vs: str | None,
         device: str, recompute: bool, profile: bool = False, graphs: bool = True,
-        qlora: str | None = None, long_context: bool = False, offload_optimizer: bool = False) -> list[Result]:
+        qlora: str | None = None, long_context: bool = False, offload_optimizer: bool = False,
+        fp8: bool = False) -> list[Result]:
+    """``fp8``: ours under recipe fp8_hybrid first, then ours in ``dtype`` (the ratio's base
+    without a peer)."""
     from surogate.errors import InvalidArgumentError
     from surogate.model import resolve_device
 
@@ -328,7 +338,13 @@ def run(shape: str, *, batch: int, seq: int, lora_rank: int, dtype: str, steps: 
         model = quantized(model, qlora)
     lora = LoRAConfig(rank=lora_rank, alpha=2 * lora_rank, targets=ALL_TARGETS) if lora_rank > 0 else None
     chunk = min(batch * seq, model.spec.hidden_size) if long_context else 0  # the trainer's tiled-MLP rows
-    results = [bench_ours(model, batch, seq, lora, steps, warmup, recompute, profile, graphs, chunk, offload_optimizer)]
+    if fp8 and (batch * seq) % 16:
+        raise InvalidArgumentError(f"--fp8: {batch} x {seq} tokens is not a multiple of 16, which FP8 GEMMs need",
+                                   hint="make --seq a multiple of 16")
+    results = [bench_ours(model, batch, seq, lora, steps, warmup, recompute, profile, graphs, chunk, offload_optimizer,
+                          fp8=Fp8Recipe())] if fp8 else []
+    results.append(bench_ours(model, batch, seq, lora, steps, warmup, recompute, profile and not fp8, graphs, chunk,
+                              offload_optimizer))
     if vs == "hf":
         if device != "cpu":
             from surogate import _native
@@ -388,6 +404,7 @@ def table(shape, model, batch, seq, lora, dtype, device, steps, results: list[Re
         lines.append(f"{r.name:{w}} {r.tokens_per_second:12,.0f} {r.step_seconds:10.3f} {mem:>10} {mfu:>6} "
                      f"{r.loss:8.4f} {r.tokens_per_second / base:6.2f}x")
     if len(results) > 1 and not results[1].failed:
+        # (with fp8_hybrid: its loss against ours in the model's dtype; the peer's is in its row)
         a, b = results[0].loss, results[1].loss
         tol = 2e-2 if dtype == "bfloat16" else 1e-3
         verdict = "agree" if math.isclose(a, b, rel_tol=tol) else "DIFFER"

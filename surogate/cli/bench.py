@@ -33,13 +33,15 @@ def train(
                                                    "Q6_K, Q5_K_M, Q4_K_M) or NF4 (bitsandbytes'); the peer: "
                                                    "peft over bitsandbytes NF4 (QLoRA's recipe), when "
                                                    "bitsandbytes is installed.")] = None,
+    fp8: Annotated[bool, typer.Option(help="Also ours under recipe fp8_hybrid (the block projections as FP8 "
+                                           "GEMMs, current scaling), beside ours in --dtype.")] = False,
 ) -> None:
     """Training-step tokens/s: ours, and with --vs hf HF transformers (+ peft) on the same shape."""
     from surogate.bench.train import run
 
     run(model, batch=batch, seq=seq, lora_rank=lora_rank, dtype=dtype, steps=steps, warmup=warmup, vs=vs,
         device=device, recompute=recompute, profile=profile, graphs=graphs, qlora=qlora,
-        long_context=long_context, offload_optimizer=offload_optimizer)
+        long_context=long_context, offload_optimizer=offload_optimizer, fp8=fp8)
 
 
 @app.command()
