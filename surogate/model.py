@@ -77,6 +77,7 @@ class Model:
         self.quant = dict(quant or {})
         self.arch = family.architecture(spec)
         self._cache: dict[tuple, Executable] = {}
+        self._derived: dict[str, object] = {}  # what the shared executables derive from the weights (fp8 copies)
         self._on_device: dict[str, object] = {}  # GPU: one device copy of each weight, for every executable
         # stack_qkv: stacked name -> (its host array, [(part name, first row, rows)]); part -> stacked name
         self.stacks: dict[str, tuple[np.ndarray, list[tuple[str, int, int]]]] = {}
@@ -141,6 +142,7 @@ class Model:
                 made.append(name)
         if made:
             self._cache.clear()
+            self._derived.clear()
         return made
 
     def release_device_memory(self) -> None:
@@ -148,6 +150,7 @@ class Model:
         server); the host arrays stay, and the next use uploads again."""
         self._on_device.clear()
         self._cache.clear()
+        self._derived.clear()
         self.projectors.release_device()
 
     # ---- compilation ------------------------------------------------------------------------
@@ -192,7 +195,7 @@ class Model:
             if grads:
                 backward(g, g.outputs["loss"], extra=extra or None)
             exe = Executable(g, {"N": n_tokens, "S1": n_docs + 1}, self.device, keep=keep, recompute=recompute,
-                             mlp_chunk=mlp_chunk, rewrite=rewrite)
+                             mlp_chunk=mlp_chunk, rewrite=rewrite, derived_store=self._derived if shared else None)
             for name in exe.external_names("param"):
                 if name in self.params:
                     exe.bind(name, self.params[name], self.device_param(name))

@@ -12,6 +12,11 @@ The Program's instructions are named phases (`phases`): ``forward``, ``backward`
 with gradients, and any phase added with `add_phase` (the trainer's optimizer step). Callers
 run phases by name (`run("forward", "backward")`), never by instruction index; on a GPU with
 graphs on, each distinct run is one CUDA graph.
+
+Buffers the Program derives from its weights (`Lowered.derived`: fp8_hybrid's frozen weights
+quantized once) are the executable's own business: it allocates them (or takes them from
+``derived_store``, shared by the executables of one model), and runs their phase before a run
+whenever a source weight was bound or pushed since the last time.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import numpy as np
 
 from surogate import _native
 from surogate.compile.buffers import Buf
+from surogate.compile.fp8 import WEIGHTS_PHASE
 from surogate.compile.lower import Lowered, emit, lower, lower_phase, to_program
 from surogate.dsl.graph import Graph, Value
 from surogate.errors import InvalidArgumentError, NotFoundError
@@ -49,9 +55,11 @@ class MemoryReport:
 
 class Executable:
     def __init__(self, g: Graph, dims: dict[str, int], device: str = "cpu", keep: list[Value] = (),
-                 recompute: bool = False, mlp_chunk: int = 0, rewrite=None):
+                 recompute: bool = False, mlp_chunk: int = 0, rewrite=None, derived_store: dict | None = None):
         """``rewrite(g, lowered)``: a pass over the lowered instructions before the native
-        Program is built from them (ZeRO-3's weight gathers, surogate/compile/gather.py)."""
+        Program is built from them (ZeRO-3's weight gathers, surogate/compile/gather.py).
+        ``derived_store``: name -> tensor of derived buffers other executables over the same
+        weights hold (filled by this one too)."""
         self.graph = g
         self.device = device
         self.lowered: Lowered = lower(g, dims, keep, recompute, mlp_chunk)
@@ -62,6 +70,9 @@ class Executable:
         self._tensors: dict[str, object] = {}  # name -> what the program reads (the host array on the CPU)
         self._phase_graphs: dict[str, tuple] = {}  # added phases: name -> the structure they were built from
         self._ran = False  # the native Program places its arena on the first run
+        self._sources = set(self.lowered.derived.values())
+        self._stale = bool(self._sources)  # derived buffers to (re)compute before the next run
+        self._derived_store = {} if derived_store is None else derived_store
 
     # ---- phases -----------------------------------------------------------------------------
     @property
@@ -142,6 +153,7 @@ class Executable:
         self.program.bind(b.native_id, tensor)
         self._bound[name] = arr  # the native side holds a reference too; this one is for readers
         self._tensors[name] = tensor
+        self._stale |= name in self._sources
 
     def bound(self, name: str):
         return self._bound[name]
@@ -154,6 +166,7 @@ class Executable:
         """Copy the host array bound as ``name`` to its device tensor (after changing it in place)."""
         if self.device != "cpu":
             self._tensors[name].copy_from(self._bound[name])
+        self._stale |= name in self._sources
 
     def pull(self, name: str) -> np.ndarray:
         """The host array bound as ``name``, refreshed from the device."""
@@ -172,9 +185,30 @@ class Executable:
     def run(self, *phases: str) -> None:
         """Run the named consecutive phases as one range (each distinct range is one CUDA graph),
         or the whole program."""
-        begin, end = self._range(phases) if phases else (0, -1)
+        if WEIGHTS_PHASE in phases:
+            raise InvalidArgumentError(f"phase {WEIGHTS_PHASE!r} is run by the executable itself",
+                                       hint="bind or push the weights: the copies follow")
+        if self._stale:
+            self._derive()
+        begin, end = self._range(phases) if phases else (self.lowered.phases.get(WEIGHTS_PHASE, (0, 0))[1], -1)
         self._ran = True
         self.program.run(begin, end)
+
+    def _derive(self) -> None:
+        """Bind every derived buffer (the store's tensor, or a new one put there) and run their phase."""
+        for name in self.lowered.derived:
+            if name in self._tensors:
+                continue
+            b = self.lowered.by_value[name]
+            t = self._derived_store.get(name)
+            if t is None or tuple(t.shape) != b.shape or t.dtype != b.dtype:
+                t = self._derived_store[name] = _native.zeros(list(b.shape), b.dtype, self.device)
+            self.program.bind(b.native_id, t)
+            self._tensors[name] = t
+        begin, end = self.lowered.phases[WEIGHTS_PHASE]
+        self._ran = True
+        self.program.run(begin, end)
+        self._stale = False
 
     def read(self, name: str) -> np.ndarray:
         """A buffer's contents as numpy: a view on the CPU (valid until the next run), a copy from a GPU."""

@@ -21,6 +21,14 @@ it is quantized) is the default; ``amax_history`` H > 0 is delayed scaling: each
 keeps the amaxes of its last H uses in an f32 [H] graph input (``fp8_history.<weight>.<site>``,
 zeros to start, rewritten by every run; the trainer owns and checkpoints them) and takes its
 scale from their max.
+
+Frozen weights (a LoRA's base, a DPO reference) under current scaling are quantized once, not
+every micro-batch: their e4m3 copies (W, and W^T where a backward needs dx) are external
+buffers of the Program (``fp8_cache.<weight>.w`` / ``.wt`` and their ``.scale_inv``) that the
+phase ``fp8_weights``, placed before the forward, writes. `Executable` runs that phase itself
+before the first run and again after a source weight is bound or pushed anew (`Lowered.derived`
+names each copy's source). The copies cost one byte per weight each; `Fp8Recipe.cache_weights`
+False (ZeRO-3, whose ranks hold a shard of each weight) quantizes in the step instead.
 """
 
 from __future__ import annotations
@@ -28,10 +36,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from surogate.compile.buffers import Buf, Instr
 from surogate.dsl.graph import Graph, Node
 
 E4M3, E5M2 = "float8_e4m3fn", "float8_e5m2"
 HISTORY_PREFIX = "fp8_history."
+CACHE_PREFIX = "fp8_cache."
+WEIGHTS_PHASE = "fp8_weights"  # the frozen weights' copies, quantized before the forward
 # The block projections by module name: the attention and MLP projections of every family (LFM2's
 # out_proj / in_proj / w1..w3, fused gate_up_proj and w13 included).
 PROJECTIONS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "out_proj", "in_proj",
@@ -50,9 +61,10 @@ class Fp8Recipe:
     amax_history: int = 0  # 0: current scaling; H > 0: delayed scaling over the last H amaxes
     skip_first_layers: int = 0
     skip_last_layers: int = 0
+    cache_weights: bool = True  # frozen weights quantized once (the module docstring), not every step
 
     def key(self) -> tuple:
-        return ("fp8", self.amax_history, self.skip_first_layers, self.skip_last_layers)
+        return ("fp8", self.amax_history, self.skip_first_layers, self.skip_last_layers, self.cache_weights)
 
 
 def projection_layer(n: Node) -> int | None:
@@ -84,6 +96,8 @@ def mark_fp8(g: Graph, recipe: Fp8Recipe) -> list[str]:
             continue
         n.attrs["fp8"] = 1
         w = n.inputs[1]
+        if recipe.cache_weights and not recipe.amax_history and not w.trainable and not w.meta.get("host"):
+            n.attrs["fp8_cache"] = 1
         if recipe.amax_history:
             n.attrs["amax_history"] = int(recipe.amax_history)
             for tag in SITES if w.trainable else SITES[:4]:
@@ -122,6 +136,8 @@ class _Sites:
 
     def quantize(self, x, fmt: str, tag: str, transpose: bool = False):
         lw = self.lw
+        if self.n.attrs.get("fp8_cache") and x.root().kind == "external":
+            return self.cached(x, tag, transpose)
         key = (x, fmt, transpose)
         keep = not self.H and x.root().kind != "external"
         if keep and key in lw.fp8_copies:
@@ -134,6 +150,35 @@ class _Sites:
         if keep:
             lw.fp8_copies[key] = (q, s)
         return q, s
+
+    def cached(self, w, tag: str, transpose: bool):
+        """A frozen weight's e4m3 copy as external buffers, quantized by the weights phase (one
+        copy per weight and layout, whichever node reads it)."""
+        lw = self.lw
+        if not hasattr(lw, "fp8_weight_copies"):
+            lw.fp8_weight_copies = {}
+        key = (w.name, transpose)
+        if key not in lw.fp8_weight_copies:
+            name = f"{CACHE_PREFIX}{w.name}.{tag}"
+            shape = (w.shape[1], w.shape[0]) if transpose else tuple(w.shape)
+            q, s = Buf(name, shape, E4M3, "external"), Buf(f"{name}.scale_inv", (1,), "float32", "external")
+            for b in (q, s):
+                lw.new_buf(b)
+                lw.by_value[b.name] = b
+            ins = Instr("quantize_fp8", [w], [q, s, None], {"transpose": 1} if transpose else {},
+                        node=f"fp8_hybrid: {w.name} quantized once (frozen)")
+            lw.fp8_weight_copies[key] = (q, s, ins)
+        return lw.fp8_weight_copies[key][:2]
+
+
+def weights_phase(lw) -> tuple[list, dict[str, str]]:
+    """The lowering's frozen-weight quantizations (the ``fp8_weights`` phase) and the source
+    weight of each copy they write (the root buffer's name: a column view's whole weight)."""
+    copies = getattr(lw, "fp8_weight_copies", {}).values()
+    derived = {}
+    for q, s, ins in copies:
+        derived[q.name] = derived[s.name] = ins.inputs[0].root().name
+    return [ins for _, _, ins in copies], derived
 
 
 def lower_linear(lw, n: Node, x, w, bias, y) -> None:

@@ -42,6 +42,9 @@ class Lowered:
     dims: dict[str, int] = field(default_factory=dict)
     phases: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> instructions [begin, end)
     tiled_mlps: int = 0  # MLP regions lowered in row chunks (mlp_chunk)
+    # Buffers the Program derives from bound weights in a phase of their own (fp8_hybrid's frozen
+    # weights quantized once: surogate/compile/fp8.py): buffer name -> its source's
+    derived: dict[str, str] = field(default_factory=dict)
 
 
 class _Lowering:
@@ -327,13 +330,19 @@ def lower(g: Graph, dims: dict[str, int], keep: list[Value] = (), recompute: boo
         b = lw.buf(v).root()
         b.pinned = True
         pinned.append(b)
+    # fp8_hybrid's frozen weights, quantized once: their phase goes first (its own range)
+    prep, derived = fp8.weights_phase(lw)
+    k = len(prep)
+    lw.instrs[:0] = prep
     arena = plan(lw.instrs, pinned)
     end = len(lw.instrs)
-    phases = {"forward": (0, end)}
+    phases = {fp8.WEIGHTS_PHASE: (0, k)} if k else {}
     if hasattr(g, "backward_start"):
-        at = end if backward_at is None else backward_at
-        phases = {"forward": (0, at), "backward": (at, end)}
-    return Lowered(lw.instrs, lw.bufs, lw.by_value, arena, dict(dims), phases, len(tiled))
+        at = end if backward_at is None else backward_at + k
+        phases |= {"forward": (k, at), "backward": (at, end)}
+    else:
+        phases["forward"] = (k, end)
+    return Lowered(lw.instrs, lw.bufs, lw.by_value, arena, dict(dims), phases, len(tiled), derived)
 
 
 def lower_phase(lowered: Lowered, name: str, g: Graph, keep: list[Value] = ()) -> tuple[int, int]:

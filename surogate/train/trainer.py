@@ -143,6 +143,8 @@ class Trainer:
         self._router_values: dict[str, list[float]] = {}  # this step's aux_loss / z_loss per micro-batch
         # ZeRO-3: the decoder layers' weights split among the ranks (planned by rank 0's Program).
         self.zero3 = Zero3(self.world) if self.world > 1 and cfg.zero_level == 3 else None
+        if self.zero3 is not None and self.fp8 is not None:  # (a rank holds a shard of each frozen weight: no copies)
+            self.fp8 = dataclasses.replace(self.fp8, cache_weights=False)
         self._build()
         self._names = list(self.model.params)  # every parameter of the model (the full model's outputs)
         if self.world > 1:

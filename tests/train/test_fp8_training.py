@@ -192,3 +192,72 @@ def test_recompute_is_bit_identical_and_tiled_mlps_stay_close(base):
     off = lambda g, n: np.linalg.norm(g[n] - exact[n]) / np.linalg.norm(exact[n])
     for n in ("layers.1.mlp.down_proj.weight", "layers.0.mlp.gate_up_proj.weight"):
         assert off(grads, n) < 0.4 and off(tiled, n) < 1.25 * off(grads, n), n
+
+
+# ---- frozen weights quantized once -----------------------------------------------------------
+def lora_inputs(model, seed=5):
+    from surogate.dsl.nn import LoRAConfig
+    from surogate.train.lora import init_lora
+
+    lora = LoRAConfig(rank=4, alpha=8)
+    params = init_lora(model.arch.build(mode="train", lora=lora), 0)
+    rng = np.random.default_rng(seed)
+    params = {k: (v if "lora_A" in k else rng.normal(0, 0.05, v.shape)).astype(np.float32) for k, v in params.items()}
+    return lora, params
+
+
+def test_frozen_weights_are_quantized_once_with_the_same_numbers(base):
+    model = surogate.load_model(base, dtype="float32")
+    lora, params = lora_inputs(model)
+    ids = np.random.default_rng(6).integers(0, model.spec.vocab_size, 48)
+    loss, grads = model.loss_and_grads(ids, lora=lora, lora_params=params, fp8=Fp8Recipe())
+    every, every_grads = model.loss_and_grads(ids, lora=lora, lora_params=params, fp8=Fp8Recipe(cache_weights=False))
+    assert loss == every
+    for n in grads:
+        np.testing.assert_array_equal(grads[n], every_grads[n], err_msg=n)
+
+    exe = model.executable("train", 48, 1, lora=lora, grads=True, fp8=Fp8Recipe())
+    prep_begin, prep_end = exe.phases["fp8_weights"]
+    step = exe.lowered.instrs[prep_end:]
+    assert exe.phases["forward"][0] == prep_end
+    # The step quantizes activations and gradients only; the weights phase every frozen projection
+    # (W, and W^T where dx is needed: not the first block's q / k / v), each once.
+    assert not [i for i in step if i.op == "quantize_fp8" and i.inputs[0].root().kind == "external"]
+    prep = exe.lowered.instrs[prep_begin:prep_end]
+    assert {i.op for i in prep} == {"quantize_fp8"}
+    assert len(prep) == 6 * 2 + 6 * 2 - 3
+    cached = {n for n in exe.lowered.derived if not n.endswith("scale_inv")}
+    assert len(cached) == len(prep)
+    assert all(n.startswith("fp8_cache.layers.") for n in cached)
+    with pytest.raises(surogate.errors.InvalidArgumentError, match="run by the executable itself"):
+        exe.run("fp8_weights")
+
+
+def test_a_changed_frozen_weight_is_quantized_again(base):
+    model = surogate.load_model(base, dtype="float32")
+    lora, params = lora_inputs(model)
+    ids = np.random.default_rng(7).integers(0, model.spec.vocab_size, 32)
+    before, _ = model.loss_and_grads(ids, lora=lora, lora_params=params, fp8=Fp8Recipe())
+    exe = model.executable("train", 32, 1, lora=lora, grads=True, fp8=Fp8Recipe())
+    name = "layers.1.mlp.down_proj.weight"
+    w = model.params[name]
+    w *= 3.0  # in place: the array the Program reads; push marks its copies stale
+    exe.push(name)
+    after, _ = model.loss_and_grads(ids, lora=lora, lora_params=params, fp8=Fp8Recipe())
+    fresh = surogate.load_model(base, dtype="float32")
+    fresh.params[name][...] *= 3.0
+    expect, _ = fresh.loss_and_grads(ids, lora=lora, lora_params=params, fp8=Fp8Recipe())
+    assert after != before and after == expect
+
+
+def test_executables_of_one_model_share_the_weight_copies(base):
+    model = surogate.load_model(base, dtype="float32")
+    lora, params = lora_inputs(model)
+    ids = np.random.default_rng(8).integers(0, model.spec.vocab_size, 32)
+    model.loss_and_grads(ids, lora=lora, lora_params=params, fp8=Fp8Recipe())
+    model._train_step(ids, None, grads=False, lora=lora, lora_params=params, fp8=Fp8Recipe())  # (eval's Program)
+    train = model.executable("train", 32, 1, lora=lora, grads=True, fp8=Fp8Recipe())
+    ev = model.executable("train", 32, 1, lora=lora, grads=False, fp8=Fp8Recipe())
+    name = "fp8_cache.layers.1.self_attn.o_proj.weight.w"
+    assert ev is not train and ev.tensor(name) is train.tensor(name)
+    assert np.abs(train.read(name).astype(np.float32)).max() > 0
