@@ -2,12 +2,14 @@
 // runtime/op_checks_fp8.h). Nothing here reads device memory on the host: the amax, the scale
 // and scale_inv stay on the device, and matmul_fp8 hands cuBLASLt the scale_inv pointers.
 //
-// quantize_fp8 is three launches: the amax (a grid-stride max over |x| as ordered bits, so NaN
-// wins as on the CPU, one atomicMax per block), the scale (one thread: the history's max under
-// delayed scaling, the rule, the history shifted), then the conversion x * scale -> fp8 with
-// round-to-nearest-even and saturation (cvt.rn.satfinite: +-inf and finite overflow to +-max, NaN
-// kept), either in place order or transposed through a 32 x 32 shared-memory tile (the K-major
-// copies of W, dy and x the backward's GEMMs need: Hopper's FP8 kernels take only the TN layout).
+// quantize_fp8 is a memset and two kernels: the amax (a grid-stride max over |x| as ordered bits,
+// so NaN wins as on the CPU, one atomicMax per block; the last block to finish, found by a counter,
+// computes the scale: the history's max under delayed scaling, the rule, the history shifted),
+// then the conversion x * scale -> fp8 with round-to-nearest-even and saturation
+// (cvt.rn.satfinite: +-inf and finite overflow to +-max, NaN kept), either in place order or
+// transposed through a 32 x 32 shared-memory tile (the K-major copies of W, dy and x the
+// backward's GEMMs need: Hopper's FP8 kernels take only the TN layout). Contiguous inputs whose
+// size and address allow it are read 16 bytes and written 8 codes at a time.
 // The scale is an IEEE division (__fdiv_rn) and x * scale one rounded product (__fmul_rn), so the
 // codes are the CPU's bit for bit.
 //
@@ -44,29 +46,12 @@ __device__ __forceinline__ int64_t offset_of(int64_t i, int64_t C, int64_t strid
   return r * stride + (i - r * C);
 }
 
-template <typename T>
-__global__ void amax_kernel(const T* __restrict__ x, int64_t R, int64_t C, int64_t stride, unsigned* __restrict__ out) {
-  unsigned m = 0;
-  const int64_t n = R * C;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    m = max(m, abs_bits(ld(x[offset_of(i, C, stride)])));
-  }
-  for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
-  __shared__ unsigned warp_max[kThreads / 32];
-  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    m = threadIdx.x < blockDim.x / 32 ? warp_max[threadIdx.x] : 0u;
-    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (threadIdx.x == 0) atomicMax(out, m);
-  }
-}
-
-// scale[0] = the quantizer's scale, scale_inv[0] = 1 / scale; with a history (H > 0) the amax is
-// its largest non-NaN entry (this tensor's while it holds only zeros), and this amax goes in front.
-__global__ void scale_kernel(const unsigned* __restrict__ amax_bits, float* __restrict__ hist, int64_t H, float fp8_max,
+// The quantizer's scale from the amax (ordered bits), as op_checks_fp8.h's rule: with a history
+// (H > 0) the amax is its largest non-NaN entry (this tensor's while it holds only zeros), and
+// this amax goes in front. scale[0] = the scale, scale_inv[0] = 1 / scale.
+__device__ void finish_scale(unsigned amax_bits, float* __restrict__ hist, int64_t H, float fp8_max,
                              float* __restrict__ scale, float* __restrict__ scale_inv) {
-  const float now = __uint_as_float(*amax_bits);
+  const float now = __uint_as_float(amax_bits);
   float amax = now;
   if (H > 0) {
     float m = 0.0f;
@@ -83,6 +68,60 @@ __global__ void scale_kernel(const unsigned* __restrict__ amax_bits, float* __re
   *scale_inv = __fdiv_rn(1.0f, s);
 }
 
+// Elements of T in one 16-byte load.
+template <typename T>
+constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+
+template <typename T>
+__device__ __forceinline__ void load_vec(const T* p, float (&v)[kVec<T>]) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int k = 0; k < kVec<T>; ++k) v[k] = ld(e[k]);
+}
+
+// scratch[0]: the amax bits, scratch[1]: blocks done (both zeroed before the launch). `vec`: x is
+// contiguous, 16-byte aligned and R * C a multiple of kVec<T>.
+template <typename T>
+__global__ void amax_scale_kernel(const T* __restrict__ x, int64_t R, int64_t C, int64_t stride, bool vec,
+                                  unsigned* __restrict__ scratch, float* __restrict__ hist, int64_t H, float fp8_max,
+                                  float* __restrict__ scale, float* __restrict__ scale_inv) {
+  unsigned m = 0;
+  const int64_t n = R * C;
+  const int64_t step = int64_t{gridDim.x} * blockDim.x;
+  if (vec) {
+    for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i * kVec<T> < n; i += step) {
+      float v[kVec<T>];
+      load_vec(x + i * kVec<T>, v);
+#pragma unroll
+      for (int k = 0; k < kVec<T>; ++k) m = max(m, abs_bits(v[k]));
+    }
+  } else {
+    for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += step) {
+      m = max(m, abs_bits(ld(x[offset_of(i, C, stride)])));
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+  __shared__ unsigned warp_max[kThreads / 32];
+  __shared__ bool last;
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    m = threadIdx.x < blockDim.x / 32 ? warp_max[threadIdx.x] : 0u;
+    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (threadIdx.x == 0) {
+      atomicMax(&scratch[0], m);
+      __threadfence();  // this block's max is visible before it counts itself done
+      last = atomicAdd(&scratch[1], 1u) == gridDim.x - 1;
+    }
+  }
+  __syncthreads();
+  if (last && threadIdx.x == 0) {
+    __threadfence();
+    finish_scale(atomicMax(&scratch[0], 0u), hist, H, fp8_max, scale, scale_inv);
+  }
+}
+
 __device__ __forceinline__ uint8_t to_fp8(float v, bool e5m2) {
   if (isinf(v)) v = copysignf(FLT_MAX, v);  // satfinite's rule for inf, spelled out
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3));
@@ -95,6 +134,26 @@ __global__ void quantize_kernel(const T* __restrict__ x, int64_t R, int64_t C, i
   const int64_t n = R * C;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     q[i] = to_fp8(__fmul_rn(ld(x[offset_of(i, C, stride)]), s), e5m2);
+  }
+}
+
+// 8 codes a thread: x contiguous and 16-byte aligned, n a multiple of 8 (q then 8-byte aligned).
+template <typename T>
+__global__ void quantize8_kernel(const T* __restrict__ x, int64_t n, const float* __restrict__ scale,
+                                 uint8_t* __restrict__ q, bool e5m2) {
+  const float s = *scale;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i * 8 < n; i += int64_t{gridDim.x} * blockDim.x) {
+    float v[8];
+    for (int h = 0; h < 8; h += kVec<T>) {
+      float part[kVec<T>];
+      load_vec(x + i * 8 + h, part);
+#pragma unroll
+      for (int k = 0; k < kVec<T>; ++k) v[h + k] = part[k];
+    }
+    uint8_t c[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) c[k] = to_fp8(__fmul_rn(v[k], s), e5m2);
+    *reinterpret_cast<uint2*>(q + i * 8) = *reinterpret_cast<const uint2*>(c);
   }
 }
 
@@ -124,23 +183,25 @@ Status quantize_fp8(const OpArgs& a) {
   const int64_t n = r.R * r.C;
   SG_CHECK(r.R / kTile < 65535, StatusCode::kUnsupported,
            str_cat("quantize_fp8: ", r.R, " rows exceed the CUDA kernel's grid"), "quantize fewer rows at a time");
-  Tensor scratch;  // [0]: the amax as ordered bits, [1]: the scale
-  SG_RETURN_IF_ERROR(empty({2}, DType::kF32, dev, &scratch));
-  unsigned* amax = static_cast<unsigned*>(scratch.data);
-  float* scale = scratch.ptr<float>() + 1;
-  SG_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(unsigned), current_stream()));
+  Tensor scratch;  // [0]: the amax as ordered bits, [1]: blocks done, [2]: the scale
+  SG_RETURN_IF_ERROR(empty({3}, DType::kF32, dev, &scratch));
+  unsigned* counters = static_cast<unsigned*>(scratch.data);
+  float* scale = scratch.ptr<float>() + 2;
+  SG_CUDA_CHECK(cudaMemsetAsync(counters, 0, 2 * sizeof(unsigned), current_stream()));
   uint8_t* q = a.out(0).ptr<uint8_t>();
   SG_CUDA_DISPATCH_FLOAT("quantize_fp8", x.dtype, T, {
     const T* xp = x.ptr<T>();
-    if (n > 0) {
-      amax_kernel<T><<<grid_for(n), kThreads, 0, current_stream()>>>(xp, r.R, r.C, r.ld, amax);
-      SG_CUDA_CHECK_LAUNCH();
-    }
-    scale_kernel<<<1, 1, 0, current_stream()>>>(amax, r.H ? a.out(2).ptr<float>() : nullptr, r.H, r.fp8_max, scale,
-                                                a.out(1).ptr<float>());
+    const bool contiguous = r.ld == r.C && reinterpret_cast<uintptr_t>(xp) % 16 == 0;
+    const bool vec = contiguous && n % kVec<T> == 0;
+    const int64_t work = vec ? n / kVec<T> : n;
+    amax_scale_kernel<T><<<n > 0 ? grid_for(work) : 1, kThreads, 0, current_stream()>>>(
+        xp, r.R, r.C, r.ld, vec, counters, r.H ? a.out(2).ptr<float>() : nullptr, r.H, r.fp8_max, scale,
+        a.out(1).ptr<float>());
     SG_CUDA_CHECK_LAUNCH();
     if (n == 0) return Status::OK();
-    if (!r.transpose) {
+    if (!r.transpose && contiguous && n % 8 == 0) {
+      quantize8_kernel<T><<<grid_for(n / 8), kThreads, 0, current_stream()>>>(xp, n, scale, q, r.e5m2);
+    } else if (!r.transpose) {
       quantize_kernel<T><<<grid_for(n), kThreads, 0, current_stream()>>>(xp, r.R, r.C, r.ld, scale, q, r.e5m2);
     } else {
       const dim3 grid(static_cast<unsigned>((r.C + kTile - 1) / kTile), static_cast<unsigned>((r.R + kTile - 1) / kTile));

@@ -341,10 +341,24 @@ def run(shape: str, *, batch: int, seq: int, lora_rank: int, dtype: str, steps: 
     if fp8 and (batch * seq) % 16:
         raise InvalidArgumentError(f"--fp8: {batch} x {seq} tokens is not a multiple of 16, which FP8 GEMMs need",
                                    hint="make --seq a multiple of 16")
-    results = [bench_ours(model, batch, seq, lora, steps, warmup, recompute, profile, graphs, chunk, offload_optimizer,
-                          fp8=Fp8Recipe())] if fp8 else []
-    results.append(bench_ours(model, batch, seq, lora, steps, warmup, recompute, profile and not fp8, graphs, chunk,
+    # A full fine-tune's steps update the model's weights in place: each side after the first
+    # starts from the same weights (a host copy put back; the device copies uploaded again).
+    start = {k: v.copy() for k, v in model.params.items()} if lora is None and (fp8 or vs) else None
+
+    def restore() -> None:
+        if start is not None:
+            for k, v in start.items():
+                model.params[k][...] = v
+            model.release_device_memory()
+
+    results = []
+    if fp8:
+        results.append(bench_ours(model, batch, seq, lora, steps, warmup, recompute, profile, graphs, chunk,
+                                  offload_optimizer, fp8=Fp8Recipe()))
+        restore()
+    results.append(bench_ours(model, batch, seq, lora, steps, warmup, recompute, profile, graphs, chunk,
                               offload_optimizer))
+    restore()
     if vs == "hf":
         if device != "cpu":
             from surogate import _native

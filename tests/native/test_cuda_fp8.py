@@ -1,7 +1,7 @@
 """CUDA quantize_fp8 / matmul_fp8 (cuda/fp8.cu, cuBLASLt's FP8 GEMM) against the CPU backend's exact
 emulation (cpu/fp8.cpp, itself checked bit for bit against torch in test_fp8.py): the codes and
 scales bit for bit (both formats, transposed copies, delayed scaling's history, NaN / inf), the
-GEMM within f32 summation-order error.
+GEMM within the error of Hopper's FP8 accumulation.
 
 Skipped on machines without a CUDA build and a GPU (FP8 GEMMs need SM 8.9+; the lent H200 is 9.0).
 
@@ -59,7 +59,9 @@ def same(a, b):
 @pytest.mark.parametrize("fmt", [E4M3, E5M2])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("transpose", [False, True])
-@pytest.mark.parametrize("shape", [(64, 96), (37, 70), (1, 1000), (300, 33)])
+# (64, 96), (1, 1000), (1024, 2048): the 16-byte path (1024 x 2048: thousands of blocks, the last
+# one computing the scale); (37, 70): element by element; (300, 33): f32's amax vectorized, its codes not.
+@pytest.mark.parametrize("shape", [(64, 96), (37, 70), (1, 1000), (300, 33), (1024, 2048)])
 def test_quantize_is_the_cpu_bit_for_bit(fmt, dtype, transpose, shape):
     x = spread(shape, dtype=dtype)
     qc, sc, _ = quantize("cpu", x, fmt, transpose)
@@ -106,7 +108,10 @@ def test_matmul_fp8_matches_the_cpu(pair, out, bias, mnk):
         (cc,) = run_on("cpu", "matmul_fp8", ins, [c0], alpha=0.5, beta=beta)
         (cg,) = run_on("cuda", "matmul_fp8", ins, [c0], alpha=0.5, beta=beta)
         cc, cg = cc.astype(np.float64), cg.astype(np.float64)
-        tol = 1e-5 if out == "float32" else 8e-3  # f32 sums in another order; bf16: an ulp
+        # f32: Hopper's FP8 tensor cores keep fewer bits than f32 in their partial sums (some 14:
+        # 2.7e-4 of the largest output was seen at K = 512), cuBLASLt promoting them to f32 as it goes;
+        # bf16: an ulp. A wrong scale, layout or operand is off by O(1).
+        tol = 2e-3 if out == "float32" else 8e-3
         assert np.abs(cg - cc).max() <= tol * np.abs(cc).max(), (beta, np.abs(cg - cc).max())
 
 

@@ -41,11 +41,13 @@ def test_loss_and_gradients_match_the_cpu_emulation(base, recipe):
     loss_c, grads_c = cpu.loss_and_grads(ids, fp8=recipe)
     loss_g, grads_g = gpu.loss_and_grads(ids, fp8=recipe)
     plain, _ = cpu.loss_and_grads(ids)
-    # A code may flip where an f32 sum of another order lands on a rounding boundary: far below
-    # the FP8 error itself (loss_c - plain).
-    assert abs(loss_g - loss_c) < 0.05 * abs(loss_c - plain), (loss_g, loss_c, plain)
-    for name in grads_c:
-        assert rel_err(grads_g[name], grads_c[name]) < 2e-2, name
+    # The GPU's FP8 GEMMs keep fewer bits in their partial sums than the CPU's f32 (some 14), so
+    # the amaxes after them, and with them every later scale and code, move a little: the loss
+    # stays within 1e-3 of the emulation's (4e-4 seen), well inside the FP8 error itself
+    # (loss_c - plain), and each gradient within 5% (e5m2's own error is some 20%).
+    errs = {name: rel_err(grads_g[name], grads_c[name]) for name in grads_c}
+    assert abs(loss_g - loss_c) < min(1e-3 * loss_c, 0.5 * abs(loss_c - plain)), (loss_g, loss_c, plain, errs)
+    assert max(errs.values()) < 5e-2, errs
 
 
 @pytest.mark.parametrize("lora, lr", [(True, 2e-2), (False, 2e-3)])
