@@ -233,6 +233,9 @@ py::dict stats_dict(const EngineStats& s) {
   d["num_finished"] = s.num_finished;
   d["step_seconds"] = s.step_seconds;
   d["model_seconds"] = s.model_seconds;
+  d["mask_wait_seconds"] = s.mask_wait_seconds;
+  d["check_seconds"] = s.check_seconds;
+  d["redraw_seconds"] = s.redraw_seconds;
   d["spec_num_drafts"] = s.spec_num_drafts;
   d["spec_num_draft_tokens"] = s.spec_num_draft_tokens;
   d["spec_num_accepted_tokens"] = s.spec_num_accepted_tokens;

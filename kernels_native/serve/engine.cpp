@@ -334,10 +334,21 @@ bool Engine::step_once() {
     }
     const auto m0 = std::chrono::steady_clock::now();
     Status st = run(plan, &out);
+    using clock = std::chrono::steady_clock;
+    const auto seconds = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+    const auto r1 = clock::now();
     if (filling.valid()) filling.get();
+    const auto r2 = clock::now();
     if (st.ok() && masks.status.ok()) masks.status = check_draws(out, &masks);
+    const auto r3 = clock::now();
     if (st.ok()) st = sample_masked(plan, masks, &out);
-    counters_.model_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - m0).count();
+    const auto r4 = clock::now();
+    if (!masks.seqs.empty()) {
+      counters_.mask_wait_seconds += seconds(r1, r2);
+      counters_.check_seconds += seconds(r2, r3);
+      counters_.redraw_seconds += seconds(r3, r4);
+    }
+    counters_.model_seconds += seconds(m0, r4);
     if (st.ok()) {
       postprocess(plan, out, masks);
     } else {

@@ -97,7 +97,12 @@ struct EngineStats {
   int64_t num_steps = 0;
   int64_t num_finished = 0;       // requests finished for any reason (aborts and errors included)
   double step_seconds = 0;        // wall time in steps (scheduling, the model, sampling, outputs)
-  double model_seconds = 0;       // of which in the model runner
+  double model_seconds = 0;       // of which in the model runner (grammar masks' waits included)
+  // Of model_seconds, a grammar step's parts after the runner's run: waiting for the masks filled
+  // beside it, checking its draws, and drawing refused rows again under their masks.
+  double mask_wait_seconds = 0;
+  double check_seconds = 0;
+  double redraw_seconds = 0;
   // Speculative decoding (vLLM's spec_decode_* counters): verification spans with at least one
   // draft token, the draft tokens in them, those accepted, and accepted per draft position.
   int64_t spec_num_drafts = 0;

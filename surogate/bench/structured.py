@@ -288,6 +288,11 @@ class Load:
     checked: int = 0  # constrained: draws checked (EngineStats.grammar_checked_rows)
     allowed: int = 0  # of which allowed as drawn (no mask needed)
     model_seconds: float = 0.0  # the engine's: model runner + waiting for the step's masks
+    step_seconds: float = 0.0  # the engine's steps in all (scheduling and outputs too)
+    # of model_seconds, after the runner's run: the masks' wait, the draws' check, the redraw
+    mask_wait_seconds: float = 0.0
+    check_seconds: float = 0.0
+    redraw_seconds: float = 0.0
     steps: int = 0
     device_masked: int = 0  # grammar rows masked and sampled on the device (EngineStats.device_masked_rows)
     texts: list[str] = field(default_factory=list)
@@ -329,6 +334,10 @@ def timed_load(llm: LLM, client: EngineClient, prompts: list[list[int]], params:
                 masks=masks.masks_filled - m0[3], checked=after.grammar_checked_rows - before.grammar_checked_rows,
                 allowed=after.grammar_checked_allowed - before.grammar_checked_allowed,
                 model_seconds=after.model_seconds - before.model_seconds, steps=after.num_steps - before.num_steps,
+                step_seconds=after.step_seconds - before.step_seconds,
+                mask_wait_seconds=after.mask_wait_seconds - before.mask_wait_seconds,
+                check_seconds=after.check_seconds - before.check_seconds,
+                redraw_seconds=after.redraw_seconds - before.redraw_seconds,
                 device_masked=after.device_masked_rows - before.device_masked_rows)
     load.texts = [llm.tokenizer.decode(a, skip_special_tokens=True) if params[0].structured_outputs else ""
                   for a in answers]
@@ -404,6 +413,12 @@ def run(shape: str, *, n: int, prompt_len: int, output_len: int, dtype: str, dev
               f"{cons.model_seconds:.3f} s the steps spent in the model (it overlaps the model's step), "
               f"{cons.after_seconds:.3f} s checking draws after it; {cons.device_masked:,} rows drawn under "
               "their masks on the device, the rest by the host sampler")
+    print("per engine step (ms): " + "; ".join(
+        f"{r.name}: {1e3 * r.step_seconds / r.steps:.2f} in all, {1e3 * r.model_seconds / r.steps:.2f} model"
+        + (f" (of which after the run: masks' wait {1e3 * r.mask_wait_seconds / r.steps:.2f}, check "
+           f"{1e3 * r.check_seconds / r.steps:.2f}, redraw {1e3 * r.redraw_seconds / r.steps:.2f})"
+           if r.valid is not None else "")
+        for r in (same, cons) if r.steps))
     print(f"grammar compile: {1e3 * first:.1f} ms the first time (the vocabulary's form, once per model), "
           f"{1e3 * per_request:.2f} ms per request after (grammar + matcher)")
     if cons.cut:

@@ -224,7 +224,7 @@ class EngineStats(msgspec.Struct, kw_only=True):
     num_steps: int
     num_finished: int
     step_seconds: float  # engine wall time in steps (scheduling, the model, sampling, outputs)
-    model_seconds: float  # of which in the model runner
+    model_seconds: float  # of which in the model runner (grammar masks' waits included)
     # Speculative decoding: verification spans with drafts, draft tokens, accepted draft tokens,
     # and accepted ones by draft position (acceptance rate = accepted / draft tokens).
     spec_num_drafts: int = 0
@@ -236,4 +236,9 @@ class EngineStats(msgspec.Struct, kw_only=True):
     # and of those the draws the grammar allowed as they were (no mask needed).
     grammar_checked_rows: int = 0
     grammar_checked_allowed: int = 0
+    # Of model_seconds, a grammar step's parts after the runner's run: waiting for the masks
+    # filled beside it, checking its draws, drawing refused rows again under their masks.
+    mask_wait_seconds: float = 0.0
+    check_seconds: float = 0.0
+    redraw_seconds: float = 0.0
     last_error: str | None

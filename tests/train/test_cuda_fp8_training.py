@@ -40,14 +40,18 @@ def test_loss_and_gradients_match_the_cpu_emulation(base, recipe):
     ids = np.random.default_rng(3).integers(0, cpu.spec.vocab_size, 64)
     loss_c, grads_c = cpu.loss_and_grads(ids, fp8=recipe)
     loss_g, grads_g = gpu.loss_and_grads(ids, fp8=recipe)
-    plain, _ = cpu.loss_and_grads(ids)
+    plain, exact = cpu.loss_and_grads(ids)
     # The GPU's FP8 GEMMs keep fewer bits in their partial sums than the CPU's f32 (some 14), so
     # the amaxes after them, and with them every later scale and code, move a little: the loss
     # stays within 1e-3 of the emulation's (4e-4 seen), well inside the FP8 error itself
-    # (loss_c - plain), and each gradient within 5% (e5m2's own error is some 20%).
-    errs = {name: rel_err(grads_g[name], grads_c[name]) for name in grads_c}
-    assert abs(loss_g - loss_c) < min(1e-3 * loss_c, 0.5 * abs(loss_c - plain)), (loss_g, loss_c, plain, errs)
-    assert max(errs.values()) < 5e-2, errs
+    # (loss_c - plain). The gradients then round independently (e5m2 keeps 2 mantissa bits: some
+    # 20% off the f32 ones in norm here): the GPU's are no further from the f32 gradients than the
+    # emulation's are, give or take a quarter.
+    assert abs(loss_g - loss_c) < min(1e-3 * loss_c, 0.5 * abs(loss_c - plain)), (loss_g, loss_c, plain)
+    off = {name: (rel_err(grads_g[name], exact[name]), rel_err(grads_c[name], exact[name])) for name in grads_c}
+    worse = {name: e for name, e in off.items() if e[0] > 1.25 * e[1] + 0.02}
+    assert not worse, worse
+    assert all(e[1] > 0 for e in off.values())  # (FP8 moved every gradient)
 
 
 @pytest.mark.parametrize("lora, lr", [(True, 2e-2), (False, 2e-3)])
