@@ -340,7 +340,10 @@ class PyModelRunner : public ModelRunner {
 // fill_next_token_bitmask_par writes it in place).
 // With check: check(request_ids, new_tokens, candidates, rows) advances each request over its new
 // tokens and, when candidates (a list of ints) is not None, returns whether each may come next,
-// writing rows[i] (the same view as fill's) with the mask of each it refuses.
+// writing rows[i] (the same view as fill's) with the mask of each it refuses; with candidates
+// None (beside the model) it may fill rows[i] for the requests it expects to refuse, returning
+// which it filled (or None). Its fifth argument: each request's last checked draw (-1 none yet,
+// 0 allowed, 1 refused).
 class PyTokenMasker : public TokenMasker {
  public:
   PyTokenMasker(py::function fn, py::object check) : fn_(std::move(fn)), check_(std::move(check)) {}
@@ -364,12 +367,13 @@ class PyTokenMasker : public TokenMasker {
     try {
       auto [ids, tokens] = lists(requests);
       py::object cands = py::none(), view = py::none();
-      if (candidates != nullptr) {
-        cands = py::cast(std::vector<int32_t>(candidates, candidates + requests.size()));
-        view = rows_view(requests.size(), rows, words);
-      }
-      py::object got = check_(ids, tokens, cands, view);
-      if (candidates == nullptr) return Status::OK();
+      if (candidates != nullptr) cands = py::cast(std::vector<int32_t>(candidates, candidates + requests.size()));
+      if (rows != nullptr) view = rows_view(requests.size(), rows, words);
+      py::list refused;  // each request's last checked draw: -1 none yet, 0 allowed, 1 refused
+      for (const MaskRequest& r : requests) refused.append(py::int_(r.last_refused));
+      py::object got = check_(ids, tokens, cands, view, refused);
+      // Beside the model: None (nothing filled), or which rows it filled.
+      if (candidates == nullptr && (got.is_none() || allowed == nullptr)) return Status::OK();
       auto flags = got.cast<std::vector<bool>>();
       SG_CHECK(flags.size() == requests.size(), StatusCode::kInternal,
                str_cat("the token masker's check returned ", flags.size(), " answers for ", requests.size(), " tokens"),
@@ -719,10 +723,12 @@ void bind_serve(py::module_& parent) {
            py::arg("fn"), py::arg("check") = py::none(),
            "fn(request_ids, new_tokens, rows): advance each request's grammar over its new answer tokens "
            "and write the allowed-token bitmask into rows[i] (int32 [N, ceil(V/32)]); before start(). "
-           "check(request_ids, new_tokens, candidates, rows), optional: advance likewise and, when candidates "
-           "is not None, return a list of bools (candidate i may come next, as its mask would say) and write "
-           "rows[i] with the mask of each refused one; the engine then needs masks only for the draws the "
-           "grammar refuses (serve/token_mask.h).")
+           "check(request_ids, new_tokens, candidates, rows, refused), optional: advance likewise and, when "
+           "candidates is not None, return a list of bools (candidate i may come next, as its mask would say) "
+           "and write rows[i] with the mask of each refused one; with candidates None (beside the model), fill "
+           "rows[i] for the requests whose draw it expects refused and return which it filled (or None). "
+           "refused[i]: request i's last checked draw (-1 none yet, 0 allowed, 1 refused). The engine then "
+           "needs masks only for the draws the grammar refuses (serve/token_mask.h).")
       .def("start", [](Engine& e) {
         check(e.start());
         std::lock_guard<std::mutex> lock(g_live_mu);

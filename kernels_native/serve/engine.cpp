@@ -458,6 +458,7 @@ void Engine::collect_masks(const StepPlan& plan, StepMasks* masks) {
     r.request_id = seq.id;
     const int from = std::max(seq.mask_fed, seq.answer_start);
     r.new_tokens.assign(seq.token_ids.begin() + std::min(from, seq.num_tokens()), seq.token_ids.end());
+    r.last_refused = seq.draw_refused;
     seq.mask_fed = seq.num_tokens();
     masks->seqs.push_back(&seq);
     masks->requests.push_back(std::move(r));
@@ -474,20 +475,29 @@ Status Engine::fill_masks(StepMasks* masks) {
   const int W = mask_words(sampler_.vocab_size());
   const bool can_check = masker_->checks_tokens();
   std::vector<MaskRequest> fill, advance;
-  std::vector<size_t> filled;
+  std::vector<size_t> filled, advanced;
   for (size_t k = 0; k < masks->seqs.size(); ++k) {
     if (masks->checked[k] && can_check) {
+      advanced.push_back(k);
       advance.push_back(std::move(masks->requests[k]));
     } else {
       filled.push_back(k);
       fill.push_back(std::move(masks->requests[k]));
     }
   }
-  // All allowed until filled: a masker that writes nothing leaves sampling unconstrained.
-  masks->rows.assign(filled.size() * W, ~0u);
+  // All allowed until filled: a masker that writes nothing leaves sampling unconstrained. The
+  // checked rows' part: the masks the masker fills beside the model (it says which).
+  masks->rows.assign((filled.size() + advanced.size()) * W, ~0u);
   for (size_t i = 0; i < filled.size(); ++i) masks->mask[filled[i]] = masks->rows.data() + i * W;
   if (!fill.empty()) SG_RETURN_IF_ERROR(masker_->fill(fill, masks->rows.data(), W));
-  if (!advance.empty()) SG_RETURN_IF_ERROR(masker_->check(advance, nullptr, nullptr, nullptr, W));
+  if (!advance.empty()) {
+    uint32_t* rows = masks->rows.data() + filled.size() * W;
+    std::vector<uint8_t> ready(advance.size(), 0);
+    SG_RETURN_IF_ERROR(masker_->check(advance, nullptr, ready.data(), rows, W));
+    for (size_t i = 0; i < advanced.size(); ++i) {
+      if (ready[i]) masks->mask[advanced[i]] = rows + i * W;
+    }
+  }
   return Status::OK();
 }
 
@@ -510,6 +520,7 @@ Status Engine::check_draws(const StepOutput& out, StepMasks* masks) {
       } else {
         masks->redraw[k] = 1;
       }
+      masks->seqs[k]->draw_refused = masks->redraw[k];
       continue;
     }
     ask.push_back(k);
@@ -530,6 +541,7 @@ Status Engine::check_draws(const StepOutput& out, StepMasks* masks) {
         masks->mask[ask[i]] = check_rows_.data() + i * W;
         masks->redraw[ask[i]] = 1;
       }
+      masks->seqs[ask[i]]->draw_refused = ok[i] ? 0 : 1;
     }
   }
   counters_.grammar_checked_allowed += allowed;

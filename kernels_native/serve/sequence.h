@@ -134,6 +134,7 @@ class Sequence {
   int reasoning_tokens = 0;    // sampled inside the span
   int answer_start = 0;        // index in token_ids where the answer begins; -1 while reasoning
   int mask_fed = 0;            // token_ids before this index were given to the TokenMasker
+  int8_t draw_refused = -1;    // its last checked grammar draw: -1 none yet, 0 allowed, 1 refused
 
   std::vector<int32_t> draft_ids;  // proposed next tokens, verified by the next step
   int draft_computed = 0;          // the draft model's KV is valid for positions [0, draft_computed)

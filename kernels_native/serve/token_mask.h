@@ -30,6 +30,9 @@ namespace surogate::serve {
 struct MaskRequest {
   uint64_t request_id = 0;
   std::vector<int32_t> new_tokens;  // answer tokens since the masker last saw this request
+  // Its last checked draw (the engine's record): -1 none yet, 0 allowed as drawn, 1 refused. A
+  // refused one is in a state the grammar narrows, where the next draw is likely refused too.
+  int8_t last_refused = -1;
 };
 
 class TokenMasker {
@@ -42,7 +45,10 @@ class TokenMasker {
   // Advance each request over its new_tokens. With candidates (one per request): allowed[i] = 1
   // when candidates[i] may come next (it is not consumed, and must be what the mask would say),
   // else 0 with rows[i] (`words` words) filled with the request's mask, for the draw again under
-  // it. Without (null): only the advance, while the model runs. An error fails them all.
+  // it. Without (null): the advance while the model runs, and the masker may fill rows[i] now
+  // with the mask of a request whose draw it expects to refuse (setting allowed[i] = 1 for each it
+  // filled: the engine then reads the draw's bit there, and asks about the others after the
+  // model). An error fails them all.
   virtual Status check(const std::vector<MaskRequest>& requests, const int32_t* candidates, uint8_t* allowed,
                        uint32_t* rows, int words) {
     (void)requests, (void)candidates, (void)allowed, (void)rows, (void)words;

@@ -143,12 +143,15 @@ class TokenMasks:
     (validate_tokens refuses it), and a stopped matcher (EOS only). So every refused token has
     its mask filled, in parallel, straight into the row the engine draws it again under.
 
-    Which masks are filled beside the model (the helper thread, while it runs): those of rows whose
-    last draw was refused (a state the grammar narrows, a key or a number: the next draw is likely
-    refused too, and the mask is cheap) and of rows where the grammar forces bytes; a row whose
-    draw passed (a free string: its mask, the costly one, walks the whole vocabulary) is checked
-    with validate_tokens after the model and gets a mask only if refused. Which path a row takes
-    changes no answer: each says what the mask says.
+    Which masks are filled beside the model (the helper thread, while it runs), straight into the
+    engine's rows (it then tests the draw's bit itself): those of rows whose last draw was refused
+    (the engine's record, a state the grammar narrows, a key or a number: the next draw is likely
+    refused too, and the mask is cheap), of rows not drawn yet, and of rows where the grammar forces
+    bytes; a row whose draw passed (a free string: its mask, the costly one, walks the whole
+    vocabulary) is checked with validate_tokens after the model and gets a mask only if refused.
+    Which path a row takes changes no answer: each says what the mask says. Matchers advance over
+    a step's single new tokens in parallel (llguidance's consume_token_par, without the GIL the
+    model runner's thread needs).
 
     Counters, as `surogate bench serve --structured` reads them: ``helper_seconds`` /
     ``helper_calls``: on the engine's helper thread while the model runs (the masks of rows masked
@@ -166,8 +169,6 @@ class TokenMasks:
         self.after_seconds = 0.0
         self.masks_filled = 0
         self.check_rows = 0
-        self._ready: dict[int, np.ndarray] = {}  # this step's masks filled beside the model (see check)
-        self._narrow: dict[int, bool] = {}  # request id -> its last checked draw was refused
         self._advanced: set[int] = set()  # this step's advanced request ids
 
     def add(self, request_id: int, matcher: Any) -> None:
@@ -176,7 +177,6 @@ class TokenMasks:
     def release(self, request_id: int) -> None:
         with self.lock:
             self._matchers.pop(request_id, None)
-            self._narrow.pop(request_id, None)
 
     def __len__(self) -> int:
         return len(self._matchers)
@@ -196,10 +196,12 @@ class TokenMasks:
             self.helper_calls += 1
 
     def check(self, request_ids: list[int], new_tokens: list[list[int]], candidates: list[int] | None,
-              rows: np.ndarray | None = None) -> list[bool] | None:
-        """Each matcher advanced over its new tokens; with candidates, whether candidate i may
+              rows: np.ndarray | None = None, refused: list[int] | None = None) -> list[bool] | None:
+        """Each matcher advanced over its new tokens. With candidates: whether candidate i may
         come next (not consumed), as its mask would say, and the mask of each refused one in
-        rows[i]."""
+        rows[i]. Without (beside the model): the masks of the rows likely refused (``refused``:
+        each one's last checked draw, the engine's record: -1 none yet, 0 allowed, 1 refused;
+        None: all narrow), filled into rows[i] now; returns which rows it filled."""
         t0 = time.perf_counter()
         try:
             matchers = self._advance(request_ids, new_tokens)
@@ -208,28 +210,21 @@ class TokenMasks:
                 # number): its next draw is likely refused too, and its mask is cheap. A row whose
                 # draw passed (a free string) skips the mask, the costly one; a row where the
                 # grammar forces bytes needs it (see the class docstring).
-                ready = [(m, rid) for rid, m in zip(request_ids, matchers) if not m.is_stopped() and
-                         (self._narrow.get(rid, True) or m.compute_ff_bytes())]
-                self._ready, self._advanced = {}, set(request_ids)
-                if ready:
-                    if self._words is None:
-                        raise RuntimeError("TokenMasks.check before the vocabulary size is known: "
-                                           "give TokenMasks(vocab_size)")
-                    own = np.zeros((len(ready), self._words), np.int32)
-                    self._fill([(m, k) for k, (m, _) in enumerate(ready)], own)
-                    self._ready = {rid: own[k] for k, (_, rid) in enumerate(ready)}
-                return None
+                last = refused if refused is not None else [-1] * len(matchers)
+                # (a stopped matcher's mask, EOS alone, is cheap too)
+                filled = [m.is_stopped() or r != 0 or bool(m.compute_ff_bytes()) for m, r in zip(matchers, last)]
+                self._advanced = set(request_ids)
+                if any(filled):
+                    if rows is None:
+                        raise RuntimeError("TokenMasks.check beside the model needs the rows to fill")
+                    self._fill([(m, i) for i, (m, f) in enumerate(zip(matchers, filled)) if f], rows)
+                return filled
             self.check_rows += len(candidates)
-            ready, self._ready = self._ready, {}
-            advanced, self._advanced = self._advanced, set()  # (their forced bytes looked at: none where not ready)
+            advanced, self._advanced = self._advanced, set()  # (their forced bytes looked at: none where not filled)
             answers = [False] * len(candidates)
             pending: dict[int, int] = {}  # request id -> the first row asking (a request asked twice: one state)
             for i, (rid, m, t) in enumerate(zip(request_ids, matchers, candidates)):
-                if rid in ready:  # its mask is filled: its bit
-                    answers[i] = _allows(ready[rid], t)
-                    if not answers[i]:
-                        rows[i] = ready[rid]
-                elif not m.is_stopped() and (rid in advanced or not m.compute_ff_bytes()) and \
+                if not m.is_stopped() and (rid in advanced or not m.compute_ff_bytes()) and \
                         m.validate_tokens([t]) == 1:
                     answers[i] = True
                 else:
@@ -240,8 +235,6 @@ class TokenMasks:
                     if i != pending[rid]:
                         rows[i] = rows[pending[rid]]
                     answers[i] = _allows(rows[i], t)
-            for rid, ok in zip(request_ids, answers):
-                self._narrow[rid] = not ok
             return answers
         finally:
             if candidates is None:
@@ -264,10 +257,26 @@ class TokenMasks:
     def _advance(self, request_ids: list[int], new_tokens: list[list[int]]) -> list[Any]:
         with self.lock:
             matchers = [self._matchers[rid] for rid in request_ids]
-        for i, (m, tokens) in enumerate(zip(matchers, new_tokens)):
-            # A stopped matcher (the grammar is complete) allows only EOS; an engine that does not
-            # stop there (ignore_eos, or EOS ids the engine does not know) keeps getting that mask.
-            if tokens and not m.is_stopped() and not m.consume_tokens(tokens):
+        # A stopped matcher (the grammar is complete) allows only EOS; an engine that does not
+        # stop there (ignore_eos, or EOS ids the engine does not know) keeps getting that mask.
+        live = [i for i, (m, tokens) in enumerate(zip(matchers, new_tokens)) if tokens and not m.is_stopped()]
+        single = [i for i in live if len(new_tokens[i]) == 1]
+        ok = dict.fromkeys(live, True)
+        par: set[int] = set()
+        if len(single) > 1:  # a decode step's tokens: in parallel
+            from llguidance.numpy import consume_token_par
+
+            if self._executor is None:
+                self._executor = _llguidance().LLExecutor()
+            for i, good in zip(single, consume_token_par(self._executor, [(matchers[i], new_tokens[i][0])
+                                                                           for i in single])):
+                ok[i] = good
+            par = set(single)
+        for i in live:
+            if i not in par or not ok[i]:
+                ok[i] = ok[i] and matchers[i].consume_tokens(new_tokens[i])
+            if not ok[i]:
+                m = matchers[i]
                 raise RuntimeError(f"request {request_ids[i]}: the grammar refused a sampled token: {m.get_error()}")
         return matchers
 

@@ -130,7 +130,7 @@ def test_a_mask_allowing_nothing_fails_as_on_the_host(model, monkeypatch):
     host path; a plain request beside it is unaffected."""
     from surogate.serve.structured import TokenMasks
 
-    def nothing(self, ids, toks, cands, rows=None):  # every draw refused, its mask all zero
+    def nothing(self, ids, toks, cands, rows=None, refused=None):  # every draw refused, its mask all zero
         if cands is None:
             return None
         rows.fill(0)

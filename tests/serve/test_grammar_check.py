@@ -77,9 +77,15 @@ def test_the_check_answers_as_the_mask_would(spec):
             refused = np.flatnonzero(~allowed)
             cands = np.concatenate([np.flatnonzero(allowed),
                                     rng.choice(refused, min(len(refused), 3000), replace=False)]).tolist()
-            for narrow in (True, False):
-                masks._narrow[walk] = narrow
-                masks.check([walk], [[]], None)  # the helper thread's call
+            for last in (1, 0):  # the helper thread's call, after a refused draw and an allowed one
+                beside = np.full((1, rows.shape[1]), -1, np.int32)
+                filled = masks.check([walk], [[]], None, beside, [last])
+                if filled[0]:  # a narrow row (forced bytes, a stopped one): the engine tests the draw's bit
+                    assert (beside[0] == rows[0]).all()
+                    m = masks._matchers[walk]
+                    assert last == 1 or m.is_stopped() or m.compute_ff_bytes()
+                    continue
+                assert last == 0
                 got_rows = np.full((len(cands), rows.shape[1]), -1, np.int32)
                 got = masks.check([walk] * len(cands), [[]] * len(cands), cands, got_rows)
                 assert got == [bool(allowed[c]) for c in cands]
