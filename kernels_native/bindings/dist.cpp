@@ -132,6 +132,20 @@ void bind_dist(py::module_& m) {
         "This process's Communicator as rank `rank` of `world` processes over TCP (host memory): rank 0 "
         "listens on host:port, the others connect. Blocks until every rank has joined (at most timeout_s, "
         "which also bounds every later wait for a peer).");
+  m.def("tcp_groups", [](int rank, int world, const std::string& host, int port, int channels, double timeout_s) {
+          std::vector<std::shared_ptr<Communicator>> out;
+          Status st;
+          {
+            py::gil_scoped_release release;
+            st = dist::make_tcp_groups(rank, world, host, port, timeout_s, channels, &out);
+          }
+          check(st);
+          return out;
+        }, py::arg("rank"), py::arg("world"), py::arg("host"), py::arg("port"), py::arg("channels"),
+        py::arg("timeout_s") = 1800.0,
+        "`channels` Communicators of this process as rank `rank` of `world` over TCP, all through rank 0's one "
+        "listening port (each rank connects once per channel): independent groups whose collectives may run at "
+        "once from different threads (a rank's Program and its gradient reducer).");
   m.def("nccl_group", [](const std::vector<int>& devices) {
           std::vector<std::shared_ptr<Communicator>> out;
 #ifdef SG_WITH_NCCL

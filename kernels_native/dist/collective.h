@@ -68,6 +68,10 @@ std::vector<std::shared_ptr<Communicator>> make_thread_group(int world);
 // a timeout fails the call with an error naming the peer's rank and address.
 Status make_tcp_group(int rank, int world, const std::string& host, int port, double timeout_s,
                       std::shared_ptr<Communicator>* out);
+// `channels` communicators of one group over the one port (each rank connects once per channel):
+// independent groups whose collectives may run at once from different threads.
+Status make_tcp_groups(int rank, int world, const std::string& host, int port, double timeout_s, int channels,
+                       std::vector<std::shared_ptr<Communicator>>* out);
 
 // The NCCL backend (dist/nccl_group.cpp, built with SG_WITH_NCCL; untested on GPUs so far): one
 // rank per GPU in `devices`, tensors in each rank's device memory.

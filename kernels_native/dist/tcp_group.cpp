@@ -2,8 +2,11 @@
 // around rank 0.
 //
 // Setup: rank 0 listens on host:port, every other rank connects to it (retrying until rank 0
-// listens, within the timeout) and says hello (magic, rank, world); rank 0 accepts until it has
-// one connection per rank, checking that no rank comes twice and that all agree on the world.
+// listens, within the timeout) and says hello (magic, version, rank, world, channel, channels);
+// rank 0 accepts until it has one connection per rank and channel, checking that no rank comes
+// twice on a channel and that all agree on the world and the channel count. Each channel is a
+// communicator of its own over one listening port (a data-parallel rank's second: the gradient
+// reducer's, whose collectives run on a thread of their own beside the Program's).
 //
 // Every collective is:
 //   1. each rank r > 0 sends rank 0 a description of its call (kind, op, root, owners, and per
@@ -49,7 +52,7 @@ namespace surogate::dist {
 namespace {
 
 constexpr uint32_t kMagic = 0x53475443;  // "SGTC"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: the hello names a channel
 constexpr size_t kChunk = 1 << 20;  // bytes reduced per received piece
 
 // ---- (de)serializing a call's description ---------------------------------------------------
@@ -222,9 +225,11 @@ class TcpCommunicator final : public Communicator {
   int world_size() const override { return world_; }
   const char* backend() const override { return "tcp"; }
 
-  Status connect_all() {
-    if (world_ == 1) return Status::OK();
-    return rank_ == 0 ? accept_peers() : connect_to_root();
+  // Rank 0: accept every rank on every channel of `chans` (this communicator is channel 0). The
+  // others: this communicator's connection as channel `channel` of `channels`.
+  Status connect_root(const std::vector<TcpCommunicator*>& chans) { return world_ == 1 ? Status::OK() : accept_peers(chans); }
+  Status connect_peer(uint32_t channel, uint32_t channels) {
+    return world_ == 1 ? Status::OK() : connect_to_root(channel, channels);
   }
 
   Status all_reduce(const std::vector<Tensor>& bufs, ReduceOp op) override {
@@ -264,7 +269,8 @@ class TcpCommunicator final : public Communicator {
 
  private:
   // ---- setup ----
-  Status accept_peers() {
+  Status accept_peers(const std::vector<TcpCommunicator*>& chans) {
+    const int channels = static_cast<int>(chans.size());
     sockaddr_storage sa{};
     socklen_t len = 0;
     const size_t colon = address_.rfind(':');
@@ -280,18 +286,22 @@ class TcpCommunicator final : public Communicator {
     SG_CHECK(::bind(ls, reinterpret_cast<sockaddr*>(&sa), len) == 0, StatusCode::kNetworkError,
              str_cat("tcp_group: rank 0 cannot listen on ", address_, ": ", errno_text(errno)),
              "pick a free port on rank 0's host (the launcher does), and rank 0's own address");
-    SG_CHECK(::listen(ls, world_) == 0, StatusCode::kNetworkError,
+    SG_CHECK(::listen(ls, world_ * channels) == 0, StatusCode::kNetworkError,
              str_cat("tcp_group: listen on ", address_, ": ", errno_text(errno)), "");
     const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms_);
-    int joined = 1;
-    while (joined < world_) {
+    int joined = 0;
+    while (joined < (world_ - 1) * channels) {
       pollfd p{ls, POLLIN, 0};
       const int rc = ::poll(&p, 1, ms_left(deadline));
       if (rc < 0 && errno == EINTR) continue;
       if (rc <= 0) {
         std::string missing;
         for (int r = 1; r < world_; ++r) {
-          if (fds_[r] < 0) missing += str_cat(missing.empty() ? "" : ", ", r);
+          for (int c = 0; c < channels; ++c) {
+            if (chans[c]->fds_[r] < 0) {
+              missing += str_cat(missing.empty() ? "" : ", ", r, channels > 1 ? str_cat(" (channel ", c, ")") : "");
+            }
+          }
         }
         return SG_ERROR(StatusCode::kNetworkError,
                         str_cat("tcp_group: rank 0 at ", address_, " waited ", timeout_ms_ / 1000.0,
@@ -301,18 +311,23 @@ class TcpCommunicator final : public Communicator {
       const int fd = ::accept4(ls, nullptr, nullptr, SOCK_CLOEXEC);
       if (fd < 0) continue;
       set_nodelay(fd);
-      // The hello: magic, version, rank, world. A stranger (a port scan) is dropped, not fatal.
-      uint32_t hello[4] = {0, 0, 0, 0};
+      // The hello: magic, version, rank, world, channel, channels. A stranger (a port scan) is
+      // dropped, not fatal.
+      uint32_t hello[6] = {0, 0, 0, 0, 0, 0};
       Status st = io(fd, -1, hello, sizeof(hello), false, "the hello", Clock::now() + std::chrono::seconds(10));
       const int r = static_cast<int>(hello[2]);
+      const int c = static_cast<int>(hello[4]);
       if (!st.ok() || hello[0] != kMagic || hello[1] != kVersion) {
         ::close(fd);
         continue;
       }
-      uint32_t verdict = 0;  // 0: welcome, 1: wrong world, 2: rank taken or out of range
+      // 0: welcome, 1: wrong world, 2: rank taken or out of range, 3: another channel count
+      uint32_t verdict = 0;
       if (static_cast<int>(hello[3]) != world_) {
         verdict = 1;
-      } else if (r < 1 || r >= world_ || fds_[r] >= 0) {
+      } else if (static_cast<int>(hello[5]) != channels || c < 0 || c >= channels) {
+        verdict = 3;
+      } else if (r < 1 || r >= world_ || chans[c]->fds_[r] >= 0) {
         verdict = 2;
       }
       uint32_t reply[2] = {kMagic, verdict};
@@ -326,6 +341,12 @@ class TcpCommunicator final : public Communicator {
                                   " ranks, rank 0 says ", world_),
                           "start every rank with the same world size");
         }
+        if (verdict == 3) {
+          return SG_ERROR(StatusCode::kInvalidArgument,
+                          str_cat("tcp_group: a rank from ", who, " joins channel ", c, " of ", hello[5],
+                                  ", rank 0 opened ", channels),
+                          "run the same surogate version and config on every rank");
+        }
         if (verdict == 2) {
           return SG_ERROR(StatusCode::kInvalidArgument,
                           str_cat("tcp_group: a second rank ", r, " (or one out of range) connected from ", who),
@@ -333,14 +354,14 @@ class TcpCommunicator final : public Communicator {
         }
         continue;
       }
-      fds_[r] = fd;
-      peers_[r] = peer_name(fd);
+      chans[c]->fds_[r] = fd;
+      chans[c]->peers_[r] = peer_name(fd);
       ++joined;
     }
     return Status::OK();
   }
 
-  Status connect_to_root() {
+  Status connect_to_root(uint32_t channel, uint32_t channels) {
     const size_t colon = address_.rfind(':');
     sockaddr_storage sa{};
     socklen_t len = 0;
@@ -366,7 +387,8 @@ class TcpCommunicator final : public Communicator {
       ::usleep(100 * 1000);  // rank 0 may not listen yet
     }
     const auto deadline2 = Clock::now() + std::chrono::milliseconds(timeout_ms_);
-    uint32_t hello[4] = {kMagic, kVersion, static_cast<uint32_t>(rank_), static_cast<uint32_t>(world_)};
+    uint32_t hello[6] = {kMagic, kVersion, static_cast<uint32_t>(rank_), static_cast<uint32_t>(world_), channel,
+                         channels};
     SG_RETURN_IF_ERROR(io(fds_[0], 0, hello, sizeof(hello), true, "the hello", deadline2));
     uint32_t reply[2] = {0, 0};
     SG_RETURN_IF_ERROR(io(fds_[0], 0, reply, sizeof(reply), false, "the welcome", deadline2));
@@ -374,7 +396,9 @@ class TcpCommunicator final : public Communicator {
              str_cat("tcp_group: ", address_, " is not a surogate rank 0"), "check the address and port");
     SG_CHECK(reply[1] == 0, StatusCode::kInvalidArgument,
              str_cat("tcp_group: rank 0 at ", address_, " refused rank ", rank_, " of ", world_,
-                     reply[1] == 1 ? ": it has another world size" : ": that rank is taken or out of range"),
+                     reply[1] == 1   ? ": it has another world size"
+                     : reply[1] == 3 ? ": it opened another number of channels"
+                                     : ": that rank is taken or out of range"),
              "give each process its own rank and the same world size");
     return Status::OK();
   }
@@ -656,17 +680,38 @@ class TcpCommunicator final : public Communicator {
 
 }  // namespace
 
-Status make_tcp_group(int rank, int world, const std::string& host, int port, double timeout_s,
-                      std::shared_ptr<Communicator>* out) {
+Status make_tcp_groups(int rank, int world, const std::string& host, int port, double timeout_s, int channels,
+                       std::vector<std::shared_ptr<Communicator>>* out) {
   SG_CHECK(world >= 1 && rank >= 0 && rank < world, StatusCode::kInvalidArgument,
            str_cat("tcp_group: rank ", rank, " of a world of ", world), "a rank is in [0, world)");
   SG_CHECK(port > 0 && port < 65536, StatusCode::kInvalidArgument, str_cat("tcp_group: port ", port),
            "pass rank 0's listening port, 1-65535");
   SG_CHECK(timeout_s > 0, StatusCode::kInvalidArgument, str_cat("tcp_group: timeout ", timeout_s, " s"),
            "pass a positive timeout");
-  auto comm = std::make_shared<TcpCommunicator>(rank, world, str_cat(host, ":", port), timeout_s);
-  SG_RETURN_IF_ERROR(comm->connect_all());
-  *out = std::move(comm);
+  SG_CHECK(channels >= 1 && channels <= 16, StatusCode::kInvalidArgument, str_cat("tcp_group: ", channels, " channels"),
+           "open 1 to 16 communicators over one port");
+  std::vector<std::shared_ptr<TcpCommunicator>> comms;
+  std::vector<TcpCommunicator*> raw;
+  for (int c = 0; c < channels; ++c) {
+    comms.push_back(std::make_shared<TcpCommunicator>(rank, world, str_cat(host, ":", port), timeout_s));
+    raw.push_back(comms.back().get());
+  }
+  if (rank == 0) {
+    SG_RETURN_IF_ERROR(comms[0]->connect_root(raw));
+  } else {
+    for (int c = 0; c < channels; ++c) {
+      SG_RETURN_IF_ERROR(comms[c]->connect_peer(static_cast<uint32_t>(c), static_cast<uint32_t>(channels)));
+    }
+  }
+  out->assign(comms.begin(), comms.end());
+  return Status::OK();
+}
+
+Status make_tcp_group(int rank, int world, const std::string& host, int port, double timeout_s,
+                      std::shared_ptr<Communicator>* out) {
+  std::vector<std::shared_ptr<Communicator>> comms;
+  SG_RETURN_IF_ERROR(make_tcp_groups(rank, world, host, port, timeout_s, 1, &comms));
+  *out = comms[0];
   return Status::OK();
 }
 

@@ -34,11 +34,12 @@ distill; grpo's adds its rollouts):
    rank without prompts) makes the same reductions after its backward (`_reduce_groups`), meeting
    the others'. The threads backend sums each element over the ranks in rank order in f32
    whatever the grouping, so this is the bucketed path's result bit for bit
-   (tests/train/test_grad_reduce.py). Ranks in processes (TCP) still reduce after the backward in
-   buckets of about BUCKET_BYTES, last layers first (`_reduce_gradients`: a second connection for
-   the reducer's group is not built).
-   Gradient sharding (ZeRO-2/3 on rank threads; not GRPO, whose rank without prompts runs no
-   backward): a rank keeps accumulators only for the decoder-layer parameters it owns (and every
+   (tests/train/test_grad_reduce.py). Ranks in processes do the same through a second TCP
+   channel (`join_group`: each rank connects twice to rank 0's one port), whose rank-order f32
+   sums are the threads backend's; `_reduce_gradients` (buckets of about BUCKET_BYTES after the
+   backward, last layers first) is the path of a Program built without the pass.
+   Gradient sharding (ZeRO-2/3, rank threads and processes alike; not GRPO, whose rank without
+   prompts runs no backward): a rank keeps accumulators only for the decoder-layer parameters it owns (and every
    one outside the layers, reduced as above). A layer's others are views of one of two staging
    buffers (layer i in buffer i % 2, `Trainer._grad_staging`), reduced to their owners in every
    backward (``grad_reduce`` with ``every``: the owner's accumulator adds the ranks' sum of the
@@ -131,8 +132,10 @@ class ProcessRank:
 
 
 def join_group(d: ProcessRank):
-    """This process's TCP communicator: rank 0 listens on host:port until every rank has joined."""
-    return _native.tcp_group(d.rank, d.world, d.host, d.port, d.timeout_s)
+    """This process's two TCP communicators (the Program's, the gradient reducer's), both over
+    host:port: rank 0 listens until every rank has joined each."""
+    group, reducer = _native.tcp_groups(d.rank, d.world, d.host, d.port, 2, d.timeout_s)
+    return group, reducer
 
 
 def resolve_ranks(cfg, device: str, dist: ProcessRank | None = None) -> int:
@@ -272,20 +275,23 @@ class DataParallel:
     def __init__(self, trainer):
         self.world, self.zero = trainer.world, trainer.cfg.zero_level if trainer.world > 1 else 0
         d = self.dist = trainer.dist
+        reducer_groups = None
         if d is None:
             self.comms = _native.thread_group(self.world)
             self.ranks = [trainer] + [trainer._replica(r) for r in range(1, self.world)]
-        else:
-            self.comms, trainer.group = [trainer.group], None  # (ours now: closed with the others)
+        else:  # (ours now: closed with the others)
+            self.comms, reducer_groups, trainer.group, trainer.reducer_group = [trainer.group], [trainer.reducer_group], \
+                None, None
             self.ranks = [trainer]
         self._full: tuple | None = None  # (masters, optimizer state, ZeRO-3's weights) gathered at the end (`freeze`)
         self.owners = trainer.owners  # name -> rank (ZeRO), None for plain DP
         self.zero3 = trainer.zero3  # the layers' split (ZeRO-3), None otherwise
-        # Ranks that are threads: each reduces its gradients during the backward on a thread of
-        # its own (the Program's grad_reduce ops), through a group of their own.
+        # Each rank reduces its gradients during the backward on a thread of its own (the
+        # Program's grad_reduce ops), through a group of their own (threads: a second thread
+        # group; processes: the second TCP channel).
         self.reducers = []
-        if d is None and trainer.grad_groups is not None:
-            self.reducers = [_native.GradReducer(c) for c in _native.thread_group(self.world)]
+        if trainer.grad_groups is not None:
+            self.reducers = [_native.GradReducer(c) for c in reducer_groups or _native.thread_group(self.world)]
             for t, red in zip(self.ranks, self.reducers):
                 for grp in t.grad_groups:  # (the pass's owners are the optimizer's split)
                     assert grp.owners is None if self.zero < 2 else \

@@ -110,7 +110,8 @@ class Trainer:
         # Ranks in processes join their TCP group before loading anything: rank 0 listens on the
         # port its launcher found free at once (a port left free for a minute's loading may be
         # taken by then), and a rank that cannot join fails before it loads.
-        self.group = join_group(dist) if dist is not None and self.world > 1 else None
+        # Two communicators over the one port: the Program's collectives and the gradient reducer's.
+        self.group, self.reducer_group = join_group(dist) if dist is not None and self.world > 1 else (None, None)
         self.rank = dist.rank if dist is not None else 0
         self.local_rank = 0  # among this process's ranks (rank 0's Program shares the model's weights)
         self.model = model or load_model(cfg.model, device=device, dtype=cfg.dtype, **qlora_load_args(cfg))
@@ -357,11 +358,11 @@ class Trainer:
         self.exe.use_graphs(self.cfg.cuda_graphs)  # GPU: each micro-batch and optimizer step is one graph
 
     def _rewrite(self, z):
-        """The passes over this rank's training Program: ZeRO-3's weight gathers, then (ranks that
-        are threads of this process) the gradient reductions during the backward
-        (surogate/compile/grad_reduce.py; ``grad_groups``: what they reduce, in order)."""
+        """The passes over this rank's training Program: ZeRO-3's weight gathers, then the
+        gradient reductions during the backward (surogate/compile/grad_reduce.py;
+        ``grad_groups``: what they reduce, in order)."""
         self.grad_groups, self.reducer = None, None  # (the reducer: DataParallel's)
-        if self.world == 1 or self.dist is not None:  # (ranks in processes: the bucketed reduction after the backward)
+        if self.world == 1:
             return z.rewrite if z else None
 
         def rewrite(g, lowered):
