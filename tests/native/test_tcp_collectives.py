@@ -3,7 +3,7 @@ separate processes (multiprocessing spawn) on this host. Every call on 2 and 3 p
 numpy's rank-order f32 reduction and the threads backend's results, bit for bit; the failure
 paths name the peer: a mismatched call fails every rank and leaves the group usable, a rank
 that exits fails the others at once (not at the timeout), a rank that never joins times out,
-an abort fails the group.
+an abort fails the group. Two channels of one group (one port) run at once from two threads each.
 
 One spawn per rank per scenario (each imports numpy and the module: about a second)."""
 
@@ -93,3 +93,20 @@ def test_bad_arguments_are_refused():
     single.all_reduce(a)
     assert single.backend == "tcp" and single.world_size == 1
     np.testing.assert_array_equal(a[0], np.arange(4, dtype=np.float32))
+
+
+def test_two_channels_of_one_group_run_at_once():
+    got = on_processes(3, "two_channels", channels=2)
+    for r in range(3):
+        status, out = got[r]
+        assert status == "ok", out
+        for c in (0, 1):  # each all-reduce its own channel's sum, in order: no message crossed over
+            assert out[c] == [float(sum((k + 1) * 10 ** c + i for k in range(3))) for i in range(20)]
+
+
+def test_ranks_opening_other_channel_counts_are_refused():
+    got = on_processes(2, "two_channels", channels=[2, 1], timeout_s=5.0)
+    status, msg = got[0]
+    assert status == "error" and "joins channel 0 of 1, rank 0 opened 2" in msg, msg
+    status, msg = got[1]
+    assert status == "error" and "another number of channels" in msg, msg

@@ -103,24 +103,55 @@ def aborts(rank: int, comm) -> dict:
     return {}
 
 
-SCENARIOS = {"every_call": every_call, "mismatch": mismatch, "one_dies": one_dies, "aborts": aborts}
+def two_channels(rank: int, comms) -> dict:
+    """Both channels of one group at once, each from a thread of its own (a Program's collectives
+    beside its gradient reducer's): 20 all-reduces each, interleaved as the threads run."""
+    import threading
+
+    out = {}
+
+    def work(c):
+        xs = []
+        for i in range(20):
+            a = np.full(1000, (rank + 1) * (10 ** c) + i, np.float32)
+            comms[c].all_reduce([a])
+            xs.append(float(a[0]))
+        out[c] = xs
+
+    threads = [threading.Thread(target=work, args=(c,)) for c in range(len(comms))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
 
 
-def _rank_main(rank, world, port, scenario, timeout_s, q):
+SCENARIOS = {"every_call": every_call, "mismatch": mismatch, "one_dies": one_dies, "aborts": aborts,
+             "two_channels": two_channels}
+
+
+def _rank_main(rank, world, port, scenario, timeout_s, q, channels=1):
     try:
-        comm = _native.tcp_group(rank, world, "127.0.0.1", port, timeout_s)
+        if channels == 1:
+            comm = _native.tcp_group(rank, world, "127.0.0.1", port, timeout_s)
+        else:
+            comm = _native.tcp_groups(rank, world, "127.0.0.1", port, channels, timeout_s)
         q.put((rank, "ok", SCENARIOS[scenario](rank, comm)))
     except Exception as e:  # noqa: BLE001 (the parent asserts on it)
         q.put((rank, "error", f"{type(e).__name__}: {e}"))
 
 
-def on_processes(world: int, scenario: str, ranks=None, timeout_s: float = 30.0) -> dict:
-    """{rank: ("ok", result) or ("error", message)} of `scenario` on processes `ranks` of a group of `world`."""
+def on_processes(world: int, scenario: str, ranks=None, timeout_s: float = 30.0, channels=1) -> dict:
+    """{rank: ("ok", result) or ("error", message)} of `scenario` on processes `ranks` of a group of
+    `world` (``channels``: an int for all, or one per rank; > 1: the scenario gets that many
+    communicators)."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = free_port()
-    ranks = range(world) if ranks is None else ranks
-    procs = [ctx.Process(target=_rank_main, args=(r, world, port, scenario, timeout_s, q)) for r in ranks]
+    ranks = list(range(world) if ranks is None else ranks)
+    per = channels if isinstance(channels, list) else [channels] * len(ranks)
+    procs = [ctx.Process(target=_rank_main, args=(r, world, port, scenario, timeout_s, q, c))
+             for r, c in zip(ranks, per)]
     for p in procs:
         p.start()
     out, deadline = {}, time.monotonic() + 120
