@@ -224,7 +224,9 @@ void Program::set_graphs(bool on) {
 void Program::drop_graphs() {
   if (graphs_.empty()) return;
   const DeviceHooks* h = device_hooks(device_.type);
-  synchronize(device_);  // a replay may still be running; its scratch goes back to the cache next
+  // A replay may still be running; its scratch goes back to the cache next. (A failed wait leaves
+  // nothing to do but destroy the graphs: the device's error shows at the next call.)
+  (void)synchronize(device_);
   for (auto& [range, g] : graphs_) {
     if (g.exec != nullptr && h != nullptr && h->graph_destroy != nullptr) h->graph_destroy(device_.index, g.exec);
   }
