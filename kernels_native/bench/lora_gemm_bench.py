@@ -11,9 +11,6 @@
 For each projection it prints the time per call, the bytes the call must move at least (its
 operands read once, its output written, read too where it accumulates) and the TB/s that makes,
 against the H200's 4.8 TB/s: a skinny GEMM that spreads over too few CTAs shows as a low rate.
-Two sides, each in a child process (the switch is read once per process): cuBLASLt's first
-heuristic (SUROGATE_GEMM_TUNE=0) and the default, the fastest of its first 8 timed when the plan
-is made (cuda/matmul_gemm.cu: a GEMM with a dimension of at most 64).
 
 Each time comes from a CUDA graph of --calls calls replayed --reps times (best of --trials); the
 operands are distinct per projection but reused across calls, so the larger ones come from HBM
@@ -27,11 +24,7 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-import json
-import os
-import sys
-
-from bench_common import BF16, child_json, device_name, graph_seconds, require_cuda, timing_args
+from bench_common import BF16, device_name, graph_seconds, require_cuda, timing_args
 
 from surogate import _native
 
@@ -68,46 +61,30 @@ def step_program(step: str, N: int, O: int, K: int, r: int, calls: int):
     return p, c, moved
 
 
-def measure(N: int, r: int, args) -> dict[str, list[float]]:
-    """Seconds per call of each projection's six matmuls, in STEPS order."""
-    out = {}
-    for name, (O, K) in PROJECTIONS.items():
-        out[name] = []
-        for step in STEPS:
-            p, c, _ = step_program(step, N, O, K, r, args.calls)
-            out[name].append(graph_seconds(p, c, args.calls, args))
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--rank", type=int, default=16)
-    timing_args(ap, calls=32, child="one side")
+    timing_args(ap, calls=32)
     args = ap.parse_args()
     require_cuda("lora_gemm_bench")
     N, r = args.tokens, args.rank
-    if args.child:
-        print(json.dumps(measure(N, r, args)))
-        return
-    sides = {mode: child_json(__file__, sys.argv[1:], dict(os.environ, SUROGATE_GEMM_TUNE=mode)) for mode in ("0", "1")}
     print(f"LoRA r{r} matmuls of a Llama-3.1-8B layer at {N} tokens, bf16, on {device_name()}; "
-          f"graphs of {args.calls} calls, best of {args.trials}; each cell: heuristic -> timed (us), TB/s timed")
-    head = f"{'projection':10} {'O x K':>12} " + " ".join(f"{s:>22}" for s in STEPS)
+          f"graphs of {args.calls} calls, best of {args.trials}")
+    head = f"{'projection':10} {'O x K':>12} " + " ".join(f"{s:>15}" for s in STEPS)
     print(head + "\n" + "-" * len(head))
-    totals = {mode: 0.0 for mode in sides}
+    totals = dict.fromkeys(STEPS, 0.0)
     for name, (O, K) in PROJECTIONS.items():
         cells = []
-        for j, step in enumerate(STEPS):
-            moved = step_program(step, N, O, K, r, 1)[2]
-            t0, t1 = sides["0"][name][j], sides["1"][name][j]
-            totals["0"] += t0
-            totals["1"] += t1
-            cells.append(f"{t0 * 1e6:6.1f} -> {t1 * 1e6:6.1f} {moved / t1 / 1e12:4.2f}")
-        print(f"{name:10} {f'{O} x {K}':>12} " + " ".join(f"{x:>22}" for x in cells))
-    print(f"one layer's LoRA matmuls: {totals['0'] * 1e6:.1f} us with the first heuristic, {totals['1'] * 1e6:.1f} us "
-          f"timed ({totals['0'] / totals['1']:.2f}x); x 32 layers: {totals['0'] * 32e3:.2f} -> {totals['1'] * 32e3:.2f} "
-          "ms a step")
+        for step in STEPS:
+            p, c, moved = step_program(step, N, O, K, r, args.calls)
+            t = graph_seconds(p, c, args.calls, args)
+            totals[step] += t
+            cells.append(f"{t * 1e6:6.1f}us {moved / t / 1e12:4.2f}TB/s")
+        print(f"{name:10} {f'{O} x {K}':>12} " + " ".join(f"{x:>15}" for x in cells))
+    print(f"{'layer':10} {'':>12} " + " ".join(f"{totals[s] * 1e6:13.1f}us" for s in STEPS))
+    print(f"one layer's LoRA matmuls: {sum(totals.values()) * 1e6:.1f} us (x 32 layers: "
+          f"{sum(totals.values()) * 32e3:.2f} ms a step)")
 
 
 if __name__ == "__main__":

@@ -13,9 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <string>
 #include <unordered_map>
-#include <cstdlib>
 
 #include "core/allocator.h"
 #include "cuda/common.cuh"
@@ -152,68 +150,11 @@ Status set_pref(const char* op, cublasLtMatmulPreference_t p, cublasLtMatmulPref
   return Status::OK();
 }
 
-// Whether plans of small-dimension GEMMs are timed (SUROGATE_GEMM_TUNE=0: never; read once).
-bool tuning_on() {
-  static const bool on = [] {
-    const char* env = std::getenv("SUROGATE_GEMM_TUNE");
-    return !(env != nullptr && std::string(env) == "0");
-  }();
-  return on;
-}
-
-// Of up to kTuneCandidates algorithms, the fastest on these operands: each run once to warm up,
-// then timed over kTuneRuns runs with events, writing a scratch D (alpha 1, beta 0: C is never
-// touched). Not while the stream is being captured into a graph (the first, eager run makes the
-// plans) and only where `tune` says: cuBLASLt's first heuristic is often not the fastest for a
-// GEMM with a dimension of a few dozen (LoRA's rank), where few of its tiles fill the GPU.
-constexpr int kTuneCandidates = 8;
-constexpr int kTuneRuns = 3;
-
-Status time_algos(const char* op, cublasLtHandle_t handle, const GemmMatrix& A, const GemmMatrix& B, int64_t rows_c,
-                  const GemmMatrix& C, void* workspace, const cublasLtMatmulHeuristicResult_t* res, int count,
-                  Plan* p) {
-  std::shared_ptr<void> scratch;
-  int device = 0;
-  SG_CUDA_CHECK(cudaGetDevice(&device));
-  SG_RETURN_IF_ERROR(allocate(Device{DeviceType::kCUDA, device}, rows_c * C.ld * dtype_size(C.dtype), &scratch));
-  cudaEvent_t e0 = nullptr, e1 = nullptr;
-  SG_CUDA_CHECK(cudaEventCreate(&e0));
-  SG_CUDA_CHECK(cudaEventCreate(&e1));
-  const float one = 1.0f, zero = 0.0f;
-  float best = 0.0f;
-  int pick = -1;
-  bool failed = false;
-  for (int i = 0; i < count && !failed; ++i) {
-    if (res[i].state != CUBLAS_STATUS_SUCCESS || res[i].workspaceSize > kWorkspaceBytes) continue;
-    auto launch = [&] {
-      return cublasLtMatmul(handle, p->desc, &one, B.ptr, p->a, A.ptr, p->b, &zero, scratch.get(), p->c,
-                            scratch.get(), p->c, &res[i].algo, workspace, kWorkspaceBytes, current_stream());
-    };
-    if (launch() != CUBLAS_STATUS_SUCCESS) continue;  // (a heuristic the operands do not take: skip it)
-    cudaEventRecord(e0, current_stream());
-    for (int r = 0; r < kTuneRuns; ++r) launch();
-    cudaEventRecord(e1, current_stream());
-    failed = cudaEventSynchronize(e1) != cudaSuccess;
-    float ms = 0.0f;
-    if (!failed) cudaEventElapsedTime(&ms, e0, e1);
-    if (!failed && (pick < 0 || ms < best)) best = ms, pick = i;
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  SG_CHECK(!failed, StatusCode::kInternal,
-           str_cat(op, ": timing cuBLASLt's algorithms failed: ", cudaGetErrorString(cudaGetLastError())),
-           "run `surogate doctor` to check the CUDA install; SUROGATE_GEMM_TUNE=0 skips the timing");
-  if (pick >= 0) p->algo = res[pick].algo;
-  return Status::OK();
-}
-
 // The plan's algorithm: cuBLASLt's first heuristic for p's descriptors and the operands'
-// alignments (cuBLASLt's A is our B), or with `tune` (a GEMM whose rows, columns or depth are
-// at most 64, shapes cuBLASLt's ranking often misjudges) the fastest of its first few, timed on
-// these operands (`time_algos`; C: rows_c rows). An unsupported type mix answers NOT_SUPPORTED
-// (or INVALID_VALUE) rather than zero results: either way p->found is false (the caller widens).
+// alignments (cuBLASLt's A is our B). An unsupported type mix answers NOT_SUPPORTED (or
+// INVALID_VALUE) rather than zero results: either way p->found is false (the caller widens).
 Status find_algo(const char* op, cublasLtHandle_t handle, const GemmMatrix& A, const GemmMatrix& B,
-                 const GemmMatrix& C, Plan* p, bool tune = false, int64_t rows_c = 0, void* workspace = nullptr) {
+                 const GemmMatrix& C, Plan* p) {
   cublasLtMatmulPreference_t pref = nullptr;
   SG_CUBLAS_CHECK(op, cublasLtMatmulPreferenceCreate(&pref));
   const std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, decltype(&cublasLtMatmulPreferenceDestroy)> pref_guard(
@@ -224,23 +165,17 @@ Status find_algo(const char* op, cublasLtHandle_t handle, const GemmMatrix& A, c
   SG_RETURN_IF_ERROR(set_pref(op, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, uint32_t(alignment(A.ptr))));
   SG_RETURN_IF_ERROR(set_pref(op, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, uint32_t(alignment(C.ptr))));
   SG_RETURN_IF_ERROR(set_pref(op, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, uint32_t(alignment(C.ptr))));
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (tune && tuning_on()) cudaStreamIsCapturing(current_stream(), &capture);
-  const bool timed = tune && tuning_on() && capture == cudaStreamCaptureStatusNone && workspace != nullptr;
-  std::array<cublasLtMatmulHeuristicResult_t, kTuneCandidates> res{};
+  cublasLtMatmulHeuristicResult_t res{};
   int count = 0;
-  const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(handle, p->desc, p->a, p->b, p->c, p->c, pref,
-                                                           timed ? kTuneCandidates : 1, res.data(), &count);
-  p->found = hs == CUBLAS_STATUS_SUCCESS && count > 0 && res[0].state == CUBLAS_STATUS_SUCCESS;
-  if (!p->found) return Status::OK();
-  p->algo = res[0].algo;
-  if (timed && count > 1) SG_RETURN_IF_ERROR(time_algos(op, handle, A, B, rows_c, C, workspace, res.data(), count, p));
+  const cublasStatus_t hs =
+      cublasLtMatmulAlgoGetHeuristic(handle, p->desc, p->a, p->b, p->c, p->c, pref, 1, &res, &count);
+  p->found = hs == CUBLAS_STATUS_SUCCESS && count > 0 && res.state == CUBLAS_STATUS_SUCCESS;
+  if (p->found) p->algo = res.algo;
   return Status::OK();
 }
 
 Status make_plan(const char* op, cublasLtHandle_t handle, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
-                 const GemmMatrix& A, const GemmMatrix& B, const GemmMatrix& C, const void* bias, void* workspace,
-                 Plan* out) {
+                 const GemmMatrix& A, const GemmMatrix& B, const GemmMatrix& C, const void* bias, Plan* out) {
   Plan p;
   // CUBLAS_COMPUTE_32F, not _FAST_TF32: f32 operands keep full f32 products.
   SG_CUBLAS_CHECK(op, cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -259,7 +194,7 @@ Status make_plan(const char* op, cublasLtHandle_t handle, bool ta, bool tb, int6
   SG_CUBLAS_CHECK(op, cublasLtMatrixLayoutCreate(&p.b, cuda_type(A.dtype), ta ? M : K, ta ? K : M, A.ld));
   SG_CUBLAS_CHECK(op, cublasLtMatrixLayoutCreate(&p.c, cuda_type(C.dtype), N, M, C.ld));
 
-  SG_RETURN_IF_ERROR(find_algo(op, handle, A, B, C, &p, std::min({M, N, K}) <= 64, M, workspace));
+  SG_RETURN_IF_ERROR(find_algo(op, handle, A, B, C, &p));
   *out = p;
   return Status::OK();
 }
@@ -278,7 +213,7 @@ Status lt_gemm(const char* op, int device, bool ta, bool tb, int64_t M, int64_t 
   auto it = dev.plans.find(key);
   if (it == dev.plans.end()) {
     Plan p;
-    SG_RETURN_IF_ERROR(make_plan(op, dev.handle, ta, tb, M, N, K, A, B, C, bias, dev.workspace.get(), &p));
+    SG_RETURN_IF_ERROR(make_plan(op, dev.handle, ta, tb, M, N, K, A, B, C, bias, &p));
     it = dev.plans.emplace(key, p).first;
   }
   const Plan& p = it->second;
