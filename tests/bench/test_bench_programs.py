@@ -74,3 +74,17 @@ def test_bench_train_qlora_trains_over_blocks_with_the_same_first_loss():
     with pytest.raises(Exception, match="--qlora trains a LoRA"):
         run("tiny", batch=1, seq=32, lora_rank=0, dtype="float32", steps=1, warmup=0, vs=None, device="cpu",
             recompute=False, qlora="Q8_0")
+
+
+def test_bench_train_fp8_runs_both_recipes_from_the_same_weights(capsys):
+    """--fp8 (full fine-tune): the fp8_hybrid side's steps update the weights in place; the bf16 side
+    after it starts from the same weights (its first loss is a lone bf16 run's), and the HF peer too."""
+    from surogate.bench.train import run
+
+    kw = dict(batch=1, seq=32, lora_rank=0, dtype="float32", steps=2, warmup=1, device="cpu", recompute=False)
+    fp8, plain, peer = run("tiny", vs="hf", fp8=True, **kw)
+    alone = run("tiny", vs=None, **kw)[0]
+    out = capsys.readouterr().out
+    assert "fp8_hybrid" in fp8.name and "fp8_hybrid" in out
+    assert plain.loss == alone.loss and plain.loss == pytest.approx(peer.loss, rel=1e-3)
+    assert fp8.loss != plain.loss and fp8.loss == pytest.approx(plain.loss, rel=2e-2)
