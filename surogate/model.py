@@ -14,6 +14,7 @@ import numpy as np
 
 from surogate.autodiff import backward
 from surogate.compile import Executable
+from surogate.compile.executable import DerivedStore
 from surogate.compile.fp8 import HISTORY_PREFIX, mark_fp8
 from surogate.dsl.nn import LoRAConfig, ModelSpec
 from surogate.errors import FileFormatError, InvalidArgumentError, UnsupportedError
@@ -77,7 +78,7 @@ class Model:
         self.quant = dict(quant or {})
         self.arch = family.architecture(spec)
         self._cache: dict[tuple, Executable] = {}
-        self._derived: dict[str, object] = {}  # what the shared executables derive from the weights (fp8 copies)
+        self._derived = DerivedStore()  # what the shared executables derive from the weights (fp8 copies)
         self._on_device: dict[str, object] = {}  # GPU: one device copy of each weight, for every executable
         # stack_qkv: stacked name -> (its host array, [(part name, first row, rows)]); part -> stacked name
         self.stacks: dict[str, tuple[np.ndarray, list[tuple[str, int, int]]]] = {}
@@ -195,7 +196,7 @@ class Model:
             if grads:
                 backward(g, g.outputs["loss"], extra=extra or None)
             exe = Executable(g, {"N": n_tokens, "S1": n_docs + 1}, self.device, keep=keep, recompute=recompute,
-                             mlp_chunk=mlp_chunk, rewrite=rewrite, derived_store=self._derived if shared else None)
+                             mlp_chunk=mlp_chunk, rewrite=rewrite, derived=self._derived if shared else None)
             for name in exe.external_names("param"):
                 if name in self.params:
                     exe.bind(name, self.params[name], self.device_param(name))

@@ -14,9 +14,9 @@ run phases by name (`run("forward", "backward")`), never by instruction index; o
 graphs on, each distinct run is one CUDA graph.
 
 Buffers the Program derives from its weights (`Lowered.derived`: fp8_hybrid's frozen weights
-quantized once) are the executable's own business: it allocates them (or takes them from
-``derived_store``, shared by the executables of one model), and runs their phase before a run
-whenever a source weight was bound or pushed since the last time.
+quantized once) are the executable's own business: it allocates them (or takes them from a
+`DerivedStore` the executables of one model share), and runs their phase before a run whenever
+a source weight was bound or pushed, by it or by any executable of the store, since it last did.
 """
 
 from __future__ import annotations
@@ -53,13 +53,28 @@ class MemoryReport:
                 f"(unplanned {self.activations_unplanned / mib:.1f} MiB)")
 
 
+class DerivedStore:
+    """What executables over the same weights derive from them: the tensors by name, the names
+    of their sources, and a version that every bind or push of a source moves (through any of
+    the executables), so that each re-derives after a shared weight changed."""
+
+    def __init__(self) -> None:
+        self.tensors: dict[str, object] = {}
+        self.sources: set[str] = set()
+        self.version = 0
+
+    def clear(self) -> None:
+        self.tensors.clear()
+        self.version += 1
+
+
 class Executable:
     def __init__(self, g: Graph, dims: dict[str, int], device: str = "cpu", keep: list[Value] = (),
-                 recompute: bool = False, mlp_chunk: int = 0, rewrite=None, derived_store: dict | None = None):
+                 recompute: bool = False, mlp_chunk: int = 0, rewrite=None, derived: DerivedStore | None = None):
         """``rewrite(g, lowered)``: a pass over the lowered instructions before the native
         Program is built from them (ZeRO-3's weight gathers, surogate/compile/gather.py).
-        ``derived_store``: name -> tensor of derived buffers other executables over the same
-        weights hold (filled by this one too)."""
+        ``derived``: the store of derived buffers shared with other executables over the same
+        weights (None: one of its own)."""
         self.graph = g
         self.device = device
         self.lowered: Lowered = lower(g, dims, keep, recompute, mlp_chunk)
@@ -70,9 +85,10 @@ class Executable:
         self._tensors: dict[str, object] = {}  # name -> what the program reads (the host array on the CPU)
         self._phase_graphs: dict[str, tuple] = {}  # added phases: name -> the structure they were built from
         self._ran = False  # the native Program places its arena on the first run
-        self._sources = set(self.lowered.derived.values())
-        self._stale = bool(self._sources)  # derived buffers to (re)compute before the next run
-        self._derived_store = {} if derived_store is None else derived_store
+        self._derived = DerivedStore() if derived is None else derived
+        self._derives = bool(self.lowered.derived)
+        self._derived.sources |= set(self.lowered.derived.values())
+        self._derived_at = -1  # the store's version this executable's derived buffers were made at
 
     # ---- phases -----------------------------------------------------------------------------
     @property
@@ -153,7 +169,7 @@ class Executable:
         self.program.bind(b.native_id, tensor)
         self._bound[name] = arr  # the native side holds a reference too; this one is for readers
         self._tensors[name] = tensor
-        self._stale |= name in self._sources
+        self._touch(name)
 
     def bound(self, name: str):
         return self._bound[name]
@@ -166,7 +182,11 @@ class Executable:
         """Copy the host array bound as ``name`` to its device tensor (after changing it in place)."""
         if self.device != "cpu":
             self._tensors[name].copy_from(self._bound[name])
-        self._stale |= name in self._sources
+        self._touch(name)
+
+    def _touch(self, name: str) -> None:
+        if name in self._derived.sources:  # (a weight something is derived from: every sharer re-derives)
+            self._derived.version += 1
 
     def pull(self, name: str) -> np.ndarray:
         """The host array bound as ``name``, refreshed from the device."""
@@ -188,7 +208,7 @@ class Executable:
         if WEIGHTS_PHASE in phases:
             raise InvalidArgumentError(f"phase {WEIGHTS_PHASE!r} is run by the executable itself",
                                        hint="bind or push the weights: the copies follow")
-        if self._stale:
+        if self._derives and self._derived_at != self._derived.version:
             self._derive()
         begin, end = self._range(phases) if phases else (self.lowered.phases.get(WEIGHTS_PHASE, (0, 0))[1], -1)
         self._ran = True
@@ -196,19 +216,19 @@ class Executable:
 
     def _derive(self) -> None:
         """Bind every derived buffer (the store's tensor, or a new one put there) and run their phase."""
+        store = self._derived
         for name in self.lowered.derived:
-            if name in self._tensors:
-                continue
             b = self.lowered.by_value[name]
-            t = self._derived_store.get(name)
+            t = store.tensors.get(name)
             if t is None or tuple(t.shape) != b.shape or t.dtype != b.dtype:
-                t = self._derived_store[name] = _native.zeros(list(b.shape), b.dtype, self.device)
-            self.program.bind(b.native_id, t)
-            self._tensors[name] = t
+                t = store.tensors[name] = _native.zeros(list(b.shape), b.dtype, self.device)
+            if self._tensors.get(name) is not t:
+                self.program.bind(b.native_id, t)
+                self._tensors[name] = t
         begin, end = self.lowered.phases[WEIGHTS_PHASE]
         self._ran = True
         self.program.run(begin, end)
-        self._stale = False
+        self._derived_at = store.version
 
     def read(self, name: str) -> np.ndarray:
         """A buffer's contents as numpy: a view on the CPU (valid until the next run), a copy from a GPU."""

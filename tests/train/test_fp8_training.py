@@ -248,6 +248,15 @@ def test_a_changed_frozen_weight_is_quantized_again(base):
     fresh.params[name][...] *= 3.0
     expect, _ = fresh.loss_and_grads(ids, lora=lora, lora_params=params, fp8=Fp8Recipe())
     assert after != before and after == expect
+    # a weight pushed through another executable sharing the copies: this one follows too
+    w /= 3.0
+    exe.push(name)
+    assert model.loss_and_grads(ids, lora=lora, lora_params=params, fp8=Fp8Recipe())[0] == before
+    model._train_step(ids, None, grads=False, lora=lora, lora_params=params, fp8=Fp8Recipe())  # (eval's, derived)
+    w *= 3.0
+    model.executable("train", 32, 1, lora=lora, grads=False, fp8=Fp8Recipe()).push(name)  # told through it only
+    again, _ = model.loss_and_grads(ids, lora=lora, lora_params=params, fp8=Fp8Recipe())
+    assert again == expect
 
 
 def test_executables_of_one_model_share_the_weight_copies(base):
