@@ -242,16 +242,19 @@ class TokenMasks:
             else:
                 self.after_seconds += time.perf_counter() - t0
 
+    def _exec(self) -> Any:
+        """llguidance's thread pool for the parallel fills and advances (made on first use)."""
+        if self._executor is None:
+            self._executor = _llguidance().LLExecutor()
+        return self._executor
+
     def _fill(self, batch: list[tuple[Any, int]], rows: np.ndarray) -> None:
         """The masks of (matcher, row) pairs into rows, in parallel (llguidance's executor)."""
         if not batch:
             return
-        llg = _llguidance()
         from llguidance.numpy import fill_next_token_bitmask_par
 
-        if self._executor is None:
-            self._executor = llg.LLExecutor()
-        fill_next_token_bitmask_par(self._executor, batch, rows)
+        fill_next_token_bitmask_par(self._exec(), batch, rows)
         self.masks_filled += len(batch)
 
     def _advance(self, request_ids: list[int], new_tokens: list[list[int]]) -> list[Any]:
@@ -260,24 +263,17 @@ class TokenMasks:
         # A stopped matcher (the grammar is complete) allows only EOS; an engine that does not
         # stop there (ignore_eos, or EOS ids the engine does not know) keeps getting that mask.
         live = [i for i, (m, tokens) in enumerate(zip(matchers, new_tokens)) if tokens and not m.is_stopped()]
-        single = [i for i in live if len(new_tokens[i]) == 1]
-        ok = dict.fromkeys(live, True)
-        par: set[int] = set()
-        if len(single) > 1:  # a decode step's tokens: in parallel
-            from llguidance.numpy import consume_token_par
+        par = [i for i in live if len(new_tokens[i]) == 1]
+        if len(par) < 2:  # (a decode step's single tokens go in parallel)
+            par = []
+        from llguidance.numpy import consume_token_par
 
-            if self._executor is None:
-                self._executor = _llguidance().LLExecutor()
-            for i, good in zip(single, consume_token_par(self._executor, [(matchers[i], new_tokens[i][0])
-                                                                           for i in single])):
-                ok[i] = good
-            par = set(single)
+        ok = dict(zip(par, consume_token_par(self._exec(), [(matchers[i], new_tokens[i][0]) for i in par]))) \
+            if par else {}
         for i in live:
-            if i not in par or not ok[i]:
-                ok[i] = ok[i] and matchers[i].consume_tokens(new_tokens[i])
-            if not ok[i]:
-                m = matchers[i]
-                raise RuntimeError(f"request {request_ids[i]}: the grammar refused a sampled token: {m.get_error()}")
+            if not (ok[i] if i in ok else matchers[i].consume_tokens(new_tokens[i])):
+                raise RuntimeError(f"request {request_ids[i]}: the grammar refused a sampled token: "
+                                   f"{matchers[i].get_error()}")
         return matchers
 
 
