@@ -36,8 +36,9 @@ distill; grpo's adds its rollouts):
    whatever the grouping, so this is the bucketed path's result bit for bit
    (tests/train/test_grad_reduce.py). Ranks in processes do the same through a second TCP
    channel (`join_group`: each rank connects twice to rank 0's one port), whose rank-order f32
-   sums are the threads backend's; `_reduce_gradients` (buckets of about BUCKET_BYTES after the
-   backward, last layers first) is the path of a Program built without the pass.
+   sums are the threads backend's. `_reduce_gradients` (buckets of about BUCKET_BYTES after the
+   backward, last layers first) is the path of a Program built without the pass: no trainer
+   builds one now; the tests keep it as the reference the overlapped path equals.
    Gradient sharding (ZeRO-2/3, rank threads and processes alike; not GRPO, whose rank without
    prompts runs no backward): a rank keeps accumulators only for the decoder-layer parameters it owns (and every
    one outside the layers, reduced as above). A layer's others are views of one of two staging
@@ -134,8 +135,7 @@ class ProcessRank:
 def join_group(d: ProcessRank):
     """This process's two TCP communicators (the Program's, the gradient reducer's), both over
     host:port: rank 0 listens until every rank has joined each."""
-    group, reducer = _native.tcp_groups(d.rank, d.world, d.host, d.port, 2, d.timeout_s)
-    return group, reducer
+    return tuple(_native.tcp_groups(d.rank, d.world, d.host, d.port, 2, d.timeout_s))
 
 
 def resolve_ranks(cfg, device: str, dist: ProcessRank | None = None) -> int:
