@@ -53,8 +53,16 @@ class ThreadPool {
 
  private:
   void start(int n) {
-    quit_ = false;
-    for (int i = 0; i < n - 1; ++i) workers_.emplace_back([this] { loop(); });
+    uint64_t current;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      quit_ = false;
+      current = generation_;
+    }
+    // A new worker has seen every generation so far: starting it at 0 after a resize would wake it for the
+    // last (finished) run, and its extra decrement of pending_ could let a later run return while another
+    // worker is still inside that run's fn.
+    for (int i = 0; i < n - 1; ++i) workers_.emplace_back([this, current] { loop(current); });
   }
   void stop() {
     {
@@ -74,9 +82,8 @@ class ThreadPool {
     }
   }
 
-  void loop() {
+  void loop(uint64_t seen) {
     t_in_worker = true;
-    uint64_t seen = 0;
     for (;;) {
       {
         std::unique_lock<std::mutex> lock(mu_);

@@ -155,6 +155,22 @@ def test_global_norm_is_deterministic_across_thread_counts():
     assert len(set(results)) == 1
 
 
+def test_thread_pool_resizes_between_runs():
+    # Resizing used to start workers that woke once for the finished run and decremented its count a second
+    # time, so a later run could return while a worker was still inside it (a segfault or a hang on 2 cores).
+    rng = np.random.default_rng(6)
+    xs = [rng.standard_normal(200_003).astype(np.float32) for _ in range(3)]
+    before = _native.num_threads()
+    try:
+        results = set()
+        for i in range(2000):
+            _native.set_num_threads(1 + i % 4)
+            results.add(global_norm(xs).view(np.uint32)[0])
+    finally:
+        _native.set_num_threads(before)
+    assert len(results) == 1
+
+
 def test_adamw_is_deterministic():
     init, grad_steps = make(6, steps=2)
     runs = []
