@@ -53,17 +53,6 @@ float amax_of(const T* x, int64_t R, int64_t C, int64_t ld) {
   return m;
 }
 
-// The amax the scale comes from under delayed scaling, and the history shifted with `now` in front.
-float delayed_amax(float now, float* hist, int64_t H) {
-  float m = 0.0f;
-  for (int64_t i = 0; i < H; ++i) {
-    if (!std::isnan(hist[i]) && hist[i] > m) m = hist[i];
-  }
-  for (int64_t i = H - 1; i > 0; --i) hist[i] = hist[i - 1];
-  hist[0] = now;
-  return m > 0.0f ? m : now;
-}
-
 Status quantize_fp8(const OpArgs& a) {
   QuantizeFp8Args r;
   SG_RETURN_IF_ERROR(check_quantize_fp8(a, &r));
@@ -75,7 +64,7 @@ Status quantize_fp8(const OpArgs& a) {
   SG_DISPATCH_FLOAT("quantize_fp8", x.dtype, T, {
     const T* xp = x.ptr<T>();
     float amax = amax_of(xp, R, C, ld);
-    if (r.H > 0) amax = delayed_amax(amax, a.out(2).ptr<float>(), r.H);
+    if (r.H > 0) amax = delayed_amax(amax, a.out(2).ptr<float>(), r.H, r.roll);
     const float s = scale_from_amax(amax, r.fp8_max);
     *scale_inv = 1.0f / s;
     if (!r.transpose) {

@@ -4,7 +4,7 @@
 //
 // quantize_fp8 is a memset and two kernels: the amax (a grid-stride max over |x| as ordered bits,
 // so NaN wins as on the CPU, one atomicMax per block; the last block to finish, found by a counter,
-// computes the scale: the history's max under delayed scaling, the rule, the history shifted),
+// computes the scale: under delayed scaling from the history, op_checks_fp8.h's delayed_amax),
 // then the conversion x * scale -> fp8 with round-to-nearest-even and saturation
 // (cvt.rn.satfinite: +-inf and finite overflow to +-max, NaN kept), either in place order or
 // transposed through a 32 x 32 shared-memory tile (the K-major copies of W, dy and x the
@@ -46,22 +46,12 @@ __device__ __forceinline__ int64_t offset_of(int64_t i, int64_t C, int64_t strid
   return r * stride + (i - r * C);
 }
 
-// The quantizer's scale from the amax (ordered bits), as op_checks_fp8.h's rule: with a history
-// (H > 0) the amax is its largest non-NaN entry (this tensor's while it holds only zeros), and
-// this amax goes in front. scale[0] = the scale, scale_inv[0] = 1 / scale.
-__device__ void finish_scale(unsigned amax_bits, float* __restrict__ hist, int64_t H, float fp8_max,
+// The quantizer's scale from the amax (ordered bits), as op_checks_fp8.h's rule (with a history,
+// H > 0: delayed_amax). scale[0] = the scale, scale_inv[0] = 1 / scale.
+__device__ void finish_scale(unsigned amax_bits, float* __restrict__ hist, int64_t H, bool roll, float fp8_max,
                              float* __restrict__ scale, float* __restrict__ scale_inv) {
-  const float now = __uint_as_float(amax_bits);
-  float amax = now;
-  if (H > 0) {
-    float m = 0.0f;
-    for (int64_t i = 0; i < H; ++i) {
-      if (!isnan(hist[i]) && hist[i] > m) m = hist[i];
-    }
-    for (int64_t i = H - 1; i > 0; --i) hist[i] = hist[i - 1];
-    hist[0] = now;
-    if (m > 0.0f) amax = m;
-  }
+  float amax = __uint_as_float(amax_bits);
+  if (H > 0) amax = delayed_amax(amax, hist, H, roll);
   float s = amax == 0.0f ? 1.0f : __fdiv_rn(fp8_max, amax);
   if (isinf(s)) s = FLT_MAX;
   *scale = s;
@@ -84,7 +74,7 @@ __device__ __forceinline__ void load_vec(const T* p, float (&v)[kVec<T>]) {
 // contiguous, 16-byte aligned and R * C a multiple of kVec<T>.
 template <typename T>
 __global__ void amax_scale_kernel(const T* __restrict__ x, int64_t R, int64_t C, int64_t stride, bool vec,
-                                  unsigned* __restrict__ scratch, float* __restrict__ hist, int64_t H, float fp8_max,
+                                  unsigned* __restrict__ scratch, float* __restrict__ hist, int64_t H, bool roll, float fp8_max,
                                   float* __restrict__ scale, float* __restrict__ scale_inv) {
   unsigned m = 0;
   const int64_t n = R * C;
@@ -118,7 +108,7 @@ __global__ void amax_scale_kernel(const T* __restrict__ x, int64_t R, int64_t C,
   __syncthreads();
   if (last && threadIdx.x == 0) {
     __threadfence();
-    finish_scale(atomicMax(&scratch[0], 0u), hist, H, fp8_max, scale, scale_inv);
+    finish_scale(atomicMax(&scratch[0], 0u), hist, H, roll, fp8_max, scale, scale_inv);
   }
 }
 
@@ -195,7 +185,7 @@ Status quantize_fp8(const OpArgs& a) {
     const bool vec = contiguous && n % kVec<T> == 0;
     const int64_t work = vec ? n / kVec<T> : n;
     amax_scale_kernel<T><<<n > 0 ? grid_for(work) : 1, kThreads, 0, current_stream()>>>(
-        xp, r.R, r.C, r.ld, vec, counters, r.H ? a.out(2).ptr<float>() : nullptr, r.H, r.fp8_max, scale,
+        xp, r.R, r.C, r.ld, vec, counters, r.H ? a.out(2).ptr<float>() : nullptr, r.H, r.roll, r.fp8_max, scale,
         a.out(1).ptr<float>());
     SG_CUDA_CHECK_LAUNCH();
     if (n == 0) return Status::OK();

@@ -48,9 +48,11 @@ Status check_quantize_fp8(const OpArgs& a, QuantizeFp8Args* r) {
     const Tensor& h = a.out(2);
     SG_RETURN_IF_ERROR(check_dtype(op, "amax_history", h, {DType::kF32}));
     SG_RETURN_IF_ERROR(check_contiguous(op, "amax_history", h));
-    SG_CHECK_SHAPE(h.ndim == 1 && h.shape[0] >= 1,
-                   str_cat(op, ": amax_history must be [H] with H >= 1, got ", h.shape_str()));
-    r->H = h.shape[0];
+    SG_CHECK_SHAPE(h.ndim == 1 && h.shape[0] >= 2,
+                   str_cat(op, ": amax_history must be [H + 1] with H >= 1 (this run's amax, then the last H "
+                               "runs'), got ", h.shape_str()));
+    r->H = h.shape[0] - 1;
+    r->roll = a.attr().get_bool("roll", false);
   }
   return Status::OK();
 }

@@ -18,9 +18,13 @@ tensor's amax, so the transposed codes are the forward ones, moved.
 ``fp8`` (the `linear_bwd` rule copies the attrs); surogate/compile/lower.py sends tagged nodes
 here (`lower_linear` / `lower_linear_bwd`). Current scaling (each tensor's own amax, right before
 it is quantized) is the default; ``amax_history`` H > 0 is delayed scaling: each quantize site
-keeps the amaxes of its last H uses in an f32 [H] graph input (``fp8_history.<weight>.<site>``,
-zeros to start, rewritten by every run; the trainer owns and checkpoints them) and takes its
-scale from their max.
+keeps, in an f32 [H + 1] graph input (``fp8_history.<weight>.<site>``, zeros to start, rewritten
+by every run; the trainer owns and checkpoints them), the largest amax of this run's uses and
+those of the last H runs, and takes its scale from the last H runs' (the rule:
+kernels_native/runtime/op_checks_fp8.h). The site's first quantize instruction in program order
+carries ``roll``, moving the history on by one run; its later uses in the run (a block recomputed
+in the backward, each chunk of a tiled MLP) take the same scale as the first. Ranks make their
+histories the one-rank run's by an elementwise max after each step (data_parallel.py).
 
 Frozen weights (a LoRA's base, a DPO reference) under current scaling are quantized once, not
 every micro-batch: their e4m3 copies (W, and W^T where a backward needs dx) are external
@@ -101,7 +105,7 @@ def mark_fp8(g: Graph, recipe: Fp8Recipe) -> list[str]:
         if recipe.amax_history:
             n.attrs["amax_history"] = int(recipe.amax_history)
             for tag in SITES if w.trainable else SITES[:4]:
-                g.input(f"{HISTORY_PREFIX}{w.name}.{tag}", (recipe.amax_history,), "float32")
+                g.input(f"{HISTORY_PREFIX}{w.name}.{tag}", (recipe.amax_history + 1,), "float32")
         marked.append(w.name)
     return marked
 
@@ -145,8 +149,15 @@ class _Sites:
         shape = (x.shape[1], x.shape[0]) if transpose else tuple(x.shape)
         q = lw.temp(f"{x.name}.{tag}", shape, fmt)
         s = lw.temp(f"{x.name}.{tag}.scale_inv", (1,), "float32")
-        history = lw.buf(lw.g.values[f"{HISTORY_PREFIX}{self.weight}.{tag}"]) if self.H else None
-        lw.emit("quantize_fp8", [x], [q, s, history], self.n, **({"transpose": 1} if transpose else {}))
+        attrs = {"transpose": 1} if transpose else {}
+        history = None
+        if self.H:
+            history = lw.buf(lw.g.values[f"{HISTORY_PREFIX}{self.weight}.{tag}"])
+            rolled = lw.__dict__.setdefault("fp8_rolled", set())
+            if history.name not in rolled:  # the site's first quantize of a run moves its history on
+                rolled.add(history.name)
+                attrs["roll"] = 1
+        lw.emit("quantize_fp8", [x], [q, s, history], self.n, **attrs)
         if keep:
             lw.fp8_copies[key] = (q, s)
         return q, s

@@ -384,14 +384,6 @@ def _check_fp8(c, fail) -> None:
         if getattr(c, key) is not False:
             fail(key, "together with recipe: fp8_hybrid: the quantized base weights are not FP8 GEMM operands",
                  "use recipe: bf16 for QLoRA, or drop the QLoRA key to train over bf16 weights in FP8")
-    if c.fp8_amax_history:
-        clashes = (("recompute", c.recompute, "a recomputed block would take its scales from a history that moved"),
-                   ("long_context", c.long_context, "each MLP chunk would push the history"),
-                   ("gpus", c.gpus != 1 or c.distributed is not None, "each rank would keep histories of its own"))
-        for key, on, why in clashes:
-            if on:
-                fail("fp8_amax_history", f"delayed scaling together with {key}: {why}",
-                     f"use fp8_amax_history: 0 (current scaling) with {key}")
 
 
 def _check_dpo(c, fail) -> None:

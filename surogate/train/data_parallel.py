@@ -49,6 +49,8 @@ distill; grpo's adds its rollouts):
    1/R of the layers' plus two layers' (`Trainer.grad_bytes`); the numbers are the bucketed path's
    bit for bit without accumulation, within f32 reduction order with it (sum_m sum_r, not
    sum_r sum_m).
+   Delayed FP8 scaling's amax histories are made their elementwise max over the ranks after the
+   backward (`_merge_fp8_histories`), so every rank quantizes the next step with the same scales.
 4. The optimizer phase on every rank. Plain DP: every rank steps everything (the same numbers:
    the ranks stay bit-identical). ZeRO-1/2: the parameters are split among the ranks
    (`shard_owners`), each rank holds the optimizer state of its own and steps only those,
@@ -332,6 +334,8 @@ class DataParallel:
                 assert done <= 1, f"rank {r} reduced its gradients {done} times in one step"
                 if done == 0:
                     self._reduce_groups(r)
+            if grads and self.ranks[r].fp8_state:
+                self._merge_fp8_histories(r)
             return out
 
         out = self.threads.run(rank)
@@ -350,6 +354,25 @@ class DataParallel:
             red.start(bufs, grp.owners)
         red.wait()
         assert red.take_steps() == 1
+
+    def _merge_fp8_histories(self, r: int) -> None:
+        """Delayed FP8 scaling: every rank's amax histories made their elementwise max (NaN
+        skipped unless every rank's is NaN). The ranks ran the same micro-batches, so slot k holds
+        each rank's k-th last run and the max is what one rank running all their rows would hold
+        (compile/fp8.py): the next step quantizes with the same scales on every rank."""
+        t, comm = self.ranks[r], self.comms[r]
+        names = sorted(t.fp8_state)
+        mine = np.concatenate([t.exe.pull(n) for n in names])
+        every = t.exe.place(np.zeros((self.world, mine.size), np.float32))
+        comm.all_gather(t.exe.place(mine), every)
+        host = every if t.exe.device == "cpu" else every.to("cpu").numpy()
+        merged = np.fmax.reduce(np.asarray(host).reshape(self.world, -1), axis=0)
+        at = 0
+        for n in names:
+            a = t.fp8_state[n]
+            a[...] = merged[at:at + a.size]
+            at += a.size
+            t.exe.push(n)
 
     def _reduce_gradients(self, r: int) -> None:
         comm, exe = self.comms[r], self.ranks[r].exe

@@ -127,6 +127,11 @@ class GRPOTrainer(Trainer):
             raise ConfigError(f"temperature {c.temperature}: {c.model} soft-caps its logits, and the trainer's "
                               "log-probs over capped logits / T are not built", where="temperature",
                               hint="use temperature: 1.0 with this model")
+        if self.fp8 is not None and self.fp8.amax_history and self.world > 1:
+            raise ConfigError("fp8_amax_history (delayed scaling) with several GRPO ranks: a rank without prompts in "
+                              "a step runs no backward, so the ranks' histories would not line up to be merged",
+                              where="fp8_amax_history", hint="use fp8_amax_history: 0 (current scaling) with GRPO on "
+                                                             "several ranks")
         m.stack_qkv()  # q / k / v as views of one array: the engine's fused projection reads it, no copy
         super()._build()
 

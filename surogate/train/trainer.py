@@ -682,6 +682,12 @@ class Trainer:
             if "fp8/" + n not in opt_state:
                 raise ConfigError(f"checkpoint {path} has no amax history {n}", where="fp8_amax_history",
                                   hint="resume with the fp8_amax_history the checkpoint was written with")
+            if opt_state["fp8/" + n].shape != a.shape:
+                raise ConfigError(f"checkpoint {path} holds amax history {n} of {opt_state['fp8/' + n].shape[0]} "
+                                  f"values, this run {a.shape[0]} (fp8_amax_history + 1: this run's amax first)",
+                                  where="fp8_amax_history",
+                                  hint="resume with the fp8_amax_history the checkpoint was written with (a "
+                                       "checkpoint from before this layout holds one value less: start it anew)")
             a[...] = opt_state["fp8/" + n]
             self.exe.push(n)
         if self.dp is not None:

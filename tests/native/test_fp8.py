@@ -25,12 +25,12 @@ ACT = {"float32": (np.float32, torch.float32), "bfloat16": (ml_dtypes.bfloat16, 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
 
-def quantize(x: np.ndarray, fmt: str, transpose=False, history=None):
+def quantize(x: np.ndarray, fmt: str, transpose=False, history=None, roll=True):
     R, C = x.shape
     q = np.zeros((C, R) if transpose else (R, C), FMT[fmt][0])
     s = np.zeros(1, np.float32)
     outs = [q, s, history]
-    _native.call_op("quantize_fp8", [x], outs, {"transpose": int(transpose)})
+    _native.call_op("quantize_fp8", [x], outs, {"transpose": int(transpose), "roll": int(roll)})
     return q, s[0]
 
 
@@ -112,22 +112,53 @@ def test_nan_or_inf_poisons_the_tensor_instead_of_saturating():
 
 def test_delayed_scaling_takes_the_history_max_and_saturates():
     H = 4
-    hist = np.zeros(H, np.float32)
+    hist = np.zeros(H + 1, np.float32)  # [0]: this run's amax, [1..H]: the last H runs', newest first
     x1 = spread((8, 32), seed=1)
     q, s = quantize(x1, "float8_e4m3fn", history=hist)  # empty history: this tensor's amax
     a1 = np.abs(x1).max()
     same_codes(q, torch_quantize(x1, "float8_e4m3fn")[0], "float8_e4m3fn")
-    np.testing.assert_array_equal(hist, [a1, 0, 0, 0])
-    x2 = x1 * 8  # larger than the history knows: saturates at +-448
+    np.testing.assert_array_equal(hist, [a1, 0, 0, 0, 0])
+    x2 = x1 * 8  # the next run, larger than the history knows: saturates at +-448
     q, s = quantize(x2, "float8_e4m3fn", history=hist)
     ref, ref_s = torch_quantize(x2, "float8_e4m3fn", amax=a1)
     same_codes(q, ref, "float8_e4m3fn")
     assert s == np.float32(ref_s) and (np.abs(q.astype(np.float32)) == 448).sum() > 1
-    np.testing.assert_array_equal(hist, [np.abs(x2).max(), a1, 0, 0])
-    hist[:] = [np.nan, 2.0, 1.0, 0.5]  # NaN entries are skipped; the oldest falls out
+    np.testing.assert_array_equal(hist, [np.abs(x2).max(), a1, 0, 0, 0])
+    hist[:] = [0.25, np.nan, 2.0, 1.0, 0.5]  # NaN entries are skipped; the oldest falls out
     q, s = quantize(x1, "float8_e5m2", history=hist)
     same_codes(q, torch_quantize(x1, "float8_e5m2", amax=2.0)[0], "float8_e5m2")
-    np.testing.assert_array_equal(hist[1:], [np.nan, 2.0, 1.0])
+    np.testing.assert_array_equal(hist, [a1, 0.25, np.nan, 2.0, 1.0])
+
+
+def test_later_uses_in_a_run_take_the_first_uses_scale():
+    """Without roll (a recomputed block, an MLP chunk): the scale of the runs before, whatever this
+    tensor's amax; this run's slot keeps the largest amax of its uses."""
+    hist = np.array([0.0, 3.0, 1.0, 0.5], np.float32)
+    x = spread((16, 16), seed=2)
+    x *= np.float32(10.0 / np.abs(x).max())  # amax about 10, above the history's 3
+    ax = np.abs(x).max()
+    small = x * np.float32(0.01)  # amax about 0.1
+    first, s1 = quantize(x, "float8_e4m3fn", history=hist)
+    np.testing.assert_array_equal(hist, [ax, 0.0, 3.0, 1.0])
+    same_codes(first, torch_quantize(x, "float8_e4m3fn", amax=3.0)[0], "float8_e4m3fn")
+    again, s2 = quantize(x, "float8_e4m3fn", history=hist, roll=False)  # the recompute
+    assert s2 == s1 and np.array_equal(again.view(np.uint8), first.view(np.uint8))
+    np.testing.assert_array_equal(hist, [ax, 0.0, 3.0, 1.0])  # nothing moved
+    chunk, s3 = quantize(small, "float8_e4m3fn", history=hist, roll=False)  # another chunk: the same scale
+    assert s3 == s1
+    same_codes(chunk, torch_quantize(small, "float8_e4m3fn", amax=3.0)[0], "float8_e4m3fn")
+    np.testing.assert_array_equal(hist, [ax, 0.0, 3.0, 1.0])
+    bad = x.copy()
+    bad[0, 0] = np.nan
+    quantize(bad, "float8_e4m3fn", history=hist, roll=False)
+    assert np.isnan(hist[0]) and hist[2] == 3.0  # a NaN use marks the run; later runs skip it
+    _, s4 = quantize(x, "float8_e4m3fn", history=hist)  # the next run: [ax, NaN, 0, 3]
+    assert np.isnan(hist[1]) and hist[3] == 3.0 and s4 == s1
+
+
+def test_a_history_of_one_value_is_refused():
+    with pytest.raises(ShapeError, match=r"\[H \+ 1\]"):
+        quantize(spread((4, 16)), "float8_e4m3fn", history=np.zeros(1, np.float32))
 
 
 def gemm_ref(a, sa, b, sb, alpha=1.0, beta=0.0, c=None, bias=None):

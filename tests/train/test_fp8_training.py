@@ -142,6 +142,78 @@ def test_delayed_scaling_resumes_bit_for_bit(base, data, tmp_path):
     assert [by_step[s] for s in range(1, 7)] == losses
 
 
+def delayed_run(base, data, out, **kw):
+    tr = Trainer(sft_config(base, data, out, recipe="fp8_hybrid", fp8_amax_history=4, **kw))
+    tr.train()
+    return tr, step_losses(out)
+
+
+def test_delayed_scaling_with_recompute_is_bit_identical(base, data, tmp_path):
+    """A recomputed block takes its scales from the runs before, as its forward did (no second roll
+    of the history): the same numbers as keeping the activations."""
+    kept, losses = delayed_run(base, data, tmp_path / "kept")
+    again, re_losses = delayed_run(base, data, tmp_path / "recompute", recompute=True)
+    assert any(b.name.endswith("@recompute") for b in again.exe.lowered.bufs)  # (the blocks are recomputed)
+    assert re_losses == losses
+    for n, h in kept.fp8_state.items():
+        np.testing.assert_array_equal(again.exe.pull(n), kept.exe.pull(n), err_msg=n)
+        assert (h[1:] > 0).all(), n  # 6 steps x 2 micro-batches fill a history of 4 runs
+
+
+def test_each_history_rolls_once_a_run_at_its_first_use(base, data, tmp_path):
+    """Under recompute and a tiled MLP a site is quantized several times a run: only the first
+    quantize instruction in program order (which the phases keep) moves its history on."""
+    tr = Trainer(sft_config(base, data, tmp_path / "run", recipe="fp8_hybrid", fp8_amax_history=4, recompute=True,
+                            long_context=True))
+    assert tr.exe.lowered.tiled_mlps == 2
+    uses: dict[str, list[bool]] = {}
+    for ins in tr.exe.lowered.instrs:
+        if ins.op == "quantize_fp8" and ins.outputs[2] is not None:
+            uses.setdefault(ins.outputs[2].name, []).append(bool(ins.attrs.get("roll")))
+    assert set(uses) == set(tr.fp8_state)
+    assert all(u[0] and not any(u[1:]) for u in uses.values()), uses
+    # 2 chunks of 64 rows a micro-batch: in the forward, the block's recompute and the tiled backward's
+    assert len(uses["fp8_history.layers.1.mlp.gate_up_proj.weight.x"]) == 6
+
+
+def test_delayed_scaling_with_a_tiled_mlp_trains_the_untiled_curve(base, data, tmp_path):
+    """Each chunk takes the scale of the runs before (only the first run's chunks have their own): the
+    curve stays within 1% of the untiled one at every step (0.6% seen). Under current scaling, where
+    every chunk has scales of its own every run, the same runs part by 4%."""
+    _, plain = delayed_run(base, data, tmp_path / "plain")
+    tiled, losses = delayed_run(base, data, tmp_path / "tiled", long_context=True)
+    assert tiled.mlp_chunk == 64 and losses != plain
+    np.testing.assert_allclose(losses, plain, rtol=1e-2)
+
+
+def test_delayed_scaling_histories_are_merged_over_ranks(base, data, tmp_path):
+    """Two ranks of B rows keep one history, each step's elementwise max over the ranks (NaN skipped),
+    so both quantize with the same scales; the curve is one rank of 2B rows' up to FP8 rounding (the
+    first step's scales are each rank's own amaxes, as under current scaling)."""
+    one, one_losses = delayed_run(base, data, tmp_path / "one", per_device_train_batch_size=4,
+                                  gradient_accumulation_steps=1)
+    two, two_losses = delayed_run(base, data, tmp_path / "two", per_device_train_batch_size=2,
+                                  gradient_accumulation_steps=1, gpus=2, device="cpu")
+    np.testing.assert_allclose(two_losses, one_losses, rtol=0.05)
+    r0, r1 = two.dp.ranks
+    for n in one.fp8_state:
+        np.testing.assert_array_equal(r1.exe.pull(n), r0.exe.pull(n), err_msg=n)  # the same scales on both
+        if n.endswith(".w"):  # a frozen base weight's amax: the one rank's exactly
+            np.testing.assert_array_equal(r0.exe.pull(n), one.exe.pull(n), err_msg=n)
+    # the merge itself (a group not closed by a run): each slot the larger of the ranks' (NaN only where both are)
+    fresh = Trainer(sft_config(base, data, tmp_path / "fresh", recipe="fp8_hybrid", fp8_amax_history=4,
+                               per_device_train_batch_size=2, gradient_accumulation_steps=1, gpus=2, device="cpu"))
+    r0, r1 = fresh.dp.ranks
+    n = sorted(fresh.fp8_state)[0]
+    for t, h in zip((r0, r1), ([1.0, np.nan, 2.0, np.nan, 0.0], [3.0, 4.0, 1.0, np.nan, 0.5])):
+        t.fp8_state[n][...] = h
+        t.exe.push(n)
+    fresh.dp.threads.run(fresh.dp._merge_fp8_histories)
+    fresh.dp.close()
+    for t in (r0, r1):
+        np.testing.assert_array_equal(t.exe.pull(n), [3.0, 4.0, 2.0, np.nan, 0.5])
+
+
 def test_skip_quant_keeps_edge_blocks_in_bf16(base, data, tmp_path):
     tr = Trainer(sft_config(base, data, tmp_path / "run", recipe="fp8_hybrid", skip_quant_first_layers=1))
     fp8 = {n.inputs[1].name.split(".")[1] for n in tr.exe.graph.nodes if n.attrs.get("fp8")}
@@ -157,8 +229,6 @@ def test_skip_quant_keeps_edge_blocks_in_bf16(base, data, tmp_path):
     ({"recipe": "bf16", "fp8_amax_history": 16}, "fp8_amax_history", "applies to recipe: fp8_hybrid"),
     ({"recipe": "fp32", "skip_quant_last_layers": 1}, "skip_quant_last_layers", "applies to recipe: fp8_hybrid"),
     ({"qlora_bnb": True}, "qlora_bnb", "quantized base weights"),
-    ({"fp8_amax_history": 16, "recompute": True}, "fp8_amax_history", "together with recompute"),
-    ({"fp8_amax_history": 16, "gpus": 2}, "fp8_amax_history", "together with gpus"),
     ({"recipe": "fp8"}, "recipe", "not supported yet"),
 ])
 def test_config_errors_name_the_key(base, data, tmp_path, keys, where, match):

@@ -474,3 +474,10 @@ def test_builtin_rewards():
     assert fns["answer_format"](None, "<answer>7", row) == 0.5 and fns["answer_format"](None, "7", row) == 0.0
     assert fns["length"](None, "a" * 64, {}) == 1.0 and fns["length"](None, "a" * 32, {}) == 0.5
     assert fns["length"](None, "a" * 10, {"target_length": 10}) == 1.0
+
+
+def test_delayed_fp8_scaling_on_several_ranks_is_refused(base, data, tmp_path):
+    cfg = config(base, data, tmp_path / "out", recipe="fp8_hybrid", fp8_amax_history=4, gpus=2, device="cpu")
+    with pytest.raises(ConfigError, match="a rank without prompts") as e:
+        GRPOTrainer(cfg)
+    assert e.value.where == "fp8_amax_history"
