@@ -77,6 +77,24 @@ def test_two_ray_actors_train_as_two_rank_threads(cluster, tmp_path, monkeypatch
             np.testing.assert_array_equal(o1[n], o2[n], err_msg=n)
 
 
+def test_delayed_fp8_scaling_on_two_ray_actors_is_the_threads_run(cluster, tmp_path):
+    """fp8_hybrid with amax histories: the processes merge theirs through the TCP group after each
+    step as the threads do, so the curve and the checkpointed histories are the threads run's."""
+    base = make_qwen3(tmp_path / "qwen3", seed=11, initializer_range=0.2)
+    data = write_qa(tmp_path / "qa.jsonl")
+    kw = dict(device="cpu", max_steps=3, save_steps=3, recipe="fp8_hybrid", fp8_amax_history=4)
+    Trainer(sft_config(base, data, tmp_path / "threads", gpus=2, **kw)).train()
+    launch(sft_config(base, data, tmp_path / "ray", **kw), "local", num_nodes=2, stream=io.StringIO())
+    assert step_losses(tmp_path / "ray") == step_losses(tmp_path / "threads")
+    (_, _, o1), (_, _, o2) = (load_checkpoint(latest_checkpoint(tmp_path / run / "checkpoints"))
+                              for run in ("threads", "ray"))
+    hist = [n for n in o1 if n.startswith("fp8/")]
+    assert hist and set(hist) == {n for n in o2 if n.startswith("fp8/")}
+    for n in hist:
+        np.testing.assert_array_equal(o1[n], o2[n], err_msg=n)
+        assert (o1[n][1:4] > 0).all(), n  # 3 steps x 2 micro-batches: the last 3 runs' slots at least
+
+
 def test_a_zero3_full_fine_tune_on_two_ray_actors_is_the_threads_run(cluster, tmp_path):
     """ZeRO-3 across processes with every layer weight trained: each process keeps its pieces
     (its model lets go of the others'), and the last checkpoint and the saved model, put
