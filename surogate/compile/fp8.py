@@ -137,6 +137,7 @@ class _Sites:
         self.weight = (n.inputs[1] if n.op == "linear" else n.inputs[2]).name
         if not hasattr(lw, "fp8_copies"):
             lw.fp8_copies = {}
+            lw.fp8_rolled = set()  # the histories whose first quantize is emitted (it carries roll)
 
     def quantize(self, x, fmt: str, tag: str, transpose: bool = False):
         lw = self.lw
@@ -153,9 +154,8 @@ class _Sites:
         history = None
         if self.H:
             history = lw.buf(lw.g.values[f"{HISTORY_PREFIX}{self.weight}.{tag}"])
-            rolled = lw.__dict__.setdefault("fp8_rolled", set())
-            if history.name not in rolled:  # the site's first quantize of a run moves its history on
-                rolled.add(history.name)
+            if history.name not in lw.fp8_rolled:  # the site's first quantize of a run moves its history on
+                lw.fp8_rolled.add(history.name)
                 attrs["roll"] = 1
         lw.emit("quantize_fp8", [x], [q, s, history], self.n, **attrs)
         if keep:

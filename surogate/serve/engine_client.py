@@ -194,7 +194,7 @@ class EngineClient:
                 "(conv layers): rejected draft tokens would stay in that state",
                 hint="serve this model without --speculative-method")
         self._engine = _native.serve.Engine(native, config, draft_native)
-        self.masks = TokenMasks(self._engine.vocab_size)  # the grammars of constrained requests (structured outputs)
+        self.masks = TokenMasks()  # the grammars of constrained requests (structured outputs)
         self._engine.set_token_masker(self.masks.fill, self.masks.check)
         self._streams: dict[int, tuple[OutputStream, int]] = {}  # request id -> (its stream, its index there)
         self._unfinished: set[int] = set()  # submitted, no finished output yet (idle: the engine's stats lag a step)

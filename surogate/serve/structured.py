@@ -159,11 +159,10 @@ class TokenMasks:
     after the model ran (the step waits for it); ``masks_filled``: masks computed, anywhere;
     ``check_rows``: draws checked."""
 
-    def __init__(self, vocab_size: int | None = None) -> None:
+    def __init__(self) -> None:
         self.lock = threading.Lock()
         self._matchers: dict[int, Any] = {}
         self._executor: Any = None
-        self._words = None if vocab_size is None else (vocab_size + 31) // 32  # else fill's rows tell
         self.helper_seconds = 0.0
         self.helper_calls = 0
         self.after_seconds = 0.0
@@ -185,7 +184,6 @@ class TokenMasks:
         """Each matcher advanced over its new tokens, then its mask into rows[i]."""
         t0 = time.perf_counter()
         try:
-            self._words = rows.shape[1]
             matchers = self._advance(request_ids, new_tokens)
             self._fill([(m, i) for i, m in enumerate(matchers)], rows)
             for i, m in enumerate(matchers):

@@ -355,18 +355,21 @@ class DataParallel:
         red.wait()
         assert red.take_steps() == 1
 
+    def _all_gather(self, r: int, mine: np.ndarray) -> np.ndarray:
+        """Rank r's f32 vector ``mine`` and every other rank's, on the host, [world, len(mine)]."""
+        exe = self.ranks[r].exe
+        every = exe.place(np.zeros((self.world, mine.size), np.float32))
+        self.comms[r].all_gather(exe.place(mine), every)
+        return np.asarray(every if exe.device == "cpu" else every.to("cpu").numpy()).reshape(self.world, -1)
+
     def _merge_fp8_histories(self, r: int) -> None:
         """Delayed FP8 scaling: every rank's amax histories made their elementwise max (NaN
         skipped unless every rank's is NaN). The ranks ran the same micro-batches, so slot k holds
         each rank's k-th last run and the max is what one rank running all their rows would hold
         (compile/fp8.py): the next step quantizes with the same scales on every rank."""
-        t, comm = self.ranks[r], self.comms[r]
+        t = self.ranks[r]
         names = sorted(t.fp8_state)
-        mine = np.concatenate([t.exe.pull(n) for n in names])
-        every = t.exe.place(np.zeros((self.world, mine.size), np.float32))
-        comm.all_gather(t.exe.place(mine), every)
-        host = every if t.exe.device == "cpu" else every.to("cpu").numpy()
-        merged = np.fmax.reduce(np.asarray(host).reshape(self.world, -1), axis=0)
+        merged = np.fmax.reduce(self._all_gather(r, np.concatenate([t.exe.pull(n) for n in names])), axis=0)
         at = 0
         for n in names:
             a = t.fp8_state[n]
@@ -390,11 +393,8 @@ class DataParallel:
         def rank(r):
             t, comm = self.ranks[r], self.comms[r]
             if self.zero >= 2:  # the global norm from each rank's norm over its own reduced gradients
-                part = t.exe.place(np.array([t.opt.partial_norm()], np.float32))
-                parts = t.exe.place(np.zeros(self.world, np.float32))
-                comm.all_gather(part, parts)
-                host = parts if t.exe.device == "cpu" else parts.to("cpu").numpy()
-                t.opt.set_norm(float(np.sqrt(np.sum(np.asarray(host, np.float64) ** 2))))
+                parts = self._all_gather(r, np.array([t.opt.partial_norm()], np.float32))
+                t.opt.set_norm(float(np.sqrt(np.sum(parts.astype(np.float64) ** 2))))
             norm = t.opt.apply(lr)
             # into what the Program reads (ZeRO-3: the weights outside the layers); host copies are pulled for checkpoints
             if self.owners is not None:
